@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import click
+
+from memtrack.commands.options import config_option, db_option, resolve, rich_console
+from memtrack.report_run import history_table
+from memtrack.store import Store
+
+
+@click.command()
+@click.argument("case")
+@config_option
+@db_option
+@click.option("-n", "--limit", default=20, show_default=True, help="How many rows.")
+@click.option("--branch", help="Only runs on this branch.")
+def history(case, config_path, db_path, limit, branch) -> None:
+    """Show a workload's (or one case's) series, newest first."""
+    _, db = resolve(config_path, db_path)
+    with Store.open(db, readonly=True) as store:
+        rows = store.history(case, limit=limit, branch=branch)
+    if not rows:
+        click.echo(f"no measurements of {case!r} in {db}", err=True)
+        return
+    rich_console().print(history_table(case, rows))

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from memtrack.commands.options import config_option, db_option, resolve, rich_console
+from memtrack.errors import ConfigError
+from memtrack.records import write_json
+from memtrack.report_run import run_table
+from memtrack.runner import run_suite
+from memtrack.store import Store
+from memtrack.workload import discover, select_cases
+
+
+def _parse_shard(value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    try:
+        i, n = (int(x) for x in value.split("/"))
+    except ValueError:
+        raise ConfigError(f"--shard: {value!r} is not of the form i/n (e.g. 1/4)") from None
+    if not 1 <= i <= n:
+        raise ConfigError(f"--shard: {value!r}: i must be between 1 and n")
+    return i, n
+
+
+@click.command()
+@config_option
+@db_option
+@click.option("-k", "--workload", "patterns", multiple=True,
+              help="Run only cases whose id contains this text (repeatable).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write the run as a JSON record here.")
+@click.option("--shard", help="Run shard i of n of the suite (e.g. 2/4), for several runners.")
+@click.option("--no-db", is_flag=True, help="Do not write the database (use with --json).")
+def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
+    """Measure the suite, one fresh process per case, and record the run."""
+    config, db = resolve(config_path, db_path)
+    shard_t = _parse_shard(shard)
+    cases = select_cases(discover(config), patterns, shard_t)
+    if not cases:
+        raise ConfigError(f"no case matches {' or '.join(patterns) or 'the suite'}")
+    console = rich_console(stderr=True)
+    plain = os.environ.get("CI") == "true" or not console.is_terminal
+
+    def progress(event, case, m):
+        if event == "start" and plain:
+            click.echo(f"running {case.case_id} ...", err=True)
+        elif event == "done":
+            click.echo(f"  {m.status:8} {case.case_id} ({m.duration_s:.1f} s)", err=True)
+
+    if plain:
+        record = run_suite(config, cases, shard=shard, progress=progress)
+    else:
+        with console.status("measuring ...") as status:
+            def live(event, case, m):
+                if event == "start":
+                    status.update(f"measuring {case.case_id} ...")
+                progress(event, case, m)
+
+            record = run_suite(config, cases, shard=shard, progress=live)
+    if json_path:
+        write_json(record, json_path)
+    if not no_db:
+        with Store.open(db) as store:
+            store.write_run(record)
+    rich_console().print(run_table(record))
+    where = [str(p) for p in ((None if no_db else db), json_path) if p]
+    click.echo(f"run {record.run_id} of {(record.git.commit or 'no commit')[:12]} recorded in {', '.join(where) or 'nothing'}")

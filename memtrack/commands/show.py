@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+import json
+
+import click
+
+from memtrack.commands.options import config_option, db_option, resolve, rich_console
+from memtrack.records import to_dict
+from memtrack.report_run import run_detail
+from memtrack.store import Store
+
+
+@click.command()
+@click.argument("run_id")
+@config_option
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print the whole record as JSON.")
+def show(run_id, config_path, db_path, as_json) -> None:
+    """Show one run: where it ran, and every case's figures."""
+    _, db = resolve(config_path, db_path)
+    with Store.open(db, readonly=True) as store:
+        record = store.get_run(run_id)
+    if as_json:
+        click.echo(json.dumps(to_dict(record), indent=2, sort_keys=True))
+    else:
+        rich_console().print(*run_detail(record))

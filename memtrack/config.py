@@ -1,0 +1,235 @@
+"""Configuration: `[tool.memtrack]` in pyproject.toml, or a memtrack.toml, validated.
+
+Without any file, the embedded default runs the shipped example suite into
+`data/memtrack.db` under the current directory.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memtrack.errors import ConfigError
+from memtrack.units import parse_duration, parse_size
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_MODULES = ("memtrack.examples",)
+METRICS = ("allocated", "reserved", "requested", "device", "host")
+"""Memory metrics a budget or a verdict can name (see compare.metric_value)."""
+
+
+@dataclass(frozen=True)
+class WorkloadSettings:
+    """Per-workload overrides of the suite-wide counts."""
+
+    warmup: int | None = None
+    repeats: int | None = None
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """An absolute ceiling for one workload (or one case), optionally for one GPU model."""
+
+    workload: str
+    """A workload name (all its cases) or a case id 'name[k=v,...]'."""
+    limit_bytes: int
+    reason: str
+    """Why this much is justified: a budget is a reviewed decision."""
+    metric: str | None = None
+    """One of METRICS; None: the device view where measured, else reserved, else allocated."""
+    gpu: str | None = None
+    """Applies only on this GPU model (e.g. 'NVIDIA H200'); None: everywhere."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated configuration. Paths are absolute."""
+
+    path: Path | None
+    """The file it came from; None for the embedded default."""
+    root: Path
+    """Directory that relative paths and module files are resolved against."""
+    modules: tuple[str, ...] = DEFAULT_MODULES
+    database: Path = Path("data/memtrack.db")
+    base_branch: str = "main"
+    device: str = "auto"
+    warmup: int = 1
+    repeats: int = 3
+    timeout_s: float = 600.0
+    nvml_interval_s: float = 0.01
+    baseline_runs: int = 20
+    min_baseline_runs: int = 3
+    headroom_factor: float = 3.0
+    time_regression: str = "warn"
+    workloads: dict[str, WorkloadSettings] = field(default_factory=dict)
+    budgets: tuple[Budget, ...] = ()
+
+    def settings_for(self, workload: str) -> tuple[int, int, float]:
+        """(warmup, repeats, timeout_s) for a workload, overrides applied."""
+        s = self.workloads.get(workload, WorkloadSettings())
+        return (
+            self.warmup if s.warmup is None else s.warmup,
+            self.repeats if s.repeats is None else s.repeats,
+            self.timeout_s if s.timeout_s is None else s.timeout_s,
+        )
+
+
+_TOP_KEYS = {
+    "modules", "database", "base_branch", "device", "warmup", "repeats", "timeout",
+    "nvml_interval", "baseline_runs", "min_baseline_runs", "headroom_factor",
+    "time_regression", "workloads", "budgets",
+}
+_WORKLOAD_KEYS = {"warmup", "repeats", "timeout"}
+_BUDGET_KEYS = {"workload", "limit", "reason", "metric", "gpu"}
+
+
+class _Checker:
+    """Validates one table, naming the file and the dotted key in every error."""
+
+    def __init__(self, source: str, prefix: str, table: Any, known: set[str]):
+        self.source, self.prefix = source, prefix
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: [{prefix}] must be a table")
+        self.table = table
+        for key in table:
+            if key not in known:
+                close = difflib.get_close_matches(key, sorted(known), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"{source}: unknown key {prefix}.{key}{hint}")
+
+    def fail(self, key: str, why: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {self.prefix}.{key}: {why}")
+
+    def get(self, key: str, kind: type, default: Any = None) -> Any:
+        if key not in self.table:
+            return default
+        value = self.table[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+            raise self.fail(key, f"expected {kind.__name__}, got {value!r}")
+        return value
+
+    def count(self, key: str, minimum: int) -> int | None:
+        value = self.get(key, int)
+        if value is not None and value < minimum:
+            raise self.fail(key, f"must be at least {minimum}, got {value}")
+        return value
+
+    def duration(self, key: str) -> float | None:
+        if key not in self.table:
+            return None
+        return parse_duration(self.table[key], what=f"{self.source}: {self.prefix}.{key}")
+
+    def choice(self, key: str, choices: tuple[str, ...], default: str | None) -> str | None:
+        value = self.get(key, str, default)
+        if value is not None and value not in choices:
+            raise self.fail(key, f"{value!r} is not one of {', '.join(choices)}")
+        return value
+
+
+def find_config(start: Path) -> Path | None:
+    """memtrack.toml, or a pyproject.toml with [tool.memtrack], in start or its parents."""
+    for folder in (start, *start.parents):
+        candidate = folder / "memtrack.toml"
+        if candidate.is_file():
+            return candidate
+        pyproject = folder / "pyproject.toml"
+        if pyproject.is_file() and "tool" in _read_toml(pyproject) and "memtrack" in (
+            _read_toml(pyproject)["tool"]
+        ):
+            return pyproject
+        if (folder / ".git").exists():
+            break
+    return None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+
+
+def load_config(path: Path | None = None, *, cwd: Path | None = None) -> Config:
+    """Load and validate. `path` None: search from cwd, else use the embedded default."""
+    cwd = (cwd or Path.cwd()).resolve()
+    if path is None:
+        path = find_config(cwd)
+        if path is None:
+            return Config(path=None, root=cwd, database=cwd / "data" / "memtrack.db")
+    path = path.resolve()
+    data = _read_toml(path)
+    if path.name == "pyproject.toml":
+        table = data.get("tool", {}).get("memtrack")
+        if table is None:
+            raise ConfigError(f"{path}: has no [tool.memtrack] table")
+        prefix = "tool.memtrack"
+    else:
+        table, prefix = data, "memtrack"
+    return _validate(table, path, prefix)
+
+
+def _validate(table: Any, path: Path, prefix: str) -> Config:
+    source = str(path)
+    c = _Checker(source, prefix, table, _TOP_KEYS)
+    root = path.parent
+    modules = c.get("modules", list, list(DEFAULT_MODULES))
+    if not modules or not all(isinstance(m, str) and m for m in modules):
+        raise c.fail("modules", "expected a non-empty list of module names or .py paths")
+    database = Path(c.get("database", str, "data/memtrack.db"))
+    workloads: dict[str, WorkloadSettings] = {}
+    for name, sub in c.get("workloads", dict, {}).items():
+        w = _Checker(source, f"{prefix}.workloads.{name}", sub, _WORKLOAD_KEYS)
+        workloads[name] = WorkloadSettings(
+            warmup=w.count("warmup", 0), repeats=w.count("repeats", 1), timeout_s=w.duration("timeout")
+        )
+    budgets = []
+    for i, sub in enumerate(c.get("budgets", list, [])):
+        b = _Checker(source, f"{prefix}.budgets[{i}]", sub, _BUDGET_KEYS)
+        for required in ("workload", "limit", "reason"):
+            if required not in sub:
+                raise b.fail(required, "is required (a budget needs a workload, a limit and a reason)")
+        reason = b.get("reason", str)
+        if not reason.strip():
+            raise b.fail("reason", "must say in one line why this budget is justified")
+        budgets.append(
+            Budget(
+                workload=b.get("workload", str),
+                limit_bytes=parse_size(sub["limit"], what=f"{source}: {b.prefix}.limit"),
+                reason=reason.strip(),
+                metric=b.choice("metric", METRICS, None),
+                gpu=b.get("gpu", str),
+            )
+        )
+    headroom = c.get("headroom_factor", float, 3.0)
+    if headroom <= 0:
+        raise c.fail("headroom_factor", f"must be positive, got {headroom}")
+    return Config(
+        path=path,
+        root=root,
+        modules=tuple(modules),
+        database=database if database.is_absolute() else root / database,
+        base_branch=c.get("base_branch", str, "main"),
+        device=c.choice("device", ("auto", "cpu", "cuda"), "auto") or "auto",
+        warmup=c.count("warmup", 0) if "warmup" in table else 1,
+        repeats=c.count("repeats", 1) if "repeats" in table else 3,
+        timeout_s=c.duration("timeout") or 600.0,
+        nvml_interval_s=c.duration("nvml_interval") or 0.01,
+        baseline_runs=c.count("baseline_runs", 1) if "baseline_runs" in table else 20,
+        min_baseline_runs=c.count("min_baseline_runs", 1) if "min_baseline_runs" in table else 3,
+        headroom_factor=headroom,
+        time_regression=c.choice("time_regression", ("warn", "block", "off"), "warn") or "warn",
+        workloads=workloads,
+        budgets=tuple(budgets),
+    )

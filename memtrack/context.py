@@ -1,0 +1,91 @@
+"""The object a workload function receives: what to build, where, and how to mark it."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from memtrack.errors import WorkloadError
+
+if TYPE_CHECKING:
+    import torch
+
+_DTYPES = {
+    "float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16", "float64": "float64",
+    "float8_e4m3fn": "float8_e4m3fn", "int8": "int8",
+}
+
+
+class Context:
+    """Given to a workload: params, device, dtype, seeded inputs, and marks.
+
+    `ctx.mark(model, optimizer)` ends setup: memory at that point is the persistent set
+    (weights). `ctx.tag_cache(tensor, ...)` names request-sized state (a KV cache) so that
+    the breakdown can show it apart from other intermediates.
+    """
+
+    def __init__(self, params: dict[str, Any], seed: int, device: str, data_dir: Path):
+        import torch
+
+        self.params = dict(params)
+        self.seed = seed
+        self.device = torch.device(device)
+        dtype_name = str(params.get("dtype", "float32"))
+        if dtype_name not in _DTYPES:
+            raise WorkloadError(f"param dtype={dtype_name!r} is not one of {', '.join(_DTYPES)}")
+        self.dtype: torch.dtype = getattr(torch, _DTYPES[dtype_name])
+        self.data_dir = data_dir
+        self.marked_objects: tuple[Any, ...] | None = None
+        self._cache_storages: dict[int, int] = {}
+        self.cache_peak_bytes = 0
+
+    def __getitem__(self, name: str) -> Any:
+        return self.params[name]
+
+    def mark(self, *objects: Any) -> None:
+        """End of setup. Pass the modules and optimizers that make the persistent set."""
+        self.marked_objects = objects
+
+    def tag_cache(self, *tensors: torch.Tensor) -> None:
+        """Count these tensors as request-sized caches (each storage once per iteration)."""
+        for t in tensors:
+            storage = t.untyped_storage()
+            self._cache_storages[storage.data_ptr()] = storage.nbytes()
+        self.cache_peak_bytes = max(self.cache_peak_bytes, sum(self._cache_storages.values()))
+
+    def new_iteration(self) -> None:
+        self._cache_storages.clear()
+
+    def generator(self, offset: int = 0) -> torch.Generator:
+        """A generator seeded from the case's seed (plus `offset`), on the case's device."""
+        import torch
+
+        g = torch.Generator(device=self.device)
+        g.manual_seed(self.seed + offset)
+        return g
+
+    def randn(self, *shape: int, dtype: torch.dtype | None = None, offset: int = 0) -> torch.Tensor:
+        """Pinned random input: the same values for the same seed, shape and device."""
+        import torch
+
+        return torch.randn(
+            *shape, generator=self.generator(offset), device=self.device, dtype=dtype or self.dtype
+        )
+
+    def randint(self, high: int, *shape: int, offset: int = 0) -> torch.Tensor:
+        """Pinned random integers in [0, high), e.g. token ids."""
+        import torch
+
+        return torch.randint(high, shape, generator=self.generator(offset), device=self.device)
+
+    def data_file(self, name: str, sha256: str) -> Path:
+        """A pinned input under data/, refused when its checksum differs."""
+        path = self.data_dir / name
+        if not path.is_file():
+            raise WorkloadError(f"{path}: pinned input not found")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != sha256:
+            raise WorkloadError(f"{path}: sha256 {digest} differs from the pinned {sha256}")
+        return path

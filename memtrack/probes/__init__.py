@@ -1,0 +1,1 @@
+"""Probes: one small module per view of memory (host, framework, device)."""

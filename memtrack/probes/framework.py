@@ -1,0 +1,174 @@
+"""Framework view: what the framework's allocator (CUDA) or tensor tracker (CPU) saw.
+
+Both probes share one interface, so the worker runs CPU and CUDA cases alike:
+`mark(objects)` reads the persistent set, `iteration()` wraps one measured iteration and
+keeps its peak, `summary()` returns the figures for the Measurement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
+
+
+class FrameworkProbe(Protocol):
+    name: str
+
+    def mark(self, objects: tuple[Any, ...]) -> int: ...
+
+    def iteration(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def summary(self) -> dict[str, Any]: ...
+
+
+class _CategoryTracker(MemTracker):
+    """MemTracker that tolerates a module called again in one session (a decode loop).
+
+    Only the global peak by category is used here, so per-module statistics are reset
+    instead of refused when a root module runs twice.
+    """
+
+    def _pre_fw_hook(self, module: Any, inputs: Any) -> None:
+        try:
+            super()._pre_fw_hook(module, inputs)
+        except NotImplementedError:
+            self.reset_mod_stats()
+            super()._pre_fw_hook(module, inputs)
+
+    def _pre_bw_hook(self, module: Any, args: Any) -> None:
+        if module in self.memory_tracking:
+            super()._pre_bw_hook(module, args)
+
+    def _post_bw_hook(self, module: Any, args: Any) -> None:
+        if module in self.memory_tracking:
+            super()._post_bw_hook(module, args)
+
+
+def _trackable(objects: tuple[Any, ...]) -> list[Any]:
+    return [o for o in objects if isinstance(o, (torch.nn.Module, torch.optim.Optimizer))]
+
+
+class MemTrackerProbe:
+    """CPU framework view: MemTracker's exact accounting of live tensor memory by category."""
+
+    name = "memtracker"
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.tracker = _CategoryTracker()
+        self.samples: list[int] = []
+        self.peak_snapshot: dict[str, int] = {}
+
+    def mark(self, objects: tuple[Any, ...]) -> int:
+        tracked = _trackable(objects)
+        if tracked:
+            self.tracker.track_external(*tracked)
+        snap = self.tracker.get_tracker_snapshot("current").get(self.device, {})
+        return int(snap.get("Total", 0))
+
+    @contextlib.contextmanager
+    def iteration(self) -> Iterator[None]:
+        self.tracker.reset_mod_stats()
+        with self.tracker:  # entering resets the peak to the current total
+            yield
+        snap = self.tracker.get_tracker_snapshot("peak")
+        by_device = snap.get(self.device) or (next(iter(snap.values())) if snap else {})
+        total = int(by_device.get("Total", 0))
+        self.samples.append(total)
+        if total >= max(self.samples):
+            self.peak_snapshot = {str(getattr(k, "value", k)): int(v) for k, v in by_device.items()}
+
+    def summary(self) -> dict[str, Any]:
+        cats = {k: v for k, v in self.peak_snapshot.items() if k != "Total"}
+        return {
+            "framework": self.name,
+            "peak_allocated_bytes": max(self.samples) if self.samples else None,
+            "allocated_samples": list(self.samples),
+            "categories": cats,
+        }
+
+
+class CudaAllocatorProbe:
+    """CUDA framework view: the caching allocator's exact counters, per iteration.
+
+    `reset_peak_memory_stats` sets peak = current, so each iteration's peak includes the
+    persistent set; the persistent set itself is read at the mark.
+    """
+
+    name = "cuda-caching-allocator"
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.samples: list[int] = []
+        self.reserved: list[int] = []
+        self.requested: list[int] = []
+        self.per_device: dict[int, tuple[int, int]] = {}
+
+    def mark(self, objects: tuple[Any, ...]) -> int:
+        torch.cuda.synchronize(self.device)
+        return int(torch.cuda.memory_allocated(self.device))
+
+    @contextlib.contextmanager
+    def iteration(self) -> Iterator[None]:
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(i)
+        yield
+        torch.cuda.synchronize()
+        stats = torch.cuda.memory_stats(self.device)
+        self.samples.append(int(stats.get("allocated_bytes.all.peak", 0)))
+        self.reserved.append(int(stats.get("reserved_bytes.all.peak", 0)))
+        self.requested.append(int(stats.get("requested_bytes.all.peak", 0)))
+        for i in range(torch.cuda.device_count()):
+            alloc, res = self.per_device.get(i, (0, 0))
+            self.per_device[i] = (
+                max(alloc, torch.cuda.max_memory_allocated(i)),
+                max(res, torch.cuda.max_memory_reserved(i)),
+            )
+
+    def summary(self) -> dict[str, Any]:
+        stats = torch.cuda.memory_stats(self.device)
+        devices = []
+        for i, (alloc, res) in sorted(self.per_device.items()):
+            props = torch.cuda.get_device_properties(i)
+            devices.append(
+                {
+                    "index": i,
+                    "uuid": _uuid(props),
+                    "name": props.name,
+                    "total_bytes": int(props.total_memory),
+                    "peak_allocated_bytes": alloc,
+                    "peak_reserved_bytes": res,
+                }
+            )
+        return {
+            "framework": self.name,
+            "peak_allocated_bytes": max(self.samples) if self.samples else None,
+            "peak_reserved_bytes": max(self.reserved) if self.reserved else None,
+            "peak_requested_bytes": max(self.requested) if self.requested else None,
+            "allocated_samples": list(self.samples),
+            "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
+            "num_ooms": int(stats.get("num_ooms", 0)),
+            "cuda_devices": devices,
+        }
+
+
+def _uuid(props: Any) -> str | None:
+    uuid = getattr(props, "uuid", None)
+    if uuid is None:
+        return None
+    text = str(uuid)
+    return text if text.startswith("GPU-") else f"GPU-{text}"
+
+
+def category_breakdown(step: Any, device: torch.device, objects: tuple[Any, ...]) -> dict[str, int]:
+    """One extra iteration under MemTracker, for the category breakdown on CUDA."""
+    probe = MemTrackerProbe(device)
+    probe.mark(objects)
+    with probe.iteration():
+        step()
+    torch.cuda.synchronize(device)
+    return probe.summary()["categories"]

@@ -1,0 +1,112 @@
+"""Where a run happened: the git commit (gitpython) and the CI job (GitHub Actions variables).
+
+Never raises for a missing repository, a detached HEAD or a shallow clone: it records what
+it can and says, in `notes`, what it could not.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from datetime import timezone
+from pathlib import Path
+
+from memtrack.records import CIInfo, GitInfo
+
+
+def git_info(path: Path, base_branch: str, env: Mapping[str, str] | None = None) -> GitInfo:
+    """The commit at `path`, its merge-base with `base_branch` when that can be found."""
+    env = os.environ if env is None else env
+    try:
+        import git
+    except ImportError:  # pragma: no cover - gitpython is a dependency
+        return GitInfo(base_branch=base_branch, notes=("gitpython is not installed",))
+    try:
+        repo = git.Repo(path, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return GitInfo(base_branch=base_branch, notes=(f"{path} is not inside a git repository",))
+    notes: list[str] = []
+    try:
+        head = repo.head.commit
+    except ValueError:
+        return GitInfo(base_branch=base_branch, notes=("the repository has no commits yet",))
+    shallow = Path(repo.git_dir, "shallow").exists()
+    if shallow:
+        notes.append("shallow clone: history and merge-base may be incomplete")
+    branch = None
+    if not repo.head.is_detached:
+        branch = repo.active_branch.name
+    else:
+        # CI checks out a detached commit; GitHub says which branch it stands for.
+        branch = env.get("GITHUB_HEAD_REF") or env.get("GITHUB_REF_NAME") or None
+        if branch is None:
+            notes.append("detached HEAD: branch unknown")
+    try:
+        parent = head.parents[0].hexsha if head.parents else None
+    except (ValueError, git.GitCommandError):
+        parent = None
+    if parent is None and shallow:
+        notes.append("parent commit is beyond the shallow boundary")
+    merge_base = _merge_base(repo, head, base_branch, notes)
+    try:
+        dirty = repo.is_dirty(untracked_files=False)
+    except git.GitCommandError:
+        dirty = None
+    return GitInfo(
+        commit=head.hexsha,
+        branch=branch,
+        parent=parent,
+        subject=head.summary if isinstance(head.summary, str) else head.summary.decode(),
+        committed_at=head.committed_datetime.astimezone(timezone.utc).isoformat(timespec="seconds"),
+        dirty=dirty,
+        base_branch=base_branch,
+        merge_base=merge_base,
+        shallow=shallow,
+        notes=tuple(notes),
+    )
+
+
+def _merge_base(repo: object, head: object, base_branch: str, notes: list[str]) -> str | None:
+    import git
+
+    assert isinstance(repo, git.Repo)
+    for ref in (base_branch, f"origin/{base_branch}", f"refs/remotes/origin/{base_branch}"):
+        try:
+            base = repo.commit(ref)
+        except (git.BadName, ValueError, git.GitCommandError):
+            continue
+        try:
+            bases = repo.merge_base(head, base)
+        except git.GitCommandError:
+            bases = []
+        if bases:
+            return bases[0].hexsha
+        notes.append(f"no merge-base with {ref} (shallow clone or unrelated history)")
+        return None
+    notes.append(f"base branch {base_branch!r} not found locally: merge-base unknown")
+    return None
+
+
+_PR_REF = re.compile(r"^refs/pull/(\d+)/")
+
+
+def ci_info(env: Mapping[str, str] | None = None) -> CIInfo:
+    """GitHub Actions context from its variables; an empty CIInfo elsewhere."""
+    env = os.environ if env is None else env
+    if env.get("GITHUB_ACTIONS") != "true" and not env.get("GITHUB_EVENT_NAME"):
+        return CIInfo()
+    ref = env.get("GITHUB_REF")
+    match = _PR_REF.match(ref or "")
+    server, repo, run = env.get("GITHUB_SERVER_URL"), env.get("GITHUB_REPOSITORY"), env.get("GITHUB_RUN_ID")
+    return CIInfo(
+        provider="github-actions",
+        event=env.get("GITHUB_EVENT_NAME"),
+        ref=ref,
+        sha=env.get("GITHUB_SHA"),
+        pr_number=int(match.group(1)) if match else None,
+        base_ref=env.get("GITHUB_BASE_REF") or None,
+        head_ref=env.get("GITHUB_HEAD_REF") or None,
+        run_url=f"{server}/{repo}/actions/runs/{run}" if server and repo and run else None,
+        runner_name=env.get("RUNNER_NAME"),
+    )

@@ -1,0 +1,97 @@
+"""Terminal views of recorded runs (rich renderables; the caller prints them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from memtrack.records import Measurement, RunRecord
+from memtrack.units import format_seconds, format_size
+
+
+def run_table(run: RunRecord) -> Table:
+    """One line per case: status and each view's peak."""
+    t = Table(title=f"run {run.run_id[:12]} · {_where(run)}", title_justify="left")
+    for col in ("case", "status", "framework peak", "reserved", "device", "host peak",
+                "weights", "median time"):
+        t.add_column(col, justify="left" if col in ("case", "status") else "right")
+    for m in run.measurements:
+        t.add_row(
+            m.case_id, _status(m), format_size(m.peak_allocated_bytes),
+            format_size(m.peak_reserved_bytes), format_size(_device_peak(m)),
+            format_size(m.host_peak_rss_bytes), format_size(m.weights_bytes),
+            format_seconds(m.time_median_s),
+        )
+    return t
+
+
+def _where(run: RunRecord) -> str:
+    g, e = run.git, run.environment
+    commit = (g.commit or "no commit")[:12] + (" (dirty)" if g.dirty else "")
+    gpu = e.gpus[0].name if e.gpus else "CPU"
+    return f"{commit} on {g.branch or '?'} · {gpu} · torch {e.torch}"
+
+
+def _status(m: Measurement) -> str:
+    return m.status if m.status == "ok" else f"[red]{m.status}[/red]"
+
+
+def _device_peak(m: Measurement) -> int | None:
+    peaks = [d.peak_process_bytes for d in m.devices if d.peak_process_bytes is not None]
+    return max(peaks) if peaks else None
+
+
+def history_table(case: str, rows: list[dict[str, Any]]) -> Table:
+    t = Table(title=f"history of {case} (newest first)", title_justify="left")
+    for col in ("time", "commit", "branch", "case", "status", "framework peak", "reserved",
+                "device", "host peak", "median time"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(
+            (r["started_at"] or "")[:19], (r["git_commit"] or "-")[:10], r["git_branch"] or "-",
+            r["case_id"], r["status"], format_size(r["peak_allocated_bytes"]),
+            format_size(r["peak_reserved_bytes"]), format_size(r["device_peak_bytes"]),
+            format_size(r["host_peak_rss_bytes"]), format_seconds(r["time_median_s"]),
+        )
+    return t
+
+
+def run_detail(run: RunRecord) -> list[Any]:
+    """The run's context, then one block per case."""
+    g, ci, e = run.git, run.ci, run.environment
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    for k, v in (
+        ("run", run.run_id), ("started", run.started_at), ("commit", g.commit),
+        ("branch", g.branch), ("subject", g.subject), ("dirty", g.dirty),
+        ("merge-base", g.merge_base), ("git notes", "; ".join(g.notes) or None),
+        ("ci", f"{ci.event} #{ci.pr_number}" if ci.pr_number else ci.event),
+        ("gpus", ", ".join(f"{x.name} ({format_size(x.total_bytes)})" for x in e.gpus) or "none"),
+        ("driver / CUDA / cuDNN", f"{e.driver} / {e.cuda_runtime} / {e.cudnn}"),
+        ("torch / python", f"{e.torch} / {e.python}"), ("fingerprint", e.fingerprint),
+        ("variables", ", ".join(f"{k}={v}" for k, v in e.env_vars.items()) or None),
+    ):
+        head.add_row(k, "-" if v is None else str(v))
+    blocks: list[Any] = [head, run_table(run)]
+    for m in run.measurements:
+        t = Table(title=m.case_id, title_justify="left", show_header=False)
+        t.add_column(style="bold")
+        t.add_column()
+        t.add_row("params", ", ".join(f"{k}={v}" for k, v in m.params.items()))
+        t.add_row("counts", f"seed {m.seed}, warm-up {m.warmup}, repeats {m.repeats}")
+        if m.message:
+            t.add_row("message", m.message)
+        for label, value in (
+            ("weights", m.weights_bytes), ("intermediates", m.intermediates_bytes),
+            ("caches", m.caches_bytes), ("training state", m.training_state_bytes),
+            ("workspace/runtime", m.workspace_bytes),
+        ):
+            t.add_row(label, format_size(value))
+        t.add_row("host peak", f"{format_size(m.host_peak_rss_bytes)} ({m.host_peak_source})")
+        t.add_row("device view", m.device_view or f"absent: {m.device_view_note}")
+        for note in m.notes:
+            t.add_row("note", note)
+        blocks.append(t)
+    return blocks

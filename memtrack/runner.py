@@ -1,0 +1,265 @@
+"""Runs a suite: each case in a fresh process, with the NVML sampler beside it on CUDA.
+
+A failing case (exception, out of memory, signal, timeout) becomes a Measurement with that
+status and whatever figures it reached; the run goes on with the next case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from memtrack import environment, provenance
+from memtrack.config import Config
+from memtrack.records import DeviceMeasurement, Environment, Measurement, RunRecord
+from memtrack.workload import Case, suite_hash
+
+ProgressFn = Callable[[str, Case, "Measurement | None"], None]
+"""Called with ('start', case, None) and ('done', case, measurement)."""
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    """What the worker process left: its result file's data and how it ended."""
+
+    data: dict[str, Any]
+    returncode: int | None
+    timed_out: bool
+    stderr_tail: str
+    duration_s: float
+    sampler: dict[str, Any] | None
+
+
+def resolve_device(config: Config, env: Environment) -> str:
+    if config.device != "auto":
+        return config.device
+    return "cuda" if env.gpus and env.cuda_runtime else "cpu"
+
+
+def run_suite(
+    config: Config,
+    cases: list[Case],
+    *,
+    shard: str | None = None,
+    progress: ProgressFn | None = None,
+    env: Environment | None = None,
+) -> RunRecord:
+    """Measure every case and return the run (the caller stores it)."""
+    started = _now()
+    env = env or environment.probe()
+    device = resolve_device(config, env)
+    git = provenance.git_info(config.root, config.base_branch)
+    measurements = []
+    for case in cases:
+        if progress:
+            progress("start", case, None)
+        m = run_case(config, case, device)
+        measurements.append(m)
+        if progress:
+            progress("done", case, m)
+    return RunRecord(
+        run_id=uuid.uuid4().hex,
+        started_at=started,
+        finished_at=_now(),
+        git=git,
+        ci=provenance.ci_info(),
+        environment=env,
+        suite_hash=suite_hash(cases, config),
+        config_path=str(config.path) if config.path else None,
+        measurements=tuple(measurements),
+        shard=shard,
+    )
+
+
+def run_case(config: Config, case: Case, device: str) -> Measurement:
+    warmup, repeats, timeout_s = config.settings_for(case.workload)
+    with tempfile.TemporaryDirectory(prefix="memtrack-") as tmp:
+        result_path = Path(tmp) / "result.json"
+        spec = {
+            "module": case.module, "root": str(config.root), "workload": case.workload,
+            "params": case.params, "seed": case.seed, "device": device, "warmup": warmup,
+            "repeats": repeats, "data_dir": str(config.root / "data"),
+            "result_path": str(result_path),
+        }
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        outcome = _execute(spec_path, result_path, timeout_s, device, config.nvml_interval_s)
+    return to_measurement(case, spec, outcome, config.nvml_interval_s, timeout_s)
+
+
+def _execute(
+    spec_path: Path, result_path: Path, timeout_s: float, device: str, interval_s: float
+) -> CaseOutcome:
+    sampler = _start_sampler(interval_s) if device == "cuda" else None
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "memtrack.worker", str(spec_path)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            start_new_session=True,  # one process group: a timeout kills all it started
+        )
+        if sampler and sampler[0] is not None:
+            _tell(sampler[0], f"{proc.pid}\n")
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        duration = time.perf_counter() - t0
+        err.seek(0)
+        stderr_tail = err.read()[-4000:].decode(errors="replace")
+    sampled = _stop_sampler(sampler) if sampler else None
+    try:
+        data = json.loads(result_path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        data = {"status": "running", "phase": "start", "notes": []}
+    return CaseOutcome(data, proc.returncode, timed_out, stderr_tail, duration, sampled)
+
+
+def _start_sampler(interval_s: float) -> tuple[subprocess.Popen[str] | None, dict[str, Any]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memtrack.probes.nvml", "--interval", str(interval_s)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    assert proc.stdout is not None
+    first = json.loads(proc.stdout.readline() or '{"ok": false, "reason": "sampler died"}')
+    if not first.get("ok"):
+        proc.wait()
+        return None, first
+    return proc, first
+
+
+def _tell(proc: subprocess.Popen[str], line: str) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(line)
+    proc.stdin.flush()
+
+
+def _stop_sampler(sampler: tuple[subprocess.Popen[str] | None, dict[str, Any]]) -> dict[str, Any]:
+    proc, first = sampler
+    if proc is None:
+        return first
+    out, _ = proc.communicate("stop\n", timeout=60)
+    last = out.strip().splitlines()[-1] if out.strip() else "{}"
+    return {**first, **json.loads(last)}
+
+
+def to_measurement(
+    case: Case, spec: dict[str, Any], outcome: CaseOutcome, interval_s: float, timeout_s: float
+) -> Measurement:
+    d = outcome.data
+    notes = list(d.get("notes", []))
+    status, message = d.get("status", "running"), d.get("message")
+    if outcome.timed_out:
+        status, message = "timeout", f"timed out after {timeout_s:g} s in phase {d.get('phase')!r}"
+    elif status == "running":
+        rc = outcome.returncode or 0
+        status = "crashed"
+        if rc < 0:
+            message = f"killed by {signal.Signals(-rc).name} in phase {d.get('phase')!r}"
+        else:
+            message = f"exited with status {rc} in phase {d.get('phase')!r}"
+        if outcome.stderr_tail.strip():
+            message += ": " + outcome.stderr_tail.strip().splitlines()[-1][:500]
+    devices, view, view_note = _device_view(d, outcome.sampler, spec["device"], notes)
+    fields = {k: d.get(k) for k in _MEASURED if k in d}
+    m = Measurement(
+        workload=case.workload, case_id=case.case_id, params=case.params, seed=case.seed,
+        device=spec["device"], dtype=str(case.params.get("dtype", "float32")),
+        warmup=spec["warmup"], repeats=spec["repeats"], status=status, message=message,
+        traceback=d.get("traceback"), devices=tuple(devices), device_view=view,
+        device_view_note=view_note,
+        sample_interval_s=interval_s if view == "nvml" else None,
+        duration_s=round(outcome.duration_s, 4), notes=tuple(notes),
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()},
+    )
+    return with_breakdown(m)
+
+
+_MEASURED = (
+    "framework", "peak_allocated_bytes", "peak_reserved_bytes", "peak_requested_bytes",
+    "persistent_bytes", "allocated_samples", "num_alloc_retries", "num_ooms",
+    "host_peak_rss_bytes", "host_step_peak_rss_bytes", "host_peak_source", "caches_bytes",
+    "categories", "iteration_times_s", "time_median_s", "time_p95_s", "time_min_s",
+)
+
+
+def _device_view(
+    d: dict[str, Any], sampled: dict[str, Any] | None, device: str, notes: list[str]
+) -> tuple[list[DeviceMeasurement], str | None, str | None]:
+    cuda_devices = {x.get("uuid"): x for x in d.get("cuda_devices", [])}
+    if device != "cuda":
+        return [], None, "CPU case: no device view"
+    if not sampled or not sampled.get("ok", True) or "devices" not in sampled:
+        reason = (sampled or {}).get("reason", "NVML sampler gave no result")
+        devs = [DeviceMeasurement(**{k: v for k, v in x.items()}) for x in cuda_devices.values()]
+        return devs, None, reason
+    out = []
+    for s in sampled["devices"]:
+        a = cuda_devices.get(s["uuid"], {})
+        dm = DeviceMeasurement(
+            index=a.get("index", s["index"]), uuid=s["uuid"], name=s["name"],
+            total_bytes=s["total_bytes"], used_before_bytes=s["used_before_bytes"],
+            peak_device_used_bytes=s["peak_device_used_bytes"],
+            peak_process_bytes=s["peak_process_bytes"], process_view=s["process_view"],
+            peak_allocated_bytes=a.get("peak_allocated_bytes"),
+            peak_reserved_bytes=a.get("peak_reserved_bytes"), samples=s["samples"],
+        )
+        if dm.peak_reserved_bytes and (dm.peak_process_bytes or 0) < dm.peak_reserved_bytes:
+            notes.append(
+                f"GPU {dm.index}: sampled device peak is below the allocator's exact reserved "
+                "peak: the sampler missed a spike"
+            )
+        out.append(dm)
+    return out, "nvml", None
+
+
+def with_breakdown(m: Measurement) -> Measurement:
+    """Weights, caches, training state, intermediates and workspace from the figures."""
+    import dataclasses
+
+    if m.peak_allocated_bytes is None:
+        return m
+    cats = m.categories or {}
+    weights = m.persistent_bytes or 0
+    caches = m.caches_bytes or 0
+    training = None
+    if cats:
+        training = cats.get("Gradient", 0) + cats.get("Optstate", 0)
+    intermediates = max(0, m.peak_allocated_bytes - weights - caches - (training or 0))
+    if m.device == "cuda":
+        peaks = [d.peak_process_bytes for d in m.devices if d.peak_process_bytes is not None]
+        device_peak = max(peaks) if peaks else None
+        workspace = (
+            device_peak - m.peak_reserved_bytes
+            if device_peak is not None and m.peak_reserved_bytes is not None
+            else None
+        )
+    else:
+        # On the CPU the gap is the host's: RSS beyond live tensors (interpreter, libraries).
+        host = m.host_step_peak_rss_bytes
+        workspace = host - m.peak_allocated_bytes if host is not None else None
+    return dataclasses.replace(
+        m, weights_bytes=weights, caches_bytes=caches, training_state_bytes=training,
+        intermediates_bytes=intermediates, workspace_bytes=workspace,
+    )
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,76 @@
+"""Units parsed once at the edge: sizes to int bytes, durations to float seconds."""
+
+from __future__ import annotations
+
+import re
+
+from memtrack.errors import ConfigError
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_TIME_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_size(value: str | int, *, what: str = "size") -> int:
+    """'12 GiB' -> 12884901888; '512MB' -> 512000000; an int is taken as bytes."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a size such as '2 GiB', got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{what}: a size cannot be negative, got {value!r}")
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"{what}: expected a size such as '2 GiB', got {value!r}")
+    match = _SIZE_RE.match(value)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _SIZE_UNITS:
+        raise ConfigError(
+            f"{what}: {value!r} is not a size (use a number with B, KB, MB, GB, KiB, MiB or GiB)"
+        )
+    return int(round(float(match.group(1)) * _SIZE_UNITS[unit]))
+
+
+def parse_duration(value: str | int | float, *, what: str = "duration") -> float:
+    """'90s' -> 90.0; '5 min' -> 300.0; a number is taken as seconds."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a duration such as '90s', got {value!r}")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ConfigError(f"{what}: a duration must be positive, got {value!r}")
+        return float(value)
+    match = _SIZE_RE.match(value) if isinstance(value, str) else None
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _TIME_UNITS or float(match.group(1)) <= 0:
+        raise ConfigError(f"{what}: {value!r} is not a duration (use e.g. '90s', '500ms', '5 min')")
+    return float(match.group(1)) * _TIME_UNITS[unit]
+
+
+def format_size(n: int | None) -> str:
+    """Binary units, exact about it: 1536 -> '1.50 KiB'."""
+    if n is None:
+        return "-"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= factor:
+            return f"{sign}{n / factor:.2f} {unit}"
+    return f"{sign}{n} B"
+
+
+def format_seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 1:
+        return f"{s * 1000:.1f} ms"
+    return f"{s:.2f} s"

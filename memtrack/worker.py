@@ -1,0 +1,148 @@
+"""One case, in its own process: setup, warm-up, timing pass, memory pass, breakdown.
+
+Started by the runner as `python -m memtrack.worker SPEC.json`. It writes its figures to
+the spec's result path after every phase (atomically), so a crash or a kill still leaves
+the partial figures for the runner to record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+RESULT_ENV = "MEMTRACK_RESULT"
+
+
+class _Result:
+    def __init__(self, path: Path):
+        self.path = path
+        self.data: dict[str, Any] = {"status": "running", "phase": "start", "notes": []}
+
+    def update(self, **fields: Any) -> None:
+        self.data.update(fields)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.data))
+        tmp.replace(self.path)
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timing_pass(step: Any, device: Any, repeats: int) -> list[float]:
+    """Uninstrumented: only a clock (and a device sync on CUDA) around each iteration."""
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _time_summary(times: list[float]) -> dict[str, Any]:
+    ordered = sorted(times)
+    p95 = ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered) + 0.5) - 1))]
+    return {
+        "iteration_times_s": times,
+        "time_median_s": statistics.median(times),
+        "time_p95_s": p95,
+        "time_min_s": ordered[0],
+    }
+
+
+def run_case(spec: dict[str, Any], result: _Result) -> None:
+    from memtrack.probes.host import HostPeak
+
+    host = HostPeak()  # first, so the whole case (imports aside) is under one high-water mark
+    import torch
+
+    from memtrack.context import Context
+    from memtrack.probes.framework import CudaAllocatorProbe, MemTrackerProbe, category_breakdown
+    from memtrack.workload import find, import_workload_module
+
+    result.update(phase="setup", host_peak_source=host.source)
+    torch.manual_seed(spec["seed"])
+    torch.backends.cudnn.benchmark = False  # its workspace depends on what is cached
+    import_workload_module(spec["module"], Path(spec["root"]))
+    wl = find(spec["workload"])
+    ctx = Context(spec["params"], spec["seed"], spec["device"], Path(spec["data_dir"]))
+    is_cuda = ctx.device.type == "cuda"
+    probe = CudaAllocatorProbe(ctx.device) if is_cuda else MemTrackerProbe(ctx.device)
+
+    step = wl.fn(ctx)
+    if not callable(step):
+        raise TypeError(f"workload {wl.name!r} must return the step to measure, got {step!r}")
+    objects = ctx.marked_objects if ctx.marked_objects is not None else ()
+    if ctx.marked_objects is None:
+        result.data["notes"].append("no ctx.mark(): the persistent set is what setup left")
+    persistent = probe.mark(objects)
+    result.update(phase="warmup", persistent_bytes=persistent)
+
+    for _ in range(spec["warmup"]):
+        ctx.new_iteration()
+        step()
+    _sync(ctx.device)
+    setup_peak = host.peak()
+    host.reset()
+
+    result.update(phase="timing")
+    times = _timing_pass(step, ctx.device, spec["repeats"])
+    step_peak = host.peak()
+    result.update(
+        phase="memory",
+        host_peak_rss_bytes=max(setup_peak, step_peak),
+        host_step_peak_rss_bytes=step_peak,
+        **_time_summary(times),
+    )
+
+    ctx.cache_peak_bytes = 0
+    for _ in range(spec["repeats"]):
+        ctx.new_iteration()
+        with probe.iteration():
+            step()
+    summary = probe.summary()
+    if is_cuda:
+        result.update(phase="breakdown", **summary)
+        try:
+            summary["categories"] = category_breakdown(step, ctx.device, objects)
+        except Exception as exc:  # the allocator figures stand without it
+            result.data["notes"].append(f"category breakdown unavailable: {exc}")
+    result.update(phase="done", caches_bytes=ctx.cache_peak_bytes or None, **summary)
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    result = _Result(Path(spec["result_path"]))
+    try:
+        run_case(spec, result)
+    except MemoryError as exc:
+        result.update(status="oom", message=f"MemoryError: {exc}", traceback=traceback.format_exc())
+        return 0
+    except Exception as exc:
+        kind = type(exc).__name__
+        oom = kind == "OutOfMemoryError" or "out of memory" in str(exc).lower()
+        result.update(
+            status="oom" if oom else "error",
+            message=f"{kind}: {exc}".strip().splitlines()[0][:2000],
+            traceback=traceback.format_exc()[-20000:],
+        )
+        return 0
+    result.update(status="ok")
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    os._exit(code)  # skip interpreter teardown: figures are written, nothing is left to do

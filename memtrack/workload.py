@@ -1,0 +1,190 @@
+"""Declaring workloads: the `@workload` decorator, its parameter grid, and discovery.
+
+A workload builds what persists (weights), calls `ctx.mark()`, and returns the step to
+measure. This module does not import torch: the worker process does, when it runs a case.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import itertools
+import json
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memtrack.config import Config
+from memtrack.errors import WorkloadError
+
+_REGISTRY: dict[str, Workload] = {}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A registered workload function and its parameter grid."""
+
+    name: str
+    fn: Callable[..., Any]
+    params: dict[str, tuple[Any, ...]]
+    """Each parameter's values; a scalar in the decorator becomes a 1-tuple."""
+    seed: int = 0
+    module: str = ""
+    """Where it was found: a module name or a .py path, as the config named it."""
+
+    def cases(self) -> list[Case]:
+        """One case per combination of parameter values, in declaration order."""
+        names = list(self.params)
+        return [
+            Case(self.name, dict(zip(names, values, strict=True)), self.seed, self.module)
+            for values in itertools.product(*(self.params[n] for n in names))
+        ]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One point of a workload's grid: the unit that runs in its own process."""
+
+    workload: str
+    params: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    module: str = ""
+
+    @property
+    def case_id(self) -> str:
+        return case_id(self.workload, self.params)
+
+
+def case_id(workload: str, params: dict[str, Any]) -> str:
+    """'name[k=v,...]' with keys sorted: the stable identity of a series."""
+    if not params:
+        return workload
+    inner = ",".join(f"{k}={params[k]}" for k in sorted(params))
+    return f"{workload}[{inner}]"
+
+
+def workload(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    params: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> Any:
+    """Register a workload. `params` maps names to a value or a list of values (a grid).
+
+    The function receives a `memtrack.Context` and returns a zero-argument step.
+    """
+
+    def register(f: Callable[..., Any]) -> Callable[..., Any]:
+        wname = name or f.__name__
+        grid: dict[str, tuple[Any, ...]] = {}
+        for key, value in (params or {}).items():
+            values = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+            if not values:
+                raise WorkloadError(f"workload {wname!r}: param {key!r} has no values")
+            for v in values:
+                if not isinstance(v, (str, int, float, bool)):
+                    raise WorkloadError(
+                        f"workload {wname!r}: param {key!r} value {v!r} must be str, int, float or bool"
+                    )
+            grid[key] = values
+        previous = _REGISTRY.get(wname)
+        if previous is not None and previous.fn.__qualname__ != f.__qualname__:
+            raise WorkloadError(f"workload {wname!r} is declared twice")
+        _REGISTRY[wname] = Workload(wname, f, grid, seed, f.__module__)
+        return f
+
+    return register(fn) if fn is not None else register
+
+
+def _is_path(ref: str) -> bool:
+    return ref.endswith(".py") or "/" in ref
+
+
+def _module_name(ref: str, root: Path) -> str:
+    """The name a module ref is imported under (files get a stable synthetic name)."""
+    if not _is_path(ref):
+        return ref
+    digest = hashlib.sha1(str((root / ref).resolve()).encode()).hexdigest()[:12]
+    return f"memtrack_user_{digest}"
+
+
+def import_workload_module(ref: str, root: Path) -> str:
+    """Import a module by dotted name, or a .py file relative to `root`; return its name."""
+    name = _module_name(ref, root)
+    if name in sys.modules:
+        return name
+    if _is_path(ref):
+        path = (root / ref).resolve()
+        if not path.is_file():
+            raise ModuleNotFoundError(f"no file {path}")
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    else:
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+        importlib.import_module(ref)
+    return name
+
+
+def discover(config: Config) -> list[Workload]:
+    """Import the configured modules; return their workloads, each tagged with its ref."""
+    where = f"{config.path}: modules" if config.path else "default config: modules"
+    found: dict[str, Workload] = {}
+    for ref in config.modules:
+        try:
+            name = import_workload_module(ref, config.root)
+        except ModuleNotFoundError as exc:
+            raise WorkloadError(f"{where}: cannot import {ref!r} ({exc})") from None
+        for wl in _REGISTRY.values():
+            if wl.module == name or wl.module.startswith(name + "."):
+                found[wl.name] = Workload(wl.name, wl.fn, wl.params, wl.seed, ref)
+    if not found:
+        raise WorkloadError(f"{where}: no workloads registered by {', '.join(config.modules)}")
+    for wname in config.workloads:
+        if wname not in found:
+            raise WorkloadError(
+                f"{config.path}: workloads.{wname}: no such workload "
+                f"(known: {', '.join(sorted(found))})"
+            )
+    return list(found.values())
+
+
+def select_cases(
+    workloads: Iterable[Workload], patterns: Iterable[str] = (), shard: tuple[int, int] | None = None
+) -> list[Case]:
+    """Expand grids; keep cases whose id contains any pattern; keep shard i of n (1-based)."""
+    cases = [c for w in workloads for c in w.cases()]
+    pats = list(patterns)
+    if pats:
+        cases = [c for c in cases if any(p in c.case_id for p in pats)]
+    if shard is not None:
+        i, n = shard
+        cases = [c for k, c in enumerate(sorted(cases, key=lambda c: c.case_id)) if k % n == i - 1]
+    return cases
+
+
+def suite_hash(cases: Iterable[Case], config: Config) -> str:
+    """Changes when the suite's definition changes: cases, params, counts."""
+    payload = [
+        [c.case_id, c.seed, list(config.settings_for(c.workload))]
+        for c in sorted(cases, key=lambda c: c.case_id)
+    ]
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def find(name: str) -> Workload:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise WorkloadError(f"no workload named {name!r} is registered") from None
