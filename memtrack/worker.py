@@ -121,7 +121,20 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     result.update(phase="done", caches_bytes=ctx.cache_peak_bytes or None, **summary)
 
 
+def _die_with_parent() -> None:
+    """A killed `memtrack run` must not leave a workload holding the GPU (Linux only)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if os.getppid() == 1:  # the parent died before prctl took effect
+            os._exit(1)
+
+
 def main(argv: list[str]) -> int:
+    _die_with_parent()
     spec = json.loads(Path(argv[0]).read_text())
     result = _Result(Path(spec["result_path"]))
     try:

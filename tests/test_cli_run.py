@@ -1,0 +1,71 @@
+"""The quick start's promise: `memtrack run` on the shipped examples, in a real git repo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from factories import commit_all, init_repo
+
+from memtrack.records import read_json
+from memtrack.store import Store
+
+
+@pytest.fixture(scope="module")
+def example_run(tmp_path_factory):
+    repo = init_repo(tmp_path_factory.mktemp("repo"))
+    (repo / "README.md").write_text("a project\n")
+    commit = commit_all(repo, "first commit")
+    result = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "run", "--json", "run.json"],
+        cwd=repo, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    return repo, commit, result
+
+
+def test_examples_record_a_row_per_case_with_figures_commit_and_versions(example_run):
+    repo, commit, result = example_run
+    db = repo / "data" / "memtrack.db"  # the embedded default
+    with Store.open(db, readonly=True) as store:
+        (run_id,) = store.run_ids()
+        run = store.get_run(run_id)
+    assert {m.workload for m in run.measurements} == {"decoder_generate", "train_step", "image_classify"}
+    assert len(run.measurements) == 4  # decoder: 1 and 4 sessions
+    for m in run.measurements:
+        assert m.status == "ok", m.message
+        assert m.peak_allocated_bytes > 0 and m.host_peak_rss_bytes > m.peak_allocated_bytes
+        assert m.time_median_s > 0 and len(m.iteration_times_s) == m.repeats
+        assert m.weights_bytes > 0
+    assert run.git.commit == commit and run.git.branch == "main" and run.git.dirty is False
+    assert run.environment.torch and run.environment.python and run.environment.fingerprint
+    assert run.environment.packages.get("torch")
+    assert f"run {run_id}" in result.stdout
+
+
+def test_the_breakdown_shows_caches_and_training_state(example_run):
+    repo, _, _ = example_run
+    run = read_json(repo / "run.json")
+    by_case = {m.case_id: m for m in run.measurements}
+    dec = [m for m in run.measurements if m.workload == "decoder_generate"]
+    one, four = sorted(dec, key=lambda m: m.params["sessions"])
+    # KV cache: 2 (k, v) x layers x sessions x max_len x d_model x 4 bytes
+    assert one.caches_bytes == 2 * 2 * 1 * 256 * 128 * 4
+    assert four.caches_bytes == 4 * one.caches_bytes
+    assert four.peak_allocated_bytes > one.peak_allocated_bytes
+    train = next(m for m in by_case.values() if m.workload == "train_step")
+    assert train.training_state_bytes >= 2 * train.weights_bytes  # AdamW's two moments at least
+    assert train.categories["Optstate"] == pytest.approx(2 * train.weights_bytes, rel=0.01)
+
+
+def test_history_and_show_read_the_run_back(example_run):
+    repo, commit, _ = example_run
+    hist = subprocess.run([sys.executable, "-m", "memtrack.cli", "history", "train_step"],
+                          cwd=repo, capture_output=True, text=True, check=True)
+    assert commit[:10] in hist.stdout and "train_step" in hist.stdout
+    run = read_json(repo / "run.json")
+    show = subprocess.run([sys.executable, "-m", "memtrack.cli", "show", run.run_id[:10], "--json"],
+                          cwd=repo, capture_output=True, text=True, check=True)
+    assert json.loads(show.stdout)["run_id"] == run.run_id

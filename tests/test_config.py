@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from memtrack.cli import main
+from memtrack.config import load_config
+from memtrack.errors import ConfigError
+from memtrack.units import parse_duration, parse_size
+
+
+def test_sizes_are_exact_about_binary_and_decimal_units():
+    assert parse_size("12 GiB") == 12 * 2**30
+    assert parse_size("512MB") == 512 * 10**6
+    assert parse_size("1.5KiB") == 1536
+    assert parse_size(4096) == 4096
+    assert parse_duration("5 min") == 300.0
+    assert parse_duration("500ms") == 0.5
+    with pytest.raises(ConfigError, match="not a size"):
+        parse_size("12 gigs")
+
+
+def test_pyproject_table_is_read_and_paths_resolved(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(
+        "[project]\nname='x'\n[tool.memtrack]\nmodules=['perf.wl']\ndatabase='db/m.db'\n"
+        "repeats=5\ntimeout='90s'\n[tool.memtrack.workloads.big]\ntimeout='20 min'\nrepeats=2\n"
+        "[[tool.memtrack.budgets]]\nworkload='big'\nlimit='2 GiB'\nreason='fits a 24 GiB card x8'\n"
+    )
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    cfg = load_config(cwd=sub)  # found from a subdirectory
+    assert cfg.path == tmp_path / "pyproject.toml"
+    assert cfg.database == tmp_path / "db" / "m.db"
+    assert cfg.settings_for("big") == (1, 2, 1200.0)
+    assert cfg.settings_for("other") == (1, 5, 90.0)
+    assert cfg.budgets[0].limit_bytes == 2 * 2**30
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("repeat = 3\n", r"unknown key memtrack.repeat \(did you mean 'repeats'\?\)"),
+        ("timeout = 'soon'\n", r"memtrack.timeout: 'soon' is not a duration"),
+        ("[[budgets]]\nworkload='w'\nlimit='12 gigs'\nreason='r'\n", r"memtrack.budgets\[0\].limit: '12 gigs' is not a size"),
+        ("[[budgets]]\nworkload='w'\nlimit='1 GiB'\n", r"memtrack.budgets\[0\].reason: is required"),
+        ("[workloads.w]\nwarmpu = 1\n", r"unknown key memtrack.workloads.w.warmpu"),
+        ("device = 'tpu'\n", r"memtrack.device: 'tpu' is not one of auto, cpu, cuda"),
+        ("repeats = 0\n", r"memtrack.repeats: must be at least 1"),
+        ("modules = 'x'\n", r"memtrack.modules: expected list"),
+        ("modules = [\n", r"not valid TOML"),
+    ],
+)
+def test_bad_config_exits_2_naming_file_and_key(tmp_path, body, message):
+    cfg = tmp_path / "memtrack.toml"
+    cfg.write_text(body)
+    with pytest.raises(ConfigError, match=message):
+        load_config(cfg)
+    db = tmp_path / "m.db"
+    result = CliRunner().invoke(main, ["run", "--config", str(cfg), "--db", str(db)])
+    assert result.exit_code == 2
+    assert str(cfg) in result.output
+    assert not db.exists()  # nothing written
+
+
+def test_missing_module_exits_2_and_writes_nothing(tmp_path):
+    cfg = tmp_path / "memtrack.toml"
+    cfg.write_text("modules = ['perf.not_there']\n")
+    db = tmp_path / "m.db"
+    result = CliRunner().invoke(main, ["run", "--config", str(cfg), "--db", str(db)])
+    assert result.exit_code == 2
+    assert "modules: cannot import 'perf.not_there'" in result.output
+    assert not db.exists()

@@ -1,0 +1,166 @@
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from click.testing import CliRunner
+from factories import GPU_ENV, MiB, make_measurement, make_run
+
+from memtrack.cli import main
+from memtrack.errors import StoreError
+from memtrack.records import read_json, write_json
+from memtrack.store import Store
+
+
+def test_a_run_reads_back_as_written(tmp_path):
+    run = make_run(
+        [make_measurement("decoder", {"batch": b}, peak=b * MiB, device="cuda",
+                          reserved=b * 2 * MiB, device_peak=b * 3 * MiB) for b in (1, 8)],
+        env=GPU_ENV,
+    )
+    with Store.open(tmp_path / "m.db") as store:
+        assert store.write_run(run) is True
+        assert store.write_run(run) is False  # same run id: one run
+        assert store.get_run(run.run_id) == run
+        assert store.get_run(run.run_id[:8]) == run
+        row = store.history("decoder")[0]
+        assert row["device_peak_bytes"] == 24 * MiB  # the largest device's peak, queryable
+
+
+def test_the_file_is_plain_sqlite_in_wal_mode(tmp_path):
+    db = tmp_path / "m.db"
+    with Store.open(db) as store:
+        store.write_run(make_run([make_measurement()]))
+    conn = sqlite3.connect(db)
+    assert conn.execute("pragma journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("select count(*) from measurements").fetchone()[0] == 1
+    names = [r[0] for r in conn.execute("select name from _sqlite_migrations")]
+    assert names[0] == "m001_initial"
+
+
+def test_read_only_open_refuses_missing_empty_and_unknown_schema(tmp_path):
+    with pytest.raises(StoreError, match="no such database"):
+        Store.open(tmp_path / "none.db", readonly=True)
+    sqlite3.connect(tmp_path / "empty.db").close()
+    with pytest.raises(StoreError, match="empty database"):
+        Store.open(tmp_path / "empty.db", readonly=True)
+    db = tmp_path / "future.db"
+    Store.open(db).close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("insert into _sqlite_migrations (migration_set, name, applied_at) "
+                     "values ('memtrack', 'm999_from_the_future', 'now')")
+    for readonly in (True, False):
+        with pytest.raises(StoreError, match="m999_from_the_future"):
+            Store.open(db, readonly=readonly)
+
+
+def test_read_only_store_cannot_write(tmp_path):
+    db = tmp_path / "m.db"
+    Store.open(db).close()
+    with Store.open(db, readonly=True) as store, pytest.raises(StoreError, match="read-only"):
+        store.write_run(make_run([make_measurement()]))
+
+
+def test_ingest_is_idempotent_and_rejects_bad_records_whole(tmp_path):
+    runs = [make_run([make_measurement(peak=p * MiB)]) for p in (1, 2)]
+    paths = []
+    for i, run in enumerate(runs):
+        paths.append(tmp_path / f"r{i}.json")
+        write_json(run, paths[-1])
+    db = tmp_path / "m.db"
+    cli = CliRunner()
+    r1 = cli.invoke(main, ["ingest", "--db", str(db), *map(str, paths)])
+    r2 = cli.invoke(main, ["ingest", "--db", str(db), *map(str, paths)])
+    assert r1.exit_code == 0 and "2 run(s) added" in r1.output
+    assert r2.exit_code == 0 and "0 run(s) added, 2 already present" in r2.output
+    with Store.open(db, readonly=True) as store:
+        assert sorted(store.run_ids()) == sorted(r.run_id for r in runs)
+        assert store.get_run(runs[1].run_id) == read_json(paths[1])
+
+    bad = tmp_path / "bad.json"
+    data = json.loads(paths[0].read_text())
+    data["schema_version"] = 99
+    bad.write_text(json.dumps(data))
+    third = tmp_path / "r3.json"
+    write_json(make_run([make_measurement()]), third)
+    r3 = cli.invoke(main, ["ingest", "--db", str(db), str(third), str(bad)])
+    assert r3.exit_code == 2
+    assert "bad.json: schema_version 99 is not supported" in r3.output
+    with Store.open(db, readonly=True) as store:
+        assert len(store.run_ids()) == 2  # nothing of the batch was written
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    from factories import make_measurement, make_run
+    from memtrack.store import Store
+    store = Store.open({db!r})
+    print("ready", flush=True)
+    while True:
+        store.write_run(make_run([make_measurement("w", {{"i": i}}) for i in range(300)]))
+    """
+)
+
+
+def test_a_killed_writer_leaves_no_half_run(tmp_path):
+    db = tmp_path / "m.db"
+    code = WRITER.format(tests=str(__import__("pathlib").Path(__file__).parent), db=str(db))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(2.5)
+    proc.kill()  # SIGKILL, most likely in the middle of a transaction
+    proc.wait()
+    conn = sqlite3.connect(db)
+    assert conn.execute("pragma integrity_check").fetchone()[0] == "ok"
+    counts = conn.execute(
+        "select r.run_id, count(m.id) from runs r left join measurements m using (run_id) group by 1"
+    ).fetchall()
+    assert counts, "the writer wrote no run at all in 2.5 s"
+    assert {n for _, n in counts} == {300}
+    orphans = conn.execute(
+        "select count(*) from measurements where run_id not in (select run_id from runs)"
+    ).fetchone()[0]
+    assert orphans == 0
+
+
+def test_a_killed_memtrack_run_leaves_the_database_as_it_was(tmp_path):
+    (tmp_path / "wl.py").write_text(
+        "import time, memtrack\n@memtrack.workload\ndef slow(ctx):\n"
+        "    return lambda: time.sleep(30)\n"
+    )
+    (tmp_path / "memtrack.toml").write_text('modules=["wl.py"]\nwarmup=0\nrepeats=1\n')
+    db = tmp_path / "m.db"
+    with Store.open(db) as store:
+        store.write_run(make_run([make_measurement()]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memtrack.cli", "run", "--config", str(tmp_path / "memtrack.toml"),
+         "--db", str(db)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.time() + 60
+    line = ""
+    while "running slow" not in line and time.time() < deadline:
+        line = proc.stderr.readline()
+    proc.kill()
+    proc.wait()
+    with Store.open(db, readonly=True) as store:
+        assert len(store.run_ids()) == 1
+    # and the case's own process died with it, rather than holding on to its memory
+    time.sleep(1)
+    ps = subprocess.run(["pgrep", "-f", f"memtrack.worker.*"], capture_output=True, text=True)
+    leftovers = [p for p in ps.stdout.split() if str(tmp_path) in _cmdline(p)]
+    assert leftovers == []
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        spec = open(f"/proc/{pid}/cmdline").read().split("\0")[-2]
+        return open(spec).read()
+    except (OSError, IndexError):
+        return ""
