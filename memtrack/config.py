@@ -32,6 +32,8 @@ class WorkloadSettings:
     warmup: int | None = None
     repeats: int | None = None
     timeout_s: float | None = None
+    params: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    """Replaces parameter values of the declared grid (e.g. sizes that fill this GPU)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,11 @@ class Config:
     min_baseline_runs: int = 3
     headroom_factor: float = 3.0
     time_regression: str = "warn"
+    creep_anchor: str | int = 50
+    """What `memtrack check --history` measures creep against: a git revision (a tag or
+    a commit) or N, the base-branch commit N recorded commits before the newest."""
+    creep_tolerance: float = 0.01
+    """Growth since the anchor, as a fraction, that `--history` accepts before it flags creep."""
     workloads: dict[str, WorkloadSettings] = field(default_factory=dict)
     budgets: tuple[Budget, ...] = ()
 
@@ -83,11 +90,24 @@ class Config:
 
 
 _TOP_KEYS = {
-    "modules", "database", "base_branch", "device", "warmup", "repeats", "timeout",
-    "nvml_interval", "baseline_runs", "min_baseline_runs", "headroom_factor",
-    "time_regression", "workloads", "budgets",
+    "modules",
+    "database",
+    "base_branch",
+    "device",
+    "warmup",
+    "repeats",
+    "timeout",
+    "nvml_interval",
+    "baseline_runs",
+    "min_baseline_runs",
+    "headroom_factor",
+    "time_regression",
+    "workloads",
+    "budgets",
+    "creep_anchor",
+    "creep_tolerance",
 }
-_WORKLOAD_KEYS = {"warmup", "repeats", "timeout"}
+_WORKLOAD_KEYS = {"warmup", "repeats", "timeout", "params"}
 _BUDGET_KEYS = {"workload", "limit", "reason", "metric", "gpu"}
 
 
@@ -118,8 +138,8 @@ class _Checker:
             raise self.fail(key, f"expected {kind.__name__}, got {value!r}")
         return value
 
-    def count(self, key: str, minimum: int) -> int | None:
-        value = self.get(key, int)
+    def count(self, key: str, minimum: int, default: Any = None) -> Any:
+        value = self.get(key, int, default)
         if value is not None and value < minimum:
             raise self.fail(key, f"must be at least {minimum}, got {value}")
         return value
@@ -128,6 +148,26 @@ class _Checker:
         if key not in self.table:
             return None
         return parse_duration(self.table[key], what=f"{self.source}: {self.prefix}.{key}")
+
+    def fraction(self, key: str, default: float) -> float:
+        """'2%' or 0.02; a fraction of a figure, never negative."""
+        if key not in self.table:
+            return default
+        value = self.table[key]
+        try:
+            if isinstance(value, str) and value.strip().endswith("%"):
+                number = float(value.strip()[:-1]) / 100
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                number = float(value)
+            else:
+                raise ValueError
+        except ValueError:
+            raise self.fail(
+                key, f"expected a percentage such as '1%' or 0.01, got {value!r}"
+            ) from None
+        if number < 0:
+            raise self.fail(key, f"cannot be negative, got {value!r}")
+        return number
 
     def choice(self, key: str, choices: tuple[str, ...], default: str | None) -> str | None:
         value = self.get(key, str, default)
@@ -143,8 +183,10 @@ def find_config(start: Path) -> Path | None:
         if candidate.is_file():
             return candidate
         pyproject = folder / "pyproject.toml"
-        if pyproject.is_file() and "tool" in _read_toml(pyproject) and "memtrack" in (
-            _read_toml(pyproject)["tool"]
+        if (
+            pyproject.is_file()
+            and "tool" in _read_toml(pyproject)
+            and "memtrack" in (_read_toml(pyproject)["tool"])
         ):
             return pyproject
         if (folder / ".git").exists():
@@ -180,6 +222,20 @@ def load_config(path: Path | None = None, *, cwd: Path | None = None) -> Config:
     return _validate(table, path, prefix)
 
 
+def config_from_text(text: str, path: Path) -> Config:
+    """A config from file contents (e.g. as of another commit), validated as `path`."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    if path.name == "pyproject.toml":
+        table = data.get("tool", {}).get("memtrack")
+        if table is None:
+            raise ConfigError(f"{path}: has no [tool.memtrack] table")
+        return _validate(table, path, "tool.memtrack")
+    return _validate(data, path, "memtrack")
+
+
 def _validate(table: Any, path: Path, prefix: str) -> Config:
     source = str(path)
     c = _Checker(source, prefix, table, _TOP_KEYS)
@@ -191,15 +247,28 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
     workloads: dict[str, WorkloadSettings] = {}
     for name, sub in c.get("workloads", dict, {}).items():
         w = _Checker(source, f"{prefix}.workloads.{name}", sub, _WORKLOAD_KEYS)
+        params: dict[str, tuple[Any, ...]] = {}
+        for key, value in w.get("params", dict, {}).items():
+            values = tuple(value) if isinstance(value, list) else (value,)
+            if not values or not all(isinstance(v, (str, int, float, bool)) for v in values):
+                raise w.fail(
+                    f"params.{key}", f"expected a value or a list of values, got {value!r}"
+                )
+            params[key] = values
         workloads[name] = WorkloadSettings(
-            warmup=w.count("warmup", 0), repeats=w.count("repeats", 1), timeout_s=w.duration("timeout")
+            warmup=w.count("warmup", 0),
+            repeats=w.count("repeats", 1),
+            timeout_s=w.duration("timeout"),
+            params=params,
         )
     budgets = []
     for i, sub in enumerate(c.get("budgets", list, [])):
         b = _Checker(source, f"{prefix}.budgets[{i}]", sub, _BUDGET_KEYS)
         for required in ("workload", "limit", "reason"):
             if required not in sub:
-                raise b.fail(required, "is required (a budget needs a workload, a limit and a reason)")
+                raise b.fail(
+                    required, "is required (a budget needs a workload, a limit and a reason)"
+                )
         reason = b.get("reason", str)
         if not reason.strip():
             raise b.fail("reason", "must say in one line why this budget is justified")
@@ -212,6 +281,18 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
                 gpu=b.get("gpu", str),
             )
         )
+    anchor = table.get("creep_anchor", 50)
+    if (
+        isinstance(anchor, bool)
+        or not isinstance(anchor, (str, int))
+        or (isinstance(anchor, int) and anchor < 1)
+        or (isinstance(anchor, str) and not anchor.strip())
+    ):
+        raise c.fail(
+            "creep_anchor",
+            f"expected a git revision (tag or commit) or a number of "
+            f"commits of at least 1, got {anchor!r}",
+        )
     headroom = c.get("headroom_factor", float, 3.0)
     if headroom <= 0:
         raise c.fail("headroom_factor", f"must be positive, got {headroom}")
@@ -222,14 +303,16 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
         database=database if database.is_absolute() else root / database,
         base_branch=c.get("base_branch", str, "main"),
         device=c.choice("device", ("auto", "cpu", "cuda"), "auto") or "auto",
-        warmup=c.count("warmup", 0) if "warmup" in table else 1,
-        repeats=c.count("repeats", 1) if "repeats" in table else 3,
+        warmup=c.count("warmup", 0, 1),
+        repeats=c.count("repeats", 1, 3),
         timeout_s=c.duration("timeout") or 600.0,
         nvml_interval_s=c.duration("nvml_interval") or 0.01,
-        baseline_runs=c.count("baseline_runs", 1) if "baseline_runs" in table else 20,
-        min_baseline_runs=c.count("min_baseline_runs", 1) if "min_baseline_runs" in table else 3,
+        baseline_runs=c.count("baseline_runs", 1, 20),
+        min_baseline_runs=c.count("min_baseline_runs", 1, 3),
         headroom_factor=headroom,
         time_regression=c.choice("time_regression", ("warn", "block", "off"), "warn") or "warn",
+        creep_anchor=anchor.strip() if isinstance(anchor, str) else anchor,
+        creep_tolerance=c.fraction("creep_tolerance", 0.01),
         workloads=workloads,
         budgets=tuple(budgets),
     )

@@ -12,9 +12,15 @@ if TYPE_CHECKING:
     import torch
 
 _DTYPES = {
-    "float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16", "float64": "float64",
-    "float8_e4m3fn": "float8_e4m3fn", "int8": "int8",
+    "float32": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float64": "float64",
+    "float8_e4m3fn": "float8_e4m3fn",
+    "int8": "int8",
 }
 
 
@@ -32,6 +38,9 @@ class Context:
         self.params = dict(params)
         self.seed = seed
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # an explicit index: stats and trackers key devices as cuda:N
+            self.device = torch.device("cuda", torch.cuda.current_device())
         dtype_name = str(params.get("dtype", "float32"))
         if dtype_name not in _DTYPES:
             raise WorkloadError(f"param dtype={dtype_name!r} is not one of {', '.join(_DTYPES)}")

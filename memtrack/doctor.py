@@ -39,8 +39,13 @@ def checks(env: Environment, db_path: Path, nvml_error: str | None) -> list[Chec
         Check("host", "info", f"{env.cpu} x{env.cpu_count}, RAM {format_size(env.host_ram_bytes)}"),
     ]
     if nvml_error:
-        out.append(Check("nvml", "warn", f"not reachable ({nvml_error}): no device view; "
-                                         "cases run on the CPU"))
+        out.append(
+            Check(
+                "nvml",
+                "warn",
+                f"not reachable ({nvml_error}): no device view; cases run on the CPU",
+            )
+        )
     else:
         out.append(Check("nvml", "ok", f"driver {env.driver}, {len(env.gpus)} GPU(s)"))
     for g in env.gpus:
@@ -50,11 +55,19 @@ def checks(env: Environment, db_path: Path, nvml_error: str | None) -> list[Chec
             detail += ", MIG enabled (figures are per instance)"
         if not env.cuda_runtime:
             out.append(Check(f"gpu {g.index}", "fail", detail + ": torch is a CPU build"))
-        elif env.torch_cuda_arch_list and arch not in env.torch_cuda_arch_list and not any(
-            a.startswith("compute_") for a in env.torch_cuda_arch_list
+        elif (
+            env.torch_cuda_arch_list
+            and arch not in env.torch_cuda_arch_list
+            and not any(a.startswith("compute_") for a in env.torch_cuda_arch_list)
         ):
-            out.append(Check(f"gpu {g.index}", "fail", f"{detail}: torch is not built for {arch} "
-                                                       f"({' '.join(env.torch_cuda_arch_list)})"))
+            out.append(
+                Check(
+                    f"gpu {g.index}",
+                    "fail",
+                    f"{detail}: torch is not built for {arch} "
+                    f"({' '.join(env.torch_cuda_arch_list)})",
+                )
+            )
         else:
             out.append(Check(f"gpu {g.index}", "ok", detail))
     if env.gpus and env.cudnn is None:
@@ -65,5 +78,7 @@ def checks(env: Environment, db_path: Path, nvml_error: str | None) -> list[Chec
         out.append(Check(k, "info", v))
     folder = db_path.parent if db_path.parent.exists() else Path.cwd()
     free = shutil.disk_usage(folder).free
-    out.append(Check("disk", "ok" if free > 2**30 else "warn", f"{format_size(free)} free at {folder}"))
+    out.append(
+        Check("disk", "ok" if free > 2**30 else "warn", f"{format_size(free)} free at {folder}")
+    )
     return out

@@ -36,8 +36,20 @@ ENV_ALLOWLIST = (
 """Memory-relevant variables; the rest of the environment is never recorded."""
 
 _PACKAGE_PREFIXES = (
-    "torch", "triton", "numpy", "nvidia-", "transformers", "accelerate", "xformers",
-    "flash-attn", "flash_attn", "deepspeed", "bitsandbytes", "vllm", "safetensors", "memtrack",
+    "torch",
+    "triton",
+    "numpy",
+    "nvidia-",
+    "transformers",
+    "accelerate",
+    "xformers",
+    "flash-attn",
+    "flash_attn",
+    "deepspeed",
+    "bitsandbytes",
+    "vllm",
+    "safetensors",
+    "memtrack",
 )
 
 
@@ -161,7 +173,10 @@ def probe(timeout_s: float = 120.0) -> Environment:
     """Collect the environment in a child process."""
     out = subprocess.run(
         [sys.executable, "-m", "memtrack.environment"],
-        capture_output=True, text=True, timeout=timeout_s, check=True,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=True,
     )
     return from_dict(json.loads(out.stdout))
 

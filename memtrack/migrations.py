@@ -15,67 +15,171 @@ SET_NAME = "memtrack"
 
 
 def m001_initial(db: sqlite_utils.Database) -> None:
-    db["environments"].create(
+    db.table("environments").create(
         {
-            "env_id": str, "fingerprint": str, "gpus": str, "driver": str, "cuda_runtime": str,
-            "cudnn": str, "nccl": str, "torch": str, "torch_cuda_arch_list": str, "python": str,
-            "os": str, "cpu": str, "cpu_count": int, "host_ram_bytes": int, "packages": str,
+            "env_id": str,
+            "fingerprint": str,
+            "gpus": str,
+            "driver": str,
+            "cuda_runtime": str,
+            "cudnn": str,
+            "nccl": str,
+            "torch": str,
+            "torch_cuda_arch_list": str,
+            "python": str,
+            "os": str,
+            "cpu": str,
+            "cpu_count": int,
+            "host_ram_bytes": int,
+            "packages": str,
             "env_vars": str,
         },
         pk="env_id",
     )
-    db["runs"].create(
+    db.table("runs").create(
         {
-            "run_id": str, "started_at": str, "finished_at": str, "recorded_at": str,
-            "suite_hash": str, "config_path": str, "shard": str, "schema_version": int,
-            "env_id": str, "fingerprint": str,
-            "git_commit": str, "git_branch": str, "git_parent": str, "git_subject": str,
-            "git_committed_at": str, "git_dirty": int, "git_base_branch": str,
-            "git_merge_base": str, "git_shallow": int, "git_notes": str,
-            "ci_provider": str, "ci_event": str, "ci_ref": str, "ci_sha": str,
-            "ci_pr_number": int, "ci_base_ref": str, "ci_head_ref": str, "ci_run_url": str,
+            "run_id": str,
+            "started_at": str,
+            "finished_at": str,
+            "recorded_at": str,
+            "suite_hash": str,
+            "config_path": str,
+            "shard": str,
+            "schema_version": int,
+            "env_id": str,
+            "fingerprint": str,
+            "git_commit": str,
+            "git_branch": str,
+            "git_parent": str,
+            "git_subject": str,
+            "git_committed_at": str,
+            "git_dirty": int,
+            "git_base_branch": str,
+            "git_merge_base": str,
+            "git_shallow": int,
+            "git_notes": str,
+            "ci_provider": str,
+            "ci_event": str,
+            "ci_ref": str,
+            "ci_sha": str,
+            "ci_pr_number": int,
+            "ci_base_ref": str,
+            "ci_head_ref": str,
+            "ci_run_url": str,
             "ci_runner_name": str,
         },
         pk="run_id",
         foreign_keys=[("env_id", "environments", "env_id")],
     )
-    db["measurements"].create(
+    db.table("measurements").create(
         {
-            "id": int, "run_id": str, "workload": str, "case_id": str, "params": str,
-            "seed": int, "device": str, "dtype": str, "warmup": int, "repeats": int,
-            "status": str, "message": str, "traceback": str, "framework": str,
-            "peak_allocated_bytes": int, "peak_reserved_bytes": int,
-            "peak_requested_bytes": int, "persistent_bytes": int, "allocated_samples": str,
-            "num_alloc_retries": int, "num_ooms": int, "host_peak_rss_bytes": int,
-            "host_step_peak_rss_bytes": int, "host_peak_source": str, "device_view": str,
-            "device_view_note": str, "sample_interval_s": float, "device_peak_bytes": int,
-            "weights_bytes": int, "intermediates_bytes": int, "caches_bytes": int,
-            "training_state_bytes": int, "workspace_bytes": int, "categories": str,
-            "iteration_times_s": str, "time_median_s": float, "time_p95_s": float,
-            "time_min_s": float, "duration_s": float, "notes": str,
+            "id": int,
+            "run_id": str,
+            "workload": str,
+            "case_id": str,
+            "params": str,
+            "seed": int,
+            "device": str,
+            "dtype": str,
+            "warmup": int,
+            "repeats": int,
+            "status": str,
+            "message": str,
+            "traceback": str,
+            "framework": str,
+            "peak_allocated_bytes": int,
+            "peak_reserved_bytes": int,
+            "peak_requested_bytes": int,
+            "persistent_bytes": int,
+            "allocated_samples": str,
+            "num_alloc_retries": int,
+            "num_ooms": int,
+            "host_peak_rss_bytes": int,
+            "host_step_peak_rss_bytes": int,
+            "host_peak_source": str,
+            "device_view": str,
+            "device_view_note": str,
+            "sample_interval_s": float,
+            "device_peak_bytes": int,
+            "weights_bytes": int,
+            "intermediates_bytes": int,
+            "caches_bytes": int,
+            "training_state_bytes": int,
+            "workspace_bytes": int,
+            "categories": str,
+            "iteration_times_s": str,
+            "time_median_s": float,
+            "time_p95_s": float,
+            "time_min_s": float,
+            "duration_s": float,
+            "notes": str,
         },
         pk="id",
         foreign_keys=[("run_id", "runs", "run_id")],
     )
-    db["device_measurements"].create(
+    db.table("device_measurements").create(
         {
-            "id": int, "measurement_id": int, "index": int, "uuid": str, "name": str,
-            "total_bytes": int, "used_before_bytes": int, "peak_device_used_bytes": int,
-            "peak_process_bytes": int, "process_view": str, "peak_allocated_bytes": int,
-            "peak_reserved_bytes": int, "samples": int,
+            "id": int,
+            "measurement_id": int,
+            "index": int,
+            "uuid": str,
+            "name": str,
+            "total_bytes": int,
+            "used_before_bytes": int,
+            "peak_device_used_bytes": int,
+            "peak_process_bytes": int,
+            "process_view": str,
+            "peak_allocated_bytes": int,
+            "peak_reserved_bytes": int,
+            "samples": int,
         },
         pk="id",
         foreign_keys=[("measurement_id", "measurements", "id")],
     )
-    db["measurements"].create_index(["case_id", "run_id"])
-    db["measurements"].create_index(["run_id"])
-    db["device_measurements"].create_index(["measurement_id"])
-    db["runs"].create_index(["git_commit"])
-    db["runs"].create_index(["started_at"])
-    db["runs"].create_index(["git_branch", "started_at"])
+    db.table("measurements").create_index(["case_id", "run_id"])
+    db.table("measurements").create_index(["run_id"])
+    db.table("device_measurements").create_index(["measurement_id"])
+    db.table("runs").create_index(["git_commit"])
+    db.table("runs").create_index(["started_at"])
+    db.table("runs").create_index(["git_branch", "started_at"])
 
 
-STEPS = (m001_initial,)
+def m002_verdicts(db: sqlite_utils.Database) -> None:
+    """Verdicts of `memtrack check`, one row per candidate run, case and metric."""
+    # Plain SQL: the dashboard reads these exact columns, and the check writes them with
+    # sqlite3 alone (no sqlite-utils on its path).
+    db.execute(
+        """
+        create table verdicts (
+            id integer primary key,
+            run_id text references runs(run_id),
+            case_id text,
+            workload text,
+            metric text,
+            kind text,
+            blocking integer,
+            provisional integer,
+            baseline_value real,
+            spread real,
+            factor real,
+            floor real,
+            threshold real,
+            candidate_value real,
+            delta real,
+            delta_pct real,
+            budget_bytes integer,
+            budget_reason text,
+            baseline_runs integer,
+            message text,
+            checked_at text
+        )
+        """
+    )
+    db.execute("create index idx_verdicts_run_id on verdicts (run_id)")
+    db.execute("create index idx_verdicts_case_id on verdicts (case_id)")
+
+
+STEPS = (m001_initial, m002_verdicts)
 
 
 def names() -> list[str]:

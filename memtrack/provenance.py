@@ -98,7 +98,11 @@ def ci_info(env: Mapping[str, str] | None = None) -> CIInfo:
         return CIInfo()
     ref = env.get("GITHUB_REF")
     match = _PR_REF.match(ref or "")
-    server, repo, run = env.get("GITHUB_SERVER_URL"), env.get("GITHUB_REPOSITORY"), env.get("GITHUB_RUN_ID")
+    server, repo, run = (
+        env.get("GITHUB_SERVER_URL"),
+        env.get("GITHUB_REPOSITORY"),
+        env.get("GITHUB_RUN_ID"),
+    )
     return CIInfo(
         provider="github-actions",
         event=env.get("GITHUB_EVENT_NAME"),

@@ -248,7 +248,9 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
         nested = _NESTED.get((cls, name))
         if nested is not None and value is not None:
             if isinstance(value, list):
-                value = tuple(_build(nested, v, f"{where}.{name}[{i}]") for i, v in enumerate(value))
+                value = tuple(
+                    _build(nested, v, f"{where}.{name}[{i}]") for i, v in enumerate(value)
+                )
             else:
                 value = _build(nested, value, f"{where}.{name}")
         elif isinstance(value, list):

@@ -13,14 +13,26 @@ from memtrack.units import format_seconds, format_size
 def run_table(run: RunRecord) -> Table:
     """One line per case: status and each view's peak."""
     t = Table(title=f"run {run.run_id[:12]} · {_where(run)}", title_justify="left")
-    for col in ("case", "status", "framework peak", "reserved", "device", "host peak",
-                "weights", "median time"):
+    for col in (
+        "case",
+        "status",
+        "framework peak",
+        "reserved",
+        "device",
+        "host peak",
+        "weights",
+        "median time",
+    ):
         t.add_column(col, justify="left" if col in ("case", "status") else "right")
     for m in run.measurements:
         t.add_row(
-            m.case_id, _status(m), format_size(m.peak_allocated_bytes),
-            format_size(m.peak_reserved_bytes), format_size(_device_peak(m)),
-            format_size(m.host_peak_rss_bytes), format_size(m.weights_bytes),
+            m.case_id,
+            _status(m),
+            format_size(m.peak_allocated_bytes),
+            format_size(m.peak_reserved_bytes),
+            format_size(_device_peak(m)),
+            format_size(m.host_peak_rss_bytes),
+            format_size(m.weights_bytes),
             format_seconds(m.time_median_s),
         )
     return t
@@ -44,15 +56,31 @@ def _device_peak(m: Measurement) -> int | None:
 
 def history_table(case: str, rows: list[dict[str, Any]]) -> Table:
     t = Table(title=f"history of {case} (newest first)", title_justify="left")
-    for col in ("time", "commit", "branch", "case", "status", "framework peak", "reserved",
-                "device", "host peak", "median time"):
+    for col in (
+        "time",
+        "commit",
+        "branch",
+        "case",
+        "status",
+        "framework peak",
+        "reserved",
+        "device",
+        "host peak",
+        "median time",
+    ):
         t.add_column(col)
     for r in rows:
         t.add_row(
-            (r["started_at"] or "")[:19], (r["git_commit"] or "-")[:10], r["git_branch"] or "-",
-            r["case_id"], r["status"], format_size(r["peak_allocated_bytes"]),
-            format_size(r["peak_reserved_bytes"]), format_size(r["device_peak_bytes"]),
-            format_size(r["host_peak_rss_bytes"]), format_seconds(r["time_median_s"]),
+            (r["started_at"] or "")[:19],
+            (r["git_commit"] or "-")[:10],
+            r["git_branch"] or "-",
+            r["case_id"],
+            r["status"],
+            format_size(r["peak_allocated_bytes"]),
+            format_size(r["peak_reserved_bytes"]),
+            format_size(r["device_peak_bytes"]),
+            format_size(r["host_peak_rss_bytes"]),
+            format_seconds(r["time_median_s"]),
         )
     return t
 
@@ -64,13 +92,19 @@ def run_detail(run: RunRecord) -> list[Any]:
     head.add_column(style="bold")
     head.add_column()
     for k, v in (
-        ("run", run.run_id), ("started", run.started_at), ("commit", g.commit),
-        ("branch", g.branch), ("subject", g.subject), ("dirty", g.dirty),
-        ("merge-base", g.merge_base), ("git notes", "; ".join(g.notes) or None),
+        ("run", run.run_id),
+        ("started", run.started_at),
+        ("commit", g.commit),
+        ("branch", g.branch),
+        ("subject", g.subject),
+        ("dirty", g.dirty),
+        ("merge-base", g.merge_base),
+        ("git notes", "; ".join(g.notes) or None),
         ("ci", f"{ci.event} #{ci.pr_number}" if ci.pr_number else ci.event),
         ("gpus", ", ".join(f"{x.name} ({format_size(x.total_bytes)})" for x in e.gpus) or "none"),
         ("driver / CUDA / cuDNN", f"{e.driver} / {e.cuda_runtime} / {e.cudnn}"),
-        ("torch / python", f"{e.torch} / {e.python}"), ("fingerprint", e.fingerprint),
+        ("torch / python", f"{e.torch} / {e.python}"),
+        ("fingerprint", e.fingerprint),
         ("variables", ", ".join(f"{k}={v}" for k, v in e.env_vars.items()) or None),
     ):
         head.add_row(k, "-" if v is None else str(v))
@@ -84,8 +118,10 @@ def run_detail(run: RunRecord) -> list[Any]:
         if m.message:
             t.add_row("message", m.message)
         for label, value in (
-            ("weights", m.weights_bytes), ("intermediates", m.intermediates_bytes),
-            ("caches", m.caches_bytes), ("training state", m.training_state_bytes),
+            ("weights", m.weights_bytes),
+            ("intermediates", m.intermediates_bytes),
+            ("caches", m.caches_bytes),
+            ("training state", m.training_state_bytes),
             ("workspace/runtime", m.workspace_bytes),
         ):
             t.add_row(label, format_size(value))

@@ -87,9 +87,15 @@ def run_case(config: Config, case: Case, device: str) -> Measurement:
     with tempfile.TemporaryDirectory(prefix="memtrack-") as tmp:
         result_path = Path(tmp) / "result.json"
         spec = {
-            "module": case.module, "root": str(config.root), "workload": case.workload,
-            "params": case.params, "seed": case.seed, "device": device, "warmup": warmup,
-            "repeats": repeats, "data_dir": str(config.root / "data"),
+            "module": case.module,
+            "root": str(config.root),
+            "workload": case.workload,
+            "params": case.params,
+            "seed": case.seed,
+            "device": device,
+            "warmup": warmup,
+            "repeats": repeats,
+            "data_dir": str(config.root / "data"),
             "result_path": str(result_path),
         }
         spec_path = Path(tmp) / "spec.json"
@@ -106,7 +112,9 @@ def _execute(
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "memtrack.worker", str(spec_path)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
             start_new_session=True,  # one process group: a timeout kills all it started
         )
         if sampler and sampler[0] is not None:
@@ -135,7 +143,10 @@ def _execute(
 def _start_sampler(interval_s: float) -> tuple[subprocess.Popen[str] | None, dict[str, Any]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "memtrack.probes.nvml", "--interval", str(interval_s)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     assert proc.stdout is not None
     first = json.loads(proc.stdout.readline() or '{"ok": false, "reason": "sampler died"}')
@@ -178,25 +189,50 @@ def to_measurement(
         if outcome.stderr_tail.strip():
             message += ": " + outcome.stderr_tail.strip().splitlines()[-1][:500]
     devices, view, view_note = _device_view(d, outcome.sampler, spec["device"], notes)
-    fields = {k: d.get(k) for k in _MEASURED if k in d}
+    fields: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in _MEASURED
+    }
     m = Measurement(
-        workload=case.workload, case_id=case.case_id, params=case.params, seed=case.seed,
-        device=spec["device"], dtype=str(case.params.get("dtype", "float32")),
-        warmup=spec["warmup"], repeats=spec["repeats"], status=status, message=message,
-        traceback=d.get("traceback"), devices=tuple(devices), device_view=view,
+        workload=case.workload,
+        case_id=case.case_id,
+        params=case.params,
+        seed=case.seed,
+        device=spec["device"],
+        dtype=str(case.params.get("dtype", "float32")),
+        warmup=spec["warmup"],
+        repeats=spec["repeats"],
+        status=status,
+        message=message,
+        traceback=d.get("traceback"),
+        devices=tuple(devices),
+        device_view=view,
         device_view_note=view_note,
         sample_interval_s=interval_s if view == "nvml" else None,
-        duration_s=round(outcome.duration_s, 4), notes=tuple(notes),
-        **{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()},
+        duration_s=round(outcome.duration_s, 4),
+        notes=tuple(notes),
+        **fields,
     )
     return with_breakdown(m)
 
 
 _MEASURED = (
-    "framework", "peak_allocated_bytes", "peak_reserved_bytes", "peak_requested_bytes",
-    "persistent_bytes", "allocated_samples", "num_alloc_retries", "num_ooms",
-    "host_peak_rss_bytes", "host_step_peak_rss_bytes", "host_peak_source", "caches_bytes",
-    "categories", "iteration_times_s", "time_median_s", "time_p95_s", "time_min_s",
+    "framework",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "peak_requested_bytes",
+    "persistent_bytes",
+    "allocated_samples",
+    "num_alloc_retries",
+    "num_ooms",
+    "host_peak_rss_bytes",
+    "host_step_peak_rss_bytes",
+    "host_peak_source",
+    "caches_bytes",
+    "categories",
+    "iteration_times_s",
+    "time_median_s",
+    "time_p95_s",
+    "time_min_s",
 )
 
 
@@ -214,12 +250,17 @@ def _device_view(
     for s in sampled["devices"]:
         a = cuda_devices.get(s["uuid"], {})
         dm = DeviceMeasurement(
-            index=a.get("index", s["index"]), uuid=s["uuid"], name=s["name"],
-            total_bytes=s["total_bytes"], used_before_bytes=s["used_before_bytes"],
+            index=a.get("index", s["index"]),
+            uuid=s["uuid"],
+            name=s["name"],
+            total_bytes=s["total_bytes"],
+            used_before_bytes=s["used_before_bytes"],
             peak_device_used_bytes=s["peak_device_used_bytes"],
-            peak_process_bytes=s["peak_process_bytes"], process_view=s["process_view"],
+            peak_process_bytes=s["peak_process_bytes"],
+            process_view=s["process_view"],
             peak_allocated_bytes=a.get("peak_allocated_bytes"),
-            peak_reserved_bytes=a.get("peak_reserved_bytes"), samples=s["samples"],
+            peak_reserved_bytes=a.get("peak_reserved_bytes"),
+            samples=s["samples"],
         )
         if dm.peak_reserved_bytes and (dm.peak_process_bytes or 0) < dm.peak_reserved_bytes:
             notes.append(
@@ -256,8 +297,12 @@ def with_breakdown(m: Measurement) -> Measurement:
         host = m.host_step_peak_rss_bytes
         workspace = host - m.peak_allocated_bytes if host is not None else None
     return dataclasses.replace(
-        m, weights_bytes=weights, caches_bytes=caches, training_state_bytes=training,
-        intermediates_bytes=intermediates, workspace_bytes=workspace,
+        m,
+        weights_bytes=weights,
+        caches_bytes=caches,
+        training_state_bytes=training,
+        intermediates_bytes=intermediates,
+        workspace_bytes=workspace,
     )
 
 

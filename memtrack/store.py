@@ -86,8 +86,11 @@ class Store:
             if not path.is_file():
                 raise StoreError(f"{path}: no such database (record a run with `memtrack run`)")
             conn = sqlite3.connect(
-                f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
-                isolation_level=None, check_same_thread=False,
+                f"file:{path}?mode=ro",
+                uri=True,
+                timeout=BUSY_TIMEOUT_S,
+                isolation_level=None,
+                check_same_thread=False,
             )
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -157,7 +160,10 @@ class Store:
     # -- writing ---------------------------------------------------------------------
 
     def has_run(self, run_id: str) -> bool:
-        return self.conn.execute("select 1 from runs where run_id = ?", [run_id]).fetchone() is not None
+        return (
+            self.conn.execute("select 1 from runs where run_id = ?", [run_id]).fetchone()
+            is not None
+        )
 
     def write_run(self, run: RunRecord) -> bool:
         """Insert a run and its measurements in one transaction. False if already there."""
@@ -182,14 +188,19 @@ class Store:
         self._insert(
             "runs",
             {
-                "run_id": run.run_id, "started_at": run.started_at,
+                "run_id": run.run_id,
+                "started_at": run.started_at,
                 "finished_at": run.finished_at,
                 "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "suite_hash": run.suite_hash, "config_path": run.config_path,
-                "shard": run.shard, "schema_version": run.schema_version,
-                "env_id": eid, "fingerprint": env.fingerprint,
-                **_prefixed(run.git, "git_"), **_prefixed(run.ci, "ci_"),
-            }
+                "suite_hash": run.suite_hash,
+                "config_path": run.config_path,
+                "shard": run.shard,
+                "schema_version": run.schema_version,
+                "env_id": eid,
+                "fingerprint": env.fingerprint,
+                **_prefixed(run.git, "git_"),
+                **_prefixed(run.ci, "ci_"),
+            },
         )
         for m in run.measurements:
             row = _prefixed(m, "")
@@ -205,7 +216,9 @@ class Store:
         cols = ", ".join(f'"{c}"' for c in row)
         marks = ", ".join("?" for _ in row)
         verb = "insert or ignore" if ignore else "insert"
-        cur = self.conn.execute(f"{verb} into {table} ({cols}) values ({marks})", list(row.values()))
+        cur = self.conn.execute(
+            f"{verb} into {table} ({cols}) values ({marks})", list(row.values())
+        )
         return cur.lastrowid
 
     # -- reading ---------------------------------------------------------------------
@@ -221,19 +234,29 @@ class Store:
             raise StoreError(f"{self.path}: run id prefix {run_id!r} is ambiguous")
         row = dict(rows[0])
         env_row = dict(
-            self.conn.execute("select * from environments where env_id = ?", [row["env_id"]]).fetchone()
+            self.conn.execute(
+                "select * from environments where env_id = ?", [row["env_id"]]
+            ).fetchone()
         )
         env = _unprefixed(Environment, env_row, "", _ENV_JSON)
         env = dataclasses.replace(env, gpus=tuple(GpuInfo(**g) for g in env.gpus))
         git = _unprefixed(GitInfo, row, "git_", _GIT_JSON)
-        git = dataclasses.replace(git, dirty=None if git.dirty is None else bool(git.dirty),
-                                  shallow=bool(git.shallow))
+        git = dataclasses.replace(
+            git, dirty=None if git.dirty is None else bool(git.dirty), shallow=bool(git.shallow)
+        )
         measurements = tuple(self._measurements(row["run_id"]))
         return RunRecord(
-            run_id=row["run_id"], started_at=row["started_at"], finished_at=row["finished_at"],
-            git=git, ci=_unprefixed(CIInfo, row, "ci_", set()), environment=env,
-            suite_hash=row["suite_hash"], config_path=row["config_path"],
-            measurements=measurements, shard=row["shard"], schema_version=row["schema_version"],
+            run_id=row["run_id"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+            git=git,
+            ci=_unprefixed(CIInfo, row, "ci_", set()),
+            environment=env,
+            suite_hash=row["suite_hash"],
+            config_path=row["config_path"],
+            measurements=measurements,
+            shard=row["shard"],
+            schema_version=row["schema_version"],
         )
 
     def _measurements(self, run_id: str) -> Iterator[Measurement]:
@@ -243,7 +266,7 @@ class Store:
         for r in rows:
             row = dict(r)
             devs = self.conn.execute(
-                "select * from device_measurements where measurement_id = ? order by \"index\"",
+                'select * from device_measurements where measurement_id = ? order by "index"',
                 [row["id"]],
             ).fetchall()
             row["devices"] = None
@@ -257,7 +280,8 @@ class Store:
         if commit:
             rows = self.conn.execute(
                 "select run_id from runs where git_commit like ? || '%' "
-                "order by started_at desc limit ?", [commit, limit],
+                "order by started_at desc limit ?",
+                [commit, limit],
             )
         else:
             rows = self.conn.execute(
@@ -265,7 +289,9 @@ class Store:
             )
         return [r[0] for r in rows]
 
-    def history(self, pattern: str, *, limit: int = 50, branch: str | None = None) -> list[dict[str, Any]]:
+    def history(
+        self, pattern: str, *, limit: int = 50, branch: str | None = None
+    ) -> list[dict[str, Any]]:
         """Measurements whose case id is `pattern` or starts with `pattern[`, newest first."""
         sql = (
             "select m.*, r.started_at, r.git_commit, r.git_branch, r.git_subject, r.git_dirty, "
@@ -279,4 +305,6 @@ class Store:
         return [dict(r) for r in rows]
 
     def case_ids(self) -> list[str]:
-        return [r[0] for r in self.conn.execute("select distinct case_id from measurements order by 1")]
+        return [
+            r[0] for r in self.conn.execute("select distinct case_id from measurements order by 1")
+        ]

@@ -133,6 +133,21 @@ def _die_with_parent() -> None:
             os._exit(1)
 
 
+def _cuda_partial() -> dict[str, Any]:
+    """The allocator's counters at the failure (an OOM's peak and num_ooms matter most)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {
+        "framework": "cuda-caching-allocator",
+        "peak_allocated_bytes": int(stats.get("allocated_bytes.all.peak", 0)),
+        "peak_reserved_bytes": int(stats.get("reserved_bytes.all.peak", 0)),
+        "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
+        "num_ooms": int(stats.get("num_ooms", 0)),
+    }
+
+
 def main(argv: list[str]) -> int:
     _die_with_parent()
     spec = json.loads(Path(argv[0]).read_text())
@@ -146,6 +161,7 @@ def main(argv: list[str]) -> int:
         kind = type(exc).__name__
         oom = kind == "OutOfMemoryError" or "out of memory" in str(exc).lower()
         result.update(
+            **_cuda_partial(),
             status="oom" if oom else "error",
             message=f"{kind}: {exc}".strip().splitlines()[0][:2000],
             traceback=traceback.format_exc()[-20000:],

@@ -88,7 +88,8 @@ def workload(
             for v in values:
                 if not isinstance(v, (str, int, float, bool)):
                     raise WorkloadError(
-                        f"workload {wname!r}: param {key!r} value {v!r} must be str, int, float or bool"
+                        f"workload {wname!r}: param {key!r} value {v!r} "
+                        "must be str, int, float or bool"
                     )
             grid[key] = values
         previous = _REGISTRY.get(wname)
@@ -151,17 +152,30 @@ def discover(config: Config) -> list[Workload]:
                 found[wl.name] = Workload(wl.name, wl.fn, wl.params, wl.seed, ref)
     if not found:
         raise WorkloadError(f"{where}: no workloads registered by {', '.join(config.modules)}")
-    for wname in config.workloads:
+    for wname, settings in config.workloads.items():
         if wname not in found:
             raise WorkloadError(
                 f"{config.path}: workloads.{wname}: no such workload "
                 f"(known: {', '.join(sorted(found))})"
             )
+        wl = found[wname]
+        for key in settings.params:
+            if key not in wl.params:
+                raise WorkloadError(
+                    f"{config.path}: workloads.{wname}.params.{key}: {wname} has no param "
+                    f"{key!r} (has: {', '.join(wl.params)})"
+                )
+        if settings.params:
+            found[wname] = Workload(
+                wl.name, wl.fn, {**wl.params, **settings.params}, wl.seed, wl.module
+            )
     return list(found.values())
 
 
 def select_cases(
-    workloads: Iterable[Workload], patterns: Iterable[str] = (), shard: tuple[int, int] | None = None
+    workloads: Iterable[Workload],
+    patterns: Iterable[str] = (),
+    shard: tuple[int, int] | None = None,
 ) -> list[Case]:
     """Expand grids; keep cases whose id contains any pattern; keep shard i of n (1-based)."""
     cases = [c for w in workloads for c in w.cases()]
@@ -180,7 +194,9 @@ def suite_hash(cases: Iterable[Case], config: Config) -> str:
         [c.case_id, c.seed, list(config.settings_for(c.workload))]
         for c in sorted(cases, key=lambda c: c.case_id)
     ]
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[
+        :16
+    ]
 
 
 def find(name: str) -> Workload:

@@ -26,13 +26,27 @@ from memtrack.records import (
 MiB = 2**20
 GiB = 2**30
 
-CPU_ENV = Environment(fingerprint="cpu-env-1", torch="2.13.0+cpu", python="3.11.7", os="Linux",
-                      cpu="test cpu", cpu_count=2, host_ram_bytes=24 * GiB)
+CPU_ENV = Environment(
+    fingerprint="cpu-env-1",
+    torch="2.13.0+cpu",
+    python="3.11.7",
+    os="Linux",
+    cpu="test cpu",
+    cpu_count=2,
+    host_ram_bytes=24 * GiB,
+)
 GPU_ENV = Environment(
     fingerprint="h200-env-1",
     gpus=(GpuInfo(0, "NVIDIA H200", "GPU-0000", 141 * GiB, "9.0", "disabled"),),
-    driver="580.65", cuda_runtime="13.0", cudnn="91200", torch="2.14.1+cu130",
-    python="3.11.7", os="Linux", cpu="test cpu", cpu_count=16, host_ram_bytes=128 * GiB,
+    driver="580.65",
+    cuda_runtime="13.0",
+    cudnn="91200",
+    torch="2.14.1+cu130",
+    python="3.11.7",
+    os="Linux",
+    cpu="test cpu",
+    cpu_count=16,
+    host_ram_bytes=128 * GiB,
 )
 
 
@@ -56,21 +70,48 @@ def make_measurement(
     params = params if params is not None else {"batch": 1}
     devices: tuple[DeviceMeasurement, ...] = ()
     if device_peak is not None:
-        devices = (DeviceMeasurement(0, "GPU-0000", "NVIDIA H200", 141 * GiB, 600 * MiB,
-                                     device_peak + 600 * MiB, device_peak, "pid", peak,
-                                     reserved, 100),)
+        devices = (
+            DeviceMeasurement(
+                0,
+                "GPU-0000",
+                "NVIDIA H200",
+                141 * GiB,
+                600 * MiB,
+                device_peak + 600 * MiB,
+                device_peak,
+                "pid",
+                peak,
+                reserved,
+                100,
+            ),
+        )
     return Measurement(
-        workload=workload, case_id=case_id(workload, params), params=params, seed=0,
-        device=device, dtype="float32", warmup=1, repeats=3, status=status,
+        workload=workload,
+        case_id=case_id(workload, params),
+        params=params,
+        seed=0,
+        device=device,
+        dtype="float32",
+        warmup=1,
+        repeats=3,
+        status=status,
         framework="memtracker" if device == "cpu" else "cuda-caching-allocator",
         peak_allocated_bytes=peak if status == "ok" else None,
-        peak_reserved_bytes=reserved, persistent_bytes=peak // 4,
+        peak_reserved_bytes=reserved,
+        persistent_bytes=peak // 4,
         allocated_samples=samples if samples is not None else (peak, peak, peak),
-        host_peak_rss_bytes=host, host_step_peak_rss_bytes=host, host_peak_source="vmhwm",
-        devices=devices, device_view="nvml" if devices else None,
-        weights_bytes=peak // 4, intermediates_bytes=peak - peak // 4,
+        host_peak_rss_bytes=host,
+        host_step_peak_rss_bytes=host,
+        host_peak_source="vmhwm",
+        devices=devices,
+        device_view="nvml" if devices else None,
+        weights_bytes=peak // 4,
+        intermediates_bytes=peak - peak // 4,
         iteration_times_s=times if times is not None else (time_s, time_s, time_s),
-        time_median_s=time_s, time_p95_s=time_s, time_min_s=time_s, duration_s=2.0,
+        time_median_s=time_s,
+        time_p95_s=time_s,
+        time_min_s=time_s,
+        duration_s=2.0,
         **fields,
     )
 
@@ -89,10 +130,21 @@ def make_run(
 ) -> RunRecord:
     commit = commit or uuid.uuid4().hex + uuid.uuid4().hex[:8]
     return RunRecord(
-        run_id=run_id or uuid.uuid4().hex, started_at=started_at, finished_at=started_at,
-        git=GitInfo(commit=commit, branch=branch, subject=subject, dirty=False,
-                    base_branch="main", merge_base=merge_base or commit),
-        ci=ci or CIInfo(), environment=env, suite_hash="suite", config_path=None,
+        run_id=run_id or uuid.uuid4().hex,
+        started_at=started_at,
+        finished_at=started_at,
+        git=GitInfo(
+            commit=commit,
+            branch=branch,
+            subject=subject,
+            dirty=False,
+            base_branch="main",
+            merge_base=merge_base or commit,
+        ),
+        ci=ci or CIInfo(),
+        environment=env,
+        suite_hash="suite",
+        config_path=None,
         measurements=tuple(measurements),
     )
 
@@ -102,15 +154,21 @@ def with_env(run: RunRecord, env: Environment) -> RunRecord:
 
 
 GIT_ENV = {
-    "GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "test@example.com",
-    "GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "test@example.com",
+    "GIT_AUTHOR_NAME": "Test",
+    "GIT_AUTHOR_EMAIL": "test@example.com",
+    "GIT_COMMITTER_NAME": "Test",
+    "GIT_COMMITTER_EMAIL": "test@example.com",
 }
 
 
 def git(repo: Path, *args: str) -> str:
     """Run git in `repo` with a fixed identity; return stdout stripped."""
     out = subprocess.run(
-        ["git", *args], cwd=repo, check=True, capture_output=True, text=True,
+        ["git", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        text=True,
         env={**os.environ, **GIT_ENV},
     )
     return out.stdout.strip()

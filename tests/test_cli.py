@@ -33,7 +33,9 @@ def test_help_does_not_import_torch():
 def test_doctor_reports_plainly_without_a_gpu(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "memtrack.cli", "doctor", "--db", str(tmp_path / "m.db")],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert "torch" in out.stdout and "disk" in out.stdout
     if "nvml" in out.stdout and "WARN nvml" in out.stdout:  # no driver here

@@ -20,7 +20,10 @@ def example_run(tmp_path_factory):
     commit = commit_all(repo, "first commit")
     result = subprocess.run(
         [sys.executable, "-m", "memtrack.cli", "run", "--json", "run.json"],
-        cwd=repo, capture_output=True, text=True, timeout=600,
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr
     return repo, commit, result
@@ -32,7 +35,11 @@ def test_examples_record_a_row_per_case_with_figures_commit_and_versions(example
     with Store.open(db, readonly=True) as store:
         (run_id,) = store.run_ids()
         run = store.get_run(run_id)
-    assert {m.workload for m in run.measurements} == {"decoder_generate", "train_step", "image_classify"}
+    assert {m.workload for m in run.measurements} == {
+        "decoder_generate",
+        "train_step",
+        "image_classify",
+    }
     assert len(run.measurements) == 4  # decoder: 1 and 4 sessions
     for m in run.measurements:
         assert m.status == "ok", m.message
@@ -62,10 +69,20 @@ def test_the_breakdown_shows_caches_and_training_state(example_run):
 
 def test_history_and_show_read_the_run_back(example_run):
     repo, commit, _ = example_run
-    hist = subprocess.run([sys.executable, "-m", "memtrack.cli", "history", "train_step"],
-                          cwd=repo, capture_output=True, text=True, check=True)
+    hist = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "history", "train_step"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert commit[:10] in hist.stdout and "train_step" in hist.stdout
     run = read_json(repo / "run.json")
-    show = subprocess.run([sys.executable, "-m", "memtrack.cli", "show", run.run_id[:10], "--json"],
-                          cwd=repo, capture_output=True, text=True, check=True)
+    show = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "show", run.run_id[:10], "--json"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(show.stdout)["run_id"] == run.run_id

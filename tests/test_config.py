@@ -41,8 +41,14 @@ def test_pyproject_table_is_read_and_paths_resolved(tmp_path):
     [
         ("repeat = 3\n", r"unknown key memtrack.repeat \(did you mean 'repeats'\?\)"),
         ("timeout = 'soon'\n", r"memtrack.timeout: 'soon' is not a duration"),
-        ("[[budgets]]\nworkload='w'\nlimit='12 gigs'\nreason='r'\n", r"memtrack.budgets\[0\].limit: '12 gigs' is not a size"),
-        ("[[budgets]]\nworkload='w'\nlimit='1 GiB'\n", r"memtrack.budgets\[0\].reason: is required"),
+        (
+            "[[budgets]]\nworkload='w'\nlimit='12 gigs'\nreason='r'\n",
+            r"memtrack.budgets\[0\].limit: '12 gigs' is not a size",
+        ),
+        (
+            "[[budgets]]\nworkload='w'\nlimit='1 GiB'\n",
+            r"memtrack.budgets\[0\].reason: is required",
+        ),
         ("[workloads.w]\nwarmpu = 1\n", r"unknown key memtrack.workloads.w.warmpu"),
         ("device = 'tpu'\n", r"memtrack.device: 'tpu' is not one of auto, cpu, cuda"),
         ("repeats = 0\n", r"memtrack.repeats: must be at least 1"),

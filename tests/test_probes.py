@@ -53,7 +53,12 @@ class FakeNVML:
     nvmlMemory_v2 = 2
 
     def __init__(self, used_series, procs_series, total=80 * 2**30):
-        self.used_series, self.procs_series, self.total, self.t = used_series, procs_series, total, 0
+        self.used_series, self.procs_series, self.total, self.t = (
+            used_series,
+            procs_series,
+            total,
+            0,
+        )
 
     def nvmlDeviceGetCount(self):
         return len(self.used_series[0])
@@ -81,14 +86,23 @@ class FakeNVML:
 def test_sampler_with_fake_nvml_keeps_per_device_and_per_process_peaks():
     GiB = 2**30
     nvml = FakeNVML(
-        used_series=[[1 * GiB, 1 * GiB], [5 * GiB, 2 * GiB], [9 * GiB, 3 * GiB], [4 * GiB, 1 * GiB]],
+        used_series=[
+            [1 * GiB, 1 * GiB],
+            [5 * GiB, 2 * GiB],
+            [9 * GiB, 3 * GiB],
+            [4 * GiB, 1 * GiB],
+        ],
         procs_series=[{}, {0: [(77, 4 * GiB), (99, 1 * GiB)]}, {0: [(77, 8 * GiB)]}, {}],
     )
     s = Sampler(nvml)
     for _ in range(3):
         s.sample({77})
     d0, d1 = s.result()
-    assert (d0["uuid"], d0["used_before_bytes"], d0["peak_device_used_bytes"]) == ("GPU-0", GiB, 9 * GiB)
+    assert (d0["uuid"], d0["used_before_bytes"], d0["peak_device_used_bytes"]) == (
+        "GPU-0",
+        GiB,
+        9 * GiB,
+    )
     assert (d0["peak_process_bytes"], d0["process_view"]) == (8 * GiB, "pid")
     # the other GPU never listed our PID (a container's PID namespace): device delta instead
     assert (d1["peak_process_bytes"], d1["process_view"]) == (2 * GiB, "device-delta")
@@ -99,15 +113,39 @@ def test_device_view_is_joined_by_uuid_and_a_missed_spike_is_said():
     case = Case("w", {}, 0, "wl.py")
     spec = {"device": "cuda", "warmup": 1, "repeats": 2}
     data = {
-        "status": "ok", "notes": [], "framework": "cuda-caching-allocator",
-        "peak_allocated_bytes": 3 * GiB, "peak_reserved_bytes": 4 * GiB, "persistent_bytes": GiB,
-        "cuda_devices": [{"index": 0, "uuid": "GPU-1", "name": "H200", "total_bytes": 80 * GiB,
-                          "peak_allocated_bytes": 3 * GiB, "peak_reserved_bytes": 4 * GiB}],
+        "status": "ok",
+        "notes": [],
+        "framework": "cuda-caching-allocator",
+        "peak_allocated_bytes": 3 * GiB,
+        "peak_reserved_bytes": 4 * GiB,
+        "persistent_bytes": GiB,
+        "cuda_devices": [
+            {
+                "index": 0,
+                "uuid": "GPU-1",
+                "name": "H200",
+                "total_bytes": 80 * GiB,
+                "peak_allocated_bytes": 3 * GiB,
+                "peak_reserved_bytes": 4 * GiB,
+            }
+        ],
     }
-    sampled = {"ok": True, "devices": [{
-        "index": 1, "uuid": "GPU-1", "name": "H200", "total_bytes": 80 * GiB,
-        "used_before_bytes": GiB // 2, "peak_device_used_bytes": 4 * GiB,
-        "peak_process_bytes": 3 * GiB + GiB // 2, "process_view": "pid", "samples": 50}]}
+    sampled = {
+        "ok": True,
+        "devices": [
+            {
+                "index": 1,
+                "uuid": "GPU-1",
+                "name": "H200",
+                "total_bytes": 80 * GiB,
+                "used_before_bytes": GiB // 2,
+                "peak_device_used_bytes": 4 * GiB,
+                "peak_process_bytes": 3 * GiB + GiB // 2,
+                "process_view": "pid",
+                "samples": 50,
+            }
+        ],
+    }
     m = to_measurement(case, spec, CaseOutcome(data, 0, False, "", 1.0, sampled), 0.01, 60)
     (dev,) = m.devices
     assert dev.index == 0  # torch's numbering, matched through the UUID

@@ -18,7 +18,10 @@ TINY = (
 def _run(cwd, db):
     return subprocess.run(
         [sys.executable, "-m", "memtrack.cli", "run", "--db", str(db)],
-        cwd=cwd, capture_output=True, text=True, timeout=300,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -58,7 +61,17 @@ def test_a_run_outside_a_git_repository_is_recorded_and_says_so(tmp_path):
 def test_a_run_in_a_shallow_clone_is_recorded_with_a_clear_note(tmp_path):
     origin, first, second = _repo_with_history(tmp_path / "origin")
     clone = tmp_path / "clone"
-    git(tmp_path, "clone", "-q", "--depth", "1", "--branch", "feature", f"file://{origin}", str(clone))
+    git(
+        tmp_path,
+        "clone",
+        "-q",
+        "--depth",
+        "1",
+        "--branch",
+        "feature",
+        f"file://{origin}",
+        str(clone),
+    )
     result = _run(clone, tmp_path / "m.db")
     assert result.returncode == 0, result.stderr
     with Store.open(tmp_path / "m.db", readonly=True) as store:
@@ -72,13 +85,24 @@ def test_a_run_in_a_shallow_clone_is_recorded_with_a_clear_note(tmp_path):
 
 def test_ci_context_from_github_actions_variables():
     env = {
-        "GITHUB_ACTIONS": "true", "GITHUB_EVENT_NAME": "pull_request",
-        "GITHUB_REF": "refs/pull/42/merge", "GITHUB_SHA": "abc", "GITHUB_HEAD_REF": "feature",
-        "GITHUB_BASE_REF": "main", "GITHUB_SERVER_URL": "https://github.com",
-        "GITHUB_REPOSITORY": "org/repo", "GITHUB_RUN_ID": "7", "RUNNER_NAME": "gpu-1",
+        "GITHUB_ACTIONS": "true",
+        "GITHUB_EVENT_NAME": "pull_request",
+        "GITHUB_REF": "refs/pull/42/merge",
+        "GITHUB_SHA": "abc",
+        "GITHUB_HEAD_REF": "feature",
+        "GITHUB_BASE_REF": "main",
+        "GITHUB_SERVER_URL": "https://github.com",
+        "GITHUB_REPOSITORY": "org/repo",
+        "GITHUB_RUN_ID": "7",
+        "RUNNER_NAME": "gpu-1",
     }
     ci = ci_info(env)
-    assert (ci.event, ci.pr_number, ci.head_ref, ci.base_ref) == ("pull_request", 42, "feature", "main")
+    assert (ci.event, ci.pr_number, ci.head_ref, ci.base_ref) == (
+        "pull_request",
+        42,
+        "feature",
+        "main",
+    )
     assert ci.run_url == "https://github.com/org/repo/actions/runs/7"
     assert ci.runner_name == "gpu-1"
     assert ci_info({}).provider is None

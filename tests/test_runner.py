@@ -100,7 +100,11 @@ def test_a_timeout_is_recorded_and_the_process_killed(failing_run):
 
 def test_the_run_goes_on_after_failures(failing_run):
     assert [m.workload for m in failing_run.measurements] == [
-        "raises", "host_oom", "segfaults", "hangs", "fine"
+        "raises",
+        "host_oom",
+        "segfaults",
+        "hangs",
+        "fine",
     ]
     m = _by_workload(failing_run)["fine"]
     assert m.status == "ok"

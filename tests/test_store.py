@@ -19,8 +19,17 @@ from memtrack.store import Store
 
 def test_a_run_reads_back_as_written(tmp_path):
     run = make_run(
-        [make_measurement("decoder", {"batch": b}, peak=b * MiB, device="cuda",
-                          reserved=b * 2 * MiB, device_peak=b * 3 * MiB) for b in (1, 8)],
+        [
+            make_measurement(
+                "decoder",
+                {"batch": b},
+                peak=b * MiB,
+                device="cuda",
+                reserved=b * 2 * MiB,
+                device_peak=b * 3 * MiB,
+            )
+            for b in (1, 8)
+        ],
         env=GPU_ENV,
     )
     with Store.open(tmp_path / "m.db") as store:
@@ -52,8 +61,10 @@ def test_read_only_open_refuses_missing_empty_and_unknown_schema(tmp_path):
     db = tmp_path / "future.db"
     Store.open(db).close()
     with sqlite3.connect(db) as conn:
-        conn.execute("insert into _sqlite_migrations (migration_set, name, applied_at) "
-                     "values ('memtrack', 'm999_from_the_future', 'now')")
+        conn.execute(
+            "insert into _sqlite_migrations (migration_set, name, applied_at) "
+            "values ('memtrack', 'm999_from_the_future', 'now')"
+        )
     for readonly in (True, False):
         with pytest.raises(StoreError, match="m999_from_the_future"):
             Store.open(db, readonly=readonly)
@@ -120,7 +131,8 @@ def test_a_killed_writer_leaves_no_half_run(tmp_path):
     conn = sqlite3.connect(db)
     assert conn.execute("pragma integrity_check").fetchone()[0] == "ok"
     counts = conn.execute(
-        "select r.run_id, count(m.id) from runs r left join measurements m using (run_id) group by 1"
+        "select r.run_id, count(m.id) from runs r "
+        "left join measurements m using (run_id) group by 1"
     ).fetchall()
     assert counts, "the writer wrote no run at all in 2.5 s"
     assert {n for _, n in counts} == {300}
@@ -140,8 +152,19 @@ def test_a_killed_memtrack_run_leaves_the_database_as_it_was(tmp_path):
     with Store.open(db) as store:
         store.write_run(make_run([make_measurement()]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "memtrack.cli", "run", "--config", str(tmp_path / "memtrack.toml"),
-         "--db", str(db)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "memtrack.cli",
+            "run",
+            "--config",
+            str(tmp_path / "memtrack.toml"),
+            "--db",
+            str(db),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.time() + 60
     line = ""
@@ -153,7 +176,7 @@ def test_a_killed_memtrack_run_leaves_the_database_as_it_was(tmp_path):
         assert len(store.run_ids()) == 1
     # and the case's own process died with it, rather than holding on to its memory
     time.sleep(1)
-    ps = subprocess.run(["pgrep", "-f", f"memtrack.worker.*"], capture_output=True, text=True)
+    ps = subprocess.run(["pgrep", "-f", "memtrack.worker.*"], capture_output=True, text=True)
     leftovers = [p for p in ps.stdout.split() if str(tmp_path) in _cmdline(p)]
     assert leftovers == []
 

@@ -10,12 +10,16 @@ import click
 from memtrack.config import Config, load_config
 
 config_option = click.option(
-    "--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
     help="memtrack.toml or pyproject.toml (default: found from the current directory; "
     "without one, the shipped example suite).",
 )
 db_option = click.option(
-    "--db", "db_path", type=click.Path(path_type=Path, dir_okay=False),
+    "--db",
+    "db_path",
+    type=click.Path(path_type=Path, dir_okay=False),
     help="SQLite database (default: the config's `database`, data/memtrack.db).",
 )
 

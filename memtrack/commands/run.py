@@ -29,10 +29,19 @@ def _parse_shard(value: str | None) -> tuple[int, int] | None:
 @click.command()
 @config_option
 @db_option
-@click.option("-k", "--workload", "patterns", multiple=True,
-              help="Run only cases whose id contains this text (repeatable).")
-@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Also write the run as a JSON record here.")
+@click.option(
+    "-k",
+    "--workload",
+    "patterns",
+    multiple=True,
+    help="Run only cases whose id contains this text (repeatable).",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also write the run as a JSON record here.",
+)
 @click.option("--shard", help="Run shard i of n of the suite (e.g. 2/4), for several runners.")
 @click.option("--no-db", is_flag=True, help="Do not write the database (use with --json).")
 def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
@@ -55,6 +64,7 @@ def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
         record = run_suite(config, cases, shard=shard, progress=progress)
     else:
         with console.status("measuring ...") as status:
+
             def live(event, case, m):
                 if event == "start":
                     status.update(f"measuring {case.case_id} ...")
@@ -68,4 +78,5 @@ def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
             store.write_run(record)
     rich_console().print(run_table(record))
     where = [str(p) for p in ((None if no_db else db), json_path) if p]
-    click.echo(f"run {record.run_id} of {(record.git.commit or 'no commit')[:12]} recorded in {', '.join(where) or 'nothing'}")
+    commit = (record.git.commit or "no commit")[:12]
+    click.echo(f"run {record.run_id} of {commit} recorded in {', '.join(where) or 'nothing'}")

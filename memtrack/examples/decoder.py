@@ -17,9 +17,13 @@ class Block(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
         self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+        )
 
-    def forward(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int
+    ) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
         k_cache[:, pos : pos + t] = k  # the cache is preallocated at the longest request
@@ -54,7 +58,7 @@ class Decoder(nn.Module):
         for _ in range(new_tokens):
             t = x.shape[1]
             h = self.embed(x) + self.pos(torch.arange(pos, pos + t, device=x.device))
-            for block, (kc, vc) in zip(self.blocks, cache):
+            for block, (kc, vc) in zip(self.blocks, cache, strict=True):
                 h = block(h, kc, vc, pos)
             pos += t
             x = self.head(h[:, -1:]).argmax(-1)  # greedy: deterministic

@@ -17,8 +17,10 @@ def train_step(ctx: memtrack.Context):
     layer = nn.TransformerEncoderLayer(
         p["d_model"], nhead=4, dim_feedforward=4 * p["d_model"], batch_first=True, dropout=0.0
     )
-    model = nn.Sequential(nn.TransformerEncoder(layer, p["layers"], enable_nested_tensor=False),
-                          nn.Linear(p["d_model"], 1))
+    model = nn.Sequential(
+        nn.TransformerEncoder(layer, p["layers"], enable_nested_tensor=False),
+        nn.Linear(p["d_model"], 1),
+    )
     model = model.to(ctx.device, ctx.dtype).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     ctx.mark(model, optimizer)

@@ -11,12 +11,18 @@ import memtrack
 def _convnet(width: int, classes: int) -> nn.Module:
     def block(cin: int, cout: int) -> nn.Module:
         return nn.Sequential(
-            nn.Conv2d(cin, cout, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()
+            nn.Conv2d(cin, cout, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(),
         )
 
     return nn.Sequential(
-        block(3, width), block(width, 2 * width), block(2 * width, 4 * width),
-        block(4 * width, 8 * width), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        block(3, width),
+        block(width, 2 * width),
+        block(2 * width, 4 * width),
+        block(4 * width, 8 * width),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
         nn.Linear(8 * width, classes),
     )
 

@@ -26,7 +26,9 @@ class Sampler:
 
     def __init__(self, nvml: Any):
         self.nvml = nvml
-        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        self.handles = [
+            nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())
+        ]
         self.devices: list[dict[str, Any]] = []
         for i, h in enumerate(self.handles):
             info = self._memory(h)
@@ -61,7 +63,9 @@ class Sampler:
                 procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(h)
             except Exception:
                 continue
-            mine = [int(p.usedGpuMemory) for p in procs if p.pid in pids and p.usedGpuMemory is not None]
+            mine = [
+                int(p.usedGpuMemory) for p in procs if p.pid in pids and p.usedGpuMemory is not None
+            ]
             if mine:
                 dev["peak_process_bytes"] = max(dev["peak_process_bytes"] or 0, sum(mine))
 

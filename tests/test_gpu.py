@@ -1,0 +1,72 @@
+"""CUDA paths, on a real GPU. Skipped where torch sees none (see conftest.py)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from memtrack.config import load_config
+from memtrack.runner import run_suite
+from memtrack.workload import discover, select_cases
+
+pytestmark = pytest.mark.gpu
+
+WORKLOADS = textwrap.dedent(
+    """
+    import torch, memtrack
+
+    @memtrack.workload(params={"n": 4096})
+    def matmul(ctx):
+        a = ctx.randn(ctx["n"], ctx["n"])
+        b = torch.nn.Linear(ctx["n"], ctx["n"], bias=False).to(ctx.device, ctx.dtype)
+        ctx.mark(b)
+        return lambda: b(a)
+
+    @memtrack.workload
+    def too_big(ctx):
+        total = torch.cuda.get_device_properties(ctx.device).total_memory
+        def step():
+            return torch.empty(2 * total, dtype=torch.uint8, device=ctx.device)
+        return step
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def gpu_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu")
+    (root / "wl.py").write_text(WORKLOADS)
+    (root / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 3\n')
+    config = load_config(root / "memtrack.toml")
+    return run_suite(config, select_cases(discover(config)))
+
+
+def test_allocator_and_device_views_are_recorded(gpu_run):
+    m = next(m for m in gpu_run.measurements if m.workload == "matmul")
+    n2 = 4096 * 4096 * 4
+    assert m.status == "ok" and m.device == "cuda" and m.framework == "cuda-caching-allocator"
+    assert m.persistent_bytes >= n2  # the weight (the input was made before the mark too)
+    assert m.peak_allocated_bytes >= 2 * n2  # weight + input + output at the step's peak
+    assert m.peak_reserved_bytes >= m.peak_allocated_bytes
+    assert m.peak_requested_bytes <= m.peak_allocated_bytes
+    assert m.num_alloc_retries == 0 and m.num_ooms == 0
+    assert m.device_view == "nvml", m.device_view_note
+    dev = m.devices[0]
+    assert dev.uuid and dev.uuid.startswith("GPU-") and dev.total_bytes > 0
+    # the device view holds the CUDA context on top of what the allocator reserved
+    assert dev.peak_process_bytes > m.peak_reserved_bytes
+    assert m.workspace_bytes > 0
+
+
+def test_a_cuda_oom_is_recorded_as_oom(gpu_run):
+    m = next(m for m in gpu_run.measurements if m.workload == "too_big")
+    assert m.status == "oom"
+    assert "OutOfMemoryError" in m.message
+    assert m.num_ooms >= 1  # the allocator's counters at the failure are kept
+
+
+def test_the_environment_names_the_gpu_driver_and_cuda(gpu_run):
+    env = gpu_run.environment
+    assert env.gpus and env.gpus[0].total_bytes > 0 and env.gpus[0].compute_capability
+    assert env.driver and env.cuda_runtime and env.torch_cuda_arch_list
