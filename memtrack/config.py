@@ -48,7 +48,8 @@ class Budget:
     metric: str | None = None
     """One of METRICS; None: the device view where measured, else reserved, else allocated."""
     gpu: str | None = None
-    """Applies only on this GPU model (e.g. 'NVIDIA H200'); None: everywhere."""
+    """Applies only on this GPU model (e.g. 'NVIDIA H200'), or 'cpu': only to cases that ran
+    on the CPU; None: everywhere."""
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,10 @@ config_option = click.option(
 db_option = click.option(
     "--db",
     "db_path",
+    envvar="MEMTRACK_DB",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="SQLite database (default: the config's `database`, data/memtrack.db).",
+    help="SQLite database (default: $MEMTRACK_DB, else the config's `database`, "
+    "data/memtrack.db).",
 )
 
 

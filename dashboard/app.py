@@ -1,0 +1,124 @@
+"""memtrack's dashboard: memory history a reviewer can read at a glance.
+
+Start it with `memtrack dashboard [--db PATH] [--config PATH]`, which runs
+
+    streamlit run dashboard/app.py -- --db PATH [--config PATH]
+
+Without --db, the database is the config's `database` (found from the current directory
+as memtrack finds it). The database is opened read-only; nothing here writes to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `streamlit run` puts only this folder on the path
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from dashboard import data, queries  # noqa: E402
+from dashboard.views import PAGES, Context, compare, history, overview, run_detail  # noqa: E402
+from memtrack.config import Config, load_config  # noqa: E402
+from memtrack.errors import MemtrackError, StoreError  # noqa: E402
+
+RENDER = dict(zip(PAGES, (overview.render, history.render, run_detail.render, compare.render),
+                  strict=True))
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="dashboard/app.py", add_help=False)
+    parser.add_argument("--db", type=Path)
+    parser.add_argument("--config", type=Path)
+    args, _ = parser.parse_known_args(argv)
+    return args
+
+
+@st.cache_data(ttl=60, show_spinner=False)
+def load_settings(config_path: str | None, cwd: str) -> tuple[Config | None, str | None]:
+    """The config (for budgets and the base branch), or None and why not."""
+    try:
+        return load_config(Path(config_path) if config_path else None, cwd=Path(cwd)), None
+    except MemtrackError as exc:
+        return None, str(exc)
+
+
+def _has_no_tables(db: Path) -> bool:
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return conn.execute("select count(*) from sqlite_master").fetchone()[0] == 0
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+
+
+def empty_state(db: Path, why: str) -> None:
+    st.title("memtrack")
+    st.info(
+        f"**No runs recorded yet** in `{db}` ({why}).\n\n"
+        "Record a first run, then reload this page:\n\n"
+        f"```bash\nmemtrack run --db {db}\n```\n\n"
+        "This measures the configured suite (the shipped examples without a config) and "
+        "stores one row per workload case. Runs recorded elsewhere as JSON records can be "
+        f"merged with `memtrack ingest run.json --db {db}`."
+    )
+
+
+def open_database(db: Path) -> dict | None:
+    """The store's summary, or None after showing why it cannot be shown."""
+    if not db.is_file() or db.stat().st_size == 0 or _has_no_tables(db):
+        empty_state(db, "the database does not exist yet" if not db.is_file()
+                    else "the database is empty")
+        return None
+    try:
+        queries.open_readonly(db).close()  # checks the schema version
+    except StoreError as exc:
+        st.title("memtrack")
+        st.error(f"This database cannot be shown: {exc}")
+        return None
+    summary = data.summary(str(db), data.stamp(str(db)))
+    if summary["runs"] == 0:
+        empty_state(db, "the database has no runs")
+        return None
+    return summary
+
+
+def main() -> None:
+    st.set_page_config(page_title="memtrack", page_icon="📈", layout="wide")
+    args = parse_args(sys.argv[1:])
+    config, config_error = load_settings(str(args.config) if args.config else None,
+                                         str(Path.cwd()))
+    db = args.db or (config.database if config else Path("data/memtrack.db"))
+    db = db.resolve()
+    summary = open_database(db)
+    if summary is None:
+        return
+    key = data.stamp(str(db))
+    ctx = Context(db=str(db), key=key, config=config, summary=summary,
+                  choices=data.choices(str(db), key))
+    with st.sidebar:
+        st.header("memtrack")
+        page = st.radio("Page", PAGES, key="page", bind="query-params",
+                        label_visibility="collapsed")
+        st.divider()
+        st.caption(f"Database `{db}` (read-only) · {summary['runs']:,} runs, newest "
+                   f"{(summary['last'] or '-')[:16].replace('T', ' ')}")
+        if config_error:
+            st.warning(f"Budgets not loaded: {config_error}")
+        elif config is not None:
+            where = config.path or "the embedded default"
+            st.caption(f"Config {where} · {len(config.budgets)} budget(s) · base branch "
+                       f"`{config.base_branch}`")
+        if not summary["has_verdicts"]:
+            st.caption("No verdicts recorded yet: regressions show once `memtrack check` "
+                       "records them.")
+    RENDER[page or PAGES[0]](ctx)
+
+
+main()

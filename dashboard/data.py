@@ -1,0 +1,120 @@
+"""Cached access to the store: each function opens it read-only, runs `queries`, closes it.
+
+Results are cached per database file and its modification stamp, so a run recorded while
+the dashboard is open shows on the next interaction, and a page that is revisited costs
+nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from dashboard import queries
+from memtrack.store import Store
+
+TTL_S = 600
+Stamp = tuple[int, ...]
+
+
+def stamp(db: str) -> Stamp:
+    """Changes whenever the database (or its write-ahead log) is written."""
+    out: list[int] = []
+    for suffix in ("", "-wal"):
+        try:
+            st_ = os.stat(db + suffix)
+        except OSError:
+            out += [0, 0]
+        else:
+            out += [st_.st_mtime_ns, st_.st_size]
+    return tuple(out)
+
+
+def _open(db: str) -> Store:
+    return queries.open_readonly(Path(db))
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def summary(db: str, key: Stamp) -> dict[str, Any]:
+    with _open(db) as s:
+        out = queries.summary(s.conn)
+        out["has_verdicts"] = queries.has_table(s.conn, "verdicts")
+        return out
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def choices(db: str, key: Stamp) -> dict[str, Any]:
+    """What the filters offer: case ids, branches, environments (by env id)."""
+    with _open(db) as s:
+        return {
+            "cases": queries.case_ids(s.conn),
+            "branches": queries.branches(s.conn),
+            "environments": {e["env_id"]: e for e in queries.environments(s.conn)},
+        }
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def latest_by_case(
+    db: str, key: Stamp, branch: str | None, fingerprint: str | None, points: int
+) -> list[dict[str, Any]]:
+    """Per case, its newest `points` measurements under the filters (cases without any are
+    left out), the verdicts recorded about its newest run, and its newest verdict per
+    metric that carries a budget or a threshold."""
+    with _open(db) as s:
+        out: list[dict[str, Any]] = []
+        for case in queries.case_ids(s.conn):
+            rows = queries.series(
+                s.conn, case, branches=[branch] if branch else [],
+                fingerprints=[fingerprint] if fingerprint else [], limit=points,
+            )
+            if rows:
+                out.append({"case_id": case, "rows": rows,
+                            "budget_verdicts": queries.latest_verdicts(s.conn, case)})
+        verdicts = queries.verdicts_for_runs(s.conn, [c["rows"][0]["run_id"] for c in out])
+        for c in out:
+            latest = c["rows"][0]
+            c["verdicts"] = [v for v in verdicts
+                             if v["run_id"] == latest["run_id"] and v["case_id"] == c["case_id"]]
+        return out
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def history(
+    db: str, key: Stamp, case_id: str, branches: tuple[str, ...],
+    fingerprints: tuple[str, ...], since: str | None, until: str | None, limit: int,
+) -> dict[str, Any]:
+    with _open(db) as s:
+        rows = queries.series(s.conn, case_id, branches=branches, fingerprints=fingerprints,
+                              since=since, until=until, limit=limit)
+        return {
+            "rows": rows,
+            "verdicts": queries.verdicts_for_runs(s.conn, [r["run_id"] for r in rows],
+                                                  case_id=case_id),
+            "latest_verdicts": queries.latest_verdicts(s.conn, case_id),
+        }
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def recent_runs(db: str, key: Stamp, limit: int = 200) -> list[dict[str, Any]]:
+    with _open(db) as s:
+        return queries.recent_runs(s.conn, limit=limit)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def find_runs(db: str, key: Stamp, text: str) -> list[dict[str, Any]]:
+    with _open(db) as s:
+        return queries.find_runs(s.conn, text)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def run_detail(db: str, key: Stamp, run_id: str) -> dict[str, Any] | None:
+    with _open(db) as s:
+        run = queries.run(s.conn, run_id)
+        if run is None:
+            return None
+        run["measurements"] = queries.measurements(s.conn, run_id)
+        run["verdicts"] = queries.verdicts_for_runs(s.conn, [run_id])
+        return run

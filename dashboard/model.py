@@ -1,0 +1,332 @@
+"""What the dashboard decides: which budget applies, a case's status, where a series moved.
+
+Pure functions over the plain rows that `queries` returns; no Streamlit, no SQL.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+from memtrack.config import Budget
+from memtrack.units import format_size
+
+MiB = 2**20
+
+METRIC_COLUMNS = {
+    "allocated": "peak_allocated_bytes",
+    "reserved": "peak_reserved_bytes",
+    "requested": "peak_requested_bytes",
+    "device": "device_peak_bytes",
+    "host": "host_peak_rss_bytes",
+}
+METRIC_LABELS = {
+    "allocated": "framework allocated",
+    "reserved": "framework reserved",
+    "requested": "framework requested",
+    "device": "device (NVML)",
+    "host": "host RSS",
+}
+CHART_METRICS = ("allocated", "reserved", "device", "host")
+"""The views drawn on a history chart (requested sits within a few KiB of allocated)."""
+
+NEAR_BUDGET = 0.9
+"""A case using this share of its budget or more is flagged before it breaks."""
+
+STATUSES = ("failed", "over budget", "regression", "near budget", "ok")
+"""Most urgent first; the overview sorts by this order."""
+STEP_MIN_BYTES = MiB
+STEP_NOISE_FACTOR = 4
+STEP_WINDOW = 3
+"""A series steps where the median of the next STEP_WINDOW points differs from the median
+of the previous ones by at least 1 MiB and STEP_NOISE_FACTOR times the series' typical
+point-to-point move: exact allocator counters step at 1 MiB, sampled views only past
+their noise, and a lone outlier does not count."""
+
+
+def metric_value(row: dict[str, Any], metric: str) -> int | None:
+    return row.get(METRIC_COLUMNS[metric])
+
+
+def default_metric(row: dict[str, Any]) -> str:
+    """The view a budget without a metric applies to: device where measured, else reserved,
+    else allocated (as the gate reads it)."""
+    for metric in ("device", "reserved", "allocated"):
+        if metric_value(row, metric) is not None:
+            return metric
+    return "allocated"
+
+
+@dataclass(frozen=True)
+class CaseBudget:
+    """A budget as it applies to one case."""
+
+    metric: str
+    """The view it limits (a budget without a metric: the case's default view)."""
+    limit_bytes: int
+    reason: str | None
+    source: str
+    """'config' (the repository's budgets today) or 'verdict' (what the gate recorded)."""
+
+
+def gpu_names(env: dict[str, Any] | None) -> list[str]:
+    return [g.get("name") for g in (env or {}).get("gpus") or [] if g.get("name")]
+
+
+def budgets_for(
+    budgets: Iterable[Budget], row: dict[str, Any], gpus: Sequence[str]
+) -> list[CaseBudget]:
+    """The config budgets that apply to a measurement, one per view, chosen as the gate
+    (memtrack.compare.budgets_for) chooses them: a case id over a workload name, a GPU
+    model (or 'cpu' for CPU cases) over any, the tighter on a tie."""
+    names = {g.lower() for g in gpus}
+    chosen: dict[str, tuple[tuple[int, int, int], Budget]] = {}
+    for b in budgets:
+        if b.workload not in (row["workload"], row["case_id"]):
+            continue
+        on_cpu = row.get("device") == "cpu"
+        if b.gpu is not None and not (b.gpu.lower() in names and not on_cpu
+                                      or b.gpu.lower() == "cpu" and on_cpu):
+            continue
+        metric = b.metric or default_metric(row)
+        rank = (int(b.workload == row["case_id"]), int(b.gpu is not None), -b.limit_bytes)
+        if metric not in chosen or rank > chosen[metric][0]:
+            chosen[metric] = (rank, b)
+    return [CaseBudget(metric, b.limit_bytes, b.reason, "config")
+            for metric, (_, b) in chosen.items()]
+
+
+def verdict_budgets(verdicts: Iterable[dict[str, Any]]) -> list[CaseBudget]:
+    """Budgets the gate recorded in its verdicts (one per metric)."""
+    out: dict[str, CaseBudget] = {}
+    for v in verdicts:
+        if v.get("budget_bytes") is not None and v.get("metric") in METRIC_COLUMNS:
+            out[v["metric"]] = CaseBudget(v["metric"], int(v["budget_bytes"]),
+                                          v.get("budget_reason"), "verdict")
+    return list(out.values())
+
+
+@dataclass(frozen=True)
+class CaseStatus:
+    """A case's latest state, as the overview shows it."""
+
+    status: str
+    """One of STATUSES."""
+    metric: str
+    """The view its figure and budget are about."""
+    value: int | None
+    budget: CaseBudget | None
+    used: float | None
+    """value / budget; None without a budget or a figure."""
+    note: str
+    """Why: the failure's message, or the blocking verdict's."""
+
+    @property
+    def margin(self) -> int | None:
+        if self.budget is None or self.value is None:
+            return None
+        return self.budget.limit_bytes - self.value
+
+
+def case_status(
+    row: dict[str, Any], budgets: Sequence[CaseBudget], verdicts: Sequence[dict[str, Any]]
+) -> CaseStatus:
+    """Status of one measurement: failed > over budget > regression > near budget > ok."""
+    chosen: CaseBudget | None = None
+    used: float | None = None
+    metric = default_metric(row)
+    for b in budgets:
+        m = b.metric
+        value = metric_value(row, m)
+        share = value / b.limit_bytes if value is not None and b.limit_bytes > 0 else None
+        if chosen is None or (share is not None and (used is None or share > used)):
+            chosen, used, metric = b, share, m
+    value = metric_value(row, metric)
+    kinds = {v.get("kind"): v for v in verdicts}
+    if row.get("status") != "ok" or "failed" in kinds:
+        note = row.get("message") or (kinds.get("failed") or {}).get("message") or ""
+        return CaseStatus("failed", metric, value, chosen, used,
+                          f"{row.get('status')}: {note}".rstrip(": "))
+    if (used is not None and used > 1) or "over_budget" in kinds:
+        v = kinds.get("over_budget")
+        if v is not None and chosen is None and v.get("budget_bytes"):
+            if v.get("metric") in METRIC_COLUMNS:
+                metric = v["metric"]
+                value = metric_value(row, metric)
+            chosen = CaseBudget(metric, int(v["budget_bytes"]), v.get("budget_reason"), "verdict")
+            used = value / chosen.limit_bytes if value is not None and chosen.limit_bytes else None
+        note = v.get("message") if v else ""
+        return CaseStatus("over budget", metric, value, chosen, used, note or "")
+    if "regression" in kinds:
+        return CaseStatus("regression", metric, value, chosen, used,
+                          kinds["regression"].get("message") or "")
+    if used is not None and used >= NEAR_BUDGET:
+        return CaseStatus("near budget", metric, value, chosen, used, "")
+    return CaseStatus("ok", metric, value, chosen, used, "")
+
+
+@dataclass(frozen=True)
+class Step:
+    """A change between two consecutive points of a series."""
+
+    row: dict[str, Any]
+    """The newer point: the run whose commit moved the series."""
+    before: int
+    after: int
+
+    @property
+    def delta(self) -> int:
+        return self.after - self.before
+
+    @property
+    def fraction(self) -> float:
+        return self.delta / self.before if self.before else float("inf")
+
+    def describe(self) -> str:
+        pct = f" ({self.fraction:+.1%})" if self.before else ""
+        return f"{'+' if self.delta > 0 else ''}{format_size(self.delta)}{pct}"
+
+
+def steps(rows_newest_first: Sequence[dict[str, Any]], metric: str) -> list[Step]:
+    """Where the series moved, newest first (see STEP_WINDOW). Each environment is its own
+    series: a move between environments is an environment change, not a step. Points
+    without the figure (failed runs) are skipped."""
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for r in rows_newest_first:
+        groups.setdefault(r.get("fingerprint"), []).append(r)
+    found = [s for rows in groups.values() for s in _steps(rows, metric)]
+    found.sort(key=lambda s: s.row.get("started_at") or "", reverse=True)
+    return found
+
+
+def _steps(rows_newest_first: Sequence[dict[str, Any]], metric: str) -> list[Step]:
+    points = [(r, v) for r in reversed(rows_newest_first)
+              if (v := metric_value(r, metric)) is not None]
+    values = [v for _, v in points]
+    if len(values) < 2:
+        return []
+    moves = sorted(abs(b - a) for a, b in pairwise(values))
+    # The typical move; in a short series the step itself would dominate the median.
+    noise = statistics.median(moves) if len(moves) >= 5 else moves[0]
+    need = max(STEP_MIN_BYTES, STEP_NOISE_FACTOR * noise)
+    found: list[tuple[int, int, int]] = []
+    for i in range(1, len(values)):
+        before = int(statistics.median(values[max(0, i - STEP_WINDOW):i]))
+        after = int(statistics.median(values[i:i + STEP_WINDOW]))
+        if abs(after - before) >= need:
+            found.append((i, before, after))
+    # One step shows at a few neighbouring positions: keep the sharpest jump of each cluster.
+    clusters: list[list[tuple[int, int, int]]] = []
+    for item in found:
+        if clusters and item[0] - clusters[-1][-1][0] <= 1:
+            clusters[-1].append(item)
+        else:
+            clusters.append([item])
+    out = []
+    for cluster in clusters:
+        i, before, after = max(cluster, key=lambda c: abs(values[c[0]] - values[c[0] - 1]))
+        out.append(Step(points[i][0], before, after))
+    return out[::-1]
+
+
+def _split_case(case_id: str) -> tuple[str, dict[str, str]] | None:
+    """'name[k=v,...]' -> (name, {k: v}); None when the id does not parse that way."""
+    name, bracket, rest = case_id.partition("[")
+    if not bracket:
+        return name, {}
+    if not rest.endswith("]"):
+        return None
+    params = {}
+    for item in rest[:-1].split(","):
+        k, eq, v = item.partition("=")
+        if not eq or k in params:
+            return None
+        params[k] = v
+    return name, params
+
+
+def short_case_labels(case_ids: Iterable[str]) -> dict[str, str]:
+    """Each case id shortened to its workload and the params that tell it apart from the
+    other cases of that workload shown with it: 'decoder[sessions=4]'."""
+    parsed = {c: _split_case(c) for c in case_ids}
+    varying: dict[str, set[str]] = {}
+    values: dict[tuple[str, str], set[str]] = {}
+    for p in parsed.values():
+        if p is not None:
+            for k, v in p[1].items():
+                values.setdefault((p[0], k), set()).add(v)
+    for (name, k), seen in values.items():
+        if len(seen) > 1:
+            varying.setdefault(name, set()).add(k)
+    out = {}
+    for case, p in parsed.items():
+        if p is None:
+            out[case] = case
+            continue
+        name, params = p
+        keys = [k for k in params if k in varying.get(name, set())]
+        out[case] = f"{name}[{','.join(f'{k}={params[k]}' for k in keys)}]" if keys else name
+    # Two ids that shorten alike (a param missing from one) keep their full form.
+    counts: dict[str, int] = {}
+    for label in out.values():
+        counts[label] = counts.get(label, 0) + 1
+    return {c: (label if counts[label] == 1 else c) for c, label in out.items()}
+
+
+_VERSION_KEYS = (("gpu", "GPU"), ("driver", "driver"), ("cuda_runtime", "CUDA"),
+                 ("cudnn", "cuDNN"), ("nccl", "NCCL"), ("torch", "torch"), ("python", "Python"))
+
+
+def _env_fields(env: dict[str, Any] | None) -> dict[str, Any]:
+    env = env or {}
+    return {**env, "gpu": ", ".join(gpu_names(env)) or "CPU"}
+
+
+def env_label(env: dict[str, Any] | None) -> str:
+    """'NVIDIA H200 · driver 580.65 · CUDA 13.0 · torch 2.14.1' (what is known)."""
+    e = _env_fields(env)
+    parts = [e["gpu"]]
+    for key, name in _VERSION_KEYS[1:6]:
+        if e.get(key):
+            parts.append(f"{name} {e[key]}")
+    return " · ".join(parts)
+
+
+def env_changes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[str]:
+    """The versions that differ, as 'torch 2.13.0 → 2.14.1'; the fingerprint if nothing
+    listed differs (a memory-relevant variable, say)."""
+    a, b = _env_fields(old), _env_fields(new)
+    out = [f"{name} {a.get(key) or '-'} → {b.get(key) or '-'}"
+           for key, name in _VERSION_KEYS if a.get(key) != b.get(key)]
+    if not out and a.get("env_vars") != b.get("env_vars"):
+        out.append("memory-relevant variables changed")
+    if not out:
+        out.append(f"fingerprint {a.get('fingerprint')} → {b.get('fingerprint')}")
+    return out
+
+
+def headroom_band(verdict: dict[str, Any]) -> tuple[int, int] | None:
+    """(baseline, threshold) of a verdict: the gate's threshold is baseline + headroom,
+    the justified band a candidate may move in. None without that arithmetic."""
+    base, threshold = verdict.get("baseline_value"), verdict.get("threshold")
+    if base is None or threshold is None or threshold < base:
+        return None
+    return int(base), int(threshold)
+
+
+def describe_status(s: CaseStatus) -> str:
+    """One line for a reviewer: the figure against its budget."""
+    label = METRIC_LABELS.get(s.metric, s.metric)
+    if s.status == "failed":
+        return s.note or "failed"
+    if s.budget is not None and s.value is not None:
+        margin = s.margin or 0
+        where = f"{format_size(-margin)} over" if margin < 0 else f"{format_size(margin)} left"
+        line = (f"{format_size(s.value)} of {format_size(s.budget.limit_bytes)} {label} "
+                f"({s.used:.0%}, {where})")
+    else:
+        line = f"{format_size(s.value)} {label}, no budget"
+    return f"{line}; {s.note}" if s.note else line

@@ -1,0 +1,293 @@
+"""Read-only SQL behind the dashboard. Every query is bounded and rides an index.
+
+The schema's indexes are measurements(case_id, run_id), measurements(run_id),
+runs(started_at), runs(git_branch, started_at) and runs(git_commit). A series is read by
+walking runs newest first (`CROSS JOIN` keeps runs as the outer loop, so SQLite follows
+runs(started_at) or runs(git_branch, started_at) and stops after `limit` rows) and probing
+measurements(case_id, run_id) per run; a rare case is read from its own index entries
+instead, which is cheaper than walking every run to find a few. No function here loads a
+whole table: lists of distinct values come from skip-scans of an index.
+
+Functions take an open connection (`Store.conn`, row factory sqlite3.Row) and return
+plain dicts, so the layer above can cache them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from memtrack.errors import StoreError
+from memtrack.store import BUSY_TIMEOUT_S, Store
+
+RARE_CASE_ROWS = 2000
+"""Below this many measurements, a case's series is read from its own index entries."""
+
+_SERIES_COLUMNS = """
+    m.id, m.run_id, m.case_id, m.workload, m.status, m.message, m.device,
+    m.peak_allocated_bytes, m.peak_reserved_bytes, m.peak_requested_bytes,
+    m.device_peak_bytes, m.host_peak_rss_bytes,
+    m.time_median_s, m.time_p95_s, m.time_min_s,
+    r.started_at, r.git_commit, r.git_branch, r.git_subject, r.git_dirty,
+    r.fingerprint, r.env_id
+"""
+
+_HEX = re.compile(r"^[0-9a-fA-F]+$")
+
+
+def open_readonly(path: Path) -> Store:
+    """The store, read-only, as `Store.open(readonly=True)` opens it, except that a schema
+    older than this memtrack (migrations still pending) is read as it is: the dashboard
+    needs only the first schema, and reads verdicts where the table exists. A newer or a
+    foreign schema is refused as Store.open refuses it."""
+    try:
+        return Store.open(path, readonly=True)
+    except StoreError as refused:
+        if not path.is_file():
+            raise
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
+                               isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        store = Store(conn, path, readonly=True)
+        try:
+            store.check_schema(allow_pending=True)
+            if not store.applied_migrations():
+                raise refused from None
+        except (StoreError, sqlite3.DatabaseError):
+            conn.close()
+            raise refused from None
+        return store
+
+
+def _dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def has_table(conn: sqlite3.Connection, name: str) -> bool:
+    row = conn.execute(
+        "select 1 from sqlite_master where type = 'table' and name = ?", [name]
+    ).fetchone()
+    return row is not None
+
+
+def table_columns(conn: sqlite3.Connection, name: str) -> set[str]:
+    return {r[1] for r in conn.execute(f"pragma table_info({name})")}
+
+
+def summary(conn: sqlite3.Connection) -> dict[str, Any]:
+    """How many runs, and the newest and oldest start times (runs(started_at) index)."""
+    count = conn.execute("select count(*) from runs").fetchone()[0]
+    first = conn.execute("select min(started_at) from runs").fetchone()[0]
+    last = conn.execute("select max(started_at) from runs").fetchone()[0]
+    return {"runs": count, "first": first, "last": last}
+
+
+def _distinct(conn: sqlite3.Connection, table: str, column: str, limit: int) -> list[str]:
+    """Distinct non-null values of an indexed leading column: one index seek per value."""
+    sql = f"""
+        with recursive v(x, n) as (
+            select (select min({column}) from {table}), 1
+            union all
+            select (select min({column}) from {table} where {column} > v.x), n + 1
+            from v where v.x is not null and n < :limit
+        )
+        select x from v where x is not null
+    """
+    return [r[0] for r in conn.execute(sql, {"limit": limit})]
+
+
+def case_ids(conn: sqlite3.Connection, limit: int = 5000) -> list[str]:
+    return _distinct(conn, "measurements", "case_id", limit)
+
+
+def branches(conn: sqlite3.Connection, limit: int = 1000) -> list[str]:
+    return _distinct(conn, "runs", "git_branch", limit)
+
+
+def environments(conn: sqlite3.Connection, limit: int = 1000) -> list[dict[str, Any]]:
+    """One row per environment recorded (a small table: one row per distinct software stack)."""
+    cur = conn.execute(
+        "select env_id, fingerprint, gpus, driver, cuda_runtime, cudnn, nccl, torch, python, "
+        "os, cpu, cpu_count, host_ram_bytes, packages, env_vars from environments limit ?",
+        [limit],
+    )
+    rows = _dicts(cur)
+    for row in rows:
+        for key in ("gpus", "packages", "env_vars"):
+            row[key] = json.loads(row[key]) if row[key] else ({} if key != "gpus" else [])
+    return rows
+
+
+def case_size(conn: sqlite3.Connection, case_id: str, cap: int = RARE_CASE_ROWS + 1) -> int:
+    """How many measurements a case has, counted up to `cap` (its own index entries only)."""
+    return conn.execute(
+        "select count(*) from (select 1 from measurements where case_id = ? limit ?)",
+        [case_id, cap],
+    ).fetchone()[0]
+
+
+def series(
+    conn: sqlite3.Connection,
+    case_id: str,
+    *,
+    branches: Sequence[str] = (),
+    fingerprints: Sequence[str] = (),
+    since: str | None = None,
+    until: str | None = None,
+    limit: int = 500,
+    size: int | None = None,
+) -> list[dict[str, Any]]:
+    """A case's measurements with their run, newest first, at most `limit` rows.
+
+    `since`/`until` bound started_at (ISO strings; `until` exclusive). `size` is the case's
+    measurement count when the caller already knows it.
+    """
+    params: dict[str, Any] = {"case": case_id, "limit": limit}
+    where = []
+    if len(branches) == 1:
+        where.append("r.git_branch = :branch")
+        params["branch"] = branches[0]
+    elif branches:
+        # Unary + keeps SQLite from sorting all rows of these branches; it walks by time.
+        marks = ", ".join(f":b{i}" for i in range(len(branches)))
+        where.append(f"+r.git_branch in ({marks})")
+        params.update({f"b{i}": b for i, b in enumerate(branches)})
+    if fingerprints:
+        marks = ", ".join(f":f{i}" for i in range(len(fingerprints)))
+        where.append(f"r.fingerprint in ({marks})")
+        params.update({f"f{i}": f for i, f in enumerate(fingerprints)})
+    if since:
+        where.append("r.started_at >= :since")
+        params["since"] = since
+    if until:
+        where.append("r.started_at < :until")
+        params["until"] = until
+    filters = "".join(f" and {w}" for w in where)
+    if size is None:
+        size = case_size(conn, case_id)
+    if size <= RARE_CASE_ROWS:
+        sql = (
+            f"select {_SERIES_COLUMNS} from measurements m cross join runs r "
+            f"on r.run_id = m.run_id where m.case_id = :case{filters} "
+            "order by r.started_at desc, m.id desc limit :limit"
+        )
+    else:
+        sql = (
+            f"select {_SERIES_COLUMNS} from runs r cross join measurements m "
+            f"on m.run_id = r.run_id and m.case_id = :case where 1{filters} "
+            "order by r.started_at desc limit :limit"
+        )
+    return _dicts(conn.execute(sql, params))
+
+
+def verdicts_for_runs(
+    conn: sqlite3.Connection, run_ids: Iterable[str], *, case_id: str | None = None
+) -> list[dict[str, Any]]:
+    """Verdicts recorded about these candidate runs; [] when the store has no verdicts."""
+    ids = list(dict.fromkeys(run_ids))
+    if not ids or not has_table(conn, "verdicts"):
+        return []
+    out: list[dict[str, Any]] = []
+    for start in range(0, len(ids), 500):  # stay under SQLite's variable limit
+        chunk = ids[start:start + 500]
+        sql = f"select * from verdicts where run_id in ({', '.join('?' for _ in chunk)})"
+        args: list[Any] = list(chunk)
+        if case_id is not None:
+            sql += " and case_id = ?"
+            args.append(case_id)
+        out.extend(_dicts(conn.execute(sql + " order by id", args)))
+    return out
+
+
+def latest_verdicts(conn: sqlite3.Connection, case_id: str) -> list[dict[str, Any]]:
+    """The newest verdict per metric of a case that carries a baseline or a budget."""
+    if not has_table(conn, "verdicts"):
+        return []
+    # Verdicts are written as they are checked, so id order is check order, and the
+    # case_id index (whose entries end in the rowid) walks it newest first without sorting.
+    rows = _dicts(conn.execute(
+        "select * from verdicts where case_id = ? and "
+        "(threshold is not null or budget_bytes is not null) "
+        "order by id desc limit 200", [case_id],
+    ))
+    seen: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        seen.setdefault(row["metric"], row)
+    return list(seen.values())
+
+
+def recent_runs(
+    conn: sqlite3.Connection, *, limit: int = 200, branch: str | None = None
+) -> list[dict[str, Any]]:
+    """The newest runs with their case and failure counts (measurements(run_id) index)."""
+    cols = (
+        "r.run_id, r.started_at, r.git_commit, r.git_branch, r.git_subject, r.git_dirty, "
+        "r.fingerprint, r.env_id, "
+        "(select count(*) from measurements m where m.run_id = r.run_id) as cases, "
+        "(select count(*) from measurements m where m.run_id = r.run_id "
+        " and m.status != 'ok') as failed"
+    )
+    if branch:
+        cur = conn.execute(
+            f"select {cols} from runs r where r.git_branch = ? "
+            "order by r.started_at desc limit ?", [branch, limit],
+        )
+    else:
+        cur = conn.execute(
+            f"select {cols} from runs r order by r.started_at desc limit ?", [limit]
+        )
+    return _dicts(cur)
+
+
+def find_runs(conn: sqlite3.Connection, text: str, *, limit: int = 20) -> list[dict[str, Any]]:
+    """Runs whose id or commit starts with `text` (hex), newest first."""
+    text = text.strip()
+    if not text or not _HEX.match(text):
+        return []
+    # GLOB is case-sensitive, so SQLite answers a prefix GLOB from the index.
+    pattern = text.lower() + "*"
+    return _dicts(conn.execute(
+        "select run_id, started_at, git_commit, git_branch, git_subject, fingerprint from ("
+        " select * from runs where run_id glob :p"
+        " union select * from runs where git_commit glob :p"
+        ") order by started_at desc limit :n",
+        {"p": pattern, "n": limit},
+    ))
+
+
+def run(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
+    """One run's row with its environment, or None."""
+    rows = _dicts(conn.execute("select * from runs where run_id = ?", [run_id]))
+    if not rows:
+        return None
+    row = rows[0]
+    envs = _dicts(conn.execute("select * from environments where env_id = ?", [row["env_id"]]))
+    env = envs[0] if envs else {}
+    for key in ("gpus", "torch_cuda_arch_list", "packages", "env_vars"):
+        if isinstance(env.get(key), str):
+            env[key] = json.loads(env[key])
+    row["environment"] = env
+    if isinstance(row.get("git_notes"), str):
+        row["git_notes"] = json.loads(row["git_notes"])
+    return row
+
+
+def measurements(conn: sqlite3.Connection, run_id: str) -> list[dict[str, Any]]:
+    """A run's measurements, each with its per-device rows under 'devices'."""
+    rows = _dicts(conn.execute(
+        "select * from measurements where run_id = ? order by case_id, id", [run_id]
+    ))
+    for row in rows:
+        for key in ("params", "categories", "notes"):
+            if isinstance(row.get(key), str):
+                row[key] = json.loads(row[key])
+        row["devices"] = _dicts(conn.execute(
+            'select * from device_measurements where measurement_id = ? order by "index"',
+            [row["id"]],
+        ))
+    return rows

@@ -1,0 +1,112 @@
+"""The dashboard's pages. Each module has `render(ctx)`; they share `Context` and helpers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import streamlit as st
+
+from dashboard import data, model
+from memtrack.config import Config
+
+PAGES = ("Overview", "History", "Run detail", "Compare")
+"""Page names, as the sidebar and the `page` query parameter spell them."""
+
+STATUS_LOOK = {  # palette colour, Material icon, table cell background and text colour
+    "failed": ("red", ":material/error:", "#fbd5d5", "#7f1d1d"),
+    "over budget": ("red", ":material/block:", "#fbd5d5", "#7f1d1d"),
+    "regression": ("orange", ":material/trending_up:", "#fde2c4", "#7c3a00"),
+    "near budget": ("yellow", ":material/warning:", "#fdf1bf", "#5f4b00"),
+    "ok": ("green", ":material/check_circle:", "#d9f2de", "#1b5e2b"),
+}
+
+
+def badge(status: str) -> str:
+    """A coloured Markdown badge for a status."""
+    color, icon, _, _ = STATUS_LOOK[status]
+    return f":{color}-badge[{icon} {status}]"
+
+
+def status_cell_style(status: str) -> str:
+    """CSS for a status cell of a table (pandas Styler)."""
+    _, _, background, text = STATUS_LOOK.get(status, STATUS_LOOK["ok"])
+    return f"background-color: {background}; color: {text}; font-weight: 600"
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every page needs: the database, its stamp (the cache key) and the config."""
+
+    db: str
+    key: data.Stamp
+    config: Config | None
+    summary: dict[str, Any]
+    choices: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def base_branch(self) -> str:
+        return self.config.base_branch if self.config else "main"
+
+    def env(self, env_id: str | None) -> dict[str, Any]:
+        return self.choices["environments"].get(env_id) or {}
+
+    def budgets(
+        self, row: dict[str, Any], verdicts: list[dict[str, Any]]
+    ) -> list[model.CaseBudget]:
+        """Budgets for a measurement: the config's today, else those the gate recorded."""
+        found: list[model.CaseBudget] = []
+        if self.config is not None:
+            found = model.budgets_for(self.config.budgets, row,
+                                      model.gpu_names(self.env(row.get("env_id"))))
+        return found or model.verdict_budgets(verdicts)
+
+
+def goto(page: str, **state: Any) -> None:
+    """A callback: switch page (and set its selections) before the next rerun."""
+    st.session_state["page"] = page
+    for k, v in state.items():
+        st.session_state[k] = v
+
+
+def short(sha: str | None) -> str:
+    return (sha or "-")[:10]
+
+
+def when(iso: str | None) -> str:
+    """'2026-01-03 14:05 (2 days ago)'."""
+    if not iso:
+        return "-"
+    try:
+        t = datetime.fromisoformat(iso)
+    except ValueError:
+        return iso
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    secs = (datetime.now(timezone.utc) - t).total_seconds()
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if secs >= size:
+            n = int(secs // size)
+            ago = f"{n} {unit}{'s' if n > 1 else ''} ago"
+            break
+    else:
+        ago = "just now" if secs >= 0 else "in the future"
+    return f"{t.strftime('%Y-%m-%d %H:%M')} ({ago})"
+
+
+def run_label(r: dict[str, Any]) -> str:
+    """'2026-01-03 14:05 · main · 1a2b3c4d5e · subject' for run pickers."""
+    subject = (r.get("git_subject") or "")[:50]
+    failed = f" · {r['failed']} failed" if r.get("failed") else ""
+    return (f"{(r.get('started_at') or '')[:16].replace('T', ' ')} · {r.get('git_branch') or '-'}"
+            f" · {short(r.get('git_commit'))} · {subject}{failed}")
+
+
+def resolve_run(ctx: Context, text: str | None) -> str | None:
+    """A run id from a run id or commit prefix; None when it matches nothing."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    found = data.find_runs(ctx.db, ctx.key, text)
+    return found[0]["run_id"] if found else None

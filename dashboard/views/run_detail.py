@@ -1,0 +1,180 @@
+"""Run detail: where a run ran, each case's exact parameters, breakdown, device gap, errors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, data, model
+from dashboard.views import Context, resolve_run, run_label, short, when
+from memtrack.units import format_seconds, format_size
+
+
+def _pick(ctx: Context) -> None:
+    st.session_state["run"] = st.session_state["run_pick"]
+
+
+def _facts(pairs: list[tuple[str, Any]]) -> None:
+    """A two-column table of facts, tall enough to need no scrolling."""
+    df = pd.DataFrame([{"": k, "value": "-" if v in (None, "", []) else str(v)}
+                       for k, v in pairs])
+    st.dataframe(df, hide_index=True, height=35 * (len(df) + 1) + 3)
+
+
+def _count(n: int | None) -> str:
+    return "-" if n is None else str(n)
+
+
+def _context_tables(run: dict[str, Any]) -> None:
+    env = run["environment"]
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Commit and CI")
+        ci = run.get("ci_event")
+        if run.get("ci_pr_number"):
+            ci = f"{ci} (PR #{run['ci_pr_number']})"
+        _facts([
+            ("run", run["run_id"]), ("started", run["started_at"]),
+            ("finished", run["finished_at"]), ("commit", run["git_commit"]),
+            ("branch", run["git_branch"]), ("subject", run["git_subject"]),
+            ("committed", run["git_committed_at"]),
+            ("dirty", None if run["git_dirty"] is None else bool(run["git_dirty"])),
+            ("merge-base", run["git_merge_base"]), ("base branch", run["git_base_branch"]),
+            ("git notes", "; ".join(run.get("git_notes") or [])), ("CI", ci),
+            ("CI run", run.get("ci_run_url")), ("runner", run.get("ci_runner_name")),
+            ("shard", run.get("shard")), ("suite hash", run.get("suite_hash")),
+        ])
+    with right:
+        st.subheader("Environment")
+        gpus = ", ".join(f"{g.get('name')} ({format_size(g.get('total_bytes'))}, "
+                         f"CC {g.get('compute_capability')}, MIG {g.get('mig_mode') or '-'})"
+                         for g in env.get("gpus") or [])
+        _facts([
+            ("GPUs", gpus or "none (CPU)"), ("driver", env.get("driver")),
+            ("CUDA runtime", env.get("cuda_runtime")), ("cuDNN", env.get("cudnn")),
+            ("NCCL", env.get("nccl")), ("torch", env.get("torch")),
+            ("CUDA arch list", " ".join(env.get("torch_cuda_arch_list") or [])),
+            ("Python", env.get("python")), ("OS", env.get("os")),
+            ("CPU", f"{env.get('cpu')} ({env.get('cpu_count')} cores)"),
+            ("host RAM", format_size(env.get("host_ram_bytes"))),
+            ("fingerprint", env.get("fingerprint")),
+        ])
+        extras = {**(env.get("packages") or {}),
+                  **{f"${k}": v for k, v in (env.get("env_vars") or {}).items()}}
+        if extras:
+            with st.expander("Packages and memory-relevant variables"):
+                _facts(sorted(extras.items()))
+
+
+def _device_gap(ms: list[dict[str, Any]]) -> None:
+    st.subheader("Device vs framework")
+    rows = []
+    for m in ms:
+        for d in m["devices"]:
+            device, reserved = d.get("peak_process_bytes"), d.get("peak_reserved_bytes")
+            if reserved is None:
+                reserved = m.get("peak_reserved_bytes")
+            rows.append({
+                "case": m["case_id"], "GPU": f"{d.get('index')}: {d.get('name')}",
+                "device peak (process)": format_size(device),
+                "framework reserved": format_size(reserved),
+                "gap (context, workspaces, non-torch)": format_size(
+                    None if device is None or reserved is None else device - reserved),
+                "device-wide peak": format_size(d.get("peak_device_used_bytes")),
+                "used before the case": format_size(d.get("used_before_bytes")),
+                "view": d.get("process_view"), "samples": d.get("samples"),
+            })
+    if rows:
+        st.dataframe(pd.DataFrame(rows), hide_index=True)
+        st.caption("The gap is what the framework does not see: the CUDA context, library "
+                   "workspaces and allocations outside PyTorch. A device peak below reserved "
+                   "means the sampler missed a spike.")
+    else:
+        notes = {str(m["device_view_note"]) for m in ms if m.get("device_view_note")}
+        st.caption("No device view in this run" + (f": {'; '.join(sorted(notes))}."
+                                                   if notes else " (a CPU run)."))
+
+
+def render(ctx: Context) -> None:
+    st.title("Run detail")
+    recent = data.recent_runs(ctx.db, ctx.key)
+    labels = {r["run_id"]: run_label(r) for r in recent}
+    left, right = st.columns([1, 2])
+    text = left.text_input("Run id or commit (a prefix will do)", key="run",
+                           bind="query-params", placeholder="the newest run")
+    run_id = resolve_run(ctx, text) if text else recent[0]["run_id"]
+    right.selectbox("... or a recent run", list(labels), key="run_pick",
+                    index=list(labels).index(run_id) if run_id in labels else None,
+                    format_func=lambda r: labels[r], on_change=_pick, args=(ctx,),
+                    placeholder="choose a recent run")
+    if run_id is None:
+        st.warning(f"No run or commit starts with {text!r}.")
+        return
+    run = data.run_detail(ctx.db, ctx.key, run_id)
+    if run is None:
+        st.warning(f"Run {run_id} is gone from the database.")
+        return
+    ms = run["measurements"]
+    failed = [m for m in ms if m["status"] != "ok"]
+    st.markdown(
+        f"**{run['git_subject'] or '(no subject)'}**  \n`{short(run['git_commit'])}` on "
+        f"`{run['git_branch'] or '-'}` · {when(run['started_at'])} · "
+        f"{model.env_label(run['environment'])} · {len(ms)} case{'s' * (len(ms) != 1)}"
+        + (f" · **{len(failed)} failed**" if failed else "")
+    )
+    for m in failed:
+        st.error(f"`{m['case_id']}` **{m['status']}**: {m.get('message') or 'no message'}")
+        if m.get("traceback"):
+            with st.expander(f"Traceback of {m['case_id']}"):
+                st.code(m["traceback"], language="text")
+
+    _context_tables(run)
+
+    st.subheader("Cases")
+    st.dataframe(pd.DataFrame([{
+        "case": m["case_id"], "status": m["status"], "device": m["device"],
+        **{model.METRIC_LABELS[k]: format_size(model.metric_value(m, k))
+           for k in ("allocated", "reserved", "requested", "device", "host")},
+        "weights": format_size(m.get("weights_bytes")),
+        "alloc retries": _count(m.get("num_alloc_retries")), "OOMs": _count(m.get("num_ooms")),
+        "median time": format_seconds(m.get("time_median_s")),
+        "p95 time": format_seconds(m.get("time_p95_s")),
+    } for m in ms]), hide_index=True)
+
+    st.subheader("Breakdown")
+    chart = charts.breakdown_chart(ms)
+    if chart is None:
+        st.caption("No breakdown recorded for these cases.")
+    else:
+        st.altair_chart(chart, width="stretch")
+        st.caption("Weights: the persistent set at the mark; caches: tagged request-sized "
+                   "state; training state: gradients and optimizer state; intermediates: the "
+                   "rest of the framework peak; workspace/runtime: device view minus framework "
+                   "reserved on a GPU, host RSS beyond live tensors on the CPU.")
+
+    _device_gap(ms)
+
+    if run["verdicts"]:
+        st.subheader("Verdicts")
+        st.dataframe(pd.DataFrame([{
+            "case": v["case_id"], "metric": v["metric"], "kind": v["kind"],
+            "blocking": bool(v["blocking"]), "provisional": bool(v["provisional"]),
+            "message": v.get("message"),
+        } for v in run["verdicts"]]), hide_index=True)
+
+    st.subheader("Exact parameters")
+    for m in ms:
+        with st.expander(f"{m['case_id']} · {m['status']}"):
+            st.code(json.dumps({
+                "params": m.get("params"), "seed": m.get("seed"), "dtype": m.get("dtype"),
+                "device": m.get("device"), "warmup": m.get("warmup"),
+                "repeats": m.get("repeats"), "framework view": m.get("framework"),
+                "host peak source": m.get("host_peak_source"),
+                "device view": m.get("device_view") or m.get("device_view_note"),
+                "sample interval (s)": m.get("sample_interval_s"),
+                "categories": {k: format_size(v) for k, v in (m.get("categories") or {}).items()},
+                "notes": m.get("notes"),
+            }, indent=2, default=str), language="json")

@@ -1,0 +1,46 @@
+"""`memtrack backup` and `memtrack export`: keep the history safe, or portable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from memtrack import maintenance
+from memtrack.commands.options import config_option, db_option, resolve
+from memtrack.store import Store
+from memtrack.units import format_size
+
+
+@click.command()
+@click.argument("dest", type=click.Path(path_type=Path))
+@config_option
+@db_option
+@click.option("--overwrite", is_flag=True, help="Replace DEST if it exists.")
+def backup(dest, config_path, db_path, overwrite) -> None:
+    """Copy the database to DEST (a file, or a directory for a time-stamped name).
+
+    The copy is one consistent snapshot, safe to take while a run is being recorded.
+    """
+    _, db = resolve(config_path, db_path)
+    result = maintenance.backup(db, dest, overwrite=overwrite)
+    size = format_size(result.size_bytes)
+    click.echo(f"{result.runs} run(s), {size}, backed up to {result.path}")
+
+
+@click.command(name="export")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
+@config_option
+@db_option
+@click.option("--since", help="Only runs started at or after this date or time (UTC), "
+              "e.g. 2026-01-31.")
+def export(directory, config_path, db_path, since) -> None:
+    """Write every run as a JSON record DIRECTORY/<run_id>.json.
+
+    `memtrack ingest DIRECTORY/*.json` rebuilds a database from them.
+    """
+    _, db = resolve(config_path, db_path)
+    moment = maintenance.parse_since(since) if since else None
+    with Store.open(db, readonly=True) as store:
+        written = maintenance.export_runs(store, directory, since=moment)
+    click.echo(f"{len(written)} run(s) exported to {directory}")

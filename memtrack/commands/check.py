@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from memtrack.commands.options import config_option, db_option, resolve, rich_console
+from memtrack.errors import ConfigError, StoreError
+
+
+def _anchor(value: str | None) -> str | int | None:
+    if value is None:
+        return None
+    return int(value) if value.isdigit() else value
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@click.command()
+@config_option
+@db_option
+@click.option("--run", "run_id", help="The run to check (id or unique prefix).")
+@click.option("--commit", help="Check the newest run of this commit (default: HEAD's).")
+@click.option("--base", "base_branch", help="Base branch (default: the config's base_branch).")
+@click.option("--markdown", "markdown_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write a compact Markdown report here.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write the verdicts as JSON here.")
+@click.option("--no-record", is_flag=True, help="Do not record the verdicts in the database.")
+@click.option("--history", is_flag=True,
+              help="Instead: find the steps of every series on the base branch, and creep "
+                   "against an anchor. Exit 1 when a series crept past creep_tolerance.")
+@click.option("--anchor", help="With --history: a tag or commit, or N (the run N commits "
+                               "ago); default: the config's creep_anchor.")
+@click.option("-k", "--workload", "patterns", multiple=True,
+              help="With --history: only cases whose id contains this text (repeatable).")
+def check(config_path, db_path, run_id, commit, base_branch, markdown_path, json_path,
+          no_record, history, anchor, patterns) -> None:
+    """Compare a run with its baseline and budgets; exit 1 when something blocks.
+
+    Exit status: 0 nothing blocks, 1 something blocks, 2 a usage, config or data error.
+    With GITHUB_STEP_SUMMARY set, a compact Markdown summary is appended there.
+    """
+    from memtrack import report
+    from memtrack.store import Store
+
+    config, db = resolve(config_path, db_path)
+    if not db.is_file():
+        raise StoreError(f"{db}: no such database (record a run with `memtrack run`)")
+    if history and (run_id or commit):
+        raise ConfigError("--history looks at the base branch: it takes no --run or --commit")
+    console = rich_console()
+    with Store.open(db, readonly=history or no_record) as store:
+        if history:
+            from memtrack.trend import analyze_history
+
+            h = analyze_history(store, config, base_branch=base_branch,
+                                patterns=tuple(patterns), anchor=_anchor(anchor))
+            renderables, md, code = (report.history_terminal(h), report.history_markdown(h),
+                                     h.exit_code)
+            data = dataclasses.asdict(h)
+        else:
+            from memtrack.compare import check as run_check
+            from memtrack.compare import save_verdicts
+
+            result = run_check(store, config, run_id=run_id, commit=commit,
+                               base_branch=base_branch)
+            if not no_record:
+                save_verdicts(store, result)
+            renderables, md, code = (report.terminal(result), report.markdown(result),
+                                     result.exit_code)
+            data = report.to_json(result)
+    from rich.text import Text
+
+    for r in renderables:
+        # One verdict, one line: unwrapped lines stay whole in CI logs and for grep.
+        console.print(r, soft_wrap=isinstance(r, Text))
+    if markdown_path:
+        _write(markdown_path, md)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write(md + "\n")
+    if json_path:
+        _write(json_path, json.dumps(data, indent=2, default=str) + "\n")
+    sys.exit(code)

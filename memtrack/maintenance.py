@@ -1,0 +1,143 @@
+"""Keeping the database safe: a consistent backup, and an export to JSON run records.
+
+The database on a CI runner is the only copy of the history unless it is backed up. Two
+ways, both safe while `memtrack run` or `memtrack ingest` writes:
+
+- `backup`: SQLite's online backup API copies every page inside one read transaction, so
+  the copy is a snapshot of one moment even while a writer commits (WAL lets a reader and a
+  writer run side by side). The copy is a single self-contained file (rollback journal, not
+  WAL), checked with `PRAGMA quick_check`.
+- `export_runs`: every run as a portable JSON record, `<run_id>.json`; `memtrack ingest`
+  merges them back by run id, so a database can be rebuilt on any machine and version.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from memtrack.errors import ConfigError, StoreError
+from memtrack.records import write_json
+from memtrack.store import BUSY_TIMEOUT_S, Store
+
+_SAFE_RUN_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+@dataclass(frozen=True)
+class BackupResult:
+    """What `backup` wrote."""
+
+    path: Path
+    runs: int
+    """Runs in the copy."""
+    size_bytes: int
+
+
+def _utc_stamp() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def backup_path(db: Path, dest: Path) -> Path:
+    """`dest` itself, or a new `dest/<db stem>-<UTC time>[-N].db` when `dest` is a directory."""
+    if not dest.is_dir():
+        return dest
+    stem = f"{db.stem}-{_utc_stamp()}"
+    path, n = dest / f"{stem}.db", 1
+    while path.exists():  # several backups within one second
+        path, n = dest / f"{stem}-{n}.db", n + 1
+    return path
+
+
+def backup(db: Path, dest: Path, *, overwrite: bool = False) -> BackupResult:
+    """Copy the live database `db` to `dest` as one consistent snapshot. Raises StoreError."""
+    db = Path(db)
+    target = backup_path(db, Path(dest))
+    if not db.is_file():
+        raise StoreError(f"{db}: no such database")
+    if target.resolve() == db.resolve():
+        raise StoreError(f"{target}: is the database itself")
+    if target.exists() and not overwrite:
+        raise StoreError(f"{target}: already exists (choose another name, or overwrite it)")
+    if not target.parent.is_dir():
+        raise StoreError(f"{target.parent}: no such directory")
+    # Read-only, so a backup can never change the live file; the busy timeout waits out a
+    # writer's checkpoint instead of failing.
+    source = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        try:
+            tables = {r[0] for r in source.execute("select name from sqlite_master")}
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{db}: not a SQLite database ({exc})") from None
+        if "runs" not in tables:
+            raise StoreError(f"{db}: not a memtrack database (no 'runs' table)")
+        tmp.unlink(missing_ok=True)
+        copy = sqlite3.connect(str(tmp), isolation_level=None)
+        try:
+            # pages=-1: all pages in one step, inside one read transaction: a snapshot.
+            source.backup(copy, pages=-1)
+            copy.execute("PRAGMA journal_mode=delete")  # one file, no -wal/-shm beside it
+            check = copy.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise StoreError(f"{target}: the copy failed its integrity check ({check})")
+            runs = copy.execute("select count(*) from runs").fetchone()[0]
+        finally:
+            copy.close()
+        tmp.replace(target)
+    finally:
+        source.close()
+        tmp.unlink(missing_ok=True)
+    return BackupResult(path=target, runs=runs, size_bytes=target.stat().st_size)
+
+
+def parse_since(value: str) -> datetime:
+    """A date or an ISO 8601 time; without a zone it is UTC. Raises ConfigError."""
+    try:
+        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(
+            f"--since: {value!r} is not a date or time (e.g. 2026-01-31 or 2026-01-31T12:00)"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _started(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def export_runs(store: Store, directory: Path, *, since: datetime | None = None) -> list[Path]:
+    """Write each run (started at or after `since`) as `directory/<run_id>.json`, oldest first.
+
+    Rewriting a file that is already there writes the same record again, so an export into
+    the same directory is incremental in effect and always complete.
+    """
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise StoreError(f"{directory}: is not a directory")
+    rows = store.conn.execute("select run_id, started_at from runs order by started_at, run_id")
+    selected = []
+    for run_id, started_at in rows.fetchall():
+        if since is not None:
+            moment = _started(started_at)
+            if moment is None or moment < since:
+                continue
+        if not _SAFE_RUN_ID.match(run_id):
+            raise StoreError(f"{store.path}: run id {run_id!r} cannot be a file name")
+        selected.append(run_id)
+    written = []
+    directory.mkdir(parents=True, exist_ok=True)
+    for run_id in selected:
+        path = directory / f"{run_id}.json"
+        write_json(store.get_run(run_id), path)
+        written.append(path)
+    return written

@@ -1,0 +1,303 @@
+"""Verdicts shown: a terminal table (rich renderables), compact Markdown, and JSON.
+
+Nothing here decides: `memtrack.compare` and `memtrack.trend` do. Blocking items come first
+everywhere; every verdict keeps its one-line arithmetic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from memtrack.compare import CheckResult, Verdict
+from memtrack.units import format_seconds, format_size
+
+if TYPE_CHECKING:
+    from memtrack.trend import HistoryResult
+
+MARKDOWN_LIMIT = 1_000_000
+"""GitHub refuses a job summary over 1 MiB; stay clearly below it."""
+REPORT_VERSION = 1
+
+_ORDER = {"failed": 0, "over_budget": 1, "regression": 2, "time_regression": 3,
+          "environment_changed": 4, "new": 5, "improvement": 6, "ok": 7}
+_STYLE = {"failed": "bold red", "over_budget": "bold red", "regression": "bold red",
+          "time_regression": "yellow", "environment_changed": "yellow", "new": "cyan",
+          "improvement": "green", "ok": "dim"}
+_EMOJI = {"failed": "💥", "over_budget": "⛔", "regression": "🔺", "time_regression": "🐢",
+          "environment_changed": "🔀", "new": "🆕", "improvement": "🔻", "ok": "✅"}
+
+
+def ordered(verdicts: tuple[Verdict, ...] | list[Verdict]) -> list[Verdict]:
+    """Blocking first, then warnings, then the rest; by kind, then case."""
+    return sorted(verdicts, key=lambda v: (not v.blocking, _ORDER.get(v.kind, 9), v.case_id,
+                                           v.metric))
+
+
+def label(v: Verdict) -> str:
+    """'BLOCK regression', 'warn time regression', 'ok' ..."""
+    words = v.kind.replace("_", " ")
+    if v.blocking:
+        return f"BLOCK {words}"
+    if v.kind in ("ok", "improvement", "new"):
+        return words + (" (provisional)" if v.provisional and v.kind != "new" else "")
+    return f"warn {words}"
+
+
+def _value(v: Verdict, x: float | None) -> str:
+    if x is None:
+        return "-"
+    return format_seconds(x) if v.metric == "time" else format_size(int(round(x)))
+
+
+def _delta(v: Verdict) -> str:
+    if v.delta is None:
+        return "-"
+    sign = "+" if v.delta >= 0 else "-"
+    magnitude = (format_seconds(abs(v.delta)) if v.metric == "time"
+                 else format_size(abs(int(round(v.delta)))))
+    pct = f" ({v.delta_pct:+.2f}%)" if v.delta_pct is not None else ""
+    return f"{sign}{magnitude}{pct}"
+
+
+def _budget(v: Verdict) -> str:
+    if v.budget_bytes is None:
+        return "-"
+    if v.candidate_value is None:
+        return format_size(v.budget_bytes)
+    margin = v.budget_bytes - int(v.candidate_value)
+    return f"{format_size(v.budget_bytes)} ({'margin ' if margin >= 0 else 'over '}" \
+           f"{format_size(abs(margin))})"
+
+
+def summary_line(result: CheckResult) -> str:
+    counts: dict[str, int] = {}
+    for v in result.verdicts:
+        counts[v.kind] = counts.get(v.kind, 0) + 1
+    parts = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in
+                      sorted(counts.items(), key=lambda kv: _ORDER.get(kv[0], 9)))
+    blocking = result.blocking
+    head = (f"BLOCKED: {len(blocking)} blocking verdict{'s' * (len(blocking) != 1)}"
+            if blocking else "passed: nothing blocks")
+    return f"{head} ({parts or 'no verdicts'})"
+
+
+def _where(result: CheckResult) -> str:
+    commit = (result.commit or "no commit")[:12]
+    return f"run {result.run_id[:12]} of {commit} ({result.branch or 'no branch'})"
+
+
+def _baseline_line(result: CheckResult) -> str:
+    if result.baseline_mode == "ancestry":
+        how = f"at or before merge-base {(result.merge_base or '?')[:12]}"
+    else:
+        how = "by commit time (see note)"
+    return (f"baseline: runs on {result.base_branch} {how}, same environment "
+            f"({result.fingerprint[:12]})")
+
+
+# -- terminal -------------------------------------------------------------------------------
+
+
+def terminal(result: CheckResult) -> list[Any]:
+    """Rich renderables: header, table, one arithmetic line per verdict, the outcome."""
+    from rich.table import Table
+    from rich.text import Text
+
+    out: list[Any] = [Text(f"memtrack check · {_where(result)} against {result.base_branch}",
+                           style="bold"), Text(_baseline_line(result))]
+    for note in result.notes:
+        out.append(Text(f"note: {note}", style="yellow"))
+    for change in result.budget_changes:
+        out.append(Text(change.describe(), style="magenta"))
+    verdicts = ordered(result.verdicts)
+    t = Table(title_justify="left")
+    for col in ("verdict", "case", "metric", "baseline", "threshold", "candidate", "delta",
+                "budget"):
+        t.add_column(col, justify="right" if col in ("baseline", "threshold", "candidate",
+                                                      "delta", "budget") else "left")
+    for v in verdicts:
+        cells = (v.case_id, v.metric, _value(v, v.baseline_value), _value(v, v.threshold),
+                 _value(v, v.candidate_value), _delta(v), _budget(v))
+        # Text, not str: case ids like 'w[batch=8]' would be read as rich markup.
+        t.add_row(Text(label(v), style=_STYLE.get(v.kind, "")), *(Text(c) for c in cells))
+    out.append(t)
+    for v in verdicts:
+        out.append(Text(f"{label(v)} · {v.case_id} · {v.message}",
+                        style=_STYLE.get(v.kind, "") if v.kind != "ok" else ""))
+        for line in v.details:
+            out.append(Text(f"    {line}", style="dim"))
+    out.append(Text(summary_line(result), style="bold red" if result.blocking else "bold green"))
+    return out
+
+
+# -- Markdown -------------------------------------------------------------------------------
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _md_row(v: Verdict) -> str:
+    cells = [f"{_EMOJI.get(v.kind, '')} {label(v)}", f"`{v.case_id}`", v.metric,
+             _value(v, v.baseline_value), _value(v, v.threshold), _value(v, v.candidate_value),
+             _delta(v), _budget(v)]
+    return "| " + " | ".join(_cell(c) for c in cells) + " |"
+
+
+_MD_HEAD = ("| verdict | case | metric | baseline | threshold | candidate | delta | budget |\n"
+            "|---|---|---|--:|--:|--:|--:|--:|")
+
+
+def _md_item(v: Verdict) -> str:
+    lines = [f"- **{label(v)}** `{v.case_id}`: {_cell(v.message)}"]
+    lines += [f"  - {_cell(d)}" for d in v.details]
+    return "\n".join(lines)
+
+
+def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT) -> str:
+    """A compact summary: outcome, blocking items with their arithmetic, warnings, and the
+    full table folded in <details>; cut to stay under `limit` bytes."""
+    verdicts = ordered(result.verdicts)
+    blocking = [v for v in verdicts if v.blocking]
+    warnings = [v for v in verdicts if not v.blocking and v.kind not in ("ok", "improvement",
+                                                                          "new")]
+    others = [v for v in verdicts if not v.blocking and v.kind in ("improvement", "new")]
+    icon = "❌" if blocking else "✅"
+    head = [f"## {icon} memtrack check: {summary_line(result)}", "",
+            f"{_where(result)} against `{result.base_branch}`. {_baseline_line(result)}.", ""]
+    for note in result.notes:
+        head += [f"> **Note:** {_cell(note)}", ""]
+    if result.budget_changes:
+        head.append("**Budget changes in this revision:**")
+        head += [f"- {_cell(c.describe())}" for c in result.budget_changes]
+        head.append("")
+    body: list[str] = []
+    for title, items in (("Blocking", blocking), ("Warnings", warnings),
+                         ("Improvements and new cases", others)):
+        if items:
+            body += [f"### {title}", "", _MD_HEAD, *(_md_row(v) for v in items), ""]
+            body += [_md_item(v) for v in items]
+            body.append("")
+    fixed = "\n".join(head + body)
+    tail = "</details>\n"
+    opening = (f"<details><summary>All {len(verdicts)} verdicts with their arithmetic"
+               f"</summary>\n\n{_MD_HEAD}")
+    budget = limit - len(fixed.encode()) - len(opening.encode()) - len(tail.encode()) - 200
+    rows: list[str] = []
+    lines: list[str] = []
+    used = 0
+    shown = 0
+    for v in verdicts:
+        row, item = _md_row(v), _md_item(v)
+        size = len(row.encode()) + len(item.encode()) + 2
+        if used + size > budget:
+            break
+        rows.append(row)
+        lines.append(item)
+        used += size
+        shown += 1
+    details = [opening, *rows, "", *lines, ""]
+    if shown < len(verdicts):
+        details.append(f"_{len(verdicts) - shown} more verdicts not shown (size limit); "
+                       "see the JSON report or the dashboard._\n")
+    text = fixed + "\n" + "\n".join(details) + tail
+    if len(text.encode()) > limit:  # the fixed part alone is too big: keep the outcome
+        text = "\n".join(head[:3]) + "\n\n_(report cut to the size limit; see the JSON report)_\n"
+    return text
+
+
+# -- JSON ----------------------------------------------------------------------------------
+
+
+def to_json(result: CheckResult) -> dict[str, Any]:
+    """The whole result as plain data, for machines."""
+    data = dataclasses.asdict(result)
+    data["verdicts"] = [dataclasses.asdict(v) for v in ordered(result.verdicts)]
+    data["exit_code"] = result.exit_code
+    data["blocking"] = len(result.blocking)
+    data["summary"] = summary_line(result)
+    data["report_version"] = REPORT_VERSION
+    return data
+
+
+# -- history --------------------------------------------------------------------------------
+
+
+def history_terminal(h: HistoryResult) -> list[Any]:
+    from rich.table import Table
+    from rich.text import Text
+
+    out: list[Any] = [Text(f"memtrack history · {h.base_branch} · {h.series} series, "
+                           f"{h.commits} commits, environment {h.fingerprint[:12]}",
+                           style="bold")]
+    out += [Text(f"note: {n}", style="yellow") for n in h.notes]
+    steps = Table(title="steps: the commits where a series moved", title_justify="left")
+    for col in ("case", "metric", "commit", "subject", "before", "after", "delta"):
+        steps.add_column(col)
+    for s in h.steps:
+        steps.add_row(*(Text(c) for c in (
+            s.case_id, s.metric, s.commit[:12], (s.subject or "")[:50],
+            format_size(int(s.before)), format_size(int(s.after)),
+            f"{_signed(s.delta)} ({s.delta_pct:+.2f}%)")))
+    out.append(steps if h.steps else Text("steps: none found"))
+    creep = Table(title=f"creep against {h.anchor_label}", title_justify="left")
+    for col in ("", "case", "metric", "anchor", "latest", "growth", "allowed", "steps"):
+        creep.add_column(col)
+    for c in h.creeps:
+        creep.add_row(Text(_creep_label(c), style="bold red" if c.flagged else "dim"),
+                      *(Text(x) for x in (
+                          c.case_id, c.metric,
+                          f"{format_size(int(c.anchor_value))} @{c.anchor_commit[:10]}",
+                          format_size(int(c.latest_value)),
+                          f"{_signed(c.delta)} ({c.delta_pct:+.2f}%)",
+                          format_size(int(c.allowed)), str(c.steps_between))))
+    out.append(creep if h.creeps else Text("creep: no series reaches back to the anchor"))
+    for c in h.creeps:
+        if c.flagged:
+            out.append(Text(f"{_creep_label(c)} · {c.case_id} · {c.message}", style="red"))
+    out.append(Text(_history_summary(h), style="bold red" if h.exit_code else "bold green"))
+    return out
+
+
+def _creep_label(c: Any) -> str:
+    """CREEP: grown with no step to blame; GROWTH: grown, and steps explain it."""
+    if not c.flagged:
+        return "ok"
+    return "GROWTH" if c.steps_between else "CREEP"
+
+
+def _history_summary(h: HistoryResult) -> str:
+    flagged = sum(c.flagged for c in h.creeps)
+    return (f"{len(h.steps)} step(s), {flagged} series grown past the tolerance since the "
+            "anchor")
+
+
+def _signed(x: float) -> str:
+    return ("+" if x >= 0 else "-") + format_size(abs(int(round(x))))
+
+
+def history_markdown(h: HistoryResult, *, limit: int = MARKDOWN_LIMIT) -> str:
+    flagged = [c for c in h.creeps if c.flagged]
+    lines = [f"## {'❌' if flagged else '✅'} memtrack history: {_history_summary(h)}", "",
+             f"Base branch `{h.base_branch}`, {h.series} series over {h.commits} commits; "
+             f"creep against {h.anchor_label}.", ""]
+    for n in h.notes:
+        lines += [f"> **Note:** {_cell(n)}", ""]
+    if flagged:
+        lines += ["", "### Grown since the anchor", ""] + [
+            f"- **{_creep_label(c)}** `{c.case_id}` {c.metric}: {_cell(c.message)}"
+            for c in flagged]
+    if h.steps:
+        lines += ["", "<details><summary>Steps</summary>", "",
+                  "| case | metric | commit | subject | before | after | delta |",
+                  "|---|---|---|---|--:|--:|--:|"]
+        for s in h.steps:
+            lines.append(f"| `{s.case_id}` | {s.metric} | `{s.commit[:12]}` | "
+                         f"{_cell((s.subject or '')[:60])} | {format_size(int(s.before))} | "
+                         f"{format_size(int(s.after))} | {_signed(s.delta)} "
+                         f"({s.delta_pct:+.2f}%) |")
+        lines += ["", "</details>"]
+    text = "\n".join(lines) + "\n"
+    return text if len(text.encode()) <= limit else text.encode()[:limit - 100].decode(
+        "utf-8", "ignore") + "\n\n_(cut to the size limit)_\n"

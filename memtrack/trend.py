@@ -1,0 +1,295 @@
+"""The base branch's history: the commits where a series stepped, and slow creep.
+
+A per-PR threshold sees one change at a time; it misses ten changes that each stay inside
+the headroom. `analyze_history` finds the steps of every memory series along the base
+branch (change points from `ruptures`, kept only where the move exceeds the same justified
+headroom as a verdict) and measures each series' growth since an anchor (a tag, or the run
+N commits ago) against a tolerance. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memtrack.compare import FLOORS, MEMORY_METRICS, git_output, iso_epoch
+from memtrack.config import Config
+from memtrack.store import Store
+from memtrack.units import format_size
+
+_COLUMNS = {
+    "allocated": "peak_allocated_bytes",
+    "reserved": "peak_reserved_bytes",
+    "requested": "peak_requested_bytes",
+    "device": "device_peak_bytes",
+    "host": "host_peak_rss_bytes",
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    """A commit where a series moved by more than its headroom."""
+
+    case_id: str
+    metric: str
+    commit: str
+    """The first commit at the new level: the one that introduced the change."""
+    previous_commit: str
+    """The last commit at the old level (recorded runs only; commits between had none)."""
+    subject: str | None
+    before: float
+    """Median of the segment before the step."""
+    after: float
+    delta: float
+    delta_pct: float
+    headroom: float
+    """max(factor x noise, floor): the smallest move reported."""
+
+
+@dataclass(frozen=True)
+class Creep:
+    """A series' growth since the anchor."""
+
+    case_id: str
+    metric: str
+    anchor_commit: str
+    anchor_value: float
+    latest_commit: str
+    latest_value: float
+    delta: float
+    delta_pct: float
+    allowed: float
+    """max(headroom, tolerance x anchor value)."""
+    flagged: bool
+    steps_between: int
+    """Steps found between the anchor and the latest point; 0 with a flag: slow creep."""
+    message: str
+
+
+@dataclass(frozen=True)
+class HistoryResult:
+    base_branch: str
+    fingerprint: str
+    anchor_label: str
+    series: int
+    commits: int
+    steps: tuple[Step, ...]
+    creeps: tuple[Creep, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def exit_code(self) -> int:
+        """1 when a series crept past the tolerance, else 0 (steps are already merged)."""
+        return 1 if any(c.flagged for c in self.creeps) else 0
+
+
+@dataclass(frozen=True)
+class _Point:
+    position: int
+    """Order along the base branch (first-parent position, or time order)."""
+    commit: str
+    subject: str | None
+    values: dict[str, float]
+
+
+def noise(values: list[float]) -> float:
+    """Robust noise of a series from its successive differences (a step moves one
+    difference only): 1.4826 x MAD(diff) / sqrt(2)."""
+    if len(values) < 3:
+        return 0.0
+    diffs = [b - a for a, b in zip(values[:-1], values[1:], strict=True)]
+    med = statistics.median(diffs)
+    return 1.4826 * statistics.median(abs(d - med) for d in diffs) / 2**0.5
+
+
+def find_steps(values: list[float], room: float, sigma: float) -> list[int]:
+    """Indexes where a new level starts, moved by more than `room` (bytes)."""
+    if len(values) < 2 or room <= 0:
+        return []
+    import numpy as np
+    import ruptures as rpt  # imported here: only `check --history` needs it
+
+    center = statistics.median(values)
+    signal = (np.asarray(values, dtype=float) - center) / room
+    # In units of the headroom the noise is at most 1/factor. The BIC-like penalty
+    # 2 sigma^2 ln(n) keeps noise from splitting a series; the 0.25 minimum keeps an exactly
+    # flat (deterministic) series from splitting on sub-headroom wiggles.
+    sigma_n = sigma / room
+    pen = max(2 * sigma_n**2 * np.log(len(values)), 0.25)
+    ends = rpt.Pelt(model="l2", min_size=1, jump=1).fit(signal).predict(pen=pen)
+    # A change point is kept only where the segments' medians differ by more than the room.
+    out = []
+    bounds = [0, *ends]
+    for i in range(1, len(bounds) - 1):
+        before = values[bounds[i - 1]:bounds[i]]
+        after = values[bounds[i]:bounds[i + 1]]
+        if abs(statistics.median(after) - statistics.median(before)) > room:
+            out.append(bounds[i])
+    return out
+
+
+def _order(root: Path, base_branch: str, notes: list[str]) -> dict[str, int] | None:
+    for ref in (base_branch, f"origin/{base_branch}"):
+        out = git_output(root, "log", "--first-parent", "--format=%H", "-n", "100000", ref)
+        if out:
+            commits = out.split()
+            return {c: len(commits) - i for i, c in enumerate(commits)}
+    notes.append(f"branch {base_branch!r} not found in the repository at {root}: commits "
+                 "ordered by commit time")
+    return None
+
+
+def _series(store: Store, base_branch: str, limit: int, patterns: tuple[str, ...],
+            order: dict[str, int] | None, notes: list[str]) -> tuple[str, dict[str, list[_Point]]]:
+    newest = store.conn.execute(
+        "select fingerprint from runs where git_branch = ? order by started_at desc limit 1",
+        [base_branch]).fetchone()
+    if newest is None:
+        return "", {}
+    fp = newest[0]
+    other = store.conn.execute(
+        "select count(*) from runs where git_branch = ? and fingerprint != ?",
+        [base_branch, fp]).fetchone()[0]
+    if other:
+        notes.append(f"{other} run(s) on {base_branch} of other environments are left out: "
+                     "a change of driver, torch or GPU is not a step in the code")
+    rows = store.conn.execute(
+        "select r.git_commit, r.git_subject, r.started_at, r.git_committed_at, m.case_id, "
+        f"{', '.join('m.' + c for c in _COLUMNS.values())} "
+        "from (select * from runs where git_branch = ? and fingerprint = ? "
+        "      order by started_at desc limit ?) r "
+        "join measurements m on m.run_id = r.run_id where m.status = 'ok'",
+        [base_branch, fp, limit]).fetchall()
+    per: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    times: dict[str, float] = {}
+    subjects: dict[str, str | None] = {}
+    dropped: set[str] = set()
+    for r in rows:
+        commit = r["git_commit"]
+        if not commit or (patterns and not any(p in r["case_id"] for p in patterns)):
+            continue
+        if order is not None and commit not in order:
+            dropped.add(commit)
+            continue
+        per[(r["case_id"], commit)].append(r)
+        t = iso_epoch(r["git_committed_at"]) or iso_epoch(r["started_at"]) or 0.0
+        times[commit] = min(times.get(commit, t), t)
+        subjects[commit] = r["git_subject"]
+    if dropped:
+        notes.append(f"{len(dropped)} recorded commit(s) are not on the first-parent history "
+                     f"of {base_branch} (rewritten?): left out")
+    if order is None:
+        ranked = sorted(times, key=lambda c: times[c])
+        order = {c: i for i, c in enumerate(ranked)}
+    series: dict[str, list[_Point]] = defaultdict(list)
+    for (case, commit), runs in per.items():
+        values = {}
+        for metric, col in _COLUMNS.items():
+            xs = [r[col] for r in runs if r[col] is not None]
+            if xs:
+                values[metric] = float(statistics.median(xs))
+        series[case].append(_Point(order[commit], commit, subjects[commit], values))
+    for points in series.values():
+        points.sort(key=lambda p: p.position)
+    return fp, dict(series)
+
+
+def _anchor_position(root: Path, anchor: str | int, base_branch: str,
+                     order: dict[str, int] | None, newest: int,
+                     notes: list[str]) -> tuple[int | None, str]:
+    if isinstance(anchor, int):
+        return newest - anchor, f"the run {anchor} commits before the newest"
+    sha = git_output(root, "rev-parse", "--verify", "--quiet", f"{anchor}^{{commit}}")
+    if sha is None:
+        notes.append(f"creep anchor {anchor!r} is not a revision in {root}: creep not measured")
+        return None, f"{anchor} (unknown)"
+    if order is not None and sha not in order:
+        mb = git_output(root, "merge-base", sha, base_branch)
+        sha = mb if mb else sha
+    if order is None or sha not in order:
+        notes.append(f"creep anchor {anchor!r} is not on the history of {base_branch}: "
+                     "creep not measured")
+        return None, f"{anchor} ({sha[:12]})"
+    return order[sha], f"{anchor} ({sha[:12]})"
+
+
+def analyze_history(store: Store, config: Config, *, root: Path | None = None,
+                    base_branch: str | None = None, patterns: tuple[str, ...] = (),
+                    anchor: str | int | None = None, limit: int = 2000) -> HistoryResult:
+    """Steps and creep of every memory series on the base branch (newest `limit` runs)."""
+    root = root or config.root
+    base = base_branch or config.base_branch
+    anchor = config.creep_anchor if anchor is None else anchor
+    notes: list[str] = []
+    order = _order(root, base, notes)
+    fp, series = _series(store, base, limit, patterns, order, notes)
+    if not series:
+        notes.append(f"no runs recorded on {base}: nothing to analyse")
+        return HistoryResult(base, fp, str(anchor), 0, 0, (), (), tuple(notes))
+    newest = max(p.position for points in series.values() for p in points)
+    anchor_pos, anchor_label = _anchor_position(root, anchor, base, order, newest, notes)
+    steps: list[Step] = []
+    creeps: list[Creep] = []
+    count = 0
+    for case_id in sorted(series):
+        points = series[case_id]
+        for metric in MEMORY_METRICS:
+            pts = [p for p in points if metric in p.values]
+            if len(pts) < 2:
+                continue
+            count += 1
+            values = [p.values[metric] for p in pts]
+            sigma = noise(values)
+            room = max(config.headroom_factor * sigma, float(FLOORS[metric]))
+            case_steps = []
+            for i in find_steps(values, room, sigma):
+                before = statistics.median(values[:i][-20:])
+                after = statistics.median(values[i:][:20])
+                delta = after - before
+                case_steps.append(Step(case_id, metric, pts[i].commit, pts[i - 1].commit,
+                                       pts[i].subject, before, after, delta,
+                                       100 * delta / before if before else 0.0, room))
+            steps.extend(case_steps)
+            if anchor_pos is None:
+                continue
+            at = [p for p in pts if p.position <= anchor_pos]
+            if not at or at[-1] is pts[-1]:
+                continue
+            a, latest = at[-1], pts[-1]
+            a_value, l_value = a.values[metric], latest.values[metric]
+            delta = l_value - a_value
+            allowed = max(room, config.creep_tolerance * a_value)
+            between = [s for s in case_steps
+                       if a.position < next(p.position for p in pts if p.commit == s.commit)
+                       <= latest.position]
+            pct = 100 * delta / a_value if a_value else 0.0
+            flagged = delta > allowed
+            if between:
+                biggest = max(between, key=lambda s: s.delta)
+                how = (f"{len(between)} step(s) between, the largest "
+                       f"{_signed(biggest.delta)} at {biggest.commit[:12]}")
+            else:
+                how = "no single step: slow creep" if flagged else "no step between"
+            message = (
+                f"{metric}: {format_size(int(l_value))} at {latest.commit[:12]} vs "
+                f"{format_size(int(a_value))} at anchor {a.commit[:12]}: "
+                f"{_signed(delta)} ({pct:+.2f}%) "
+                f"{'>' if flagged else '<='} allowed {format_size(int(allowed))} = max(headroom "
+                f"{format_size(int(room))}, tolerance {config.creep_tolerance:.1%}); {how}")
+            creeps.append(Creep(case_id, metric, a.commit, a_value, latest.commit, l_value,
+                                delta, pct, allowed, flagged, len(between), message))
+    commits = len({p.commit for points in series.values() for p in points})
+    steps.sort(key=lambda s: (s.case_id, s.metric))
+    creeps.sort(key=lambda c: (not c.flagged, c.case_id, c.metric))
+    return HistoryResult(base, fp, anchor_label, count, commits, tuple(steps), tuple(creeps),
+                         tuple(notes))
+
+
+def _signed(x: float) -> str:
+    return ("+" if x >= 0 else "-") + format_size(abs(int(round(x))))
+
+
+__all__ = ["Creep", "HistoryResult", "Step", "analyze_history", "find_steps", "noise"]

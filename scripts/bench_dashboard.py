@@ -1,0 +1,213 @@
+"""How quickly the dashboard renders on a large store.
+
+Seeds a temporary database with 100,000 runs (six workload cases each, a base branch and
+feature branches, a CPU environment and two GPU environments with a driver upgrade between
+them, a few failures), then renders the overview and a history page through Streamlit's
+AppTest and prints the times. Goal: each under 2 s.
+
+    python scripts/bench_dashboard.py [--runs 100000] [--db PATH] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sqlite3
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = ROOT / "dashboard" / "app.py"
+MiB = 2**20
+GiB = 2**30
+
+CASES: list[tuple[str, dict[str, Any], int, int]] = [
+    # (workload, params, base framework peak, weights)
+    ("decoder_generate", {"batch": 1, "dtype": "bfloat16", "seq_len": 4096}, 3 * GiB, 2 * GiB),
+    ("decoder_generate", {"batch": 8, "dtype": "bfloat16", "seq_len": 4096}, 9 * GiB, 2 * GiB),
+    ("decoder_generate", {"batch": 8, "dtype": "float32", "seq_len": 4096}, 17 * GiB, 4 * GiB),
+    ("train_step", {"batch": 16, "dtype": "float32"}, 6 * GiB, 1 * GiB),
+    ("train_step", {"batch": 64, "dtype": "bfloat16"}, 11 * GiB, 1 * GiB),
+    ("vision_forward", {"batch": 32, "resolution": 1024}, 5 * GiB, GiB // 2),
+]
+ENVS: list[tuple[str, str, str | None, str | None, str]] = [
+    # (env_id, fingerprint, gpu name or None, driver, torch)
+    ("cpu0000000000001", "cpu-fp", None, None, "2.13.0+cpu"),
+    ("h200000000000001", "h200-fp-1", "NVIDIA H200", "570.86", "2.13.0+cu128"),
+    ("h200000000000002", "h200-fp-2", "NVIDIA H200", "580.65", "2.14.1+cu130"),
+]
+BRANCHES = ["main"] * 12 + [f"feature/{i:02d}" for i in range(20)]
+
+
+def case_id(workload: str, params: dict[str, Any]) -> str:
+    inner = ",".join(f"{k}={params[k]}" for k in sorted(params))
+    return f"{workload}[{inner}]"
+
+
+def seed(path: Path, n_runs: int, rng: random.Random) -> int:
+    """Create the schema through the store, then bulk-insert `n_runs` runs in one transaction."""
+    sys.path.insert(0, str(ROOT))
+    from memtrack.store import Store
+
+    Store.open(path).close()  # migrations: the schema exactly as memtrack makes it
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=wal")
+    conn.execute("PRAGMA synchronous=off")
+    conn.execute("BEGIN")
+    for env_id, fp, gpu_name, driver, torch in ENVS:
+        gpus = [] if gpu_name is None else [{"index": 0, "name": gpu_name, "uuid": "GPU-0",
+                                             "total_bytes": 141 * GiB,
+                                             "compute_capability": "9.0", "mig_mode": None}]
+        conn.execute(
+            "insert into environments (env_id, fingerprint, gpus, driver, cuda_runtime, torch, "
+            "python, os, cpu, cpu_count, host_ram_bytes, packages, env_vars, "
+            "torch_cuda_arch_list) values (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            [env_id, fp, json.dumps(gpus), driver, None if gpu_name is None else "13.0", torch,
+             "3.11.7", "Linux", "bench cpu", 16, 128 * GiB, "{}", "{}", "[]"],
+        )
+    start = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    runs, meas = [], []
+    device_rows, verdicts = [], []
+    next_mid = 1
+    drift = [0] * len(CASES)
+    for i in range(n_runs):
+        at = (start + timedelta(minutes=10 * i)).isoformat(timespec="seconds")
+        branch = rng.choice(BRANCHES)
+        if i % 50 == 0:
+            env = ENVS[0]
+        else:
+            env = ENVS[1] if i < n_runs * 0.7 else ENVS[2]
+        commit = f"{rng.getrandbits(160):040x}"
+        run_id = f"{rng.getrandbits(128):032x}"
+        runs.append((run_id, at, at, at, "suite", None, None, 1, env[0], env[1], commit, branch,
+                     None, f"commit {i}: change something", at, 0, "main", commit, 0, "[]"))
+        if branch == "main" and rng.random() < 0.002:  # an occasional real step on main
+            k = rng.randrange(len(CASES))
+            drift[k] += rng.choice((1, -1)) * rng.randrange(1, 64) * MiB
+        for k, (workload, params, peak, weights) in enumerate(CASES):
+            gpu = env[2] is not None
+            failed = rng.random() < 0.003
+            alloc = peak + drift[k] + (0 if gpu else -peak // 2)
+            reserved = alloc + 2 * MiB * rng.randrange(0, 40)
+            device = reserved + 480 * MiB + rng.randrange(0, 8) * MiB
+            seen = gpu and not failed  # the CPU has no reserved or device view
+            status = rng.choice(("oom", "error", "timeout")) if failed else "ok"
+            t = 0.05 * (k + 1) * (1 + rng.random() * 0.05)
+            meas.append((
+                next_mid, run_id, workload, case_id(workload, params), json.dumps(params), 0,
+                "cuda" if gpu else "cpu", params.get("dtype"), 1, 3, status,
+                f"{status}: synthetic" if failed else None,
+                None if failed else alloc, reserved if seen else None,
+                device if seen else None, 2 * GiB + rng.randrange(0, 64) * MiB,
+                weights, None if failed else alloc - weights,
+                device - reserved if seen else None,
+                t, t * 1.1, t * 0.95, 2.0 + t * 6,
+            ))
+            if i % 10 == 0 and not failed:  # the gate checked every tenth run
+                budget = int(peak * 1.15)
+                verdicts.append((run_id, case_id(workload, params), workload, "allocated",
+                                 "over_budget" if alloc > budget else "ok", int(alloc > budget),
+                                 0, alloc, 0.0, 3.0, 512.0, alloc + 4 * MiB, alloc, 0.0, 0.0,
+                                 budget, "fits the serving GPU", 20, "ok", at))
+            if seen:
+                device_rows.append((next_mid, 0, "GPU-0", env[2], 141 * GiB, 600 * MiB,
+                                    device + 600 * MiB, device, "pid", alloc, reserved, 100))
+            next_mid += 1
+    conn.executemany(
+        "insert into runs (run_id, started_at, finished_at, recorded_at, suite_hash, "
+        "config_path, shard, schema_version, env_id, fingerprint, git_commit, git_branch, "
+        "git_parent, git_subject, git_committed_at, git_dirty, git_base_branch, "
+        "git_merge_base, git_shallow, git_notes) values "
+        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", runs,
+    )
+    conn.executemany(
+        "insert into measurements (id, run_id, workload, case_id, params, seed, device, dtype, "
+        "warmup, repeats, status, message, peak_allocated_bytes, peak_reserved_bytes, "
+        "device_peak_bytes, host_peak_rss_bytes, weights_bytes, intermediates_bytes, "
+        "workspace_bytes, time_median_s, time_p95_s, time_min_s, duration_s) values "
+        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", meas,
+    )
+    conn.executemany(
+        'insert into device_measurements (measurement_id, "index", uuid, name, total_bytes, '
+        "used_before_bytes, peak_device_used_bytes, peak_process_bytes, process_view, "
+        "peak_allocated_bytes, peak_reserved_bytes, samples) values (?,?,?,?,?,?,?,?,?,?,?,?)",
+        device_rows,
+    )
+    conn.executemany(
+        "insert into verdicts (run_id, case_id, workload, metric, kind, blocking, provisional, "
+        "baseline_value, spread, factor, floor, threshold, candidate_value, delta, delta_pct, "
+        "budget_bytes, budget_reason, baseline_runs, message, checked_at) values "
+        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", verdicts,
+    )
+    conn.execute("COMMIT")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return len(meas)
+
+
+def render(db: Path, query_params: dict[str, str]) -> tuple[float, float]:
+    """Seconds for a first AppTest render of a page with empty caches (what a new visitor
+    waits for, AppTest's own start-up included), and for a rerun of it (an interaction)."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    sys.argv = [str(APP), "--db", str(db)]
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    for k, v in query_params.items():
+        at.query_params[k] = v
+    t0 = time.perf_counter()
+    at.run()
+    first = time.perf_counter() - t0
+    if at.exception:
+        raise SystemExit(f"the app raised: {at.exception[0].message}")
+    if at.error:
+        raise SystemExit(f"the app showed an error: {at.error[0].value}")
+    t0 = time.perf_counter()
+    at.run()
+    return first, time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=100_000)
+    parser.add_argument("--db", type=Path, help="Seed (or reuse, with --keep) this file.")
+    parser.add_argument("--keep", action="store_true", help="Reuse --db if it exists.")
+    args = parser.parse_args()
+    tmp = tempfile.TemporaryDirectory()
+    db = args.db or Path(tmp.name) / "bench.db"
+    if not (args.keep and db.exists()):
+        db.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        n = seed(db, args.runs, random.Random(0))
+        print(f"seeded {args.runs:,} runs, {n:,} measurements in "
+              f"{time.perf_counter() - t0:.1f} s ({db.stat().st_size / 2**20:.0f} MiB)")
+    case = case_id(CASES[1][0], CASES[1][1])
+    pages = [
+        ("overview", {}),
+        ("history", {"page": "History", "case": case}),
+    ]
+    # Clearing caches outside a server logs warnings on every render: keep the figures
+    # readable.
+    logging.disable(logging.WARNING)
+    cold, _ = render(db, {})
+    print(f"overview in a fresh process (imports of Streamlit, Altair, pandas included): "
+          f"{cold:.2f} s")
+    for name, qp in pages:
+        times = [render(db, qp) for _ in range(3)]
+        first = max(t for t, _ in times)
+        rerun = max(t for _, t in times)
+        print(f"{name:8}: first render {first:.2f} s (worst of 3, empty caches; goal < 2 s), "
+              f"rerun {rerun:.2f} s")
+    tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,434 @@
+"""The dashboard through Streamlit's AppTest, on a real SQLite store seeded through Store."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import date
+from pathlib import Path
+
+import pytest
+from factories import CPU_ENV, GPU_ENV, MiB, make_measurement, make_run
+
+from memtrack.store import Store
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = ROOT / "dashboard" / "app.py"
+sys.path.insert(0, str(ROOT))
+
+from dashboard import model  # noqa: E402
+
+D1 = "decoder[batch=1]"
+D8 = "decoder[batch=8]"
+TRAIN = "training[batch=4]"
+VISION = "vision[res=512]"
+
+CONFIG = """
+base_branch = "main"
+
+[[budgets]]
+workload = "decoder[batch=8]"
+limit = "300 MiB"
+metric = "allocated"
+reason = "one serving slice"
+
+[[budgets]]
+workload = "decoder"
+limit = "200 MiB"
+metric = "allocated"
+reason = "every decoder case fits a small slice"
+"""
+
+VERDICTS_TABLE = """
+create table if not exists verdicts (
+    id integer primary key, run_id text, case_id text, workload text, metric text, kind text,
+    blocking integer, provisional integer, baseline_value real, spread real, factor real,
+    floor real, threshold real, candidate_value real, delta real, delta_pct real,
+    budget_bytes integer, budget_reason text, baseline_runs integer, message text,
+    checked_at text
+)
+"""
+
+
+def _suite(i: int, gpu: bool, *, d8: int, failed_vision: bool = False) -> list:
+    kw = dict(device="cuda") if gpu else {}
+
+    def gpu_figures(peak: int) -> dict:
+        return dict(reserved=peak + 20 * MiB, device_peak=peak + 520 * MiB) if gpu else {}
+
+    return [
+        make_measurement("decoder", {"batch": 1}, peak=180 * MiB, **kw, **gpu_figures(180 * MiB)),
+        make_measurement("decoder", {"batch": 8}, peak=d8, **kw, **gpu_figures(d8)),
+        make_measurement("training", {"batch": 4}, peak=(700 + i) * MiB, **kw,
+                         **gpu_figures((700 + i) * MiB), training_state_bytes=300 * MiB,
+                         time_s=0.02),
+        make_measurement("vision", {"res": 512}, peak=90 * MiB, status="oom" if failed_vision
+                         else "ok", **kw,
+                         message="CUDA out of memory. Tried to allocate 2.00 GiB"
+                         if failed_vision else None,
+                         traceback="Traceback (most recent call last):\n  ...\n"
+                         "torch.OutOfMemoryError: CUDA out of memory" if failed_vision else None),
+    ]
+
+
+@pytest.fixture
+def seeded(tmp_path: Path) -> dict:
+    return seed_store(tmp_path)
+
+
+def seed_store(tmp_path: Path) -> dict:
+    """Five commits on main (two on the CPU, then three on a GPU: an environment change),
+    a step of +64 MiB in decoder[batch=8] at the fourth, a failed case in the newest, a
+    feature branch, budgets in the config, and regression verdicts (decoder[batch=8] at the
+    fourth commit, training[batch=4] at the newest)."""
+    db = tmp_path / "memtrack.db"
+    runs = []
+    for i in range(5):
+        gpu = i >= 2
+        runs.append(make_run(
+            _suite(i, gpu, d8=(256 if i < 3 else 320) * MiB, failed_vision=i == 4),
+            commit=f"{i + 1:02d}" + "a" * 38, branch="main", subject=f"main commit {i + 1}",
+            started_at=f"2026-01-0{i + 1}T12:00:00+00:00", env=GPU_ENV if gpu else CPU_ENV,
+        ))
+    runs.append(make_run(
+        [make_measurement("decoder", {"batch": 1}, peak=150 * MiB, device="cuda",
+                          reserved=170 * MiB, device_peak=690 * MiB)],
+        commit="f" * 40, branch="feature/slim", subject="slimmer decoder cache",
+        started_at="2026-01-06T12:00:00+00:00", env=GPU_ENV,
+    ))
+    with Store.open(db) as store:
+        for r in runs:
+            store.write_run(r)
+        store.conn.execute(VERDICTS_TABLE)
+        store.conn.execute(
+            "insert into verdicts (run_id, case_id, workload, metric, kind, blocking, "
+            "provisional, baseline_value, spread, factor, floor, threshold, candidate_value, "
+            "delta, delta_pct, budget_bytes, budget_reason, baseline_runs, message, checked_at) "
+            "values (?, ?, 'decoder', 'allocated', 'regression', 1, 0, ?, 0, 3, 512, ?, ?, ?, "
+            "25.0, null, null, 3, ?, '2026-01-04T12:05:00+00:00')",
+            [runs[3].run_id, D8, 256 * MiB, 258 * MiB, 320 * MiB, 64 * MiB,
+             "regression: decoder[batch=8] allocated +64.00 MiB over its baseline"],
+        )
+        store.conn.execute(
+            "insert into verdicts (run_id, case_id, workload, metric, kind, blocking, "
+            "provisional, message, checked_at) values (?, ?, 'training', 'device', "
+            "'regression', 1, 0, ?, '2026-01-05T12:05:00+00:00')",
+            [runs[4].run_id, TRAIN, "regression: training[batch=4] device +1.00 MiB"],
+        )
+    config = tmp_path / "memtrack.toml"
+    config.write_text(CONFIG)
+    return {"db": db, "config": config, "runs": runs}
+
+
+@pytest.fixture
+def app(monkeypatch: pytest.MonkeyPatch, seeded: dict):
+    """An AppTest factory over the seeded store; query parameters make deep links."""
+
+    def make(db: Path | None = None, **query: str) -> AppTest:
+        monkeypatch.setattr(sys, "argv", [str(APP), "--db", str(db or seeded["db"]),
+                                          "--config", str(seeded["config"])])
+        at = AppTest.from_file(str(APP), default_timeout=60)
+        for k, v in query.items():
+            at.query_params[k] = v
+        return at.run()
+
+    return make
+
+
+def _ok(at: AppTest) -> AppTest:
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def _texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+def _table(at: AppTest, index: int = 0):
+    return at.dataframe[index].value
+
+
+# -- pages ----------------------------------------------------------------------------
+
+
+def test_overview_shows_every_case_most_urgent_first(app) -> None:
+    at = _ok(app())
+    table = _table(at)
+    assert list(table["case id"]) == [VISION, D8, TRAIN, D1]
+    assert list(table["status"]) == ["failed", "over budget", "regression", "near budget"]
+    # Shown short: the workload and the params that tell its cases apart.
+    assert list(table["case"]) == ["vision", D8, "training", D1]
+    row = table.set_index("case id").loc[D8]
+    assert (row["peak"], row["budget"], row["margin"]) == ("320.00 MiB", "300.00 MiB",
+                                                            "20.00 MiB over")
+    assert row["used"] == pytest.approx(106.7)
+    assert row["last change"].startswith("+64.00 MiB (+25.0%) at 04aaaaaaaa")
+    assert len(row["trend"]) == 5
+    callouts = _texts(at.error) + _texts(at.warning)
+    assert "CUDA out of memory" in callouts and D8 in callouts and D1 in callouts
+    assert "training[batch=4] device +1.00 MiB" in callouts
+
+
+def test_overview_branch_filter_changes_what_is_shown(app) -> None:
+    at = _ok(app())
+    at.selectbox(key="ov_branch").set_value("feature/slim").run()
+    table = _table(_ok(at))
+    assert list(table["case id"]) == [D1]
+    assert table["peak"][0] == "150.00 MiB" and table["status"][0] == "ok"
+
+
+def test_history_marks_steps_environment_changes_and_verdicts(app) -> None:
+    at = _ok(app(page="History", case=D8))
+    assert at.selectbox(key="case").value == D8
+    charts = at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
+    assert len(charts) == 2  # memory, completion time
+    events = _table(at)
+    kinds = set(events["event"])
+    assert {"step", "environment", "regression"} <= kinds
+    env = events[events["event"] == "environment"].iloc[0]
+    assert "torch 2.13.0+cpu → 2.14.1+cu130" in env["what"] and env["commit"] == "03aaaaaaaa"
+    step = events[events["event"] == "step"].iloc[0]
+    assert step["commit"] == "04aaaaaaaa" and "+64.00 MiB" in step["what"]
+    assert "over budget" in _texts(at.markdown)
+
+
+def test_history_filters_change_the_points(app) -> None:
+    at = _ok(app(page="History", case=D1))
+    assert len(_table(at, -1)) == 6  # five on main, one on the feature branch
+    at.multiselect(key="h_branches").set_value(["main"]).run()
+    assert set(_table(_ok(at), -1)["branch"]) == {"main"}
+    assert len(_table(at, -1)) == 5
+    at.multiselect(key="h_envs").set_value([GPU_ENV.fingerprint]).run()
+    assert len(_table(_ok(at), -1)) == 3
+    at.date_input(key="h_range").set_value((date(2026, 1, 4), date(2026, 1, 5))).run()
+    assert list(_table(_ok(at), -1)["commit"]) == ["05aaaaaaaa", "04aaaaaaaa"]
+
+
+def test_run_detail_shows_environment_breakdown_gap_and_errors(app, seeded: dict) -> None:
+    newest_main = seeded["runs"][4]
+    at = _ok(app(page="Run detail", run=newest_main.run_id[:8]))
+    assert "CUDA out of memory" in _texts(at.error)
+    text = _texts(at.markdown) + _texts(at.code)
+    assert "main commit 5" in text and '"batch": 8' in text
+    frames = [d.value for d in at.dataframe]
+    facts = frames[1]  # after the commit's facts: the environment's
+    assert "NVIDIA H200" in " ".join(facts["value"]) and "2.14.1+cu130" in " ".join(
+        facts["value"])
+    gap = next(f for f in frames if "gap (context, workspaces, non-torch)" in f.columns)
+    row = gap.set_index("case").loc[D8]
+    assert row["gap (context, workspaces, non-torch)"] == "500.00 MiB"  # device - reserved
+    assert len(at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")) == 1  # breakdown
+
+
+def test_run_detail_of_an_unknown_run_says_so(app) -> None:
+    at = _ok(app(page="Run detail", run="deadbeef"))
+    assert "No run or commit starts with 'deadbeef'" in _texts(at.warning)
+
+
+def test_compare_two_commits_per_case_with_deltas(app) -> None:
+    at = _ok(app(page="Compare", a="03aaaa", b="04aaaa"))
+    table = _table(at)
+    row = table[(table["case"] == D8) & (table["view"] == "framework allocated")].iloc[0]
+    assert (row["A"], row["B"], row["delta"]) == ("256.00 MiB", "320.00 MiB", "+64.00 MiB")
+    assert row["delta %"] == pytest.approx(25.0)
+    assert "the largest: `decoder[batch=8]`" in _texts(at.markdown)
+    everything = len(table)
+    at.toggle(key="cmp_only_changes").set_value(True).run()
+    changed = _table(_ok(at))
+    assert 0 < len(changed) < everything
+    assert not ((changed["case"] == D1) & (changed["view"] == "framework allocated")).any()
+
+
+def test_compare_across_environments_warns(app) -> None:
+    at = _ok(app(page="Compare", a="01aaaa", b="05aaaa"))
+    assert "not like for like" in _texts(at.warning)
+    assert "GPU CPU → NVIDIA H200" in _texts(at.warning)
+
+
+@pytest.mark.parametrize("page", ["Overview", "History", "Run detail", "Compare"])
+def test_every_page_renders_with_its_defaults(app, page: str) -> None:
+    at = _ok(app(page=page))
+    assert at.title[0].value == page
+    assert at.sidebar.radio(key="page").value == page
+
+
+def test_the_database_is_never_written(app, seeded: dict) -> None:
+    db = seeded["db"]
+    before = hashlib.sha256(db.read_bytes()).hexdigest(), db.stat().st_mtime_ns
+    for page in ("Overview", "History", "Run detail", "Compare"):
+        _ok(app(page=page))
+    assert (hashlib.sha256(db.read_bytes()).hexdigest(), db.stat().st_mtime_ns) == before
+    assert not Path(str(db) + "-wal").exists() or Path(str(db) + "-wal").stat().st_size == 0
+
+
+# -- empty and foreign databases ------------------------------------------------------
+
+
+def test_a_missing_database_explains_how_to_record_a_first_run(app, tmp_path: Path) -> None:
+    db = tmp_path / "nothing-yet.db"
+    at = _ok(app(db=db))
+    info = _texts(at.info)
+    assert "No runs recorded yet" in info and f"memtrack run --db {db}" in info
+    assert not db.exists()
+
+
+def test_an_empty_store_explains_how_to_record_a_first_run(app, tmp_path: Path) -> None:
+    db = tmp_path / "empty.db"
+    Store.open(db).close()
+    at = _ok(app(db=db))
+    assert "has no runs" in _texts(at.info) and "memtrack run --db" in _texts(at.info)
+
+
+def test_an_older_schema_without_verdicts_is_shown(app, seeded: dict) -> None:
+    with Store.open(seeded["db"]) as store:
+        store.conn.execute("drop table verdicts")
+        store.conn.execute("delete from _sqlite_migrations where name != 'm001_initial'")
+    for page in ("Overview", "History", "Run detail", "Compare"):
+        at = _ok(app(page=page, case=D8))
+        assert at.title[0].value == page  # not refused
+    assert "No verdicts recorded yet" in _texts(at.sidebar.caption)
+    table = _table(_ok(app()))
+    assert table.set_index("case id").loc[TRAIN, "status"] == "ok"  # its verdict went with them
+
+
+def test_an_unknown_schema_version_is_refused_clearly(app, seeded: dict) -> None:
+    with Store.open(seeded["db"]) as store:
+        store.conn.execute(
+            "insert into _sqlite_migrations (migration_set, name, applied_at) "
+            "values ('memtrack', 'm999_from_the_future', '2030-01-01')"
+        )
+    at = _ok(app())
+    message = _texts(at.error)
+    assert "cannot be shown" in message and "m999_from_the_future" in message
+    assert "upgrade memtrack" in message
+
+
+# -- the command -----------------------------------------------------------------------
+
+
+def test_cli_without_streamlit_says_how_to_install_it(tmp_path: Path) -> None:
+    shim = tmp_path / "shim" / "streamlit"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError(\"No module named 'streamlit'\")\n")
+    env = {**os.environ, "PYTHONPATH": str(shim.parent)}
+    out = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "dashboard", "--db", str(tmp_path / "x.db")],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "pip install 'memtrack[dashboard]'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"streamlit exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    pytest.fail(f"streamlit did not become healthy in {timeout_s:.0f} s:\n{log.read_text()}")
+
+
+def test_cli_serves_the_dashboard(seeded: dict, tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "STREAMLIT_SERVER_HEADLESS": "true"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "memtrack.cli", "dashboard", "--db", str(seeded["db"]),
+             "--config", str(seeded["config"]), "--port", str(port)],
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert r.status == 200 and b"<html" in r.read().lower()
+    finally:
+        proc.terminate()  # the command became the server: this stops it
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert f"memtrack dashboard on {url}" in log.read_text()
+
+
+def test_cli_finds_the_app() -> None:
+    from memtrack.commands.dashboard import app_path, streamlit_problem
+
+    assert app_path() == APP
+    assert streamlit_problem() is None
+
+
+# -- what the dashboard decides -----------------------------------------------------------
+
+
+def _series(values: list[int]) -> list[dict]:
+    """Rows newest first, as queries.series returns them."""
+    return [{"peak_allocated_bytes": v, "run_id": str(i)} for i, v in enumerate(values)][::-1]
+
+
+def test_a_step_is_found_at_the_first_run_of_the_new_level() -> None:
+    old, new = [100 * MiB] * 6, [110 * MiB] * 4
+    found = model.steps(_series(old + new), "allocated")
+    assert [(s.row["run_id"], s.delta) for s in found] == [("6", 10 * MiB)]
+
+
+def test_noise_and_a_lone_outlier_are_not_steps() -> None:
+    noisy = [500 * MiB + (i * 37 % 11) * 3 * MiB for i in range(30)]
+    noisy[15] += 40 * MiB
+    assert model.steps(_series(noisy), "allocated") == []
+
+
+def test_the_most_specific_budget_applies() -> None:
+    from memtrack.config import Budget
+
+    row = {"workload": "decoder", "case_id": D8, "device": "cuda", "peak_allocated_bytes": 1,
+           "device_peak_bytes": 2}
+    budgets = [
+        Budget("decoder", 5 * MiB, "all decoders", metric="allocated"),
+        Budget(D8, 4 * MiB, "this case", metric="allocated"),
+        Budget("decoder", 3 * MiB, "on an H200", gpu="nvidia h200"),
+        Budget("decoder", 1 * MiB, "another GPU", gpu="NVIDIA A10"),
+    ]
+    found = {b.metric: b.reason for b in model.budgets_for(budgets, row, ["NVIDIA H200"])}
+    assert found == {"allocated": "this case", "device": "on an H200"}
+    on_cpu = {**row, "device": "cpu", "device_peak_bytes": None}
+    budgets.append(Budget("decoder", 2 * MiB, "CPU runners", gpu="cpu"))
+    found = {b.metric: b.reason for b in model.budgets_for(budgets, on_cpu, [])}
+    assert found == {"allocated": "this case"}  # the CPU budget's default view: allocated
+    other_case = {**on_cpu, "case_id": D1}
+    found = {b.metric: b.reason for b in model.budgets_for(budgets, other_case, [])}
+    assert found == {"allocated": "CPU runners"}
+
+
+def test_case_ids_are_shortened_to_what_tells_them_apart() -> None:
+    long = "decoder[d_model=128,dtype=float32,layers=2,sessions={}]"
+    labels = model.short_case_labels([long.format(1), long.format(4), "train[batch=32]",
+                                      "x[a=1]", "x[a=1,b=2]"])
+    assert labels == {
+        long.format(1): "decoder[sessions=1]", long.format(4): "decoder[sessions=4]",
+        "train[batch=32]": "train",
+        "x[a=1]": "x[a=1]", "x[a=1,b=2]": "x[a=1,b=2]",  # both would read 'x': kept whole
+    }
