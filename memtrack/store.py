@@ -233,13 +233,8 @@ class Store:
         if len(rows) > 1:
             raise StoreError(f"{self.path}: run id prefix {run_id!r} is ambiguous")
         row = dict(rows[0])
-        env_row = dict(
-            self.conn.execute(
-                "select * from environments where env_id = ?", [row["env_id"]]
-            ).fetchone()
-        )
-        env = _unprefixed(Environment, env_row, "", _ENV_JSON)
-        env = dataclasses.replace(env, gpus=tuple(GpuInfo(**g) for g in env.gpus))
+        env = self.get_environment(row["env_id"])
+        assert env is not None  # a foreign key of the run
         git = _unprefixed(GitInfo, row, "git_", _GIT_JSON)
         git = dataclasses.replace(
             git, dirty=None if git.dirty is None else bool(git.dirty), shallow=bool(git.shallow)
@@ -258,6 +253,13 @@ class Store:
             shard=row["shard"],
             schema_version=row["schema_version"],
         )
+
+    def get_environment(self, env_id: str | None) -> Environment | None:
+        row = self.conn.execute("select * from environments where env_id = ?", [env_id]).fetchone()
+        if row is None:
+            return None
+        env = _unprefixed(Environment, dict(row), "", _ENV_JSON)
+        return dataclasses.replace(env, gpus=tuple(GpuInfo(**g) for g in env.gpus))
 
     def _measurements(self, run_id: str) -> Iterator[Measurement]:
         rows = self.conn.execute(

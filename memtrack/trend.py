@@ -15,18 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memtrack.compare import FLOORS, MEMORY_METRICS, git_output, iso_epoch
+from memtrack.baseline import COLUMNS, git_output, iso_epoch
+from memtrack.compare import FLOORS, MEMORY_METRICS
 from memtrack.config import Config
 from memtrack.store import Store
 from memtrack.units import format_size
-
-_COLUMNS = {
-    "allocated": "peak_allocated_bytes",
-    "reserved": "peak_reserved_bytes",
-    "requested": "peak_requested_bytes",
-    "device": "device_peak_bytes",
-    "host": "host_peak_rss_bytes",
-}
 
 
 @dataclass(frozen=True)
@@ -158,7 +151,7 @@ def _series(store: Store, base_branch: str, limit: int, patterns: tuple[str, ...
                      "a change of driver, torch or GPU is not a step in the code")
     rows = store.conn.execute(
         "select r.git_commit, r.git_subject, r.started_at, r.git_committed_at, m.case_id, "
-        f"{', '.join('m.' + c for c in _COLUMNS.values())} "
+        f"{', '.join('m.' + c for c in COLUMNS.values())} "
         "from (select * from runs where git_branch = ? and fingerprint = ? "
         "      order by started_at desc limit ?) r "
         "join measurements m on m.run_id = r.run_id where m.status = 'ok'",
@@ -187,7 +180,7 @@ def _series(store: Store, base_branch: str, limit: int, patterns: tuple[str, ...
     series: dict[str, list[_Point]] = defaultdict(list)
     for (case, commit), runs in per.items():
         values = {}
-        for metric, col in _COLUMNS.items():
+        for metric, col in COLUMNS.items():
             xs = [r[col] for r in runs if r[col] is not None]
             if xs:
                 values[metric] = float(statistics.median(xs))
