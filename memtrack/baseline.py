@@ -16,6 +16,7 @@ from typing import Any
 
 from memtrack.records import RunRecord
 from memtrack.store import Store
+from memtrack.units import parse_time
 
 COLUMNS = {
     "allocated": "peak_allocated_bytes",
@@ -45,15 +46,8 @@ def git_output(root: Path, *args: str) -> str | None:
 
 
 def iso_epoch(iso: str | None) -> float | None:
-    if not iso:
-        return None
-    try:
-        t = datetime.fromisoformat(iso.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=timezone.utc)
-    return t.timestamp()
+    t = parse_time(iso)
+    return None if t is None else t.timestamp()
 
 
 class _Ancestry:

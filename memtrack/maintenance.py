@@ -23,6 +23,7 @@ from pathlib import Path
 from memtrack.errors import ConfigError, StoreError
 from memtrack.records import write_json
 from memtrack.store import BUSY_TIMEOUT_S, Store
+from memtrack.units import parse_time
 
 _SAFE_RUN_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -96,23 +97,12 @@ def backup(db: Path, dest: Path, *, overwrite: bool = False) -> BackupResult:
 
 def parse_since(value: str) -> datetime:
     """A date or an ISO 8601 time; without a zone it is UTC. Raises ConfigError."""
-    try:
-        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
+    moment = parse_time(value)
+    if moment is None:
         raise ConfigError(
             f"--since: {value!r} is not a date or time (e.g. 2026-01-31 or 2026-01-31T12:00)"
-        ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
-
-
-def _started(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+        )
+    return moment
 
 
 def export_runs(store: Store, directory: Path, *, since: datetime | None = None) -> list[Path]:
@@ -128,7 +118,7 @@ def export_runs(store: Store, directory: Path, *, since: datetime | None = None)
     selected = []
     for run_id, started_at in rows.fetchall():
         if since is not None:
-            moment = _started(started_at)
+            moment = parse_time(started_at)
             if moment is None or moment < since:
                 continue
         if not _SAFE_RUN_ID.match(run_id):

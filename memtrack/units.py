@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone
 
 from memtrack.errors import ConfigError
 
@@ -74,3 +75,14 @@ def format_seconds(s: float | None) -> str:
     if s < 1:
         return f"{s * 1000:.1f} ms"
     return f"{s:.2f} s"
+
+
+def parse_time(iso: str | None) -> datetime | None:
+    """An ISO 8601 time as an aware datetime (UTC when it names no zone); None if not one."""
+    if not iso:
+        return None
+    try:
+        t = datetime.fromisoformat(iso.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
