@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from memtrack.compare import CheckResult, Verdict
 from memtrack.units import format_seconds, format_size
+from memtrack.workload import short_case_labels
 
 if TYPE_CHECKING:
     from memtrack.trend import HistoryResult
@@ -116,8 +117,9 @@ def terminal(result: CheckResult) -> list[Any]:
                 "budget"):
         t.add_column(col, justify="right" if col in ("baseline", "threshold", "candidate",
                                                       "delta", "budget") else "left")
+    labels = short_case_labels(v.case_id for v in verdicts)  # full ids in the lines below
     for v in verdicts:
-        cells = (v.case_id, v.metric, _value(v, v.baseline_value), _value(v, v.threshold),
+        cells = (labels[v.case_id], v.metric, _value(v, v.baseline_value), _value(v, v.threshold),
                  _value(v, v.candidate_value), _delta(v), _budget(v))
         # Text, not str: case ids like 'w[batch=8]' would be read as rich markup.
         t.add_row(Text(label(v), style=_STYLE.get(v.kind, "")), *(Text(c) for c in cells))

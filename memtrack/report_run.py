@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from memtrack.records import Measurement, RunRecord
 from memtrack.units import format_seconds, format_size
+from memtrack.workload import short_case_labels
 
 
 def run_table(run: RunRecord) -> Table:
@@ -24,9 +26,10 @@ def run_table(run: RunRecord) -> Table:
         "median time",
     ):
         t.add_column(col, justify="left" if col in ("case", "status") else "right")
+    labels = short_case_labels(m.case_id for m in run.measurements)
     for m in run.measurements:
         t.add_row(
-            m.case_id,
+            escape(labels[m.case_id]),
             _status(m),
             format_size(m.peak_allocated_bytes),
             format_size(m.peak_reserved_bytes),
@@ -55,7 +58,7 @@ def _device_peak(m: Measurement) -> int | None:
 
 
 def history_table(case: str, rows: list[dict[str, Any]]) -> Table:
-    t = Table(title=f"history of {case} (newest first)", title_justify="left")
+    t = Table(title=f"history of {escape(case)} (newest first)", title_justify="left")
     for col in (
         "time",
         "commit",
@@ -74,7 +77,7 @@ def history_table(case: str, rows: list[dict[str, Any]]) -> Table:
             (r["started_at"] or "")[:19],
             (r["git_commit"] or "-")[:10],
             r["git_branch"] or "-",
-            r["case_id"],
+            escape(r["case_id"]),
             r["status"],
             format_size(r["peak_allocated_bytes"]),
             format_size(r["peak_reserved_bytes"]),
@@ -107,16 +110,16 @@ def run_detail(run: RunRecord) -> list[Any]:
         ("fingerprint", e.fingerprint),
         ("variables", ", ".join(f"{k}={v}" for k, v in e.env_vars.items()) or None),
     ):
-        head.add_row(k, "-" if v is None else str(v))
+        head.add_row(k, "-" if v is None else escape(str(v)))
     blocks: list[Any] = [head, run_table(run)]
     for m in run.measurements:
-        t = Table(title=m.case_id, title_justify="left", show_header=False)
+        t = Table(title=escape(m.case_id), title_justify="left", show_header=False)
         t.add_column(style="bold")
         t.add_column()
         t.add_row("params", ", ".join(f"{k}={v}" for k, v in m.params.items()))
         t.add_row("counts", f"seed {m.seed}, warm-up {m.warmup}, repeats {m.repeats}")
         if m.message:
-            t.add_row("message", m.message)
+            t.add_row("message", escape(m.message))
         for label, value in (
             ("weights", m.weights_bytes),
             ("intermediates", m.intermediates_bytes),
@@ -128,6 +131,6 @@ def run_detail(run: RunRecord) -> list[Any]:
         t.add_row("host peak", f"{format_size(m.host_peak_rss_bytes)} ({m.host_peak_source})")
         t.add_row("device view", m.device_view or f"absent: {m.device_view_note}")
         for note in m.notes:
-            t.add_row("note", note)
+            t.add_row("note", escape(note))
         blocks.append(t)
     return blocks

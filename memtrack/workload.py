@@ -66,6 +66,50 @@ def case_id(workload: str, params: dict[str, Any]) -> str:
     return f"{workload}[{inner}]"
 
 
+def _split_case(case_id: str) -> tuple[str, dict[str, str]] | None:
+    """'name[k=v,...]' -> (name, {k: v}); None when the id does not parse that way."""
+    name, bracket, rest = case_id.partition("[")
+    if not bracket:
+        return name, {}
+    if not rest.endswith("]"):
+        return None
+    params = {}
+    for item in rest[:-1].split(","):
+        k, eq, v = item.partition("=")
+        if not eq or k in params:
+            return None
+        params[k] = v
+    return name, params
+
+
+def short_case_labels(case_ids: Iterable[str]) -> dict[str, str]:
+    """Each case id shortened to its workload and the params that tell it apart from the
+    other cases of that workload shown with it: 'decoder[sessions=4]'."""
+    parsed = {c: _split_case(c) for c in case_ids}
+    varying: dict[str, set[str]] = {}
+    values: dict[tuple[str, str], set[str]] = {}
+    for p in parsed.values():
+        if p is not None:
+            for k, v in p[1].items():
+                values.setdefault((p[0], k), set()).add(v)
+    for (name, k), seen in values.items():
+        if len(seen) > 1:
+            varying.setdefault(name, set()).add(k)
+    out = {}
+    for case, p in parsed.items():
+        if p is None:
+            out[case] = case
+            continue
+        name, params = p
+        keys = [k for k in params if k in varying.get(name, set())]
+        out[case] = f"{name}[{','.join(f'{k}={params[k]}' for k in keys)}]" if keys else name
+    # Two ids that shorten alike (a param missing from one) keep their full form.
+    counts: dict[str, int] = {}
+    for label in out.values():
+        counts[label] = counts.get(label, 0) + 1
+    return {c: (label if counts[label] == 1 else c) for c, label in out.items()}
+
+
 def workload(
     fn: Callable[..., Any] | None = None,
     *,

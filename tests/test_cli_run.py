@@ -50,6 +50,9 @@ def test_examples_record_a_row_per_case_with_figures_commit_and_versions(example
     assert run.environment.torch and run.environment.python and run.environment.fingerprint
     assert run.environment.packages.get("torch")
     assert f"run {run_id}" in result.stdout
+    # the table tells the cases apart by the params that differ
+    assert "decoder_generate[sessions=1]" in result.stdout
+    assert "decoder_generate[sessions=4]" in result.stdout
 
 
 def test_the_breakdown_shows_caches_and_training_state(example_run):
