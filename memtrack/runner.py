@@ -166,9 +166,16 @@ def _stop_sampler(sampler: tuple[subprocess.Popen[str] | None, dict[str, Any]]) 
     proc, first = sampler
     if proc is None:
         return first
-    out, _ = proc.communicate("stop\n", timeout=60)
-    last = out.strip().splitlines()[-1] if out.strip() else "{}"
-    return {**first, **json.loads(last)}
+    try:
+        out, _ = proc.communicate("stop\n", timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return {"ok": False, "reason": "the NVML sampler did not stop within 60 s"}
+    try:
+        return {**first, **json.loads(out.strip().splitlines()[-1])}
+    except (IndexError, json.JSONDecodeError):
+        return {"ok": False, "reason": f"the NVML sampler exited with {proc.returncode}"}
 
 
 def to_measurement(

@@ -162,3 +162,16 @@ def test_without_nvml_the_device_view_is_absent_not_zero():
     m = to_measurement(case, spec, CaseOutcome(data, 0, False, "", 1.0, sampled), 0.01, 60)
     assert m.device_view is None and "NVML unavailable" in m.device_view_note
     assert m.workspace_bytes is None
+
+
+def test_the_sampler_process_says_why_when_nvml_is_unreachable():
+    from memtrack.doctor import nvml_status
+    from memtrack.runner import _start_sampler
+
+    if nvml_status() is None:
+        import pytest
+
+        pytest.skip("NVML is reachable here")
+    proc, first = _start_sampler(0.01)
+    assert proc is None
+    assert first["ok"] is False and first["reason"].startswith("NVML unavailable")
