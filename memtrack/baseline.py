@@ -115,9 +115,19 @@ order by r.started_at desc
 class BaselineFinder:
     """Finds the baseline points of a case: base branch, at or before the merge-base."""
 
-    def __init__(self, store: Store, run: RunRecord, base_branch: str, root: Path, limit: int):
+    def __init__(
+        self,
+        store: Store,
+        run: RunRecord,
+        base_branch: str,
+        root: Path,
+        limit: int,
+        owners: dict[str, str] | None = None,
+    ):
         self.store, self.run, self.base_branch, self.root = store, run, base_branch, root
         self.limit = limit
+        # case id -> the run holding the candidate's figures (shards of one commit differ)
+        self.owners = owners or {}
         self.notes: list[str] = []
         self.merge_base = run.git.merge_base
         self.ancestry: _Ancestry | None = None
@@ -198,7 +208,7 @@ class BaselineFinder:
         sql = _POINT_SQL.format(fingerprint="and r.fingerprint = :fp" if same_env else "")
         params = {
             "branch": self.base_branch,
-            "candidate": self.run.run_id,
+            "candidate": self.owners.get(case_id, self.run.run_id),
             "case": case_id,
             "fp": self.run.environment.fingerprint,
         }
@@ -224,10 +234,13 @@ class BaselineFinder:
 
     def newest_cases(self) -> set[str] | None:
         """The cases of the newest eligible same-environment base run, if there is one."""
+        candidates = sorted({self.run.run_id, *self.owners.values()})
         rows = self.store.conn.execute(
             "select run_id, git_commit, git_committed_at, started_at from runs "
-            "where git_branch = ? and fingerprint = ? and run_id != ? order by started_at desc",
-            [self.base_branch, self.run.environment.fingerprint, self.run.run_id],
+            "where git_branch = ? and fingerprint = ? "
+            f"and run_id not in ({', '.join('?' for _ in candidates)}) "
+            "order by started_at desc",
+            [self.base_branch, self.run.environment.fingerprint, *candidates],
         )
         for row in rows:
             if self._eligible(row):

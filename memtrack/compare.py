@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -146,6 +146,9 @@ class CheckResult:
     budget_changes: tuple[BudgetChange, ...] = ()
     notes: tuple[str, ...] = ()
     checked_at: str = ""
+    case_runs: dict[str, str] = field(default_factory=dict)
+    """Case id -> the run holding its figures, where shards of one commit were joined;
+    verdicts are recorded against that run."""
 
     @property
     def blocking(self) -> tuple[Verdict, ...]:
@@ -490,8 +493,6 @@ def _vram_verdict(v: Verdict, m: Measurement) -> Verdict:
 
 
 def _replace(v: Verdict, **changes: Any) -> Verdict:
-    from dataclasses import replace
-
     return replace(v, **changes)
 
 
@@ -617,15 +618,47 @@ def find_candidate(store: Store, *, run_id: str | None = None, commit: str | Non
     return store.get_run(ids[0])
 
 
+def with_sibling_shards(store: Store, run: RunRecord) -> tuple[RunRecord, dict[str, str]]:
+    """A run of one shard (i/n) joined by the newest run of each other shard of the same
+    commit and environment, so that the whole suite is checked at once. Returns the joined
+    run and, per case id, the run that holds its figures."""
+    owners = {m.case_id: run.run_id for m in run.measurements}
+    if not run.shard or "/" not in run.shard or not run.git.commit:
+        return run, owners
+    total = run.shard.split("/", 1)[1]
+    rows = store.conn.execute(
+        "select run_id, shard from runs where git_commit = ? and fingerprint = ? "
+        "and shard like ? order by started_at desc",
+        [run.git.commit, run.environment.fingerprint, f"%/{total}"],
+    ).fetchall()
+    seen, measurements = {run.shard}, list(run.measurements)
+    for row in rows:
+        if row["shard"] in seen:
+            continue
+        seen.add(row["shard"])
+        for m in store.get_run(row["run_id"]).measurements:
+            if m.case_id not in owners:
+                owners[m.case_id] = row["run_id"]
+                measurements.append(m)
+    return replace(run, measurements=tuple(measurements)), owners
+
+
 def check(store: Store, config: Config, *, run_id: str | None = None,
           commit: str | None = None, base_branch: str | None = None,
           root: Path | None = None) -> CheckResult:
     """Judge a candidate run against its baseline and the config's budgets."""
     root = root or config.root
     run = find_candidate(store, run_id=run_id, commit=commit, root=root)
+    owners = {m.case_id: run.run_id for m in run.measurements}
+    if run_id is None:
+        run, owners = with_sibling_shards(store, run)
     base = base_branch or config.base_branch
-    finder = BaselineFinder(store, run, base, root, config.baseline_runs)
+    finder = BaselineFinder(store, run, base, root, config.baseline_runs, owners)
     notes = list(finder.notes)
+    shard_runs = sorted(set(owners.values()) - {run.run_id})
+    if shard_runs:
+        notes.append(f"shard {run.shard} checked together with the newest run of each other "
+                     f"shard of this commit: {', '.join(r[:12] for r in shard_runs)}")
     if run.git.dirty:
         notes.append("the candidate was measured with uncommitted changes (dirty tree)")
     changes, note = budget_changes(config, root, finder.merge_base or base)
@@ -662,6 +695,7 @@ def check(store: Store, config: Config, *, run_id: str | None = None,
         notes.append(f"{len(missing)} case(s) of the newest baseline run are not in this run "
                      f"(removed, or left out with -k/--shard), so not checked: {shown}")
     return CheckResult(
+        case_runs=owners,
         run_id=run.run_id, commit=run.git.commit, branch=run.git.branch,
         started_at=run.started_at, fingerprint=run.environment.fingerprint, base_branch=base,
         merge_base=finder.merge_base, baseline_mode=finder.mode, verdicts=tuple(verdicts),
@@ -681,8 +715,9 @@ def save_verdicts(store: Store, result: CheckResult) -> int:
     if store.readonly:
         raise StoreError(f"{store.path}: opened read-only, cannot record verdicts")
     rows = [
-        (result.run_id, v.case_id, v.workload, v.metric, v.kind, int(v.blocking),
-         int(v.provisional), v.baseline_value, v.spread, v.factor, v.floor, v.threshold,
+        (result.case_runs.get(v.case_id, result.run_id), v.case_id, v.workload, v.metric,
+         v.kind, int(v.blocking), int(v.provisional), v.baseline_value, v.spread, v.factor,
+         v.floor, v.threshold,
          v.candidate_value, v.delta, v.delta_pct, v.budget_bytes, v.budget_reason,
          v.baseline_runs, v.message, result.checked_at)
         for v in result.verdicts
@@ -690,7 +725,8 @@ def save_verdicts(store: Store, result: CheckResult) -> int:
     conn = store.conn
     conn.execute("BEGIN IMMEDIATE")
     try:
-        conn.execute("delete from verdicts where run_id = ?", [result.run_id])
+        for run_id in sorted({result.run_id, *result.case_runs.values()}):
+            conn.execute("delete from verdicts where run_id = ?", [run_id])
         conn.executemany(
             f"insert into verdicts ({', '.join(_VERDICT_COLUMNS)}) "
             f"values ({', '.join('?' for _ in _VERDICT_COLUMNS)})", rows)

@@ -300,3 +300,25 @@ def test_a_bad_history_setting_is_a_config_error_naming_file_and_key(tmp_path, l
                                     str(tmp_path / "m.db"), "--history"])
     assert res.exit_code == 2
     assert f"{cfg}: {key}:" in res.output
+
+
+def test_shards_of_one_commit_are_checked_together(project, tmp_path):
+    """Two runners each measured half of the suite: a plain `memtrack check` judges both
+    halves, and records each verdict against the run that holds the case."""
+    repo, db, shas, pr = project
+    small, big = _cases(big=int(300 * MiB * 1.05))
+    ids = []
+    for i, m in enumerate((small, big), start=1):
+        ids.append(_record(db, repo, pr, [m], branch="feature", minute=10 + i,
+                           merge_base=shas[-1]))
+        with Store.open(db) as store:
+            store.conn.execute("update runs set shard = ? where run_id = ?", [f"{i}/2", ids[-1]])
+    res = _check(repo, db)
+    assert res.exit_code == 1, res.output
+    assert f"BLOCK regression · {BIG_ID}" in res.output  # in shard 2, the newest run's sibling
+    assert "not in this run" not in res.output
+    assert "checked together with the newest run of each other shard" in res.output
+    with Store.open(db, readonly=True) as store:
+        rows = store.conn.execute(
+            "select distinct run_id, case_id from verdicts order by case_id").fetchall()
+    assert sorted(tuple(r) for r in rows) == sorted([(ids[1], BIG_ID), (ids[0], SMALL_ID)])
