@@ -9,7 +9,7 @@ import altair as alt
 import pandas as pd
 
 from dashboard import model
-from memtrack.units import format_seconds, format_size
+from memtrack.units import BINARY_UNITS, format_seconds, format_size
 
 VIEW_COLORS = {
     "framework allocated": "#1f77b4",
@@ -32,7 +32,7 @@ BREAKDOWN = (
 
 
 def unit_for(largest: float) -> tuple[str, int]:
-    for name, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for name, factor in BINARY_UNITS:
         if largest >= factor:
             return name, factor
     return "B", 1

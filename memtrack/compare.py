@@ -25,8 +25,8 @@ from typing import Any
 from memtrack.baseline import COLUMNS, BaselineFinder, Point, git_output
 from memtrack.config import Budget, Config, config_from_text
 from memtrack.errors import ConfigError, StoreError
-from memtrack.records import Environment, Measurement, RunRecord
-from memtrack.store import Store, device_peak
+from memtrack.records import Environment, Measurement, RunRecord, device_peak
+from memtrack.store import Store
 from memtrack.units import format_seconds, format_size
 
 MiB = 2**20

@@ -205,6 +205,12 @@ class Measurement:
     notes: tuple[str, ...] = ()
 
 
+def device_peak(m: Measurement) -> int | None:
+    """Largest per-device process peak (devices do not pool)."""
+    peaks = [d.peak_process_bytes for d in m.devices if d.peak_process_bytes is not None]
+    return max(peaks) if peaks else None
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """One `memtrack run`: its context and its measurements."""

@@ -7,7 +7,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from memtrack.records import Measurement, RunRecord
+from memtrack.records import Measurement, RunRecord, device_peak
 from memtrack.units import format_seconds, format_size
 from memtrack.workload import short_case_labels
 
@@ -33,7 +33,7 @@ def run_table(run: RunRecord) -> Table:
             _status(m),
             format_size(m.peak_allocated_bytes),
             format_size(m.peak_reserved_bytes),
-            format_size(_device_peak(m)),
+            format_size(device_peak(m)),
             format_size(m.host_peak_rss_bytes),
             format_size(m.weights_bytes),
             format_seconds(m.time_median_s),
@@ -50,11 +50,6 @@ def _where(run: RunRecord) -> str:
 
 def _status(m: Measurement) -> str:
     return m.status if m.status == "ok" else f"[red]{m.status}[/red]"
-
-
-def _device_peak(m: Measurement) -> int | None:
-    peaks = [d.peak_process_bytes for d in m.devices if d.peak_process_bytes is not None]
-    return max(peaks) if peaks else None
 
 
 def history_table(case: str, rows: list[dict[str, Any]]) -> Table:

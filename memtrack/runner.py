@@ -22,7 +22,13 @@ from typing import Any
 
 from memtrack import environment, provenance
 from memtrack.config import Config
-from memtrack.records import DeviceMeasurement, Environment, Measurement, RunRecord
+from memtrack.records import (
+    DeviceMeasurement,
+    Environment,
+    Measurement,
+    RunRecord,
+    device_peak,
+)
 from memtrack.workload import Case, suite_hash
 
 ProgressFn = Callable[[str, Case, "Measurement | None"], None]
@@ -292,11 +298,10 @@ def with_breakdown(m: Measurement) -> Measurement:
         training = cats.get("Gradient", 0) + cats.get("Optstate", 0)
     intermediates = max(0, m.peak_allocated_bytes - weights - caches - (training or 0))
     if m.device == "cuda":
-        peaks = [d.peak_process_bytes for d in m.devices if d.peak_process_bytes is not None]
-        device_peak = max(peaks) if peaks else None
+        peak = device_peak(m)
         workspace = (
-            device_peak - m.peak_reserved_bytes
-            if device_peak is not None and m.peak_reserved_bytes is not None
+            peak - m.peak_reserved_bytes
+            if peak is not None and m.peak_reserved_bytes is not None
             else None
         )
     else:

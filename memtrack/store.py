@@ -26,6 +26,7 @@ from memtrack.records import (
     GpuInfo,
     Measurement,
     RunRecord,
+    device_peak,
     to_dict,
 )
 
@@ -58,12 +59,6 @@ def _unprefixed(cls: type, row: dict[str, Any], prefix: str, json_fields: set[st
 _GIT_JSON = {"notes"}
 _ENV_JSON = {"gpus", "torch_cuda_arch_list", "packages", "env_vars"}
 _MEASUREMENT_JSON = {"params", "allocated_samples", "categories", "iteration_times_s", "notes"}
-
-
-def device_peak(m: Measurement) -> int | None:
-    """Largest per-device process peak (devices do not pool)."""
-    peaks = [d.peak_process_bytes for d in m.devices if d.peak_process_bytes is not None]
-    return max(peaks) if peaks else None
 
 
 def env_id(env: Environment) -> str:

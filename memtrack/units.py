@@ -57,13 +57,17 @@ def parse_duration(value: str | int | float, *, what: str = "duration") -> float
     return float(match.group(1)) * _TIME_UNITS[unit]
 
 
+BINARY_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+"""The units sizes are shown in, largest first."""
+
+
 def format_size(n: int | None) -> str:
     """Binary units, exact about it: 1536 -> '1.50 KiB'."""
     if n is None:
         return "-"
     sign = "-" if n < 0 else ""
     n = abs(n)
-    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, factor in BINARY_UNITS:
         if n >= factor:
             return f"{sign}{n / factor:.2f} {unit}"
     return f"{sign}{n} B"
