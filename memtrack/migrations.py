@@ -179,7 +179,24 @@ def m002_verdicts(db: sqlite_utils.Database) -> None:
     db.execute("create index idx_verdicts_case_id on verdicts (case_id)")
 
 
-STEPS = (m001_initial, m002_verdicts)
+def m004_environment_cuda(db: sqlite_utils.Database) -> None:
+    """What torch says about CUDA on the machine, and queries that failed."""
+    for name, kind in (
+        ("cuda_available", "integer"),
+        ("cuda_device_count", "integer"),
+        ("visible_uuids", "text"),
+        ("cuda_unavailable_reason", "text"),
+        ("notes", "text"),
+    ):
+        db.execute(f"alter table environments add column {name} {kind}")
+
+
+def m005_device_memory_pass(db: sqlite_utils.Database) -> None:
+    """Each device's sampled peak within the memory pass (workspace is measured from it)."""
+    db.execute("alter table device_measurements add column memory_pass_peak_bytes integer")
+
+
+STEPS = (m001_initial, m002_verdicts, m004_environment_cuda, m005_device_memory_pass)
 
 
 def names() -> list[str]:

@@ -74,17 +74,18 @@ class GpuInfo:
     """One visible GPU."""
 
     index: int
-    """CUDA device index as torch numbers it."""
-    name: str
-    """Marketing name, e.g. 'NVIDIA H200'."""
+    """CUDA device index as torch numbers it (NVML's when torch cannot start CUDA)."""
+    name: str | None
+    """Marketing name, e.g. 'NVIDIA H200'; None when the query failed (see the notes)."""
     uuid: str | None
     """GPU UUID: devices are matched by it between torch and NVML."""
     total_bytes: int | None
-    """Device memory (VRAM)."""
+    """Device memory torch can use: its `total_memory` (NVML's total less driver-reserved
+    memory when torch cannot start CUDA)."""
     compute_capability: str | None
     """e.g. '9.0'."""
     mig_mode: str | None = None
-    """'enabled', 'disabled' or None when NVML cannot say."""
+    """'enabled', 'disabled', 'instance' (a MIG instance) or None when NVML cannot say."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,16 @@ class Environment:
     """Versions of the memory-relevant packages that are installed."""
     env_vars: dict[str, str] = field(default_factory=dict)
     """Allowlisted memory-relevant variables only (PYTORCH_CUDA_ALLOC_CONF, ...)."""
+    cuda_available: bool | None = None
+    """Whether torch could start CUDA; None in records made before it was asked."""
+    cuda_device_count: int | None = None
+    """How many CUDA devices torch sees (after CUDA_VISIBLE_DEVICES)."""
+    visible_uuids: tuple[str, ...] = ()
+    """UUIDs of the devices torch sees, in torch's order: the devices the sampler watches."""
+    cuda_unavailable_reason: str | None = None
+    """torch's own words when it cannot start CUDA (driver too old, no device, CPU build)."""
+    notes: tuple[str, ...] = ()
+    """Queries that failed (e.g. NVML memory info without privileges), in plain words."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +131,8 @@ class DeviceMeasurement:
     uuid: str | None
     name: str | None
     total_bytes: int | None
-    """VRAM of this device."""
+    """VRAM of this device that the process can use (torch's total_memory; else NVML's total
+    less driver-reserved memory)."""
     used_before_bytes: int | None = None
     """Device-wide used memory before the case started (other processes, leftovers)."""
     peak_device_used_bytes: int | None = None
@@ -136,6 +148,9 @@ class DeviceMeasurement:
     """torch allocator, this device."""
     samples: int | None = None
     """How many NVML samples were taken."""
+    memory_pass_peak_bytes: int | None = None
+    """The process view's peak within the memory pass only, the window the allocator's
+    peaks cover; None when no sample fell inside it. Workspace is this minus reserved."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +223,12 @@ class Measurement:
 def device_peak(m: Measurement) -> int | None:
     """Largest per-device process peak (devices do not pool)."""
     peaks = [d.peak_process_bytes for d in m.devices if d.peak_process_bytes is not None]
+    return max(peaks) if peaks else None
+
+
+def memory_pass_peak(m: Measurement) -> int | None:
+    """Largest per-device process peak within the memory pass (the allocator's window)."""
+    peaks = [d.memory_pass_peak_bytes for d in m.devices if d.memory_pass_peak_bytes is not None]
     return max(peaks) if peaks else None
 
 

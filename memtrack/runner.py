@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from memtrack.records import (
     Environment,
     Measurement,
     RunRecord,
-    device_peak,
+    memory_pass_peak,
 )
 from memtrack.workload import Case, suite_hash
 
@@ -70,7 +71,7 @@ def run_suite(
     for case in cases:
         if progress:
             progress("start", case, None)
-        m = run_case(config, case, device)
+        m = run_case(config, case, device, env.visible_uuids)
         measurements.append(m)
         if progress:
             progress("done", case, m)
@@ -88,7 +89,9 @@ def run_suite(
     )
 
 
-def run_case(config: Config, case: Case, device: str) -> Measurement:
+def run_case(
+    config: Config, case: Case, device: str, visible_uuids: tuple[str, ...] = ()
+) -> Measurement:
     warmup, repeats, timeout_s = config.settings_for(case.workload)
     with tempfile.TemporaryDirectory(prefix="memtrack-") as tmp:
         result_path = Path(tmp) / "result.json"
@@ -106,18 +109,25 @@ def run_case(config: Config, case: Case, device: str) -> Measurement:
         }
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        outcome = _execute(spec_path, result_path, timeout_s, device, config.nvml_interval_s)
+        outcome = _execute(
+            spec_path, result_path, timeout_s, device, config.nvml_interval_s, visible_uuids
+        )
     return to_measurement(case, spec, outcome, config.nvml_interval_s, timeout_s)
 
 
 def _execute(
-    spec_path: Path, result_path: Path, timeout_s: float, device: str, interval_s: float
+    spec_path: Path,
+    result_path: Path,
+    timeout_s: float,
+    device: str,
+    interval_s: float,
+    visible_uuids: tuple[str, ...] = (),
 ) -> CaseOutcome:
-    sampler = _start_sampler(interval_s) if device == "cuda" else None
+    sampler = _start_sampler(interval_s, visible_uuids) if device == "cuda" else None
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "memtrack.worker", str(spec_path)],
+            [sys.executable, "-m", "memtrack.worker", str(spec_path), str(os.getpid())],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,
@@ -138,25 +148,41 @@ def _execute(
         duration = time.perf_counter() - t0
         err.seek(0)
         stderr_tail = err.read()[-4000:].decode(errors="replace")
-    sampled = _stop_sampler(sampler) if sampler else None
     try:
         data = json.loads(result_path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         data = {"status": "running", "phase": "start", "notes": []}
+    sampled = _stop_sampler(sampler, data.get("memory_window")) if sampler else None
     return CaseOutcome(data, proc.returncode, timed_out, stderr_tail, duration, sampled)
 
 
-def _start_sampler(interval_s: float) -> tuple[subprocess.Popen[str] | None, dict[str, Any]]:
+SAMPLER_START_TIMEOUT_S = 60.0
+"""NVML's first initialisation can take seconds per GPU when persistence mode is off."""
+
+
+def _start_sampler(
+    interval_s: float, uuids: tuple[str, ...], timeout_s: float = SAMPLER_START_TIMEOUT_S
+) -> tuple[subprocess.Popen[str] | None, dict[str, Any]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "memtrack.probes.nvml", "--interval", str(interval_s)],
+        [sys.executable, "-m", "memtrack.probes.nvml", "--interval", str(interval_s), *uuids],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     )
     assert proc.stdout is not None
-    first = json.loads(proc.stdout.readline() or '{"ok": false, "reason": "sampler died"}')
+    if not select.select([proc.stdout], [], [], timeout_s)[0]:  # a hung nvmlInit
+        proc.kill()
+        proc.wait()
+        reason = f"the NVML sampler did not start within {timeout_s:g} s"
+        return None, {"ok": False, "reason": reason}
+    line = proc.stdout.readline()
+    try:
+        first = json.loads(line or '{"ok": false, "reason": "the NVML sampler died at start"}')
+    except json.JSONDecodeError:
+        first = {"ok": False, "reason": f"the NVML sampler said {line.strip()[:200]!r}"}
     if not first.get("ok"):
+        proc.kill()
         proc.wait()
         return None, first
     return proc, first
@@ -168,12 +194,22 @@ def _tell(proc: subprocess.Popen[str], line: str) -> None:
     proc.stdin.flush()
 
 
-def _stop_sampler(sampler: tuple[subprocess.Popen[str] | None, dict[str, Any]]) -> dict[str, Any]:
+def _stop_sampler(
+    sampler: tuple[subprocess.Popen[str] | None, dict[str, Any]], window: Any = None
+) -> dict[str, Any]:
+    """Stop the sampler; `window` is the worker's memory pass [start, end] (monotonic)."""
     proc, first = sampler
     if proc is None:
         return first
+    commands = "stop\n"
+    if (
+        isinstance(window, list)
+        and len(window) == 2
+        and all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in window)
+    ):
+        commands = f"window {float(window[0])!r} {float(window[1])!r}\n" + commands
     try:
-        out, _ = proc.communicate("stop\n", timeout=60)
+        out, _ = proc.communicate(commands, timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
@@ -260,13 +296,14 @@ def _device_view(
         devs = [DeviceMeasurement(**{k: v for k, v in x.items()}) for x in cuda_devices.values()]
         return devs, None, reason
     out = []
+    notes.extend(sampled.get("notes", []))
     for s in sampled["devices"]:
         a = cuda_devices.get(s["uuid"], {})
         dm = DeviceMeasurement(
             index=a.get("index", s["index"]),
             uuid=s["uuid"],
             name=s["name"],
-            total_bytes=s["total_bytes"],
+            total_bytes=a.get("total_bytes") or s["total_bytes"],  # torch's: what it can use
             used_before_bytes=s["used_before_bytes"],
             peak_device_used_bytes=s["peak_device_used_bytes"],
             peak_process_bytes=s["peak_process_bytes"],
@@ -274,8 +311,11 @@ def _device_view(
             peak_allocated_bytes=a.get("peak_allocated_bytes"),
             peak_reserved_bytes=a.get("peak_reserved_bytes"),
             samples=s["samples"],
+            memory_pass_peak_bytes=s.get("memory_pass_peak_bytes"),
         )
-        if dm.peak_reserved_bytes and (dm.peak_process_bytes or 0) < dm.peak_reserved_bytes:
+        # Compared within the memory pass, where the reserved peak was taken.
+        sampled_peak = dm.memory_pass_peak_bytes or dm.peak_process_bytes
+        if dm.peak_reserved_bytes and (sampled_peak or 0) < dm.peak_reserved_bytes:
             notes.append(
                 f"GPU {dm.index}: sampled device peak is below the allocator's exact reserved "
                 "peak: the sampler missed a spike"
@@ -298,7 +338,9 @@ def with_breakdown(m: Measurement) -> Measurement:
         training = cats.get("Gradient", 0) + cats.get("Optstate", 0)
     intermediates = max(0, m.peak_allocated_bytes - weights - caches - (training or 0))
     if m.device == "cuda":
-        peak = device_peak(m)
+        # The same window on both sides: a setup spike released before the memory pass
+        # is not workspace.
+        peak = memory_pass_peak(m)
         workspace = (
             peak - m.peak_reserved_bytes
             if peak is not None and m.peak_reserved_bytes is not None

@@ -57,7 +57,7 @@ def _unprefixed(cls: type, row: dict[str, Any], prefix: str, json_fields: set[st
 
 
 _GIT_JSON = {"notes"}
-_ENV_JSON = {"gpus", "torch_cuda_arch_list", "packages", "env_vars"}
+_ENV_JSON = {"gpus", "torch_cuda_arch_list", "packages", "env_vars", "visible_uuids", "notes"}
 _MEASUREMENT_JSON = {"params", "allocated_samples", "categories", "iteration_times_s", "notes"}
 
 
@@ -254,7 +254,14 @@ class Store:
         if row is None:
             return None
         env = _unprefixed(Environment, dict(row), "", _ENV_JSON)
-        return dataclasses.replace(env, gpus=tuple(GpuInfo(**g) for g in env.gpus))
+        available = None if env.cuda_available is None else bool(env.cuda_available)
+        return dataclasses.replace(  # rows recorded before a column existed hold NULL
+            env,
+            gpus=tuple(GpuInfo(**g) for g in env.gpus),
+            cuda_available=available,
+            visible_uuids=env.visible_uuids or (),
+            notes=env.notes or (),
+        )
 
     def _measurements(self, run_id: str) -> Iterator[Measurement]:
         rows = self.conn.execute(
