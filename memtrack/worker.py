@@ -1,8 +1,8 @@
 """One case, in its own process: setup, warm-up, timing pass, memory pass, breakdown.
 
-Started by the runner as `python -m memtrack.worker SPEC.json`. It writes its figures to
-the spec's result path after every phase (atomically), so a crash or a kill still leaves
-the partial figures for the runner to record.
+Started by the runner as `python -m memtrack.worker SPEC.json RUNNER_PID`. It writes its
+figures to the spec's result path after every phase (atomically), so a crash or a kill
+still leaves the partial figures for the runner to record.
 """
 
 from __future__ import annotations
@@ -107,10 +107,12 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     )
 
     ctx.cache_peak_bytes = 0
+    start = time.monotonic()  # system-wide: the NVML sampler's clock too
     for _ in range(spec["repeats"]):
         ctx.new_iteration()
         with probe.iteration():
             step()
+    result.update(memory_window=[start, time.monotonic()])
     summary = probe.summary()
     if is_cuda:
         result.update(phase="breakdown", **summary)
@@ -121,7 +123,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     result.update(phase="done", caches_bytes=ctx.cache_peak_bytes or None, **summary)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(runner_pid: int) -> None:
     """A killed `memtrack run` must not leave a workload holding the GPU (Linux only)."""
     if sys.platform.startswith("linux"):
         import ctypes
@@ -129,7 +131,9 @@ def _die_with_parent() -> None:
 
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-        if os.getppid() == 1:  # the parent died before prctl took effect
+        # The runner died before prctl took effect. Compared with its PID, not with 1: as
+        # a container's entrypoint the runner is PID 1 itself.
+        if os.getppid() != runner_pid:
             os._exit(1)
 
 
@@ -149,7 +153,7 @@ def _cuda_partial() -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    _die_with_parent()
+    _die_with_parent(int(argv[1]))
     spec = json.loads(Path(argv[0]).read_text())
     result = _Result(Path(spec["result_path"]))
     try:
