@@ -2,7 +2,8 @@
 
 `collect()` runs in a child process (`python -m memtrack.environment`), so that the
 parent never creates a CUDA context of its own: one would show in every case's device view.
-GPU facts come from NVML (which creates no context), versions from torch.
+The GPUs are those torch sees (after CUDA_VISIBLE_DEVICES), as torch numbers them; when torch
+cannot start CUDA, those NVML sees, and torch's reason. Versions come from torch.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from importlib import metadata
 from typing import Any
 
+from memtrack.probes.nvml import guarded, memory_info, resolve, usable_total
 from memtrack.records import Environment, GpuInfo
 
 ENV_ALLOWLIST = (
@@ -53,53 +55,120 @@ _PACKAGE_PREFIXES = (
 )
 
 
+_NOT_FINGERPRINTED = ("CUDA_VISIBLE_DEVICES",)
+"""Which physical card runs a case does not change its figures; the visible GPUs' models
+and count (in `gpus`) do, and are in the fingerprint."""
+
+
 def fingerprint_of(env: dict[str, Any]) -> str:
     """Hash of what confounds a comparison of memory figures."""
     key = {
-        "gpus": sorted((g["name"], g["total_bytes"]) for g in env["gpus"]),
+        "gpus": sorted((g["name"] or "", g["total_bytes"] or 0) for g in env["gpus"]),
         "driver": env["driver"],
         "cuda_runtime": env["cuda_runtime"],
         "cudnn": env["cudnn"],
         "torch": env["torch"],
         "python": ".".join((env["python"] or "").split(".")[:2]),
-        "env_vars": env["env_vars"],
+        "env_vars": {k: v for k, v in env["env_vars"].items() if k not in _NOT_FINGERPRINTED},
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _gpus_from_nvml() -> tuple[list[dict[str, Any]], str | None]:
+def torch_cuda(torch: Any) -> dict[str, Any]:
+    """What torch says about CUDA: its devices' properties, or its own reason for none."""
+    if not torch.version.cuda:
+        return {"available": False, "reason": "torch is a CPU build", "devices": []}
+    try:
+        torch.cuda.init()  # raises with torch's words: no driver, driver too old, no device
+        devices = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return {"available": False, "reason": reason, "devices": []}
+    return {"available": True, "reason": None, "devices": devices}
+
+
+def gpus_from_torch(nvml: Any, devices: list[Any], notes: list[str]) -> list[dict[str, Any]]:
+    """The devices torch sees, numbered as torch numbers them; NVML adds the MIG mode."""
+    from memtrack.probes.framework import device_uuid
+
+    gpus = []
+    for i, props in enumerate(devices):
+        uuid = device_uuid(props)
+        gpus.append(
+            {
+                "index": i,
+                "name": props.name,
+                "uuid": uuid,
+                "total_bytes": int(props.total_memory),
+                "compute_capability": f"{props.major}.{props.minor}",
+                "mig_mode": _mig_mode(nvml, uuid, i, notes) if nvml and uuid else None,
+            }
+        )
+    return gpus
+
+
+def _mig_mode(nvml: Any, uuid: str, index: int, notes: list[str]) -> str | None:
+    handle = guarded(notes, f"GPU {index} NVML handle", resolve, nvml, uuid)
+    if handle is None:
+        return None
+    if guarded(notes, f"GPU {index} MIG query", nvml.nvmlDeviceIsMigDeviceHandle, handle):
+        return "instance"
+    return _mig_of(nvml, handle)
+
+
+def _mig_of(nvml: Any, handle: Any) -> str | None:
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+    except Exception:  # a GPU without MIG says "not supported"
+        return None
+    return "enabled" if current else "disabled"
+
+
+def gpus_from_nvml(nvml: Any, notes: list[str]) -> list[dict[str, Any]]:
+    """Every GPU NVML sees, by NVML index: what doctor shows when torch cannot start CUDA.
+    Each query is guarded: a failing one leaves None and a note."""
+    gpus = []
+    for i in range(guarded(notes, "NVML device count", nvml.nvmlDeviceGetCount) or 0):
+        h = guarded(notes, f"NVML device {i}", nvml.nvmlDeviceGetHandleByIndex, i)
+        if h is None:
+            continue
+        cc = guarded(notes, f"GPU {i} capability", nvml.nvmlDeviceGetCudaComputeCapability, h)
+        name = guarded(notes, f"GPU {i} name", nvml.nvmlDeviceGetName, h)
+        uuid = guarded(notes, f"GPU {i} UUID", nvml.nvmlDeviceGetUUID, h)
+        gpus.append(
+            {
+                "index": i,
+                "name": _text(name),
+                "uuid": _text(uuid),
+                "total_bytes": usable_total(memory_info(nvml, h, notes, f"GPU {i}")),
+                "compute_capability": None if cc is None else f"{cc[0]}.{cc[1]}",
+                "mig_mode": _mig_of(nvml, h),
+            }
+        )
+    return gpus
+
+
+def _visible_uuids(gpus: list[dict[str, Any]], notes: list[str]) -> list[str]:
+    """All or none: the sampler numbers devices by their place in this list."""
+    uuids = [g["uuid"] for g in gpus]
+    if all(uuids):
+        return uuids
+    notes.append("torch gives no UUID for some device: no device view")
+    return []
+
+
+def _text(value: Any) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _nvml() -> Any:
     try:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception:
-        return [], None
-    try:
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            try:
-                current, _pending = pynvml.nvmlDeviceGetMigMode(h)
-                mig = "enabled" if current else "disabled"
-            except pynvml.NVMLError:
-                mig = None
-            name = pynvml.nvmlDeviceGetName(h)
-            uuid = pynvml.nvmlDeviceGetUUID(h)
-            gpus.append(
-                {
-                    "index": i,
-                    "name": name.decode() if isinstance(name, bytes) else name,
-                    "uuid": uuid.decode() if isinstance(uuid, bytes) else uuid,
-                    "total_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
-                    "compute_capability": f"{major}.{minor}",
-                    "mig_mode": mig,
-                }
-            )
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        return gpus, driver.decode() if isinstance(driver, bytes) else driver
-    finally:
-        pynvml.nvmlShutdown()
+        return pynvml
+    except Exception:  # doctor says why (nvml_status); cases run without a device view
+        return None
 
 
 def _cpu_name() -> str | None:
@@ -124,7 +193,18 @@ def collect() -> dict[str, Any]:
     """Gather the environment as plain data (run in a child process; see module doc)."""
     import torch
 
-    gpus, driver = _gpus_from_nvml()
+    notes: list[str] = []
+    cuda = torch_cuda(torch)
+    nvml = _nvml()
+    try:
+        if cuda["available"]:
+            gpus = gpus_from_torch(nvml, cuda["devices"], notes)
+        else:
+            gpus = gpus_from_nvml(nvml, notes) if nvml else []
+        driver = guarded(notes, "driver version", nvml.nvmlSystemGetDriverVersion) if nvml else None
+    finally:
+        if nvml:
+            nvml.nvmlShutdown()
     cuda_runtime = torch.version.cuda
     cudnn = nccl = None
     if cuda_runtime:
@@ -144,7 +224,7 @@ def collect() -> dict[str, Any]:
             packages[name] = dist.version
     env: dict[str, Any] = {
         "gpus": gpus,
-        "driver": driver,
+        "driver": _text(driver),
         "cuda_runtime": cuda_runtime,
         "cudnn": cudnn,
         "nccl": nccl,
@@ -157,6 +237,11 @@ def collect() -> dict[str, Any]:
         "host_ram_bytes": _host_ram(),
         "packages": dict(sorted(packages.items())),
         "env_vars": {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ},
+        "cuda_available": cuda["available"],
+        "cuda_device_count": len(cuda["devices"]),
+        "visible_uuids": _visible_uuids(gpus, notes) if cuda["available"] else [],
+        "cuda_unavailable_reason": cuda["reason"],
+        "notes": notes,
     }
     env["fingerprint"] = fingerprint_of(env)
     return env
@@ -166,6 +251,8 @@ def from_dict(data: dict[str, Any]) -> Environment:
     data = dict(data)
     data["gpus"] = tuple(GpuInfo(**g) for g in data["gpus"])
     data["torch_cuda_arch_list"] = tuple(data["torch_cuda_arch_list"])
+    data["visible_uuids"] = tuple(data["visible_uuids"])
+    data["notes"] = tuple(data["notes"])
     return Environment(**data)
 
 
