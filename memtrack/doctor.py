@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,40 @@ def nvml_status() -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
+def runs_on(capability: str, arch_list: tuple[str, ...]) -> bool:
+    """Can a torch built for `arch_list` run kernels on a GPU of this compute capability?
+
+    Code for sm_XY runs on X.Z for any Z >= Y (never across majors; an 'a' build only on X.Y
+    itself); PTX (compute_XY) is compiled when loaded, for X.Y or anything newer.
+    """
+    major, minor = (int(x) for x in capability.split("."))
+    for arch in arch_list:
+        m = re.fullmatch(r"(sm|compute)_(\d+)(\d)([af]?)", arch)
+        if not m:
+            continue
+        kind, built, suffix = m[1], (int(m[2]), int(m[3])), m[4]
+        if suffix == "a":
+            ok = built == (major, minor)
+        elif kind == "sm" or suffix == "f":
+            ok = built[0] == major and built[1] <= minor
+        else:
+            ok = built <= (major, minor)
+        if ok:
+            return True
+    return False
+
+
+def _cuda_check(env: Environment) -> Check | None:
+    """Can torch start CUDA on the GPUs this machine has? Asked of torch itself."""
+    if env.cuda_available is None or not env.cuda_runtime:
+        return None  # not recorded, or a CPU build (each GPU line says so)
+    if env.cuda_available:
+        return Check("cuda", "ok", f"torch sees {env.cuda_device_count} device(s)")
+    if env.gpus:
+        return Check("cuda", "fail", f"torch cannot start CUDA: {env.cuda_unavailable_reason}")
+    return Check("cuda", "info", f"no GPU: cases run on the CPU ({env.cuda_unavailable_reason})")
+
+
 def checks(env: Environment, db_path: Path, nvml_error: str | None) -> list[Check]:
     out = [
         Check("python", "info", env.python or "?"),
@@ -48,28 +83,34 @@ def checks(env: Environment, db_path: Path, nvml_error: str | None) -> list[Chec
         )
     else:
         out.append(Check("nvml", "ok", f"driver {env.driver}, {len(env.gpus)} GPU(s)"))
+    cuda = _cuda_check(env)
+    if cuda:
+        out.append(cuda)
     for g in env.gpus:
-        arch = f"sm_{(g.compute_capability or '').replace('.', '')}"
-        detail = f"{g.name} {g.uuid} VRAM {format_size(g.total_bytes)} cc {g.compute_capability}"
+        cc = g.compute_capability
+        detail = f"{g.name} {g.uuid} VRAM {format_size(g.total_bytes)} cc {cc}"
         if g.mig_mode == "enabled":
-            detail += ", MIG enabled (figures are per instance)"
+            detail += ", MIG enabled (no device view: NVML's figures span all instances)"
+        elif g.mig_mode == "instance":
+            detail += ", a MIG instance"
         if not env.cuda_runtime:
             out.append(Check(f"gpu {g.index}", "fail", detail + ": torch is a CPU build"))
         elif (
             env.torch_cuda_arch_list
-            and arch not in env.torch_cuda_arch_list
-            and not any(a.startswith("compute_") for a in env.torch_cuda_arch_list)
+            and re.fullmatch(r"\d+\.\d+", cc or "")
+            and not runs_on(cc or "", env.torch_cuda_arch_list)
         ):
             out.append(
                 Check(
                     f"gpu {g.index}",
                     "fail",
-                    f"{detail}: torch is not built for {arch} "
-                    f"({' '.join(env.torch_cuda_arch_list)})",
+                    f"{detail}: torch has no code for it ({' '.join(env.torch_cuda_arch_list)})",
                 )
             )
         else:
             out.append(Check(f"gpu {g.index}", "ok", detail))
+    for note in env.notes:
+        out.append(Check("query", "warn", note))
     if env.gpus and env.cudnn is None:
         out.append(Check("cudnn", "warn", "cuDNN not found"))
     elif env.cudnn:
