@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
-from torch.distributed._tools.mem_tracker import MemTracker
 
 
 class FrameworkProbe(Protocol):
@@ -25,27 +24,38 @@ class FrameworkProbe(Protocol):
     def summary(self) -> dict[str, Any]: ...
 
 
-class _CategoryTracker(MemTracker):
-    """MemTracker that tolerates a module called again in one session (a decode loop).
+def _category_tracker() -> Any:
+    """A MemTracker that tolerates a module called again in one session (a decode loop).
 
     Only the global peak by category is used here, so per-module statistics are reset
-    instead of refused when a root module runs twice.
+    instead of refused when a root module runs twice. Imported here, not at the top: a
+    torch without MemTracker (before 2.5) then fails only what needs it, with this message.
     """
+    try:
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except ImportError as exc:
+        raise RuntimeError(
+            f"torch {torch.__version__} has no torch.distributed._tools.mem_tracker "
+            "(torch >= 2.5 has it): no CPU framework view or category breakdown"
+        ) from exc
 
-    def _pre_fw_hook(self, module: Any, inputs: Any) -> None:
-        try:
-            super()._pre_fw_hook(module, inputs)
-        except NotImplementedError:
-            self.reset_mod_stats()
-            super()._pre_fw_hook(module, inputs)
+    class CategoryTracker(MemTracker):
+        def _pre_fw_hook(self, module: Any, inputs: Any) -> None:
+            try:
+                super()._pre_fw_hook(module, inputs)
+            except NotImplementedError:
+                self.reset_mod_stats()
+                super()._pre_fw_hook(module, inputs)
 
-    def _pre_bw_hook(self, module: Any, args: Any) -> None:
-        if module in self.memory_tracking:
-            super()._pre_bw_hook(module, args)
+        def _pre_bw_hook(self, module: Any, args: Any) -> None:
+            if module in self.memory_tracking:
+                super()._pre_bw_hook(module, args)
 
-    def _post_bw_hook(self, module: Any, args: Any) -> None:
-        if module in self.memory_tracking:
-            super()._post_bw_hook(module, args)
+        def _post_bw_hook(self, module: Any, args: Any) -> None:
+            if module in self.memory_tracking:
+                super()._post_bw_hook(module, args)
+
+    return CategoryTracker()
 
 
 def _trackable(objects: tuple[Any, ...]) -> list[Any]:
@@ -59,7 +69,7 @@ class MemTrackerProbe:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.tracker = _CategoryTracker()
+        self.tracker = _category_tracker()
         self.samples: list[int] = []
         self.peak_snapshot: dict[str, int] = {}
 
@@ -137,7 +147,7 @@ class CudaAllocatorProbe:
             devices.append(
                 {
                     "index": i,
-                    "uuid": _uuid(props),
+                    "uuid": device_uuid(props),
                     "name": props.name,
                     "total_bytes": int(props.total_memory),
                     "peak_allocated_bytes": alloc,
@@ -156,7 +166,8 @@ class CudaAllocatorProbe:
         }
 
 
-def _uuid(props: Any) -> str | None:
+def device_uuid(props: Any) -> str | None:
+    """torch's UUID of a device, spelt as NVML spells a GPU's."""
     uuid = getattr(props, "uuid", None)
     if uuid is None:
         return None
