@@ -1,0 +1,112 @@
+"""`memtrack doctor`: the checks on recorded environments, and the command on this machine
+with NVML's stand-in (fakenvml/) where it needs GPUs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from factories import CPU_ENV, GPU_ENV, GiB
+
+from memtrack.doctor import checks, runs_on
+
+FAKE_DIR = Path(__file__).parent / "fakenvml"
+TOO_OLD = (
+    "The NVIDIA driver on your system is too old (found version 12040). Please update your "
+    "GPU driver by downloading and installing a new version from the URL: "
+    "http://www.nvidia.com/Download/index.aspx"
+)
+
+
+def _by_name(env, tmp_path):
+    return {c.name: c for c in checks(env, tmp_path / "m.db", None)}
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [TOO_OLD, "No CUDA GPUs are available"],  # a CUDA 13 wheel on a 550 driver; CVD=""
+)
+def test_doctor_fails_with_torchs_reason_when_it_cannot_start_cuda_on_a_gpu(tmp_path, reason):
+    env = dataclasses.replace(
+        GPU_ENV, cuda_available=False, cuda_device_count=0, cuda_unavailable_reason=reason
+    )
+    cuda = _by_name(env, tmp_path)["cuda"]
+    assert (cuda.status, cuda.detail) == ("fail", f"torch cannot start CUDA: {reason}")
+
+
+def test_doctor_passes_cuda_that_starts_and_a_machine_without_a_gpu(tmp_path):
+    ok = dataclasses.replace(GPU_ENV, cuda_available=True, cuda_device_count=1)
+    assert _by_name(ok, tmp_path)["cuda"].status == "ok"
+    no_gpu = dataclasses.replace(
+        CPU_ENV, cuda_runtime="13.0", cuda_available=False, cuda_unavailable_reason=TOO_OLD
+    )
+    assert _by_name(no_gpu, tmp_path)["cuda"].status == "info"  # cases run on the CPU
+
+
+@pytest.mark.parametrize(
+    ("capability", "arch_list", "runs"),
+    [
+        ("8.9", ("sm_80", "sm_86", "sm_90"), True),  # sm_86 code runs on an sm_89 GPU
+        ("9.0", ("sm_80", "sm_86"), False),  # never across majors
+        ("9.0", ("sm_80", "compute_80"), True),  # PTX is compiled for newer GPUs at load
+        ("8.6", ("sm_89",), False),  # not down within a major
+        ("9.0", ("sm_90a",), True),
+        ("10.0", ("sm_90a", "sm_90"), False),  # an 'a' build runs on its exact GPU only
+        ("10.3", ("sm_100f",), True),  # a family build runs across its family
+        ("12.0", ("sm_100", "sm_120"), True),
+    ],
+)
+def test_arch_check_follows_cuda_binary_compatibility(capability, arch_list, runs):
+    assert runs_on(capability, arch_list) is runs
+
+
+def test_doctor_fails_a_gpu_only_when_no_code_runs_on_it(tmp_path):
+    ada = dataclasses.replace(GPU_ENV.gpus[0], name="NVIDIA L40S", compute_capability="8.9")
+    env = dataclasses.replace(
+        GPU_ENV, gpus=(ada,), torch_cuda_arch_list=("sm_80", "sm_86", "sm_90")
+    )
+    assert _by_name(env, tmp_path)["gpu 0"].status == "ok"
+    env = dataclasses.replace(env, torch_cuda_arch_list=("sm_90",))
+    gpu0 = _by_name(env, tmp_path)["gpu 0"]
+    assert gpu0.status == "fail" and "torch has no code for it (sm_90)" in gpu0.detail
+
+
+def test_doctor_with_fake_nvml_reports_a_failing_query_instead_of_crashing(tmp_path):
+    scenario = {
+        "devices": [
+            {"uuid": "GPU-a", "name": "NVIDIA H200", "total": 141 * GiB, "used": GiB},
+            {
+                "uuid": "GPU-b",
+                "name": "NVIDIA H200",
+                "total": 141 * GiB,
+                "used": GiB,
+                "fail": ["memory"],
+            },
+        ]
+    }
+    (tmp_path / "nvml.json").write_text(json.dumps(scenario))
+    env = {
+        **os.environ,
+        "FAKE_NVML": str(tmp_path / "nvml.json"),
+        "PYTHONPATH": os.pathsep.join([str(FAKE_DIR), *sys.path]),
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "doctor", "--db", str(tmp_path / "m.db")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert "Traceback" not in out.stderr
+    lines = out.stdout.splitlines()
+    assert any(
+        line.startswith("WARN query") and "GPU 1 memory info unavailable" in line for line in lines
+    )
+    # the GPUs are there, and this machine's torch is a CPU build: that fails, as it should
+    assert out.returncode == 1
+    assert any(line.startswith("FAIL gpu 1") and "CPU build" in line for line in lines)

@@ -1,0 +1,116 @@
+"""The environment: collected in a real child process; NVML is the stand-in in fakenvml/ where
+a test needs GPUs (this machine has none), and torch is this machine's CPU build."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+from factories import GPU_ENV, GiB, MiB, make_measurement, make_run
+
+from memtrack import environment
+from memtrack.records import DeviceMeasurement, run_from_dict, to_dict
+from memtrack.store import Store
+
+FAKE_DIR = Path(__file__).parent / "fakenvml"
+
+
+@pytest.fixture
+def nvml_with_a_failing_query(tmp_path, monkeypatch):
+    """Two GPUs; the second refuses memory info (a MIG GPU in a container, unprivileged)."""
+    scenario = {
+        "devices": [
+            {"uuid": "GPU-a", "name": "NVIDIA H200", "total": 141 * GiB, "used": GiB},
+            {
+                "uuid": "GPU-b",
+                "name": "NVIDIA H200",
+                "total": 141 * GiB,
+                "used": GiB,
+                "mig": "enabled",
+                "fail": ["memory"],
+            },
+        ]
+    }
+    (tmp_path / "nvml.json").write_text(json.dumps(scenario))
+    monkeypatch.setenv("FAKE_NVML", str(tmp_path / "nvml.json"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKE_DIR), *sys.path]))
+
+
+def test_the_environment_records_whether_torch_can_start_cuda_and_why_not():
+    env = environment.probe()
+    # this machine's torch is a CPU build: the reason is torch's situation, said plainly
+    assert env.cuda_available is False and env.cuda_device_count == 0
+    assert env.cuda_unavailable_reason == "torch is a CPU build"
+    assert env.visible_uuids == ()
+
+
+def test_one_failing_nvml_query_leaves_none_and_a_note_with_fake_nvml(nvml_with_a_failing_query):
+    env = environment.probe()  # torch cannot start CUDA here: the GPUs NVML sees are listed
+    a, b = env.gpus
+    assert (a.uuid, a.total_bytes, a.compute_capability) == ("GPU-a", 141 * GiB, "9.0")
+    assert (b.uuid, b.total_bytes, b.mig_mode) == ("GPU-b", None, "enabled")
+    assert env.driver == "580.65"
+    assert env.notes == (
+        "GPU 1 memory info unavailable (NVMLError_NoPermission: Insufficient Permissions)",
+    )
+
+
+def test_which_physical_card_is_visible_does_not_split_the_fingerprint():
+    data = to_dict(GPU_ENV)
+    on_card_3 = {**data, "env_vars": {"CUDA_VISIBLE_DEVICES": "3"}}
+    on_card_5 = {**data, "env_vars": {"CUDA_VISIBLE_DEVICES": "5"}}
+    assert environment.fingerprint_of(on_card_3) == environment.fingerprint_of(on_card_5)
+    # the visible devices' models and count do change the figures, and the fingerprint
+    two = {**on_card_3, "gpus": data["gpus"] * 2}
+    assert environment.fingerprint_of(two) != environment.fingerprint_of(on_card_3)
+    # a GPU whose name NVML would not give still has a fingerprint
+    unnamed = {**data, "gpus": [{**data["gpus"][0], "name": None, "total_bytes": None}]}
+    assert environment.fingerprint_of(unnamed)
+
+
+def test_cuda_facts_and_the_memory_pass_peak_read_back_from_sqlite(tmp_path):
+    env = dataclasses.replace(
+        GPU_ENV,
+        cuda_available=True,
+        cuda_device_count=1,
+        visible_uuids=("GPU-0000",),
+        notes=("GPU 0 process list unavailable (NVMLError_NoPermission: ...)",),
+    )
+    m = make_measurement(device="cuda", reserved=4 * MiB, device_peak=8 * MiB)
+    m = dataclasses.replace(
+        m, devices=(dataclasses.replace(m.devices[0], memory_pass_peak_bytes=6 * MiB),)
+    )
+    run = make_run([m], env=env)
+    with Store.open(tmp_path / "m.db") as store:
+        store.write_run(run)
+        assert store.get_run(run.run_id) == run
+
+
+def test_rows_and_records_made_before_the_cuda_facts_still_read(tmp_path):
+    run = make_run([make_measurement()], env=GPU_ENV)
+    with Store.open(tmp_path / "m.db") as store:
+        store.write_run(run)
+    conn = sqlite3.connect(tmp_path / "m.db")  # as a row recorded before the columns existed
+    conn.execute("update environments set visible_uuids = null, notes = null")
+    conn.commit()
+    conn.close()
+    with Store.open(tmp_path / "m.db", readonly=True) as store:
+        env = store.get_run(run.run_id).environment
+    assert env.cuda_available is None and env.visible_uuids == () and env.notes == ()
+
+    old = to_dict(run)
+    for key in (
+        "cuda_available",
+        "cuda_device_count",
+        "visible_uuids",
+        "cuda_unavailable_reason",
+        "notes",
+    ):
+        del old["environment"][key]
+    assert run_from_dict(old).environment == GPU_ENV
+    assert DeviceMeasurement(0, "GPU-0", "H200", GiB).memory_pass_peak_bytes is None
