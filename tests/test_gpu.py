@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+from memtrack import environment
 from memtrack.config import load_config
 from memtrack.runner import run_suite
 from memtrack.workload import discover, select_cases
@@ -52,10 +53,14 @@ def test_allocator_and_device_views_are_recorded(gpu_run):
     assert m.peak_requested_bytes <= m.peak_allocated_bytes
     assert m.num_alloc_retries == 0 and m.num_ooms == 0
     assert m.device_view == "nvml", m.device_view_note
-    dev = m.devices[0]
-    assert dev.uuid and dev.uuid.startswith("GPU-") and dev.total_bytes > 0
+    (dev,) = m.devices  # only the device torch sees, numbered as torch numbers it
+    assert dev.index == 0 and dev.uuid == gpu_run.environment.visible_uuids[0]
+    assert dev.total_bytes == gpu_run.environment.gpus[0].total_bytes  # torch's total_memory
     # the device view holds the CUDA context on top of what the allocator reserved
     assert dev.peak_process_bytes > m.peak_reserved_bytes
+    assert dev.memory_pass_peak_bytes is not None, m.notes
+    assert dev.memory_pass_peak_bytes <= dev.peak_process_bytes
+    assert m.workspace_bytes == dev.memory_pass_peak_bytes - m.peak_reserved_bytes
     assert m.workspace_bytes > 0
 
 
@@ -70,3 +75,14 @@ def test_the_environment_names_the_gpu_driver_and_cuda(gpu_run):
     env = gpu_run.environment
     assert env.gpus and env.gpus[0].total_bytes > 0 and env.gpus[0].compute_capability
     assert env.driver and env.cuda_runtime and env.torch_cuda_arch_list
+    assert env.cuda_available is True and env.cuda_unavailable_reason is None
+    assert env.cuda_device_count == len(env.visible_uuids) == len(env.gpus)
+
+
+def test_cuda_visible_devices_narrow_what_is_recorded(gpu_run, monkeypatch):
+    first = gpu_run.environment.visible_uuids[0]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", first)
+    assert environment.probe().visible_uuids == (first,)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    env = environment.probe()
+    assert env.cuda_available is False and env.cuda_unavailable_reason
