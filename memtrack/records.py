@@ -94,7 +94,8 @@ class Environment:
 
     fingerprint: str
     """Hash of the confounders: GPU models and count, driver, CUDA, cuDNN, torch, Python,
-    device kind and the memory-relevant variables. Baselines compare equal fingerprints."""
+    device kind and the memory-relevant variables (CUDA_VISIBLE_DEVICES aside: the visible
+    GPUs' models stand for it). Baselines compare equal fingerprints."""
     gpus: tuple[GpuInfo, ...] = ()
     driver: str | None = None
     cuda_runtime: str | None = None

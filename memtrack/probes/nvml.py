@@ -184,9 +184,14 @@ def main(argv: list[str] | None = None) -> int:
         import pynvml
 
         pynvml.nvmlInit()
-        sampler = Sampler(pynvml, args.uuids)
     except Exception as exc:
         print(json.dumps({"ok": False, "reason": f"NVML unavailable: {exc}"}), flush=True)
+        return 0
+    try:
+        sampler = Sampler(pynvml, args.uuids)
+    except Exception as exc:  # no device torch sees, or one NVML cannot attribute (MIG)
+        print(json.dumps({"ok": False, "reason": f"no device view: {exc}"}), flush=True)
+        pynvml.nvmlShutdown()
         return 0
     pids: set[int] = set()
     window: list[float] = []
