@@ -273,7 +273,7 @@ def default_budget_metric(m: Measurement) -> str:
 def budgets_for(budgets: Sequence[Budget], m: Measurement, env: Environment) -> dict[str, Budget]:
     """The budget that applies to each metric of a case: the most specific one (a case id
     over a workload name, a GPU model over any GPU), the tighter on a tie."""
-    gpu_names = {g.name.lower() for g in env.gpus}
+    gpu_names = {g.name.lower() for g in env.gpus if g.name}  # None: NVML would not say
     chosen: dict[str, tuple[tuple[int, int, int], Budget]] = {}
     for b in budgets:
         if b.workload not in (m.workload, m.case_id):

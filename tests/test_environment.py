@@ -114,3 +114,15 @@ def test_rows_and_records_made_before_the_cuda_facts_still_read(tmp_path):
         del old["environment"][key]
     assert run_from_dict(old).environment == GPU_ENV
     assert DeviceMeasurement(0, "GPU-0", "H200", GiB).memory_pass_peak_bytes is None
+
+
+def test_a_gpu_nvml_would_not_name_takes_no_gpu_budget_and_breaks_nothing():
+    from memtrack.compare import budgets_for
+    from memtrack.config import Budget
+
+    unnamed = dataclasses.replace(GPU_ENV.gpus[0], name=None)
+    env = dataclasses.replace(GPU_ENV, gpus=(unnamed, GPU_ENV.gpus[0]))
+    m = make_measurement(device="cuda", reserved=4 * MiB, device_peak=8 * MiB)
+    h200 = Budget("decoder", 10 * MiB, "fits the H200 fleet", "device", "NVIDIA H200")
+    assert budgets_for([h200], m, env) == {"device": h200}
+    assert budgets_for([h200], m, dataclasses.replace(env, gpus=(unnamed,))) == {}
