@@ -106,6 +106,17 @@ class Verdict:
     """Time only: Mann-Whitney U, one-sided (candidate slower)."""
     details: tuple[str, ...] = ()
     """Further lines: differing versions, per-device VRAM fit, budget changes."""
+    context: str = "pull_request"
+    """'pull_request' (gating a change) or 'base' (a run of the base branch against its
+    previous level: reported and recorded, never blocking)."""
+    accepted_reason: str | None = None
+    """For `accepted`: the reason of the reviewed acceptance (a commit trailer) it is within."""
+    component: str | None = None
+    """The breakdown component that grew the most (weights, caches, gradients, ...)."""
+    component_delta: float | None = None
+    """That component's growth against the baseline level, bytes."""
+    level_commit: str | None = None
+    """The first commit of the baseline's current level (the newest step), if known."""
 
 
 @dataclass(frozen=True)
@@ -707,7 +718,8 @@ def check(store: Store, config: Config, *, run_id: str | None = None,
 _VERDICT_COLUMNS = ("run_id", "case_id", "workload", "metric", "kind", "blocking", "provisional",
                     "baseline_value", "spread", "factor", "floor", "threshold",
                     "candidate_value", "delta", "delta_pct", "budget_bytes", "budget_reason",
-                    "baseline_runs", "message", "checked_at")
+                    "baseline_runs", "message", "checked_at", "context", "accepted_reason",
+                    "component", "component_delta", "level_commit")
 
 
 def save_verdicts(store: Store, result: CheckResult) -> int:
@@ -719,7 +731,8 @@ def save_verdicts(store: Store, result: CheckResult) -> int:
          v.kind, int(v.blocking), int(v.provisional), v.baseline_value, v.spread, v.factor,
          v.floor, v.threshold,
          v.candidate_value, v.delta, v.delta_pct, v.budget_bytes, v.budget_reason,
-         v.baseline_runs, v.message, result.checked_at)
+         v.baseline_runs, v.message, result.checked_at, v.context, v.accepted_reason,
+         v.component, v.component_delta, v.level_commit)
         for v in result.verdicts
     ]
     conn = store.conn

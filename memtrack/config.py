@@ -21,7 +21,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEFAULT_MODULES = ("memtrack.examples",)
-METRICS = ("allocated", "reserved", "requested", "device", "host")
+METRICS = ("allocated", "reserved", "requested", "device", "host", "host_step")
 """Memory metrics a budget or a verdict can name (see compare.metric_value)."""
 
 

@@ -236,7 +236,8 @@ def test_verdicts_are_recorded_once_per_run(store, tmp_path):
     assert cols == ["id", "run_id", "case_id", "workload", "metric", "kind", "blocking",
                     "provisional", "baseline_value", "spread", "factor", "floor", "threshold",
                     "candidate_value", "delta", "delta_pct", "budget_bytes", "budget_reason",
-                    "baseline_runs", "message", "checked_at"]
+                    "baseline_runs", "message", "checked_at", "context", "accepted_reason",
+                    "component", "component_delta", "level_commit"]
 
 
 def test_compare_and_report_import_no_heavy_modules():
