@@ -72,6 +72,8 @@ class Config:
     min_baseline_runs: int = 3
     headroom_factor: float = 3.0
     time_regression: str = "warn"
+    noisy_above: float = 0.05
+    """A headroom wider than this fraction of its baseline is too wide to judge: `noisy`."""
     creep_anchor: str | int = 50
     """What `memtrack check --history` measures creep against: a git revision (a tag or
     a commit) or N, the base-branch commit N recorded commits before the newest."""
@@ -107,6 +109,7 @@ _TOP_KEYS = {
     "budgets",
     "creep_anchor",
     "creep_tolerance",
+    "noisy_above",
 }
 _WORKLOAD_KEYS = {"warmup", "repeats", "timeout", "params"}
 _BUDGET_KEYS = {"workload", "limit", "reason", "metric", "gpu"}
@@ -314,6 +317,7 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
         time_regression=c.choice("time_regression", ("warn", "block", "off"), "warn") or "warn",
         creep_anchor=anchor.strip() if isinstance(anchor, str) else anchor,
         creep_tolerance=c.fraction("creep_tolerance", 0.01),
+        noisy_above=c.fraction("noisy_above", 0.05),
         workloads=workloads,
         budgets=tuple(budgets),
     )

@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from memtrack.compare import CheckResult, Verdict
+from memtrack.judge.check import CheckResult
+from memtrack.judge.verdict import Verdict
 from memtrack.units import format_seconds, format_size
 from memtrack.workload import short_case_labels
 
 if TYPE_CHECKING:
-    from memtrack.trend import HistoryResult
+    from memtrack.judge.history import HistoryResult
 
 MARKDOWN_LIMIT = 1_000_000
 """GitHub refuses a job summary over 1 MiB; stay clearly below it."""
