@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from memtrack import environment, provenance
+from memtrack.breakdown import with_breakdown
 from memtrack.config import Config
 from memtrack.records import (
     DeviceMeasurement,
     Environment,
     Measurement,
     RunRecord,
-    device_peak,
 )
 from memtrack.workload import Case, suite_hash
 
@@ -53,6 +53,17 @@ def resolve_device(config: Config, env: Environment) -> str:
     return "cuda" if env.gpus and env.cuda_runtime else "cpu"
 
 
+PINNED_ENV = {
+    # glibc raises its mmap threshold as large blocks are freed, so whether a step's
+    # buffers come from the heap (and stay resident) or from mmap (and are returned) depends
+    # on what ran before: the host peak of unchanged code then moved by ~10 MiB run to run.
+    # A fixed threshold (glibc's default, 128 KiB) makes it follow live memory within
+    # 1 MiB. A value the user set is kept; either way it is recorded in the environment.
+    "MALLOC_MMAP_THRESHOLD_": "131072",
+}
+"""Allocator settings every worker runs with, unless the user set them."""
+
+
 def run_suite(
     config: Config,
     cases: list[Case],
@@ -63,6 +74,8 @@ def run_suite(
 ) -> RunRecord:
     """Measure every case and return the run (the caller stores it)."""
     started = _now()
+    for name, value in PINNED_ENV.items():
+        os.environ.setdefault(name, value)  # before the probe, which records it
     env = env or environment.probe()
     device = resolve_device(config, env)
     git = provenance.git_info(config.root, config.base_branch)
@@ -240,6 +253,8 @@ _MEASURED = (
     "host_peak_rss_bytes",
     "host_step_peak_rss_bytes",
     "host_peak_source",
+    "host_setup_rss_bytes",
+    "host_file_rss_bytes",
     "caches_bytes",
     "categories",
     "iteration_times_s",
@@ -282,40 +297,6 @@ def _device_view(
             )
         out.append(dm)
     return out, "nvml", None
-
-
-def with_breakdown(m: Measurement) -> Measurement:
-    """Weights, caches, training state, intermediates and workspace from the figures."""
-    import dataclasses
-
-    if m.peak_allocated_bytes is None:
-        return m
-    cats = m.categories or {}
-    weights = m.persistent_bytes or 0
-    caches = m.caches_bytes or 0
-    training = None
-    if cats:
-        training = cats.get("Gradient", 0) + cats.get("Optstate", 0)
-    intermediates = max(0, m.peak_allocated_bytes - weights - caches - (training or 0))
-    if m.device == "cuda":
-        peak = device_peak(m)
-        workspace = (
-            peak - m.peak_reserved_bytes
-            if peak is not None and m.peak_reserved_bytes is not None
-            else None
-        )
-    else:
-        # On the CPU the gap is the host's: RSS beyond live tensors (interpreter, libraries).
-        host = m.host_step_peak_rss_bytes
-        workspace = host - m.peak_allocated_bytes if host is not None else None
-    return dataclasses.replace(
-        m,
-        weights_bytes=weights,
-        caches_bytes=caches,
-        training_state_bytes=training,
-        intermediates_bytes=intermediates,
-        workspace_bytes=workspace,
-    )
 
 
 def _now() -> str:
