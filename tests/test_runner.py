@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import textwrap
 
@@ -183,3 +184,46 @@ def _state(pid):
             return f.read().rpartition(")")[2].split()[0]
     except FileNotFoundError:
         return None
+
+
+def test_a_process_that_ignores_sigterm_or_leaves_the_group_is_still_ended():
+    import subprocess
+    import sys
+
+    from memtrack.probes.tree import ProcessTree
+
+    script = textwrap.dedent(
+        """
+        import signal, subprocess, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+        escaped = subprocess.Popen(sleeper, start_new_session=True)  # a group of its own
+        print(escaped.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    escaped = int(proc.stdout.readline())
+    tree = ProcessTree(proc.pid)
+    try:
+        assert tree.wait(0.3) is False  # still running: a timeout
+    finally:
+        tree.end()
+    assert proc.wait() == -signal.SIGKILL  # SIGTERM was ignored
+    assert _state(escaped) in (None, "Z")
+    assert tree.peak > 0
+
+
+def test_without_a_usable_cgroup_the_tree_is_sampled_and_no_cgroup_is_left():
+    from memtrack.probes import tree
+
+    parent = tree._own_cgroup2_dir()
+    cgroup = tree._Cgroup.create()
+    if cgroup is not None:
+        cgroup.remove()
+        pytest.skip("a cgroup v2 with memory.peak can be made here")
+    if parent is not None and parent.is_dir():
+        assert not [p for p in parent.iterdir() if p.name.startswith("memtrack-")]
+    assert tree.ProcessTree(os.getpid()).source == "process-group samples (lower bound)"
