@@ -140,7 +140,7 @@ class _Checker:
             return default
         value = self.table[key]
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
+            value = float(max(-(2**53), min(value, 2**53)))  # a float cannot hold every int
         if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
             raise self.fail(key, f"expected {kind.__name__}, got {value!r}")
         return value

@@ -1,7 +1,12 @@
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memtrack.cli import main
 from memtrack.config import Config, load_config
@@ -129,3 +134,49 @@ def test_missing_module_exits_2_and_writes_nothing(tmp_path):
     assert result.exit_code == 2
     assert "modules: cannot import 'perf.not_there'" in result.output
     assert not db.exists()
+
+
+def _toml(value):
+    """A TOML literal for a value hypothesis drew."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value != value:
+        return "nan"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+_KEYS = ["timeout", "nvml_interval", "headroom_factor", "creep_tolerance", "max_cases",
+         "repeats", "base_branch", "creep_anchor", "database", "budgets"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    key=st.sampled_from(_KEYS),
+    value=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(min_value=-(2**63), max_value=2**63 - 1),
+        st.integers(min_value=-(10**400), max_value=10**400),  # tomllib reads any int
+        st.text(max_size=20),
+        st.text(alphabet="0123456789.%-+ GiBMmsinf", max_size=12),
+        st.booleans(),
+    ),
+)
+def test_any_value_of_a_key_is_a_config_or_a_one_line_error(tmp_path_factory, key, value):
+    cfg = tmp_path_factory.mktemp("cfg") / "memtrack.toml"
+    if key == "budgets":
+        cfg.write_text(f"[[budgets]]\nworkload = 'w'\nreason = 'r'\nlimit = {_toml(value)}\n")
+    else:
+        cfg.write_text(f"{key} = {_toml(value)}\n")
+    try:
+        config = load_config(cfg)
+    except ConfigError as exc:
+        assert str(exc).startswith(str(cfg)) and "\n" not in str(exc)
+        return
+    for number in (config.timeout_s, config.headroom_factor, config.creep_tolerance):
+        assert math.isfinite(number) and number >= 0
+    assert config.base_branch and not config.base_branch.startswith("-")
+    assert all(0 <= b.limit_bytes <= 2**62 for b in config.budgets)

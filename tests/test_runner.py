@@ -227,3 +227,17 @@ def test_without_a_usable_cgroup_the_tree_is_sampled_and_no_cgroup_is_left():
     if parent is not None and parent.is_dir():
         assert not [p for p in parent.iterdir() if p.name.startswith("memtrack-")]
     assert tree.ProcessTree(os.getpid()).source == "process-group samples (lower bound)"
+
+
+def test_the_tree_peak_is_stored_and_read_back(failing_run, tmp_path):
+    from memtrack.store import Store
+
+    with Store.open(tmp_path / "m.db") as store:
+        store.write_run(failing_run[0])
+        back = {m.workload: m for m in store.get_run(failing_run[0].run_id).measurements}
+    for name, m in _by_workload(failing_run).items():
+        assert (back[name].host_tree_peak_rss_bytes, back[name].host_tree_source) == (
+            m.host_tree_peak_rss_bytes,
+            m.host_tree_source,
+        )
+    assert back["leaves_children"].host_tree_peak_rss_bytes > 0
