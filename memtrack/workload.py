@@ -215,9 +215,8 @@ def discover(config: Config) -> list[Workload]:
             raise WorkloadError(f"{where}: {ref!r}: {exc}") from None
         except (Exception, SystemExit) as exc:  # the module's own code failed: say how
             first = (str(exc).strip().splitlines() or [""])[0][:300]
-            raise WorkloadError(
-                f"{where}: cannot import {ref!r}: {type(exc).__name__}: {first}".rstrip(": ")
-            ) from None
+            error = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+            raise WorkloadError(f"{where}: cannot import {ref!r}: {error}") from None
         for wl in _REGISTRY.values():
             if wl.module == name or wl.module.startswith(name + "."):
                 other = found.get(wl.name)
@@ -251,13 +250,13 @@ def discover(config: Config) -> list[Workload]:
     return list(found.values())
 
 
-def grid_size(wl: Workload) -> int:
+def _grid_size(wl: Workload) -> int:
     return math.prod(len(values) for values in wl.params.values())
 
 
 def _check_size(workloads: Iterable[Workload], config: Config) -> None:
     """Refuse a suite over `max_cases` before expanding it: a typo in a grid can be huge."""
-    sizes = sorted(((grid_size(w), w.name) for w in workloads), reverse=True)
+    sizes = sorted(((_grid_size(w), w.name) for w in workloads), reverse=True)
     total = sum(n for n, _ in sizes)
     if total > config.max_cases:
         where = f"{config.path}: max_cases" if config.path else "max_cases"

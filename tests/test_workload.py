@@ -189,3 +189,9 @@ def test_max_cases_is_the_configured_size(tmp_path):
         discover(config)
     config = _suite(tmp_path, {"wl.py": source}, 'modules = ["wl.py"]\nmax_cases = 3\n')
     assert len(select_cases(discover(config))) == 3
+
+
+def test_a_module_that_exits_without_a_message_is_named_with_its_exit(tmp_path):
+    config = _suite(tmp_path, {"wl.py": "raise SystemExit\n"})
+    with pytest.raises(WorkloadError, match=r"cannot import 'wl.py': SystemExit$"):
+        discover(config)
