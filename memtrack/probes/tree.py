@@ -159,7 +159,11 @@ class ProcessTree:
     def members(self) -> set[int]:
         """Living processes of the case: its group, the worker's descendants, the cgroup."""
         procs = {}
-        for entry in os.listdir("/proc"):
+        try:
+            entries = os.listdir("/proc")
+        except OSError:  # no procfs: the process group alone is ended
+            return set()
+        for entry in entries:
             if entry.isdigit():
                 st = _stat(int(entry))
                 if st is not None and st[0] not in ("Z", "X"):
@@ -200,7 +204,10 @@ class ProcessTree:
         try:
             while True:
                 self.sample()
-                if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                try:
+                    if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                        return True
+                except ChildProcessError:  # reaped already (SIGCHLD ignored)
                     return True
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -217,17 +224,16 @@ class ProcessTree:
         """End every process of the case: SIGTERM, a short grace, then SIGKILL."""
         self.sample()  # each living child's high-water mark, exact now
         for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, KILL_WAIT_S)):
-            left = self.members()
-            if not left:
-                break
             _signal(self.pid, sig, group=True)
-            for pid in left:
+            for pid in self.members():
                 _signal(pid, sig)
             if sig == signal.SIGKILL and self.cgroup is not None:
                 self.cgroup.kill()
             deadline = time.monotonic() + grace
             while self.members() and time.monotonic() < deadline:
                 time.sleep(0.02)
+            if not self.members():
+                break
         if self.cgroup is not None:
             self.peak = self.cgroup.peak() or 0
             self.cgroup.remove()
