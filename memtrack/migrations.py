@@ -197,7 +197,13 @@ def m003_gate(db: sqlite_utils.Database) -> None:
     db.execute("create index idx_verdicts_context on verdicts (context, case_id)")
 
 
-STEPS = (m001_initial, m002_verdicts, m003_gate)
+def m005_host_tree(db: sqlite_utils.Database) -> None:
+    """The host peak of a case's whole process tree, and how it was measured."""
+    db.execute("alter table measurements add column host_tree_peak_rss_bytes integer")
+    db.execute("alter table measurements add column host_tree_source text")
+
+
+STEPS = (m001_initial, m002_verdicts, m003_gate, m005_host_tree)
 
 
 def names() -> list[str]:

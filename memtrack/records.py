@@ -217,6 +217,12 @@ class Measurement:
     """File-backed and shared resident pages (RssFile + RssShmem: libraries, mapped files)
     at the end of the timing pass. They are reclaimable and follow the page cache, not the
     code, so the `host` metric leaves them out."""
+    host_tree_peak_rss_bytes: int | None = None
+    """Host peak of the case's whole process tree (the worker and every process it started):
+    exact from a cgroup v2 `memory.peak` (page cache charged to it included), else a lower
+    bound from samples of the processes' RSS and their own high-water marks."""
+    host_tree_source: str | None = None
+    """'cgroup' or 'process-group samples (lower bound)'; None when not measured."""
 
 
 def device_peak(m: Measurement) -> int | None:

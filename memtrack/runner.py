@@ -23,12 +23,14 @@ from typing import Any
 from memtrack import environment, provenance
 from memtrack.breakdown import with_breakdown
 from memtrack.config import Config
+from memtrack.probes.tree import CGROUP, ProcessTree
 from memtrack.records import (
     DeviceMeasurement,
     Environment,
     Measurement,
     RunRecord,
 )
+from memtrack.redact import redact
 from memtrack.workload import Case, suite_hash
 
 ProgressFn = Callable[[str, Case, "Measurement | None"], None]
@@ -45,6 +47,9 @@ class CaseOutcome:
     stderr_tail: str
     duration_s: float
     sampler: dict[str, Any] | None
+    tree_peak_bytes: int | None = None
+    """Host peak of the case's whole process tree (see probes.tree), where measured."""
+    tree_source: str | None = None
 
 
 def resolve_device(config: Config, env: Environment) -> str:
@@ -134,21 +139,18 @@ def _execute(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,
-            start_new_session=True,  # one process group: a timeout kills all it started
+            start_new_session=True,  # one process group: the case's processes end with it
         )
-        if sampler and sampler[0] is not None:
-            _tell(sampler[0], f"{proc.pid}\n")
-        timed_out = False
+        tree = ProcessTree(proc.pid)
         try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            if sampler and sampler[0] is not None:
+                _tell(sampler[0], f"{proc.pid}\n")
+            timed_out = not tree.wait(timeout_s)
+            duration = time.perf_counter() - t0
+        finally:
+            # Whatever happened, nothing the case started outlives it.
+            tree.end()
             proc.wait()
-        duration = time.perf_counter() - t0
         err.seek(0)
         stderr_tail = err.read()[-4000:].decode(errors="replace")
     sampled = _stop_sampler(sampler) if sampler else None
@@ -156,7 +158,16 @@ def _execute(
         data = json.loads(result_path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         data = {"status": "running", "phase": "start", "notes": []}
-    return CaseOutcome(data, proc.returncode, timed_out, stderr_tail, duration, sampled)
+    return CaseOutcome(
+        data,
+        proc.returncode,
+        timed_out,
+        stderr_tail,
+        duration,
+        sampled,
+        tree.peak or None,
+        tree.source,
+    )
 
 
 def _start_sampler(interval_s: float) -> tuple[subprocess.Popen[str] | None, dict[str, Any]]:
@@ -209,7 +220,7 @@ def to_measurement(
         rc = outcome.returncode or 0
         status = "crashed"
         if rc < 0:
-            message = f"killed by {signal.Signals(-rc).name} in phase {d.get('phase')!r}"
+            message = f"killed by {signal_name(-rc)} in phase {d.get('phase')!r}"
         else:
             message = f"exited with status {rc} in phase {d.get('phase')!r}"
         if outcome.stderr_tail.strip():
@@ -218,6 +229,10 @@ def to_measurement(
     fields: dict[str, Any] = {
         k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in _MEASURED
     }
+    tree_peak = outcome.tree_peak_bytes
+    if outcome.tree_source != CGROUP and fields.get("host_peak_rss_bytes"):
+        # Samples can miss the worker's own peak; its exact high-water mark is a bound too.
+        tree_peak = max(tree_peak or 0, fields["host_peak_rss_bytes"])
     m = Measurement(
         workload=case.workload,
         case_id=case.case_id,
@@ -228,14 +243,17 @@ def to_measurement(
         warmup=spec["warmup"],
         repeats=spec["repeats"],
         status=status,
-        message=message,
-        traceback=d.get("traceback"),
+        # A workload's own text (its error, its stderr) is redacted before it is kept.
+        message=redact(message),
+        traceback=redact(d.get("traceback")),
         devices=tuple(devices),
         device_view=view,
-        device_view_note=view_note,
+        device_view_note=redact(view_note),
         sample_interval_s=interval_s if view == "nvml" else None,
         duration_s=round(outcome.duration_s, 4),
-        notes=tuple(notes),
+        notes=tuple(redact(n) or "" for n in notes),
+        host_tree_peak_rss_bytes=tree_peak,
+        host_tree_source=outcome.tree_source if tree_peak else None,
         **fields,
     )
     return with_breakdown(m)
@@ -297,6 +315,18 @@ def _device_view(
             )
         out.append(dm)
     return out, "nvml", None
+
+
+def signal_name(number: int) -> str:
+    """'SIGSEGV'; 'SIGRTMIN+6' for a real-time signal, which `signal.Signals` does not know."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        pass
+    rtmin, rtmax = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
+    if rtmin is not None and rtmax is not None and rtmin <= number <= rtmax:
+        return f"SIGRTMIN+{number - rtmin}"
+    return f"signal {number}"
 
 
 def _now() -> str:
