@@ -179,6 +179,24 @@ def m002_verdicts(db: sqlite_utils.Database) -> None:
     db.execute("create index idx_verdicts_case_id on verdicts (case_id)")
 
 
+def m003_gate(db: sqlite_utils.Database) -> None:
+    """The gate's figures: a breakdown that adds up, host metrics that follow the code, and
+    verdicts that say their context, what grew, and what was accepted."""
+    measurements = db.table("measurements")
+    for column in ("gradients_bytes", "optimizer_state_bytes", "unattributed_bytes",
+                   "host_setup_rss_bytes", "host_file_rss_bytes",
+                   # the `host` and `host_step` metrics, derived when written (as is
+                   # device_peak_bytes) so that baselines read them with plain SQL
+                   "host_bytes", "host_step_bytes"):
+        measurements.add_column(column, int)
+    db.execute("alter table verdicts add column context text")
+    db.execute("alter table verdicts add column accepted_reason text")
+    db.execute("alter table verdicts add column component text")
+    db.execute("alter table verdicts add column component_delta real")
+    db.execute("alter table verdicts add column level_commit text")
+    db.execute("create index idx_verdicts_context on verdicts (context, case_id)")
+
+
 def m004_environment_cuda(db: sqlite_utils.Database) -> None:
     """What torch says about CUDA on the machine, and queries that failed."""
     for name, kind in (
@@ -191,12 +209,25 @@ def m004_environment_cuda(db: sqlite_utils.Database) -> None:
         db.execute(f"alter table environments add column {name} {kind}")
 
 
-def m005_device_memory_pass(db: sqlite_utils.Database) -> None:
+def m005_host_tree(db: sqlite_utils.Database) -> None:
+    """The host peak of a case's whole process tree, and how it was measured."""
+    db.execute("alter table measurements add column host_tree_peak_rss_bytes integer")
+    db.execute("alter table measurements add column host_tree_source text")
+
+
+def m006_device_memory_pass(db: sqlite_utils.Database) -> None:
     """Each device's sampled peak within the memory pass (workspace is measured from it)."""
     db.execute("alter table device_measurements add column memory_pass_peak_bytes integer")
 
 
-STEPS = (m001_initial, m002_verdicts, m004_environment_cuda, m005_device_memory_pass)
+STEPS = (
+    m001_initial,
+    m002_verdicts,
+    m003_gate,
+    m004_environment_cuda,
+    m005_host_tree,
+    m006_device_memory_pass,
+)
 
 
 def names() -> list[str]:

@@ -27,6 +27,8 @@ from memtrack.records import (
     Measurement,
     RunRecord,
     device_peak,
+    host_peak,
+    host_step,
     to_dict,
 )
 
@@ -203,6 +205,8 @@ class Store:
             del devices
             row["run_id"] = run.run_id
             row["device_peak_bytes"] = device_peak(m)
+            row["host_bytes"] = host_peak(m)
+            row["host_step_bytes"] = host_step(m)
             mid = self._insert("measurements", row)
             for d in m.devices:
                 self._insert("device_measurements", {"measurement_id": mid, **_prefixed(d, "")})

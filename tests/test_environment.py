@@ -117,8 +117,8 @@ def test_rows_and_records_made_before_the_cuda_facts_still_read(tmp_path):
 
 
 def test_a_gpu_nvml_would_not_name_takes_no_gpu_budget_and_breaks_nothing():
-    from memtrack.compare import budgets_for
     from memtrack.config import Budget
+    from memtrack.judge.budgets import budgets_for
 
     unnamed = dataclasses.replace(GPU_ENV.gpus[0], name=None)
     env = dataclasses.replace(GPU_ENV, gpus=(unnamed, GPU_ENV.gpus[0]))
