@@ -50,7 +50,8 @@ step doctor 0 "$py" -m memtrack.cli doctor --db "$out/memtrack.db"
 step gpu-tests 0 "$py" -m pytest -p no:cacheprovider -m gpu -v "$src/tests/test_gpu.py"
 
 # The example suite at GPU scale (several GiB per case), and a case that can grow by 64 MiB,
-# in a scratch repository: recorded twice on main, then once on a branch that grows.
+# in a scratch repository: recorded on main; again on a branch with no change (checked as a
+# pull request is, so it could block, and must not); once more on a branch that grows.
 mkdir -p "$out/repo"
 git -C "$out/repo" init -q -b main
 cat >"$out/repo/memtrack.toml" <<'TOML'
@@ -111,9 +112,10 @@ PY
 write_growth 0
 commit "the suite"
 step run-1 0 memtrack run --json "$out/run-1.json"
+git -C "$out/repo" checkout -q -b rerun
 step run-2 0 memtrack run --json "$out/run-2.json"
 step check-2 0 memtrack check --base main --json "$out/check-2.json"
-git -C "$out/repo" checkout -q -b grow
+git -C "$out/repo" checkout -q -b grow main
 write_growth 64
 commit "64 MiB more at the peak"
 step run-grow 0 memtrack run -k matmul --json "$out/run-grow.json"
