@@ -6,6 +6,7 @@ measure. This module does not import torch: the worker process does, when it run
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -230,9 +231,11 @@ def discover(config: Config) -> list[Workload]:
         raise WorkloadError(f"{where}: no workloads registered by {', '.join(config.modules)}")
     for wname, settings in config.workloads.items():
         if wname not in found:
+            close = difflib.get_close_matches(wname, sorted(found), n=3)
             raise WorkloadError(
                 f"{config.path}: workloads.{wname}: no such workload "
-                f"(known: {', '.join(sorted(found))})"
+                + (f"(nearest: {', '.join(close)})" if close
+                   else f"(known: {', '.join(sorted(found))})")
             )
         wl = found[wname]
         for key in settings.params:

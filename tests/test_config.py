@@ -136,6 +136,24 @@ def test_missing_module_exits_2_and_writes_nothing(tmp_path):
     assert not db.exists()
 
 
+@pytest.mark.parametrize("body, message", [
+    ('[[budgets]]\nworkload = "decoder_genrate"\nlimit = "1 GiB"\nreason = "r"\n',
+     "budgets[0].workload: 'decoder_genrate' names no known workload or case; nearest: "
+     "decoder_generate"),
+    ('[workloads.train_stp]\nrepeats = 2\n',
+     "workloads.train_stp: no such workload (nearest: train_step)"),
+])
+def test_settings_that_name_no_workload_are_refused_before_anything_runs(tmp_path, body,
+                                                                         message):
+    cfg = tmp_path / "memtrack.toml"
+    cfg.write_text('modules = ["memtrack.examples"]\n' + body)
+    db = tmp_path / "m.db"
+    result = CliRunner().invoke(main, ["run", "--config", str(cfg), "--db", str(db)])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not db.exists()
+
+
 def _toml(value):
     """A TOML literal for a value hypothesis drew."""
     if isinstance(value, bool):

@@ -153,7 +153,9 @@ def verdict(c: Case, metric: str, config: Config) -> Verdict | None:
     delta = value - base
     delta_pct = pct(delta, base)
     provisional = n_window < config.min_baseline_runs
-    too_wide = base > 0 and room > config.noisy_above * base
+    # Too wide to judge: the observed noise, not the granularity floor, has pushed the
+    # headroom past `noisy_above` of the baseline.
+    too_wide = room > floor and room > config.noisy_above * base
     grew = what_grew(m, level_points, metric) if delta > 0 else None
     acceptance = accept.find(c.acceptances, m.workload, m.case_id, metric, delta, delta_pct)
     suggested, accepted_reason = None, None
