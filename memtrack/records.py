@@ -8,12 +8,19 @@ not measured is None, never 0.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
+import re
+import types
+import typing
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memtrack.errors import RecordError
+from memtrack.units import parse_time
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "error", "timeout", "crashed")
@@ -242,71 +249,348 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
-def _build(cls: type, data: dict[str, Any], where: str) -> Any:
-    if not isinstance(data, dict):
-        raise RecordError(f"{where}: expected an object, got {type(data).__name__}")
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(data) - set(names)
-    if unknown:
-        raise RecordError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
-    kwargs: dict[str, Any] = {}
-    for name, value in data.items():
-        nested = _NESTED.get((cls, name))
-        if nested is not None and value is not None:
-            if isinstance(value, list):
-                value = tuple(
-                    _build(nested, v, f"{where}.{name}[{i}]") for i, v in enumerate(value)
-                )
-            else:
-                value = _build(nested, value, f"{where}.{name}")
-        elif isinstance(value, list):
-            value = tuple(value)
-        kwargs[name] = value
-    try:
+# -- validation and JSON Schema -------------------------------------------------------------
+#
+# Records come from other machines: every value is checked before it is stored. The rules are
+# derived from the dataclass fields and their type hints (plus a few naming conventions:
+# `*_bytes` are byte counts, `*_s` seconds, `*_at` ISO times), so a new field is validated and
+# described in the schema without further code. `json_schema()` writes the same rules as a JSON
+# Schema; memtrack/schema/run-record.schema.json is its output, regenerated with
+# `python -m memtrack.records > memtrack/schema/run-record.schema.json`.
+
+MAX_BYTES = 2**62
+"""Upper bound of a byte figure: far above any machine, far below SQLite's 64-bit limit."""
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+RUN_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
+COMMIT_PATTERN = r"^[0-9a-fA-F]{4,64}$"
+_COMMIT_FIELDS = {"commit", "parent", "merge_base", "sha"}
+_BYTE_LISTS = {"allocated_samples", "categories"}
+_COUNTS = {"warmup", "repeats", "samples", "num_alloc_retries", "num_ooms", "index",
+           "cpu_count", "pr_number"}
+
+
+def _rules(name: str) -> dict[str, Any]:
+    """JSON Schema keywords a field's values (or items) obey beyond their type."""
+    if name.endswith("_bytes") or name in _BYTE_LISTS:
+        return {"minimum": 0, "maximum": MAX_BYTES - 1}
+    if name.endswith("_s") or name in _COUNTS:
+        return {"minimum": 0}
+    if name.endswith("_at"):
+        return {"format": "date-time"}
+    if name in _COMMIT_FIELDS:
+        return {"pattern": COMMIT_PATTERN}
+    if name == "run_id":
+        return {"pattern": RUN_ID_PATTERN}
+    if name == "status":
+        return {"enum": list(STATUSES)}
+    if name == "shard":
+        return {"pattern": r"^[1-9][0-9]*/[1-9][0-9]*$"}
+    if name in ("workload", "case_id"):
+        return {"minLength": 1}
+    if name == "schema_version":
+        return {"const": SCHEMA_VERSION}
+    return {}
+
+
+_SCALAR = {"type": ["string", "integer", "number", "boolean", "null"]}
+
+
+def _hint_schema(hint: Any, rules: dict[str, Any]) -> dict[str, Any]:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        options = [a for a in args if a is not type(None)]
+        inner = _hint_schema(options[0], rules)
+        if "$ref" in inner:
+            return {"anyOf": [inner, {"type": "null"}]}
+        return {**inner, "type": [inner["type"], "null"]}
+    if origin is tuple:
+        return {"type": "array", "items": _hint_schema(args[0], rules)}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": _hint_schema(args[1], rules)}
+    if dataclasses.is_dataclass(hint):
+        return {"$ref": f"#/$defs/{hint.__name__}"}
+    if hint is Any:
+        return dict(_SCALAR)
+    kind = {str: "string", bool: "boolean", int: "integer", float: "number"}[hint]
+    out: dict[str, Any] = {"type": kind, **rules}
+    if kind == "integer" and "const" not in out:
+        out.setdefault("minimum", _INT_MIN)
+        out.setdefault("maximum", _INT_MAX)
+    return out
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field, read from the source (Python keeps none at runtime)."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for prev, node in zip(body, body[1:], strict=False):
+        if (isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name)
+                and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)):
+            docs[prev.target.id] = " ".join(node.value.value.split())
+    return docs
+
+
+def _hints(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
+    hints = typing.get_type_hints(cls)
+    return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
+
+
+def _required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def _dataclasses() -> list[type]:
+    """RunRecord and every dataclass nested in it, in order of first use."""
+    out: list[type] = []
+
+    def visit(cls: type) -> None:
+        if cls in out:
+            return
+        out.append(cls)
+        for _, hint in _hints(cls):
+            for t in (hint, *typing.get_args(hint)):
+                if dataclasses.is_dataclass(t):
+                    visit(t)  # type: ignore[arg-type]
+
+    visit(RunRecord)
+    return out
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a run record, derived from the dataclasses above."""
+    defs = {}
+    for cls in _dataclasses():
+        docs = _field_docs(cls)
+        props = {}
+        for f, hint in _hints(cls):
+            prop = _hint_schema(hint, _rules(f.name))
+            if f.name in docs:
+                prop = {"description": docs[f.name], **prop}
+            props[f.name] = prop
+        defs[cls.__name__] = {
+            "type": "object",
+            "description": " ".join((cls.__doc__ or "").split()),
+            "properties": props,
+            "required": [f.name for f, _ in _hints(cls) if _required(f)],
+            "additionalProperties": False,
+        }
+    root = defs.pop("RunRecord")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"https://memtrack.invalid/schema/run-record-v{SCHEMA_VERSION}.json",
+        "title": "memtrack run record",
+        **root,
+        "$defs": defs,
+    }
+
+
+# The validator interprets the same hints and rules: one closure per field, built once.
+Check = typing.Callable[[Any, str], Any]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_rules(value: Any, rules: dict[str, Any], where: str) -> None:
+    if "minimum" in rules and value < rules["minimum"]:
+        raise RecordError(f"{where}: {_short(value)} is below {rules['minimum']}")
+    if "maximum" in rules and value > rules["maximum"]:
+        raise RecordError(f"{where}: {_short(value)} is above {rules['maximum']}")
+    if "pattern" in rules and not re.match(rules["pattern"], value):
+        raise RecordError(f"{where}: {_short(value)} does not match {rules['pattern']}")
+    if "enum" in rules and value not in rules["enum"]:
+        raise RecordError(f"{where}: {_short(value)} is not one of {', '.join(rules['enum'])}")
+    if "const" in rules and value != rules["const"]:
+        raise RecordError(f"{where}: {_short(value)} is not supported (expected {rules['const']})")
+    if "minLength" in rules and len(value) < rules["minLength"]:
+        raise RecordError(f"{where}: must not be empty")
+    if rules.get("format") == "date-time" and parse_time(value) is None:
+        raise RecordError(f"{where}: {_short(value)} is not an ISO 8601 time")
+
+
+def _scalar(value: Any, where: str) -> Any:
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, int):
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise RecordError(f"{where}: {_short(value)} is out of range")
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    raise RecordError(f"{where}: {_short(value)} is not a string, number, boolean or null")
+
+
+def _compile(hint: Any, rules: dict[str, Any]) -> Check:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        inner = _compile(next(a for a in args if a is not type(None)), rules)
+        return lambda v, w: None if v is None else inner(v, w)
+    if origin is tuple:
+        item = _compile(args[0], rules)
+
+        def check_list(v: Any, w: str) -> Any:
+            if not isinstance(v, list):
+                raise RecordError(f"{w}: expected a list, got {_short(v)}")
+            return tuple(item(x, f"{w}[{i}]") for i, x in enumerate(v))
+
+        return check_list
+    if origin is dict:
+        value = _compile(args[1], rules)
+
+        def check_dict(v: Any, w: str) -> Any:
+            if not isinstance(v, dict):
+                raise RecordError(f"{w}: expected an object, got {_short(v)}")
+            return {k: value(x, f"{w}.{k}") for k, x in v.items()}
+
+        return check_dict
+    if dataclasses.is_dataclass(hint):
+        return lambda v, w: _builder(hint)(v, w)  # type: ignore[arg-type]
+    if hint is Any:
+        return _scalar
+    if hint is float:
+
+        def check_float(v: Any, w: str) -> Any:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise RecordError(f"{w}: expected a number, got {_short(v)}")
+            v = float(v)
+            if not math.isfinite(v):
+                raise RecordError(f"{w}: {v} is not a finite number")
+            if rules:
+                _check_rules(v, rules, w)
+            return v
+
+        return check_float
+    if hint is int:
+        bounds = {"minimum": _INT_MIN, "maximum": _INT_MAX, **rules}
+
+        def check_int(v: Any, w: str) -> Any:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise RecordError(f"{w}: expected an integer, got {_short(v)}")
+            _check_rules(v, bounds, w)
+            return v
+
+        return check_int
+    if hint is str:
+        lower = "pattern" in rules and rules["pattern"] == COMMIT_PATTERN
+
+        def check_str(v: Any, w: str) -> Any:
+            if not isinstance(v, str):
+                raise RecordError(f"{w}: expected a string, got {_short(v)}")
+            if rules:
+                _check_rules(v, rules, w)
+            return v.lower() if lower else v
+
+        return check_str
+    if hint is bool:
+
+        def check_bool(v: Any, w: str) -> Any:
+            if not isinstance(v, bool):
+                raise RecordError(f"{w}: expected true or false, got {_short(v)}")
+            return v
+
+        return check_bool
+    raise TypeError(f"no validator for {hint!r}")  # a new field of a new type: extend this
+
+
+@functools.cache
+def _builder(cls: type) -> Check:
+    fields = [(f.name, _compile(hint, _rules(f.name))) for f, hint in _hints(cls)]
+    names = {name for name, _ in fields}
+    required = [f.name for f, _ in _hints(cls) if _required(f)]
+
+    def build(data: Any, where: str) -> Any:
+        if not isinstance(data, dict):
+            raise RecordError(f"{where}: expected an object, got {_short(data)}")
+        if len(data) > len(names) or not names.issuperset(data):
+            unknown = sorted(str(k) for k in set(data) - names)
+            raise RecordError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        for name in required:
+            if name not in data:
+                raise RecordError(f"{where}: missing key {name}")
+        kwargs = {
+            name: check(data[name], f"{where}.{name}") for name, check in fields if name in data
+        }
         return cls(**kwargs)
-    except TypeError as exc:
-        raise RecordError(f"{where}: {exc}") from None
 
-
-_NESTED: dict[tuple[type, str], type] = {
-    (RunRecord, "git"): GitInfo,
-    (RunRecord, "ci"): CIInfo,
-    (RunRecord, "environment"): Environment,
-    (RunRecord, "measurements"): Measurement,
-    (Environment, "gpus"): GpuInfo,
-    (Measurement, "devices"): DeviceMeasurement,
-}
+    return build
 
 
 def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
-    """Rebuild a RunRecord from `to_dict` output, checking the schema version."""
+    """Rebuild a RunRecord from `to_dict` output, checking every value. Raises RecordError."""
     if not isinstance(data, dict):
         raise RecordError(f"{where}: expected a JSON object")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise RecordError(
-            f"{where}: schema_version {version!r} is not supported (expected {SCHEMA_VERSION})"
+            f"{where}: schema_version {_short(version)} is not supported "
+            f"(expected {SCHEMA_VERSION})"
         )
-    run = _build(RunRecord, data, where)
+    run: RunRecord = _builder(RunRecord)(data, where)
+    seen: set[str] = set()
     for m in run.measurements:
-        if m.status not in STATUSES:
-            raise RecordError(f"{where}: measurement {m.case_id!r} has unknown status {m.status!r}")
+        if m.case_id in seen:
+            raise RecordError(f"{where}: case {m.case_id!r} is measured twice in one run")
+        seen.add(m.case_id)
     return run
 
 
 def write_json(run: RunRecord, path: Path) -> None:
-    """Write atomically: a reader never sees half a record."""
+    """Write atomically: a reader never sees half a record, and a failed write leaves nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(to_dict(run), indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(to_dict(run), indent=2, sort_keys=True) + "\n")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def read_json(path: Path) -> RunRecord:
+    """A record from a JSON file, every value checked. Raises RecordError (one line)."""
     try:
-        data = json.loads(path.read_text())
+        text = path.read_bytes()
     except FileNotFoundError:
         raise RecordError(f"{path}: no such file") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot be read ({exc.strerror})") from None
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise RecordError(f"{path}: not a run record (JSON nested too deeply)") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise RecordError(f"{path}: not valid JSON ({exc})") from None
     return run_from_dict(data, where=str(path))
+
+
+def read_all(paths: Iterable[Path]) -> Iterator[RunRecord]:
+    """Each file's record, reading every file even after a bad one; then, if any was bad,
+    RecordError naming the first. A consumer writing in one transaction rolls back."""
+    errors: list[RecordError] = []
+    for path in paths:
+        try:
+            record = read_json(path)
+        except RecordError as exc:
+            errors.append(exc)
+            continue
+        if not errors:
+            yield record
+    if errors:
+        more = f" (and {len(errors) - 1} more bad file(s))" if len(errors) > 1 else ""
+        raise RecordError(f"{errors[0]}{more}; nothing ingested")
+
+
+if __name__ == "__main__":
+    print(json.dumps(json_schema(), indent=2))
