@@ -229,7 +229,7 @@ class Store:
             conn.execute("select count(*) from sqlite_master").fetchone()
         except sqlite3.DatabaseError as exc:
             conn.close()
-            raise StoreError(f"{path}: not a SQLite database ({exc})") from None
+            raise StoreError(describe_failure(exc, path)) from None
         return conn
 
     def _prepare(self, *, create: bool) -> None:

@@ -57,7 +57,7 @@ def check(config_path, db_path, run_id, commit, base_branch, markdown_path, json
     if history and (run_id or commit):
         raise ConfigError("--history looks at the base branch: it takes no --run or --commit")
     console = rich_console()
-    with Store.open(db, readonly=history or no_record) as store:
+    with Store.open(db, readonly=history or no_record, create=False) as store:
         if history:
             from memtrack.trend import analyze_history
 
