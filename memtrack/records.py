@@ -448,7 +448,7 @@ def _compile(hint: Any, rules: dict[str, Any]) -> Check:
         def check_dict(v: Any, w: str) -> Any:
             if not isinstance(v, dict):
                 raise RecordError(f"{w}: expected an object, got {_short(v)}")
-            return {k: value(x, f"{w}.{k}") for k, x in v.items()}
+            return {k: value(x, f"{w}[{_short(k)}]") for k, x in v.items()}
 
         return check_dict
     if dataclasses.is_dataclass(hint):
@@ -506,17 +506,20 @@ def _builder(cls: type) -> Check:
     names = {name for name, _ in fields}
     required = [f.name for f, _ in _hints(cls) if _required(f)]
 
-    def build(data: Any, where: str) -> Any:
+    def build(data: Any, path: str) -> Any:
+        where = path or "record"
         if not isinstance(data, dict):
             raise RecordError(f"{where}: expected an object, got {_short(data)}")
         if len(data) > len(names) or not names.issuperset(data):
-            unknown = sorted(str(k) for k in set(data) - names)
+            unknown = sorted(_short(k) for k in set(data) - names)
             raise RecordError(f"{where}: unknown key(s) {', '.join(unknown)}")
         for name in required:
             if name not in data:
                 raise RecordError(f"{where}: missing key {name}")
         kwargs = {
-            name: check(data[name], f"{where}.{name}") for name, check in fields if name in data
+            name: check(data[name], f"{path}.{name}" if path else name)
+            for name, check in fields
+            if name in data
         }
         return cls(**kwargs)
 
@@ -533,7 +536,10 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
             f"{where}: schema_version {_short(version)} is not supported "
             f"(expected {SCHEMA_VERSION})"
         )
-    run: RunRecord = _builder(RunRecord)(data, where)
+    try:
+        run: RunRecord = _builder(RunRecord)(data, "")
+    except RecordError as exc:
+        raise RecordError(f"{where}: {exc}") from None
     seen: set[str] = set()
     for m in run.measurements:
         if m.case_id in seen:
