@@ -98,8 +98,9 @@ def test_a_bad_value_is_refused_by_loader_and_schema_alike(name):
 
 def test_the_error_names_the_field_and_value():
     data = _measurement(_good(), peak_allocated_bytes=-1)
-    with pytest.raises(RecordError, match=r"^r.json: measurements\[0\]\.peak_allocated_bytes: -1 is below 0$"):
+    with pytest.raises(RecordError) as err:
         run_from_dict(data, where="r.json")
+    assert str(err.value) == "r.json: measurements[0].peak_allocated_bytes: -1 is below 0"
 
 
 def test_two_measurements_of_one_case_in_one_run_are_refused():
