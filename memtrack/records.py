@@ -555,8 +555,10 @@ def write_json(run: RunRecord, path: Path) -> None:
     try:
         tmp.write_text(json.dumps(to_dict(run), indent=2, sort_keys=True) + "\n")
         tmp.replace(path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # a failed write names no file
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
 
 

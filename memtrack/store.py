@@ -313,7 +313,11 @@ class Store:
     def check_writable(self) -> None:
         """Refuse now, not after an hour of measuring, a database that cannot be written."""
         try:
+            # BEGIN alone succeeds on a file SQLite opened read-only; a write, rolled back,
+            # does not.
             self.conn.execute("BEGIN IMMEDIATE")
+            version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+            self.conn.execute(f"PRAGMA user_version = {int(version)}")
             self.conn.execute("ROLLBACK")
         except sqlite3.Error as exc:
             self._rollback()
