@@ -138,8 +138,10 @@ def run_detail(run: RunRecord) -> list[Any]:
             ("workspace/runtime", m.workspace_bytes),
         ):
             t.add_row(label, format_size(value))
-        t.add_row("host peak", f"{format_size(m.host_peak_rss_bytes)} ({m.host_peak_source})")
-        t.add_row("device view", m.device_view or f"absent: {m.device_view_note}")
+        source = f" ({m.host_peak_source})" if m.host_peak_source else ""
+        t.add_row("host peak", f"{format_size(m.host_peak_rss_bytes)}{source}")
+        t.add_row("device view",
+                  escape(m.device_view or f"absent: {m.device_view_note or 'no reason recorded'}"))
         for note in m.notes:
             t.add_row("note", escape(note))
         blocks.append(t)
