@@ -390,8 +390,11 @@ def json_schema() -> dict[str, Any]:
     }
 
 
-# The validator interprets the same hints and rules: one closure per field, built once.
-Check = typing.Callable[[Any, str], Any]
+# The validator interprets the same hints and rules: one closure per field, built once. Each
+# takes the value and its path, a linked tuple (parent, key) turned into text only for an
+# error message; the common case (a valid value) costs one type test and a comparison.
+Path_ = Any
+Check = typing.Callable[[Any, Path_], Any]
 
 
 def _short(value: Any) -> str:
@@ -399,56 +402,78 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _check_rules(value: Any, rules: dict[str, Any], where: str) -> None:
+def _where(path: Path_) -> str:
+    """The text of a path: (((((), 'measurements'), 0), 'params'), ('batch',)) is
+    "measurements[0].params['batch']"."""
+    parts = []
+    while path:
+        path, key = path
+        if isinstance(key, int):
+            parts.append(f"[{key}]")
+        elif isinstance(key, tuple):  # a key of a mapping
+            parts.append(f"[{_short(key[0])}]")
+        else:
+            parts.append(f".{key}")
+    return "".join(reversed(parts)).lstrip(".") or "record"
+
+
+def _fail(path: Path_, message: str) -> typing.NoReturn:
+    raise RecordError(f"{_where(path)}: {message}")
+
+
+def _check_rules(value: Any, rules: dict[str, Any], path: Path_) -> None:
     if "minimum" in rules and value < rules["minimum"]:
-        raise RecordError(f"{where}: {_short(value)} is below {rules['minimum']}")
+        _fail(path, f"{_short(value)} is below {rules['minimum']}")
     if "maximum" in rules and value > rules["maximum"]:
-        raise RecordError(f"{where}: {_short(value)} is above {rules['maximum']}")
+        _fail(path, f"{_short(value)} is above {rules['maximum']}")
     if "pattern" in rules and not re.match(rules["pattern"], value):
-        raise RecordError(f"{where}: {_short(value)} does not match {rules['pattern']}")
+        _fail(path, f"{_short(value)} does not match {rules['pattern']}")
     if "enum" in rules and value not in rules["enum"]:
-        raise RecordError(f"{where}: {_short(value)} is not one of {', '.join(rules['enum'])}")
+        _fail(path, f"{_short(value)} is not one of {', '.join(rules['enum'])}")
     if "const" in rules and value != rules["const"]:
-        raise RecordError(f"{where}: {_short(value)} is not supported (expected {rules['const']})")
+        _fail(path, f"{_short(value)} is not supported (expected {rules['const']})")
     if "minLength" in rules and len(value) < rules["minLength"]:
-        raise RecordError(f"{where}: must not be empty")
+        _fail(path, "must not be empty")
     if rules.get("format") == "date-time" and parse_time(value) is None:
-        raise RecordError(f"{where}: {_short(value)} is not an ISO 8601 time")
+        _fail(path, f"{_short(value)} is not an ISO 8601 time")
 
 
-def _scalar(value: Any, where: str) -> Any:
+def _scalar(value: Any, path: Path_) -> Any:
     if value is None or isinstance(value, (str, bool)):
         return value
     if isinstance(value, int):
         if not _INT_MIN <= value <= _INT_MAX:
-            raise RecordError(f"{where}: {_short(value)} is out of range")
+            _fail(path, f"{_short(value)} is out of range")
         return value
     if isinstance(value, float) and math.isfinite(value):
         return value
-    raise RecordError(f"{where}: {_short(value)} is not a string, number, boolean or null")
+    _fail(path, f"{_short(value)} is not a string, number, boolean or null")
 
 
-def _compile(hint: Any, rules: dict[str, Any]) -> Check:
+def _compile(hint: Any, rules: dict[str, Any], nullable: bool = False) -> Check:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (types.UnionType, typing.Union):
-        inner = _compile(next(a for a in args if a is not type(None)), rules)
-        return lambda v, w: None if v is None else inner(v, w)
+        inner = next(a for a in args if a is not type(None))
+        if inner in (int, float, str, bool):  # scalars take None themselves: one call less
+            return _compile(inner, rules, nullable=True)
+        check = _compile(inner, rules)
+        return lambda v, w: None if v is None else check(v, w)
     if origin is tuple:
         item = _compile(args[0], rules)
 
-        def check_list(v: Any, w: str) -> Any:
-            if not isinstance(v, list):
-                raise RecordError(f"{w}: expected a list, got {_short(v)}")
-            return tuple(item(x, f"{w}[{i}]") for i, x in enumerate(v))
+        def check_list(v: Any, w: Path_) -> Any:
+            if type(v) is not list:
+                _fail(w, f"expected a list, got {_short(v)}")
+            return tuple([item(x, (w, i)) for i, x in enumerate(v)])
 
         return check_list
     if origin is dict:
         value = _compile(args[1], rules)
 
-        def check_dict(v: Any, w: str) -> Any:
-            if not isinstance(v, dict):
-                raise RecordError(f"{w}: expected an object, got {_short(v)}")
-            return {k: value(x, f"{w}[{_short(k)}]") for k, x in v.items()}
+        def check_dict(v: Any, w: Path_) -> Any:
+            if type(v) is not dict:
+                _fail(w, f"expected an object, got {_short(v)}")
+            return {k: value(x, (w, (k,))) for k, x in v.items()}
 
         return check_dict
     if dataclasses.is_dataclass(hint):
@@ -456,44 +481,60 @@ def _compile(hint: Any, rules: dict[str, Any]) -> Check:
     if hint is Any:
         return _scalar
     if hint is float:
+        low = rules.get("minimum", -math.inf)
 
-        def check_float(v: Any, w: str) -> Any:
+        def check_float(v: Any, w: Path_) -> Any:
+            if type(v) is float and low <= v < math.inf:  # also False for NaN
+                return v
+            if v is None and nullable:
+                return None
             if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise RecordError(f"{w}: expected a number, got {_short(v)}")
-            v = float(v)
+                _fail(w, f"expected a number, got {_short(v)}")
             if not math.isfinite(v):
-                raise RecordError(f"{w}: {v} is not a finite number")
-            if rules:
-                _check_rules(v, rules, w)
-            return v
+                _fail(w, f"{v} is not a finite number")
+            _check_rules(float(v), rules, w)
+            return float(v)
 
         return check_float
     if hint is int:
         bounds = {"minimum": _INT_MIN, "maximum": _INT_MAX, **rules}
+        low, high = bounds["minimum"], bounds["maximum"]
 
-        def check_int(v: Any, w: str) -> Any:
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise RecordError(f"{w}: expected an integer, got {_short(v)}")
+        def check_int(v: Any, w: Path_) -> Any:
+            if type(v) is int and low <= v <= high:
+                return v
+            if v is None and nullable:
+                return None
+            if type(v) is not int:
+                _fail(w, f"expected an integer, got {_short(v)}")
             _check_rules(v, bounds, w)
             return v
 
         return check_int
     if hint is str:
-        lower = "pattern" in rules and rules["pattern"] == COMMIT_PATTERN
+        pattern = re.compile(rules["pattern"]) if "pattern" in rules else None
+        lower = rules.get("pattern") == COMMIT_PATTERN
+        other = {k: v for k, v in rules.items() if k != "pattern"}
 
-        def check_str(v: Any, w: str) -> Any:
-            if not isinstance(v, str):
-                raise RecordError(f"{w}: expected a string, got {_short(v)}")
-            if rules:
-                _check_rules(v, rules, w)
+        def check_str(v: Any, w: Path_) -> Any:
+            if type(v) is not str:
+                if v is None and nullable:
+                    return None
+                _fail(w, f"expected a string, got {_short(v)}")
+            if pattern is not None and not pattern.match(v):
+                _fail(w, f"{_short(v)} does not match {pattern.pattern}")
+            if other:
+                _check_rules(v, other, w)
             return v.lower() if lower else v
 
         return check_str
     if hint is bool:
 
-        def check_bool(v: Any, w: str) -> Any:
-            if not isinstance(v, bool):
-                raise RecordError(f"{w}: expected true or false, got {_short(v)}")
+        def check_bool(v: Any, w: Path_) -> Any:
+            if type(v) is not bool:
+                if v is None and nullable:
+                    return None
+                _fail(w, f"expected true or false, got {_short(v)}")
             return v
 
         return check_bool
@@ -502,26 +543,20 @@ def _compile(hint: Any, rules: dict[str, Any]) -> Check:
 
 @functools.cache
 def _builder(cls: type) -> Check:
-    fields = [(f.name, _compile(hint, _rules(f.name))) for f, hint in _hints(cls)]
-    names = {name for name, _ in fields}
+    checks = {f.name: _compile(hint, _rules(f.name)) for f, hint in _hints(cls)}
+    names = set(checks)
     required = [f.name for f, _ in _hints(cls) if _required(f)]
 
-    def build(data: Any, path: str) -> Any:
-        where = path or "record"
-        if not isinstance(data, dict):
-            raise RecordError(f"{where}: expected an object, got {_short(data)}")
-        if len(data) > len(names) or not names.issuperset(data):
+    def build(data: Any, path: Path_) -> Any:
+        if type(data) is not dict:
+            _fail(path, f"expected an object, got {_short(data)}")
+        if not names.issuperset(data):
             unknown = sorted(_short(k) for k in set(data) - names)
-            raise RecordError(f"{where}: unknown key(s) {', '.join(unknown)}")
+            _fail(path, f"unknown key(s) {', '.join(unknown)}")
         for name in required:
             if name not in data:
-                raise RecordError(f"{where}: missing key {name}")
-        kwargs = {
-            name: check(data[name], f"{path}.{name}" if path else name)
-            for name, check in fields
-            if name in data
-        }
-        return cls(**kwargs)
+                _fail(path, f"missing key {name}")
+        return cls(**{k: checks[k](v, (path, k)) for k, v in data.items()})
 
     return build
 
@@ -537,7 +572,7 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
             f"(expected {SCHEMA_VERSION})"
         )
     try:
-        run: RunRecord = _builder(RunRecord)(data, "")
+        run: RunRecord = _builder(RunRecord)(data, ())
     except RecordError as exc:
         raise RecordError(f"{where}: {exc}") from None
     seen: set[str] = set()

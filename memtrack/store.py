@@ -11,6 +11,7 @@ import dataclasses
 import errno
 import hashlib
 import json
+import operator
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator
@@ -40,18 +41,33 @@ last_path: Path | None = None
 """The database this process opened last: the CLI names it when an SQLite error escapes."""
 
 
+_SORTED = json.JSONEncoder(sort_keys=True)  # built once: json.dumps(sort_keys=...) builds one
+
+
 def _json(value: Any) -> str:
     if isinstance(value, tuple) and not (value and dataclasses.is_dataclass(value[0])):
         return json.dumps(value)  # the common case, without walking it
-    return json.dumps(to_dict(value), sort_keys=True)
+    if isinstance(value, dict):
+        return _SORTED.encode(value)  # records' mappings hold plain values
+    return _SORTED.encode(to_dict(value))
 
 
-def _values(obj: Any, names: list[str]) -> list[Any]:
-    out = []
-    for name in names:
-        value = getattr(obj, name)
-        out.append(_json(value) if isinstance(value, (tuple, list, dict)) else value)
-    return out
+class _Columns:
+    """A dataclass's fields as table columns: lists and mappings stored as JSON text."""
+
+    def __init__(self, cls: type, *, without: tuple[str, ...] = ()):
+        fields = [f for f in dataclasses.fields(cls) if f.name not in without]
+        self.names = [f.name for f in fields]
+        self._get = operator.attrgetter(*self.names)
+        self._json = [i for i, f in enumerate(fields)
+                      if str(f.type).startswith(("tuple", "dict", "list"))]
+
+    def values(self, obj: Any) -> list[Any]:
+        out = list(self._get(obj))
+        for i in self._json:
+            if out[i] is not None:
+                out[i] = _json(out[i])
+        return out
 
 
 def _unprefixed(cls: type, row: dict[str, Any], prefix: str, json_fields: set[str]) -> Any:
@@ -72,10 +88,6 @@ _MEASUREMENT_JSON = {"params", "allocated_samples", "categories", "iteration_tim
 
 def env_id(env: Environment) -> str:
     return hashlib.sha256(_json(env).encode()).hexdigest()[:16]
-
-
-def _names(cls: type, *, without: tuple[str, ...] = ()) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls) if f.name not in without]
 
 
 def _insert_sql(table: str, columns: list[str], verb: str = "insert") -> str:
@@ -507,12 +519,16 @@ class Store:
 class _Batch:
     """Rows of several runs, written with one executemany per table."""
 
-    _ENV = ["env_id", *_names(Environment)]
-    _RUN = [*_RUN_OWN, *("git_" + n for n in _names(GitInfo)), *("ci_" + n for n in _names(CIInfo))]
-    _GIT, _CI = _names(GitInfo), _names(CIInfo)
-    _M = _names(Measurement, without=("devices",))
-    _MEASUREMENT = ["id", "run_id", "device_peak_bytes", *_M]
-    _DEVICE = ["measurement_id", *_names(DeviceMeasurement)]
+    _ENV, _GIT, _CI = _Columns(Environment), _Columns(GitInfo), _Columns(CIInfo)
+    _M, _D = _Columns(Measurement, without=("devices",)), _Columns(DeviceMeasurement)
+    _RUN_COLUMNS = [*_RUN_OWN, *("git_" + n for n in _GIT.names), *("ci_" + n for n in _CI.names)]
+    _SQL = {
+        "environments": _insert_sql("environments", ["env_id", *_ENV.names], "insert or ignore"),
+        "runs": _insert_sql("runs", _RUN_COLUMNS),
+        "measurements": _insert_sql("measurements", ["id", "run_id", "device_peak_bytes",
+                                                     *_M.names]),
+        "device_measurements": _insert_sql("device_measurements", ["measurement_id", *_D.names]),
+    }
 
     def __init__(self, conn: sqlite3.Connection):
         self.conn = conn
@@ -524,30 +540,33 @@ class _Batch:
         self.measurements: list[list[Any]] = []
         self.devices: list[list[Any]] = []
         self.recorded_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.last_env: Environment | None = None
+        self.last_env_id = ""
 
     def add(self, run: RunRecord) -> None:
         env = run.environment
-        eid = env_id(env)
+        if env != self.last_env:  # runs of one batch mostly share their environment
+            self.last_env, self.last_env_id = env, env_id(env)
+        eid = self.last_env_id
         if eid not in self.envs:
-            self.envs[eid] = [eid, *_values(env, self._ENV[1:])]
+            self.envs[eid] = [eid, *self._ENV.values(env)]
         self.run_ids.add(run.run_id)
         own = [run.run_id, run.started_at, run.finished_at, self.recorded_at, run.suite_hash,
                run.config_path, run.shard, run.schema_version, eid, env.fingerprint]
-        self.runs.append(own + _values(run.git, self._GIT) + _values(run.ci, self._CI))
+        self.runs.append(own + self._GIT.values(run.git) + self._CI.values(run.ci))
         for m in run.measurements:
             mid = self.next_id
             self.next_id += 1
-            self.measurements.append([mid, run.run_id, device_peak(m), *_values(m, self._M)])
+            self.measurements.append([mid, run.run_id, device_peak(m), *self._M.values(m)])
             for d in m.devices:
-                self.devices.append([mid, *_values(d, self._DEVICE[1:])])
+                self.devices.append([mid, *self._D.values(d)])
 
     def flush(self) -> None:
         c = self.conn
-        c.executemany(_insert_sql("environments", self._ENV, "insert or ignore"),
-                      self.envs.values())
-        c.executemany(_insert_sql("runs", self._RUN), self.runs)
-        c.executemany(_insert_sql("measurements", self._MEASUREMENT), self.measurements)
-        c.executemany(_insert_sql("device_measurements", self._DEVICE), self.devices)
+        c.executemany(self._SQL["environments"], self.envs.values())
+        c.executemany(self._SQL["runs"], self.runs)
+        c.executemany(self._SQL["measurements"], self.measurements)
+        c.executemany(self._SQL["device_measurements"], self.devices)
         self.run_ids.clear()
         self.envs.clear()
         self.runs.clear()
