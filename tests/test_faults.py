@@ -140,6 +140,9 @@ def tiny(ctx):
     doomed = os.environ.get("TINY_DELETES")
     if doomed:
         os.remove(doomed)
+    blocked = os.environ.get("TINY_BLOCKS")
+    if blocked:
+        os.makedirs(blocked)
     return lambda: None
 """
 
@@ -293,3 +296,17 @@ def test_a_database_on_a_read_only_file_system_is_read(tmp_path):
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
 
+
+
+@pytest.mark.slow
+def test_a_json_record_that_cannot_be_written_costs_not_the_database_write(tmp_path, tiny_suite):
+    db = tmp_path / "m.db"
+    _seed(db)
+    out = tmp_path / "run.json"
+    res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), "--json", str(out),
+                   cwd=tmp_path, env={"TINY_BLOCKS": str(out)})  # a folder appears there
+    line = _error_line(res)
+    assert str(out) in line
+    assert f"recorded in {db}" in res.stdout
+    _intact(db, 4)
+    assert not (tmp_path / "run.json.tmp").exists()
