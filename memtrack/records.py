@@ -308,7 +308,7 @@ def _hint_schema(hint: Any, rules: dict[str, Any]) -> dict[str, Any]:
     if origin is dict:
         return {"type": "object", "additionalProperties": _hint_schema(args[1], rules)}
     if dataclasses.is_dataclass(hint):
-        return {"$ref": f"#/$defs/{hint.__name__}"}
+        return {"$ref": f"#/$defs/{typing.cast(type, hint).__name__}"}
     if hint is Any:
         return dict(_SCALAR)
     kind = {str: "string", bool: "boolean", int: "integer", float: "number"}[hint]
@@ -560,7 +560,7 @@ def _maker(cls: type) -> typing.Callable[[dict[str, Any]], Any]:
         return lambda values: cls(**values)
 
     def make(values: dict[str, Any]) -> Any:
-        obj = object.__new__(cls)
+        obj: Any = object.__new__(cls)
         d = obj.__dict__
         d.update(defaults)
         for name, factory in factories:

@@ -510,7 +510,7 @@ class Store:
         """Recorded case ids and workload names that read most like `name`."""
         import difflib
 
-        names = set()
+        names: set[str] = set()
         for case in self.case_ids():
             names.update((case, case.partition("[")[0]))
         return difflib.get_close_matches(name, sorted(names), n=n, cutoff=0.5)
