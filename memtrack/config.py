@@ -7,13 +7,14 @@ Without any file, the embedded default runs the shipped example suite into
 from __future__ import annotations
 
 import difflib
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memtrack.errors import ConfigError
-from memtrack.units import parse_duration, parse_size
+from memtrack.units import parse_duration, parse_fraction, parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -21,7 +22,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEFAULT_MODULES = ("memtrack.examples",)
-METRICS = ("allocated", "reserved", "requested", "device", "host")
+MAX_COUNT = 1_000_000
+"""The largest count a key takes (repeats, runs, cases): a bound against typos."""
+METRICS = ("allocated", "reserved", "requested", "device", "host", "host_step")
 """Memory metrics a budget or a verdict can name (see compare.metric_value)."""
 
 
@@ -72,11 +75,15 @@ class Config:
     min_baseline_runs: int = 3
     headroom_factor: float = 3.0
     time_regression: str = "warn"
+    noisy_above: float = 0.05
+    """A headroom wider than this fraction of its baseline is too wide to judge: `noisy`."""
     creep_anchor: str | int = 50
     """What `memtrack check --history` measures creep against: a git revision (a tag or
     a commit) or N, the base-branch commit N recorded commits before the newest."""
     creep_tolerance: float = 0.01
     """Growth since the anchor, as a fraction, that `--history` accepts before it flags creep."""
+    max_cases: int = 1000
+    """A suite larger than this is refused before anything runs (a grid typo can be huge)."""
     workloads: dict[str, WorkloadSettings] = field(default_factory=dict)
     budgets: tuple[Budget, ...] = ()
 
@@ -107,6 +114,8 @@ _TOP_KEYS = {
     "budgets",
     "creep_anchor",
     "creep_tolerance",
+    "noisy_above",
+    "max_cases",
 }
 _WORKLOAD_KEYS = {"warmup", "repeats", "timeout", "params"}
 _BUDGET_KEYS = {"workload", "limit", "reason", "metric", "gpu"}
@@ -134,7 +143,7 @@ class _Checker:
             return default
         value = self.table[key]
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
+            value = float(max(-(2**53), min(value, 2**53)))  # a float cannot hold every int
         if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
             raise self.fail(key, f"expected {kind.__name__}, got {value!r}")
         return value
@@ -143,6 +152,22 @@ class _Checker:
         value = self.get(key, int, default)
         if value is not None and value < minimum:
             raise self.fail(key, f"must be at least {minimum}, got {value}")
+        if value is not None and value > MAX_COUNT:
+            raise self.fail(key, f"must be at most {MAX_COUNT:,}, got {value}")
+        return value
+
+    def positive(self, key: str, default: float) -> float:
+        """A finite number above 0 (TOML also spells nan and inf)."""
+        value = self.get(key, float, default)
+        if not 0 < value < math.inf:
+            raise self.fail(key, f"must be a positive finite number, got {value}")
+        return value
+
+    def branch(self, key: str, default: str) -> str:
+        """A branch name as git accepts it, which git can never read as an option."""
+        value = self.get(key, str, default)
+        if not _is_branch(value):
+            raise self.fail(key, f"{value!r} is not a branch name")
         return value
 
     def duration(self, key: str) -> float | None:
@@ -154,21 +179,7 @@ class _Checker:
         """'2%' or 0.02; a fraction of a figure, never negative."""
         if key not in self.table:
             return default
-        value = self.table[key]
-        try:
-            if isinstance(value, str) and value.strip().endswith("%"):
-                number = float(value.strip()[:-1]) / 100
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                number = float(value)
-            else:
-                raise ValueError
-        except ValueError:
-            raise self.fail(
-                key, f"expected a percentage such as '1%' or 0.01, got {value!r}"
-            ) from None
-        if number < 0:
-            raise self.fail(key, f"cannot be negative, got {value!r}")
-        return number
+        return parse_fraction(self.table[key], what=f"{self.source}: {self.prefix}.{key}")
 
     def choice(self, key: str, choices: tuple[str, ...], default: str | None) -> str | None:
         value = self.get(key, str, default)
@@ -195,11 +206,32 @@ def find_config(start: Path) -> Path | None:
     return None
 
 
+def _is_revision(text: str) -> bool:
+    """A revision (`v1.2`, `main~10`, a commit id) that git can never read as an option."""
+    return bool(text) and not text.startswith("-") and text.isprintable() and " " not in text
+
+
+def _is_branch(text: str) -> bool:
+    """Close to `git check-ref-format --branch`."""
+    return (
+        _is_revision(text)
+        and not text.startswith(("/", "."))
+        and not text.endswith(("/", ".", ".lock"))
+        and ".." not in text
+        and "@{" not in text
+        and not any(c in "~^:?*[\\" for c in text)
+    )
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}), as TOML must be") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
 
@@ -244,7 +276,10 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
     modules = c.get("modules", list, list(DEFAULT_MODULES))
     if not modules or not all(isinstance(m, str) and m for m in modules):
         raise c.fail("modules", "expected a non-empty list of module names or .py paths")
-    database = Path(c.get("database", str, "data/memtrack.db"))
+    database_text = c.get("database", str, "data/memtrack.db")
+    if not database_text.strip() or "\0" in database_text:
+        raise c.fail("database", f"expected a file path, got {database_text!r}")
+    database = Path(database_text)
     workloads: dict[str, WorkloadSettings] = {}
     for name, sub in c.get("workloads", dict, {}).items():
         w = _Checker(source, f"{prefix}.workloads.{name}", sub, _WORKLOAD_KEYS)
@@ -286,23 +321,20 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
     if (
         isinstance(anchor, bool)
         or not isinstance(anchor, (str, int))
-        or (isinstance(anchor, int) and anchor < 1)
-        or (isinstance(anchor, str) and not anchor.strip())
+        or (isinstance(anchor, int) and not 1 <= anchor <= MAX_COUNT)
+        or (isinstance(anchor, str) and not _is_revision(anchor.strip()))
     ):
         raise c.fail(
             "creep_anchor",
             f"expected a git revision (tag or commit) or a number of "
             f"commits of at least 1, got {anchor!r}",
         )
-    headroom = c.get("headroom_factor", float, 3.0)
-    if headroom <= 0:
-        raise c.fail("headroom_factor", f"must be positive, got {headroom}")
     return Config(
         path=path,
         root=root,
         modules=tuple(modules),
         database=database if database.is_absolute() else root / database,
-        base_branch=c.get("base_branch", str, "main"),
+        base_branch=c.branch("base_branch", "main"),
         device=c.choice("device", ("auto", "cpu", "cuda"), "auto") or "auto",
         warmup=c.count("warmup", 0, 1),
         repeats=c.count("repeats", 1, 3),
@@ -310,10 +342,12 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
         nvml_interval_s=c.duration("nvml_interval") or 0.01,
         baseline_runs=c.count("baseline_runs", 1, 20),
         min_baseline_runs=c.count("min_baseline_runs", 1, 3),
-        headroom_factor=headroom,
+        headroom_factor=c.positive("headroom_factor", 3.0),
         time_regression=c.choice("time_regression", ("warn", "block", "off"), "warn") or "warn",
         creep_anchor=anchor.strip() if isinstance(anchor, str) else anchor,
         creep_tolerance=c.fraction("creep_tolerance", 0.01),
+        noisy_above=c.fraction("noisy_above", 0.05),
+        max_cases=c.count("max_cases", 1, 1000),
         workloads=workloads,
         budgets=tuple(budgets),
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +49,10 @@ class Context:
         self.dtype: torch.dtype = getattr(torch, _DTYPES[dtype_name])
         self.data_dir = data_dir
         self.marked_objects: tuple[Any, ...] | None = None
-        self._cache_storages: dict[int, int] = {}
+        self._cache_storages: dict[int, tuple[weakref.ref[Any], int]] = {}
         self.cache_peak_bytes = 0
+        self.tag_hook: Callable[[tuple[torch.Tensor, ...]], bool] | None = None
+        """Set by memtrack while a tracker measures: it takes the tags (True) or not."""
 
     def __getitem__(self, name: str) -> Any:
         return self.params[name]
@@ -58,11 +62,18 @@ class Context:
         self.marked_objects = objects
 
     def tag_cache(self, *tensors: torch.Tensor) -> None:
-        """Count these tensors as request-sized caches (each storage once per iteration)."""
+        """Count these tensors as request-sized caches (a KV cache, ...): the breakdown
+        shows the tagged storages alive at the step's peak, each once. Tag a cache grown by
+        concatenation at every step; a superseded storage stops counting once it is freed."""
+        if self.tag_hook is not None and self.tag_hook(tensors):
+            return
+        # Without a tracker: the tagged storages still alive, at the largest moment seen.
         for t in tensors:
             storage = t.untyped_storage()
-            self._cache_storages[storage.data_ptr()] = storage.nbytes()
-        self.cache_peak_bytes = max(self.cache_peak_bytes, sum(self._cache_storages.values()))
+            self._cache_storages[storage.data_ptr()] = (weakref.ref(storage), storage.nbytes())
+        alive = {k: v for k, v in self._cache_storages.items() if v[0]() is not None}
+        self._cache_storages = alive
+        self.cache_peak_bytes = max(self.cache_peak_bytes, sum(n for _, n in alive.values()))
 
     def new_iteration(self) -> None:
         self._cache_storages.clear()

@@ -32,6 +32,7 @@ ENV_ALLOWLIST = (
     "NCCL_NVLS_ENABLE",
     "OMP_NUM_THREADS",
     "MALLOC_ARENA_MAX",
+    "MALLOC_MMAP_THRESHOLD_",
 )
 """Memory-relevant variables; the rest of the environment is never recorded."""
 

@@ -179,7 +179,31 @@ def m002_verdicts(db: sqlite_utils.Database) -> None:
     db.execute("create index idx_verdicts_case_id on verdicts (case_id)")
 
 
-STEPS = (m001_initial, m002_verdicts)
+def m003_gate(db: sqlite_utils.Database) -> None:
+    """The gate's figures: a breakdown that adds up, host metrics that follow the code, and
+    verdicts that say their context, what grew, and what was accepted."""
+    measurements = db.table("measurements")
+    for column in ("gradients_bytes", "optimizer_state_bytes", "unattributed_bytes",
+                   "host_setup_rss_bytes", "host_file_rss_bytes",
+                   # the `host` and `host_step` metrics, derived when written (as is
+                   # device_peak_bytes) so that baselines read them with plain SQL
+                   "host_bytes", "host_step_bytes"):
+        measurements.add_column(column, int)
+    db.execute("alter table verdicts add column context text")
+    db.execute("alter table verdicts add column accepted_reason text")
+    db.execute("alter table verdicts add column component text")
+    db.execute("alter table verdicts add column component_delta real")
+    db.execute("alter table verdicts add column level_commit text")
+    db.execute("create index idx_verdicts_context on verdicts (context, case_id)")
+
+
+def m005_host_tree(db: sqlite_utils.Database) -> None:
+    """The host peak of a case's whole process tree, and how it was measured."""
+    db.execute("alter table measurements add column host_tree_peak_rss_bytes integer")
+    db.execute("alter table measurements add column host_tree_source text")
+
+
+STEPS = (m001_initial, m002_verdicts, m003_gate, m005_host_tree)
 
 
 def names() -> list[str]:

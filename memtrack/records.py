@@ -210,12 +210,47 @@ class Measurement:
     duration_s: float | None = None
     """Wall time of the whole case, process start to end."""
     notes: tuple[str, ...] = ()
+    gradients_bytes: int | None = None
+    """Gradients alive at the framework peak (part of `training_state_bytes`)."""
+    optimizer_state_bytes: int | None = None
+    """Optimizer state (e.g. AdamW's two moments) at the framework peak."""
+    unattributed_bytes: int | None = None
+    """Framework peak that no category explains (weights + caches + gradients + optimizer
+    state + intermediates + this = peak); None where no category breakdown was taken."""
+    host_setup_rss_bytes: int | None = None
+    """RSS when the timing pass starts (after setup and warm-up): the level the step starts
+    from. `host_step_peak_rss_bytes` minus this is the step's own host growth."""
+    host_file_rss_bytes: int | None = None
+    """File-backed and shared resident pages (RssFile + RssShmem: libraries, mapped files)
+    at the end of the timing pass. They are reclaimable and follow the page cache, not the
+    code, so the `host` metric leaves them out."""
+    host_tree_peak_rss_bytes: int | None = None
+    """Host peak of the case's whole process tree (the worker and every process it started):
+    exact from a cgroup v2 `memory.peak` (page cache charged to it included), else a lower
+    bound from samples of the processes' RSS and their own high-water marks."""
+    host_tree_source: str | None = None
+    """'cgroup' or 'process-group samples (lower bound)'; None when not measured."""
 
 
 def device_peak(m: Measurement) -> int | None:
     """Largest per-device process peak (devices do not pool)."""
     peaks = [d.peak_process_bytes for d in m.devices if d.peak_process_bytes is not None]
     return max(peaks) if peaks else None
+
+
+def host_peak(m: Measurement) -> int | None:
+    """The `host` metric: peak RSS over setup, warm-up and the timing pass, less the
+    file-backed pages (a lower bound of the anonymous peak: file pages only grow)."""
+    if m.host_peak_rss_bytes is None or m.host_file_rss_bytes is None:
+        return None
+    return max(0, m.host_peak_rss_bytes - m.host_file_rss_bytes)
+
+
+def host_step(m: Measurement) -> int | None:
+    """The `host_step` metric: the timing pass's peak RSS above the level it started from."""
+    if m.host_step_peak_rss_bytes is None or m.host_setup_rss_bytes is None:
+        return None
+    return max(0, m.host_step_peak_rss_bytes - m.host_setup_rss_bytes)
 
 
 @dataclass(frozen=True)

@@ -9,24 +9,28 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from memtrack.compare import CheckResult, Verdict
+from memtrack.judge.check import CheckResult
+from memtrack.judge.verdict import Verdict
 from memtrack.units import format_seconds, format_size
 from memtrack.workload import short_case_labels
 
 if TYPE_CHECKING:
-    from memtrack.trend import HistoryResult
+    from memtrack.judge.history import HistoryResult
 
 MARKDOWN_LIMIT = 1_000_000
 """GitHub refuses a job summary over 1 MiB; stay clearly below it."""
 REPORT_VERSION = 1
 
-_ORDER = {"failed": 0, "over_budget": 1, "regression": 2, "time_regression": 3,
-          "environment_changed": 4, "new": 5, "improvement": 6, "ok": 7}
+_ORDER = {"failed": 0, "over_budget": 1, "regression": 2, "noisy": 3, "time_regression": 4,
+          "environment_changed": 5, "accepted": 6, "new": 7, "improvement": 8, "ok": 9}
 _STYLE = {"failed": "bold red", "over_budget": "bold red", "regression": "bold red",
-          "time_regression": "yellow", "environment_changed": "yellow", "new": "cyan",
-          "improvement": "green", "ok": "dim"}
-_EMOJI = {"failed": "💥", "over_budget": "⛔", "regression": "🔺", "time_regression": "🐢",
-          "environment_changed": "🔀", "new": "🆕", "improvement": "🔻", "ok": "✅"}
+          "noisy": "yellow", "time_regression": "yellow", "environment_changed": "yellow",
+          "accepted": "magenta", "new": "cyan", "improvement": "green", "ok": "dim"}
+_EMOJI = {"failed": "💥", "over_budget": "⛔", "regression": "🔺", "noisy": "〰️",
+          "time_regression": "🐢", "environment_changed": "🔀", "accepted": "☑️", "new": "🆕",
+          "improvement": "🔻", "ok": "✅"}
+_QUIET = ("ok", "improvement", "new", "accepted")
+"""Kinds that are neither blocking nor a warning."""
 
 
 def ordered(verdicts: tuple[Verdict, ...] | list[Verdict]) -> list[Verdict]:
@@ -40,8 +44,10 @@ def label(v: Verdict) -> str:
     words = v.kind.replace("_", " ")
     if v.blocking:
         return f"BLOCK {words}"
-    if v.kind in ("ok", "improvement", "new"):
+    if v.kind in _QUIET:
         return words + (" (provisional)" if v.provisional and v.kind != "new" else "")
+    if v.context == "base" and v.kind in ("regression", "over_budget", "failed"):
+        return f"REPORT {words}"  # on the base branch: recorded, never blocking
     return f"warn {words}"
 
 
@@ -78,8 +84,13 @@ def summary_line(result: CheckResult) -> str:
     parts = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in
                       sorted(counts.items(), key=lambda kv: _ORDER.get(kv[0], 9)))
     blocking = result.blocking
-    head = (f"BLOCKED: {len(blocking)} blocking verdict{'s' * (len(blocking) != 1)}"
-            if blocking else "passed: nothing blocks")
+    if result.context == "base":
+        regressed = sum(v.kind in ("regression", "over_budget", "failed") for v in result.verdicts)
+        head = (f"base branch: {regressed} regression{'s' * (regressed != 1)} reported "
+                "(never blocking)" if regressed else "base branch: no regression")
+    else:
+        head = (f"BLOCKED: {len(blocking)} blocking verdict{'s' * (len(blocking) != 1)}"
+                if blocking else "passed: nothing blocks")
     return f"{head} ({parts or 'no verdicts'})"
 
 
@@ -162,8 +173,8 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT) -> str:
     full table folded in <details>; cut to stay under `limit` bytes."""
     verdicts = ordered(result.verdicts)
     blocking = [v for v in verdicts if v.blocking]
-    warnings = [v for v in verdicts if not v.blocking and v.kind not in ("ok", "improvement",
-                                                                          "new")]
+    warnings = [v for v in verdicts if not v.blocking and v.kind not in _QUIET]
+    accepted = [v for v in verdicts if v.kind == "accepted"]
     others = [v for v in verdicts if not v.blocking and v.kind in ("improvement", "new")]
     icon = "❌" if blocking else "✅"
     head = [f"## {icon} memtrack check: {summary_line(result)}", "",
@@ -176,6 +187,7 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT) -> str:
         head.append("")
     body: list[str] = []
     for title, items in (("Blocking", blocking), ("Warnings", warnings),
+                         ("Accepted (reviewed in this change)", accepted),
                          ("Improvements and new cases", others)):
         if items:
             body += [f"### {title}", "", _MD_HEAD, *(_md_row(v) for v in items), ""]

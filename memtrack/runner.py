@@ -21,14 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from memtrack import environment, provenance
+from memtrack.breakdown import with_breakdown
 from memtrack.config import Config
+from memtrack.probes.tree import CGROUP, ProcessTree
 from memtrack.records import (
     DeviceMeasurement,
     Environment,
     Measurement,
     RunRecord,
-    device_peak,
 )
+from memtrack.redact import redact
 from memtrack.workload import Case, suite_hash
 
 ProgressFn = Callable[[str, Case, "Measurement | None"], None]
@@ -45,12 +47,26 @@ class CaseOutcome:
     stderr_tail: str
     duration_s: float
     sampler: dict[str, Any] | None
+    tree_peak_bytes: int | None = None
+    """Host peak of the case's whole process tree (see probes.tree), where measured."""
+    tree_source: str | None = None
 
 
 def resolve_device(config: Config, env: Environment) -> str:
     if config.device != "auto":
         return config.device
     return "cuda" if env.gpus and env.cuda_runtime else "cpu"
+
+
+PINNED_ENV = {
+    # glibc raises its mmap threshold as large blocks are freed, so whether a step's
+    # buffers come from the heap (and stay resident) or from mmap (and are returned) depends
+    # on what ran before: the host peak of unchanged code then moved by ~10 MiB run to run.
+    # A fixed threshold (glibc's default, 128 KiB) makes it follow live memory within
+    # 1 MiB. A value the user set is kept; either way it is recorded in the environment.
+    "MALLOC_MMAP_THRESHOLD_": "131072",
+}
+"""Allocator settings every worker runs with, unless the user set them."""
 
 
 def run_suite(
@@ -63,6 +79,8 @@ def run_suite(
 ) -> RunRecord:
     """Measure every case and return the run (the caller stores it)."""
     started = _now()
+    for name, value in PINNED_ENV.items():
+        os.environ.setdefault(name, value)  # before the probe, which records it
     env = env or environment.probe()
     device = resolve_device(config, env)
     git = provenance.git_info(config.root, config.base_branch)
@@ -121,21 +139,18 @@ def _execute(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,
-            start_new_session=True,  # one process group: a timeout kills all it started
+            start_new_session=True,  # one process group: the case's processes end with it
         )
-        if sampler and sampler[0] is not None:
-            _tell(sampler[0], f"{proc.pid}\n")
-        timed_out = False
+        tree = ProcessTree(proc.pid)
         try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            if sampler and sampler[0] is not None:
+                _tell(sampler[0], f"{proc.pid}\n")
+            timed_out = not tree.wait(timeout_s)
+            duration = time.perf_counter() - t0
+        finally:
+            # Whatever happened, nothing the case started outlives it.
+            tree.end()
             proc.wait()
-        duration = time.perf_counter() - t0
         err.seek(0)
         stderr_tail = err.read()[-4000:].decode(errors="replace")
     sampled = _stop_sampler(sampler) if sampler else None
@@ -143,7 +158,16 @@ def _execute(
         data = json.loads(result_path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         data = {"status": "running", "phase": "start", "notes": []}
-    return CaseOutcome(data, proc.returncode, timed_out, stderr_tail, duration, sampled)
+    return CaseOutcome(
+        data,
+        proc.returncode,
+        timed_out,
+        stderr_tail,
+        duration,
+        sampled,
+        tree.peak or None,
+        tree.source,
+    )
 
 
 def _start_sampler(interval_s: float) -> tuple[subprocess.Popen[str] | None, dict[str, Any]]:
@@ -196,7 +220,7 @@ def to_measurement(
         rc = outcome.returncode or 0
         status = "crashed"
         if rc < 0:
-            message = f"killed by {signal.Signals(-rc).name} in phase {d.get('phase')!r}"
+            message = f"killed by {signal_name(-rc)} in phase {d.get('phase')!r}"
         else:
             message = f"exited with status {rc} in phase {d.get('phase')!r}"
         if outcome.stderr_tail.strip():
@@ -205,6 +229,10 @@ def to_measurement(
     fields: dict[str, Any] = {
         k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in _MEASURED
     }
+    tree_peak = outcome.tree_peak_bytes
+    if outcome.tree_source != CGROUP and fields.get("host_peak_rss_bytes"):
+        # Samples can miss the worker's own peak; its exact high-water mark is a bound too.
+        tree_peak = max(tree_peak or 0, fields["host_peak_rss_bytes"])
     m = Measurement(
         workload=case.workload,
         case_id=case.case_id,
@@ -215,14 +243,17 @@ def to_measurement(
         warmup=spec["warmup"],
         repeats=spec["repeats"],
         status=status,
-        message=message,
-        traceback=d.get("traceback"),
+        # A workload's own text (its error, its stderr) is redacted before it is kept.
+        message=redact(message),
+        traceback=redact(d.get("traceback")),
         devices=tuple(devices),
         device_view=view,
-        device_view_note=view_note,
+        device_view_note=redact(view_note),
         sample_interval_s=interval_s if view == "nvml" else None,
         duration_s=round(outcome.duration_s, 4),
-        notes=tuple(notes),
+        notes=tuple(redact(n) or "" for n in notes),
+        host_tree_peak_rss_bytes=tree_peak,
+        host_tree_source=outcome.tree_source if tree_peak else None,
         **fields,
     )
     return with_breakdown(m)
@@ -240,6 +271,8 @@ _MEASURED = (
     "host_peak_rss_bytes",
     "host_step_peak_rss_bytes",
     "host_peak_source",
+    "host_setup_rss_bytes",
+    "host_file_rss_bytes",
     "caches_bytes",
     "categories",
     "iteration_times_s",
@@ -284,38 +317,16 @@ def _device_view(
     return out, "nvml", None
 
 
-def with_breakdown(m: Measurement) -> Measurement:
-    """Weights, caches, training state, intermediates and workspace from the figures."""
-    import dataclasses
-
-    if m.peak_allocated_bytes is None:
-        return m
-    cats = m.categories or {}
-    weights = m.persistent_bytes or 0
-    caches = m.caches_bytes or 0
-    training = None
-    if cats:
-        training = cats.get("Gradient", 0) + cats.get("Optstate", 0)
-    intermediates = max(0, m.peak_allocated_bytes - weights - caches - (training or 0))
-    if m.device == "cuda":
-        peak = device_peak(m)
-        workspace = (
-            peak - m.peak_reserved_bytes
-            if peak is not None and m.peak_reserved_bytes is not None
-            else None
-        )
-    else:
-        # On the CPU the gap is the host's: RSS beyond live tensors (interpreter, libraries).
-        host = m.host_step_peak_rss_bytes
-        workspace = host - m.peak_allocated_bytes if host is not None else None
-    return dataclasses.replace(
-        m,
-        weights_bytes=weights,
-        caches_bytes=caches,
-        training_state_bytes=training,
-        intermediates_bytes=intermediates,
-        workspace_bytes=workspace,
-    )
+def signal_name(number: int) -> str:
+    """'SIGSEGV'; 'SIGRTMIN+6' for a real-time signal, which `signal.Signals` does not know."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        pass
+    rtmin, rtmax = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
+    if rtmin is not None and rtmax is not None and rtmin <= number <= rtmax:
+        return f"SIGRTMIN+{number - rtmin}"
+    return f"signal {number}"
 
 
 def _now() -> str:

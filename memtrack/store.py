@@ -30,6 +30,8 @@ from memtrack.records import (
     Measurement,
     RunRecord,
     device_peak,
+    host_peak,
+    host_step,
     to_dict,
 )
 
@@ -525,8 +527,9 @@ class _Batch:
     _SQL = {
         "environments": _insert_sql("environments", ["env_id", *_ENV.names], "insert or ignore"),
         "runs": _insert_sql("runs", _RUN_COLUMNS),
+        # the derived metrics are stored beside the figures, so baselines read plain SQL
         "measurements": _insert_sql("measurements", ["id", "run_id", "device_peak_bytes",
-                                                     *_M.names]),
+                                                     "host_bytes", "host_step_bytes", *_M.names]),
         "device_measurements": _insert_sql("device_measurements", ["measurement_id", *_D.names]),
     }
 
@@ -557,7 +560,8 @@ class _Batch:
         for m in run.measurements:
             mid = self.next_id
             self.next_id += 1
-            self.measurements.append([mid, run.run_id, device_peak(m), *self._M.values(m)])
+            self.measurements.append([mid, run.run_id, device_peak(m), host_peak(m),
+                                      host_step(m), *self._M.values(m)])
             for d in m.devices:
                 self.devices.append([mid, *self._D.values(d)])
 

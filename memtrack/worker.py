@@ -7,12 +7,14 @@ the partial figures for the runner to record.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +64,7 @@ def _time_summary(times: list[float]) -> dict[str, Any]:
 
 
 def run_case(spec: dict[str, Any], result: _Result) -> None:
-    from memtrack.probes.host import HostPeak
+    from memtrack.probes.host import HostPeak, current_rss, file_backed_rss, release_free_heap
 
     host = HostPeak()  # first, so the whole case (imports aside) is under one high-water mark
     import torch
@@ -94,7 +96,9 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
         step()
     _sync(ctx.device)
     setup_peak = host.peak()
+    release_free_heap()
     host.reset()
+    setup_level = current_rss()
 
     result.update(phase="timing")
     times = _timing_pass(step, ctx.device, spec["repeats"])
@@ -103,22 +107,36 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
         phase="memory",
         host_peak_rss_bytes=max(setup_peak, step_peak),
         host_step_peak_rss_bytes=step_peak,
+        host_setup_rss_bytes=setup_level,
+        host_file_rss_bytes=file_backed_rss(),
         **_time_summary(times),
     )
 
     ctx.cache_peak_bytes = 0
-    for _ in range(spec["repeats"]):
-        ctx.new_iteration()
-        with probe.iteration():
-            step()
+    with _tags_to(ctx, probe):
+        for _ in range(spec["repeats"]):
+            ctx.new_iteration()
+            with probe.iteration():
+                step()
     summary = probe.summary()
     if is_cuda:
         result.update(phase="breakdown", **summary)
         try:
-            summary["categories"] = category_breakdown(step, ctx.device, objects)
+            summary["categories"] = category_breakdown(
+                step, ctx.device, objects, lambda p: _tags_to(ctx, p))
         except Exception as exc:  # the allocator figures stand without it
             result.data["notes"].append(f"category breakdown unavailable: {exc}")
     result.update(phase="done", caches_bytes=ctx.cache_peak_bytes or None, **summary)
+
+
+@contextlib.contextmanager
+def _tags_to(ctx: Any, probe: Any) -> Iterator[None]:
+    """While measuring, the workload's cache tags go to the probe's tracker (if it has one)."""
+    ctx.tag_hook = getattr(probe, "tag", None)
+    try:
+        yield
+    finally:
+        ctx.tag_hook = None
 
 
 def _die_with_parent() -> None:

@@ -6,11 +6,13 @@ measure. This module does not import torch: the worker process does, when it run
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
 import itertools
 import json
+import math
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -20,7 +22,8 @@ from typing import Any
 from memtrack.config import Config
 from memtrack.errors import WorkloadError
 
-_REGISTRY: dict[str, Workload] = {}
+_REGISTRY: dict[tuple[str, str], Workload] = {}
+"""Every registration, by (module, workload name): two modules may not share a name."""
 
 
 @dataclass(frozen=True)
@@ -135,14 +138,32 @@ def workload(
                         f"workload {wname!r}: param {key!r} value {v!r} "
                         "must be str, int, float or bool"
                     )
+            _check_distinct(f"workload {wname!r}: param {key!r}", values)
             grid[key] = values
-        previous = _REGISTRY.get(wname)
+        previous = _REGISTRY.get((f.__module__, wname))
         if previous is not None and previous.fn.__qualname__ != f.__qualname__:
-            raise WorkloadError(f"workload {wname!r} is declared twice")
-        _REGISTRY[wname] = Workload(wname, f, grid, seed, f.__module__)
+            raise WorkloadError(f"workload {wname!r} is declared twice in {_where(f.__module__)}")
+        _REGISTRY[(f.__module__, wname)] = Workload(wname, f, grid, seed, f.__module__)
         return f
 
     return register(fn) if fn is not None else register
+
+
+def _check_distinct(where: str, values: tuple[Any, ...]) -> None:
+    """Values must read differently in a case id: 1 and "1" would make one case of two."""
+    seen: dict[str, Any] = {}
+    for v in values:
+        if str(v) in seen:
+            raise WorkloadError(
+                f"{where}: values {seen[str(v)]!r} and {v!r} both read {str(v)!r} in a case id"
+            )
+        seen[str(v)] = v
+
+
+def _where(module: str) -> str:
+    """A module as its author knows it: the file for a module imported from a path."""
+    file = getattr(sys.modules.get(module), "__file__", None)
+    return file if file and module.startswith("memtrack_user_") else module
 
 
 def _is_path(ref: str) -> bool:
@@ -191,16 +212,30 @@ def discover(config: Config) -> list[Workload]:
             name = import_workload_module(ref, config.root)
         except ModuleNotFoundError as exc:
             raise WorkloadError(f"{where}: cannot import {ref!r} ({exc})") from None
+        except WorkloadError as exc:
+            raise WorkloadError(f"{where}: {ref!r}: {exc}") from None
+        except (Exception, SystemExit) as exc:  # the module's own code failed: say how
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            error = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+            raise WorkloadError(f"{where}: cannot import {ref!r}: {error}") from None
         for wl in _REGISTRY.values():
             if wl.module == name or wl.module.startswith(name + "."):
+                other = found.get(wl.name)
+                if other is not None and other.fn.__module__ != wl.module:
+                    raise WorkloadError(
+                        f"{where}: workload {wl.name!r} is declared in two modules: "
+                        f"{_where(other.fn.__module__)} and {_where(wl.module)}"
+                    )
                 found[wl.name] = Workload(wl.name, wl.fn, wl.params, wl.seed, ref)
     if not found:
         raise WorkloadError(f"{where}: no workloads registered by {', '.join(config.modules)}")
     for wname, settings in config.workloads.items():
         if wname not in found:
+            close = difflib.get_close_matches(wname, sorted(found), n=3)
             raise WorkloadError(
                 f"{config.path}: workloads.{wname}: no such workload "
-                f"(known: {', '.join(sorted(found))})"
+                + (f"(nearest: {', '.join(close)})" if close
+                   else f"(known: {', '.join(sorted(found))})")
             )
         wl = found[wname]
         for key in settings.params:
@@ -209,11 +244,30 @@ def discover(config: Config) -> list[Workload]:
                     f"{config.path}: workloads.{wname}.params.{key}: {wname} has no param "
                     f"{key!r} (has: {', '.join(wl.params)})"
                 )
+            _check_distinct(f"{config.path}: workloads.{wname}.params.{key}", settings.params[key])
         if settings.params:
             found[wname] = Workload(
                 wl.name, wl.fn, {**wl.params, **settings.params}, wl.seed, wl.module
             )
+    _check_size(found.values(), config)
     return list(found.values())
+
+
+def _grid_size(wl: Workload) -> int:
+    return math.prod(len(values) for values in wl.params.values())
+
+
+def _check_size(workloads: Iterable[Workload], config: Config) -> None:
+    """Refuse a suite over `max_cases` before expanding it: a typo in a grid can be huge."""
+    sizes = sorted(((_grid_size(w), w.name) for w in workloads), reverse=True)
+    total = sum(n for n, _ in sizes)
+    if total > config.max_cases:
+        where = f"{config.path}: max_cases" if config.path else "max_cases"
+        largest = ", ".join(f"{name} ({n:,})" for n, name in sizes[:5])
+        raise WorkloadError(
+            f"{where}: the suite has {total:,} cases, more than {config.max_cases:,} "
+            f"(largest grids: {largest}); shrink the grids or raise max_cases"
+        )
 
 
 def select_cases(
@@ -223,6 +277,14 @@ def select_cases(
 ) -> list[Case]:
     """Expand grids; keep cases whose id contains any pattern; keep shard i of n (1-based)."""
     cases = [c for w in workloads for c in w.cases()]
+    ids: dict[str, Case] = {}
+    for c in cases:
+        if c.case_id in ids:
+            raise WorkloadError(
+                f"two cases share the id {c.case_id!r}: params {ids[c.case_id].params!r} "
+                f"and {c.params!r}"
+            )
+        ids[c.case_id] = c
     pats = list(patterns)
     if pats:
         cases = [c for c in cases if any(p in c.case_id for p in pats)]
@@ -244,7 +306,11 @@ def suite_hash(cases: Iterable[Case], config: Config) -> str:
 
 
 def find(name: str) -> Workload:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise WorkloadError(f"no workload named {name!r} is registered") from None
+    """The workload registered under `name` (in the worker: by the case's module)."""
+    matches = [wl for (_, wname), wl in _REGISTRY.items() if wname == name]
+    if not matches:
+        raise WorkloadError(f"no workload named {name!r} is registered")
+    if len(matches) > 1:
+        modules = " and ".join(_where(wl.module) for wl in matches)
+        raise WorkloadError(f"workload {name!r} is declared in two modules: {modules}")
+    return matches[0]

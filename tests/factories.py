@@ -25,6 +25,8 @@ from memtrack.records import (
 
 MiB = 2**20
 GiB = 2**30
+HOST_FILE = 90 * MiB
+"""File-backed resident pages of a worker (libraries) in made-up measurements."""
 
 CPU_ENV = Environment(
     fingerprint="cpu-env-1",
@@ -60,6 +62,7 @@ def make_measurement(
     reserved: int | None = None,
     device_peak: int | None = None,
     host: int = 400 * MiB,
+    host_step: int = 10 * MiB,
     time_s: float = 0.01,
     samples: tuple[int, ...] | None = None,
     times: tuple[float, ...] | None = None,
@@ -100,8 +103,11 @@ def make_measurement(
         peak_reserved_bytes=reserved,
         persistent_bytes=peak // 4,
         allocated_samples=samples if samples is not None else (peak, peak, peak),
-        host_peak_rss_bytes=host,
-        host_step_peak_rss_bytes=host,
+        # `host` is the metric: peak RSS less the file-backed pages (libraries)
+        host_peak_rss_bytes=host + HOST_FILE,
+        host_step_peak_rss_bytes=host + HOST_FILE,
+        host_setup_rss_bytes=host + HOST_FILE - host_step,
+        host_file_rss_bytes=HOST_FILE,
         host_peak_source="vmhwm",
         devices=devices,
         device_view="nvml" if devices else None,

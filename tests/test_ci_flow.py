@@ -5,7 +5,9 @@ real `memtrack` processes measuring a tiny CPU workload suite:
 2. a pull request whose step allocates an extra buffer: `memtrack check` exits 1, the job
    summary names the blocking case;
 3. a pull request that fixes it, measured as two shards on two "runners" and collected by
-   one job (through the composite action's own scripts): ingested together, checked, exit 0.
+   one job (through the composite action's own scripts): ingested together, checked, exit 0;
+4. a regression pushed straight to main: the push job checks it against the previous level,
+   reports and records it as a regression, and does not fail.
 """
 
 from __future__ import annotations
@@ -247,4 +249,27 @@ def test_shards_on_two_runners_are_collected_and_checked_together(
     again = _action(tmp, repo, _pr_env(tmp, "gate-rerun", 8, "tidy") | {"MEMTRACK_DB": str(db)},
                     "pull_request", records=str(records), check="false")
     assert again.failed_step is None and "0 run(s) added" in again.log
+    git(repo, "checkout", "-q", "main")
+
+
+def test_a_regression_pushed_to_main_is_reported_and_recorded_not_blocked(
+    baseline: dict[str, Any],
+) -> None:
+    tmp, repo, db = baseline["tmp"], baseline["repo"], baseline["db"]
+    git(repo, "checkout", "-q", "-b", "direct", baseline["main"])
+    _write_suite(repo, REGRESSION_FLOATS)
+    head = commit_all(repo, "a buffer, pushed without review")
+    _checkout(repo, head)
+    env = _push_env(tmp, "push-direct", head)
+    env["MEMTRACK_DB"] = str(db)
+    job = _action(tmp, repo, env, "push")
+    assert job.failed_step is None, job.log  # reported, never blocking
+    check = job.steps["check"]["outputs"]
+    assert check["exit-code"] == "0", job.log
+    assert "REPORT regression" in Path(check["verdict"]).read_text()
+    with Store.open(db, readonly=True) as store:
+        (run_id,) = store.run_ids(commit=head)
+        rows = store.conn.execute("select case_id, kind, context, blocking from verdicts where "
+                                  "run_id = ? and metric = 'allocated'", [run_id]).fetchall()
+    assert {tuple(r) for r in rows} == {(MLP, "regression", "base", 0), (EMBED, "ok", "base", 0)}
     git(repo, "checkout", "-q", "main")

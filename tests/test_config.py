@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memtrack.cli import main
-from memtrack.config import load_config
+from memtrack.config import Config, load_config
 from memtrack.errors import ConfigError
 from memtrack.units import parse_duration, parse_size
 
@@ -54,6 +59,34 @@ def test_pyproject_table_is_read_and_paths_resolved(tmp_path):
         ("repeats = 0\n", r"memtrack.repeats: must be at least 1"),
         ("modules = 'x'\n", r"memtrack.modules: expected list"),
         ("modules = [\n", r"not valid TOML"),
+        # Values that pass a type check and break things later.
+        ("headroom_factor = nan\n", r"memtrack.headroom_factor: must be a positive finite"),
+        ("headroom_factor = inf\n", r"memtrack.headroom_factor: must be a positive finite"),
+        ("timeout = nan\n", r"memtrack.timeout: a duration must be positive"),
+        ("timeout = inf\n", r"memtrack.timeout: a duration must be positive and at most a"),
+        ("[workloads.w]\ntimeout = -inf\n", r"memtrack.workloads.w.timeout: a duration must"),
+        ("nvml_interval = nan\n", r"memtrack.nvml_interval: a duration must be positive"),
+        ("creep_tolerance = nan\n", r"memtrack.creep_tolerance: expected a percentage"),
+        ("creep_tolerance = 'inf%'\n", r"memtrack.creep_tolerance: expected a percentage"),
+        ("creep_tolerance = '-2%'\n", r"memtrack.creep_tolerance: cannot be negative"),
+        ("base_branch = ''\n", r"memtrack.base_branch: '' is not a branch name"),
+        ("base_branch = '--output=x'\n", r"memtrack.base_branch: '--output=x' is not a branch"),
+        ("creep_anchor = '--output=x'\n", r"memtrack.creep_anchor: expected a git revision"),
+        ("database = ''\n", r"memtrack.database: expected a file path"),
+        ("repeats = 100000000000\n", r"memtrack.repeats: must be at most 1,000,000"),
+        ("max_cases = 0\n", r"memtrack.max_cases: must be at least 1"),
+        (
+            f"[[budgets]]\nworkload='w'\nlimit='{'9' * 401}'\nreason='r'\n",
+            r"memtrack.budgets\[0\].limit: '9999.* is more than the largest size, 2..62 bytes",
+        ),
+        (
+            "[[budgets]]\nworkload='w'\nlimit='100000000 TiB'\nreason='r'\n",
+            r"memtrack.budgets\[0\].limit: '100000000 TiB' is more than the largest size",
+        ),
+        (
+            "[[budgets]]\nworkload='w'\nlimit=100000000000000000000000000000\nreason='r'\n",
+            r"memtrack.budgets\[0\].limit: 1000.* is more than the largest size",
+        ),
     ],
 )
 def test_bad_config_exits_2_naming_file_and_key(tmp_path, body, message):
@@ -65,7 +98,32 @@ def test_bad_config_exits_2_naming_file_and_key(tmp_path, body, message):
     result = CliRunner().invoke(main, ["run", "--config", str(cfg), "--db", str(db)])
     assert result.exit_code == 2
     assert str(cfg) in result.output
+    assert len(result.output.strip().splitlines()) == 1  # one line, no traceback
     assert not db.exists()  # nothing written
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line_exit_2(tmp_path):
+    cfg = tmp_path / "memtrack.toml"
+    cfg.write_bytes(b"base_branch = 'caf\xe9'\n")
+    with pytest.raises(ConfigError, match=r"memtrack.toml: not UTF-8 text \(byte 18\)"):
+        load_config(cfg)
+    db = tmp_path / "m.db"
+    result = CliRunner().invoke(main, ["run", "--config", str(cfg), "--db", str(db)])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert not db.exists()
+
+
+def test_revisions_and_finite_numbers_that_are_fine_are_kept(tmp_path):
+    cfg = tmp_path / "memtrack.toml"
+    cfg.write_text(
+        "base_branch = 'release/2.1'\ncreep_anchor = 'main~10'\nheadroom_factor = 2.5\n"
+        "creep_tolerance = '+2%'\nmax_cases = 5000\n"
+        "[[budgets]]\nworkload='w'\nlimit='4194304 TiB'\nreason='the largest size there is'\n"
+    )
+    config = load_config(cfg)
+    assert (config.base_branch, config.creep_anchor) == ("release/2.1", "main~10")
+    assert (config.headroom_factor, config.creep_tolerance) == (2.5, 0.02)
+    assert config.max_cases == 5000 and Config(path=None, root=tmp_path).max_cases == 1000
 
 
 def test_missing_module_exits_2_and_writes_nothing(tmp_path):
@@ -76,3 +134,67 @@ def test_missing_module_exits_2_and_writes_nothing(tmp_path):
     assert result.exit_code == 2
     assert "modules: cannot import 'perf.not_there'" in result.output
     assert not db.exists()
+
+
+@pytest.mark.parametrize("body, message", [
+    ('[[budgets]]\nworkload = "decoder_genrate"\nlimit = "1 GiB"\nreason = "r"\n',
+     "budgets[0].workload: 'decoder_genrate' names no known workload or case; nearest: "
+     "decoder_generate"),
+    ('[workloads.train_stp]\nrepeats = 2\n',
+     "workloads.train_stp: no such workload (nearest: train_step)"),
+])
+def test_settings_that_name_no_workload_are_refused_before_anything_runs(tmp_path, body,
+                                                                         message):
+    cfg = tmp_path / "memtrack.toml"
+    cfg.write_text('modules = ["memtrack.examples"]\n' + body)
+    db = tmp_path / "m.db"
+    result = CliRunner().invoke(main, ["run", "--config", str(cfg), "--db", str(db)])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not db.exists()
+
+
+def _toml(value):
+    """A TOML literal for a value hypothesis drew."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value != value:
+        return "nan"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+_KEYS = ["timeout", "nvml_interval", "headroom_factor", "creep_tolerance", "max_cases",
+         "repeats", "base_branch", "creep_anchor", "database", "budgets"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    key=st.sampled_from(_KEYS),
+    value=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(min_value=-(2**63), max_value=2**63 - 1),
+        st.integers(min_value=-(10**400), max_value=10**400),  # tomllib reads any int
+        st.text(max_size=20),
+        st.text(alphabet="0123456789.%-+ GiBMmsinf", max_size=12),
+        st.booleans(),
+    ),
+)
+def test_any_value_of_a_key_is_a_config_or_a_one_line_error(tmp_path_factory, key, value):
+    cfg = tmp_path_factory.mktemp("cfg") / "memtrack.toml"
+    if key == "budgets":
+        cfg.write_text(f"[[budgets]]\nworkload = 'w'\nreason = 'r'\nlimit = {_toml(value)}\n")
+    else:
+        cfg.write_text(f"{key} = {_toml(value)}\n")
+    try:
+        config = load_config(cfg)
+    except ConfigError as exc:
+        assert str(exc).startswith(str(cfg)) and "\n" not in str(exc)
+        return
+    for number in (config.timeout_s, config.headroom_factor, config.creep_tolerance):
+        assert math.isfinite(number) and number >= 0
+    assert config.base_branch and not config.base_branch.startswith("-")
+    assert all(0 <= b.limit_bytes <= 2**62 for b in config.budgets)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import textwrap
 
 import pytest
@@ -45,6 +47,34 @@ WORKLOADS = textwrap.dedent(
             time.sleep(60)
         return step
 
+    @memtrack.workload
+    def realtime_signal(ctx):
+        def step():
+            os.kill(os.getpid(), 40)
+        return step
+
+    @memtrack.workload
+    def leaves_children(ctx):
+        import multiprocessing, pathlib, subprocess, sys
+        here = pathlib.Path(__file__).parent
+        with open("/proc/self/status") as f:
+            hwm = next(int(l.split()[1]) for l in f if l.startswith("VmHWM:")) * 1024
+        size = hwm + 256 * 2**20  # more than the worker itself ever holds
+        hold = (
+            "import pathlib, sys, time; x = b'\\1' * int(sys.argv[1]); "
+            "pathlib.Path(sys.argv[2]).write_text('ready'); time.sleep(600)"
+        )
+        ready = here / "child.ready"
+        child = subprocess.Popen([sys.executable, "-c", hold, str(size), str(ready)])
+        loader = multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,))
+        loader.start()
+        while not ready.exists():
+            time.sleep(0.05)
+        (here / "children.json").write_text(
+            f'{{"pids": [{child.pid}, {loader.pid}], "bytes": {size}}}'
+        )
+        return lambda: None
+
     @memtrack.workload(params={"n": 256})
     def fine(ctx):
         w = torch.nn.Linear(ctx["n"], ctx["n"])
@@ -64,11 +94,11 @@ def failing_run(tmp_path_factory):
     )
     config = load_config(root / "memtrack.toml")
     cases = select_cases(discover(config))
-    return run_suite(config, cases)
+    return run_suite(config, cases), root
 
 
-def _by_workload(run):
-    return {m.workload: m for m in run.measurements}
+def _by_workload(run_and_root):
+    return {m.workload: m for m in run_and_root[0].measurements}
 
 
 def test_an_exception_is_recorded_with_its_message(failing_run):
@@ -99,11 +129,13 @@ def test_a_timeout_is_recorded_and_the_process_killed(failing_run):
 
 
 def test_the_run_goes_on_after_failures(failing_run):
-    assert [m.workload for m in failing_run.measurements] == [
+    assert [m.workload for m in failing_run[0].measurements] == [
         "raises",
         "host_oom",
         "segfaults",
         "hangs",
+        "realtime_signal",
+        "leaves_children",
         "fine",
     ]
     m = _by_workload(failing_run)["fine"]
@@ -121,5 +153,91 @@ def test_the_run_goes_on_after_failures(failing_run):
 def test_failed_cases_serialise(failing_run):
     from memtrack.records import run_from_dict, to_dict
 
-    data = json.loads(json.dumps(to_dict(failing_run)))
-    assert run_from_dict(data) == failing_run
+    data = json.loads(json.dumps(to_dict(failing_run[0])))
+    assert run_from_dict(data) == failing_run[0]
+
+
+def test_a_real_time_signal_is_a_crash_named_by_its_number(failing_run):
+    m = _by_workload(failing_run)["realtime_signal"]
+    assert m.status == "crashed"
+    assert m.message.startswith(f"killed by SIGRTMIN+{40 - signal.SIGRTMIN} in phase")
+
+
+def test_processes_a_case_starts_end_with_it_and_their_memory_counts(failing_run):
+    m = _by_workload(failing_run)["leaves_children"]
+    assert m.status == "ok", m.message
+    children = json.loads((failing_run[1] / "children.json").read_text())
+    for pid in children["pids"]:
+        state = _state(pid)
+        assert state in (None, "Z"), f"process {pid} of the case outlived it ({state})"
+    # A child held more than the worker ever did: only the tree's figure can include it.
+    assert m.host_tree_peak_rss_bytes >= children["bytes"] > m.host_peak_rss_bytes
+    assert m.host_tree_source in ("cgroup", "process-group samples (lower bound)")
+    fine = _by_workload(failing_run)["fine"]
+    assert fine.host_tree_peak_rss_bytes >= fine.host_peak_rss_bytes
+
+
+def _state(pid):
+    """A process's state letter; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def test_a_process_that_ignores_sigterm_or_leaves_the_group_is_still_ended():
+    import subprocess
+    import sys
+
+    from memtrack.probes.tree import ProcessTree
+
+    script = textwrap.dedent(
+        """
+        import signal, subprocess, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+        escaped = subprocess.Popen(sleeper, start_new_session=True)  # a group of its own
+        print(escaped.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    escaped = int(proc.stdout.readline())
+    tree = ProcessTree(proc.pid)
+    try:
+        assert tree.wait(0.3) is False  # still running: a timeout
+    finally:
+        tree.end()
+    assert proc.wait() == -signal.SIGKILL  # SIGTERM was ignored
+    assert _state(escaped) in (None, "Z")
+    assert tree.peak > 0
+
+
+def test_without_a_usable_cgroup_the_tree_is_sampled_and_no_cgroup_is_left():
+    from memtrack.probes import tree
+
+    parent = tree._own_cgroup2_dir()
+    cgroup = tree._Cgroup.create()
+    if cgroup is not None:
+        cgroup.remove()
+        pytest.skip("a cgroup v2 with memory.peak can be made here")
+    if parent is not None and parent.is_dir():
+        assert not [p for p in parent.iterdir() if p.name.startswith("memtrack-")]
+    assert tree.ProcessTree(os.getpid()).source == "process-group samples (lower bound)"
+
+
+def test_the_tree_peak_is_stored_and_read_back(failing_run, tmp_path):
+    from memtrack.store import Store
+
+    with Store.open(tmp_path / "m.db") as store:
+        store.write_run(failing_run[0])
+        back = {m.workload: m for m in store.get_run(failing_run[0].run_id).measurements}
+    for name, m in _by_workload(failing_run).items():
+        assert (back[name].host_tree_peak_rss_bytes, back[name].host_tree_source) == (
+            m.host_tree_peak_rss_bytes,
+            m.host_tree_source,
+        )
+    assert back["leaves_children"].host_tree_peak_rss_bytes > 0

@@ -285,8 +285,14 @@ def test_runner_hook_refuses_forks_and_other_events(tmp_path: Path) -> None:
 
 
 class _FakeGitHub(BaseHTTPRequestHandler):
+    """GitHub's comment endpoints as they answer a token: GraphQL `viewer` names the token's
+    identity (None: it will not say), and only a comment's author may edit it."""
+
     comments: list[dict[str, Any]] = []
     calls: list[str] = []
+    viewer: str | None = "github-actions"
+    author: dict[str, str] = {"login": "github-actions[bot]", "type": "Bot"}
+    refuse_edits = False
 
     def _reply(self, status: int, data: Any) -> None:
         body = json.dumps(data).encode()
@@ -302,13 +308,23 @@ class _FakeGitHub(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         self.calls.append(f"GET {self.path}")
         assert self.headers["Authorization"] == "Bearer t0ken"
+        if self.path == "/user":  # REST: refused to an integration's token
+            self._reply(403, {"message": "Resource not accessible by integration"})
+            return
         page = int(re.search(r"[?&]page=(\d+)", self.path).group(1))  # type: ignore[union-attr]
         self._reply(200, self.comments[(page - 1) * 100: page * 100])
 
     def do_POST(self) -> None:  # noqa: N802
         self.calls.append(f"POST {self.path}")
+        if self.path == "/graphql":
+            assert "viewer" in self._body()["query"]
+            if self.viewer is None:
+                self._reply(401, {"message": "Bad credentials"})
+            else:
+                self._reply(200, {"data": {"viewer": {"login": self.viewer}}})
+            return
         comment = {"id": 1000 + len(self.comments), "body": self._body()["body"],
-                   "html_url": "https://example.invalid/c"}
+                   "user": dict(self.author), "html_url": "https://example.invalid/c"}
         self.comments.append(comment)
         self._reply(201, comment)
 
@@ -316,6 +332,9 @@ class _FakeGitHub(BaseHTTPRequestHandler):
         self.calls.append(f"PATCH {self.path}")
         cid = int(self.path.rsplit("/", 1)[1])
         comment = next(c for c in self.comments if c["id"] == cid)
+        if self.refuse_edits or comment["user"]["login"] != self.author["login"]:
+            self._reply(403, {"message": "Resource not accessible by integration"})
+            return
         comment["body"] = self._body()["body"]
         self._reply(200, comment)
 
@@ -323,31 +342,113 @@ class _FakeGitHub(BaseHTTPRequestHandler):
         pass
 
 
-def test_comment_is_created_once_then_updated_in_place_fake_github_api(tmp_path: Path) -> None:
-    # Many earlier comments: the marker is found past the first page.
-    _FakeGitHub.comments = [{"id": i, "body": f"comment {i}"} for i in range(150)]
-    _FakeGitHub.calls = []
+@pytest.fixture
+def fake_github():
+    """A fake GitHub API on 127.0.0.1 (no network here), and `post(text)` running the
+    comment script against it."""
+    _FakeGitHub.comments, _FakeGitHub.calls = [], []
+    _FakeGitHub.viewer, _FakeGitHub.refuse_edits = "github-actions", False
+    _FakeGitHub.author = {"login": "github-actions[bot]", "type": "Bot"}
     server = HTTPServer(("127.0.0.1", 0), _FakeGitHub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     env = {**os.environ, "GITHUB_TOKEN": "t0ken", "GITHUB_REPOSITORY": REPO,
            "GITHUB_API_URL": f"http://127.0.0.1:{server.server_port}"}
     script = GITHUB / "actions" / "memtrack" / "comment.py"
 
-    def post(text: str) -> subprocess.CompletedProcess:
-        verdict = tmp_path / "verdict.md"
+    def post(text: str, tmp: Path) -> subprocess.CompletedProcess:
+        verdict = tmp / "verdict.md"
         verdict.write_text(text)
         command = [sys.executable, str(script), "--pr", "7", "--body-file", str(verdict)]
         return subprocess.run(command, env=env, capture_output=True, text=True)
-    try:
-        first = post("## memtrack: 1 regression\n")
-        assert first.returncode == 0 and "created" in first.stdout, first.stderr
-        second = post("## memtrack: all clear\n")
-        assert second.returncode == 0 and "updated" in second.stdout, second.stderr
-    finally:
-        server.shutdown()
+    yield post
+    server.shutdown()
+
+
+def _user(login: str) -> dict[str, str]:
+    return {"login": login, "type": "User"}
+
+
+def _ours() -> list[dict[str, Any]]:
+    return [c for c in _FakeGitHub.comments if c["user"]["login"] == _FakeGitHub.author["login"]]
+
+
+def test_comment_is_created_once_then_updated_in_place_fake_github_api(tmp_path, fake_github):
+    # Many earlier comments: the marker is found past the first page.
+    _FakeGitHub.comments = [{"id": i, "body": f"comment {i}", "user": _user("dev")}
+                            for i in range(150)]
+    first = fake_github("## memtrack: 1 regression\n", tmp_path)
+    assert first.returncode == 0 and "created" in first.stdout, first.stderr
+    second = fake_github("## memtrack: all clear\n", tmp_path)
+    assert second.returncode == 0 and "updated" in second.stdout, second.stderr
     ours = [c for c in _FakeGitHub.comments if c["body"].startswith("<!-- memtrack -->")]
     assert len(ours) == 1, "the verdict is one comment, updated in place"
     assert "all clear" in ours[0]["body"] and "regression" not in ours[0]["body"]
     assert len(_FakeGitHub.comments) == 151
-    assert [c.split()[0] for c in _FakeGitHub.calls].count("POST") == 1
+    assert [c for c in _FakeGitHub.calls if c.startswith("POST /repos")] == [
+        f"POST /repos/{REPO}/issues/7/comments"
+    ]
     assert f"PATCH /repos/{REPO}/issues/comments/{ours[0]['id']}" in _FakeGitHub.calls
+
+
+def test_a_marker_comment_someone_else_wrote_is_never_edited_fake_github_api(
+    tmp_path, fake_github
+):
+    forged = {"id": 1, "body": "<!-- memtrack -->\nall clear, trust me", "user": _user("mallory")}
+    _FakeGitHub.comments = [dict(forged)]
+    for text in ("## memtrack: 1 regression\n", "## memtrack: 2 regressions\n"):
+        result = fake_github(text, tmp_path)
+        assert result.returncode == 0, result.stderr
+    assert _FakeGitHub.comments[0] == forged
+    assert f"PATCH /repos/{REPO}/issues/comments/1" not in _FakeGitHub.calls
+    (ours,) = _ours()  # its own, posted once and then updated
+    assert "2 regressions" in ours["body"]
+
+
+def test_an_app_installation_token_edits_its_bot_comment_fake_github_api(tmp_path, fake_github):
+    _FakeGitHub.viewer = "memtrack-app"  # GraphQL names the app; its comments, the bot
+    _FakeGitHub.author = {"login": "memtrack-app[bot]", "type": "Bot"}
+    assert "created" in fake_github("first\n", tmp_path).stdout
+    assert "updated" in fake_github("second\n", tmp_path).stdout
+    assert [c["body"] for c in _ours()] == ["<!-- memtrack -->\nsecond\n"]
+
+
+def test_a_refused_edit_posts_a_new_comment_instead_fake_github_api(tmp_path, fake_github):
+    assert fake_github("first\n", tmp_path).returncode == 0
+    _FakeGitHub.refuse_edits = True
+    result = fake_github("second\n", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "created (editing comment 1000 was refused: 403)" in result.stdout
+    assert [c["body"] for c in _ours()][-1] == "<!-- memtrack -->\nsecond\n"
+
+
+def test_an_unknown_identity_edits_nothing_and_posts_fake_github_api(tmp_path, fake_github):
+    assert fake_github("first\n", tmp_path).returncode == 0
+    _FakeGitHub.viewer = None  # neither GraphQL nor /user says who the token is
+    result = fake_github("second\n", tmp_path)
+    assert result.returncode == 0 and "identity is unknown" in result.stdout, result.stderr
+    assert [c["body"].split("\n")[1] for c in _ours()] == ["first", "second"]
+    assert not any(c.startswith("PATCH") for c in _FakeGitHub.calls)
+
+
+def _comment_module():
+    import importlib.util
+
+    path = GITHUB / "actions" / "memtrack" / "comment.py"
+    spec = importlib.util.spec_from_file_location("memtrack_comment_script", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+@pytest.mark.parametrize("unit", ["x", "\U0001F3AF"])  # an emoji is 2 UTF-16 units
+def test_an_oversized_verdict_is_cut_at_a_line_with_its_blocks_closed(unit):
+    comment = _comment_module()
+    rows = "\n".join(f"| case_{i} | {unit * 40} |" for i in range(3000))
+    markdown = f"## memtrack\n<details><summary>all cases</summary>\n\n```\n{rows}\n```\n</details>"
+    body = comment.body_of(markdown)
+    assert len(body.encode("utf-16-le")) // 2 <= 65_536
+    assert body.startswith("<!-- memtrack -->\n## memtrack\n<details>")
+    head, _, tail = body.rpartition("```\n</details>\n")
+    assert tail == comment.CUT_NOTE and head.endswith(" |\n")  # a whole row, then closed
+    assert body.count("<details>") == body.count("</details>") == 1
+    assert comment.body_of("short") == "<!-- memtrack -->\nshort\n"

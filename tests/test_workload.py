@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 
+from memtrack.cli import main
 from memtrack.config import load_config
 from memtrack.errors import WorkloadError
 from memtrack.workload import Workload, case_id, discover, select_cases
@@ -78,3 +80,118 @@ def test_an_unknown_param_override_names_the_key(tmp_path):
         WorkloadError, match=r"workloads.train_step.params.batchsize: train_step has no param"
     ):
         discover(load_config(tmp_path / "memtrack.toml"))
+
+
+def _suite(tmp_path, files, config='modules = ["wl.py"]\n'):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "memtrack.toml").write_text(config)
+    return load_config(tmp_path / "memtrack.toml")
+
+
+def _cli_run(tmp_path):
+    """`memtrack run` on the suite: (exit status, output); the database must stay unwritten."""
+    db = tmp_path / "m.db"
+    args = ["run", "--config", str(tmp_path / "memtrack.toml"), "--db", str(db)]
+    result = CliRunner().invoke(main, args)
+    assert not db.exists()
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        (
+            "import memtrack\nraise RuntimeError('set GPU_ARCH first')\n",
+            r"modules: cannot import 'wl.py': RuntimeError: set GPU_ARCH first$",
+        ),
+        ("def broken(:\n    pass\n", r"modules: cannot import 'wl.py': SyntaxError: .*line 1"),
+        ("import sys\nsys.exit(3)\n", r"modules: cannot import 'wl.py': SystemExit: 3$"),
+    ],
+)
+def test_a_module_that_fails_at_import_is_one_line_exit_2(tmp_path, source, message):
+    config = _suite(tmp_path, {"wl.py": source})
+    with pytest.raises(WorkloadError, match=message):
+        discover(config)
+    code, output = _cli_run(tmp_path)
+    assert code == 2 and len(output.strip().splitlines()) == 1, output
+    assert "Traceback" not in output and "'wl.py'" in output
+
+
+def test_one_workload_name_in_two_modules_is_refused_naming_both(tmp_path):
+    body = "import memtrack\n@memtrack.workload\ndef train(ctx):\n    return lambda: None\n"
+    config = _suite(
+        tmp_path, {"a.py": body, "b.py": body}, 'modules = ["a.py", "b.py"]\n'
+    )
+    with pytest.raises(
+        WorkloadError, match=r"workload 'train' is declared in two modules: .*a\.py and .*b\.py"
+    ):
+        discover(config)
+    assert _cli_run(tmp_path)[0] == 2
+
+
+def test_param_values_that_read_alike_are_refused(tmp_path):
+    source = (
+        "import memtrack\n@memtrack.workload(params={'x': [1, '1']})\n"
+        "def alike(ctx):\n    return lambda: None\n"
+    )
+    config = _suite(tmp_path, {"wl.py": source})
+    with pytest.raises(
+        WorkloadError, match=r"workload 'alike': param 'x': values 1 and '1' both read '1'"
+    ):
+        discover(config)
+    assert _cli_run(tmp_path)[0] == 2
+
+
+def test_param_overrides_that_read_alike_are_refused(tmp_path):
+    config = _suite(
+        tmp_path, {}, '[workloads.train_step.params]\nbatch = [8, "8"]\n'
+    )
+    with pytest.raises(
+        WorkloadError, match=r"workloads.train_step.params.batch: values 8 and '8' both read"
+    ):
+        discover(config)
+
+
+def test_cases_whose_ids_collide_across_params_are_refused():
+    wl = Workload("w", _noop, {"a": ("1,b=2", "1"), "b": ("3", "2,b=3")})
+    with pytest.raises(WorkloadError, match=r"two cases share the id 'w\[a=1,b=2,b=3\]'"):
+        select_cases([wl])
+
+
+def test_a_grid_over_max_cases_is_refused_before_anything_runs(tmp_path):
+    source = (
+        "import memtrack\n"
+        "@memtrack.workload(params={'a': list(range(100)), 'b': list(range(100)),"
+        " 'c': list(range(100))})\n"
+        "def huge(ctx):\n    return lambda: None\n"
+        "@memtrack.workload(params={'n': [1, 2]})\n"
+        "def small(ctx):\n    return lambda: None\n"
+    )
+    config = _suite(tmp_path, {"wl.py": source})
+    with pytest.raises(
+        WorkloadError,
+        match=r"max_cases: the suite has 1,000,002 cases, more than 1,000 "
+        r"\(largest grids: huge \(1,000,000\), small \(2\)\)",
+    ):
+        discover(config)
+    code, output = _cli_run(tmp_path)
+    assert code == 2 and "running" not in output
+
+
+def test_max_cases_is_the_configured_size(tmp_path):
+    source = (
+        "import memtrack\n@memtrack.workload(params={'n': [1, 2, 3]})\n"
+        "def three(ctx):\n    return lambda: None\n"
+    )
+    config = _suite(tmp_path, {"wl.py": source}, 'modules = ["wl.py"]\nmax_cases = 2\n')
+    with pytest.raises(WorkloadError, match=r"the suite has 3 cases, more than 2"):
+        discover(config)
+    config = _suite(tmp_path, {"wl.py": source}, 'modules = ["wl.py"]\nmax_cases = 3\n')
+    assert len(select_cases(discover(config))) == 3
+
+
+def test_a_module_that_exits_without_a_message_is_named_with_its_exit(tmp_path):
+    config = _suite(tmp_path, {"wl.py": "raise SystemExit\n"})
+    with pytest.raises(WorkloadError, match=r"cannot import 'wl.py': SystemExit$"):
+        discover(config)

@@ -71,7 +71,7 @@ def check(config_path, db_path, run_id, commit, base_branch, markdown_path, json
     console = rich_console()
     with Store.open(db, readonly=history or no_record, create=False) as store:
         if history:
-            from memtrack.trend import analyze_history
+            from memtrack.judge.history import analyze_history
 
             h = analyze_history(store, config, base_branch=base_branch,
                                 patterns=tuple(patterns), anchor=_anchor(anchor))
@@ -79,8 +79,8 @@ def check(config_path, db_path, run_id, commit, base_branch, markdown_path, json
                                      h.exit_code)
             data = dataclasses.asdict(h)
         else:
-            from memtrack.compare import check as run_check
-            from memtrack.compare import save_verdicts
+            from memtrack.judge.check import check as run_check
+            from memtrack.judge.check import save_verdicts
 
             result = run_check(store, config, run_id=run_id, commit=commit,
                                base_branch=base_branch)

@@ -8,6 +8,7 @@ import click
 
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
 from memtrack.errors import ConfigError, MemtrackError, StoreError
+from memtrack.judge.check import check_budget_targets
 from memtrack.records import write_json
 from memtrack.report_run import run_table
 from memtrack.runner import run_suite
@@ -49,7 +50,11 @@ def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
     """Measure the suite, one fresh process per case, and record the run."""
     config, db = resolve(config_path, db_path)
     shard_t = _parse_shard(shard)
-    cases = select_cases(discover(config), patterns, shard_t)
+    workloads = discover(config)
+    # A budget naming no workload or case guards nothing: refused before anything runs.
+    check_budget_targets(config, {x for w in workloads for c in w.cases()
+                                  for x in (w.name, c.case_id)})
+    cases = select_cases(workloads, patterns, shard_t)
     if not cases:
         raise ConfigError(f"no case matches {' or '.join(patterns) or 'the suite'}")
     # The outputs are checked before the first case starts, not after an hour of measuring.

@@ -27,6 +27,15 @@ def current_rss() -> int | None:
     return None if kib is None else kib * 1024
 
 
+def file_backed_rss() -> int | None:
+    """Resident file-backed and shared pages (RssFile + RssShmem): libraries and mapped
+    files. Reclaimable, and they follow the page cache rather than the code."""
+    parts = [_status_kib("RssFile"), _status_kib("RssShmem")]
+    if parts[0] is None:
+        return None
+    return sum(p or 0 for p in parts) * 1024
+
+
 class HostPeak:
     """Reset, then read, the process's peak RSS. `source` says which mechanism is used."""
 
@@ -49,3 +58,19 @@ class HostPeak:
                 return kib * 1024
         maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return maxrss if sys.platform == "darwin" else maxrss * 1024
+
+
+def release_free_heap() -> bool:
+    """Give the heap's free pages back to the kernel (glibc `malloc_trim(0)`), so that the
+    level a step starts from is its live memory, not whatever the warm-up's frees left
+    resident: otherwise the step's growth above it varies run to run with no change in code.
+    False where there is no glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return False
+    return True

@@ -10,23 +10,15 @@ import json
 import re
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from memtrack import metrics
 from memtrack.records import COMMIT_PATTERN, RunRecord
 from memtrack.store import Store
 from memtrack.units import parse_time
-
-COLUMNS = {
-    "allocated": "peak_allocated_bytes",
-    "reserved": "peak_reserved_bytes",
-    "requested": "peak_requested_bytes",
-    "device": "device_peak_bytes",
-    "host": "host_peak_rss_bytes",
-}
-"""Where each memory metric lives in the measurements table."""
 
 _ANCESTRY_FIRST = 512
 """Ancestors listed at first; the list doubles while an older baseline commit is asked for."""
@@ -94,6 +86,18 @@ class _Ancestry:
 # -- baseline ------------------------------------------------------------------------------
 
 
+COMPONENTS = {
+    "weights": "weights_bytes",
+    "caches": "caches_bytes",
+    "gradients": "gradients_bytes",
+    "optimizer state": "optimizer_state_bytes",
+    "intermediates": "intermediates_bytes",
+    "unattributed": "unattributed_bytes",
+    "workspace": "workspace_bytes",
+}
+"""The breakdown's parts and their columns: what grew, when a metric grew."""
+
+
 @dataclass(frozen=True)
 class Point:
     """One baseline run's measurement of a case."""
@@ -105,14 +109,15 @@ class Point:
     status: str
     values: dict[str, int]
     times: tuple[float, ...]
+    components: dict[str, int] = field(default_factory=dict)
 
 
-_POINT_SQL = """
+_POINT_SQL = f"""
 select r.run_id, r.git_commit, r.started_at, r.git_committed_at, r.env_id, r.fingerprint,
-       m.status, m.peak_allocated_bytes, m.peak_reserved_bytes, m.peak_requested_bytes,
-       m.device_peak_bytes, m.host_peak_rss_bytes, m.iteration_times_s
+       m.status, m.iteration_times_s,
+       {", ".join("m." + c for c in (*metrics.COLUMNS.values(), *COMPONENTS.values()))}
 from runs r cross join measurements m
-where r.git_branch = :branch and r.run_id != :candidate {fingerprint}
+where r.git_branch = :branch and r.run_id != :candidate {{fingerprint}}
   and m.case_id = :case and m.run_id = r.run_id
 order by r.started_at desc
 """
@@ -273,14 +278,9 @@ class BaselineFinder:
 
 
 def _point(row: Any) -> Point:
-    values = {metric: int(row[col]) for metric, col in COLUMNS.items() if row[col] is not None}
+    def figures(columns: dict[str, str]) -> dict[str, int]:
+        return {name: int(row[col]) for name, col in columns.items() if row[col] is not None}
+
     times = tuple(json.loads(row["iteration_times_s"]) or ()) if row["iteration_times_s"] else ()
-    return Point(
-        row["run_id"],
-        row["git_commit"],
-        row["started_at"],
-        row["env_id"],
-        row["status"],
-        values,
-        times,
-    )
+    return Point(row["run_id"], row["git_commit"], row["started_at"], row["env_id"],
+                 row["status"], figures(metrics.COLUMNS), times, figures(COMPONENTS))

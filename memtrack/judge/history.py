@@ -2,9 +2,9 @@
 
 A per-PR threshold sees one change at a time; it misses ten changes that each stay inside
 the headroom. `analyze_history` finds the steps of every memory series along the base
-branch (change points from `ruptures`, kept only where the move exceeds the same justified
-headroom as a verdict) and measures each series' growth since an anchor (a tag, or the run
-N commits ago) against a tolerance. Nothing here prints.
+branch (change points of a least-squares segmentation, kept only where the move exceeds
+the same justified headroom as a verdict) and measures each series' growth since an
+anchor (a tag, or the run N commits ago) against a tolerance. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memtrack.baseline import COLUMNS, git_output, iso_epoch
-from memtrack.compare import FLOORS, MEMORY_METRICS
+from memtrack import metrics
 from memtrack.config import Config
+from memtrack.judge.baseline import git_output, iso_epoch
+from memtrack.judge.levels import find_steps, noise
 from memtrack.store import Store
 from memtrack.units import format_size
 
@@ -88,42 +89,6 @@ class _Point:
     values: dict[str, float]
 
 
-def noise(values: list[float]) -> float:
-    """Robust noise of a series from its successive differences (a step moves one
-    difference only): 1.4826 x MAD(diff) / sqrt(2)."""
-    if len(values) < 3:
-        return 0.0
-    diffs = [b - a for a, b in zip(values[:-1], values[1:], strict=True)]
-    med = statistics.median(diffs)
-    return 1.4826 * statistics.median(abs(d - med) for d in diffs) / 2**0.5
-
-
-def find_steps(values: list[float], room: float, sigma: float) -> list[int]:
-    """Indexes where a new level starts, moved by more than `room` (bytes)."""
-    if len(values) < 2 or room <= 0:
-        return []
-    import numpy as np
-    import ruptures as rpt  # imported here: only `check --history` needs it
-
-    center = statistics.median(values)
-    signal = (np.asarray(values, dtype=float) - center) / room
-    # In units of the headroom the noise is at most 1/factor. The BIC-like penalty
-    # 2 sigma^2 ln(n) keeps noise from splitting a series; the 0.25 minimum keeps an exactly
-    # flat (deterministic) series from splitting on sub-headroom wiggles.
-    sigma_n = sigma / room
-    pen = max(2 * sigma_n**2 * np.log(len(values)), 0.25)
-    ends = rpt.Pelt(model="l2", min_size=1, jump=1).fit(signal).predict(pen=pen)
-    # A change point is kept only where the segments' medians differ by more than the room.
-    out = []
-    bounds = [0, *ends]
-    for i in range(1, len(bounds) - 1):
-        before = values[bounds[i - 1]:bounds[i]]
-        after = values[bounds[i]:bounds[i + 1]]
-        if abs(statistics.median(after) - statistics.median(before)) > room:
-            out.append(bounds[i])
-    return out
-
-
 def _order(root: Path, base_branch: str, notes: list[str]) -> dict[str, int] | None:
     for ref in (base_branch, f"origin/{base_branch}"):
         out = git_output(root, "log", "--first-parent", "--format=%H", "-n", "100000", ref)
@@ -151,7 +116,7 @@ def _series(store: Store, base_branch: str, limit: int, patterns: tuple[str, ...
                      "a change of driver, torch or GPU is not a step in the code")
     rows = store.conn.execute(
         "select r.git_commit, r.git_subject, r.started_at, r.git_committed_at, m.case_id, "
-        f"{', '.join('m.' + c for c in COLUMNS.values())} "
+        f"{', '.join('m.' + c for c in metrics.COLUMNS.values())} "
         "from (select * from runs where git_branch = ? and fingerprint = ? "
         "      order by started_at desc limit ?) r "
         "join measurements m on m.run_id = r.run_id where m.status = 'ok'",
@@ -180,7 +145,7 @@ def _series(store: Store, base_branch: str, limit: int, patterns: tuple[str, ...
     series: dict[str, list[_Point]] = defaultdict(list)
     for (case, commit), runs in per.items():
         values = {}
-        for metric, col in COLUMNS.items():
+        for metric, col in metrics.COLUMNS.items():
             xs = [r[col] for r in runs if r[col] is not None]
             if xs:
                 values[metric] = float(statistics.median(xs))
@@ -229,14 +194,15 @@ def analyze_history(store: Store, config: Config, *, root: Path | None = None,
     count = 0
     for case_id in sorted(series):
         points = series[case_id]
-        for metric in MEMORY_METRICS:
+        for metric in metrics.NAMES:
             pts = [p for p in points if metric in p.values]
             if len(pts) < 2:
                 continue
             count += 1
             values = [p.values[metric] for p in pts]
             sigma = noise(values)
-            room = max(config.headroom_factor * sigma, float(FLOORS[metric]))
+            floor = metrics.floor(metric, statistics.median(values))
+            room = max(config.headroom_factor * sigma, floor)
             case_steps = []
             for i in find_steps(values, room, sigma):
                 before = statistics.median(values[:i][-20:])
@@ -285,4 +251,4 @@ def _signed(x: float) -> str:
     return ("+" if x >= 0 else "-") + format_size(abs(int(round(x))))
 
 
-__all__ = ["Creep", "HistoryResult", "Step", "analyze_history", "find_steps", "noise"]
+__all__ = ["Creep", "HistoryResult", "Step", "analyze_history"]

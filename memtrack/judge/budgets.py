@@ -1,0 +1,157 @@
+"""Budgets: absolute ceilings from the config, each with its reason; the VRAM each device
+holds; and the budget changes a revision makes (raising one is a reviewed change)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from memtrack import metrics
+from memtrack.config import Budget, Config, config_from_text
+from memtrack.errors import ConfigError
+from memtrack.judge.baseline import git_output
+from memtrack.judge.verdict import Verdict
+from memtrack.records import Environment, Measurement
+from memtrack.units import format_size
+
+
+@dataclass(frozen=True)
+class BudgetChange:
+    """A budget that the candidate's config changes relative to the base config."""
+
+    workload: str
+    metric: str | None
+    gpu: str | None
+    change: str
+    """raised | lowered | added | removed"""
+    old_bytes: int | None
+    new_bytes: int | None
+    reason: str
+
+    def describe(self) -> str:
+        where = self.workload + (f" ({self.metric})" if self.metric else "") + (
+            f" on {self.gpu}" if self.gpu else "")
+        return (f"budget {self.change}: {where} {format_size(self.old_bytes)} -> "
+                f"{format_size(self.new_bytes)} ({self.reason})")
+
+
+def default_budget_metric(m: Measurement) -> str:
+    """The device view where measured, else reserved, else allocated."""
+    for metric in ("device", "reserved"):
+        if metrics.value(m, metric) is not None:
+            return metric
+    return "allocated"
+
+
+def budgets_for(budgets: Sequence[Budget], m: Measurement, env: Environment) -> dict[str, Budget]:
+    """The budget that applies to each metric of a case: the most specific one (a case id
+    over a workload name, a GPU model over any GPU), the tighter on a tie."""
+    gpu_names = {g.name.lower() for g in env.gpus}
+    chosen: dict[str, tuple[tuple[int, int, int], Budget]] = {}
+    for b in budgets:
+        if b.workload not in (m.workload, m.case_id):
+            continue
+        if b.gpu is not None and not (
+                b.gpu.lower() in gpu_names and m.device != "cpu"
+                or b.gpu.lower() == "cpu" and m.device == "cpu"):
+            continue
+        metric = b.metric or default_budget_metric(m)
+        rank = (int(b.workload == m.case_id), int(b.gpu is not None), -b.limit_bytes)
+        if metric not in chosen or rank > chosen[metric][0]:
+            chosen[metric] = (rank, b)
+    return {metric: b for metric, (_, b) in chosen.items()}
+
+
+def budget_changes(config: Config, root: Path, rev: str | None) -> tuple[list[BudgetChange],
+                                                                           str | None]:
+    """Budgets the current config changes relative to the same file at `rev`."""
+    if config.path is None:
+        return [], None
+    quiet = not config.budgets  # nothing to raise: a missing base is not worth a note
+    if rev is None:
+        return [], None if quiet else "budget changes not checked: no base revision to compare with"
+    top = git_output(root, "rev-parse", "--show-toplevel")
+    if top is None:
+        return [], "budget changes not checked: the config is not in a git repository"
+    try:
+        rel = config.path.resolve().relative_to(Path(top).resolve()).as_posix()
+    except ValueError:
+        return [], "budget changes not checked: the config is outside the repository"
+    if git_output(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}") is None:
+        note = (f"budget changes not checked: {rev} is not in this clone (shallow?), so the "
+                "config cannot be compared with the base's")
+        return [], None if quiet else note
+    text = git_output(root, "show", f"{rev}:{rel}")
+    if text is None:
+        return [], None  # the file is new here: its budgets are all new
+    try:
+        old = config_from_text(text, config.path)
+    except ConfigError as exc:
+        return [], f"budget changes not checked: the base config does not load ({exc})"
+
+    def key(b: Budget) -> tuple[str, str, str]:
+        return (b.workload, b.metric or "", b.gpu or "")
+
+    before = {key(b): b for b in old.budgets}
+    after = {key(b): b for b in config.budgets}
+    out = []
+    for k in sorted(set(before) | set(after)):
+        a, b = before.get(k), after.get(k)
+        if a and b and a.limit_bytes == b.limit_bytes:
+            continue
+        change = ("added" if a is None else "removed" if b is None else
+                  "raised" if b.limit_bytes > a.limit_bytes else "lowered")
+        ref = b or a
+        assert ref is not None
+        out.append(BudgetChange(ref.workload, ref.metric, ref.gpu, change,
+                                a.limit_bytes if a else None, b.limit_bytes if b else None,
+                                ref.reason))
+    return out, None
+
+
+def budget_part(value: int, budget: Budget | None) -> str:
+    if budget is None:
+        return ""
+    margin = budget.limit_bytes - value
+    state = (f"margin {format_size(margin)}" if margin >= 0 else
+             f"OVER by {format_size(-margin)}")
+    return f"; budget {format_size(budget.limit_bytes)} ({budget.reason}): {state}"
+
+
+def vram_verdict(v: Verdict, m: Measurement) -> Verdict:
+    """Does peak plus the observed variation fit each device's VRAM? Devices do not pool."""
+    if v.threshold is not None and v.baseline_value is not None:
+        room = v.threshold - v.baseline_value
+    else:
+        room = float(metrics.FLOORS["device"])
+    lines, worst = [], None
+    for d in m.devices:
+        if d.peak_process_bytes is None or not d.total_bytes:
+            continue
+        need = d.peak_process_bytes + room
+        margin = d.total_bytes - need
+        fit = f"fits, margin {format_size(int(margin))}" if margin >= 0 else "does NOT fit"
+        lines.append(f"device {d.index} ({d.name or '?'}): peak "
+                     f"{format_size(d.peak_process_bytes)} + headroom {format_size(int(room))} "
+                     f"of {format_size(d.total_bytes)} VRAM: {fit}")
+        if worst is None or margin < worst[0]:
+            worst = (margin, d)
+    if worst is None:
+        return v
+    margin, d = worst
+    details = v.details + tuple(lines)
+    if margin >= 0:
+        return replace(v, details=details, message=v.message + f"; fits VRAM of device {d.index} "
+                        f"with {format_size(int(margin))} to spare")
+    if v.kind == "over_budget":
+        return replace(v, details=details)
+    return replace(v, kind="over_budget", blocking=True, details=details,
+                    budget_bytes=d.total_bytes,
+                    budget_reason=f"VRAM of device {d.index} ({d.name})",
+                    message=v.message + f"; peak + headroom does NOT fit the "
+                    f"{format_size(d.total_bytes)} VRAM of device {d.index} ({d.name})")
+
+
+__all__ = ["BudgetChange", "budget_changes", "budget_part", "budgets_for",
+           "default_budget_metric", "vram_verdict"]

@@ -1,0 +1,377 @@
+"""Deciding: a candidate run against its baseline, its budgets and what was accepted.
+
+The baseline of a case is its last N runs on the base branch, at or before the candidate's
+merge-base, on the same environment fingerprint, split at their steps: the candidate is
+judged against the level the base branch is at now (memtrack.judge.memory has the
+arithmetic). A run of the base branch itself is judged against its previous level too:
+reported and recorded, never blocking, so that a regression that reached the base branch
+shows as one. Nothing here prints; `memtrack.report` shows what this returns.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from memtrack import metrics
+from memtrack.config import Config
+from memtrack.errors import ConfigError, StoreError
+from memtrack.judge import accept, memory, timing
+from memtrack.judge.baseline import BaselineFinder, Point, git_output
+from memtrack.judge.budgets import (
+    BudgetChange,
+    budget_changes,
+    budget_part,
+    budgets_for,
+    default_budget_metric,
+    vram_verdict,
+)
+from memtrack.judge.memory import Case
+from memtrack.judge.verdict import Verdict
+from memtrack.records import Environment, RunRecord
+from memtrack.store import Store
+from memtrack.units import format_size
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Everything `memtrack check` decided about one candidate run."""
+
+    run_id: str
+    commit: str | None
+    branch: str | None
+    started_at: str
+    fingerprint: str
+    base_branch: str
+    merge_base: str | None
+    baseline_mode: str
+    """'ancestry' (commits at or before the merge-base) or 'time' (the merge-base could not
+    be used, e.g. a shallow clone: base-branch commits no newer than a reference time)."""
+    verdicts: tuple[Verdict, ...]
+    budget_changes: tuple[BudgetChange, ...] = ()
+    notes: tuple[str, ...] = ()
+    checked_at: str = ""
+    case_runs: dict[str, str] = field(default_factory=dict)
+    """Case id -> the run holding its figures, where shards of one commit were joined;
+    verdicts are recorded against that run."""
+    context: str = "pull_request"
+    """'pull_request', or 'base' for a run of the base branch (never blocking)."""
+    acceptances: tuple[accept.Acceptance, ...] = ()
+    """The reviewed acceptances found in the commits this run adds."""
+
+    @property
+    def blocking(self) -> tuple[Verdict, ...]:
+        return tuple(v for v in self.verdicts if v.blocking)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing blocks, 1 when something does."""
+        return 1 if self.blocking else 0
+
+
+def environment_diff(old: Environment, new: Environment) -> list[str]:
+    """'what: old -> new' for each confounder that differs."""
+    def gpus(e: Environment) -> str:
+        return ", ".join(f"{g.name} ({format_size(g.total_bytes)})" for g in e.gpus) or "none"
+
+    pairs = [
+        ("GPUs", gpus(old), gpus(new)), ("driver", old.driver, new.driver),
+        ("CUDA", old.cuda_runtime, new.cuda_runtime), ("cuDNN", old.cudnn, new.cudnn),
+        ("NCCL", old.nccl, new.nccl), ("torch", old.torch, new.torch),
+        ("Python", old.python, new.python), ("OS", old.os, new.os),
+    ]
+    out = [f"{what}: {a or '-'} -> {b or '-'}" for what, a, b in pairs if a != b]
+    for name in sorted(set(old.env_vars) | set(new.env_vars)):
+        if old.env_vars.get(name) != new.env_vars.get(name):
+            out.append(f"{name}: {old.env_vars.get(name, '(unset)')} -> "
+                       f"{new.env_vars.get(name, '(unset)')}")
+    for name in sorted(set(old.packages) | set(new.packages)):
+        if name != "torch" and old.packages.get(name) != new.packages.get(name):
+            out.append(f"{name}: {old.packages.get(name, '-')} -> {new.packages.get(name, '-')}")
+    return out
+
+
+def _unbased_verdict(c: Case, metric: str, base_branch: str,
+                     other_env: tuple[Point, list[str]] | None) -> Verdict | None:
+    """No baseline on this environment: 'new' or 'environment changed', budgets still hold."""
+    m = c.m
+    value = metrics.value(m, metric)
+    if value is None:
+        return None
+    budget = c.budgets.get(metric)
+    over = budget is not None and value > budget.limit_bytes
+    if other_env is not None:
+        point, diff = other_env
+        kind = "environment_changed"
+        text = (f"environment changed ({'; '.join(diff) or 'fingerprint differs'}): no baseline "
+                f"on {base_branch} with this environment, not compared (newest other-environment "
+                f"run {point.run_id[:12]} of {(point.commit or '?')[:12]})")
+        details = tuple(diff)
+    else:
+        kind, text, details = "new", f"new: no baseline on {base_branch}", ()
+    details += tuple(ch.describe() for ch in c.changes
+                     if (ch.metric or default_budget_metric(m)) == metric)
+    return Verdict(
+        case_id=m.case_id, workload=m.workload, metric=metric,
+        kind="over_budget" if over else kind, blocking=over and c.context != "base",
+        candidate_value=float(value), context=c.context,
+        budget_bytes=budget.limit_bytes if budget else None,
+        budget_reason=budget.reason if budget else None, details=details,
+        message=f"{metric} {format_size(value)}: {text}{budget_part(value, budget)}")
+
+
+def _failed_verdict(c: Case) -> Verdict:
+    m = c.m
+    same_env_status = [p.status for p in c.points]
+    passed = sum(s == "ok" for s in same_env_status)
+    if c.points and c.points[0].status != "ok":
+        blocking, why = False, (f"the newest baseline run failed too ({c.points[0].status}): "
+                                f"a known failure, not caused here")
+    elif c.points:
+        blocking, why = True, f"the baseline passed ({passed} of {len(c.points)} runs ok)"
+    else:
+        blocking, why = True, "no baseline: a case that does not run cannot be gated"
+    msg = (m.message or "").strip().splitlines()
+    text = f" ({msg[-1][:160]})" if msg else ""
+    return Verdict(case_id=m.case_id, workload=m.workload, metric="status", kind="failed",
+                   blocking=blocking and c.context != "base", baseline_runs=len(c.points),
+                   context=c.context,
+                   message=f"status: {m.status}{text}; {why}")
+
+
+def _judge_case(c: Case, config: Config, base_branch: str,
+                other_env: tuple[Point, list[str]] | None, time_on: bool) -> list[Verdict]:
+    m = c.m
+    if m.status != "ok":
+        return [_failed_verdict(c)]
+    out: list[Verdict] = []
+    for metric in metrics.NAMES:
+        if c.points:
+            v = memory.verdict(c, metric, config)
+        else:
+            v = _unbased_verdict(c, metric, base_branch, other_env)
+        if v is None:
+            continue
+        if metric == "device" and m.devices:
+            v = vram_verdict(v, m)
+            if c.context == "base":
+                v = replace(v, blocking=False)
+        out.append(v)
+    if time_on and c.points:
+        t = timing.verdict(c, config)
+        if t is not None:
+            out.append(t)
+    return out
+
+
+# -- the check -----------------------------------------------------------------------------
+
+
+def find_candidate(store: Store, *, run_id: str | None = None, commit: str | None = None,
+                   root: Path) -> RunRecord:
+    """The run to check: by id, else the newest run of `commit`, else of HEAD at `root`."""
+    if run_id:
+        return store.get_run(run_id)
+    if commit is None:
+        commit = git_output(root, "rev-parse", "HEAD")
+        if commit is None:
+            raise ConfigError(f"{root} is not inside a git repository with a commit: "
+                              "pass --run ID or --commit SHA")
+        what = f"the current commit {commit[:12]}"
+    else:
+        what = f"commit {commit}"
+    ids = store.run_ids(commit=commit, limit=1)
+    if not ids:
+        raise StoreError(f"{store.path}: no run of {what}; record one with `memtrack run` "
+                         "first, or pass --run ID")
+    return store.get_run(ids[0])
+
+
+def with_sibling_shards(store: Store, run: RunRecord) -> tuple[RunRecord, dict[str, str]]:
+    """A run of one shard (i/n) joined by the newest run of each other shard of the same
+    commit and environment, so that the whole suite is checked at once. Returns the joined
+    run and, per case id, the run that holds its figures."""
+    owners = {m.case_id: run.run_id for m in run.measurements}
+    if not run.shard or "/" not in run.shard or not run.git.commit:
+        return run, owners
+    total = run.shard.split("/", 1)[1]
+    rows = store.conn.execute(
+        "select run_id, shard from runs where git_commit = ? and fingerprint = ? "
+        "and shard like ? order by started_at desc",
+        [run.git.commit, run.environment.fingerprint, f"%/{total}"],
+    ).fetchall()
+    seen, measurements = {run.shard}, list(run.measurements)
+    for row in rows:
+        if row["shard"] in seen:
+            continue
+        seen.add(row["shard"])
+        for m in store.get_run(row["run_id"]).measurements:
+            if m.case_id not in owners:
+                owners[m.case_id] = row["run_id"]
+                measurements.append(m)
+    return replace(run, measurements=tuple(measurements)), owners
+
+
+def context_of(run: RunRecord, base_branch: str) -> str:
+    """'base' for a run of the base branch itself (a push), else 'pull_request'."""
+    on_base = run.git.branch == base_branch and run.ci.pr_number is None
+    return "base" if on_base and run.ci.event != "pull_request" else "pull_request"
+
+
+def check_budget_targets(config: Config, known: set[str]) -> None:
+    """A budget that names no known workload or case guards nothing: refuse it."""
+    for i, b in enumerate(config.budgets):
+        if b.workload in known:
+            continue
+        close = difflib.get_close_matches(b.workload, sorted(known), n=3)
+        hint = f"; nearest: {', '.join(close)}" if close else ""
+        raise ConfigError(f"{config.path or 'config'}: budgets[{i}].workload: {b.workload!r} "
+                          f"names no known workload or case{hint}")
+
+
+def _known_targets(store: Store, run: RunRecord) -> set[str]:
+    known = {x for m in run.measurements for x in (m.workload, m.case_id)}
+    for workload, case_id in store.conn.execute(
+            "select distinct workload, case_id from measurements"):
+        known.update((workload, case_id))
+    return known
+
+
+def check(store: Store, config: Config, *, run_id: str | None = None,
+          commit: str | None = None, base_branch: str | None = None,
+          root: Path | None = None) -> CheckResult:
+    """Judge a candidate run against its baseline and the config's budgets."""
+    root = root or config.root
+    run = find_candidate(store, run_id=run_id, commit=commit, root=root)
+    if not run.measurements:
+        raise StoreError(f"run {run.run_id} has no measurements to check")
+    owners = {m.case_id: run.run_id for m in run.measurements}
+    if run_id is None:
+        run, owners = with_sibling_shards(store, run)
+    known = _known_targets(store, run)
+    check_budget_targets(config, known)
+    base = base_branch or config.base_branch
+    context = context_of(run, base)
+    finder = BaselineFinder(store, run, base, root, config.baseline_runs, owners)
+    notes = list(finder.notes)
+    if context == "base":
+        notes.append(f"a run of {base} itself, judged against the previous level: verdicts "
+                     "are reported and recorded, never blocking")
+    shard_runs = sorted(set(owners.values()) - {run.run_id})
+    if shard_runs:
+        notes.append(f"shard {run.shard} checked together with the newest run of each other "
+                     f"shard of this commit: {', '.join(r[:12] for r in shard_runs)}")
+    if run.git.dirty:
+        notes.append("the candidate was measured with uncommitted changes (dirty tree)")
+    changes, note = budget_changes(config, root, finder.merge_base or base)
+    if note:
+        notes.append(note)
+    points = {m.case_id: finder.points(m.case_id) if finder.seen_anywhere(m.case_id) else []
+              for m in run.measurements}
+    acceptances, accept_notes = _acceptances(run, context, finder.merge_base, points, root)
+    notes += accept_notes + accept.unknown_targets(acceptances, known)
+    env_cache: dict[str | None, Environment | None] = {}
+    verdicts: list[Verdict] = []
+    time_on = config.time_regression != "off"
+    for m in run.measurements:
+        case_points = points[m.case_id]
+        budgets = budgets_for(config.budgets, m, run.environment)
+        touched = [ch for ch in changes if ch.workload in (m.workload, m.case_id)]
+        ok_runs = sum(p.status == "ok" for p in case_points)
+        c = Case(m, case_points, budgets, ok_runs < config.min_baseline_runs, touched,
+                 acceptances, context)
+        other = None
+        if not case_points and finder.seen_anywhere(m.case_id):
+            p = finder.other_env(m.case_id)
+            if p is not None:
+                if p.env_id not in env_cache:
+                    env_cache[p.env_id] = store.get_environment(p.env_id)
+                old = env_cache[p.env_id]
+                other = (p, environment_diff(old, run.environment) if old else [])
+        for metric, b in budgets.items():
+            if metrics.value(m, metric) is None and m.status == "ok":
+                notes.append(f"{m.case_id}: budget on {metric} ({format_size(b.limit_bytes)}) "
+                             f"not checked: {metric} was not measured on this run")
+        verdicts.extend(_judge_case(c, config, base, other, time_on))
+    missing = sorted((finder.newest_cases() or set()) - {m.case_id for m in run.measurements})
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
+                                          else "")
+        notes.append(f"{len(missing)} case(s) of the newest baseline run are not in this run "
+                     f"(removed, or left out with -k/--shard), so not checked: {shown}")
+    return CheckResult(
+        case_runs=owners,
+        run_id=run.run_id, commit=run.git.commit, branch=run.git.branch,
+        started_at=run.started_at, fingerprint=run.environment.fingerprint, base_branch=base,
+        merge_base=finder.merge_base, baseline_mode=finder.mode, verdicts=tuple(verdicts),
+        budget_changes=tuple(changes), notes=tuple(notes),
+        checked_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), context=context,
+        acceptances=tuple(acceptances),
+    )
+
+
+def _acceptances(run: RunRecord, context: str, merge_base: str | None,
+                 points: dict[str, list[Point]], root: Path
+                 ) -> tuple[list[accept.Acceptance], list[str]]:
+    """The acceptances in the commits this run adds to its baseline: a pull request's own
+    commits (merge-base..head), or on the base branch those since its previous run."""
+    if context == "base":
+        newest = max((p for ps in points.values() for p in ps[:1] if p.commit),
+                     key=lambda p: p.started_at, default=None)
+        since = newest.commit if newest else None
+        if since == run.git.commit:
+            return [], []
+    else:
+        since = merge_base
+    if since is None:
+        return [], []
+    return accept.read(root, since, run.git.commit)
+
+
+_VERDICT_COLUMNS = ("run_id", "case_id", "workload", "metric", "kind", "blocking", "provisional",
+                    "baseline_value", "spread", "factor", "floor", "threshold",
+                    "candidate_value", "delta", "delta_pct", "budget_bytes", "budget_reason",
+                    "baseline_runs", "message", "checked_at", "context", "accepted_reason",
+                    "component", "component_delta", "level_commit")
+
+
+def save_verdicts(store: Store, result: CheckResult) -> int:
+    """Record the verdicts (replacing earlier ones of the same run) in one transaction."""
+    if store.readonly:
+        raise StoreError(f"{store.path}: opened read-only, cannot record verdicts")
+    rows = [
+        (result.case_runs.get(v.case_id, result.run_id), v.case_id, v.workload, v.metric,
+         v.kind, int(v.blocking), int(v.provisional), v.baseline_value, v.spread, v.factor,
+         v.floor, v.threshold,
+         v.candidate_value, v.delta, v.delta_pct, v.budget_bytes, v.budget_reason,
+         v.baseline_runs, v.message, result.checked_at, v.context, v.accepted_reason,
+         v.component, v.component_delta, v.level_commit)
+        for v in result.verdicts
+    ]
+    conn = store.conn
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for run_id in sorted({result.run_id, *result.case_runs.values()}):
+            conn.execute("delete from verdicts where run_id = ?", [run_id])
+        conn.executemany(
+            f"insert into verdicts ({', '.join(_VERDICT_COLUMNS)}) "
+            f"values ({', '.join('?' for _ in _VERDICT_COLUMNS)})", rows)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return len(rows)
+
+
+__all__ = [
+    "CheckResult",
+    "check",
+    "check_budget_targets",
+    "context_of",
+    "environment_diff",
+    "find_candidate",
+    "save_verdicts",
+    "with_sibling_shards",
+]

@@ -1,0 +1,228 @@
+"""Memory verdicts: a candidate's figure against the current level of its baseline.
+
+    level     = the baseline runs since the newest step of the series (see levels)
+    baseline  = median of the level
+    spread    = max(noise within the window's levels, candidate's repeat spread)
+    headroom  = max(factor x spread, floor)
+    threshold = baseline + headroom
+
+A candidate above the threshold is a regression, unless a reviewed acceptance covers the
+growth. Where the headroom is too wide to judge (above `noisy_above` of the baseline), a
+growth within it is `noisy`: a warning that says how wide, and what would sharpen it.
+Every verdict carries its arithmetic in its message.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtrack import metrics
+from memtrack.config import Budget, Config
+from memtrack.judge import accept
+from memtrack.judge.baseline import COMPONENTS, Point
+from memtrack.judge.budgets import BudgetChange, budget_part, default_budget_metric
+from memtrack.judge.levels import current_level
+from memtrack.judge.verdict import Verdict
+from memtrack.records import Measurement
+from memtrack.units import format_size
+
+MiB = 2**20
+
+PROVISIONAL_BLOCK_FRACTION = 0.10
+"""With fewer baseline runs than `min_baseline_runs` the spread is not known yet: a
+regression then blocks only past this jump (10 %); smaller ones warn. Budgets always block."""
+
+
+@dataclass
+class Case:
+    """What is known about one candidate case while judging it."""
+
+    m: Measurement
+    points: list[Point]
+    """Same-environment baseline runs, newest first."""
+    budgets: dict[str, Budget]
+    provisional: bool
+    changes: list[BudgetChange] = field(default_factory=list)
+    acceptances: list[accept.Acceptance] = field(default_factory=list)
+    context: str = "pull_request"
+
+
+def repeat_spread(m: Measurement, metric: str) -> int:
+    """How far the candidate's own iteration peaks scatter: 1.4826 x MAD, so that one odd
+    iteration (a first one before a lazy buffer exists, say) cannot widen the headroom.
+    Two samples cannot tell an outlier from noise: below three repeats it is not estimated
+    (the baseline's spread still is). Only the framework's allocated view is per iteration."""
+    samples = m.allocated_samples
+    if metric != "allocated" or len(samples) < 3:
+        return 0
+    med = statistics.median(samples)
+    return int(round(1.4826 * statistics.median(abs(s - med) for s in samples)))
+
+
+def headroom(spread: float, factor: float, floor: float) -> float:
+    return max(factor * spread, float(floor))
+
+
+def suggest_budget(value: int, room: float) -> int:
+    """A budget that holds `value` with its headroom and 10 % to grow, rounded up to MiB."""
+    need = value + max(room, value / 10)
+    return int(math.ceil(need / MiB)) * MiB
+
+
+def pct(delta: float, base: float) -> float | None:
+    return None if not base else 100.0 * delta / base
+
+
+def fmt_pct(p: float | None) -> str:
+    return "n/a" if p is None else f"{p:+.2f}%"
+
+
+def fmt_delta(d: float) -> str:
+    n = int(round(d))
+    if abs(n) < 1024:
+        return f"{n:+,} B"
+    return f"{'+' if n >= 0 else '-'}{format_size(abs(n))} ({n:+,} B)"
+
+
+def what_grew(m: Measurement, level: Sequence[Point], metric: str) -> tuple[str, float] | None:
+    """The breakdown part that grew the most against the level (median per part)."""
+    if metric in ("host", "host_step"):
+        return None  # the breakdown is of tensor and device memory, not of the host
+    grown = []
+    for name, column in COMPONENTS.items():
+        if name == "workspace" and metric not in ("reserved", "device"):
+            continue
+        now = getattr(m, column, None)
+        before = [p.components[name] for p in level if name in p.components]
+        if now is not None and before:
+            grown.append((now - statistics.median(before), name))
+    if not grown:
+        return None
+    delta, name = max(grown)
+    return (name, float(delta)) if delta > 0 else None
+
+
+def _sharpen(metric: str, n_window: int, repeats: int, config: Config) -> str:
+    tips = []
+    if metric == "allocated" and repeats < 5:
+        tips.append(f"more repeats (now {repeats})")
+    if n_window < config.baseline_runs:
+        tips.append(f"more baseline runs (now {n_window} of {config.baseline_runs})")
+    tips.append("a budget on this metric, or gating on a steadier one ("
+                + ("allocated" if metric != "allocated" else "requested") + ")")
+    return ", ".join(tips)
+
+
+def verdict(c: Case, metric: str, config: Config) -> Verdict | None:
+    """Headroom arithmetic against the baseline's current level, and the budget."""
+    m = c.m
+    value = metrics.value(m, metric)
+    if value is None:
+        return None
+    budget = c.budgets.get(metric)
+    over = budget is not None and value > budget.limit_bytes
+    details = tuple(ch.describe() for ch in c.changes
+                    if (ch.metric or default_budget_metric(m)) == metric)
+    common: dict[str, Any] = dict(
+        case_id=m.case_id, workload=m.workload, metric=metric, candidate_value=float(value),
+        budget_bytes=budget.limit_bytes if budget else None,
+        budget_reason=budget.reason if budget else None, details=details, context=c.context)
+    window = [p for p in reversed(c.points) if p.status == "ok" and metric in p.values]
+    if not window:
+        if budget is None:
+            return None  # the baseline never measured this view: nothing to compare
+        return Verdict(kind="over_budget" if over else "ok", blocking=over,
+                       message=f"{metric}: {format_size(value)}, the baseline has no {metric} "
+                               f"figure to compare{budget_part(value, budget)}", **common)
+    values = [float(p.values[metric]) for p in window]
+    factor = config.headroom_factor
+    floor = metrics.floor(metric, statistics.median(values))
+    level = current_level(values, factor, floor)
+    level_points = window[level.start:]
+    n, n_window = len(level.values), len(values)
+    base = level.median
+    floor = metrics.floor(metric, base)
+    s_rep = repeat_spread(m, metric)
+    spread = max(level.spread, float(s_rep))
+    room = headroom(spread, factor, floor)
+    threshold = base + room
+    delta = value - base
+    delta_pct = pct(delta, base)
+    provisional = n_window < config.min_baseline_runs
+    # Too wide to judge: the observed noise, not the granularity floor, has pushed the
+    # headroom past `noisy_above` of the baseline.
+    too_wide = room > floor and room > config.noisy_above * base
+    grew = what_grew(m, level_points, metric) if delta > 0 else None
+    acceptance = accept.find(c.acceptances, m.workload, m.case_id, metric, delta, delta_pct)
+    suggested, accepted_reason = None, None
+    if over:
+        kind, blocking = "over_budget", True
+    elif value > threshold:
+        if acceptance is not None and acceptance.allows(delta, delta_pct):
+            kind, blocking, accepted_reason = "accepted", False, acceptance.reason
+        else:
+            kind = "regression"
+            blocking = not provisional or (delta_pct is not None
+                                           and delta_pct >= 100 * PROVISIONAL_BLOCK_FRACTION)
+    elif too_wide:
+        kind, blocking = "noisy", False
+    elif delta < -room:
+        kind, blocking = "improvement", False
+        suggestion = suggest_budget(value, room)
+        if budget is None or suggestion < budget.limit_bytes:
+            suggested = suggestion
+    else:
+        kind, blocking = "ok", False
+    if c.context == "base":
+        blocking = False  # the base branch is reported and recorded, never blocked
+    words = {
+        "regression": "regression" + ("" if blocking or c.context == "base" else
+                                      f" (provisional: blocks only past a "
+                                      f"{PROVISIONAL_BLOCK_FRACTION:.0%} jump)"),
+        "accepted": "accepted",
+        "over_budget": "over budget",
+        "improvement": "improvement" + (f"; a budget of {format_size(suggested)} would hold it"
+                                        if suggested else ""),
+        "noisy": (f"noisy: the headroom is {fmt_pct(pct(room, base))[1:]} of the baseline, "
+                  f"wider than {config.noisy_above:.0%}, so a growth up to "
+                  f"{format_size(int(room))} would pass unseen; to sharpen it: "
+                  + _sharpen(metric, n_window, m.repeats, config)),
+        "ok": "ok",
+    }[kind]
+    if acceptance is not None and kind in ("accepted", "regression"):
+        verb = "within" if kind == "accepted" else "beyond"
+        words += (f" ({verb} the {acceptance.amount()} accepted in commit "
+                  f"{acceptance.commit[:12]}: {acceptance.reason})")
+    if grew is not None:
+        words += f"; {grew[0]} grew {fmt_delta(grew[1])}"
+    at_level = (f"median of {n} run{'s' * (n != 1)}"
+                + (f" at the level since {(level_points[0].commit or '?')[:12]}"
+                   if level.steps else "")
+                + (f", {n_window} in the window" if n_window != n else "")
+                + (", provisional" if provisional else ""))
+    cmp = ("> headroom" if delta > room else "< -headroom" if delta < -room
+           else "within ±headroom")
+    message = (
+        f"{metric}: baseline {format_size(int(base))} ({at_level}), spread "
+        f"{format_size(int(spread))} (levels {format_size(int(level.spread))}, repeats "
+        f"{format_size(s_rep)}) x factor {factor:g}, floor {format_size(int(floor))} -> "
+        f"headroom {format_size(int(room))}, threshold {format_size(int(threshold))}; "
+        f"candidate {format_size(value)}, delta {fmt_delta(delta)} {fmt_pct(delta_pct)} "
+        f"{cmp}: {words}{budget_part(value, budget)}"
+    )
+    return Verdict(kind=kind, blocking=blocking, message=message, provisional=provisional,
+                   baseline_value=float(base), spread=spread, baseline_spread=level.spread,
+                   repeat_spread=float(s_rep), factor=factor, floor=float(floor),
+                   threshold=threshold, delta=float(delta), delta_pct=delta_pct,
+                   baseline_runs=n, suggested_budget=suggested, accepted_reason=accepted_reason,
+                   component=grew[0] if grew else None,
+                   component_delta=grew[1] if grew else None,
+                   level_commit=level_points[0].commit if level.steps else None, **common)
+
+
+__all__ = ["PROVISIONAL_BLOCK_FRACTION", "Case", "headroom", "repeat_spread", "suggest_budget",
+           "verdict", "what_grew"]

@@ -1,0 +1,66 @@
+"""A verdict: one case and metric of a candidate, judged, with its arithmetic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KINDS = ("regression", "over_budget", "improvement", "new", "failed", "environment_changed",
+         "time_regression", "accepted", "noisy", "ok")
+"""Memory regressions, budgets and failures block; `accepted` and `noisy` never do (a
+noisy metric still blocks on its budget, as an `over_budget` verdict)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One case and metric of the candidate, judged. Figures are bytes (seconds for time)."""
+
+    case_id: str
+    workload: str
+    metric: str
+    """allocated | reserved | requested | device | host | host_step | time | status"""
+    kind: str
+    """One of KINDS."""
+    blocking: bool
+    message: str
+    """One line with the arithmetic: baseline, spread, factor, floor, threshold, candidate,
+    delta (bytes and %), and the budget where one applies."""
+    provisional: bool = False
+    """Fewer baseline runs in the window than `min_baseline_runs`: the spread is not
+    established yet."""
+    baseline_value: float | None = None
+    """Median of the baseline runs."""
+    spread: float | None = None
+    """max(baseline spread, candidate repeat spread)."""
+    baseline_spread: float | None = None
+    repeat_spread: float | None = None
+    """Within-run spread of the candidate's iteration peaks (1.4826 x MAD, 3+ repeats)."""
+    factor: float | None = None
+    floor: float | None = None
+    threshold: float | None = None
+    candidate_value: float | None = None
+    delta: float | None = None
+    delta_pct: float | None = None
+    budget_bytes: int | None = None
+    budget_reason: str | None = None
+    baseline_runs: int = 0
+    """Runs the baseline value is the median of: those at the current level."""
+    suggested_budget: int | None = None
+    """For an improvement: a tighter budget that still holds the candidate with headroom."""
+    p_value: float | None = None
+    """Time only: the rank p-value over runs, (baseline runs at least as slow + 1) / (n + 1)."""
+    details: tuple[str, ...] = ()
+    """Further lines: differing versions, per-device VRAM fit, budget changes."""
+    context: str = "pull_request"
+    """'pull_request' (gating a change) or 'base' (a run of the base branch against its
+    previous level: reported and recorded, never blocking)."""
+    accepted_reason: str | None = None
+    """For `accepted`: the reason of the reviewed acceptance (a commit trailer) it is within."""
+    component: str | None = None
+    """The breakdown component that grew the most (weights, caches, gradients, ...)."""
+    component_delta: float | None = None
+    """That component's growth against the baseline level, bytes."""
+    level_commit: str | None = None
+    """The first commit of the baseline's current level (the newest step), if known."""
+
+
+__all__ = ["KINDS", "Verdict"]

@@ -1,0 +1,239 @@
+"""Host view of a case's whole process tree: the memory its processes held, and their end.
+
+The worker starts in its own session, so it and what it starts (data-loader workers,
+helpers) share one process group. Where a cgroup v2 with the memory controller can be
+created, the case also runs in a cgroup of its own: `memory.peak` is the tree's exact peak
+(page cache charged to it included) and `cgroup.kill` ends every process in it. Elsewhere
+the runner samples the group and the worker's descendants: the largest sum of their RSS
+seen and each child's own high-water mark (exact for that child) give a lower bound.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+import uuid
+from pathlib import Path
+
+SAMPLE_INTERVAL_S = 0.2
+TERM_GRACE_S = 2.0
+"""How long the case's processes get to exit after SIGTERM before SIGKILL."""
+KILL_WAIT_S = 10.0
+CGROUP = "cgroup"
+SAMPLED = "process-group samples (lower bound)"
+
+
+def _stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, pgid, start time) of a process, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: the fields follow the last ')'.
+    fields = text.rpartition(")")[2].split()
+    try:
+        return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _rss_hwm(pid: int) -> tuple[int, int]:
+    """Current and peak RSS of a process in bytes; (0, 0) once it is gone or a zombie."""
+    rss = hwm = 0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+                elif line.startswith("VmHWM:"):
+                    hwm = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return rss, hwm
+
+
+class _Cgroup:
+    """A cgroup v2 of the case's own, with the memory controller, or nothing at all."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @classmethod
+    def create(cls) -> _Cgroup | None:
+        """A new child of this process's cgroup v2, where one can be made and has
+        `memory.peak` (a v1 memory hierarchy, no delegation or an old kernel: None)."""
+        parent = _own_cgroup2_dir()
+        if parent is None:
+            return None
+        path = parent / f"memtrack-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            path.mkdir()
+        except OSError:
+            return None
+        if not (path / "memory.peak").is_file():
+            cls(path).remove()
+            return None
+        return cls(path)
+
+    def add(self, pid: int) -> bool:
+        try:
+            (self.path / "cgroup.procs").write_text(str(pid))
+            return True
+        except OSError:
+            return False
+
+    def pids(self) -> set[int]:
+        try:
+            return {int(x) for x in (self.path / "cgroup.procs").read_text().split()}
+        except (OSError, ValueError):
+            return set()
+
+    def kill(self) -> None:
+        try:
+            (self.path / "cgroup.kill").write_text("1")
+        except OSError:  # before Linux 5.14: signal each process
+            for pid in self.pids():
+                _signal(pid, signal.SIGKILL)
+
+    def peak(self) -> int | None:
+        try:
+            return int((self.path / "memory.peak").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def remove(self) -> None:
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass
+
+
+def _own_cgroup2_dir() -> Path | None:
+    """Where this process's cgroup v2 is mounted, from /proc/self/{cgroup,mountinfo}."""
+    try:
+        own = next(
+            line[3:].strip()
+            for line in Path("/proc/self/cgroup").read_text().splitlines()
+            if line.startswith("0::")
+        )
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    except (OSError, StopIteration):
+        return None
+    for line in mounts:
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if right.split()[:1] == ["cgroup2"] and len(fields) > 4:
+            root, point = fields[3], fields[4]
+            if own == root or own.startswith(root.rstrip("/") + "/"):
+                return Path(point) / own[len(root) :].lstrip("/")
+    return None
+
+
+def _signal(pid: int, sig: int, *, group: bool = False) -> None:
+    try:
+        (os.killpg if group else os.kill)(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class ProcessTree:
+    """The processes of one case, whose first is the worker `pid` (a session leader)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.peak = 0
+        self.known: dict[int, int] = {}
+        """Every process of the case seen so far: pid -> start time (a reused pid differs)."""
+        self.cgroup = _Cgroup.create()
+        if self.cgroup is not None and not self.cgroup.add(pid):
+            self.cgroup.remove()
+            self.cgroup = None
+
+    @property
+    def source(self) -> str:
+        return CGROUP if self.cgroup is not None else SAMPLED
+
+    def members(self) -> set[int]:
+        """Living processes of the case: its group, the worker's descendants, the cgroup."""
+        procs = {}
+        try:
+            entries = os.listdir("/proc")
+        except OSError:  # no procfs: the process group alone is ended
+            return set()
+        for entry in entries:
+            if entry.isdigit():
+                st = _stat(int(entry))
+                if st is not None and st[0] not in ("Z", "X"):
+                    procs[int(entry)] = st
+        found = {p for p, st in procs.items() if st[2] == self.pid}
+        found |= {p for p, start in self.known.items() if procs.get(p, ("", 0, 0, -1))[3] == start}
+        if self.cgroup is not None:
+            found |= self.cgroup.pids() & set(procs)
+        grown = True
+        while grown:  # children that left the group in a new session are still the case's
+            more = {p for p, st in procs.items() if st[1] in found}
+            grown = not more <= found
+            found |= more
+        for p in found:
+            self.known[p] = procs[p][3]
+        return found
+
+    def sample(self) -> None:
+        """One look at the tree's RSS; the worker's own peak comes from the worker."""
+        if self.cgroup is not None:
+            return
+        total = 0
+        for pid in self.members():
+            rss, hwm = _rss_hwm(pid)
+            total += rss
+            if pid != self.pid:  # the worker resets its own high-water mark
+                self.peak = max(self.peak, hwm)
+        self.peak = max(self.peak, total)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Sample until the worker exits (False: the timeout came first). The worker is not
+        reaped: while it is a zombie its pid, the group's id, cannot be reused."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            pidfd: int | None = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # before Linux 5.3
+            pidfd = None
+        try:
+            while True:
+                self.sample()
+                try:
+                    if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                        return True
+                except ChildProcessError:  # reaped already (SIGCHLD ignored)
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if pidfd is not None:
+                    select.select([pidfd], [], [], min(SAMPLE_INTERVAL_S, left))
+                else:
+                    time.sleep(min(0.05, left))
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def end(self) -> None:
+        """End every process of the case: SIGTERM, a short grace, then SIGKILL."""
+        self.sample()  # each living child's high-water mark, exact now
+        for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, KILL_WAIT_S)):
+            _signal(self.pid, sig, group=True)
+            for pid in self.members():
+                _signal(pid, sig)
+            if sig == signal.SIGKILL and self.cgroup is not None:
+                self.cgroup.kill()
+            deadline = time.monotonic() + grace
+            while self.members() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if not self.members():
+                break
+        if self.cgroup is not None:
+            self.peak = self.cgroup.peak() or 0
+            self.cgroup.remove()
