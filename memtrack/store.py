@@ -1,8 +1,10 @@
 """The SQLite store: runs, environments, measurements and per-device rows.
 
-Schema changes only through `memtrack.migrations` (sqlite-utils), one function per change. A run
-is written in one `BEGIN IMMEDIATE` transaction, so a killed process leaves no half run.
-The file stays a plain SQLite database that `sqlite3` or Datasette can open.
+Schema changes only through `memtrack.migrations` (sqlite-utils), one function per change,
+applied under an exclusive lock so that processes opening a new database at once do not race.
+A run, or a whole batch of ingested runs, is written in one `BEGIN IMMEDIATE` transaction, so
+a killed process or a full disk leaves no half run. The file stays a plain SQLite database
+that `sqlite3` or Datasette can open.
 """
 
 from __future__ import annotations
