@@ -554,19 +554,22 @@ def _compile(hint: Any, rules: dict[str, Any], nullable: bool = False) -> Check:
         pattern = re.compile(rules["pattern"]) if "pattern" in rules else None
         lower = rules.get("pattern") == COMMIT_PATTERN
         enum = set(rules.get("enum", ()))
+        nonempty = "minLength" in rules
+        slow = {k: v for k, v in rules.items() if k in ("format", "const")}
 
         def check_str(v: Any, w: Path_) -> Any:
-            if type(v) is str and not rules:
-                return v
             if type(v) is not str:
                 if v is None and nullable:
                     return None
                 _fail(w, f"expected a string, got {_short(v)}")
             if pattern is not None and not pattern.match(v):
                 _fail(w, f"{_short(v)} does not match {pattern.pattern}")
-            if enum and v in enum:
-                return v
-            _check_rules(v, rules, w)
+            if enum and v not in enum:
+                _fail(w, f"{_short(v)} is not one of {', '.join(rules['enum'])}")
+            if nonempty and not v:
+                _fail(w, "must not be empty")
+            if slow:
+                _check_rules(v, slow, w)
             return v.lower() if lower else v
 
         return check_str
@@ -621,7 +624,17 @@ def _all_valid(hint: Any, rules: dict[str, Any]) -> typing.Callable[[Any], bool]
     if hint is str and not rules:
         return lambda v: set(map(type, v)) <= {str}
     if hint is Any:
-        return lambda v: set(map(type, v)) <= {str, bool, type(None)}
+        plain = {str, bool, type(None), int, float}
+
+        def scalars(v: Any) -> bool:
+            if not set(map(type, v)) <= plain:
+                return False
+            ints = [x for x in v if type(x) is int]
+            floats = [x for x in v if type(x) is float]
+            return ((not ints or (_INT_MIN <= min(ints) and max(ints) <= _INT_MAX))
+                    and all(map(math.isfinite, floats)))
+
+        return scalars
     return lambda v: False
 
 
