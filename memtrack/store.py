@@ -430,7 +430,7 @@ class Store:
         return added, present
 
     def _same_as_stored(self, run: RunRecord) -> None:
-        if to_dict(self._read_run(run.run_id)) != to_dict(run):
+        if self._read_run(run.run_id) != run:
             raise StoreError(f"{self.path}: run id {run.run_id!r} is already stored with "
                              "different content; nothing written")
 

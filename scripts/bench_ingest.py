@@ -63,8 +63,10 @@ def ingest(db: Path, paths: list[Path],
     code = "import sys; from memtrack.cli import main; main(sys.argv[1:])"
     args = [sys.executable, "-c", code, "ingest", "--db", str(db), *map(str, paths)]
     t0 = time.perf_counter()
+    # cwd: the database's folder, so `python -c` imports memtrack from PYTHONPATH, not from
+    # the folder this script was started in
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, cwd=db.parent)
     assert proc.stdout is not None
     out = proc.stdout.read()
     _, _, usage = os.wait4(proc.pid, 0)  # reap it ourselves: its own peak RSS, in KiB
