@@ -1,10 +1,15 @@
 """The `memtrack` command. Each command lives in memtrack/commands/<name>.py and stays thin:
-parse options, call one library function, format the result. Errors that memtrack raises
-on purpose become a one-line message and exit status 2."""
+parse options, call one library function, format the result.
+
+Exit status 1 means only "a verdict blocks". Every error, the ones memtrack raises on purpose
+and any other (a full disk, a corrupted database), is one line and exit status 2; `--debug`
+or MEMTRACK_DEBUG=1 adds the traceback."""
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from typing import Any
 
 import click
@@ -12,18 +17,44 @@ import click
 from memtrack.errors import MemtrackError
 
 
+def _unexpected(exc: Exception) -> str:
+    import sqlite3
+
+    from memtrack import store
+
+    if isinstance(exc, (sqlite3.Error, OSError)):
+        return store.describe_failure(exc, None if isinstance(exc, OSError) else store.last_path)
+    if isinstance(exc, RecursionError):
+        return "input nested too deeply"
+    if isinstance(exc, MemoryError):
+        return "out of memory"
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
+        debug = ctx.params.get("debug") or os.environ.get("MEMTRACK_DEBUG", "") not in ("", "0")
         try:
             return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
+            raise
         except MemtrackError as exc:
+            if debug:
+                traceback.print_exc()
             click.echo(f"memtrack: error: {exc}", err=True)
+            sys.exit(2)
+        except Exception as exc:
+            if debug:
+                traceback.print_exc()
+            hint = "" if debug else " (--debug shows the traceback)"
+            click.echo(f"memtrack: error: {_unexpected(exc)}{hint}", err=True)
             sys.exit(2)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="memtrack")
-def main() -> None:
+@click.option("--debug", is_flag=True, help="Show the traceback of an error (or MEMTRACK_DEBUG=1).")
+def main(debug: bool) -> None:
     """Measure the peak memory of pinned workloads, record it per commit, gate regressions."""
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from memtrack.errors import ConfigError, StoreError
 from memtrack.records import write_json
-from memtrack.store import BUSY_TIMEOUT_S, Store
+from memtrack.store import BUSY_TIMEOUT_S, Store, describe_failure
 from memtrack.units import parse_time
 
 _SAFE_RUN_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -66,14 +66,17 @@ def backup(db: Path, dest: Path, *, overwrite: bool = False) -> BackupResult:
     if not target.parent.is_dir():
         raise StoreError(f"{target.parent}: no such directory")
     # Read-only, so a backup can never change the live file; the busy timeout waits out a
-    # writer's checkpoint instead of failing.
-    source = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+    # writer's checkpoint instead of failing. A quoted URI: '#' or '?' in a folder name is
+    # part of the path.
+    source = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True,
+                             timeout=BUSY_TIMEOUT_S)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    leftovers = [tmp, *(tmp.with_name(tmp.name + s) for s in ("-journal", "-wal", "-shm"))]
     try:
         try:
             tables = {r[0] for r in source.execute("select name from sqlite_master")}
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{db}: not a SQLite database ({exc})") from None
+            raise StoreError(describe_failure(exc, db)) from None
         if "runs" not in tables:
             raise StoreError(f"{db}: not a memtrack database (no 'runs' table)")
         tmp.unlink(missing_ok=True)
@@ -86,12 +89,18 @@ def backup(db: Path, dest: Path, *, overwrite: bool = False) -> BackupResult:
             if check != "ok":
                 raise StoreError(f"{target}: the copy failed its integrity check ({check})")
             runs = copy.execute("select count(*) from runs").fetchone()[0]
+        except sqlite3.Error as exc:
+            # Which side failed: a read error names the database, a write error the copy.
+            failed = db if "malformed" in str(exc) or "not a database" in str(exc) else tmp
+            words = describe_failure(exc, failed).replace(str(tmp), str(target))
+            raise StoreError(f"{words}; no copy left behind") from None
         finally:
             copy.close()
         tmp.replace(target)
     finally:
         source.close()
-        tmp.unlink(missing_ok=True)
+        for leftover in leftovers:
+            leftover.unlink(missing_ok=True)
     return BackupResult(path=target, runs=runs, size_bytes=target.stat().st_size)
 
 

@@ -67,12 +67,13 @@ def history_table(case: str, rows: list[dict[str, Any]]) -> Table:
         "median time",
     ):
         t.add_column(col)
+    labels = short_case_labels(r["case_id"] for r in rows)
     for r in rows:
         t.add_row(
             (r["started_at"] or "")[:19],
             (r["git_commit"] or "-")[:10],
-            r["git_branch"] or "-",
-            escape(r["case_id"]),
+            escape(r["git_branch"] or "-"),
+            escape(labels[r["case_id"]]),
             r["status"],
             format_size(r["peak_allocated_bytes"]),
             format_size(r["peak_reserved_bytes"]),
@@ -81,6 +82,19 @@ def history_table(case: str, rows: list[dict[str, Any]]) -> Table:
             format_seconds(r["time_median_s"]),
         )
     return t
+
+
+def cudnn_version(value: str | None) -> str | None:
+    """cuDNN's version number as torch reports it (92400) in dotted form (9.24.0).
+
+    cuDNN 9 encodes major*10000 + minor*100 + patch; earlier ones major*1000 + minor*100 +
+    patch (8907 is 8.9.7). Anything else is shown as given.
+    """
+    if value is None or not value.isdigit():
+        return value
+    n = int(value)
+    major, rest = divmod(n, 10000) if n >= 90000 else divmod(n, 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
 
 
 def run_detail(run: RunRecord) -> list[Any]:
@@ -100,8 +114,9 @@ def run_detail(run: RunRecord) -> list[Any]:
         ("git notes", "; ".join(g.notes) or None),
         ("ci", f"{ci.event} #{ci.pr_number}" if ci.pr_number else ci.event),
         ("gpus", ", ".join(f"{x.name} ({format_size(x.total_bytes)})" for x in e.gpus) or "none"),
-        ("driver / CUDA / cuDNN", f"{e.driver} / {e.cuda_runtime} / {e.cudnn}"),
-        ("torch / python", f"{e.torch} / {e.python}"),
+        ("driver / CUDA / cuDNN", " / ".join(
+            v or "none" for v in (e.driver, e.cuda_runtime, cudnn_version(e.cudnn)))),
+        ("torch / python", f"{e.torch or 'none'} / {e.python or 'none'}"),
         ("fingerprint", e.fingerprint),
         ("variables", ", ".join(f"{k}={v}" for k, v in e.env_vars.items()) or None),
     ):
@@ -123,8 +138,10 @@ def run_detail(run: RunRecord) -> list[Any]:
             ("workspace/runtime", m.workspace_bytes),
         ):
             t.add_row(label, format_size(value))
-        t.add_row("host peak", f"{format_size(m.host_peak_rss_bytes)} ({m.host_peak_source})")
-        t.add_row("device view", m.device_view or f"absent: {m.device_view_note}")
+        source = f" ({m.host_peak_source})" if m.host_peak_source else ""
+        t.add_row("host peak", f"{format_size(m.host_peak_rss_bytes)}{source}")
+        t.add_row("device view",
+                  escape(m.device_view or f"absent: {m.device_view_note or 'no reason recorded'}"))
         for note in m.notes:
             t.add_row("note", escape(note))
         blocks.append(t)

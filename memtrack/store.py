@@ -1,17 +1,23 @@
 """The SQLite store: runs, environments, measurements and per-device rows.
 
-Schema changes only through `memtrack.migrations` (sqlite-utils), one function per change. A run
-is written in one `BEGIN IMMEDIATE` transaction, so a killed process leaves no half run.
-The file stays a plain SQLite database that `sqlite3` or Datasette can open.
+Schema changes only through `memtrack.migrations` (sqlite-utils), one function per change,
+applied under an exclusive lock so that processes opening a new database at once do not race.
+A run, or a whole batch of ingested runs, is written in one `BEGIN IMMEDIATE` transaction, so
+a killed process or a full disk leaves no half run. The file stays a plain SQLite database
+that `sqlite3` or Datasette can open.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
+import math
+import operator
+import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -33,18 +39,43 @@ from memtrack.records import (
 )
 
 BUSY_TIMEOUT_S = 30.0
+_BATCH = 500
+"""Records buffered before their rows are written with executemany (inside one transaction)."""
+
+last_path: Path | None = None
+"""The database this process opened last: the CLI names it when an SQLite error escapes."""
+
+
+_SORTED = json.JSONEncoder(sort_keys=True)  # built once: json.dumps(sort_keys=...) builds one
 
 
 def _json(value: Any) -> str:
-    return json.dumps(to_dict(value), sort_keys=True)
+    if isinstance(value, tuple) and not (value and dataclasses.is_dataclass(value[0])):
+        if set(map(type, value)) <= {int, float} and all(map(math.isfinite, value)):
+            # finite figures: their repr is their JSON text, without the encoder's overhead
+            return f"[{', '.join(map(repr, value))}]"
+        return json.dumps(value)  # the common case, without walking it
+    if isinstance(value, dict):
+        return _SORTED.encode(value)  # records' mappings hold plain values
+    return _SORTED.encode(to_dict(value))
 
 
-def _prefixed(obj: Any, prefix: str) -> dict[str, Any]:
-    out = {}
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        out[prefix + f.name] = _json(value) if isinstance(value, (tuple, list, dict)) else value
-    return out
+class _Columns:
+    """A dataclass's fields as table columns: lists and mappings stored as JSON text."""
+
+    def __init__(self, cls: type, *, without: tuple[str, ...] = ()):
+        fields = [f for f in dataclasses.fields(cls) if f.name not in without]
+        self.names = [f.name for f in fields]
+        self._get = operator.attrgetter(*self.names)
+        self._json = [i for i, f in enumerate(fields)
+                      if str(f.type).startswith(("tuple", "dict", "list"))]
+
+    def values(self, obj: Any) -> list[Any]:
+        out = list(self._get(obj))
+        for i in self._json:
+            if out[i] is not None:
+                out[i] = _json(out[i])
+        return out
 
 
 def _unprefixed(cls: type, row: dict[str, Any], prefix: str, json_fields: set[str]) -> Any:
@@ -67,6 +98,108 @@ def env_id(env: Environment) -> str:
     return hashlib.sha256(_json(env).encode()).hexdigest()[:16]
 
 
+def _insert_sql(table: str, columns: list[str], verb: str = "insert") -> str:
+    cols = ", ".join(f'"{c}"' for c in columns)
+    return f"{verb} into {table} ({cols}) values ({', '.join('?' for _ in columns)})"
+
+
+_RUN_OWN = ["run_id", "started_at", "finished_at", "recorded_at", "suite_hash", "config_path",
+            "shard", "schema_version", "env_id", "fingerprint"]
+
+
+# -- failures, in plain words --------------------------------------------------------------
+
+
+def _out_of_space(path: Path) -> bool:
+    """Whether a failed write at `path` ran out of room: a nearly full file system, or a file
+    at the process's file size limit (RLIMIT_FSIZE; such writes fail with EFBIG)."""
+    import resource
+    import shutil
+
+    try:
+        if shutil.disk_usage(path.parent).free < 2**20:
+            return True
+    except OSError:
+        pass
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return False
+    for suffix in ("", "-wal", "-journal"):
+        try:
+            if Path(f"{path}{suffix}").stat().st_size + 2**16 >= limit:
+                return True
+        except OSError:
+            pass
+    return False
+
+
+_OS_WORDS = {
+    errno.ENOSPC: "disk full",
+    errno.EFBIG: "disk full (file size limit reached)",
+    errno.EDQUOT: "disk full (quota exceeded)",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EROFS: "read-only file system",
+}
+
+
+def describe_failure(exc: BaseException, path: Path | None) -> str:
+    """An SQLite or OS error as one line in plain words, naming the file when known."""
+    if isinstance(exc, OSError):
+        where = exc.filename or path
+        words = _OS_WORDS.get(exc.errno or 0, exc.strerror or str(exc))
+        return f"{where}: {words}" if where else words
+    text = str(exc)
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    if name == "SQLITE_FULL" or "database or disk is full" in text:
+        words = "disk full"
+    elif name.startswith("SQLITE_IOERR") or "disk I/O error" in text:
+        words = "disk full" if path is not None and _out_of_space(path) else text
+        words += f" ({text})" if words != text else ""
+    elif name.startswith("SQLITE_READONLY") or "readonly database" in text:
+        words = f"read-only database, cannot write ({text})"
+    elif name.startswith("SQLITE_CORRUPT") or "malformed" in text:
+        words = f"corrupted database ({text}); restore it from a backup"
+    elif name == "SQLITE_NOTADB" or "file is not a database" in text:
+        words = f"not a SQLite database ({text})"
+    elif name.startswith("SQLITE_BUSY") or "database is locked" in text:
+        words = f"database is locked by another process ({text})"
+    elif name.startswith("SQLITE_CANTOPEN") or "unable to open" in text:
+        words = f"cannot open ({text}; check that the folder exists and is writable)"
+    else:
+        words = text
+    return f"{path}: {words}" if path else words
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _read_only_fs(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _import_sqlite_utils() -> Any:
+    """sqlite-utils, imported only where migrations are applied. It imports pandas when that
+    is installed (half a second and 70 MiB) for DataFrame inserts that migrations never
+    make, so pandas is hidden from that one import unless something already loaded it."""
+    import sys
+
+    if "sqlite_utils" in sys.modules or "pandas" in sys.modules:
+        import sqlite_utils
+
+        return sqlite_utils
+    sys.modules["pandas"] = None  # type: ignore[assignment]  # import fails: ImportError
+    try:
+        import sqlite_utils
+    finally:
+        del sys.modules["pandas"]
+    return sqlite_utils
+
+
 class Store:
     """A memtrack database. Open it with `Store.open(path)`; read-only for viewers."""
 
@@ -74,41 +207,106 @@ class Store:
         self.conn = conn
         self.path = path
         self.readonly = readonly
+        self._identity: os.stat_result | None = None
 
     @classmethod
-    def open(cls, path: Path, *, readonly: bool = False) -> Store:
-        """Open (creating and migrating unless read-only). Raises StoreError."""
+    def open(cls, path: Path, *, readonly: bool = False, create: bool = True) -> Store:
+        """Open a memtrack database. Raises StoreError.
+
+        Writable opens migrate the schema, and create the file when `create` (run, ingest);
+        with `create=False` a file that is not yet a memtrack database is refused, never
+        written. A foreign SQLite file is refused before anything in it changes.
+        """
+        global last_path
         path = Path(path)
-        if readonly:
+        last_path = path
+        try:
+            conn = cls._connect(path, readonly=readonly, create=create)
+        except sqlite3.Error as exc:
+            raise StoreError(describe_failure(exc, path)) from None
+        store = cls(conn, path, readonly)
+        try:
+            store._prepare(create=create)
+        except BaseException:
+            conn.close()
+            raise
+        return store
+
+    @staticmethod
+    def _connect(path: Path, *, readonly: bool, create: bool) -> sqlite3.Connection:
+        if readonly or not create:
             if not path.is_file():
                 raise StoreError(f"{path}: no such database (record a run with `memtrack run`)")
-            conn = sqlite3.connect(
-                f"file:{path}?mode=ro",
-                uri=True,
-                timeout=BUSY_TIMEOUT_S,
-                isolation_level=None,
-                check_same_thread=False,
-            )
+        if readonly:
+            # A quoted file: URI, so '#' or '?' in a folder name stays part of the path.
+            uri = path.resolve().as_uri()
+            conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
+                                   isolation_level=None, check_same_thread=False)
+            try:
+                conn.execute("select count(*) from sqlite_master").fetchone()
+            except sqlite3.OperationalError:
+                if not _read_only_fs(path.resolve().parent):
+                    raise
+                # A WAL database on a read-only file system cannot make its -shm file; nothing
+                # can write there, so reading it as immutable is safe.
+                conn.close()
+                conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True,
+                                       timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                       check_same_thread=False)
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"{path}: cannot create its folder "
+                                 f"({describe_failure(exc, None)})") from None
+            if path.is_dir():
+                raise StoreError(f"{path}: is a directory, not a database")
             conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
         conn.row_factory = sqlite3.Row
         try:
             conn.execute("select count(*) from sqlite_master").fetchone()
         except sqlite3.DatabaseError as exc:
             conn.close()
-            raise StoreError(f"{path}: not a SQLite database ({exc})") from None
-        store = cls(conn, path, readonly)
-        if readonly:
-            store.check_schema()
-        else:
-            conn.execute("PRAGMA journal_mode=wal")
-            store.check_schema(allow_pending=True)
-            if set(migrations.names()) - store.applied_migrations():
-                import sqlite_utils  # only here: it is slow to import
+            raise StoreError(describe_failure(exc, path)) from None
+        return conn
 
-                migrations.migrations().apply(sqlite_utils.Database(conn))
-        return store
+    def _prepare(self, *, create: bool) -> None:
+        if self.readonly:
+            self.check_schema()
+            return
+        if not create and not self.applied_migrations():
+            empty = self.path.stat().st_size == 0
+            raise StoreError(f"{self.path}: {'an empty file' if empty else 'empty database'}, "
+                             "not a memtrack database (record a run with `memtrack run`)")
+        self.check_schema(allow_pending=True)  # refuses a foreign file before any change
+        try:
+            if set(migrations.names()) - self.applied_migrations():
+                self._migrate()
+            if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                self.conn.execute("PRAGMA journal_mode=wal")
+        except sqlite3.Error as exc:
+            raise StoreError(describe_failure(exc, self.path)) from None
+        self._identity = os.stat(self.path)
+
+    def _migrate(self) -> None:
+        """Apply pending migrations under an exclusive lock: processes that open a new
+        database at once wait for the first one, then find nothing left to do."""
+        sqlite_utils = _import_sqlite_utils()
+        self.conn.execute("BEGIN EXCLUSIVE")
+        try:
+            self.check_schema(allow_pending=True)
+            if set(migrations.names()) - self.applied_migrations():
+                migrations.migrations().apply(sqlite_utils.Database(self.conn))
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+
+    def _rollback(self) -> None:
+        # SQLite may already have rolled back (disk full): a second ROLLBACK would fail and
+        # hide the first error.
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
 
     def applied_migrations(self) -> set[str]:
         has_table = self.conn.execute(
@@ -135,8 +333,12 @@ class Store:
                 f"{self.path}: schema has migrations this memtrack does not know "
                 f"({', '.join(sorted(unknown))}); upgrade memtrack to read it"
             )
-        if not applied and "runs" in self.table_names():
+        tables = self.table_names()
+        if not applied and "runs" in tables:
             raise StoreError(f"{self.path}: has a 'runs' table but no memtrack schema record")
+        if not applied and tables:
+            raise StoreError(f"{self.path}: not a memtrack database (it holds other tables: "
+                             f"{', '.join(sorted(tables)[:5])})")
         if not allow_pending and known - applied:
             if not applied:
                 raise StoreError(f"{self.path}: empty database (record a run with `memtrack run`)")
@@ -144,6 +346,31 @@ class Store:
                 f"{self.path}: schema is older than this memtrack "
                 f"(pending: {', '.join(sorted(known - applied))}); open it once with `memtrack run`"
             )
+
+    def check_writable(self) -> None:
+        """Refuse now, not after an hour of measuring, a database that cannot be written."""
+        try:
+            # BEGIN alone succeeds on a file SQLite opened read-only; a write, rolled back,
+            # does not.
+            self.conn.execute("BEGIN IMMEDIATE")
+            version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+            self.conn.execute(f"PRAGMA user_version = {int(version)}")
+            self.conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            self._rollback()
+            raise StoreError(describe_failure(exc, self.path)) from None
+        self._check_same_file()
+
+    def _check_same_file(self) -> None:
+        """The file at our path must still be the one we opened: were it deleted or replaced
+        (by a workload, say), a write would land in a file nobody can see."""
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            now = None
+        if self._identity is not None and (now is None or not _same_file(now, self._identity)):
+            raise StoreError(f"{self.path}: the database file was deleted or replaced while "
+                             "memtrack had it open; nothing written to it")
 
     def close(self) -> None:
         self.conn.close()
@@ -164,74 +391,67 @@ class Store:
 
     def write_run(self, run: RunRecord) -> bool:
         """Insert a run and its measurements in one transaction. False if already there."""
+        return self.write_runs([run])[0] == 1
+
+    def write_runs(self, runs: Iterable[RunRecord]) -> tuple[int, int]:
+        """Insert runs in one transaction: all or none. Returns (added, already present).
+
+        A run id already stored with the same content is skipped; with other content it is
+        refused (StoreError). An exception raised by `runs` itself (a bad file further on)
+        rolls everything back.
+        """
         if self.readonly:
             raise StoreError(f"{self.path}: opened read-only")
-        self.conn.execute("BEGIN IMMEDIATE")
+        self._check_same_file()
+        added = present = 0
         try:
-            if self.has_run(run.run_id):
-                self.conn.execute("ROLLBACK")
-                return False
-            self._insert_run(run)
+            self.conn.execute("BEGIN IMMEDIATE")
+            batch = _Batch(self.conn)
+            for run in runs:
+                if run.run_id in batch.run_ids:
+                    batch.flush()
+                if self.has_run(run.run_id):
+                    self._same_as_stored(run)
+                    present += 1
+                    continue
+                batch.add(run)
+                added += 1
+                if len(batch.run_ids) >= _BATCH:
+                    batch.flush()
+            batch.flush()
+            self._check_same_file()
             self.conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._rollback()
+            raise StoreError(describe_failure(exc, self.path)) from None
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            self._rollback()
             raise
-        return True
+        return added, present
 
-    def _insert_run(self, run: RunRecord) -> None:
-        env = run.environment
-        eid = env_id(env)
-        self._insert("environments", {"env_id": eid, **_prefixed(env, "")}, ignore=True)
-        self._insert(
-            "runs",
-            {
-                "run_id": run.run_id,
-                "started_at": run.started_at,
-                "finished_at": run.finished_at,
-                "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "suite_hash": run.suite_hash,
-                "config_path": run.config_path,
-                "shard": run.shard,
-                "schema_version": run.schema_version,
-                "env_id": eid,
-                "fingerprint": env.fingerprint,
-                **_prefixed(run.git, "git_"),
-                **_prefixed(run.ci, "ci_"),
-            },
-        )
-        for m in run.measurements:
-            row = _prefixed(m, "")
-            devices = row.pop("devices")
-            del devices
-            row["run_id"] = run.run_id
-            row["device_peak_bytes"] = device_peak(m)
-            row["host_bytes"] = host_peak(m)
-            row["host_step_bytes"] = host_step(m)
-            mid = self._insert("measurements", row)
-            for d in m.devices:
-                self._insert("device_measurements", {"measurement_id": mid, **_prefixed(d, "")})
-
-    def _insert(self, table: str, row: dict[str, Any], *, ignore: bool = False) -> int | None:
-        cols = ", ".join(f'"{c}"' for c in row)
-        marks = ", ".join("?" for _ in row)
-        verb = "insert or ignore" if ignore else "insert"
-        cur = self.conn.execute(
-            f"{verb} into {table} ({cols}) values ({marks})", list(row.values())
-        )
-        return cur.lastrowid
+    def _same_as_stored(self, run: RunRecord) -> None:
+        if self._read_run(run.run_id) != run:
+            raise StoreError(f"{self.path}: run id {run.run_id!r} is already stored with "
+                             "different content; nothing written")
 
     # -- reading ---------------------------------------------------------------------
 
     def get_run(self, run_id: str) -> RunRecord:
-        """A whole run by id or unique id prefix."""
+        """A whole run by id or unique id prefix (matched literally)."""
+        if self.has_run(run_id):
+            return self._read_run(run_id)
         rows = self.conn.execute(
-            "select * from runs where run_id like ? || '%' limit 2", [run_id]
+            "select run_id from runs where substr(run_id, 1, ?) = ? limit 2",
+            [len(run_id), run_id],
         ).fetchall()
-        if not rows:
+        if not rows or not run_id:
             raise StoreError(f"{self.path}: no run {run_id!r}")
         if len(rows) > 1:
             raise StoreError(f"{self.path}: run id prefix {run_id!r} is ambiguous")
-        row = dict(rows[0])
+        return self._read_run(rows[0][0])
+
+    def _read_run(self, run_id: str) -> RunRecord:
+        row = dict(self.conn.execute("select * from runs where run_id = ?", [run_id]).fetchone())
         env = self.get_environment(row["env_id"])
         assert env is not None  # a foreign key of the run
         git = _unprefixed(GitInfo, row, "git_", _GIT_JSON)
@@ -287,9 +507,9 @@ class Store:
         """Run ids, newest first; only those of `commit` (a SHA prefix) when given."""
         if commit:
             rows = self.conn.execute(
-                "select run_id from runs where git_commit like ? || '%' "
+                "select run_id from runs where substr(git_commit, 1, ?) = ? "
                 "order by started_at desc limit ?",
-                [commit, limit],
+                [len(commit), commit.lower(), limit],
             )
         else:
             rows = self.conn.execute(
@@ -304,15 +524,85 @@ class Store:
         sql = (
             "select m.*, r.started_at, r.git_commit, r.git_branch, r.git_subject, r.git_dirty, "
             "r.fingerprint from measurements m join runs r on r.run_id = m.run_id "
-            "where (m.case_id = :p or m.case_id like :p || '[%') "
+            "where (m.case_id = :p or substr(m.case_id, 1, :n1) = :p || '[') "
         )
         if branch:
             sql += "and r.git_branch = :b "
         sql += "order by r.started_at desc, m.id desc limit :n"
-        rows = self.conn.execute(sql, {"p": pattern, "b": branch, "n": limit}).fetchall()
+        params = {"p": pattern, "n1": len(pattern) + 1, "b": branch, "n": limit}
+        rows = self.conn.execute(sql, params).fetchall()
         return [dict(r) for r in rows]
 
     def case_ids(self) -> list[str]:
         return [
             r[0] for r in self.conn.execute("select distinct case_id from measurements order by 1")
         ]
+
+    def nearest_cases(self, name: str, n: int = 3) -> list[str]:
+        """Recorded case ids and workload names that read most like `name`."""
+        import difflib
+
+        names: set[str] = set()
+        for case in self.case_ids():
+            names.update((case, case.partition("[")[0]))
+        return difflib.get_close_matches(name, sorted(names), n=n, cutoff=0.5)
+
+
+class _Batch:
+    """Rows of several runs, written with one executemany per table."""
+
+    _ENV, _GIT, _CI = _Columns(Environment), _Columns(GitInfo), _Columns(CIInfo)
+    _M, _D = _Columns(Measurement, without=("devices",)), _Columns(DeviceMeasurement)
+    _RUN_COLUMNS = [*_RUN_OWN, *("git_" + n for n in _GIT.names), *("ci_" + n for n in _CI.names)]
+    _SQL = {
+        "environments": _insert_sql("environments", ["env_id", *_ENV.names], "insert or ignore"),
+        "runs": _insert_sql("runs", _RUN_COLUMNS),
+        # the derived metrics are stored beside the figures, so baselines read plain SQL
+        "measurements": _insert_sql("measurements", ["id", "run_id", "device_peak_bytes",
+                                                     "host_bytes", "host_step_bytes", *_M.names]),
+        "device_measurements": _insert_sql("device_measurements", ["measurement_id", *_D.names]),
+    }
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+        row = conn.execute("select coalesce(max(id), 0) + 1 from measurements").fetchone()
+        self.next_id = row[0]
+        self.run_ids: set[str] = set()
+        self.envs: dict[str, list[Any]] = {}
+        self.runs: list[list[Any]] = []
+        self.measurements: list[list[Any]] = []
+        self.devices: list[list[Any]] = []
+        self.recorded_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.last_env: Environment | None = None
+        self.last_env_id = ""
+
+    def add(self, run: RunRecord) -> None:
+        env = run.environment
+        if env != self.last_env:  # runs of one batch mostly share their environment
+            self.last_env, self.last_env_id = env, env_id(env)
+        eid = self.last_env_id
+        if eid not in self.envs:
+            self.envs[eid] = [eid, *self._ENV.values(env)]
+        self.run_ids.add(run.run_id)
+        own = [run.run_id, run.started_at, run.finished_at, self.recorded_at, run.suite_hash,
+               run.config_path, run.shard, run.schema_version, eid, env.fingerprint]
+        self.runs.append(own + self._GIT.values(run.git) + self._CI.values(run.ci))
+        for m in run.measurements:
+            mid = self.next_id
+            self.next_id += 1
+            self.measurements.append([mid, run.run_id, device_peak(m), host_peak(m),
+                                      host_step(m), *self._M.values(m)])
+            for d in m.devices:
+                self.devices.append([mid, *self._D.values(d)])
+
+    def flush(self) -> None:
+        c = self.conn
+        c.executemany(self._SQL["environments"], self.envs.values())
+        c.executemany(self._SQL["runs"], self.runs)
+        c.executemany(self._SQL["measurements"], self.measurements)
+        c.executemany(self._SQL["device_measurements"], self.devices)
+        self.run_ids.clear()
+        self.envs.clear()
+        self.runs.clear()
+        self.measurements.clear()
+        self.devices.clear()

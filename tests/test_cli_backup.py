@@ -46,11 +46,13 @@ _WRITER = textwrap.dedent(
     import sys, time
     sys.path.insert(0, {tests!r})
     from factories import make_measurement, make_run
-    from memtrack.store import Store
+    from memtrack.store import Store, _Batch
 
     store = Store.open({db!r})
     store.conn.execute("BEGIN IMMEDIATE")
-    store._insert_run(make_run([make_measurement("decoder", {{"batch": 99}})], subject="held"))
+    held = _Batch(store.conn)
+    held.add(make_run([make_measurement("decoder", {{"batch": 99}})], subject="held"))
+    held.flush()
     print("holding", flush=True)
     sys.stdin.readline()
     store.conn.execute("COMMIT")

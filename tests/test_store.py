@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -187,3 +188,104 @@ def _cmdline(pid: str) -> str:
         return open(spec).read()
     except (OSError, IndexError):
         return ""
+
+
+# -- opening: quoted paths, foreign files, empty files --------------------------------------
+
+
+@pytest.mark.parametrize("folder", ["a#b", "c?mode=rw&x=1", "sp ace%20"])
+def test_read_only_open_takes_the_path_literally(tmp_path, folder):
+    db = tmp_path / folder / "m.db"
+    with Store.open(db) as store:
+        store.write_run(make_run([make_measurement()]))
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with Store.open(db, readonly=True) as store:
+        assert len(store.run_ids()) == 1
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            store.conn.execute("delete from runs")
+    after = sorted(p.name for p in tmp_path.rglob("*") if not p.name.endswith(("-shm", "-wal")))
+    assert after == [n for n in before if not n.endswith(("-shm", "-wal"))]  # nothing else made
+
+
+def test_a_foreign_sqlite_file_is_refused_unchanged(tmp_path):
+    db = tmp_path / "app.db"
+    conn = sqlite3.connect(db)
+    conn.execute("create table notes (body text)")
+    conn.execute("insert into notes values ('mine')")
+    conn.commit()
+    conn.close()
+    before = db.read_bytes()
+    for readonly in (False, True):
+        with pytest.raises(StoreError, match="not a memtrack database"):
+            Store.open(db, readonly=readonly)
+    assert db.read_bytes() == before  # not even switched to WAL
+    res = CliRunner().invoke(main, ["ingest", "--db", str(db), str(tmp_path / "none.json")])
+    assert res.exit_code == 2
+    assert db.read_bytes() == before
+
+
+def test_check_on_an_empty_file_writes_nothing_into_it(tmp_path):
+    db = tmp_path / "m.db"
+    db.touch()
+    res = CliRunner().invoke(main, ["check", "--db", str(db), "--run", "x"])
+    assert res.exit_code == 2 and "not a memtrack database" in res.output
+    assert db.stat().st_size == 0
+
+
+# -- matching is literal ---------------------------------------------------------------------
+
+
+def test_run_ids_and_case_names_are_matched_literally(tmp_path):
+    db = tmp_path / "m.db"
+    run = make_run([make_measurement("decoder_generate", {"sessions": s}) for s in (1, 4)])
+    with Store.open(db) as store:
+        store.write_run(run)
+        assert store.get_run(run.run_id[:6]).run_id == run.run_id
+        for wildcard in ("%", "_" * len(run.run_id), run.run_id[:3] + "%"):
+            with pytest.raises(StoreError, match="no run"):
+                store.get_run(wildcard)
+        assert len(store.history("decoder_generate")) == 2
+        assert store.history("decoder_generat_") == []
+        assert store.history("%") == []
+        assert store.run_ids(commit="%") == []
+        assert store.run_ids(commit=run.git.commit[:7].upper()) == [run.run_id]
+
+
+def test_history_refuses_a_limit_below_one_and_names_the_nearest_cases(tmp_path):
+    db = tmp_path / "m.db"
+    with Store.open(db) as store:
+        store.write_run(make_run([make_measurement("decoder_generate", {"sessions": s})
+                                  for s in (1, 4)]))
+    cli = CliRunner()
+    res = cli.invoke(main, ["history", "decoder_generate", "-n", "-1", "--db", str(db)])
+    assert res.exit_code == 2
+    res = cli.invoke(main, ["history", "decoder_generat", "--db", str(db)])
+    assert res.exit_code == 2 and "did you mean decoder_generate" in res.output
+    res = cli.invoke(main, ["history", "decoder_generate", "--db", str(db)])
+    assert res.exit_code == 0
+    # the two series read apart, as in `run` and `check`
+    assert "decoder_generate[sessions=1]" in res.output
+    assert "decoder_generate[sessions=4]" in res.output
+
+
+def test_show_says_none_for_missing_versions_and_formats_cudnn(tmp_path):
+    db = tmp_path / "m.db"
+    gpu = make_run([make_measurement()], env=replace(GPU_ENV, cudnn="92400"))
+    cpu = make_run([make_measurement()])
+    with Store.open(db) as store:
+        store.write_runs([gpu, cpu])
+    cli = CliRunner()
+    res = cli.invoke(main, ["show", gpu.run_id, "--db", str(db)])
+    assert "580.65 / 13.0 / 9.24.0" in res.output
+    res = cli.invoke(main, ["show", cpu.run_id, "--db", str(db)])
+    assert "none / none / none" in res.output and "None" not in res.output
+
+
+def test_a_replaced_database_file_is_not_written(tmp_path):
+    db = tmp_path / "m.db"
+    with Store.open(db) as store:
+        store.write_run(make_run([make_measurement()]))
+        db.rename(tmp_path / "moved.db")
+        with pytest.raises(StoreError, match="deleted or replaced"):
+            store.write_run(make_run([make_measurement()]))
+    assert not db.exists()

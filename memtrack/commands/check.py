@@ -18,9 +18,21 @@ def _anchor(value: str | None) -> str | int | None:
     return int(value) if value.isdigit() else value
 
 
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+def _write(path: Path, text: str, *, append: bool = False) -> None:
+    """Write a report whole or not at all (a full disk leaves no half report), naming the
+    file when it fails."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        if append:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(text)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
 
 
 @click.command()
@@ -57,7 +69,7 @@ def check(config_path, db_path, run_id, commit, base_branch, markdown_path, json
     if history and (run_id or commit):
         raise ConfigError("--history looks at the base branch: it takes no --run or --commit")
     console = rich_console()
-    with Store.open(db, readonly=history or no_record) as store:
+    with Store.open(db, readonly=history or no_record, create=False) as store:
         if history:
             from memtrack.judge.history import analyze_history
 
@@ -86,8 +98,7 @@ def check(config_path, db_path, run_id, commit, base_branch, markdown_path, json
         _write(markdown_path, md)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
-        with open(summary, "a", encoding="utf-8") as f:
-            f.write(md + "\n")
+        _write(Path(summary), md + "\n", append=True)
     if json_path:
         _write(json_path, json.dumps(data, indent=2, default=str) + "\n")
     sys.exit(code)

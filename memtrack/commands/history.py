@@ -3,6 +3,7 @@ from __future__ import annotations
 import click
 
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
+from memtrack.errors import StoreError
 from memtrack.report_run import history_table
 from memtrack.store import Store
 
@@ -11,14 +12,22 @@ from memtrack.store import Store
 @click.argument("case")
 @config_option
 @db_option
-@click.option("-n", "--limit", default=20, show_default=True, help="How many rows.")
+@click.option("-n", "--limit", default=20, show_default=True, type=click.IntRange(min=1),
+              help="How many rows.")
 @click.option("--branch", help="Only runs on this branch.")
 def history(case, config_path, db_path, limit, branch) -> None:
-    """Show a workload's (or one case's) series, newest first."""
+    """Show a workload's (or one case's) series, newest first.
+
+    CASE is a workload name or a whole case id, matched literally.
+    """
     _, db = resolve(config_path, db_path)
     with Store.open(db, readonly=True) as store:
         rows = store.history(case, limit=limit, branch=branch)
+        if not rows and (not branch or not store.history(case, limit=1)):
+            near = store.nearest_cases(case)
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            raise StoreError(f"{db}: no case or workload {case!r}{hint}")
     if not rows:
-        click.echo(f"no measurements of {case!r} in {db}", err=True)
+        click.echo(f"no measurements of {case!r} on branch {branch!r} in {db}", err=True)
         return
     rich_console().print(history_table(case, rows))

@@ -5,7 +5,7 @@ from pathlib import Path
 import click
 
 from memtrack.commands.options import config_option, db_option, resolve
-from memtrack.records import read_json
+from memtrack.records import read_all
 from memtrack.store import Store
 
 
@@ -14,11 +14,13 @@ from memtrack.store import Store
 @config_option
 @db_option
 def ingest(files, config_path, db_path) -> None:
-    """Merge JSON run records into the database (a run id already there is skipped)."""
+    """Merge JSON run records into the database, all or none.
+
+    Every file is read and checked, and all runs are written in one transaction: one bad
+    file and nothing is written. A run id already stored with the same content is skipped;
+    with different content it is an error.
+    """
     _, db = resolve(config_path, db_path)
-    records = [read_json(f) for f in files]  # all parsed before anything is written
-    added = 0
     with Store.open(db) as store:
-        for record in records:
-            added += store.write_run(record)
-    click.echo(f"{added} run(s) added, {len(records) - added} already present, in {db}")
+        added, present = store.write_runs(read_all(files))
+    click.echo(f"{added} run(s) added, {present} already present, in {db}")

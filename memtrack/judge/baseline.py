@@ -7,6 +7,7 @@ the baseline is chosen by commit time, and the finder says so in its notes.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrack import metrics
-from memtrack.records import RunRecord
+from memtrack.records import COMMIT_PATTERN, RunRecord
 from memtrack.store import Store
 from memtrack.units import parse_time
 
@@ -26,12 +27,18 @@ _ANCESTRY_FIRST = 512
 # -- git -----------------------------------------------------------------------------------
 
 
-def git_output(root: Path, *args: str) -> str | None:
-    """git's output, or None when git fails (no repository, unknown object)."""
+def git_output(root: Path, *args: str, revs: tuple[str, ...] = ()) -> str | None:
+    """git's output, or None when git fails (no repository, unknown object).
+
+    `args` are the subcommand and its options, written in the code; revisions, which come
+    from records, configs and the command line, go in `revs`: after `--end-of-options`, so
+    a value such as '--output=FILE' is never read as an option.
+    """
+    cmd = ["git", "-C", str(root), *args]
+    if revs:
+        cmd += ["--end-of-options", *revs]
     try:
-        out = subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60
-        )
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -54,7 +61,8 @@ class _Ancestry:
 
     def _load(self) -> None:
         self.count = max(_ANCESTRY_FIRST, self.count * 2)
-        out = git_output(self.root, "log", "--format=%H %ct", "-n", str(self.count), self.rev) or ""
+        out = git_output(self.root, "log", "--format=%H %ct", "-n", str(self.count),
+                         revs=(self.rev,)) or ""
         lines = out.splitlines()
         self.commits = {line.split()[0] for line in lines}
         times = [float(line.split()[1]) for line in lines]
@@ -134,7 +142,10 @@ class BaselineFinder:
         # case id -> the run holding the candidate's figures (shards of one commit differ)
         self.owners = owners or {}
         self.notes: list[str] = []
-        self.merge_base = run.git.merge_base
+        # Only a commit id goes on to git (a database written before records were checked
+        # may hold anything here).
+        mb = run.git.merge_base
+        self.merge_base = mb if mb and re.fullmatch(COMMIT_PATTERN[1:-1], mb) else None
         self.ancestry: _Ancestry | None = None
         self.cutoff: float | None = None
         self.mode = self._choose_mode()
@@ -151,18 +162,19 @@ class BaselineFinder:
         known = (
             inside
             and commit is not None
-            and git_output(self.root, "cat-file", "-e", f"{commit}^{{commit}}") is not None
+            and git_output(self.root, "cat-file", "-e", revs=(f"{commit}^{{commit}}",)) is not None
         )
         if known and not shallow and self.merge_base is None:
             for ref in (self.base_branch, f"origin/{self.base_branch}"):
-                mb = git_output(self.root, "merge-base", commit or "", ref)
+                mb = git_output(self.root, "merge-base", revs=(commit or "", ref))
                 if mb:
                     self.merge_base = mb
                     break
         mb_known = (
             self.merge_base is not None
             and inside
-            and git_output(self.root, "cat-file", "-e", f"{self.merge_base}^{{commit}}") is not None
+            and git_output(self.root, "cat-file", "-e", revs=(f"{self.merge_base}^{{commit}}",))
+            is not None
         )
         if mb_known and not shallow:
             self.ancestry = _Ancestry(self.root, self.merge_base or "")
@@ -180,7 +192,7 @@ class BaselineFinder:
         ref_time, ref_what = None, ""
         if self.merge_base:
             ref_time = iso_epoch(
-                git_output(self.root, "show", "-s", "--format=%cI", self.merge_base)
+                git_output(self.root, "show", "-s", "--format=%cI", revs=(self.merge_base,))
             )
             if ref_time is None:
                 row = self.store.conn.execute(

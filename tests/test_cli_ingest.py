@@ -1,0 +1,126 @@
+"""`memtrack ingest`: records from other machines are checked, a batch is all or nothing, and
+a new database survives many first users at once."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+from factories import commit_all, init_repo, make_measurement, make_run
+
+from memtrack.cli import main
+from memtrack.records import to_dict, write_json
+from memtrack.store import Store
+
+
+def _ingest(db: Path, *files: Path):
+    return CliRunner().invoke(main, ["ingest", "--db", str(db), *map(str, files)])
+
+
+def _runs(db: Path) -> int:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute("select count(*) from runs").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _records(folder: Path, n: int) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(n):
+        path = folder / f"{i:04d}.json"
+        write_json(make_run([make_measurement("decoder", {"batch": b}) for b in (1, 8)]), path)
+        paths.append(path)
+    return paths
+
+
+def test_a_batch_with_one_bad_file_writes_nothing_and_names_it(tmp_path):
+    db = tmp_path / "m.db"
+    first, second, third = _records(tmp_path / "in", 3)
+    data = json.loads(second.read_text())
+    data["measurements"][0]["peak_allocated_bytes"] = "lots"
+    second.write_text(json.dumps(data))
+    third.write_text("{")  # also bad: every file is read, the count says so
+    res = _ingest(db, first, second, third)
+    assert res.exit_code == 2
+    assert f"{second}: " in res.output and "'lots'" in res.output
+    assert "1 more bad file" in res.output and len(res.output.strip().splitlines()) == 1
+    assert _runs(db) == 0
+    res = _ingest(db, first, third.with_name("0000.json"))
+    assert res.exit_code == 0 and _runs(db) == 1
+
+
+def test_the_same_run_again_is_skipped_and_other_content_under_its_id_is_refused(tmp_path):
+    db = tmp_path / "m.db"
+    (path,) = _records(tmp_path / "in", 1)
+    assert _ingest(db, path).exit_code == 0
+    res = _ingest(db, path)
+    assert res.exit_code == 0 and "0 run(s) added, 1 already present" in res.output
+    data = json.loads(path.read_text())
+    data["measurements"][0]["peak_allocated_bytes"] += 1
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(data))
+    res = _ingest(db, other)
+    assert res.exit_code == 2
+    assert "already stored with different content" in res.output
+    with Store.open(db, readonly=True) as store:
+        stored = store.get_run(data["run_id"])
+    assert to_dict(stored) == json.loads(path.read_text())
+
+
+def test_a_merge_base_that_is_an_option_is_refused_and_never_reaches_git(tmp_path):
+    repo = init_repo(tmp_path / "repo")
+    (repo / "f").write_text("x")
+    commit = commit_all(repo, "first")
+    victim = tmp_path / "victim.txt"
+    run = make_run([make_measurement()], commit=commit, branch="feature")
+    data = to_dict(run)
+    data["git"]["merge_base"] = f"--output={victim}"
+    record = tmp_path / "evil.json"
+    record.write_text(json.dumps(data))
+    db = tmp_path / "m.db"
+    res = _ingest(db, record)
+    assert res.exit_code == 2 and "merge_base" in res.output
+    assert not victim.exists()
+    # A database written before records were checked can still hold such a value: check
+    # must not hand it to git either.
+    _ingest(db, *_records(tmp_path / "in", 1))
+    with Store.open(db) as store:
+        store.write_run(run)
+        store.conn.execute("update runs set git_merge_base = ? where run_id = ?",
+                           [f"--output={victim}", run.run_id])
+    res = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "check", "--db", str(db), "--run", run.run_id],
+        cwd=repo, capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode in (0, 1), res.stderr
+    assert not victim.exists()
+
+
+def test_eight_processes_ingesting_into_a_new_database_lose_nothing(tmp_path):
+    db = tmp_path / "new" / "m.db"
+    folders = []
+    for p in range(8):
+        _records(tmp_path / f"p{p}", 25)
+        folders.append(tmp_path / f"p{p}")
+    code = "import sys; from memtrack.cli import main; main(sys.argv[1:])"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, "ingest", "--db", str(db),
+             *map(str, sorted(f.glob("*.json")))],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for f in folders
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 8, [err for _, err in outs]
+    assert _runs(db) == 8 * 25
+    conn = sqlite3.connect(db)
+    assert conn.execute("select count(*) from measurements").fetchone()[0] == 8 * 25 * 2
+    assert conn.execute("select count(*) from _sqlite_migrations").fetchone()[0] >= 2
+    conn.close()

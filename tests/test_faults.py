@@ -1,0 +1,312 @@
+"""Faults a CI machine meets: a full disk, a read-only or corrupted database, a read-only file
+system, a workload that deletes the database. Each is one line naming the thing, exit
+status 2 (1 means only "a verdict blocks"), and nothing half-written left behind.
+
+A full disk is made with RLIMIT_FSIZE in the memtrack process, which works without root:
+writes past the limit fail with EFBIG (SIGXFSZ ignored), as they fail with ENOSPC on a full
+file system.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from factories import make_measurement, make_run
+
+from memtrack.records import write_json
+from memtrack.store import Store
+
+KiB = 1024
+
+
+def memtrack(*args: str, fsize: int | None = None, cwd: Path | None = None,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI in a real process; with `fsize`, no file may grow past that many bytes."""
+
+    def limit() -> None:
+        if fsize is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, resource.RLIM_INFINITY))
+
+    return subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", *args], capture_output=True, text=True,
+        preexec_fn=limit, cwd=cwd, env={**os.environ, **(env or {})}, timeout=300,
+    )
+
+
+def _error_line(res: subprocess.CompletedProcess[str]) -> str:
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert lines[-1].startswith("memtrack: error: "), res.stderr
+    return lines[-1]
+
+
+def _seed(db: Path, n: int = 3) -> list[str]:
+    runs = [make_run([make_measurement("decoder", {"batch": b}) for b in (1, 8)])
+            for _ in range(n)]
+    with Store.open(db) as store:
+        store.write_runs(runs)
+    return [r.run_id for r in runs]
+
+
+def _intact(db: Path, runs: int) -> None:
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("pragma integrity_check").fetchone()[0] == "ok"
+        assert conn.execute("select count(*) from runs").fetchone()[0] == runs
+    finally:
+        conn.close()
+
+
+def _records(folder: Path, n: int) -> list[str]:
+    folder.mkdir()
+    for i in range(n):
+        write_json(make_run([make_measurement("decoder", {"batch": b}) for b in (1, 8)]),
+                   folder / f"{i}.json")
+    return [str(p) for p in sorted(folder.glob("*.json"))]
+
+
+# -- a full disk ---------------------------------------------------------------------------
+
+
+def test_ingest_onto_a_full_disk_says_so_and_keeps_the_database(tmp_path):
+    db = tmp_path / "m.db"
+    _seed(db)
+    files = _records(tmp_path / "in", 300)
+    res = memtrack("ingest", "--db", str(db), *files, fsize=db.stat().st_size + 64 * KiB)
+    line = _error_line(res)
+    assert "disk full" in line and str(db) in line
+    assert "rollback" not in line
+    _intact(db, 3)
+
+
+def test_backup_onto_a_full_disk_leaves_no_copy_or_journal(tmp_path):
+    db = tmp_path / "m.db"
+    _seed(db, 20)
+    dest = tmp_path / "backups"
+    dest.mkdir()
+    res = memtrack("backup", str(dest / "copy.db"), "--db", str(db),
+                   fsize=db.stat().st_size // 2)
+    assert "disk full" in _error_line(res)
+    assert list(dest.iterdir()) == []
+    _intact(db, 20)
+
+
+def _held_open(db: Path) -> sqlite3.Connection:
+    """Another reader of the database, as on a busy runner: its shared-memory file already
+    exists, so only the output under test can meet the size limit."""
+    conn = sqlite3.connect(db)
+    conn.execute("select count(*) from runs").fetchone()
+    return conn
+
+
+def test_export_onto_a_full_disk_leaves_no_tmp_files(tmp_path):
+    db = tmp_path / "m.db"
+    _seed(db)
+    out = tmp_path / "export"
+    with _held_open(db):
+        res = memtrack("export", str(out), "--db", str(db), fsize=KiB)
+    line = _error_line(res)
+    assert "disk full" in line and str(out) in line
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_report_onto_a_full_disk_is_exit_2_not_a_regression(tmp_path):
+    db = tmp_path / "m.db"
+    (run_id, *_) = _seed(db)
+    md = tmp_path / "report.md"
+    with _held_open(db):
+        res = memtrack("check", "--db", str(db), "--run", run_id, "--no-record",
+                       "--markdown", str(md), fsize=64, cwd=tmp_path)
+    line = _error_line(res)
+    assert "disk full" in line and str(md) in line
+
+
+TINY = """
+import os
+import memtrack
+
+@memtrack.workload(params={"n": 1})
+def tiny(ctx):
+    doomed = os.environ.get("TINY_DELETES")
+    if doomed:
+        os.remove(doomed)
+    blocked = os.environ.get("TINY_BLOCKS")
+    if blocked:
+        os.makedirs(blocked)
+    return lambda: None
+"""
+
+
+@pytest.fixture
+def tiny_suite(tmp_path):
+    (tmp_path / "wl.py").write_text(TINY)
+    (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\n')
+    return tmp_path / "memtrack.toml"
+
+
+@pytest.mark.slow
+def test_run_json_onto_a_full_disk_says_so_and_leaves_no_tmp(tmp_path, tiny_suite):
+    out = tmp_path / "out"
+    res = memtrack("run", "--config", str(tiny_suite), "--no-db", "--json",
+                   str(out / "run.json"), fsize=1 * KiB, cwd=tmp_path)
+    line = _error_line(res)
+    assert "disk full" in line and "run.json" in line
+    assert list(out.iterdir()) == []
+
+
+def test_run_with_its_database_on_a_full_disk_refuses_before_measuring(tmp_path, tiny_suite):
+    db = tmp_path / "m.db"
+    _seed(db)
+    res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), fsize=16 * KiB,
+                   cwd=tmp_path)
+    assert "disk full" in _error_line(res)
+    assert "running" not in res.stderr  # no case started
+    _intact(db, 3)
+
+
+@pytest.mark.slow
+def test_a_workload_that_deletes_the_database_is_refused_and_the_json_still_written(
+        tmp_path, tiny_suite):
+    db = tmp_path / "m.db"
+    _seed(db)
+    res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), "--json",
+                   str(tmp_path / "run.json"), cwd=tmp_path, env={"TINY_DELETES": str(db)})
+    assert "deleted or replaced" in _error_line(res)
+    assert (tmp_path / "run.json").is_file()
+    assert not db.exists()  # not silently replaced by a new history of one run
+
+
+# -- outputs checked before the first case -------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["not sqlite", "under a file", "json under a file"])
+def test_run_refuses_a_bad_output_before_any_case_starts(tmp_path, tiny_suite, kind):
+    (tmp_path / "file").write_text("not a folder")
+    (tmp_path / "text.db").write_text("not a database, but my notes" * 100)
+    args = {
+        "not sqlite": ["--db", str(tmp_path / "text.db")],
+        "under a file": ["--db", str(tmp_path / "file" / "m.db")],
+        "json under a file": ["--no-db", "--json", str(tmp_path / "file" / "run.json")],
+    }[kind]
+    res = memtrack("run", "--config", str(tiny_suite), *args, cwd=tmp_path)
+    _error_line(res)
+    assert "running" not in res.stderr
+    assert (tmp_path / "text.db").read_text() == "not a database, but my notes" * 100
+
+
+# -- read-only and corrupted databases ------------------------------------------------------
+
+
+@pytest.fixture
+def read_only_file(tmp_path):
+    """Makes a file unwritable: chmod for a user, the immutable attribute for root (whom
+    permissions do not stop)."""
+    made: list[Path] = []
+
+    def make(path: Path) -> None:
+        if os.geteuid() == 0:
+            if shutil.which("chattr") is None or subprocess.run(
+                    ["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+                pytest.skip("root, and no immutable attribute on this file system")
+        else:
+            path.chmod(0o444)
+        made.append(path)
+
+    yield make
+    for path in made:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(path)], check=False)
+
+
+def test_a_read_only_database_is_refused_before_measuring_and_at_ingest(
+        tmp_path, tiny_suite, read_only_file):
+    db = tmp_path / "m.db"
+    _seed(db)
+    read_only_file(db)
+    files = _records(tmp_path / "in", 2)
+    assert "read-only database" in _error_line(memtrack("ingest", "--db", str(db), *files))
+    res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), cwd=tmp_path)
+    assert "read-only database" in _error_line(res)
+    assert "running" not in res.stderr
+    # reading it still works
+    assert memtrack("history", "decoder", "--db", str(db)).returncode == 0
+
+
+def _corrupt(db: Path) -> None:
+    conn = sqlite3.connect(db)
+    conn.execute("pragma journal_mode=delete")
+    pages = conn.execute("pragma page_count").fetchone()[0]
+    conn.close()
+    with open(db, "r+b") as f:  # keep page 1 (the schema), scribble over the rest
+        f.seek(4096)
+        f.write(b"\x07" * 4096 * (pages - 1))
+
+
+@pytest.mark.parametrize("command", ["history", "show", "check", "backup", "export", "ingest"])
+def test_a_corrupted_database_is_named_for_every_command(tmp_path, command):
+    db = tmp_path / "m.db"
+    (run_id, *_) = _seed(db, 5)
+    _corrupt(db)
+    args = {
+        "history": ["history", "decoder"],
+        "show": ["show", run_id],
+        "check": ["check", "--run", run_id, "--no-record"],
+        "backup": ["backup", str(tmp_path / "copy.db")],
+        "export": ["export", str(tmp_path / "out")],
+        "ingest": ["ingest", *_records(tmp_path / "in", 1)],
+    }[command]
+    line = _error_line(memtrack(*args, "--db", str(db), cwd=tmp_path))
+    assert "corrupted database" in line and str(db) in line
+
+
+def test_debug_shows_the_traceback_and_keeps_exit_2(tmp_path):
+    db = tmp_path / "m.db"
+    _seed(db)
+    _corrupt(db)
+    res = memtrack("history", "decoder", "--db", str(db), env={"MEMTRACK_DEBUG": "1"})
+    assert res.returncode == 2 and "Traceback" in res.stderr
+    res = memtrack("--debug", "history", "decoder", "--db", str(db))
+    assert res.returncode == 2 and "Traceback" in res.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only file system needs root")
+def test_a_database_on_a_read_only_file_system_is_read(tmp_path):
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        db = mnt / "m.db"
+        _seed(db)
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        res = memtrack("history", "decoder", "--db", str(db))
+        assert res.returncode == 0, res.stderr
+        assert "decoder" in res.stdout
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+
+@pytest.mark.slow
+def test_a_json_record_that_cannot_be_written_costs_not_the_database_write(tmp_path, tiny_suite):
+    db = tmp_path / "m.db"
+    _seed(db)
+    out = tmp_path / "run.json"
+    res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), "--json", str(out),
+                   cwd=tmp_path, env={"TINY_BLOCKS": str(out)})  # a folder appears there
+    line = _error_line(res)
+    assert str(out) in line
+    assert f"recorded in {db}" in res.stdout
+    _intact(db, 4)
+    assert not (tmp_path / "run.json.tmp").exists()

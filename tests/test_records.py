@@ -1,0 +1,202 @@
+"""Run records are untrusted input: every value is checked when a record is loaded, and the
+shipped JSON Schema says the same as the loader."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from factories import GPU_ENV, MiB, make_measurement, make_run
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import memtrack
+from memtrack.errors import RecordError
+from memtrack.records import json_schema, read_json, run_from_dict, to_dict
+
+SHIPPED = Path(memtrack.__file__).parent / "schema" / "run-record.schema.json"
+
+
+def _good() -> dict:
+    run = make_run(
+        [make_measurement("decoder", {"batch": b}, device="cuda", device_peak=b * MiB)
+         for b in (1, 8)],
+        env=GPU_ENV,
+    )
+    return to_dict(run)
+
+
+def test_a_written_record_loads_back_equal():
+    data = _good()
+    assert to_dict(run_from_dict(copy.deepcopy(data))) == data
+
+
+def test_the_shipped_schema_is_the_generated_one():
+    shipped = json.loads(SHIPPED.read_text())
+    assert shipped == json_schema(), (
+        "memtrack/schema/run-record.schema.json is stale; regenerate it with "
+        "`python -m memtrack.records > memtrack/schema/run-record.schema.json`"
+    )
+
+
+def test_the_schema_describes_every_field_of_the_dataclasses():
+    schema = json_schema()
+    measurement = schema["$defs"]["Measurement"]["properties"]
+    assert measurement["peak_allocated_bytes"]["type"] == ["integer", "null"]
+    assert measurement["peak_allocated_bytes"]["minimum"] == 0
+    assert measurement["status"]["enum"] == ["ok", "oom", "error", "timeout", "crashed"]
+    assert schema["$defs"]["GitInfo"]["properties"]["merge_base"]["pattern"]
+    assert set(schema["required"]) >= {"run_id", "started_at", "measurements"}
+
+
+def test_a_good_record_is_valid_under_the_schema():
+    jsonschema.Draft202012Validator(json_schema()).validate(_good())
+
+
+def _measurement(data: dict, **changes) -> dict:
+    data["measurements"][0].update(changes)
+    return data
+
+
+BAD = {
+    "negative bytes": lambda d: _measurement(d, peak_allocated_bytes=-1),
+    "bytes as a string": lambda d: _measurement(d, peak_allocated_bytes="lots"),
+    "bytes of 10^30": lambda d: _measurement(d, host_peak_rss_bytes=10**30),
+    "a bool for bytes": lambda d: _measurement(d, peak_allocated_bytes=True),
+    "params as a list": lambda d: _measurement(d, params=[1, 2]),
+    "a nested param": lambda d: _measurement(d, params={"x": {"y": 1}}),
+    "an unknown status": lambda d: _measurement(d, status="fine"),
+    "negative seconds": lambda d: _measurement(d, time_median_s=-0.5),
+    "a time as a number": lambda d: {**d, "started_at": 1767225600},
+    "a time that is no time": lambda d: {**d, "started_at": "yesterday"},
+    "an empty run id": lambda d: {**d, "run_id": ""},
+    "a run id with %": lambda d: {**d, "run_id": "%"},
+    "a run id with a slash": lambda d: {**d, "run_id": "../x"},
+    "an option as merge base": lambda d: {**d, "git": {**d["git"], "merge_base": "--output=x"}},
+    "a commit that is not hex": lambda d: {**d, "git": {**d["git"], "commit": "HEAD~1"}},
+    "an unknown key": lambda d: {**d, "extra": 1},
+    "a missing key": lambda d: {k: v for k, v in d.items() if k != "started_at"},
+    "a device's negative bytes": lambda d: _measurement(
+        d, devices=[{**d["measurements"][0]["devices"][0], "peak_process_bytes": -5}]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_a_bad_value_is_refused_by_loader_and_schema_alike(name):
+    data = BAD[name](_good())
+    with pytest.raises(RecordError) as err:
+        run_from_dict(copy.deepcopy(data), where="r.json")
+    assert str(err.value).startswith("r.json") and "\n" not in str(err.value)
+    validator = jsonschema.Draft202012Validator(
+        json_schema(), format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    if name != "a time that is no time":  # 'format' is advisory in JSON Schema
+        assert not validator.is_valid(data), name
+
+
+def test_the_error_names_the_field_and_value():
+    data = _measurement(_good(), peak_allocated_bytes=-1)
+    with pytest.raises(RecordError) as err:
+        run_from_dict(data, where="r.json")
+    assert str(err.value) == "r.json: measurements[0].peak_allocated_bytes: -1 is below 0"
+
+
+def test_two_measurements_of_one_case_in_one_run_are_refused():
+    data = _good()
+    data["measurements"][1] = copy.deepcopy(data["measurements"][0])
+    with pytest.raises(RecordError, match="measured twice"):
+        run_from_dict(data)
+
+
+def test_commit_ids_are_normalised_to_lower_case():
+    data = _good()
+    data["git"]["commit"] = data["git"]["commit"].upper()
+    assert run_from_dict(data).git.commit == data["git"]["commit"].lower()
+
+
+@pytest.mark.parametrize("text", ["NaN", "Infinity", "-Infinity"])
+def test_json_nan_and_infinity_are_refused(tmp_path, text):
+    raw = json.dumps(_good()).replace('"time_median_s": 0.01', f'"time_median_s": {text}', 1)
+    assert text in raw
+    path = tmp_path / "r.json"
+    path.write_text(raw)
+    with pytest.raises(RecordError, match="not valid JSON"):
+        read_json(path)
+
+
+def test_a_deeply_nested_file_is_one_line_error_not_a_recursion_error(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(RecordError, match="nested too deeply") as err:
+        read_json(path)
+    assert "\n" not in str(err.value)
+
+
+def test_a_binary_file_is_refused(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(RecordError, match="not valid JSON"):
+        read_json(path)
+
+
+# -- property tests: any input gives a record or a one-line RecordError --------------------
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=20,
+)
+
+
+def _one_line_or_record(data) -> None:
+    try:
+        run_from_dict(data, where="r.json")
+    except RecordError as exc:
+        assert "\n" not in str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json_values)
+def test_any_json_value_gives_a_record_or_a_one_line_error(value):
+    _one_line_or_record(value)
+
+
+_TEMPLATE = _good()
+
+
+def _paths(data, prefix=()):
+    yield prefix
+    if isinstance(data, dict):
+        for k, v in data.items():
+            yield from _paths(v, (*prefix, k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            yield from _paths(v, (*prefix, i))
+
+
+_ALL_PATHS = [p for p in _paths(_TEMPLATE) if p]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(_ALL_PATHS), _json_values)
+def test_a_good_record_with_one_value_replaced_gives_a_record_or_a_one_line_error(path, value):
+    data = copy.deepcopy(_TEMPLATE)
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    _one_line_or_record(data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_file_content_gives_a_record_or_a_one_line_error(tmp_path_factory, content):
+    path = tmp_path_factory.mktemp("r") / "r.json"
+    path.write_bytes(content)
+    try:
+        read_json(path)
+    except RecordError as exc:
+        assert "\n" not in str(exc)
