@@ -12,23 +12,31 @@ from dashboard import model
 from memtrack.units import BINARY_UNITS, format_seconds, format_size
 
 VIEW_COLORS = {
-    "framework allocated": "#1f77b4",
-    "framework reserved": "#9467bd",
-    "device (NVML)": "#ff7f0e",
-    "host RSS": "#7f7f7f",
+    "allocated": "#1f77b4",
+    "reserved": "#9467bd",
+    "requested": "#17becf",
+    "device": "#ff7f0e",
+    "host": "#7f7f7f",
+    "host_step": "#8c564b",
 }
 MARKER_COLORS = {
     "regression": "#d62728", "over_budget": "#d62728", "failed": "#d62728",
-    "time_regression": "#ff9896", "improvement": "#2ca02c",
-    "environment_changed": "#8c564b", "new": "#17becf",
+    "time_regression": "#ff9896", "improvement": "#2ca02c", "accepted": "#e377c2",
+    "noisy": "#bcbd22", "environment_changed": "#8c564b", "new": "#17becf",
 }
+OTHER_BRANCHES = "other branches"
 BREAKDOWN = (
     ("weights_bytes", "weights"),
-    ("intermediates_bytes", "intermediates"),
     ("caches_bytes", "caches"),
+    ("gradients_bytes", "gradients"),
+    ("optimizer_state_bytes", "optimizer state"),
     ("training_state_bytes", "training state"),
+    ("intermediates_bytes", "intermediates"),
+    ("unattributed_bytes", "unattributed"),
     ("workspace_bytes", "workspace / runtime"),
 )
+SVG = {"embedOptions": {"renderer": "svg"}}
+"""Drawn as SVG: axes stay text in the page (readable by tests and screen readers)."""
 
 
 def unit_for(largest: float) -> tuple[str, int]:
@@ -42,123 +50,110 @@ def _short(sha: str | None) -> str:
     return (sha or "-")[:10]
 
 
-def memory_chart(
-    rows: Sequence[dict[str, Any]],
-    envs: dict[str, dict[str, Any]],
-    views: Sequence[str],
-    budgets: Sequence[tuple[str, int]],
-    band: tuple[str, int, int] | None,
-    markers: Sequence[dict[str, Any]],
+def time_axis(times: Sequence[str]) -> alt.X:
+    """A temporal x axis whose labels say the date (and the hour over short spans)."""
+    days = pd.to_datetime(pd.Series(list(times)), utc=True, format="ISO8601")
+    span = (days.max() - days.min()).total_seconds() if len(days) else 0
+    fmt = "%b %d %H:%M" if span < 3 * 86400 else "%b %d" if span < 300 * 86400 else "%Y-%m-%d"
+    return alt.X("x:T", title=None, axis=alt.Axis(format=fmt, labelOverlap="greedy",
+                                                   tickCount=8, labelAngle=0))
+
+
+def view_panel(
+    metric: str,
+    points: Sequence[dict[str, Any]],
+    x_axis: alt.X,
+    budget: tuple[str, int] | None,
+    band: tuple[str, str, str, int, int] | None,
+    marks: Sequence[dict[str, Any]],
     env_changes: Sequence[dict[str, Any]],
 ) -> alt.LayerChart:
-    """Peak per run for each view, with budget lines, the headroom band and event marks.
+    """One view of a case on its own y-scale: the base branch as a line per environment,
+    other branches as separate points, the budget line, the headroom band over the current
+    level, and marks (failures where they were seen, verdicts at their figure).
 
-    budgets: (label, bytes); band: (label, low, high); markers: dicts with started_at,
-    value (bytes or None), kind, message; env_changes: dicts with started_at and change.
+    points: dicts with x (ISO time), bytes, line ('base' or OTHER_BRANCHES), environment,
+    commit, subject, branch, status, run; budget: (label, bytes); band: (label, x from,
+    x to, low, high); marks: dicts with x, bytes, kind, commit, message.
     """
-    records = []
-    for r in rows:
-        env = envs.get(r.get("env_id") or "") or {}
-        common = {
-            "time": r["started_at"], "commit": _short(r.get("git_commit")),
-            "subject": r.get("git_subject") or "", "branch": r.get("git_branch") or "-",
-            "status": r.get("status"), "versions": model.env_label(env),
-            "run": (r.get("run_id") or "")[:12], "environment": model.env_label(env),
-        }
-        for metric in views:
-            value = model.metric_value(r, metric)
-            if value is not None:
-                records.append({**common, "view": model.METRIC_LABELS[metric],
-                                "bytes": value, "size": format_size(value)})
-    limits = [b for _, b in budgets] + ([band[2]] if band else [])
-    largest = max([x["bytes"] for x in records] + limits + [1])
+    label = model.METRIC_LABELS[metric]
+    limits = [budget[1]] if budget else []
+    limits += [band[4]] if band else []
+    largest = max([p["bytes"] for p in points] + limits + [1])
     unit, factor = unit_for(largest)
-    df = pd.DataFrame(records)
-    y_title = f"peak memory ({unit})"
+    title = f"{label} ({unit})"
+    df = pd.DataFrame(points)
+    df["value"] = df["bytes"] / factor
+    df["size"] = [format_size(b) for b in df["bytes"]]
+    y = alt.Y("value:Q", title=title, scale=alt.Scale(zero=False),
+              axis=alt.Axis(format=",.4~g", titleFontSize=12))
+    tooltip = [alt.Tooltip("size:N", title=label), "commit:N", "subject:N", "branch:N",
+               alt.Tooltip("x:T", title="time", format="%Y-%m-%d %H:%M"),
+               "environment:N", "status:N", "run:N"]
     layers: list[alt.Chart] = []
     if band is not None:
-        label, low, high = band
+        what, x0, x1, low, high = band
         layers.append(
-            alt.Chart(pd.DataFrame([{"low": low / factor, "high": high / factor, "what": label,
+            alt.Chart(pd.DataFrame([{"x": x0, "x2": x1, "low": low / factor,
+                                     "high": high / factor, "what": what,
                                      "range": f"{format_size(low)} – {format_size(high)}"}]))
             .mark_rect(opacity=0.18, color="#2ca02c")
-            .encode(y=alt.Y("low:Q", title=y_title), y2="high:Q",
-                    tooltip=[alt.Tooltip("what:N", title="headroom"), "range:N"])
-        )
-    if not df.empty:
-        df["value"] = df["bytes"] / factor
-        colors = [c for v, c in VIEW_COLORS.items() if v in set(df["view"])]
-        # One line per view and environment: a line never joins figures of different
-        # software stacks, and each stack's points get their own shape.
-        several_envs = df["environment"].nunique() > 1
-        shape = (alt.Shape("environment:N", title=None, legend=alt.Legend(orient="bottom",
-                                                                             labelLimit=600))
-                 if several_envs else alt.Undefined)
+            .encode(x="x:T", x2="x2:T", y=alt.Y("low:Q", title=title), y2="high:Q",
+                    tooltip=[alt.Tooltip("what:N", title="headroom"), "range:N"]))
+    base = df[df["line"] == "base"]
+    if not base.empty:
         layers.append(
-            alt.Chart(df).mark_line(point=alt.OverlayMarkDef(size=30), strokeWidth=1.6)
-            .encode(
-                detail="environment:N",
-                shape=shape,
-                x=alt.X("time:T", title=None),
-                y=alt.Y("value:Q", title=y_title, scale=alt.Scale(zero=False)),
-                color=alt.Color("view:N", title=None,
-                                scale=alt.Scale(domain=[v for v in VIEW_COLORS if v in
-                                                        set(df["view"])], range=colors),
-                                legend=alt.Legend(orient="top")),
-                tooltip=[
-                    alt.Tooltip("view:N"), alt.Tooltip("size:N", title="peak"),
-                    alt.Tooltip("commit:N"), alt.Tooltip("subject:N"),
-                    alt.Tooltip("time:T", format="%Y-%m-%d %H:%M"), alt.Tooltip("branch:N"),
-                    alt.Tooltip("versions:N"), alt.Tooltip("status:N"), alt.Tooltip("run:N"),
-                ],
-            )
-        )
-    for label, limit in budgets:
-        bdf = pd.DataFrame([{"limit": limit / factor, "label": f"{label} {format_size(limit)}"}])
-        rule = alt.Chart(bdf).mark_rule(color="#d62728", strokeDash=[6, 4], strokeWidth=2)
-        layers.append(rule.encode(y="limit:Q", tooltip=[alt.Tooltip("label:N", title="budget")]))
+            alt.Chart(base).mark_line(point=alt.OverlayMarkDef(size=28), strokeWidth=1.6,
+                                      color=VIEW_COLORS.get(metric, "#1f77b4"))
+            .encode(x=x_axis, y=y, detail="environment:N", tooltip=tooltip,
+                    shape=alt.Shape("environment:N", legend=alt.Legend(
+                        orient="bottom", title=None, labelLimit=600))
+                    if base["environment"].nunique() > 1 else alt.Undefined))
+    other = df[df["line"] != "base"]
+    if not other.empty:
         layers.append(
-            alt.Chart(bdf).mark_text(align="left", baseline="bottom", dx=4, dy=-2,
-                                     color="#d62728", fontWeight="bold")
-            .encode(y="limit:Q", x=alt.value(0), text="label:N")
-        )
+            alt.Chart(other).mark_point(shape="diamond", size=55, filled=False,
+                                        strokeWidth=1.5, color="#555")
+            .encode(x=x_axis, y=y, tooltip=tooltip))
+    if budget is not None:
+        text, limit = budget
+        bdf = pd.DataFrame([{"limit": limit / factor,
+                             "label": f"budget {format_size(limit)}{text}"}])
+        layers.append(alt.Chart(bdf).mark_rule(color="#d62728", strokeDash=[6, 4],
+                                               strokeWidth=2)
+                      .encode(y="limit:Q", tooltip=[alt.Tooltip("label:N", title="budget")]))
+        layers.append(alt.Chart(bdf).mark_text(align="left", baseline="bottom", dx=4, dy=-2,
+                                               color="#d62728", fontWeight="bold")
+                      .encode(y="limit:Q", x=alt.value(0), text="label:N"))
     if env_changes:
         edf = pd.DataFrame(env_changes)
-        layers.append(
-            alt.Chart(edf).mark_rule(color="#8c564b", strokeDash=[2, 3], strokeWidth=1.5)
-            .encode(x="started_at:T", tooltip=[alt.Tooltip("change:N", title="environment")])
-        )
-        layers.append(
-            alt.Chart(edf).mark_text(align="left", baseline="top", dx=3, dy=2, angle=0,
-                                     color="#8c564b", fontSize=11)
-            .encode(x="started_at:T", y=alt.value(0), text="short:N")
-        )
-    if markers:
-        mdf = pd.DataFrame(markers)
-        mdf["value"] = [v / factor if v is not None else 0 for v in mdf["value"]]
+        layers.append(alt.Chart(edf).mark_rule(color="#8c564b", strokeDash=[2, 3],
+                                               strokeWidth=1.5)
+                      .encode(x="x:T", tooltip=[alt.Tooltip("change:N", title="environment")]))
+    if marks:
+        mdf = pd.DataFrame(marks)
+        mdf["value"] = mdf["bytes"] / factor
         kinds = sorted(set(mdf["kind"]))
-        marker_colors = [MARKER_COLORS.get(k, "#444") for k in kinds]
         layers.append(
-            alt.Chart(mdf).mark_point(shape="triangle-down", size=140, filled=True, opacity=0.9)
-            .encode(
-                x="started_at:T", y="value:Q",
-                color=alt.Color("kind:N", title=None, legend=alt.Legend(orient="top"),
-                                                scale=alt.Scale(domain=kinds, range=marker_colors)),
-                tooltip=[alt.Tooltip("kind:N"), alt.Tooltip("commit:N"),
-                         alt.Tooltip("message:N")],
-            )
-        )
-    chart = alt.layer(*layers).resolve_scale(color="independent").properties(height=360)
+            alt.Chart(mdf).mark_point(shape="triangle-down", size=150, filled=True, opacity=0.9)
+            .encode(x="x:T", y="value:Q",
+                    color=alt.Color("kind:N", title=None, legend=alt.Legend(orient="right"),
+                                    scale=alt.Scale(domain=kinds, range=[
+                                        MARKER_COLORS.get(k, "#444") for k in kinds])),
+                    tooltip=[alt.Tooltip("kind:N"), alt.Tooltip("commit:N"),
+                             alt.Tooltip("message:N")]))
+    chart = alt.layer(*layers).properties(height=190, title=alt.TitleParams(
+        label, anchor="start", fontSize=13), usermeta=SVG)
     return chart.interactive(bind_y=False)
 
 
-def time_chart(rows: Sequence[dict[str, Any]]) -> alt.Chart | None:
-    """Median and p95 iteration time per run."""
+def time_chart(rows: Sequence[dict[str, Any]], x_axis: alt.X) -> alt.Chart | None:
+    """Median and p95 iteration time per run (rows carry their x)."""
     records = []
     for r in rows:
         for col, label in (("time_median_s", "median"), ("time_p95_s", "p95")):
             if r.get(col) is not None:
-                records.append({"time": r["started_at"], "stat": label, "seconds": r[col],
+                records.append({"x": r["x"], "stat": label, "seconds": r[col],
                                 "shown": format_seconds(r[col]),
                                 "commit": _short(r.get("git_commit")),
                                 "subject": r.get("git_subject") or ""})
@@ -170,24 +165,28 @@ def time_chart(rows: Sequence[dict[str, Any]]) -> alt.Chart | None:
     return (
         alt.Chart(df).mark_line(point=alt.OverlayMarkDef(size=20), strokeWidth=1.4)
         .encode(
-            x=alt.X("time:T", title=None),
+            x=x_axis,
             y=alt.Y("value:Q", title=f"iteration time ({unit})", scale=alt.Scale(zero=False),
-                    axis=alt.Axis(format=".3~g")),
+                    axis=alt.Axis(format=",.4~g")),
             color=alt.Color("stat:N", title=None, legend=alt.Legend(orient="top")),
             strokeDash=alt.StrokeDash("stat:N", legend=None),
             tooltip=["stat:N", alt.Tooltip("shown:N", title="time"), "commit:N", "subject:N",
-                     alt.Tooltip("time:T", format="%Y-%m-%d %H:%M")],
+                     alt.Tooltip("x:T", title="at", format="%Y-%m-%d %H:%M")],
         )
-        .properties(height=200)
+        .properties(height=170, usermeta=SVG)
         .interactive(bind_y=False)
     )
 
 
 def breakdown_chart(measurements: Sequence[dict[str, Any]]) -> alt.Chart | None:
-    """One stacked bar per case: weights, intermediates, caches, training state, workspace."""
+    """One stacked bar per case: the breakdown's parts (training state only for rows
+    recorded before gradients and optimizer state were told apart)."""
     records = []
     for m in measurements:
+        split = m.get("gradients_bytes") is not None or m.get("optimizer_state_bytes") is not None
         for col, label in BREAKDOWN:
+            if col == "training_state_bytes" and split:
+                continue
             value = m.get(col)
             if value:
                 records.append({"case": m["case_id"], "part": label, "bytes": value,

@@ -61,8 +61,8 @@ def latest_by_case(
     db: str, key: Stamp, branch: str | None, fingerprint: str | None, points: int
 ) -> list[dict[str, Any]]:
     """Per case, its newest `points` measurements under the filters (cases without any are
-    left out), the verdicts recorded about its newest run, and its newest verdict per
-    metric that carries a budget or a threshold."""
+    left out), the verdicts recorded about them ('window_verdicts') and about its newest run
+    ('verdicts'), and its newest verdict per metric that carries a budget or a threshold."""
     with _open(db) as s:
         out: list[dict[str, Any]] = []
         for case in queries.case_ids(s.conn):
@@ -73,11 +73,25 @@ def latest_by_case(
             if rows:
                 out.append({"case_id": case, "rows": rows,
                             "budget_verdicts": queries.latest_verdicts(s.conn, case)})
-        verdicts = queries.verdicts_for_runs(s.conn, [c["rows"][0]["run_id"] for c in out])
+        verdicts = queries.verdicts_for_runs(
+            s.conn, [r["run_id"] for c in out for r in c["rows"]])
         for c in out:
             latest = c["rows"][0]
-            c["verdicts"] = [v for v in verdicts
-                             if v["run_id"] == latest["run_id"] and v["case_id"] == c["case_id"]]
+            c["window_verdicts"] = [v for v in verdicts if v["case_id"] == c["case_id"]]
+            c["verdicts"] = [v for v in c["window_verdicts"] if v["run_id"] == latest["run_id"]]
+        return out
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def base_series(db: str, key: Stamp, base_branch: str, points: int) -> list[dict[str, Any]]:
+    """Per case, its newest `points` runs on the base branch and their verdicts."""
+    with _open(db) as s:
+        out = []
+        for case in queries.case_ids(s.conn):
+            rows = queries.series(s.conn, case, branches=[base_branch], limit=points)
+            if rows:
+                out.append({"case_id": case, "rows": rows, "verdicts": queries.verdicts_for_runs(
+                    s.conn, [r["run_id"] for r in rows], case_id=case)})
         return out
 
 

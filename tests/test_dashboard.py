@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from factories import CPU_ENV, GPU_ENV, MiB, make_measurement, make_run
 
+from memtrack.records import CIInfo
 from memtrack.store import Store
 
 pytest.importorskip("streamlit")
@@ -30,13 +31,14 @@ D1 = "decoder[batch=1]"
 D8 = "decoder[batch=8]"
 TRAIN = "training[batch=4]"
 VISION = "vision[res=512]"
+REPO = "https://github.com/acme/model"
 
 CONFIG = """
 base_branch = "main"
 
 [[budgets]]
 workload = "decoder[batch=8]"
-limit = "300 MiB"
+limit = "350 MiB"
 metric = "allocated"
 reason = "one serving slice"
 
@@ -47,35 +49,45 @@ metric = "allocated"
 reason = "every decoder case fits a small slice"
 """
 
-VERDICTS_TABLE = """
-create table if not exists verdicts (
-    id integer primary key, run_id text, case_id text, workload text, metric text, kind text,
-    blocking integer, provisional integer, baseline_value real, spread real, factor real,
-    floor real, threshold real, candidate_value real, delta real, delta_pct real,
-    budget_bytes integer, budget_reason text, baseline_runs integer, message text,
-    checked_at text
-)
-"""
+MAIN = 14
+"""Commits on main, one a day from 2026-01-01: 01aaaa... to 14aaaa..."""
 
 
-def _suite(i: int, gpu: bool, *, d8: int, failed_vision: bool = False) -> list:
+def commit(i: int) -> str:
+    return f"{i:02d}" + "a" * 38
+
+
+def _suite(i: int, gpu: bool) -> list:
+    """Commit i's figures: decoder[batch=1] grows its KV cache by 2 MiB at commit 6 and is
+    fixed at 10; decoder[batch=8] steps from 256 to 320 MiB at 9 and stays; training grows
+    its optimizer state by 8 MiB at 12 (accepted); vision fails at 11 and 14."""
     kw = dict(device="cuda") if gpu else {}
 
-    def gpu_figures(peak: int) -> dict:
-        return dict(reserved=peak + 20 * MiB, device_peak=peak + 520 * MiB) if gpu else {}
+    def figures(peak: int) -> dict:
+        # Host RSS moves by a few MiB run to run; the allocator's counters are exact.
+        host = 400 * MiB + (i * 7919 % 5) * MiB
+        out = dict(host=host, host_file_rss_bytes=100 * MiB, host_setup_rss_bytes=host - 20 * MiB)
+        if gpu:
+            out.update(reserved=peak + 20 * MiB, device_peak=peak + 520 * MiB + (i % 2) * 2 * MiB)
+        return out
 
+    d1 = (182 if 6 <= i < 10 else 180) * MiB
+    d8 = (320 if i >= 9 else 256) * MiB
+    train = (708 if i >= 12 else 700) * MiB
+    vision_failed = i in (11, MAIN)
     return [
-        make_measurement("decoder", {"batch": 1}, peak=180 * MiB, **kw, **gpu_figures(180 * MiB)),
-        make_measurement("decoder", {"batch": 8}, peak=d8, **kw, **gpu_figures(d8)),
-        make_measurement("training", {"batch": 4}, peak=(700 + i) * MiB, **kw,
-                         **gpu_figures((700 + i) * MiB), training_state_bytes=300 * MiB,
-                         time_s=0.02),
-        make_measurement("vision", {"res": 512}, peak=90 * MiB, status="oom" if failed_vision
-                         else "ok", **kw,
+        make_measurement("decoder", {"batch": 1}, peak=d1, **kw, **figures(d1),
+                         caches_bytes=(34 if 6 <= i < 10 else 32) * MiB),
+        make_measurement("decoder", {"batch": 8}, peak=d8, **kw, **figures(d8)),
+        make_measurement("training", {"batch": 4}, peak=train, **kw, **figures(train),
+                         gradients_bytes=100 * MiB,
+                         optimizer_state_bytes=(208 if i >= 12 else 200) * MiB, time_s=0.02),
+        make_measurement("vision", {"res": 512}, peak=90 * MiB, **kw, **figures(90 * MiB),
+                         status="oom" if vision_failed else "ok",
                          message="CUDA out of memory. Tried to allocate 2.00 GiB"
-                         if failed_vision else None,
+                         if vision_failed else None,
                          traceback="Traceback (most recent call last):\n  ...\n"
-                         "torch.OutOfMemoryError: CUDA out of memory" if failed_vision else None),
+                         "torch.OutOfMemoryError: CUDA out of memory" if vision_failed else None),
     ]
 
 
@@ -84,48 +96,67 @@ def seeded(tmp_path: Path) -> dict:
     return seed_store(tmp_path)
 
 
+def _verdict(store: Store, run_id: str, case: str, kind: str, context: str, **fields) -> None:
+    row = {"run_id": run_id, "case_id": case, "workload": case.split("[")[0],
+           "metric": "allocated", "kind": kind, "blocking": int(kind in ("regression",
+                                                                         "over_budget")
+                                                                and context != "base"),
+           "provisional": 0, "context": context, "checked_at": "2026-01-15T00:00:00+00:00",
+           **fields}
+    store.conn.execute(f"insert into verdicts ({', '.join(row)}) "
+                       f"values ({', '.join('?' for _ in row)})", list(row.values()))
+
+
 def seed_store(tmp_path: Path) -> dict:
-    """Five commits on main (two on the CPU, then three on a GPU: an environment change),
-    a step of +64 MiB in decoder[batch=8] at the fourth, a failed case in the newest, a
-    feature branch, budgets in the config, and regression verdicts (decoder[batch=8] at the
-    fourth commit, training[batch=4] at the newest)."""
+    """A realistic history: 14 commits on main, a day apart (two on the CPU, then the GPU:
+    an environment change), with the steps of `_suite`; the gate's base-branch verdicts
+    (the regressions at 6 and 9, the acceptance at 12); a pull request that slims
+    decoder[batch=1] and one that puts decoder[batch=8] over its budget."""
     db = tmp_path / "memtrack.db"
     runs = []
-    for i in range(5):
-        gpu = i >= 2
+    for i in range(1, MAIN + 1):
+        gpu = i >= 3
         runs.append(make_run(
-            _suite(i, gpu, d8=(256 if i < 3 else 320) * MiB, failed_vision=i == 4),
-            commit=f"{i + 1:02d}" + "a" * 38, branch="main", subject=f"main commit {i + 1}",
-            started_at=f"2026-01-0{i + 1}T12:00:00+00:00", env=GPU_ENV if gpu else CPU_ENV,
+            _suite(i, gpu), commit=commit(i), branch="main", subject=f"main commit {i}",
+            started_at=f"2026-01-{i:02d}T12:00:00+00:00", env=GPU_ENV if gpu else CPU_ENV,
+            ci=CIInfo(provider="github-actions", event="push",
+                      run_url=f"{REPO}/actions/runs/{1000 + i}"),
         ))
-    runs.append(make_run(
+    slim = make_run(
         [make_measurement("decoder", {"batch": 1}, peak=150 * MiB, device="cuda",
                           reserved=170 * MiB, device_peak=690 * MiB)],
         commit="f" * 40, branch="feature/slim", subject="slimmer decoder cache",
-        started_at="2026-01-06T12:00:00+00:00", env=GPU_ENV,
-    ))
+        started_at="2026-01-15T12:00:00+00:00", env=GPU_ENV,
+    )
+    big = make_run(
+        [make_measurement("decoder", {"batch": 8}, peak=400 * MiB, device="cuda",
+                          reserved=420 * MiB, device_peak=920 * MiB)],
+        commit="e" * 40, branch="feature/long-context", subject="longer context",
+        started_at="2026-01-15T13:00:00+00:00", env=GPU_ENV,
+    )
     with Store.open(db) as store:
-        for r in runs:
+        for r in [*runs, slim, big]:
             store.write_run(r)
-        store.conn.execute(VERDICTS_TABLE)
-        store.conn.execute(
-            "insert into verdicts (run_id, case_id, workload, metric, kind, blocking, "
-            "provisional, baseline_value, spread, factor, floor, threshold, candidate_value, "
-            "delta, delta_pct, budget_bytes, budget_reason, baseline_runs, message, checked_at) "
-            "values (?, ?, 'decoder', 'allocated', 'regression', 1, 0, ?, 0, 3, 512, ?, ?, ?, "
-            "25.0, null, null, 3, ?, '2026-01-04T12:05:00+00:00')",
-            [runs[3].run_id, D8, 256 * MiB, 258 * MiB, 320 * MiB, 64 * MiB,
-             "regression: decoder[batch=8] allocated +64.00 MiB over its baseline"],
-        )
-        store.conn.execute(
-            "insert into verdicts (run_id, case_id, workload, metric, kind, blocking, "
-            "provisional, message, checked_at) values (?, ?, 'training', 'device', "
-            "'regression', 1, 0, ?, '2026-01-05T12:05:00+00:00')",
-            [runs[4].run_id, TRAIN, "regression: training[batch=4] device +1.00 MiB"],
-        )
+        _verdict(store, runs[5].run_id, D1, "regression", "base", baseline_value=180 * MiB,
+                 threshold=181 * MiB, candidate_value=182 * MiB, delta=2 * MiB,
+                 component="caches", component_delta=2 * MiB,
+                 message="regression: decoder[batch=1] allocated +2.00 MiB (+1.1%)")
+        _verdict(store, runs[8].run_id, D8, "regression", "base", baseline_value=256 * MiB,
+                 threshold=258 * MiB, candidate_value=320 * MiB, delta=64 * MiB,
+                 message="regression: decoder[batch=8] allocated +64.00 MiB (+25.0%)")
+        _verdict(store, runs[13].run_id, D8, "ok", "base", baseline_value=320 * MiB,
+                 threshold=322 * MiB, candidate_value=320 * MiB, budget_bytes=350 * MiB)
+        _verdict(store, runs[11].run_id, TRAIN, "accepted", "base", baseline_value=700 * MiB,
+                 threshold=702 * MiB, candidate_value=708 * MiB, component="optimizer state",
+                 component_delta=8 * MiB, accepted_reason="AdamW state in fp32, reviewed",
+                 message="accepted: training[batch=4] allocated +8.00 MiB")
+        _verdict(store, big.run_id, D8, "over_budget", "pull_request", baseline_value=320 * MiB,
+                 threshold=322 * MiB, candidate_value=400 * MiB, budget_bytes=350 * MiB,
+                 budget_reason="one serving slice",
+                 message="over budget: decoder[batch=8] allocated 400.00 MiB > 350.00 MiB")
     config = tmp_path / "memtrack.toml"
     config.write_text(CONFIG)
-    return {"db": db, "config": config, "runs": runs}
+    return {"db": db, "config": config, "runs": runs, "slim": slim, "big": big}
 
 
 @pytest.fixture
