@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import streamlit as st
+from streamlit.errors import StreamlitAPIException
 
 from dashboard import data, model
 from memtrack.config import Config
@@ -88,14 +89,16 @@ class Context:
 
 
 def goto(page: str, **state: Any) -> None:
-    """A callback: switch page and set its selections before the next rerun, in the URL
-    too, so that the address bar holds a link to exactly what is shown."""
+    """A callback: switch page and set its selections before the next rerun. The widgets
+    they belong to are bound to the URL, so the address bar then links to exactly what is
+    shown; the URL is set here too for a widget of another page, not drawn in this run."""
     st.session_state["page"] = page
-    st.query_params.clear()
-    st.query_params["page"] = page
     for k, v in state.items():
         st.session_state[k] = v
-        st.query_params[k] = v
+        try:
+            st.query_params[k] = v
+        except StreamlitAPIException:  # bound to a widget of this run: it follows the state
+            pass
 
 
 def short(sha: str | None) -> str:
