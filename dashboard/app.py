@@ -104,8 +104,9 @@ def choose_page() -> str:
     asked = st.query_params.get("page")
     if asked is not None and asked not in PAGES:
         known = page_name(asked)
-        if known:  # the selector takes it from the session; the URL then says it right
-            st.session_state["page"] = st.query_params["page"] = known
+        if known:  # say it right in the URL, then draw from it
+            st.query_params["page"] = known
+            st.rerun()
         else:
             del st.query_params["page"]
             st.warning(f"There is no page {esc(asked, 40)}: the pages are "

@@ -55,8 +55,22 @@ def time_axis(times: Sequence[str]) -> alt.X:
     days = pd.to_datetime(pd.Series(list(times)), utc=True, format="ISO8601")
     span = (days.max() - days.min()).total_seconds() if len(days) else 0
     fmt = "%b %d %H:%M" if span < 3 * 86400 else "%b %d" if span < 300 * 86400 else "%Y-%m-%d"
-    return alt.X("x:T", title=None, axis=alt.Axis(format=fmt, labelOverlap="greedy",
-                                                   tickCount=8, labelAngle=0))
+    return alt.X("x:T", title=None,
+                 axis=alt.Axis(format=fmt, labelOverlap="greedy", tickCount=8, labelAngle=0))
+
+
+def _frame(times: Sequence[str], x_axis: alt.X) -> alt.Chart:
+    """An invisible layer at the first and last time of the page: every panel then spans
+    the same dates, so a change lines up across views."""
+    return (alt.Chart(pd.DataFrame({"x": [min(times), max(times)]}))
+            .mark_point(opacity=0).encode(x=x_axis))
+
+
+def _y_title(title: str) -> alt.Axis:
+    """A y axis whose title reads horizontally above it: a panel's name."""
+    return alt.Axis(title=title, format=",.4~g", titleAngle=0, titleAlign="left",
+                    titleAnchor="end", titleY=-10, titleX=-45, titleFontSize=12,
+                    titleFontWeight="bold", titleColor="#333")
 
 
 def view_panel(
@@ -67,6 +81,7 @@ def view_panel(
     band: tuple[str, str, str, int, int] | None,
     marks: Sequence[dict[str, Any]],
     env_changes: Sequence[dict[str, Any]],
+    times: Sequence[str],
 ) -> alt.LayerChart:
     """One view of a case on its own y-scale: the base branch as a line per environment,
     other branches as separate points, the budget line, the headroom band over the current
@@ -85,12 +100,11 @@ def view_panel(
     df = pd.DataFrame(points)
     df["value"] = df["bytes"] / factor
     df["size"] = [format_size(b) for b in df["bytes"]]
-    y = alt.Y("value:Q", title=title, scale=alt.Scale(zero=False),
-              axis=alt.Axis(format=",.4~g", titleFontSize=12))
+    y = alt.Y("value:Q", scale=alt.Scale(zero=False), axis=_y_title(title))
     tooltip = [alt.Tooltip("size:N", title=label), "commit:N", "subject:N", "branch:N",
                alt.Tooltip("x:T", title="time", format="%Y-%m-%d %H:%M"),
                "environment:N", "status:N", "run:N"]
-    layers: list[alt.Chart] = []
+    layers: list[alt.Chart] = [_frame(times, x_axis)]
     if band is not None:
         what, x0, x1, low, high = band
         layers.append(
@@ -98,17 +112,16 @@ def view_panel(
                                      "high": high / factor, "what": what,
                                      "range": f"{format_size(low)} – {format_size(high)}"}]))
             .mark_rect(opacity=0.18, color="#2ca02c")
-            .encode(x="x:T", x2="x2:T", y=alt.Y("low:Q", title=title), y2="high:Q",
+            .encode(x=x_axis, x2="x2:T",
+                    y=alt.Y("low:Q", axis=_y_title(title)), y2="high:Q",
                     tooltip=[alt.Tooltip("what:N", title="headroom"), "range:N"]))
     base = df[df["line"] == "base"]
     if not base.empty:
         layers.append(
             alt.Chart(base).mark_line(point=alt.OverlayMarkDef(size=28), strokeWidth=1.6,
                                       color=VIEW_COLORS.get(metric, "#1f77b4"))
-            .encode(x=x_axis, y=y, detail="environment:N", tooltip=tooltip,
-                    shape=alt.Shape("environment:N", legend=alt.Legend(
-                        orient="bottom", title=None, labelLimit=600))
-                    if base["environment"].nunique() > 1 else alt.Undefined))
+            # One line per environment: figures of two software stacks are never joined.
+            .encode(x=x_axis, y=y, detail="environment:N", tooltip=tooltip))
     other = df[df["line"] != "base"]
     if not other.empty:
         layers.append(
@@ -122,7 +135,7 @@ def view_panel(
         layers.append(alt.Chart(bdf).mark_rule(color="#d62728", strokeDash=[6, 4],
                                                strokeWidth=2)
                       .encode(y="limit:Q", tooltip=[alt.Tooltip("label:N", title="budget")]))
-        layers.append(alt.Chart(bdf).mark_text(align="left", baseline="bottom", dx=4, dy=-2,
+        layers.append(alt.Chart(bdf).mark_text(align="left", baseline="top", dx=4, dy=3,
                                                color="#d62728", fontWeight="bold")
                       .encode(y="limit:Q", x=alt.value(0), text="label:N"))
     if env_changes:
@@ -137,17 +150,16 @@ def view_panel(
         layers.append(
             alt.Chart(mdf).mark_point(shape="triangle-down", size=150, filled=True, opacity=0.9)
             .encode(x="x:T", y="value:Q",
-                    color=alt.Color("kind:N", title=None, legend=alt.Legend(orient="right"),
+                    color=alt.Color("kind:N", title=None, legend=alt.Legend(orient="top"),
                                     scale=alt.Scale(domain=kinds, range=[
                                         MARKER_COLORS.get(k, "#444") for k in kinds])),
                     tooltip=[alt.Tooltip("kind:N"), alt.Tooltip("commit:N"),
                              alt.Tooltip("message:N")]))
-    chart = alt.layer(*layers).properties(height=190, title=alt.TitleParams(
-        label, anchor="start", fontSize=13), usermeta=SVG)
+    chart = alt.layer(*layers).properties(height=200, usermeta=SVG, padding={"top": 24})
     return chart.interactive(bind_y=False)
 
 
-def time_chart(rows: Sequence[dict[str, Any]], x_axis: alt.X) -> alt.Chart | None:
+def time_chart(rows: Sequence[dict[str, Any]], x_axis: alt.X) -> alt.LayerChart | None:
     """Median and p95 iteration time per run (rows carry their x)."""
     records = []
     for r in rows:
@@ -162,20 +174,21 @@ def time_chart(rows: Sequence[dict[str, Any]], x_axis: alt.X) -> alt.Chart | Non
     df = pd.DataFrame(records)
     scale, unit = (1000, "ms") if df["seconds"].max() < 1 else (1, "s")
     df["value"] = df["seconds"] * scale
-    return (
+    line = (
         alt.Chart(df).mark_line(point=alt.OverlayMarkDef(size=20), strokeWidth=1.4)
         .encode(
             x=x_axis,
-            y=alt.Y("value:Q", title=f"iteration time ({unit})", scale=alt.Scale(zero=False),
-                    axis=alt.Axis(format=",.4~g")),
+            y=alt.Y("value:Q", scale=alt.Scale(zero=False),
+                    axis=_y_title(f"iteration time ({unit})")),
             color=alt.Color("stat:N", title=None, legend=alt.Legend(orient="top")),
             strokeDash=alt.StrokeDash("stat:N", legend=None),
             tooltip=["stat:N", alt.Tooltip("shown:N", title="time"), "commit:N", "subject:N",
                      alt.Tooltip("x:T", title="at", format="%Y-%m-%d %H:%M")],
         )
-        .properties(height=170, usermeta=SVG)
-        .interactive(bind_y=False)
     )
+    return (alt.layer(_frame([r["x"] for r in rows], x_axis), line)
+            .properties(height=170, usermeta=SVG, padding={"top": 24})
+            .interactive(bind_y=False))
 
 
 def breakdown_chart(measurements: Sequence[dict[str, Any]]) -> alt.Chart | None:

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -268,7 +269,8 @@ def test_history_draws_each_view_on_its_own_scale(app) -> None:
     at = _ok(app(page="History", case=D8))
     assert at.selectbox(key="case").value == D8
     specs = _charts(at)
-    titles = [c["title"]["text"] for c in specs[:-1]]
+    titles = [re.search(r'"title": "([^"]+) \(M?i?B\)"', json.dumps(c)).group(1)
+              for c in specs[:-1]]
     # The budgeted view first, one panel per view; completion time last.
     assert titles == [model.METRIC_LABELS[m] for m in
                       ("allocated", "reserved", "device", "host", "host_step")]

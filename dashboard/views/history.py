@@ -31,9 +31,9 @@ def _pick_case(ctx: Context) -> str | None:
     asked = st.query_params.get("case")
     if asked is not None and asked not in ctx.choices["cases"]:
         found, candidates = resolve_case(ctx, asked)
-        if found is not None:
+        if found is not None:  # say it right in the URL, then draw from it
             st.query_params["case"] = found
-            st.session_state["case"] = found
+            st.rerun()
         else:
             options = candidates or ctx.choices["cases"]
             st.warning(f"No single case matches {esc(asked, 80)}"
@@ -201,7 +201,7 @@ def render(ctx: Context) -> None:
                  + _verdict_marks(by_run, hist["verdicts"], metric))
         st.altair_chart(charts.view_panel(metric, points, x_axis, budget, band, marks,
                                           [{"x": e["x"], "change": e["change"]}
-                                           for e in env_changes]),
+                                           for e in env_changes], [r["x"] for r in rows]),
                         width="stretch")
     captions = [f"{len(rows)} runs; {esc(base)} as a line in commit order"
                 + (", other branches as separate ◇ points" if len(on_base) < len(rows) else "")]

@@ -104,7 +104,10 @@ def render(ctx: Context) -> None:
     still = [r for r in rows if r["up"] and r["fixed by"] == "not yet"
              and not r["verdict"].startswith("accepted")]
     st.markdown(f"{len(rows)} step(s) on {esc(ctx.base_branch)} in the newest {POINTS} runs "
-                f"of each case; **{len(still)} up and not fixed or accepted**.")
+                f"of each case; **{len(still)} up and not fixed or accepted**"
+                + ("".join(f"\n- {esc(r['case'])} {esc(r['view'])} {esc(r['change'])} since "
+                           f"{esc(r['commit'])} ({esc(r['subject'], 80)})" for r in still[:5])
+                   if still else "."))
     df = pd.DataFrame(rows)
     st.dataframe(
         df, hide_index=True, key="rg_table", selection_mode="single-row",
