@@ -88,7 +88,7 @@ def view_panel(
     level, and marks (failures where they were seen, verdicts at their figure).
 
     points: dicts with x (ISO time), bytes, line ('base' or OTHER_BRANCHES), environment,
-    commit, subject, branch, status, run; budget: (label, bytes); band: (label, x from,
+    commit, subject, branch; budget: (label, bytes); band: (label, x from,
     x to, low, high); marks: dicts with x, bytes, kind, commit, message.
     """
     label = model.METRIC_LABELS[metric]
@@ -103,7 +103,7 @@ def view_panel(
     y = alt.Y("value:Q", scale=alt.Scale(zero=False), axis=_y_title(title))
     tooltip = [alt.Tooltip("size:N", title=label), "commit:N", "subject:N", "branch:N",
                alt.Tooltip("x:T", title="time", format="%Y-%m-%d %H:%M"),
-               "environment:N", "status:N", "run:N"]
+               "environment:N"]
     layers: list[alt.Chart] = [_frame(times, x_axis)]
     if band is not None:
         what, x0, x1, low, high = band

@@ -305,6 +305,13 @@ def env_label(env: dict[str, Any] | None) -> str:
     return " · ".join(parts)
 
 
+def env_short(env: dict[str, Any] | None) -> str:
+    """'NVIDIA H200 · torch 2.14.1' : enough to tell the environments of one chart apart."""
+    e = _env_fields(env)
+    return " · ".join(x for x in (e["gpu"], f"torch {e['torch']}" if e.get("torch") else "",
+                                  f"driver {e['driver']}" if e.get("driver") else "") if x)
+
+
 def env_changes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[str]:
     """The versions that differ, as 'torch 2.13.0 → 2.14.1'; the fingerprint if nothing
     listed differs (a memory-relevant variable, say)."""

@@ -307,6 +307,7 @@ def test_history_marks_and_lists_failures(app) -> None:
 
 def test_history_filters_change_the_points(app) -> None:
     at = _ok(app(page="History", case=D1))
+    at.toggle(key="h_all").set_value(True).run()
     assert len(_table(at, -1)) == MAIN + 1  # main, and the feature branch
     at.multiselect(key="h_branches").set_value(["main"]).run()
     assert set(_table(_ok(at), -1)["branch"]) == {"main"}
@@ -322,6 +323,7 @@ def test_rows_recorded_before_the_host_metrics_have_no_host_figure(app, seeded: 
                            "where run_id in (select run_id from runs where started_at < "
                            "'2026-01-08')")
     at = _ok(app(page="History", case=D8))
+    at.toggle(key="h_all").set_value(True).run()
     points = _table(at, -1).set_index("commit")
     assert points.loc["05aaaaaaaa", "host RSS"] == "-"
     assert points.loc["09aaaaaaaa", "host RSS"] == "301.00 MiB"

@@ -149,16 +149,13 @@ def render(ctx: Context) -> None:
         return
     f = _filters(ctx)
     hist = data.history(ctx.db, ctx.key, case, f["branches"], f["fingerprints"], f["since"],
-                        f["until"], f["limit"])
+                        f["until"], f["limit"], ctx.base_branch, ctx.headroom_factor)
     rows: list[dict[str, Any]] = hist["rows"]
     if not rows:
         st.info("No measurements of this case match the filters.")
         return
     base = ctx.base_branch
     on_base = [r for r in rows if r["git_branch"] == base]
-    for r in rows:  # the base branch in commit order; other runs when they ran
-        r["x"] = ((r.get("git_committed_at") or r["started_at"]) if r["git_branch"] == base
-                  else r["started_at"])
     line_rows = on_base or rows  # without the base branch in view, the runs shown
     latest = line_rows[0]
     latest_verdicts = [v for v in hist["verdicts"] if v["run_id"] == latest["run_id"]]
@@ -181,15 +178,15 @@ def render(ctx: Context) -> None:
     env_changes = _env_changes(ctx, line_old_first)
     x_axis = charts.time_axis([r["x"] for r in rows])
     moved_by_view: dict[str, list[model.Step]] = {}
+    envs = {e: model.env_short(ctx.env(e)) for e in {r["env_id"] for r in rows}}
     for metric in views or []:
-        moved = model.steps(line_rows, metric, ctx.headroom_factor)
+        moved = hist["steps"][metric]
         moved_by_view[metric] = moved
         points = [{
             "x": r["x"], "bytes": v, "line": "base" if (not on_base or r["git_branch"] == base)
             else charts.OTHER_BRANCHES,
-            "environment": model.env_label(ctx.env(r["env_id"])),
-            "commit": short(r["git_commit"]), "subject": r["git_subject"] or "",
-            "branch": r["git_branch"] or "-", "status": r["status"], "run": r["run_id"][:12],
+            "environment": envs[r["env_id"]], "commit": short(r["git_commit"]),
+            "subject": (r["git_subject"] or "")[:60], "branch": r["git_branch"] or "-",
         } for r in old_first if (v := model.metric_value(r, metric)) is not None]
         if not points:
             continue
@@ -238,7 +235,8 @@ def render(ctx: Context) -> None:
         st.caption(f"No step, failure, environment change or verdict among these "
                    f"{len(rows)} runs.")
 
-    with st.expander(f"All {len(rows)} points"):
+    # The table of every point is sent only on request: it is most of a page's data.
+    if st.toggle(f"Show all {len(rows)} points", key="h_all"):
         points_df = pd.DataFrame([{
             "time": r["started_at"][:19].replace("T", " "), "branch": r["git_branch"],
             "commit": short(r["git_commit"]), "status": r["status"],

@@ -38,7 +38,7 @@ def _row(ctx: Context, case: dict[str, Any], branch: str) -> tuple[model.CaseSta
                   if branch == ctx.base_branch else [])
     status = model.case_status(latest, budgets, case["verdicts"], still_open)
     trend = [model.metric_value(r, status.metric) for r in reversed(rows)]
-    moved = model.steps(rows, status.metric, ctx.headroom_factor)
+    moved = case["steps"][status.metric]
     margin = status.margin
     return status, {
         "status": status.status,
@@ -98,7 +98,8 @@ def render(ctx: Context) -> None:
     )
     fp = right.selectbox("Environment", [ALL, *fps], key="ov_env", bind="query-params",
                          format_func=lambda f: fps.get(f, "all environments"))
-    cases = data.latest_by_case(ctx.db, ctx.key, branch or None, fp or None, TREND_POINTS)
+    cases = data.latest_by_case(ctx.db, ctx.key, branch or None, fp or None, TREND_POINTS,
+                                ctx.headroom_factor)
     if not cases:
         st.info("No measurements match these filters. Choose *all branches* or another "
                 "environment.")

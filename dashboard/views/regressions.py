@@ -13,7 +13,7 @@ from dashboard import data, model
 from dashboard.views import Context, esc, goto, short, when
 from memtrack.units import format_size
 
-POINTS = 500
+POINTS = 200
 _RUN_URL = re.compile(r"^(https://[A-Za-z0-9.-]+/[A-Za-z0-9._-]+/[A-Za-z0-9._-]+)"
                       r"/actions/runs/\d+")
 _SHA = re.compile(r"^[0-9a-f]{7,64}$")
@@ -50,7 +50,7 @@ def _verdict(steps: list[model.Step], verdicts: list[dict[str, Any]]) -> tuple[s
 
 
 def _rows(ctx: Context) -> list[dict[str, Any]]:
-    series = data.base_series(ctx.db, ctx.key, ctx.base_branch, POINTS)
+    series = data.base_series(ctx.db, ctx.key, ctx.base_branch, POINTS, ctx.headroom_factor)
     labels = model.short_case_labels(c["case_id"] for c in series)
     out = []
     for c in series:
@@ -59,7 +59,7 @@ def _rows(ctx: Context) -> list[dict[str, Any]]:
         # change, told by the first of allocated, reserved, device, host.
         grouped: dict[tuple[str, bool], list[model.Step]] = {}
         for metric in model.CHART_METRICS:
-            for s in model.steps(c["rows"], metric, ctx.headroom_factor):
+            for s in c["steps"][metric]:
                 grouped.setdefault((s.row["run_id"], s.delta > 0), []).append(s)
         for group in grouped.values():
             s = group[0]
