@@ -50,145 +50,167 @@ def _short(sha: str | None) -> str:
     return (sha or "-")[:10]
 
 
-def time_axis(times: Sequence[str]) -> alt.X:
-    """A temporal x axis whose labels say the date (and the hour over short spans)."""
-    days = pd.to_datetime(pd.Series(list(times)), utc=True, format="ISO8601")
-    span = (days.max() - days.min()).total_seconds() if len(days) else 0
+# The History charts are written as plain Vega-Lite specs: building them through Altair
+# validates every encoding against the schema, which took most of a History page's time.
+
+
+def time_axis(times: Sequence[str]) -> dict[str, Any]:
+    """The x encoding of a page: dates (and hours over short spans) that stay readable."""
+    days = sorted(times)
+    span = (_epoch(days[-1]) - _epoch(days[0])) if days else 0.0
     fmt = "%b %d %H:%M" if span < 3 * 86400 else "%b %d" if span < 300 * 86400 else "%Y-%m-%d"
-    return alt.X("x:T", title=None,
-                 axis=alt.Axis(format=fmt, labelOverlap="greedy", tickCount=8, labelAngle=0))
+    return {"field": "x", "type": "temporal", "title": None,
+            "axis": {"format": fmt, "labelOverlap": "greedy", "tickCount": 8, "labelAngle": 0}}
 
 
-def _frame(times: Sequence[str], x_axis: alt.X) -> alt.Chart:
-    """An invisible layer at the first and last time of the page: every panel then spans
-    the same dates, so a change lines up across views."""
-    return (alt.Chart(pd.DataFrame({"x": [min(times), max(times)]}))
-            .mark_point(opacity=0).encode(x=x_axis))
+def _epoch(iso: str) -> float:
+    return pd.Timestamp(iso).timestamp()
 
 
-def _y_title(title: str) -> alt.Axis:
-    """A y axis whose title reads horizontally above it: a panel's name."""
-    return alt.Axis(title=title, format=",.4~g", titleAngle=0, titleAlign="left",
-                    titleAnchor="end", titleY=-10, titleX=-45, titleFontSize=12,
-                    titleFontWeight="bold", titleColor="#333")
+def _frame(times: Sequence[str], x: dict[str, Any]) -> dict[str, Any]:
+    """An invisible layer at the page's first and last time: every panel spans the same
+    dates, so a change lines up across views."""
+    first, last = pd.Timestamp(min(times)), pd.Timestamp(max(times))
+    pad = max((last - first) * 0.015, pd.Timedelta(minutes=5))  # the last mark stays whole
+    return {"data": {"values": [{"x": (first - pad).isoformat()},
+                                {"x": (last + pad).isoformat()}]},
+            "mark": {"type": "point", "opacity": 0}, "encoding": {"x": x}}
+
+
+def _y(field: str, title: str) -> dict[str, Any]:
+    """A y encoding on its own scale (not from 0), its title reading as the panel's name."""
+    return {"field": field, "type": "quantitative", "scale": {"zero": False},
+            "axis": {"title": title, "format": ",.4~g", "titleAngle": 0, "titleAlign": "left",
+                     "titleAnchor": "end", "titleY": -10, "titleX": -45, "titleFontSize": 12,
+                     "titleFontWeight": "bold", "titleColor": "#333"}}
+
+
+def _tip(field: str, title: str | None = None, **more: Any) -> dict[str, Any]:
+    return {"field": field, "type": more.pop("type", "nominal"), "title": title or field,
+            **more}
+
+
+def _panel(layers: list[dict[str, Any]], height: int) -> dict[str, Any]:
+    # Pan and zoom along x on the first data layer; SVG keeps the axes in the page as text.
+    layers[1].setdefault("params", []).append(
+        {"name": "zoom", "select": {"type": "interval", "encodings": ["x"]}, "bind": "scales"})
+    return {"layer": layers, "height": height, "width": "container", "padding": {"top": 24},
+            "usermeta": SVG}
 
 
 def view_panel(
     metric: str,
     points: Sequence[dict[str, Any]],
-    x_axis: alt.X,
+    x: dict[str, Any],
     budget: tuple[str, int] | None,
     band: tuple[str, str, str, int, int] | None,
     marks: Sequence[dict[str, Any]],
     env_changes: Sequence[dict[str, Any]],
     times: Sequence[str],
-) -> alt.LayerChart:
+) -> dict[str, Any]:
     """One view of a case on its own y-scale: the base branch as a line per environment,
     other branches as separate points, the budget line, the headroom band over the current
     level, and marks (failures where they were seen, verdicts at their figure).
 
     points: dicts with x (ISO time), bytes, line ('base' or OTHER_BRANCHES), environment,
-    commit, subject, branch; budget: (label, bytes); band: (label, x from,
-    x to, low, high); marks: dicts with x, bytes, kind, commit, message.
+    commit, subject, branch; budget: (label, bytes); band: (label, x from, x to, low,
+    high); marks: dicts with x, bytes, kind, commit, message.
     """
     label = model.METRIC_LABELS[metric]
     limits = [budget[1]] if budget else []
     limits += [band[4]] if band else []
-    largest = max([p["bytes"] for p in points] + limits + [1])
-    unit, factor = unit_for(largest)
+    unit, factor = unit_for(max([p["bytes"] for p in points] + limits + [1]))
     title = f"{label} ({unit})"
-    df = pd.DataFrame(points)
-    df["value"] = df["bytes"] / factor
-    df["size"] = [format_size(b) for b in df["bytes"]]
-    y = alt.Y("value:Q", scale=alt.Scale(zero=False), axis=_y_title(title))
-    tooltip = [alt.Tooltip("size:N", title=label), "commit:N", "subject:N", "branch:N",
-               alt.Tooltip("x:T", title="time", format="%Y-%m-%d %H:%M"),
-               "environment:N"]
-    layers: list[alt.Chart] = [_frame(times, x_axis)]
+    values = [{**p, "value": p["bytes"] / factor, "size": format_size(p["bytes"])}
+              for p in points]
+    tooltip = [_tip("size", label), _tip("commit"), _tip("subject"), _tip("branch"),
+               _tip("x", "time", type="temporal", format="%Y-%m-%d %H:%M"),
+               _tip("environment")]
+    y = _y("value", title)
+    color = VIEW_COLORS.get(metric, "#1f77b4")
+    layers: list[dict[str, Any]] = [_frame(times, x)]
+    base = [v for v in values if v["line"] == "base"]
+    other = [v for v in values if v["line"] != "base"]
+    if base:
+        # One line per environment: figures of two software stacks are never joined.
+        layers.append({"data": {"values": base},
+                       "mark": {"type": "line", "strokeWidth": 1.6, "color": color,
+                                "point": {"size": 28, "color": color}},
+                       "encoding": {"x": x, "y": y, "detail": {"field": "environment"},
+                                    "tooltip": tooltip}})
+    if other:
+        layers.append({"data": {"values": other},
+                       "mark": {"type": "point", "shape": "diamond", "size": 55,
+                                "filled": False, "strokeWidth": 1.5, "color": "#555"},
+                       "encoding": {"x": x, "y": y, "tooltip": tooltip}})
     if band is not None:
         what, x0, x1, low, high = band
-        layers.append(
-            alt.Chart(pd.DataFrame([{"x": x0, "x2": x1, "low": low / factor,
-                                     "high": high / factor, "what": what,
-                                     "range": f"{format_size(low)} – {format_size(high)}"}]))
-            .mark_rect(opacity=0.18, color="#2ca02c")
-            .encode(x=x_axis, x2="x2:T",
-                    y=alt.Y("low:Q", axis=_y_title(title)), y2="high:Q",
-                    tooltip=[alt.Tooltip("what:N", title="headroom"), "range:N"]))
-    base = df[df["line"] == "base"]
-    if not base.empty:
-        layers.append(
-            alt.Chart(base).mark_line(point=alt.OverlayMarkDef(size=28), strokeWidth=1.6,
-                                      color=VIEW_COLORS.get(metric, "#1f77b4"))
-            # One line per environment: figures of two software stacks are never joined.
-            .encode(x=x_axis, y=y, detail="environment:N", tooltip=tooltip))
-    other = df[df["line"] != "base"]
-    if not other.empty:
-        layers.append(
-            alt.Chart(other).mark_point(shape="diamond", size=55, filled=False,
-                                        strokeWidth=1.5, color="#555")
-            .encode(x=x_axis, y=y, tooltip=tooltip))
+        layers.append({"data": {"values": [{"x": x0, "x2": x1, "low": low / factor,
+                                            "high": high / factor, "what": what,
+                                            "range": f"{format_size(low)} – "
+                                                     f"{format_size(high)}"}]},
+                       "mark": {"type": "rect", "opacity": 0.18, "color": "#2ca02c"},
+                       "encoding": {"x": x, "x2": {"field": "x2"}, "y": _y("low", title),
+                                    "y2": {"field": "high"},
+                                    "tooltip": [_tip("what", "headroom"), _tip("range")]}})
     if budget is not None:
         text, limit = budget
-        bdf = pd.DataFrame([{"limit": limit / factor,
-                             "label": f"budget {format_size(limit)}{text}"}])
-        layers.append(alt.Chart(bdf).mark_rule(color="#d62728", strokeDash=[6, 4],
-                                               strokeWidth=2)
-                      .encode(y="limit:Q", tooltip=[alt.Tooltip("label:N", title="budget")]))
-        layers.append(alt.Chart(bdf).mark_text(align="left", baseline="top", dx=4, dy=3,
-                                               color="#d62728", fontWeight="bold")
-                      .encode(y="limit:Q", x=alt.value(0), text="label:N"))
+        row = [{"limit": limit / factor, "label": f"budget {format_size(limit)}{text}"}]
+        layers.append({"data": {"values": row},
+                       "mark": {"type": "rule", "color": "#d62728", "strokeDash": [6, 4],
+                                "strokeWidth": 2},
+                       "encoding": {"y": {"field": "limit", "type": "quantitative"},
+                                    "tooltip": [_tip("label", "budget")]}})
+        layers.append({"data": {"values": row},
+                       "mark": {"type": "text", "align": "left", "baseline": "top", "dx": 4,
+                                "dy": 3, "color": "#d62728", "fontWeight": "bold"},
+                       "encoding": {"y": {"field": "limit", "type": "quantitative"},
+                                    "x": {"value": 0}, "text": {"field": "label"}}})
     if env_changes:
-        edf = pd.DataFrame(env_changes)
-        layers.append(alt.Chart(edf).mark_rule(color="#8c564b", strokeDash=[2, 3],
-                                               strokeWidth=1.5)
-                      .encode(x="x:T", tooltip=[alt.Tooltip("change:N", title="environment")]))
+        layers.append({"data": {"values": list(env_changes)},
+                       "mark": {"type": "rule", "color": "#8c564b", "strokeDash": [2, 3],
+                                "strokeWidth": 1.5},
+                       "encoding": {"x": x, "tooltip": [_tip("change", "environment")]}})
     if marks:
-        mdf = pd.DataFrame(marks)
-        mdf["value"] = mdf["bytes"] / factor
-        kinds = sorted(set(mdf["kind"]))
-        layers.append(
-            alt.Chart(mdf).mark_point(shape="triangle-down", size=150, filled=True, opacity=0.9)
-            .encode(x="x:T", y="value:Q",
-                    color=alt.Color("kind:N", title=None, legend=alt.Legend(orient="top"),
-                                    scale=alt.Scale(domain=kinds, range=[
-                                        MARKER_COLORS.get(k, "#444") for k in kinds])),
-                    tooltip=[alt.Tooltip("kind:N"), alt.Tooltip("commit:N"),
-                             alt.Tooltip("message:N")]))
-    chart = alt.layer(*layers).properties(height=200, usermeta=SVG, padding={"top": 24})
-    return chart.interactive(bind_y=False)
+        kinds = sorted({m["kind"] for m in marks})
+        layers.append({"data": {"values": [{**m, "value": m["bytes"] / factor}
+                                           for m in marks]},
+                       "mark": {"type": "point", "shape": "triangle-down", "size": 150,
+                                "filled": True, "opacity": 0.9},
+                       "encoding": {"x": x, "y": {"field": "value", "type": "quantitative"},
+                                    "color": {"field": "kind", "type": "nominal", "title": None,
+                                              "legend": {"orient": "top"},
+                                              "scale": {"domain": kinds, "range": [
+                                                  MARKER_COLORS.get(k, "#444")
+                                                  for k in kinds]}},
+                                    "tooltip": [_tip("kind"), _tip("commit"),
+                                                _tip("message")]}})
+    return _panel(layers, 200)
 
 
-def time_chart(rows: Sequence[dict[str, Any]], x_axis: alt.X) -> alt.LayerChart | None:
+def time_chart(rows: Sequence[dict[str, Any]], x: dict[str, Any]) -> dict[str, Any] | None:
     """Median and p95 iteration time per run (rows carry their x)."""
-    records = []
-    for r in rows:
-        for col, label in (("time_median_s", "median"), ("time_p95_s", "p95")):
-            if r.get(col) is not None:
-                records.append({"x": r["x"], "stat": label, "seconds": r[col],
-                                "shown": format_seconds(r[col]),
-                                "commit": _short(r.get("git_commit")),
-                                "subject": r.get("git_subject") or ""})
+    records = [{"x": r["x"], "stat": label, "seconds": r[col],
+                "shown": format_seconds(r[col]), "commit": _short(r.get("git_commit")),
+                "subject": (r.get("git_subject") or "")[:60]}
+               for r in rows
+               for col, label in (("time_median_s", "median"), ("time_p95_s", "p95"))
+               if r.get(col) is not None]
     if not records:
         return None
-    df = pd.DataFrame(records)
-    scale, unit = (1000, "ms") if df["seconds"].max() < 1 else (1, "s")
-    df["value"] = df["seconds"] * scale
-    line = (
-        alt.Chart(df).mark_line(point=alt.OverlayMarkDef(size=20), strokeWidth=1.4)
-        .encode(
-            x=x_axis,
-            y=alt.Y("value:Q", scale=alt.Scale(zero=False),
-                    axis=_y_title(f"iteration time ({unit})")),
-            color=alt.Color("stat:N", title=None, legend=alt.Legend(orient="top")),
-            strokeDash=alt.StrokeDash("stat:N", legend=None),
-            tooltip=["stat:N", alt.Tooltip("shown:N", title="time"), "commit:N", "subject:N",
-                     alt.Tooltip("x:T", title="at", format="%Y-%m-%d %H:%M")],
-        )
-    )
-    return (alt.layer(_frame([r["x"] for r in rows], x_axis), line)
-            .properties(height=170, usermeta=SVG, padding={"top": 24})
-            .interactive(bind_y=False))
+    scale, unit = (1000, "ms") if max(r["seconds"] for r in records) < 1 else (1, "s")
+    for r in records:
+        r["value"] = r["seconds"] * scale
+    line = {"data": {"values": records},
+            "mark": {"type": "line", "point": {"size": 20}, "strokeWidth": 1.4},
+            "encoding": {"x": x, "y": _y("value", f"iteration time ({unit})"),
+                         "color": {"field": "stat", "type": "nominal", "title": None,
+                                   "legend": {"orient": "top"}},
+                         "strokeDash": {"field": "stat", "type": "nominal", "legend": None},
+                         "tooltip": [_tip("stat"), _tip("shown", "time"), _tip("commit"),
+                                     _tip("subject"), _tip("x", "at", type="temporal",
+                                                           format="%Y-%m-%d %H:%M")]}}
+    return _panel([_frame([r["x"] for r in rows], x), line], 170)
 
 
 def breakdown_chart(measurements: Sequence[dict[str, Any]]) -> alt.Chart | None:

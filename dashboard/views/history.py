@@ -196,10 +196,10 @@ def render(ctx: Context) -> None:
         band = _band(ctx, hist["latest_verdicts"], metric, line, moved)
         marks = (_failure_marks(old_first, metric)
                  + _verdict_marks(by_run, hist["verdicts"], metric))
-        st.altair_chart(charts.view_panel(metric, points, x_axis, budget, band, marks,
-                                          [{"x": e["x"], "change": e["change"]}
-                                           for e in env_changes], [r["x"] for r in rows]),
-                        width="stretch")
+        st.vega_lite_chart(charts.view_panel(metric, points, x_axis, budget, band, marks,
+                                             [{"x": e["x"], "change": e["change"]}
+                                              for e in env_changes], [r["x"] for r in rows]),
+                           width="stretch")
     captions = [f"{len(rows)} runs; {esc(base)} as a line in commit order"
                 + (", other branches as separate ◇ points" if len(on_base) < len(rows) else "")]
     if budgeted:
@@ -217,7 +217,7 @@ def render(ctx: Context) -> None:
     if tchart is None:
         st.caption("No iteration times recorded for these runs.")
     else:
-        st.altair_chart(tchart, width="stretch")
+        st.vega_lite_chart(tchart, width="stretch")
 
     st.subheader("Where the series moved")
     events = _events(ctx, rows, hist["verdicts"], moved_by_view, env_changes, by_run)
