@@ -182,13 +182,16 @@ def script_time(db: Path, query_params: dict[str, str]) -> float:
     return took
 
 
-def serve(db: Path, port: int, log: Path) -> subprocess.Popen:
+EMPTY_APP = 'import streamlit as st\nst.title("Empty")\n'
+"""The floor: what Streamlit alone costs a new visitor on this machine, now."""
+
+
+def serve(app: Path, args: list[str], port: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "STREAMLIT_SERVER_HEADLESS": "true",
            "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false",
            "STREAMLIT_SERVER_ADDRESS": "127.0.0.1", "STREAMLIT_SERVER_PORT": str(port)}
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(APP), "--",
-                             "--db", str(db)], env=env, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(app), "--", *args],
+                            env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -258,14 +261,27 @@ def main() -> None:
 
     from playwright.sync_api import sync_playwright
 
-    port = free_port()
+    empty = Path(tmp.name) / "empty.py"
+    empty.write_text(EMPTY_APP)
     log = Path(tmp.name) / "streamlit.log"
-    proc = serve(db, port, log)
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=[
-                "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--no-first-run"])
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--no-first-run"])
+        port = free_port()
+        proc = serve(empty, [], port, log)
+        try:
+            url = f"http://127.0.0.1:{port}/"
+            visit(browser, url, "Empty", 0)
+            floor = [visit(browser, url, "Empty", 0)[0] for _ in range(args.repeat)]
+            print(f"floor   : an empty Streamlit page, a new visitor "
+                  f"{statistics.median(floor):.2f} s (median of {len(floor)})")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        port = free_port()
+        proc = serve(APP, ["--db", str(db)], port, log)
+        try:
             for name, qp, done, charts in pages:
                 url = f"http://127.0.0.1:{port}/?{urllib.parse.urlencode(qp)}"
                 first, sent = visit(browser, url, done, charts)  # the server's caches cold
@@ -274,10 +290,10 @@ def main() -> None:
                       f"a new visitor {statistics.median(times):.2f} s (median of "
                       f"{len(times)}, worst {max(times):.2f} s; goal < 2 s); "
                       f"{sent / 1024:.0f} KiB over the websocket")
-            browser.close()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        browser.close()
     tmp.cleanup()
 
 

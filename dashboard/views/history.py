@@ -66,7 +66,8 @@ def _filters(ctx: Context) -> dict[str, Any]:
                 since = lo.isoformat()
             if hi < last:
                 until = (hi + timedelta(days=1)).isoformat()
-    limit = c4.number_input("Newest runs", min_value=10, max_value=5000, value=500, step=100,
+    # 200 runs keep a page quick in the browser (each is a mark on every panel).
+    limit = c4.number_input("Newest runs", min_value=10, max_value=5000, value=200, step=100,
                             key="h_limit")
     return {"branches": tuple(branches), "fingerprints": tuple(fingerprints),
             "since": since, "until": until, "limit": int(limit)}
@@ -170,7 +171,11 @@ def render(ctx: Context) -> None:
                  if any(model.metric_value(r, m) is not None for r in rows)]
     budgeted = {b.metric: b for b in budgets}
     available.sort(key=lambda m: (m != status.metric, m not in budgeted))
-    views = st.pills("Views", available, selection_mode="multi", default=available,
+    # Drawn at first: the view that decides the status, views with a budget, and views
+    # that moved in this window; the others are a click away.
+    shown = [m for m in available if m == status.metric or m in budgeted
+             or hist["steps"].get(m)] or available[:1]
+    views = st.pills("Views", available, selection_mode="multi", default=shown,
                      format_func=lambda m: model.METRIC_LABELS[m], key="h_views")
     old_first = sorted(rows, key=lambda r: (r["x"], r["started_at"]))
     line_old_first = [r for r in old_first if not on_base or r["git_branch"] == base]

@@ -24,11 +24,13 @@ def _fingerprints(ctx: Context) -> dict[str, str]:
 
 
 def _changes(moved: list[model.Step]) -> str:
-    """Every step of the window, newest first: '+2.00 MiB (+17.0%) at 1a2b3c4d5e'."""
+    """Every step of the window, newest first: '+2.00 MiB (+1.1%) at 1a2b3c4d5e, fixed at
+    6f7a8b9c0d'; a step down that fixed one is told with it."""
+    fixes = {(s.fixed_by["run_id"], s.metric) for s in moved if s.fixed_by is not None}
     return " · ".join(
         f"{s.describe()} at {short(s.row.get('git_commit'))}"
-        + (f" (fixed at {short(s.fixed_by.get('git_commit'))})" if s.fixed_by else "")
-        for s in moved)
+        + (f", fixed at {short(s.fixed_by.get('git_commit'))}" if s.fixed_by else "")
+        for s in moved if (s.row["run_id"], s.metric) not in fixes)
 
 
 def _row(ctx: Context, case: dict[str, Any], branch: str) -> tuple[model.CaseStatus, dict]:
@@ -143,21 +145,21 @@ def render(ctx: Context) -> None:
         column_config={
             "status": st.column_config.TextColumn(width=95),
             "case": st.column_config.TextColumn(
-                width=230, help="The workload and the parameters that set its cases apart; "
+                width=190, help="The workload and the parameters that set its cases apart; "
                                 "the full id is the last column"),
             "view": st.column_config.TextColumn(
-                width=100, help="The view that decides the status: the one closest to its "
+                width=95, help="The view that decides the status: the one closest to its "
                                 "budget"),
-            "peak": st.column_config.TextColumn(width=85),
-            "budget": st.column_config.TextColumn(width=85),
+            "peak": st.column_config.TextColumn(width=80),
+            "budget": st.column_config.TextColumn(width=80),
             "used": st.column_config.NumberColumn(
                 "used", format="%.0f%%", width=60,
                 help="Peak as a share of the budget; red past 100%"),
-            "margin": st.column_config.TextColumn(width=110),
+            "margin": st.column_config.TextColumn(width=105),
             "trend": st.column_config.LineChartColumn(f"trend ({TREND_POINTS} runs)",
-                                                      width=120),
+                                                      width=110),
             "last change": st.column_config.TextColumn(
-                width=300, help="Every step in the trend's window, newest first: a shift of "
+                width=420, help="Every step in the trend's window, newest first: a shift of "
                                 "the series' level past its headroom, at the first commit of "
                                 "the new level"),
         },

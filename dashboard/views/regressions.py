@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data, model
-from dashboard.views import Context, esc, goto, short, when
+from dashboard.views import Context, esc, goto, short
 from memtrack.units import format_size
 
 POINTS = 200
@@ -67,7 +67,8 @@ def _rows(ctx: Context) -> list[dict[str, Any]]:
             sha, prev = s.row.get("git_commit") or "", s.previous.get("git_commit") or ""
             linkable = repo and _SHA.match(sha)
             out.append({
-                "time": s.row["started_at"], "when": when(s.row["started_at"]),
+                "time": s.row["started_at"],
+                "when": (s.row["started_at"] or "")[:16].replace("T", " "),
                 "case": labels[c["case_id"]], "case id": c["case_id"],
                 "view": model.SHORT_LABELS[s.metric], "change": s.describe(),
                 "level": f"{format_size(s.before)} → {format_size(s.after)}",
@@ -112,15 +113,19 @@ def render(ctx: Context) -> None:
     st.dataframe(
         df, hide_index=True, key="rg_table", selection_mode="single-row",
         on_select=lambda: _open_history("rg_table", list(df["case id"])),
-        column_order=["when", "case", "view", "change", "level", "commit", "subject",
-                      "component", "verdict", "fixed by", "also moved", "on forge", "compare",
+        column_order=["when", "case", "view", "change", "commit", "verdict", "fixed by",
+                      "component", "level", "subject", "also moved", "on forge", "compare",
                       "case id"],
         column_config={
-            "case": st.column_config.TextColumn(width=220),
+            "when": st.column_config.TextColumn(width=125),
+            "case": st.column_config.TextColumn(width=200),
+            "view": st.column_config.TextColumn(width=90),
+            "change": st.column_config.TextColumn(width=140),
+            "verdict": st.column_config.TextColumn(width=230),
             "commit": st.column_config.TextColumn(
-                "first bad commit", help="The first commit at the new level"),
+                "first bad commit", width=110, help="The first commit at the new level"),
             "fixed by": st.column_config.TextColumn(
-                help="The first commit of a later step back to the old level or below"),
+                width=90, help="The first commit of a later step back to the old level or below"),
             "on forge": st.column_config.LinkColumn(display_text="commit"),
             "compare": st.column_config.LinkColumn(display_text="compare"),
         },
