@@ -79,7 +79,7 @@ def _frame(times: Sequence[str], x: dict[str, Any]) -> dict[str, Any]:
 
 def _y(field: str, title: str) -> dict[str, Any]:
     """A y encoding on its own scale (not from 0), its title reading as the panel's name."""
-    return {"field": field, "type": "quantitative", "scale": {"zero": False},
+    return {"field": field, "type": "quantitative", "scale": {"zero": False, "padding": 10},
             "axis": {"title": title, "format": ",.4~g", "titleAngle": 0, "titleAlign": "left",
                      "titleAnchor": "end", "titleY": -10, "titleX": -45, "titleFontSize": 12,
                      "titleFontWeight": "bold", "titleColor": "#333"}}

@@ -183,8 +183,8 @@ def render(ctx: Context) -> None:
         column_config={
             "case": st.column_config.TextColumn(width=220),
             "delta %": st.column_config.NumberColumn(format="%+.2f%%"),
-            "budget": st.column_config.TextColumn(help="B's budget on this view and the share "
-                                                       "B uses"),
+            "budget": st.column_config.TextColumn(width=170, help="B's budget on this view "
+                                                                  "and the share B uses"),
             "verdict": st.column_config.TextColumn(help="What the gate recorded about B"),
         },
     )
