@@ -92,7 +92,7 @@ def base_series(db: str, key: Stamp, base_branch: str, points: int,
     """Per case, its newest `points` runs on the base branch, their verdicts and the steps
     of each view."""
     with _open(db) as s:
-        out = []
+        out: list[dict[str, Any]] = []
         for case in queries.case_ids(s.conn):
             rows = queries.series(s.conn, case, branches=[base_branch], limit=points)
             if rows:

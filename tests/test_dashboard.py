@@ -660,3 +660,10 @@ def test_case_ids_are_shortened_to_what_tells_them_apart() -> None:
         "train[batch=32]": "train",
         "x[a=1]": "x[a=1]", "x[a=1,b=2]": "x[a=1,b=2]",  # both would read 'x': kept whole
     }
+
+
+def test_history_filters_come_from_the_link(app) -> None:
+    at = _ok(app(page="History", case=D1, h_branches="main", h_limit="10"))
+    at.toggle(key="h_all").set_value(True).run()
+    points = _table(_ok(at), -1)
+    assert set(points["branch"]) == {"main"} and len(points) == 10

@@ -161,7 +161,8 @@ def render(ctx: Context) -> None:
         st.caption("Same environment (fingerprint "
                    f"{esc(a['fingerprint'])}): the figures are like for like.")
     rows = _delta_rows(ctx, a, b)
-    only = st.toggle("Only what changed past its headroom", key="cmp_only_changes")
+    only = st.toggle("Only what changed past its headroom", key="cmp_only_changes",
+                     bind="query-params")
     if only:
         rows = [r for r in rows if r["beyond"]]
     grew = [r for r in rows if r["beyond"] and (r["delta %"] or 0) > 0

@@ -52,8 +52,9 @@ def _filters(ctx: Context) -> dict[str, Any]:
         fps.setdefault(e["fingerprint"], model.env_label(e))
     c1, c2, c3, c4 = st.columns([2, 2, 2, 1])
     branches = c1.multiselect("Branches", ctx.choices["branches"], key="h_branches",
+                              bind="query-params",
                               placeholder=f"all ({ctx.base_branch} as the line)")
-    fingerprints = c2.multiselect("Environments", list(fps), key="h_envs",
+    fingerprints = c2.multiselect("Environments", list(fps), key="h_envs", bind="query-params",
                                   format_func=lambda f: fps[f], placeholder="all environments")
     first, last = _day(ctx.summary["first"]), _day(ctx.summary["last"])
     since = until = None
@@ -68,7 +69,7 @@ def _filters(ctx: Context) -> dict[str, Any]:
                 until = (hi + timedelta(days=1)).isoformat()
     # 200 runs keep a page quick in the browser (each is a mark on every panel).
     limit = c4.number_input("Newest runs", min_value=10, max_value=5000, value=200, step=100,
-                            key="h_limit")
+                            key="h_limit", bind="query-params")
     return {"branches": tuple(branches), "fingerprints": tuple(fingerprints),
             "since": since, "until": until, "limit": int(limit)}
 
