@@ -1,15 +1,18 @@
-"""Altair charts. Bytes are drawn in one readable unit per chart; tooltips show exact sizes."""
+"""Charts: History panels as Vega-Lite specs, the breakdown with Altair. Bytes are drawn in
+one readable unit per panel; tooltips show exact sizes."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import altair as alt
 import pandas as pd
 
 from dashboard import model
 from memtrack.units import BINARY_UNITS, format_seconds, format_size
+
+if TYPE_CHECKING:
+    import altair as alt
 
 VIEW_COLORS = {
     "allocated": "#1f77b4",
@@ -216,6 +219,8 @@ def time_chart(rows: Sequence[dict[str, Any]], x: dict[str, Any]) -> dict[str, A
 def breakdown_chart(measurements: Sequence[dict[str, Any]]) -> alt.Chart | None:
     """One stacked bar per case: the breakdown's parts (training state only for rows
     recorded before gradients and optimizer state were told apart)."""
+    import altair as alt  # only this chart is built with Altair: keep it off the other pages
+
     records = []
     for m in measurements:
         split = m.get("gradients_bytes") is not None or m.get("optimizer_state_bytes") is not None
