@@ -15,7 +15,7 @@ from memtrack.config import Budget
 
 # The gate's step finder, imported here only: where the gate's history analysis lives is a
 # one-line change for the dashboard.
-from memtrack.trend import find_steps, noise
+from memtrack.judge.levels import find_steps, noise
 from memtrack.units import format_size
 from memtrack.workload import short_case_labels  # noqa: F401 (the views use it from here)
 
@@ -206,7 +206,7 @@ class Step:
 def steps(rows_newest_first: Sequence[dict[str, Any]], metric: str,
           factor: float = HEADROOM_FACTOR) -> list[Step]:
     """Where the series moved, newest first, found as the gate finds steps on the base
-    branch (memtrack.trend). Each environment is its own series: a move between
+    branch (memtrack.judge.levels). Each environment is its own series: a move between
     environments is an environment change, not a step. Points without the figure (failed
     runs) are skipped. A step up that a later step brings back is marked fixed."""
     groups: dict[Any, list[dict[str, Any]]] = {}
