@@ -22,12 +22,22 @@ if str(ROOT) not in sys.path:  # `streamlit run` puts only this folder on the pa
 import streamlit as st  # noqa: E402
 
 from dashboard import data, queries  # noqa: E402
-from dashboard.views import PAGES, Context, compare, history, overview, run_detail  # noqa: E402
+from dashboard.views import (  # noqa: E402
+    PAGES,
+    Context,
+    compare,
+    esc,
+    history,
+    overview,
+    page_name,
+    regressions,
+    run_detail,
+)
 from memtrack.config import Config, load_config  # noqa: E402
 from memtrack.errors import MemtrackError, StoreError  # noqa: E402
 
-RENDER = dict(zip(PAGES, (overview.render, history.render, run_detail.render, compare.render),
-                  strict=True))
+RENDER = dict(zip(PAGES, (overview.render, history.render, regressions.render,
+                          run_detail.render, compare.render), strict=True))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -49,7 +59,7 @@ def load_settings(config_path: str | None, cwd: str) -> tuple[Config | None, str
 
 def _has_no_tables(db: Path) -> bool:
     try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True)
         try:
             return conn.execute("select count(*) from sqlite_master").fetchone()[0] == 0
         finally:
@@ -61,7 +71,7 @@ def _has_no_tables(db: Path) -> bool:
 def empty_state(db: Path, why: str) -> None:
     st.title("memtrack")
     st.info(
-        f"**No runs recorded yet** in `{db}` ({why}).\n\n"
+        f"**No runs recorded yet** in {esc(db)} ({why}).\n\n"
         "Record a first run, then reload this page:\n\n"
         f"```bash\nmemtrack run --db {db}\n```\n\n"
         "This measures the configured suite (the shipped examples without a config) and "
@@ -80,7 +90,7 @@ def open_database(db: Path) -> dict | None:
         queries.open_readonly(db).close()  # checks the schema version
     except StoreError as exc:
         st.title("memtrack")
-        st.error(f"This database cannot be shown: {exc}")
+        st.error(f"This database cannot be shown: {esc(exc)}")
         return None
     summary = data.summary(str(db), data.stamp(str(db)))
     if summary["runs"] == 0:
@@ -89,36 +99,62 @@ def open_database(db: Path) -> dict | None:
     return summary
 
 
-def main() -> None:
-    st.set_page_config(page_title="memtrack", page_icon="📈", layout="wide")
-    args = parse_args(sys.argv[1:])
-    config, config_error = load_settings(str(args.config) if args.config else None,
-                                         str(Path.cwd()))
-    db = args.db or (config.database if config else Path("data/memtrack.db"))
-    db = db.resolve()
+def choose_page() -> str:
+    """The page from the URL (any case), then the selector bound to it."""
+    asked = st.query_params.get("page")
+    if asked is not None and asked not in PAGES:
+        known = page_name(asked)
+        if known:  # say it right in the URL, then draw from it
+            st.query_params["page"] = known
+            st.rerun()
+        else:
+            del st.query_params["page"]
+            st.warning(f"There is no page {esc(asked, 40)}: the pages are "
+                       f"{', '.join(PAGES)}.")
+    page = st.radio("Page", PAGES, key="page", bind="query-params", horizontal=True,
+                    label_visibility="collapsed")
+    return page or PAGES[0]
+
+
+def show(db: Path, config: Config | None, config_error: str | None) -> None:
     summary = open_database(db)
     if summary is None:
         return
     key = data.stamp(str(db))
     ctx = Context(db=str(db), key=key, config=config, summary=summary,
                   choices=data.choices(str(db), key))
+    page = choose_page()
     with st.sidebar:
         st.header("memtrack")
-        page = st.radio("Page", PAGES, key="page", bind="query-params",
-                        label_visibility="collapsed")
-        st.divider()
-        st.caption(f"Database `{db}` (read-only) · {summary['runs']:,} runs, newest "
-                   f"{(summary['last'] or '-')[:16].replace('T', ' ')}")
+        st.caption(f"Database {esc(db)} (read-only) · {summary['runs']:,} runs, newest "
+                   f"{esc((summary['last'] or '-')[:16].replace('T', ' '))}")
         if config_error:
-            st.warning(f"Budgets not loaded: {config_error}")
+            st.warning(f"Budgets not loaded: {esc(config_error)}")
         elif config is not None:
-            where = config.path or "the embedded default"
-            st.caption(f"Config {where} · {len(config.budgets)} budget(s) · base branch "
-                       f"`{config.base_branch}`")
+            where = esc(config.path) if config.path else "the embedded default"
+            st.caption(f"Config {where} · base branch {esc(config.base_branch)} · "
+                       f"{len(config.budgets)} budget rule(s) in the config; a case without "
+                       "one shows the budget its latest verdict recorded.")
         if not summary["has_verdicts"]:
             st.caption("No verdicts recorded yet: regressions show once `memtrack check` "
                        "records them.")
-    RENDER[page or PAGES[0]](ctx)
+    RENDER[page](ctx)
+
+
+def main() -> None:
+    st.set_page_config(page_title="memtrack", page_icon="📈", layout="wide",
+                       initial_sidebar_state="collapsed")
+    args = parse_args(sys.argv[1:])
+    config, config_error = load_settings(str(args.config) if args.config else None,
+                                         str(Path.cwd()))
+    db = args.db or (config.database if config else Path("data/memtrack.db"))
+    db = db.resolve()
+    try:
+        show(db, config, config_error)
+    except (sqlite3.DatabaseError, StoreError) as exc:
+        # A damaged file (or one replaced while open): one line, not a traceback.
+        st.error(f"The database {esc(db)} cannot be read: {esc(exc)}. Restore it from a "
+                 "backup (`memtrack backup`) or point --db at another file.")
 
 
 main()

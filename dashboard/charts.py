@@ -1,34 +1,45 @@
-"""Altair charts. Bytes are drawn in one readable unit per chart; tooltips show exact sizes."""
+"""Charts: History panels as Vega-Lite specs, the breakdown with Altair. Bytes are drawn in
+one readable unit per panel; tooltips show exact sizes."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import altair as alt
 import pandas as pd
 
 from dashboard import model
 from memtrack.units import BINARY_UNITS, format_seconds, format_size
 
+if TYPE_CHECKING:
+    import altair as alt
+
 VIEW_COLORS = {
-    "framework allocated": "#1f77b4",
-    "framework reserved": "#9467bd",
-    "device (NVML)": "#ff7f0e",
-    "host RSS": "#7f7f7f",
+    "allocated": "#1f77b4",
+    "reserved": "#9467bd",
+    "requested": "#17becf",
+    "device": "#ff7f0e",
+    "host": "#7f7f7f",
+    "host_step": "#8c564b",
 }
 MARKER_COLORS = {
     "regression": "#d62728", "over_budget": "#d62728", "failed": "#d62728",
-    "time_regression": "#ff9896", "improvement": "#2ca02c",
-    "environment_changed": "#8c564b", "new": "#17becf",
+    "time_regression": "#ff9896", "improvement": "#2ca02c", "accepted": "#e377c2",
+    "noisy": "#bcbd22", "environment_changed": "#8c564b", "new": "#17becf",
 }
+OTHER_BRANCHES = "other branches"
 BREAKDOWN = (
     ("weights_bytes", "weights"),
-    ("intermediates_bytes", "intermediates"),
     ("caches_bytes", "caches"),
+    ("gradients_bytes", "gradients"),
+    ("optimizer_state_bytes", "optimizer state"),
     ("training_state_bytes", "training state"),
+    ("intermediates_bytes", "intermediates"),
+    ("unattributed_bytes", "unattributed"),
     ("workspace_bytes", "workspace / runtime"),
 )
+SVG = {"embedOptions": {"renderer": "svg"}}
+"""Drawn as SVG: axes stay text in the page (readable by tests and screen readers)."""
 
 
 def unit_for(largest: float) -> tuple[str, int]:
@@ -42,152 +53,180 @@ def _short(sha: str | None) -> str:
     return (sha or "-")[:10]
 
 
-def memory_chart(
-    rows: Sequence[dict[str, Any]],
-    envs: dict[str, dict[str, Any]],
-    views: Sequence[str],
-    budgets: Sequence[tuple[str, int]],
-    band: tuple[str, int, int] | None,
-    markers: Sequence[dict[str, Any]],
+# The History charts are written as plain Vega-Lite specs: building them through Altair
+# validates every encoding against the schema, which took most of a History page's time.
+
+
+def time_axis(times: Sequence[str]) -> dict[str, Any]:
+    """The x encoding of a page: dates (and hours over short spans) that stay readable."""
+    days = sorted(times)
+    span = (_epoch(days[-1]) - _epoch(days[0])) if days else 0.0
+    fmt = "%b %d %H:%M" if span < 3 * 86400 else "%b %d" if span < 300 * 86400 else "%Y-%m-%d"
+    return {"field": "x", "type": "temporal", "title": None,
+            "axis": {"format": fmt, "labelOverlap": "greedy", "tickCount": 8, "labelAngle": 0}}
+
+
+def _epoch(iso: str) -> float:
+    return pd.Timestamp(iso).timestamp()
+
+
+def _frame(times: Sequence[str], x: dict[str, Any]) -> dict[str, Any]:
+    """An invisible layer at the page's first and last time: every panel spans the same
+    dates, so a change lines up across views."""
+    first, last = pd.Timestamp(min(times)), pd.Timestamp(max(times))
+    pad = max((last - first) * 0.015, pd.Timedelta(minutes=5))  # the last mark stays whole
+    return {"data": {"values": [{"x": (first - pad).isoformat()},
+                                {"x": (last + pad).isoformat()}]},
+            "mark": {"type": "point", "opacity": 0}, "encoding": {"x": x}}
+
+
+def _y(field: str, title: str) -> dict[str, Any]:
+    """A y encoding on its own scale (not from 0), its title reading as the panel's name."""
+    return {"field": field, "type": "quantitative", "scale": {"zero": False, "padding": 10},
+            "axis": {"title": title, "format": ",.4~g", "titleAngle": 0, "titleAlign": "left",
+                     "titleAnchor": "end", "titleY": -10, "titleX": -45, "titleFontSize": 12,
+                     "titleFontWeight": "bold", "titleColor": "#333"}}
+
+
+def _tip(field: str, title: str | None = None, **more: Any) -> dict[str, Any]:
+    return {"field": field, "type": more.pop("type", "nominal"), "title": title or field,
+            **more}
+
+
+def _panel(layers: list[dict[str, Any]], height: int) -> dict[str, Any]:
+    # Pan and zoom along x on the first data layer; SVG keeps the axes in the page as text.
+    layers[1].setdefault("params", []).append(
+        {"name": "zoom", "select": {"type": "interval", "encodings": ["x"]}, "bind": "scales"})
+    return {"layer": layers, "height": height, "width": "container", "padding": {"top": 24},
+            "usermeta": SVG}
+
+
+def view_panel(
+    metric: str,
+    points: Sequence[dict[str, Any]],
+    x: dict[str, Any],
+    budget: tuple[str, int] | None,
+    band: tuple[str, str, str, int, int] | None,
+    marks: Sequence[dict[str, Any]],
     env_changes: Sequence[dict[str, Any]],
-) -> alt.LayerChart:
-    """Peak per run for each view, with budget lines, the headroom band and event marks.
+    times: Sequence[str],
+) -> dict[str, Any]:
+    """One view of a case on its own y-scale: the base branch as a line per environment,
+    other branches as separate points, the budget line, the headroom band over the current
+    level, and marks (failures where they were seen, verdicts at their figure).
 
-    budgets: (label, bytes); band: (label, low, high); markers: dicts with started_at,
-    value (bytes or None), kind, message; env_changes: dicts with started_at and change.
+    points: dicts with x (ISO time), bytes, line ('base' or OTHER_BRANCHES), environment,
+    commit, subject, branch; budget: (label, bytes); band: (label, x from, x to, low,
+    high); marks: dicts with x, bytes, kind, commit, message.
     """
-    records = []
-    for r in rows:
-        env = envs.get(r.get("env_id") or "") or {}
-        common = {
-            "time": r["started_at"], "commit": _short(r.get("git_commit")),
-            "subject": r.get("git_subject") or "", "branch": r.get("git_branch") or "-",
-            "status": r.get("status"), "versions": model.env_label(env),
-            "run": (r.get("run_id") or "")[:12], "environment": model.env_label(env),
-        }
-        for metric in views:
-            value = model.metric_value(r, metric)
-            if value is not None:
-                records.append({**common, "view": model.METRIC_LABELS[metric],
-                                "bytes": value, "size": format_size(value)})
-    limits = [b for _, b in budgets] + ([band[2]] if band else [])
-    largest = max([x["bytes"] for x in records] + limits + [1])
-    unit, factor = unit_for(largest)
-    df = pd.DataFrame(records)
-    y_title = f"peak memory ({unit})"
-    layers: list[alt.Chart] = []
+    label = model.METRIC_LABELS[metric]
+    limits = [budget[1]] if budget else []
+    limits += [band[4]] if band else []
+    unit, factor = unit_for(max([p["bytes"] for p in points] + limits + [1]))
+    title = f"{label} ({unit})"
+    values = [{**p, "value": p["bytes"] / factor, "size": format_size(p["bytes"])}
+              for p in points]
+    tooltip = [_tip("size", label), _tip("commit"), _tip("subject"), _tip("branch"),
+               _tip("x", "time", type="temporal", format="%Y-%m-%d %H:%M"),
+               _tip("environment")]
+    y = _y("value", title)
+    color = VIEW_COLORS.get(metric, "#1f77b4")
+    layers: list[dict[str, Any]] = [_frame(times, x)]
+    base = [v for v in values if v["line"] == "base"]
+    other = [v for v in values if v["line"] != "base"]
+    if base:
+        # One line per environment: figures of two software stacks are never joined.
+        layers.append({"data": {"values": base},
+                       "mark": {"type": "line", "strokeWidth": 1.6, "color": color,
+                                "point": {"size": 28, "color": color}},
+                       "encoding": {"x": x, "y": y, "detail": {"field": "environment"},
+                                    "tooltip": tooltip}})
+    if other:
+        layers.append({"data": {"values": other},
+                       "mark": {"type": "point", "shape": "diamond", "size": 55,
+                                "filled": False, "strokeWidth": 1.5, "color": "#555"},
+                       "encoding": {"x": x, "y": y, "tooltip": tooltip}})
     if band is not None:
-        label, low, high = band
-        layers.append(
-            alt.Chart(pd.DataFrame([{"low": low / factor, "high": high / factor, "what": label,
-                                     "range": f"{format_size(low)} – {format_size(high)}"}]))
-            .mark_rect(opacity=0.18, color="#2ca02c")
-            .encode(y=alt.Y("low:Q", title=y_title), y2="high:Q",
-                    tooltip=[alt.Tooltip("what:N", title="headroom"), "range:N"])
-        )
-    if not df.empty:
-        df["value"] = df["bytes"] / factor
-        colors = [c for v, c in VIEW_COLORS.items() if v in set(df["view"])]
-        # One line per view and environment: a line never joins figures of different
-        # software stacks, and each stack's points get their own shape.
-        several_envs = df["environment"].nunique() > 1
-        shape = (alt.Shape("environment:N", title=None, legend=alt.Legend(orient="bottom",
-                                                                             labelLimit=600))
-                 if several_envs else alt.Undefined)
-        layers.append(
-            alt.Chart(df).mark_line(point=alt.OverlayMarkDef(size=30), strokeWidth=1.6)
-            .encode(
-                detail="environment:N",
-                shape=shape,
-                x=alt.X("time:T", title=None),
-                y=alt.Y("value:Q", title=y_title, scale=alt.Scale(zero=False)),
-                color=alt.Color("view:N", title=None,
-                                scale=alt.Scale(domain=[v for v in VIEW_COLORS if v in
-                                                        set(df["view"])], range=colors),
-                                legend=alt.Legend(orient="top")),
-                tooltip=[
-                    alt.Tooltip("view:N"), alt.Tooltip("size:N", title="peak"),
-                    alt.Tooltip("commit:N"), alt.Tooltip("subject:N"),
-                    alt.Tooltip("time:T", format="%Y-%m-%d %H:%M"), alt.Tooltip("branch:N"),
-                    alt.Tooltip("versions:N"), alt.Tooltip("status:N"), alt.Tooltip("run:N"),
-                ],
-            )
-        )
-    for label, limit in budgets:
-        bdf = pd.DataFrame([{"limit": limit / factor, "label": f"{label} {format_size(limit)}"}])
-        rule = alt.Chart(bdf).mark_rule(color="#d62728", strokeDash=[6, 4], strokeWidth=2)
-        layers.append(rule.encode(y="limit:Q", tooltip=[alt.Tooltip("label:N", title="budget")]))
-        layers.append(
-            alt.Chart(bdf).mark_text(align="left", baseline="bottom", dx=4, dy=-2,
-                                     color="#d62728", fontWeight="bold")
-            .encode(y="limit:Q", x=alt.value(0), text="label:N")
-        )
+        what, x0, x1, low, high = band
+        layers.append({"data": {"values": [{"x": x0, "x2": x1, "low": low / factor,
+                                            "high": high / factor, "what": what,
+                                            "range": f"{format_size(low)} – "
+                                                     f"{format_size(high)}"}]},
+                       "mark": {"type": "rect", "opacity": 0.18, "color": "#2ca02c"},
+                       "encoding": {"x": x, "x2": {"field": "x2"}, "y": _y("low", title),
+                                    "y2": {"field": "high"},
+                                    "tooltip": [_tip("what", "headroom"), _tip("range")]}})
+    if budget is not None:
+        text, limit = budget
+        row = [{"limit": limit / factor, "label": f"budget {format_size(limit)}{text}"}]
+        layers.append({"data": {"values": row},
+                       "mark": {"type": "rule", "color": "#d62728", "strokeDash": [6, 4],
+                                "strokeWidth": 2},
+                       "encoding": {"y": {"field": "limit", "type": "quantitative"},
+                                    "tooltip": [_tip("label", "budget")]}})
+        layers.append({"data": {"values": row},
+                       "mark": {"type": "text", "align": "left", "baseline": "top", "dx": 4,
+                                "dy": 3, "color": "#d62728", "fontWeight": "bold"},
+                       "encoding": {"y": {"field": "limit", "type": "quantitative"},
+                                    "x": {"value": 0}, "text": {"field": "label"}}})
     if env_changes:
-        edf = pd.DataFrame(env_changes)
-        layers.append(
-            alt.Chart(edf).mark_rule(color="#8c564b", strokeDash=[2, 3], strokeWidth=1.5)
-            .encode(x="started_at:T", tooltip=[alt.Tooltip("change:N", title="environment")])
-        )
-        layers.append(
-            alt.Chart(edf).mark_text(align="left", baseline="top", dx=3, dy=2, angle=0,
-                                     color="#8c564b", fontSize=11)
-            .encode(x="started_at:T", y=alt.value(0), text="short:N")
-        )
-    if markers:
-        mdf = pd.DataFrame(markers)
-        mdf["value"] = [v / factor if v is not None else 0 for v in mdf["value"]]
-        kinds = sorted(set(mdf["kind"]))
-        marker_colors = [MARKER_COLORS.get(k, "#444") for k in kinds]
-        layers.append(
-            alt.Chart(mdf).mark_point(shape="triangle-down", size=140, filled=True, opacity=0.9)
-            .encode(
-                x="started_at:T", y="value:Q",
-                color=alt.Color("kind:N", title=None, legend=alt.Legend(orient="top"),
-                                                scale=alt.Scale(domain=kinds, range=marker_colors)),
-                tooltip=[alt.Tooltip("kind:N"), alt.Tooltip("commit:N"),
-                         alt.Tooltip("message:N")],
-            )
-        )
-    chart = alt.layer(*layers).resolve_scale(color="independent").properties(height=360)
-    return chart.interactive(bind_y=False)
+        layers.append({"data": {"values": list(env_changes)},
+                       "mark": {"type": "rule", "color": "#8c564b", "strokeDash": [2, 3],
+                                "strokeWidth": 1.5},
+                       "encoding": {"x": x, "tooltip": [_tip("change", "environment")]}})
+    if marks:
+        kinds = sorted({m["kind"] for m in marks})
+        layers.append({"data": {"values": [{**m, "value": m["bytes"] / factor}
+                                           for m in marks]},
+                       "mark": {"type": "point", "shape": "triangle-down", "size": 150,
+                                "filled": True, "opacity": 0.9},
+                       "encoding": {"x": x, "y": {"field": "value", "type": "quantitative"},
+                                    "color": {"field": "kind", "type": "nominal", "title": None,
+                                              "legend": {"orient": "top"},
+                                              "scale": {"domain": kinds, "range": [
+                                                  MARKER_COLORS.get(k, "#444")
+                                                  for k in kinds]}},
+                                    "tooltip": [_tip("kind"), _tip("commit"),
+                                                _tip("message")]}})
+    return _panel(layers, 200)
 
 
-def time_chart(rows: Sequence[dict[str, Any]]) -> alt.Chart | None:
-    """Median and p95 iteration time per run."""
-    records = []
-    for r in rows:
-        for col, label in (("time_median_s", "median"), ("time_p95_s", "p95")):
-            if r.get(col) is not None:
-                records.append({"time": r["started_at"], "stat": label, "seconds": r[col],
-                                "shown": format_seconds(r[col]),
-                                "commit": _short(r.get("git_commit")),
-                                "subject": r.get("git_subject") or ""})
+def time_chart(rows: Sequence[dict[str, Any]], x: dict[str, Any]) -> dict[str, Any] | None:
+    """Median and p95 iteration time per run (rows carry their x)."""
+    records = [{"x": r["x"], "stat": label, "seconds": r[col],
+                "shown": format_seconds(r[col]), "commit": _short(r.get("git_commit")),
+                "subject": (r.get("git_subject") or "")[:60]}
+               for r in rows
+               for col, label in (("time_median_s", "median"), ("time_p95_s", "p95"))
+               if r.get(col) is not None]
     if not records:
         return None
-    df = pd.DataFrame(records)
-    scale, unit = (1000, "ms") if df["seconds"].max() < 1 else (1, "s")
-    df["value"] = df["seconds"] * scale
-    return (
-        alt.Chart(df).mark_line(point=alt.OverlayMarkDef(size=20), strokeWidth=1.4)
-        .encode(
-            x=alt.X("time:T", title=None),
-            y=alt.Y("value:Q", title=f"iteration time ({unit})", scale=alt.Scale(zero=False),
-                    axis=alt.Axis(format=".3~g")),
-            color=alt.Color("stat:N", title=None, legend=alt.Legend(orient="top")),
-            strokeDash=alt.StrokeDash("stat:N", legend=None),
-            tooltip=["stat:N", alt.Tooltip("shown:N", title="time"), "commit:N", "subject:N",
-                     alt.Tooltip("time:T", format="%Y-%m-%d %H:%M")],
-        )
-        .properties(height=200)
-        .interactive(bind_y=False)
-    )
+    scale, unit = (1000, "ms") if max(r["seconds"] for r in records) < 1 else (1, "s")
+    for r in records:
+        r["value"] = r["seconds"] * scale
+    line = {"data": {"values": records},
+            "mark": {"type": "line", "point": {"size": 20}, "strokeWidth": 1.4},
+            "encoding": {"x": x, "y": _y("value", f"iteration time ({unit})"),
+                         "color": {"field": "stat", "type": "nominal", "title": None,
+                                   "legend": {"orient": "top"}},
+                         "strokeDash": {"field": "stat", "type": "nominal", "legend": None},
+                         "tooltip": [_tip("stat"), _tip("shown", "time"), _tip("commit"),
+                                     _tip("subject"), _tip("x", "at", type="temporal",
+                                                           format="%Y-%m-%d %H:%M")]}}
+    return _panel([_frame([r["x"] for r in rows], x), line], 170)
 
 
 def breakdown_chart(measurements: Sequence[dict[str, Any]]) -> alt.Chart | None:
-    """One stacked bar per case: weights, intermediates, caches, training state, workspace."""
+    """One stacked bar per case: the breakdown's parts (training state only for rows
+    recorded before gradients and optimizer state were told apart)."""
+    import altair as alt  # only this chart is built with Altair: keep it off the other pages
+
     records = []
     for m in measurements:
+        split = m.get("gradients_bytes") is not None or m.get("optimizer_state_bytes") is not None
         for col, label in BREAKDOWN:
+            if col == "training_state_bytes" and split:
+                continue
             value = m.get(col)
             if value:
                 records.append({"case": m["case_id"], "part": label, "bytes": value,

@@ -13,7 +13,7 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard import queries
+from dashboard import model, queries
 from memtrack.store import Store
 
 TTL_S = 600
@@ -58,11 +58,13 @@ def choices(db: str, key: Stamp) -> dict[str, Any]:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def latest_by_case(
-    db: str, key: Stamp, branch: str | None, fingerprint: str | None, points: int
+    db: str, key: Stamp, branch: str | None, fingerprint: str | None, points: int,
+    factor: float,
 ) -> list[dict[str, Any]]:
     """Per case, its newest `points` measurements under the filters (cases without any are
-    left out), the verdicts recorded about its newest run, and its newest verdict per
-    metric that carries a budget or a threshold."""
+    left out), the verdicts recorded about them ('window_verdicts') and about its newest run
+    ('verdicts'), its newest verdict per metric that carries a budget or a threshold, and
+    the steps of each view ('steps')."""
     with _open(db) as s:
         out: list[dict[str, Any]] = []
         for case in queries.case_ids(s.conn):
@@ -73,28 +75,57 @@ def latest_by_case(
             if rows:
                 out.append({"case_id": case, "rows": rows,
                             "budget_verdicts": queries.latest_verdicts(s.conn, case)})
-        verdicts = queries.verdicts_for_runs(s.conn, [c["rows"][0]["run_id"] for c in out])
+        verdicts = queries.verdicts_for_runs(
+            s.conn, [r["run_id"] for c in out for r in c["rows"]])
         for c in out:
             latest = c["rows"][0]
-            c["verdicts"] = [v for v in verdicts
-                             if v["run_id"] == latest["run_id"] and v["case_id"] == c["case_id"]]
-        return out
+            c["window_verdicts"] = [v for v in verdicts if v["case_id"] == c["case_id"]]
+            c["verdicts"] = [v for v in c["window_verdicts"] if v["run_id"] == latest["run_id"]]
+    for c in out:
+        c["steps"] = {m: model.steps(c["rows"], m, factor) for m in model.METRIC_COLUMNS}
+    return out
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def base_series(db: str, key: Stamp, base_branch: str, points: int,
+                factor: float) -> list[dict[str, Any]]:
+    """Per case, its newest `points` runs on the base branch, their verdicts and the steps
+    of each view."""
+    with _open(db) as s:
+        out: list[dict[str, Any]] = []
+        for case in queries.case_ids(s.conn):
+            rows = queries.series(s.conn, case, branches=[base_branch], limit=points)
+            if rows:
+                out.append({"case_id": case, "rows": rows, "verdicts": queries.verdicts_for_runs(
+                    s.conn, [r["run_id"] for r in rows], case_id=case)})
+    for c in out:
+        c["steps"] = {m: model.steps(c["rows"], m, factor) for m in model.CHART_METRICS}
+    return out
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def history(
     db: str, key: Stamp, case_id: str, branches: tuple[str, ...],
     fingerprints: tuple[str, ...], since: str | None, until: str | None, limit: int,
+    base_branch: str, factor: float,
 ) -> dict[str, Any]:
+    """A case's rows under the filters (each with its place 'x' on the time axis: commit
+    time on the base branch, run time elsewhere), their verdicts, and the steps of each
+    view along the base branch (along the rows shown, without it). Cached: finding steps
+    is the costly part of a page."""
     with _open(db) as s:
         rows = queries.series(s.conn, case_id, branches=branches, fingerprints=fingerprints,
                               since=since, until=until, limit=limit)
-        return {
-            "rows": rows,
-            "verdicts": queries.verdicts_for_runs(s.conn, [r["run_id"] for r in rows],
-                                                  case_id=case_id),
-            "latest_verdicts": queries.latest_verdicts(s.conn, case_id),
-        }
+        verdicts = queries.verdicts_for_runs(s.conn, [r["run_id"] for r in rows],
+                                             case_id=case_id)
+        latest = queries.latest_verdicts(s.conn, case_id)
+    for r in rows:
+        on_base = r["git_branch"] == base_branch
+        r["x"] = (r.get("git_committed_at") or r["started_at"]) if on_base else r["started_at"]
+    line = [r for r in rows if r["git_branch"] == base_branch] or rows
+    return {"rows": rows, "verdicts": verdicts, "latest_verdicts": latest,
+            "on_base": line is not rows,
+            "steps": {m: model.steps(line, m, factor) for m in model.CHART_METRICS}}
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -8,30 +8,25 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any
 
+from memtrack import metrics
 from memtrack.config import Budget
+
+# The gate's step finder, imported here only: where the gate's history analysis lives is a
+# one-line change for the dashboard.
+from memtrack.judge.levels import find_steps, noise
 from memtrack.units import format_size
 from memtrack.workload import short_case_labels  # noqa: F401 (the views use it from here)
 
 MiB = 2**20
 
-METRIC_COLUMNS = {
-    "allocated": "peak_allocated_bytes",
-    "reserved": "peak_reserved_bytes",
-    "requested": "peak_requested_bytes",
-    "device": "device_peak_bytes",
-    "host": "host_peak_rss_bytes",
-}
-METRIC_LABELS = {
-    "allocated": "framework allocated",
-    "reserved": "framework reserved",
-    "requested": "framework requested",
-    "device": "device (NVML)",
-    "host": "host RSS",
-}
-CHART_METRICS = ("allocated", "reserved", "device", "host")
+METRIC_COLUMNS = metrics.COLUMNS
+METRIC_LABELS = {name: m.label for name, m in metrics.METRICS.items()}
+SHORT_LABELS = {"allocated": "allocated", "reserved": "reserved", "requested": "requested",
+                "device": "device (NVML)", "host": "host RSS", "host_step": "host step"}
+"""Names for narrow table columns; METRIC_LABELS says what each one is."""
+CHART_METRICS = ("allocated", "reserved", "device", "host", "host_step")
 """The views drawn on a history chart (requested sits within a few KiB of allocated)."""
 
 NEAR_BUDGET = 0.9
@@ -39,17 +34,16 @@ NEAR_BUDGET = 0.9
 
 STATUSES = ("failed", "over budget", "regression", "near budget", "ok")
 """Most urgent first; the overview sorts by this order."""
-STEP_MIN_BYTES = MiB
-STEP_NOISE_FACTOR = 4
-STEP_WINDOW = 3
-"""A series steps where the median of the next STEP_WINDOW points differs from the median
-of the previous ones by at least 1 MiB and STEP_NOISE_FACTOR times the series' typical
-point-to-point move: exact allocator counters step at 1 MiB, sampled views only past
-their noise, and a lone outlier does not count."""
+HEADROOM_FACTOR = 3.0
+"""The gate's default: a step must exceed this many times the series' noise (and the
+metric's floor), as `memtrack check --history` finds steps."""
 
 
 def metric_value(row: dict[str, Any], metric: str) -> int | None:
-    return row.get(METRIC_COLUMNS[metric])
+    """A row's figure for a metric; None where it was not measured (or, for the host
+    metrics, recorded before they existed)."""
+    value = row.get(METRIC_COLUMNS[metric])
+    return None if value is None else int(value)
 
 
 def default_metric(row: dict[str, Any]) -> str:
@@ -133,9 +127,12 @@ class CaseStatus:
 
 
 def case_status(
-    row: dict[str, Any], budgets: Sequence[CaseBudget], verdicts: Sequence[dict[str, Any]]
+    row: dict[str, Any], budgets: Sequence[CaseBudget], verdicts: Sequence[dict[str, Any]],
+    still_open: Sequence[dict[str, Any]] = (),
 ) -> CaseStatus:
-    """Status of one measurement: failed > over budget > regression > near budget > ok."""
+    """Status of one measurement: failed > over budget > regression > near budget > ok.
+    `verdicts` are about this run; `still_open` are the base branch's regressions not yet
+    fixed (see open_regressions), which keep the case a regression on later runs."""
     chosen: CaseBudget | None = None
     used: float | None = None
     metric = default_metric(row)
@@ -164,19 +161,34 @@ def case_status(
     if "regression" in kinds:
         return CaseStatus("regression", metric, value, chosen, used,
                           kinds["regression"].get("message") or "")
+    if still_open:
+        v = still_open[0]
+        return CaseStatus("regression", metric, value, chosen, used,
+                          f"since {(v.get('commit') or '-')[:10]}, not fixed: "
+                          f"{v.get('message') or ''}".rstrip(": "))
+    notes = "; ".join(f"{k}: {kinds[k].get('accepted_reason') or kinds[k].get('message') or ''}"
+                      for k in ("accepted", "noisy") if k in kinds)
     if used is not None and used >= NEAR_BUDGET:
-        return CaseStatus("near budget", metric, value, chosen, used, "")
-    return CaseStatus("ok", metric, value, chosen, used, "")
+        return CaseStatus("near budget", metric, value, chosen, used, notes)
+    return CaseStatus("ok", metric, value, chosen, used, notes)
 
 
 @dataclass(frozen=True)
 class Step:
-    """A change between two consecutive points of a series."""
+    """A shift of a series' level past its headroom."""
 
     row: dict[str, Any]
-    """The newer point: the run whose commit moved the series."""
+    """The first run at the new level: the one whose commit moved the series."""
+    previous: dict[str, Any]
+    """The last run at the old level."""
+    metric: str
     before: int
+    """Median level before the step."""
     after: int
+    room: int
+    """The headroom the move exceeded: max(factor x noise, the metric's floor)."""
+    fixed_by: dict[str, Any] | None = None
+    """For a step up: the first run of a later step back down to the old level or below."""
 
     @property
     def delta(self) -> int:
@@ -191,46 +203,87 @@ class Step:
         return f"{'+' if self.delta > 0 else ''}{format_size(self.delta)}{pct}"
 
 
-def steps(rows_newest_first: Sequence[dict[str, Any]], metric: str) -> list[Step]:
-    """Where the series moved, newest first (see STEP_WINDOW). Each environment is its own
-    series: a move between environments is an environment change, not a step. Points
-    without the figure (failed runs) are skipped."""
+def steps(rows_newest_first: Sequence[dict[str, Any]], metric: str,
+          factor: float = HEADROOM_FACTOR) -> list[Step]:
+    """Where the series moved, newest first, found as the gate finds steps on the base
+    branch (memtrack.judge.levels). Each environment is its own series: a move between
+    environments is an environment change, not a step. Points without the figure (failed
+    runs) are skipped. A step up that a later step brings back is marked fixed."""
     groups: dict[Any, list[dict[str, Any]]] = {}
     for r in rows_newest_first:
         groups.setdefault(r.get("fingerprint"), []).append(r)
-    found = [s for rows in groups.values() for s in _steps(rows, metric)]
+    found = [s for rows in groups.values() for s in _steps(rows, metric, factor)]
     found.sort(key=lambda s: s.row.get("started_at") or "", reverse=True)
     return found
 
 
-def _steps(rows_newest_first: Sequence[dict[str, Any]], metric: str) -> list[Step]:
+def _steps(rows_newest_first: Sequence[dict[str, Any]], metric: str,
+           factor: float) -> list[Step]:
     points = [(r, v) for r in reversed(rows_newest_first)
               if (v := metric_value(r, metric)) is not None]
-    values = [v for _, v in points]
+    values = [float(v) for _, v in points]
     if len(values) < 2:
         return []
-    moves = sorted(abs(b - a) for a, b in pairwise(values))
-    # The typical move; in a short series the step itself would dominate the median.
-    noise = statistics.median(moves) if len(moves) >= 5 else moves[0]
-    need = max(STEP_MIN_BYTES, STEP_NOISE_FACTOR * noise)
-    found: list[tuple[int, int, int]] = []
-    for i in range(1, len(values)):
-        before = int(statistics.median(values[max(0, i - STEP_WINDOW):i]))
-        after = int(statistics.median(values[i:i + STEP_WINDOW]))
-        if abs(after - before) >= need:
-            found.append((i, before, after))
-    # One step shows at a few neighbouring positions: keep the sharpest jump of each cluster.
-    clusters: list[list[tuple[int, int, int]]] = []
-    for item in found:
-        if clusters and item[0] - clusters[-1][-1][0] <= 1:
-            clusters[-1].append(item)
-        else:
-            clusters.append([item])
+    sigma = noise(values)
+    room = max(factor * sigma, metrics.floor(metric, statistics.median(values)))
+    out: list[Step] = []
+    starts = _without_outliers(values, find_steps(values, room, sigma), room)
+    bounds = [0, *starts, len(values)]
+    for k, i in enumerate(starts, start=1):
+        # Each level is its own segment: a step and a later fix are two steps.
+        before = int(statistics.median(values[bounds[k - 1]:i]))
+        after = int(statistics.median(values[i:bounds[k + 1]]))
+        out.append(Step(points[i][0], points[i - 1][0], metric, before, after, int(room)))
+    fixed: list[Step] = []
+    for k, s in enumerate(out):
+        fix = next((d for d in out[k + 1:] if s.delta > 0 and d.delta < 0
+                    and d.after <= s.before + s.room), None)
+        fixed.append(s if fix is None else Step(s.row, s.previous, s.metric, s.before,
+                                                s.after, s.room, fix.row))
+    return fixed
+
+
+def _without_outliers(values: list[float], starts: list[int], room: float) -> list[int]:
+    """Step starts less lone outliers: one point away and straight back (within the
+    headroom) reads as a step and its return, but the level never changed."""
+    kept: list[int] = []
+    k = 0
+    while k < len(starts):
+        i = starts[k]
+        if k + 1 < len(starts) and starts[k + 1] == i + 1:
+            level = statistics.median(values[(kept[-1] if kept else 0):i])
+            end = starts[k + 2] if k + 2 < len(starts) else len(values)
+            if abs(statistics.median(values[i + 1:end]) - level) <= room:
+                k += 2
+                continue
+        kept.append(i)
+        k += 1
+    return kept
+
+
+def open_regressions(rows_newest_first: Sequence[dict[str, Any]],
+                     verdicts: Iterable[dict[str, Any]], base_branch: str) -> list[dict[str, Any]]:
+    """Regressions the gate found on the base branch that still hold: a base-context
+    `regression` verdict stays open until a later run of the base branch (same environment)
+    is back within the verdict's threshold. Accepted ones are recorded as `accepted`."""
+    by_run = {r["run_id"]: r for r in rows_newest_first}
     out = []
-    for cluster in clusters:
-        i, before, after = max(cluster, key=lambda c: abs(values[c[0]] - values[c[0] - 1]))
-        out.append(Step(points[i][0], before, after))
-    return out[::-1]
+    for v in verdicts:
+        r = by_run.get(v.get("run_id"))
+        if (r is None or v.get("kind") != "regression" or v.get("context") != "base"
+                or v.get("metric") not in METRIC_COLUMNS or r.get("git_branch") != base_branch):
+            continue
+        limit = v.get("threshold")
+        later = [x for x in rows_newest_first
+                 if (x.get("started_at") or "") > (r.get("started_at") or "")
+                 and x.get("git_branch") == base_branch
+                 and x.get("fingerprint") == r.get("fingerprint")
+                 and metric_value(x, v["metric"]) is not None]
+        if limit is not None and any(metric_value(x, v["metric"]) <= limit for x in later):
+            continue
+        out.append({**v, "commit": r.get("git_commit"), "started_at": r.get("started_at")})
+    out.sort(key=lambda v: v["started_at"] or "", reverse=True)
+    return out
 
 
 _VERSION_KEYS = (("gpu", "GPU"), ("driver", "driver"), ("cuda_runtime", "CUDA"),
@@ -250,6 +303,13 @@ def env_label(env: dict[str, Any] | None) -> str:
         if e.get(key):
             parts.append(f"{name} {e[key]}")
     return " · ".join(parts)
+
+
+def env_short(env: dict[str, Any] | None) -> str:
+    """'NVIDIA H200 · torch 2.14.1' : enough to tell the environments of one chart apart."""
+    e = _env_fields(env)
+    return " · ".join(x for x in (e["gpu"], f"torch {e['torch']}" if e.get("torch") else "",
+                                  f"driver {e['driver']}" if e.get("driver") else "") if x)
 
 
 def env_changes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[str]:

@@ -27,14 +27,22 @@ from memtrack.store import BUSY_TIMEOUT_S, Store
 RARE_CASE_ROWS = 2000
 """Below this many measurements, a case's series is read from its own index entries."""
 
-_SERIES_COLUMNS = """
-    m.id, m.run_id, m.case_id, m.workload, m.status, m.message, m.device,
-    m.peak_allocated_bytes, m.peak_reserved_bytes, m.peak_requested_bytes,
-    m.device_peak_bytes, m.host_peak_rss_bytes,
-    m.time_median_s, m.time_p95_s, m.time_min_s,
-    r.started_at, r.git_commit, r.git_branch, r.git_subject, r.git_dirty,
-    r.fingerprint, r.env_id
-"""
+_MEASUREMENT_COLUMNS = (
+    "id", "run_id", "case_id", "workload", "status", "message", "device",
+    "peak_allocated_bytes", "peak_reserved_bytes", "peak_requested_bytes",
+    "device_peak_bytes", "host_peak_rss_bytes", "host_bytes", "host_step_bytes",
+    "time_median_s", "time_p95_s", "time_min_s",
+)
+_RUN_COLUMNS = ("started_at", "git_commit", "git_branch", "git_subject", "git_dirty",
+                "git_committed_at", "fingerprint", "env_id", "ci_run_url")
+
+
+def _series_columns(conn: sqlite3.Connection) -> str:
+    """The series' columns; those an older schema lacks read as NULL."""
+    have_m, have_r = table_columns(conn, "measurements"), table_columns(conn, "runs")
+    return ", ".join(
+        [f"m.{c}" if c in have_m else f"null as {c}" for c in _MEASUREMENT_COLUMNS]
+        + [f"r.{c}" if c in have_r else f"null as {c}" for c in _RUN_COLUMNS])
 
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
 
@@ -49,7 +57,8 @@ def open_readonly(path: Path) -> Store:
     except StoreError as refused:
         if not path.is_file():
             raise
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
+                               timeout=BUSY_TIMEOUT_S,
                                isolation_level=None, check_same_thread=False)
         conn.row_factory = sqlite3.Row
         store = Store(conn, path, readonly=True)
@@ -172,13 +181,13 @@ def series(
         size = case_size(conn, case_id)
     if size <= RARE_CASE_ROWS:
         sql = (
-            f"select {_SERIES_COLUMNS} from measurements m cross join runs r "
+            f"select {_series_columns(conn)} from measurements m cross join runs r "
             f"on r.run_id = m.run_id where m.case_id = :case{filters} "
             "order by r.started_at desc, m.id desc limit :limit"
         )
     else:
         sql = (
-            f"select {_SERIES_COLUMNS} from runs r cross join measurements m "
+            f"select {_series_columns(conn)} from runs r cross join measurements m "
             f"on m.run_id = r.run_id and m.case_id = :case where 1{filters} "
             "order by r.started_at desc limit :limit"
         )

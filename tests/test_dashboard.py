@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import random
+import re
 import socket
 import subprocess
 import sys
@@ -15,6 +18,7 @@ from pathlib import Path
 import pytest
 from factories import CPU_ENV, GPU_ENV, MiB, make_measurement, make_run
 
+from memtrack.records import CIInfo
 from memtrack.store import Store
 
 pytest.importorskip("streamlit")
@@ -30,13 +34,14 @@ D1 = "decoder[batch=1]"
 D8 = "decoder[batch=8]"
 TRAIN = "training[batch=4]"
 VISION = "vision[res=512]"
+REPO = "https://github.com/acme/model"
 
 CONFIG = """
 base_branch = "main"
 
 [[budgets]]
 workload = "decoder[batch=8]"
-limit = "300 MiB"
+limit = "350 MiB"
 metric = "allocated"
 reason = "one serving slice"
 
@@ -47,35 +52,44 @@ metric = "allocated"
 reason = "every decoder case fits a small slice"
 """
 
-VERDICTS_TABLE = """
-create table if not exists verdicts (
-    id integer primary key, run_id text, case_id text, workload text, metric text, kind text,
-    blocking integer, provisional integer, baseline_value real, spread real, factor real,
-    floor real, threshold real, candidate_value real, delta real, delta_pct real,
-    budget_bytes integer, budget_reason text, baseline_runs integer, message text,
-    checked_at text
-)
-"""
+MAIN = 14
+"""Commits on main, one a day from 2026-01-01: 01aaaa... to 14aaaa..."""
 
 
-def _suite(i: int, gpu: bool, *, d8: int, failed_vision: bool = False) -> list:
+def commit(i: int) -> str:
+    return f"{i:02d}" + "a" * 38
+
+
+def _suite(i: int, gpu: bool) -> list:
+    """Commit i's figures: decoder[batch=1] grows its KV cache by 2 MiB at commit 6 and is
+    fixed at 10; decoder[batch=8] steps from 256 to 320 MiB at 9 and stays; training grows
+    its optimizer state by 8 MiB at 12 (accepted); vision fails at 11 and 14."""
     kw = dict(device="cuda") if gpu else {}
 
-    def gpu_figures(peak: int) -> dict:
-        return dict(reserved=peak + 20 * MiB, device_peak=peak + 520 * MiB) if gpu else {}
+    def figures(peak: int) -> dict:
+        # Host RSS moves by a few MiB run to run; the allocator's counters are exact.
+        out: dict = dict(host=300 * MiB + (i * 7919 % 5) * MiB, host_step=20 * MiB)
+        if gpu:
+            out.update(reserved=peak + 20 * MiB, device_peak=peak + 520 * MiB + (i % 2) * 2 * MiB)
+        return out
 
+    d1 = (182 if 6 <= i < 10 else 180) * MiB
+    d8 = (320 if i >= 9 else 256) * MiB
+    train = (708 if i >= 12 else 700) * MiB
+    vision_failed = i in (11, MAIN)
     return [
-        make_measurement("decoder", {"batch": 1}, peak=180 * MiB, **kw, **gpu_figures(180 * MiB)),
-        make_measurement("decoder", {"batch": 8}, peak=d8, **kw, **gpu_figures(d8)),
-        make_measurement("training", {"batch": 4}, peak=(700 + i) * MiB, **kw,
-                         **gpu_figures((700 + i) * MiB), training_state_bytes=300 * MiB,
-                         time_s=0.02),
-        make_measurement("vision", {"res": 512}, peak=90 * MiB, status="oom" if failed_vision
-                         else "ok", **kw,
+        make_measurement("decoder", {"batch": 1}, peak=d1, **kw, **figures(d1),
+                         caches_bytes=(34 if 6 <= i < 10 else 32) * MiB),
+        make_measurement("decoder", {"batch": 8}, peak=d8, **kw, **figures(d8)),
+        make_measurement("training", {"batch": 4}, peak=train, **kw, **figures(train),
+                         gradients_bytes=100 * MiB,
+                         optimizer_state_bytes=(208 if i >= 12 else 200) * MiB, time_s=0.02),
+        make_measurement("vision", {"res": 512}, peak=90 * MiB, **kw, **figures(90 * MiB),
+                         status="oom" if vision_failed else "ok",
                          message="CUDA out of memory. Tried to allocate 2.00 GiB"
-                         if failed_vision else None,
+                         if vision_failed else None,
                          traceback="Traceback (most recent call last):\n  ...\n"
-                         "torch.OutOfMemoryError: CUDA out of memory" if failed_vision else None),
+                         "torch.OutOfMemoryError: CUDA out of memory" if vision_failed else None),
     ]
 
 
@@ -84,48 +98,67 @@ def seeded(tmp_path: Path) -> dict:
     return seed_store(tmp_path)
 
 
+def _verdict(store: Store, run_id: str, case: str, kind: str, context: str, **fields) -> None:
+    row = {"run_id": run_id, "case_id": case, "workload": case.split("[")[0],
+           "metric": "allocated", "kind": kind, "blocking": int(kind in ("regression",
+                                                                         "over_budget")
+                                                                and context != "base"),
+           "provisional": 0, "context": context, "checked_at": "2026-01-15T00:00:00+00:00",
+           **fields}
+    store.conn.execute(f"insert into verdicts ({', '.join(row)}) "
+                       f"values ({', '.join('?' for _ in row)})", list(row.values()))
+
+
 def seed_store(tmp_path: Path) -> dict:
-    """Five commits on main (two on the CPU, then three on a GPU: an environment change),
-    a step of +64 MiB in decoder[batch=8] at the fourth, a failed case in the newest, a
-    feature branch, budgets in the config, and regression verdicts (decoder[batch=8] at the
-    fourth commit, training[batch=4] at the newest)."""
+    """A realistic history: 14 commits on main, a day apart (two on the CPU, then the GPU:
+    an environment change), with the steps of `_suite`; the gate's base-branch verdicts
+    (the regressions at 6 and 9, the acceptance at 12); a pull request that slims
+    decoder[batch=1] and one that puts decoder[batch=8] over its budget."""
     db = tmp_path / "memtrack.db"
     runs = []
-    for i in range(5):
-        gpu = i >= 2
+    for i in range(1, MAIN + 1):
+        gpu = i >= 3
         runs.append(make_run(
-            _suite(i, gpu, d8=(256 if i < 3 else 320) * MiB, failed_vision=i == 4),
-            commit=f"{i + 1:02d}" + "a" * 38, branch="main", subject=f"main commit {i + 1}",
-            started_at=f"2026-01-0{i + 1}T12:00:00+00:00", env=GPU_ENV if gpu else CPU_ENV,
+            _suite(i, gpu), commit=commit(i), branch="main", subject=f"main commit {i}",
+            started_at=f"2026-01-{i:02d}T12:00:00+00:00", env=GPU_ENV if gpu else CPU_ENV,
+            ci=CIInfo(provider="github-actions", event="push",
+                      run_url=f"{REPO}/actions/runs/{1000 + i}"),
         ))
-    runs.append(make_run(
+    slim = make_run(
         [make_measurement("decoder", {"batch": 1}, peak=150 * MiB, device="cuda",
                           reserved=170 * MiB, device_peak=690 * MiB)],
         commit="f" * 40, branch="feature/slim", subject="slimmer decoder cache",
-        started_at="2026-01-06T12:00:00+00:00", env=GPU_ENV,
-    ))
+        started_at="2026-01-15T12:00:00+00:00", env=GPU_ENV,
+    )
+    big = make_run(
+        [make_measurement("decoder", {"batch": 8}, peak=400 * MiB, device="cuda",
+                          reserved=420 * MiB, device_peak=920 * MiB)],
+        commit="e" * 40, branch="feature/long-context", subject="longer context",
+        started_at="2026-01-15T13:00:00+00:00", env=GPU_ENV,
+    )
     with Store.open(db) as store:
-        for r in runs:
+        for r in [*runs, slim, big]:
             store.write_run(r)
-        store.conn.execute(VERDICTS_TABLE)
-        store.conn.execute(
-            "insert into verdicts (run_id, case_id, workload, metric, kind, blocking, "
-            "provisional, baseline_value, spread, factor, floor, threshold, candidate_value, "
-            "delta, delta_pct, budget_bytes, budget_reason, baseline_runs, message, checked_at) "
-            "values (?, ?, 'decoder', 'allocated', 'regression', 1, 0, ?, 0, 3, 512, ?, ?, ?, "
-            "25.0, null, null, 3, ?, '2026-01-04T12:05:00+00:00')",
-            [runs[3].run_id, D8, 256 * MiB, 258 * MiB, 320 * MiB, 64 * MiB,
-             "regression: decoder[batch=8] allocated +64.00 MiB over its baseline"],
-        )
-        store.conn.execute(
-            "insert into verdicts (run_id, case_id, workload, metric, kind, blocking, "
-            "provisional, message, checked_at) values (?, ?, 'training', 'device', "
-            "'regression', 1, 0, ?, '2026-01-05T12:05:00+00:00')",
-            [runs[4].run_id, TRAIN, "regression: training[batch=4] device +1.00 MiB"],
-        )
+        _verdict(store, runs[5].run_id, D1, "regression", "base", baseline_value=180 * MiB,
+                 threshold=181 * MiB, candidate_value=182 * MiB, delta=2 * MiB,
+                 component="caches", component_delta=2 * MiB,
+                 message="regression: decoder[batch=1] allocated +2.00 MiB (+1.1%)")
+        _verdict(store, runs[8].run_id, D8, "regression", "base", baseline_value=256 * MiB,
+                 threshold=258 * MiB, candidate_value=320 * MiB, delta=64 * MiB,
+                 message="regression: decoder[batch=8] allocated +64.00 MiB (+25.0%)")
+        _verdict(store, runs[13].run_id, D8, "ok", "base", baseline_value=320 * MiB,
+                 threshold=322 * MiB, candidate_value=320 * MiB, budget_bytes=350 * MiB)
+        _verdict(store, runs[11].run_id, TRAIN, "accepted", "base", baseline_value=700 * MiB,
+                 threshold=702 * MiB, candidate_value=708 * MiB, component="optimizer state",
+                 component_delta=8 * MiB, accepted_reason="AdamW state in fp32, reviewed",
+                 message="accepted: training[batch=4] allocated +8.00 MiB")
+        _verdict(store, big.run_id, D8, "over_budget", "pull_request", baseline_value=320 * MiB,
+                 threshold=322 * MiB, candidate_value=400 * MiB, budget_bytes=350 * MiB,
+                 budget_reason="one serving slice",
+                 message="over budget: decoder[batch=8] allocated 400.00 MiB > 350.00 MiB")
     config = tmp_path / "memtrack.toml"
     config.write_text(CONFIG)
-    return {"db": db, "config": config, "runs": runs}
+    return {"db": db, "config": config, "runs": runs, "slim": slim, "big": big}
 
 
 @pytest.fixture
@@ -152,6 +185,11 @@ def _texts(elements) -> str:
     return "\n".join(str(e.value) for e in elements)
 
 
+def _plain(text: str) -> str:
+    """Shown text less the backslashes that keep it from being Markdown."""
+    return text.replace("\\", "")
+
+
 def _table(at: AppTest, index: int = 0):
     return at.dataframe[index].value
 
@@ -159,22 +197,49 @@ def _table(at: AppTest, index: int = 0):
 # -- pages ----------------------------------------------------------------------------
 
 
+def _charts(at: AppTest) -> list[dict]:
+    """The Vega-Lite specs drawn, in page order."""
+    return [json.loads(e.proto.spec) for e in at.get("vega_lite_chart")]
+
+
 def test_overview_shows_every_case_most_urgent_first(app) -> None:
     at = _ok(app())
     table = _table(at)
-    assert list(table["case id"]) == [VISION, D8, TRAIN, D1]
-    assert list(table["status"]) == ["failed", "over budget", "regression", "near budget"]
+    assert list(table["case id"]) == [VISION, D8, D1, TRAIN]
+    assert list(table["status"]) == ["failed", "regression", "near budget", "ok"]
     # Shown short: the workload and the params that tell its cases apart.
-    assert list(table["case"]) == ["vision", D8, "training", D1]
+    assert list(table["case"]) == ["vision", D8, D1, "training"]
     row = table.set_index("case id").loc[D8]
-    assert (row["peak"], row["budget"], row["margin"]) == ("320.00 MiB", "300.00 MiB",
-                                                            "20.00 MiB over")
-    assert row["used"] == pytest.approx(106.7)
-    assert row["last change"].startswith("+64.00 MiB (+25.0%) at 04aaaaaaaa")
-    assert len(row["trend"]) == 5
-    callouts = _texts(at.error) + _texts(at.warning)
-    assert "CUDA out of memory" in callouts and D8 in callouts and D1 in callouts
-    assert "training[batch=4] device +1.00 MiB" in callouts
+    assert (row["view"], row["peak"], row["budget"], row["margin"]) == (
+        "allocated", "320.00 MiB", "350.00 MiB", "30.00 MiB left")
+    assert row["used"] == pytest.approx(91.4)
+    assert row["last change"] == "+64.00 MiB (+25.0%) at 09aaaaaaaa"
+    assert len(row["trend"]) == MAIN
+    # Every step of the window, not only the newest: the regression and its fix.
+    assert table.set_index("case id").loc[D1, "last change"] == (
+        "+2.00 MiB (+1.1%) at 06aaaaaaaa, fixed at 10aaaaaaaa")
+    assert "CUDA out of memory" in _texts(at.error)
+    warned = _texts(at.warning)
+    assert "since 09aaaaaaaa, not fixed" in warned.replace("\\", "")
+    assert "main at 14aaaaaaaa" in warned
+
+
+def test_a_regression_on_main_holds_until_a_run_is_back_within_its_threshold(
+        app, seeded: dict) -> None:
+    # The newest run on main has an `ok` verdict of its own, yet the step at 09 was never
+    # fixed: the case stays a regression. decoder[batch=1]'s regression at 06 was fixed at 10.
+    table = _table(_ok(app())).set_index("case id")
+    assert table.loc[D8, "status"] == "regression" and table.loc[D1, "status"] != "regression"
+    fix = make_run(_suite(MAIN + 1, True)[:1] + [
+        make_measurement("decoder", {"batch": 8}, peak=256 * MiB, device="cuda",
+                         reserved=276 * MiB, device_peak=776 * MiB)],
+        commit=commit(MAIN + 1), branch="main", subject="restore the decoder cache",
+        started_at="2026-01-16T12:00:00+00:00", env=GPU_ENV)
+    with Store.open(seeded["db"]) as store:
+        store.write_run(fix)
+    table = _table(_ok(app())).set_index("case id")
+    assert table.loc[D8, "status"] == "ok"
+    assert table.loc[D8, "last change"] == "+64.00 MiB (+25.0%) at 09aaaaaaaa, fixed at 15aaaaaaaa"
 
 
 def test_overview_branch_filter_changes_what_is_shown(app) -> None:
@@ -183,41 +248,128 @@ def test_overview_branch_filter_changes_what_is_shown(app) -> None:
     table = _table(_ok(at))
     assert list(table["case id"]) == [D1]
     assert table["peak"][0] == "150.00 MiB" and table["status"][0] == "ok"
+    at.selectbox(key="ov_branch").set_value("feature/long-context").run()
+    table = _table(_ok(at))
+    assert list(table["status"]) == ["over budget"] and table["used"][0] == pytest.approx(114.3)
+    callout = _texts(at.error)
+    assert "over budget" in callout and "feature\\/long\\-context at eeeeeeeeee" in callout
 
 
-def test_history_marks_steps_environment_changes_and_verdicts(app) -> None:
+def test_used_is_red_past_the_budget() -> None:
+    from dashboard.views.overview import _used_style
+
+    assert "#fbd5d5" in _used_style(114.3)
+    assert "#fdf1bf" in _used_style(91.4)
+    assert _used_style(50.0) == "" and _used_style(None) == ""
+
+
+def test_history_draws_each_view_on_its_own_scale(app) -> None:
     at = _ok(app(page="History", case=D8))
     assert at.selectbox(key="case").value == D8
-    charts = at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
-    assert len(charts) == 2  # memory, completion time
+    specs = _charts(at)
+    titles = [re.search(r'"title": "([^"]+) \(M?i?B\)"', json.dumps(c)).group(1)
+              for c in specs[:-1]]
+    # The budgeted view first, then the views that moved (host RSS and the host step did
+    # not: a click away); completion time last.
+    assert titles == [model.METRIC_LABELS[m] for m in ("allocated", "reserved", "device")]
+    first = json.dumps(specs[0])
+    assert '"zero": false' in first  # its own scale, not from 0
+    assert '"type": "rule", "color": "#d62728"' in first  # the budget line
+    assert '"format": "%b %d"' in first  # dates, not hours, over two weeks
+    assert "iteration time" in json.dumps(specs[-1])
     events = _table(at)
     kinds = set(events["event"])
-    assert {"step", "environment", "regression"} <= kinds
+    assert {"step", "environment", "regression", "over_budget"} <= kinds
     env = events[events["event"] == "environment"].iloc[0]
     assert "torch 2.13.0+cpu → 2.14.1+cu130" in env["what"] and env["commit"] == "03aaaaaaaa"
-    step = events[events["event"] == "step"].iloc[0]
-    assert step["commit"] == "04aaaaaaaa" and "+64.00 MiB" in step["what"]
-    assert "over budget" in _texts(at.markdown)
+    step = events[(events["event"] == "step") & events["what"].str.startswith("framework "
+                                                                               "allocated")]
+    assert list(step["commit"]) == ["09aaaaaaaa"] and "+64.00 MiB" in step["what"].iloc[0]
+    assert "regression" in _texts(at.markdown)
+
+
+def test_history_keeps_pull_request_runs_off_the_base_line(app) -> None:
+    spec = json.dumps(_charts(_ok(app(page="History", case=D8)))[0])
+    assert '"type": "line"' in spec and '"shape": "diamond"' in spec  # PR runs: points only
+
+
+def test_history_marks_and_lists_failures(app) -> None:
+    at = _ok(app(page="History", case=VISION))
+    failed = _table(at)
+    failed = failed[failed["event"] == "failed"]
+    assert list(failed["commit"]) == ["14aaaaaaaa", "11aaaaaaaa"]
+    assert "CUDA out of memory" in failed["what"].iloc[0]
+    marks = json.dumps(_charts(at)[0])
+    assert '"triangle-down"' in marks and '"failed"' in marks
 
 
 def test_history_filters_change_the_points(app) -> None:
     at = _ok(app(page="History", case=D1))
-    assert len(_table(at, -1)) == 6  # five on main, one on the feature branch
+    at.toggle(key="h_all").set_value(True).run()
+    assert len(_table(at, -1)) == MAIN + 1  # main, and the feature branch
     at.multiselect(key="h_branches").set_value(["main"]).run()
     assert set(_table(_ok(at), -1)["branch"]) == {"main"}
-    assert len(_table(at, -1)) == 5
     at.multiselect(key="h_envs").set_value([GPU_ENV.fingerprint]).run()
-    assert len(_table(_ok(at), -1)) == 3
+    assert len(_table(_ok(at), -1)) == MAIN - 2
     at.date_input(key="h_range").set_value((date(2026, 1, 4), date(2026, 1, 5))).run()
     assert list(_table(_ok(at), -1)["commit"]) == ["05aaaaaaaa", "04aaaaaaaa"]
 
 
+def test_rows_recorded_before_the_host_metrics_have_no_host_figure(app, seeded: dict) -> None:
+    with Store.open(seeded["db"]) as store:  # as m003 leaves older rows
+        store.conn.execute("update measurements set host_bytes = null, host_step_bytes = null "
+                           "where run_id in (select run_id from runs where started_at < "
+                           "'2026-01-08')")
+    at = _ok(app(page="History", case=D8))
+    at.toggle(key="h_all").set_value(True).run()
+    points = _table(at, -1).set_index("commit")
+    assert points.loc["05aaaaaaaa", "host RSS"] == "-"
+    assert points.loc["09aaaaaaaa", "host RSS"] == "301.00 MiB"
+    at.button_group(key="h_views").set_value(["host"]).run()
+    specs = _charts(_ok(at))
+    assert len(specs) == 2 and "host peak RSS" in json.dumps(specs[0])
+
+
+@pytest.mark.parametrize(("asked", "shown"), [
+    (D8, D8), ("vision", VISION), ("training", TRAIN)])
+def test_a_link_names_a_case_by_its_id_label_or_workload(app, asked: str, shown: str) -> None:
+    at = _ok(app(page="history", case=asked))  # the page's name in any case
+    assert at.radio(key="page").value == "History"
+    assert at.selectbox(key="case").value == shown
+
+
+def test_an_ambiguous_or_unknown_case_lists_candidates_instead_of_another_case(app) -> None:
+    at = _ok(app(page="History", case="decoder"))
+    assert "could be decoder\\[batch\\=1\\], decoder\\[batch\\=8\\]" in _texts(at.warning)
+    assert not at.get("vega_lite_chart")
+    at = _ok(app(page="History", case="nothing[x=1]"))
+    assert "No single case matches" in _texts(at.warning) and not at.get("vega_lite_chart")
+
+
+def test_regressions_lists_every_step_with_its_verdict_and_fix(app) -> None:
+    at = _ok(app(page="Regressions"))
+    table = _table(at)
+    assert list(table["commit"]) == ["12aaaaaaaa", "09aaaaaaaa", "06aaaaaaaa"]
+    rows = table.set_index("commit")
+    assert rows.loc["09aaaaaaaa", "case"] == D8 and rows.loc["09aaaaaaaa", "verdict"] == (
+        "regression")
+    assert rows.loc["09aaaaaaaa", "fixed by"] == "not yet"
+    assert rows.loc["09aaaaaaaa", "on forge"] == f"{REPO}/commit/{commit(9)}"
+    assert rows.loc["09aaaaaaaa", "compare"] == f"{REPO}/compare/{commit(8)}...{commit(9)}"
+    assert rows.loc["06aaaaaaaa", "fixed by"] == "10aaaaaaaa"
+    assert rows.loc["06aaaaaaaa", "component"] == "caches +2.00 MiB"
+    assert rows.loc["12aaaaaaaa", "verdict"] == "accepted: AdamW state in fp32, reviewed"
+    assert "1 up and not fixed or accepted" in _texts(at.markdown)
+    at.toggle(key="rg_up").set_value(False).run()
+    assert "10aaaaaaaa" in list(_table(_ok(at))["commit"])  # the fix, a step down
+
+
 def test_run_detail_shows_environment_breakdown_gap_and_errors(app, seeded: dict) -> None:
-    newest_main = seeded["runs"][4]
+    newest_main = seeded["runs"][-1]
     at = _ok(app(page="Run detail", run=newest_main.run_id[:8]))
     assert "CUDA out of memory" in _texts(at.error)
     text = _texts(at.markdown) + _texts(at.code)
-    assert "main commit 5" in text and '"batch": 8' in text
+    assert "main commit 14" in text and '"batch": 8' in text
     frames = [d.value for d in at.dataframe]
     facts = frames[1]  # after the commit's facts: the environment's
     assert "NVIDIA H200" in " ".join(facts["value"]) and "2.14.1+cu130" in " ".join(
@@ -225,26 +377,44 @@ def test_run_detail_shows_environment_breakdown_gap_and_errors(app, seeded: dict
     gap = next(f for f in frames if "gap (context, workspaces, non-torch)" in f.columns)
     row = gap.set_index("case").loc[D8]
     assert row["gap (context, workspaces, non-torch)"] == "500.00 MiB"  # device - reserved
-    assert len(at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")) == 1  # breakdown
+    assert len(at.get("vega_lite_chart")) == 1  # breakdown
+    at.button[0].click().run()  # the failed case's history
+    assert at.radio(key="page").value == "History"
+    assert at.selectbox(key="case").value == VISION
 
 
 def test_run_detail_of_an_unknown_run_says_so(app) -> None:
     at = _ok(app(page="Run detail", run="deadbeef"))
-    assert "No run or commit starts with 'deadbeef'" in _texts(at.warning)
+    assert "No run or commit starts with “deadbeef”" in _texts(at.warning)
 
 
-def test_compare_two_commits_per_case_with_deltas(app) -> None:
-    at = _ok(app(page="Compare", a="03aaaa", b="04aaaa"))
+def test_compare_two_commits_with_budget_verdict_and_headroom(app) -> None:
+    at = _ok(app(page="Compare", a="08aaaa", b="09aaaa"))
     table = _table(at)
-    row = table[(table["case"] == D8) & (table["view"] == "framework allocated")].iloc[0]
+    row = table[(table["case id"] == D8) & (table["view"] == "allocated")].iloc[0]
     assert (row["A"], row["B"], row["delta"]) == ("256.00 MiB", "320.00 MiB", "+64.00 MiB")
-    assert row["delta %"] == pytest.approx(25.0)
-    assert "the largest: `decoder[batch=8]`" in _texts(at.markdown)
+    assert row["delta %"] == pytest.approx(25.0) and row["beyond"]
+    assert (row["budget"], row["verdict"]) == ("350.00 MiB (91%)", "regression")
+    host = table[(table["case id"] == D8) & (table["view"] == "host RSS")].iloc[0]
+    assert host["delta"] == "-1.00 MiB" and not host["beyond"]  # within the host floor
+    assert "the largest: decoder\\[batch\\=8\\]" in _texts(at.markdown)
     everything = len(table)
     at.toggle(key="cmp_only_changes").set_value(True).run()
     changed = _table(_ok(at))
-    assert 0 < len(changed) < everything
-    assert not ((changed["case"] == D1) & (changed["view"] == "framework allocated")).any()
+    assert 0 < len(changed) < everything and changed["beyond"].all()
+    assert "host RSS" not in set(changed["view"])
+
+
+def test_compare_flags_a_pull_request_over_its_budget(app, seeded: dict) -> None:
+    table = _table(_ok(app(page="Compare", b=seeded["big"].run_id[:12])))
+    row = table[(table["case id"] == D8) & (table["view"] == "allocated")].iloc[0]
+    assert row["A"] == "320.00 MiB"  # A defaults to the newest base run before B
+    assert row["budget"] == "350.00 MiB (114%) OVER" and row["verdict"] == "over_budget"
+
+
+def test_compare_with_only_b_picks_an_older_a(app) -> None:
+    at = _ok(app(page="Compare", b="05aaaa"))
+    assert "**A** 04aaaaaaaa" in _texts(at.markdown).replace("\\", "")
 
 
 def test_compare_across_environments_warns(app) -> None:
@@ -253,20 +423,60 @@ def test_compare_across_environments_warns(app) -> None:
     assert "GPU CPU → NVIDIA H200" in _texts(at.warning)
 
 
-@pytest.mark.parametrize("page", ["Overview", "History", "Run detail", "Compare"])
+@pytest.mark.parametrize("page", ["Overview", "History", "Regressions", "Run detail",
+                                  "Compare"])
 def test_every_page_renders_with_its_defaults(app, page: str) -> None:
     at = _ok(app(page=page))
     assert at.title[0].value == page
-    assert at.sidebar.radio(key="page").value == page
+    assert at.radio(key="page").value == page
+
+
+def test_an_unknown_page_says_which_pages_there_are(app) -> None:
+    at = _ok(app(page="[x](http://evil.example)"))
+    assert at.title[0].value == "Overview"
+    assert "There is no page \\[x\\]\\(http\\:\\/\\/evil\\.example\\)" in _texts(at.warning)
 
 
 def test_the_database_is_never_written(app, seeded: dict) -> None:
     db = seeded["db"]
     before = hashlib.sha256(db.read_bytes()).hexdigest(), db.stat().st_mtime_ns
-    for page in ("Overview", "History", "Run detail", "Compare"):
+    for page in ("Overview", "History", "Regressions", "Run detail", "Compare"):
         _ok(app(page=page))
     assert (hashlib.sha256(db.read_bytes()).hexdigest(), db.stat().st_mtime_ns) == before
     assert not Path(str(db) + "-wal").exists() or Path(str(db) + "-wal").stat().st_size == 0
+
+
+# -- recorded and URL-supplied text is never Markdown ------------------------------------
+
+HOSTILE = "![x](http://evil.example/p.png) [click](https://evil.example) **loud** :red[x]"
+
+
+def _shown_text(at: AppTest) -> str:
+    parts = [at.markdown, at.error, at.warning, at.info, at.success, at.caption, at.title,
+             at.subheader, at.expander]
+    return "\n".join(str(getattr(e, "value", None) or getattr(e, "label", ""))
+                     for group in parts for e in group)
+
+
+def test_recorded_text_and_link_parameters_are_escaped(app, seeded: dict) -> None:
+    hostile_run = make_run(
+        [make_measurement("vision", {"res": 512}, peak=90 * MiB, status="error",
+                          message=HOSTILE), *_suite(MAIN + 1, True)[:1]],
+        commit=commit(MAIN + 1), branch="main", subject=HOSTILE,
+        started_at="2026-01-16T12:00:00+00:00", env=GPU_ENV)
+    with Store.open(seeded["db"]) as store:
+        store.write_run(hostile_run)
+    pages = [dict(page=p, case=VISION) for p in ("Overview", "History", "Regressions")]
+    pages += [dict(page="Run detail", run=hostile_run.run_id), dict(page="Run detail",
+                                                                   run=HOSTILE),
+              dict(page="Compare", a=HOSTILE, b=hostile_run.run_id)]
+    seen = 0
+    for query in pages:
+        shown = _shown_text(_ok(app(**query)))
+        assert "](" not in shown.replace("\\]\\(", "") and "![" not in shown, query
+        assert "**loud**" not in shown and ":red[" not in shown, query
+        seen += "evil\\.example" in shown
+    assert seen >= 3  # the text is shown, escaped: on the run, the callout, the warnings
 
 
 # -- empty and foreign databases ------------------------------------------------------
@@ -291,12 +501,12 @@ def test_an_older_schema_without_verdicts_is_shown(app, seeded: dict) -> None:
     with Store.open(seeded["db"]) as store:
         store.conn.execute("drop table verdicts")
         store.conn.execute("delete from _sqlite_migrations where name != 'm001_initial'")
-    for page in ("Overview", "History", "Run detail", "Compare"):
+    for page in ("Overview", "History", "Regressions", "Run detail", "Compare"):
         at = _ok(app(page=page, case=D8))
         assert at.title[0].value == page  # not refused
     assert "No verdicts recorded yet" in _texts(at.sidebar.caption)
     table = _table(_ok(app()))
-    assert table.set_index("case id").loc[TRAIN, "status"] == "ok"  # its verdict went with them
+    assert table.set_index("case id").loc[D8, "status"] == "near budget"  # no verdicts now
 
 
 def test_an_unknown_schema_version_is_refused_clearly(app, seeded: dict) -> None:
@@ -306,9 +516,25 @@ def test_an_unknown_schema_version_is_refused_clearly(app, seeded: dict) -> None
             "values ('memtrack', 'm999_from_the_future', '2030-01-01')"
         )
     at = _ok(app())
-    message = _texts(at.error)
+    message = _plain(_texts(at.error))
     assert "cannot be shown" in message and "m999_from_the_future" in message
     assert "upgrade memtrack" in message
+
+
+@pytest.mark.parametrize("damage", ["header", "pages"])
+def test_a_corrupt_database_is_one_line_not_a_traceback(app, seeded: dict, damage: str) -> None:
+    db = seeded["db"]
+    raw = bytearray(db.read_bytes())
+    if damage == "header":
+        raw[:16] = b"not a database!!"
+    else:  # every page after the schema's: the tables' rows are garbage
+        for i in range(4096 * 2, len(raw)):
+            raw[i] = (i * 31) % 251
+    db.write_bytes(bytes(raw))
+    at = _ok(app())
+    errors = [_plain(e.value) for e in at.error]
+    assert len(errors) == 1 and "\n" not in errors[0]
+    assert "cannot be" in errors[0] and "memtrack.db" in errors[0]
 
 
 # -- the command -----------------------------------------------------------------------
@@ -396,7 +622,8 @@ def test_a_step_is_found_at_the_first_run_of_the_new_level() -> None:
 
 
 def test_noise_and_a_lone_outlier_are_not_steps() -> None:
-    noisy = [500 * MiB + (i * 37 % 11) * 3 * MiB for i in range(30)]
+    rng = random.Random(1)
+    noisy = [int(500 * MiB + rng.gauss(0, 2 * MiB)) for _ in range(30)]
     noisy[15] += 40 * MiB
     assert model.steps(_series(noisy), "allocated") == []
 
@@ -432,3 +659,10 @@ def test_case_ids_are_shortened_to_what_tells_them_apart() -> None:
         "train[batch=32]": "train",
         "x[a=1]": "x[a=1]", "x[a=1,b=2]": "x[a=1,b=2]",  # both would read 'x': kept whole
     }
+
+
+def test_history_filters_come_from_the_link(app) -> None:
+    at = _ok(app(page="History", case=D1, h_branches="main", h_limit="10"))
+    at.toggle(key="h_all").set_value(True).run()
+    points = _table(_ok(at), -1)
+    assert set(points["branch"]) == {"main"} and len(points) == 10

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from test_dashboard import D8, VISION, free_port, seed_store, wait_healthy
+from test_dashboard import D8, free_port, seed_store, wait_healthy
 
 pytestmark = pytest.mark.browser
 
@@ -63,10 +63,44 @@ def server(chromium: Path, tmp_path: Path) -> Iterator[str]:
             proc.wait(timeout=10)
 
 
-def test_the_overview_loads_in_chromium(chromium: Path, server: str, tmp_path: Path) -> None:
+def _settled(page, charts: int = 0) -> None:
+    """Wait until the script has finished and `charts` charts are drawn."""
+    if charts:
+        page.locator("[data-testid='stVegaLiteChart'] svg.marks").nth(charts - 1).wait_for(
+            timeout=60_000)
+    page.wait_for_function(
+        "() => !document.querySelector(\"[data-testid='stStatusWidgetRunningIcon'], "
+        "[data-testid='stSkeleton']\")", timeout=60_000)
+    page.wait_for_timeout(800)  # tables draw on a canvas after they mount
+    assert page.locator("[data-testid='stException']").count() == 0
+
+
+def _shot(page, name: str) -> None:
+    """A screenshot of the whole page: Streamlit scrolls inside its own container, so the
+    window is made as tall as the content first."""
+    height = page.evaluate(
+        "() => document.querySelector(\"[data-testid='stMainBlockContainer']\").scrollHeight")
+    page.set_viewport_size({"width": 1440, "height": max(900, int(height) + 160)})
+    page.wait_for_timeout(1500)
+    page.screenshot(path=str(ARTIFACTS / name))
+    page.set_viewport_size({"width": 1440, "height": 900})
+
+
+def _y_domain(page, chart: int) -> tuple[float, float]:
+    """The y-axis range of a drawn chart, as Vega describes it for screen readers:
+    "Y-axis titled '...' for a linear scale with values from 250 to 330"."""
+    label = page.locator("[data-testid='stVegaLiteChart']").nth(chart).locator(
+        "[aria-label^='Y-axis']").first.get_attribute("aria-label")
+    found = re.search(r"values from (-?[\d.,]+) to (-?[\d.,]+)", label or "")
+    assert found, label
+    low, high = (float(x.replace(",", "")) for x in found.groups())
+    return low, high
+
+
+def test_a_reviewer_finds_the_regression(chromium: Path, server: str, tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
-    shot, history_shot = tmp_path / "dashboard.png", tmp_path / "dashboard-history.png"
+    ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=str(chromium),
@@ -74,29 +108,59 @@ def test_the_overview_loads_in_chromium(chromium: Path, server: str, tmp_path: P
                   "--no-first-run"],
         )
         try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
             page.goto(server, wait_until="domcontentloaded", timeout=60_000)
-            # The overview's content: the call-outs name the failed and over-budget cases.
-            page.get_by_text(VISION).first.wait_for(timeout=60_000)
-            page.locator("[data-testid='stDataFrame']").first.wait_for(timeout=30_000)
-            page.wait_for_timeout(1500)  # the table draws on a canvas after it mounts
+            page.get_by_text("Select a row to open its history").wait_for(timeout=60_000)
+            _settled(page)
             body = page.inner_text("body")
-            assert "Overview" in body and D8 in body and "over budget" in body
-            assert page.locator("[data-testid='stException']").count() == 0
-            page.screenshot(path=str(shot), full_page=True)
+            # The regression that reached main is flagged, with the commit it came in at.
+            assert f"regression · {D8}" in body and "since 09aaaaaaaa, not fixed" in body
+            assert "failed · vision" in body
+            _shot(page, "dashboard-overview.png")
 
-            # A deep link to a history page: both charts draw, still no exception.
-            page.goto(f"{server}/?page=History&case={quote(D8)}", wait_until="domcontentloaded")
+            # A row click opens the case's history, and the address says which.
+            grid = page.locator("[data-testid='stDataFrame']").first.bounding_box()
+            assert grid is not None
+            page.mouse.click(grid["x"] + 18, grid["y"] + 35 + 35 * 1 + 17)  # 2nd row: D8
+            page.wait_for_url(re.compile(r"page=History"), timeout=30_000)
             page.get_by_text("Where the series moved").wait_for(timeout=60_000)
-            charts = page.locator("[data-testid='stVegaLiteChart']")
-            charts.nth(1).wait_for(timeout=30_000)
-            page.wait_for_timeout(1500)
-            assert charts.count() == 2
-            assert page.locator("[data-testid='stException']").count() == 0
-            page.screenshot(path=str(history_shot), full_page=True)
+            _settled(page, charts=4)
+            shared = page.url
+            assert f"case={quote(D8, safe='')}" in shared.replace("%5b", "%5B"), shared
+
+            # The step is visible on its own view's scale: the y-axis spans the series
+            # (256 to 320 MiB, the 350 MiB budget, a pull request at 400 MiB), not 0 to
+            # the largest view (the device's ~900 MiB).
+            low, high = _y_domain(page, 0)
+            assert 150 <= low <= 256 and 400 <= high <= 500, (low, high)
+            low, high = _y_domain(page, 2)  # the device view: its own ~800 MiB scale
+            assert 600 <= low <= 776 and 920 <= high <= 1100, (low, high)
+            _shot(page, "dashboard-history.png")
+
+            # The shared address opens the same history for someone else.
+            other = browser.new_page(viewport={"width": 1440, "height": 900})
+            other.goto(shared, wait_until="domcontentloaded")
+            other.get_by_text("Where the series moved").wait_for(timeout=60_000)
+            _settled(other, charts=4)
+            assert "320.00 MiB of 350.00 MiB framework allocated" in other.inner_text("body")
+            other.close()
+
+            page.goto(f"{server}/?page=regressions", wait_until="domcontentloaded")
+            page.get_by_text("not fixed or accepted").wait_for(timeout=60_000)
+            _settled(page)
+            body = page.inner_text("body")
+            assert f"{D8} allocated +64.00 MiB (+25.0%) since 09aaaaaaaa" in body
+            _shot(page, "dashboard-regressions.png")
+
+            page.goto(f"{server}/?page=run-detail", wait_until="domcontentloaded")
+            page.get_by_text("Exact parameters").wait_for(timeout=60_000)
+            _settled(page, charts=1)
+            _shot(page, "dashboard-run-detail.png")
+
+            page.goto(f"{server}/?page=Compare&a=08aaaa&b=09aaaa", wait_until="domcontentloaded")
+            page.get_by_text("coloured only past").wait_for(timeout=60_000)
+            _settled(page)
+            _shot(page, "dashboard-compare.png")
         finally:
             browser.close()
-    assert shot.stat().st_size > 10_000
-    ARTIFACTS.mkdir(exist_ok=True)
-    shutil.copyfile(shot, ARTIFACTS / "dashboard.png")
-    shutil.copyfile(history_shot, ARTIFACTS / "dashboard-history.png")
+    assert (ARTIFACTS / "dashboard-history.png").stat().st_size > 10_000

@@ -2,17 +2,38 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 import streamlit as st
+from streamlit.errors import StreamlitAPIException
 
 from dashboard import data, model
 from memtrack.config import Config
 
-PAGES = ("Overview", "History", "Run detail", "Compare")
-"""Page names, as the sidebar and the `page` query parameter spell them."""
+PAGES = ("Overview", "History", "Regressions", "Run detail", "Compare")
+"""Page names, as the page selector and the `page` query parameter spell them (any case;
+`run-detail` and `run_detail` work too)."""
+
+_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def esc(text: object, limit: int | None = None) -> str:
+    """Recorded or URL-supplied text made inert for Markdown: every ASCII punctuation mark
+    backslash-escaped (no link, image, emphasis, directive or auto-link can form), line
+    breaks flattened, and cut to `limit` characters."""
+    s = " ".join(str(text if text is not None else "").split())
+    if limit is not None and len(s) > limit:
+        s = s[:limit - 1] + "…"
+    return _PUNCTUATION.sub(r"\\\1", s)
+
+
+def page_name(text: str | None) -> str | None:
+    """The page a `page` query parameter names, in any case; None when it names none."""
+    key = re.sub(r"[\s_+-]+", " ", (text or "").strip()).lower()
+    return next((p for p in PAGES if p.lower() == key), None)
 
 STATUS_LOOK = {  # palette colour, Material icon, table cell background and text colour
     "failed": ("red", ":material/error:", "#fbd5d5", "#7f1d1d"),
@@ -49,6 +70,10 @@ class Context:
     def base_branch(self) -> str:
         return self.config.base_branch if self.config else "main"
 
+    @property
+    def headroom_factor(self) -> float:
+        return self.config.headroom_factor if self.config else model.HEADROOM_FACTOR
+
     def env(self, env_id: str | None) -> dict[str, Any]:
         return self.choices["environments"].get(env_id) or {}
 
@@ -64,14 +89,40 @@ class Context:
 
 
 def goto(page: str, **state: Any) -> None:
-    """A callback: switch page (and set its selections) before the next rerun."""
+    """A callback: switch page and set its selections before the next rerun. The widgets
+    they belong to are bound to the URL, so the address bar then links to exactly what is
+    shown; the URL is set here too for a widget of another page, not drawn in this run."""
     st.session_state["page"] = page
     for k, v in state.items():
         st.session_state[k] = v
+        try:
+            st.query_params[k] = v
+        except StreamlitAPIException:  # bound to a widget of this run: it follows the state
+            pass
 
 
 def short(sha: str | None) -> str:
     return (sha or "-")[:10]
+
+
+def resolve_case(ctx: Context, text: str | None) -> tuple[str | None, list[str]]:
+    """A case id from what a link may carry: the id itself, the short label the Overview
+    shows, or a workload name with a single case. Returns (case, candidates): no case and
+    the candidates when the text is ambiguous or unknown (candidates then share its
+    workload, or are empty)."""
+    cases: list[str] = ctx.choices["cases"]
+    text = (text or "").strip()
+    if not text or text in cases:
+        return (text or None), []
+    labels = model.short_case_labels(cases)
+    found = [c for c in cases if labels[c] == text]
+    if len(found) == 1:
+        return found[0], []
+    name = text.split("[", 1)[0]
+    same = [c for c in cases if c.split("[", 1)[0] == name]
+    if len(same) == 1 and not found:
+        return same[0], []
+    return None, found or same
 
 
 def when(iso: str | None) -> str:
@@ -97,7 +148,7 @@ def when(iso: str | None) -> str:
 
 def run_label(r: dict[str, Any]) -> str:
     """'2026-01-03 14:05 · main · 1a2b3c4d5e · subject' for run pickers."""
-    subject = (r.get("git_subject") or "")[:50]
+    subject = " ".join((r.get("git_subject") or "").split())[:50]
     failed = f" · {r['failed']} failed" if r.get("failed") else ""
     return (f"{(r.get('started_at') or '')[:16].replace('T', ' ')} · {r.get('git_branch') or '-'}"
             f" · {short(r.get('git_commit'))} · {subject}{failed}")

@@ -1,4 +1,5 @@
-"""Compare: two runs (or commits) side by side, per case and view, with deltas."""
+"""Compare: two runs (or commits) side by side, per case and view, with deltas, each row
+with its budget and the gate's verdict, and deltas coloured only past their headroom."""
 
 from __future__ import annotations
 
@@ -8,83 +9,116 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data, model
-from dashboard.views import Context, resolve_run, run_label, short, when
+from dashboard.views import Context, esc, resolve_run, run_label, short, when
+from memtrack import metrics
 from memtrack.units import format_seconds, format_size
 
-VIEWS = ("allocated", "reserved", "requested", "device", "host")
+VIEWS = ("allocated", "reserved", "requested", "device", "host", "host_step")
+TIME_EFFECT = 0.05
+"""Time is noisy: a median moving less than this share is not a change (the gate's
+smallest tested effect)."""
 
 
 def _pick(side: str) -> None:
-    st.session_state[side] = st.session_state[f"{side}_pick"]
+    st.session_state[side] = st.query_params[side] = st.session_state[f"{side}_pick"]
 
 
-def _delta_style(pct: float | None) -> str:
-    """Growth in red, shrinkage in green."""
-    if pct is None or pct != pct or pct == 0:  # None, NaN or no change
-        return ""
-    return "color: #b91c1c; font-weight: 600" if pct > 0 else "color: #15803d; font-weight: 600"
+def _delta_style(row: pd.Series) -> list[str]:
+    """Growth past the headroom in red, shrinkage past it in green; the rest plain."""
+    colour = ""
+    if row["beyond"]:
+        pct = row["delta %"]
+        colour = ("color: #b91c1c; font-weight: 600" if pct is not None and pct > 0
+                  else "color: #15803d; font-weight: 600")
+    return [colour if c in ("delta", "delta %") else "" for c in row.index]
 
 
-def _defaults(ctx: Context, recent: list[dict[str, Any]]) -> tuple[str | None, str | None]:
-    """B: the newest run; A: the newest earlier run on the base branch, else the one before."""
+def _defaults(ctx: Context, recent: list[dict[str, Any]],
+              b_id: str | None) -> tuple[str | None, str | None]:
+    """B: the URL's, else the newest run. A: the newest run started before B, on the base
+    branch where there is one."""
     if not recent:
-        return None, None
-    earlier = recent[1:]
+        return None, b_id
+    b_id = b_id or recent[0]["run_id"]
+    b_at = next((r["started_at"] for r in recent if r["run_id"] == b_id), None)
+    if b_at is None:
+        found = data.run_detail(ctx.db, ctx.key, b_id)
+        b_at = found["started_at"] if found else ""
+    earlier = [r for r in recent if r["started_at"] < b_at and r["run_id"] != b_id]
     base = [r for r in earlier if r["git_branch"] == ctx.base_branch] or earlier
-    return (base[0]["run_id"] if base else None), recent[0]["run_id"]
+    return (base[0]["run_id"] if base else None), b_id
 
 
-def _side(ctx: Context, side: str, title: str, default: str | None,
-          labels: dict[str, str]) -> str | None:
+def _side(ctx: Context, side: str, title: str, labels: dict[str, str]) -> str | None:
     st.markdown(f"**{title}**")
     text = st.text_input(f"{side.upper()}: run id or commit", key=side, bind="query-params",
-                         placeholder=short(default) if default else "run id or commit")
-    run_id = resolve_run(ctx, text) if text else default
-    st.selectbox(f"... or a recent run as {side.upper()}", list(labels), key=f"{side}_pick",
-                 index=list(labels).index(run_id) if run_id in labels else None,
-                 format_func=lambda r: labels[r], on_change=_pick, args=(side,),
-                 placeholder="choose a recent run")
+                         placeholder="run id or commit (a prefix will do)")
+    run_id = resolve_run(ctx, text) if text else None
     if text and run_id is None:
-        st.warning(f"No run or commit starts with {text!r}.")
+        st.warning(f"No run or commit starts with “{esc(text, 40)}”.")
     return run_id
 
 
-def _delta_rows(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+def _headroom(metric: str, before: int, verdict: dict[str, Any] | None) -> float:
+    """How far a figure may move before it is a change: the gate's threshold less its
+    baseline where it judged this case, else the metric's floor."""
+    if verdict and verdict.get("threshold") is not None and verdict.get("baseline_value"):
+        return max(float(verdict["threshold"]) - float(verdict["baseline_value"]),
+                   metrics.floor(metric, before))
+    return metrics.floor(metric, before)
+
+
+def _delta_rows(ctx: Context, a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     ma = {m["case_id"]: m for m in a["measurements"]}
     mb = {m["case_id"]: m for m in b["measurements"]}
+    labels = model.short_case_labels(set(ma) | set(mb))
     rows = []
     for case in sorted(set(ma) | set(mb)):
         x, y = ma.get(case), mb.get(case)
+        common = {"case": labels[case], "case id": case}
         if x is None or y is None:
-            rows.append({"case": case, "view": "present", "A": "yes" if x else "no",
-                         "B": "yes" if y else "no", "delta": "", "delta %": None, "changed": True})
+            rows.append({**common, "view": "present", "A": "yes" if x else "no",
+                         "B": "yes" if y else "no", "delta": "", "delta %": None,
+                         "beyond": True, "budget": "", "verdict": ""})
             continue
         if x["status"] != y["status"]:
-            rows.append({"case": case, "view": "status", "A": x["status"], "B": y["status"],
-                         "delta": "changed", "delta %": None, "changed": True})
+            rows.append({**common, "view": "status", "A": x["status"], "B": y["status"],
+                         "delta": "changed", "delta %": None, "beyond": True, "budget": "",
+                         "verdict": "failed" if y["status"] != "ok" else ""})
+        verdicts = {v["metric"]: v for v in b["verdicts"] if v["case_id"] == case}
+        budgets = {bb.metric: bb for bb in ctx.budgets({**y, "env_id": b.get("env_id")},
+                                                       list(verdicts.values()))}
         for view in VIEWS:
             va, vb = model.metric_value(x, view), model.metric_value(y, view)
             if va is None and vb is None:
                 continue
             delta = None if va is None or vb is None else vb - va
+            budget = budgets.get(view)
+            verdict = verdicts.get(view)
+            used = (f" ({vb / budget.limit_bytes:.0%})" if budget and vb is not None else "")
             rows.append({
-                "case": case, "view": model.METRIC_LABELS[view], "A": format_size(va),
+                **common, "view": model.SHORT_LABELS[view], "A": format_size(va),
                 "B": format_size(vb),
                 "delta": "-" if delta is None else
                          ("+" if delta > 0 else "") + format_size(delta),
                 "delta %": None if delta is None or not va else round(100 * delta / va, 2),
-                "changed": va != vb,
+                "beyond": delta is not None and abs(delta) > _headroom(view, va or 0, verdict),
+                "budget": (f"{format_size(budget.limit_bytes)}{used}"
+                           + (" OVER" if vb is not None and vb > budget.limit_bytes else "")
+                           if budget else ""),
+                "verdict": (verdict or {}).get("kind") or "",
             })
         ta, tb = x.get("time_median_s"), y.get("time_median_s")
         if ta is not None or tb is not None:
+            pct = None if ta is None or tb is None or not ta else (tb - ta) / ta
             rows.append({
-                "case": case, "view": "median time", "A": format_seconds(ta),
+                **common, "view": "median time", "A": format_seconds(ta),
                 "B": format_seconds(tb),
                 "delta": "-" if ta is None or tb is None else
                          ("+" if tb >= ta else "-") + format_seconds(abs(tb - ta)),
-                "delta %": None if ta is None or tb is None or not ta
-                else round(100 * (tb - ta) / ta, 2),
-                "changed": ta != tb,
+                "delta %": None if pct is None else round(100 * pct, 2),
+                "beyond": pct is not None and abs(pct) >= TIME_EFFECT,
+                "budget": "", "verdict": (verdicts.get("time") or {}).get("kind") or "",
             })
     return rows
 
@@ -93,46 +127,68 @@ def render(ctx: Context) -> None:
     st.title("Compare")
     recent = data.recent_runs(ctx.db, ctx.key)
     labels = {r["run_id"]: run_label(r) for r in recent}
-    default_a, default_b = _defaults(ctx, recent)
     left, right = st.columns(2)
-    with left:
-        a_id = _side(ctx, "a", "A (before)", default_a, labels)
     with right:
-        b_id = _side(ctx, "b", "B (after)", default_b, labels)
+        b_id = _side(ctx, "b", "B (after)", labels)
+    with left:
+        a_id = _side(ctx, "a", "A (before)", labels)
+    default_a, default_b = _defaults(ctx, recent, b_id)
+    a_id, b_id = a_id or default_a, b_id or default_b
+    for col, side, chosen in ((left, "a", a_id), (right, "b", b_id)):
+        col.selectbox(f"... or a recent run as {side.upper()}", list(labels),
+                      key=f"{side}_pick",
+                      index=list(labels).index(chosen) if chosen in labels else None,
+                      format_func=lambda r: labels[r], on_change=_pick, args=(side,),
+                      placeholder="choose a recent run")
     if a_id is None or b_id is None:
-        st.info("Choose two runs to compare.")
+        st.info("Choose two runs to compare (no run before B was found for A).")
         return
     a, b = data.run_detail(ctx.db, ctx.key, a_id), data.run_detail(ctx.db, ctx.key, b_id)
     if a is None or b is None:
         st.warning("One of these runs is gone from the database.")
         return
     for name, r in (("A", a), ("B", b)):
-        st.markdown(f"**{name}** `{short(r['git_commit'])}` on `{r['git_branch'] or '-'}` · "
-                    f"{when(r['started_at'])} · {r['git_subject'] or ''} · "
-                    f"{model.env_label(r['environment'])}")
+        st.markdown(f"**{name}** {esc(short(r['git_commit']))} on "
+                    f"{esc(r['git_branch'] or '-')} · {esc(when(r['started_at']))} · "
+                    f"{esc(r['git_subject'] or '', 120)} · "
+                    f"{esc(model.env_label(r['environment']))}")
+    if a["started_at"] > b["started_at"]:
+        st.caption("A ran after B: the deltas read from the newer run to the older one.")
     if a["fingerprint"] != b["fingerprint"]:
         st.warning("Different environments, so the figures are not like for like: "
-                   + "; ".join(model.env_changes(a["environment"], b["environment"])))
-    rows = _delta_rows(a, b)
-    only = st.toggle("Only what changed", key="cmp_only_changes")
+                   + esc("; ".join(model.env_changes(a["environment"], b["environment"]))))
+    else:
+        st.caption("Same environment (fingerprint "
+                   f"{esc(a['fingerprint'])}): the figures are like for like.")
+    rows = _delta_rows(ctx, a, b)
+    only = st.toggle("Only what changed past its headroom", key="cmp_only_changes",
+                     bind="query-params")
     if only:
-        rows = [r for r in rows if r["changed"]]
-    grew = [r for r in rows if (r["delta %"] or 0) > 0 and r["view"] in
-            {model.METRIC_LABELS[v] for v in VIEWS}]
+        rows = [r for r in rows if r["beyond"]]
+    grew = [r for r in rows if r["beyond"] and (r["delta %"] or 0) > 0
+            and r["view"] != "median time"]
     if grew:
         top = max(grew, key=lambda r: r["delta %"])
-        st.markdown(f"{len(grew)} figure(s) grew from A to B; the largest: `{top['case']}` "
-                    f"{top['view']} {top['delta']} ({top['delta %']:+.2f}%).")
+        st.markdown(f"{len(grew)} figure(s) grew past their headroom from A to B; the "
+                    f"largest: {esc(top['case'])} {esc(top['view'])} {esc(top['delta'])} "
+                    f"({top['delta %']:+.2f}%).")
     if not rows:
-        st.info("Nothing differs between these two runs.")
+        st.info("Nothing moved past its headroom between these two runs.")
         return
     df = pd.DataFrame(rows)
     st.dataframe(
-        df.style.map(_delta_style, subset=["delta %"]), hide_index=True, key="cmp_table",
+        df.style.apply(_delta_style, axis=1), hide_index=True, key="cmp_table",
         height=min(35 * (len(df) + 1) + 3, 800),
-        column_order=["case", "view", "A", "B", "delta", "delta %"],
+        column_order=["case", "view", "A", "B", "delta", "delta %", "budget", "verdict",
+                      "case id"],
         column_config={
-            "case": st.column_config.TextColumn(width="large"),
+            "case": st.column_config.TextColumn(width=220),
             "delta %": st.column_config.NumberColumn(format="%+.2f%%"),
+            "budget": st.column_config.TextColumn(width=170, help="B's budget on this view "
+                                                                  "and the share B uses"),
+            "verdict": st.column_config.TextColumn(help="What the gate recorded about B"),
         },
     )
+    st.caption("Deltas are coloured only past the view's justified headroom: the gate's "
+               "threshold where it judged B, else the metric's floor (rounding, pages); "
+               f"median time past {TIME_EFFECT:.0%}.")

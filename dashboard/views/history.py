@@ -1,4 +1,5 @@
-"""History of one workload case: every view per run, the budget, the headroom, the events."""
+"""History of one workload case: one panel per view on its own scale, the budget, the
+headroom of the current level, failures, steps and environment changes."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, data, model
-from dashboard.views import Context, badge, goto, short, when
+from dashboard.views import Context, badge, esc, goto, resolve_case, short, when
 from memtrack.units import format_seconds, format_size
 
-MARKED_KINDS = ("regression", "over_budget", "failed", "time_regression", "improvement",
-                "environment_changed")
+MARKED_KINDS = ("regression", "over_budget", "time_regression", "improvement", "accepted",
+                "noisy", "environment_changed")
 
 
 def _day(iso: str | None) -> date | None:
@@ -24,15 +25,36 @@ def _day(iso: str | None) -> date | None:
         return None
 
 
+def _pick_case(ctx: Context) -> str | None:
+    """The case of the URL (an id, the Overview's short label, or a workload name with one
+    case), or None after a warning that lists the candidates."""
+    asked = st.query_params.get("case")
+    if asked is not None and asked not in ctx.choices["cases"]:
+        found, candidates = resolve_case(ctx, asked)
+        if found is not None:  # say it right in the URL, then draw from it
+            st.query_params["case"] = found
+            st.rerun()
+        else:
+            options = candidates or ctx.choices["cases"]
+            st.warning(f"No single case matches {esc(asked, 80)}"
+                       + (f": it could be {', '.join(esc(c) for c in candidates[:10])}."
+                          if candidates else ". Choose one below."))
+            st.selectbox("Workload case", options, index=None, key="case_pick",
+                          placeholder="choose a case",
+                          on_change=lambda: goto("History", case=st.session_state["case_pick"]))
+            return None
+    return st.selectbox("Workload case", ctx.choices["cases"], key="case", bind="query-params")
+
+
 def _filters(ctx: Context) -> dict[str, Any]:
-    envs = ctx.choices["environments"].values()
     fps: dict[str, str] = {}
-    for e in envs:
+    for e in ctx.choices["environments"].values():
         fps.setdefault(e["fingerprint"], model.env_label(e))
     c1, c2, c3, c4 = st.columns([2, 2, 2, 1])
     branches = c1.multiselect("Branches", ctx.choices["branches"], key="h_branches",
-                              placeholder="all branches")
-    fingerprints = c2.multiselect("Environments", list(fps), key="h_envs",
+                              bind="query-params",
+                              placeholder=f"all ({ctx.base_branch} as the line)")
+    fingerprints = c2.multiselect("Environments", list(fps), key="h_envs", bind="query-params",
                                   format_func=lambda f: fps[f], placeholder="all environments")
     first, last = _day(ctx.summary["first"]), _day(ctx.summary["last"])
     since = until = None
@@ -45,8 +67,9 @@ def _filters(ctx: Context) -> dict[str, Any]:
                 since = lo.isoformat()
             if hi < last:
                 until = (hi + timedelta(days=1)).isoformat()
-    limit = c4.number_input("Newest runs", min_value=10, max_value=5000, value=500, step=100,
-                            key="h_limit")
+    # 200 runs keep a page quick in the browser (each is a mark on every panel).
+    limit = c4.number_input("Newest runs", min_value=10, max_value=5000, value=200, step=100,
+                            key="h_limit", bind="query-params")
     return {"branches": tuple(branches), "fingerprints": tuple(fingerprints),
             "since": since, "until": until, "limit": int(limit)}
 
@@ -64,32 +87,55 @@ def _env_changes(ctx: Context, rows_old_first: list[dict[str, Any]]) -> list[dic
             if last_seen[prev["fingerprint"]] > i:
                 continue
             changes = model.env_changes(ctx.env(prev["env_id"]), ctx.env(cur["env_id"]))
-            out.append({"started_at": cur["started_at"], "change": "; ".join(changes),
-                        "short": changes[0], "commit": short(cur["git_commit"]),
-                        "run_id": cur["run_id"]})
+            out.append({"x": cur["x"], "change": "; ".join(changes), "row": cur})
     return out
 
 
-def _markers(rows: list[dict[str, Any]], verdicts: list[dict[str, Any]],
-             metric: str) -> list[dict[str, Any]]:
-    by_run = {r["run_id"]: r for r in rows}
+def _failure_marks(rows_old_first: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """A failed run, marked on a view where it was seen: at the level the view had just
+    before it (after it, for a failure before any figure)."""
+    out = []
+    for i, r in enumerate(rows_old_first):
+        if r["status"] == "ok":
+            continue
+        near = [model.metric_value(x, metric) for x in rows_old_first[:i][::-1]]
+        near += [model.metric_value(x, metric) for x in rows_old_first[i + 1:]]
+        level = next((v for v in near if v is not None), None)
+        if level is not None:
+            out.append({"x": r["x"], "bytes": level, "kind": "failed",
+                        "commit": short(r["git_commit"]),
+                        "message": f"{r['status']}: {r.get('message') or ''}"[:200]})
+    return out
+
+
+def _verdict_marks(by_run: dict[str, dict[str, Any]], verdicts: list[dict[str, Any]],
+                   metric: str) -> list[dict[str, Any]]:
     out = []
     for v in verdicts:
         r = by_run.get(v["run_id"])
-        if r is None or v.get("kind") not in MARKED_KINDS:
+        if r is None or v.get("kind") not in MARKED_KINDS or v.get("metric") != metric:
             continue
-        value = v.get("candidate_value") if v.get("metric") in model.METRIC_COLUMNS else None
-        out.append({"started_at": r["started_at"], "kind": v["kind"],
-                    "value": value if value is not None else model.metric_value(r, metric),
-                    "commit": short(r["git_commit"]),
-                    "message": v.get("message") or v["kind"]})
-    seen = {m["started_at"] for m in out if m["kind"] == "failed"}
-    for r in rows:
-        if r["status"] != "ok" and r["started_at"] not in seen:
-            out.append({"started_at": r["started_at"], "kind": "failed", "value": None,
+        value = v.get("candidate_value")
+        value = model.metric_value(r, metric) if value is None else value
+        if value is not None:
+            out.append({"x": r["x"], "bytes": value, "kind": v["kind"],
                         "commit": short(r["git_commit"]),
-                        "message": f"{r['status']}: {r.get('message') or ''}"})
+                        "message": (v.get("accepted_reason") or v.get("message") or "")[:200]})
     return out
+
+
+def _band(ctx: Context, latest_verdicts: list[dict[str, Any]], metric: str,
+          line: list[dict[str, Any]], moved: list[model.Step]) -> tuple | None:
+    """The latest verdict's headroom (baseline to threshold), over the current level only:
+    from the newest step of this view (or the first point) to the newest point."""
+    for v in latest_verdicts:
+        found = model.headroom_band(v) if v.get("metric") == metric else None
+        if found and line:
+            start = moved[0].row["x"] if moved else line[0]["x"]
+            what = (f"{'provisional, ' if v.get('provisional') else ''}checked "
+                    f"{(v.get('checked_at') or '')[:10]}")
+            return what, start, line[-1]["x"], *found
+    return None
 
 
 def _open_run(table_key: str, run_ids: list[str]) -> None:
@@ -99,101 +145,134 @@ def _open_run(table_key: str, run_ids: list[str]) -> None:
 
 
 def render(ctx: Context) -> None:
-    cases = ctx.choices["cases"]
     st.title("History")
-    case = st.selectbox("Workload case", cases, key="case", bind="query-params")
+    case = _pick_case(ctx)
+    if case is None:
+        return
     f = _filters(ctx)
     hist = data.history(ctx.db, ctx.key, case, f["branches"], f["fingerprints"], f["since"],
-                        f["until"], f["limit"])
+                        f["until"], f["limit"], ctx.base_branch, ctx.headroom_factor)
     rows: list[dict[str, Any]] = hist["rows"]
     if not rows:
         st.info("No measurements of this case match the filters.")
         return
-    latest = rows[0]
+    base = ctx.base_branch
+    on_base = [r for r in rows if r["git_branch"] == base]
+    line_rows = on_base or rows  # without the base branch in view, the runs shown
+    latest = line_rows[0]
     latest_verdicts = [v for v in hist["verdicts"] if v["run_id"] == latest["run_id"]]
     budgets = ctx.budgets(latest, hist["latest_verdicts"])
-    status = model.case_status(latest, budgets, latest_verdicts)
-    st.markdown(f"{badge(status.status)} latest run "
-                f"{when(latest['started_at'])} on `{latest['git_branch'] or '-'}` at "
-                f"`{short(latest['git_commit'])}` · {model.describe_status(status)}")
+    still_open = model.open_regressions(rows, hist["verdicts"], base)
+    status = model.case_status(latest, budgets, latest_verdicts, still_open)
+    st.markdown(f"{badge(status.status)} latest run on {esc(latest['git_branch'] or '-')} "
+                f"at {esc(short(latest['git_commit']))}, {esc(when(latest['started_at']))} · "
+                f"{esc(model.describe_status(status), 300)}")
 
     available = [m for m in model.CHART_METRICS
                  if any(model.metric_value(r, m) is not None for r in rows)]
-    views = st.pills("Views", available, selection_mode="multi", default=available,
+    budgeted = {b.metric: b for b in budgets}
+    available.sort(key=lambda m: (m != status.metric, m not in budgeted))
+    # Drawn at first: the view that decides the status, views with a budget, and views
+    # that moved in this window; the others are a click away.
+    shown = [m for m in available if m == status.metric or m in budgeted
+             or hist["steps"].get(m)] or available[:1]
+    views = st.pills("Views", available, selection_mode="multi", default=shown,
                      format_func=lambda m: model.METRIC_LABELS[m], key="h_views")
-    old_first = list(reversed(rows))
-    band = None
-    for v in hist["latest_verdicts"]:
-        found = model.headroom_band(v)
-        if found and v["metric"] in views and (band is None or v["metric"] == status.metric):
-            band = (f"{model.METRIC_LABELS[v['metric']]}, "
-                    f"{'provisional, ' if v.get('provisional') else ''}checked "
-                    f"{(v.get('checked_at') or '')[:10]}", *found)
-    budget_lines = [(f"budget ({model.METRIC_LABELS[b.metric]})", b.limit_bytes)
-                    for b in budgets if b.metric in views]
-    markers = _markers(rows, hist["verdicts"], status.metric)
-    env_changes = _env_changes(ctx, old_first)
-    st.altair_chart(
-        charts.memory_chart(old_first, ctx.choices["environments"], views, budget_lines, band,
-                            markers, env_changes),
-        width="stretch",
-    )
-    captions = [f"{len(rows)} runs, newest {when(latest['started_at'])}"]
-    if budget_lines:
-        captions.append("dashed red: budget" + "".join(
-            f" ({b.reason})" for b in budgets if b.reason))
-    if band:
-        captions.append("green band: the justified headroom of the latest verdict")
+    old_first = sorted(rows, key=lambda r: (r["x"], r["started_at"]))
+    line_old_first = [r for r in old_first if not on_base or r["git_branch"] == base]
+    by_run = {r["run_id"]: r for r in rows}
+    env_changes = _env_changes(ctx, line_old_first)
+    x_axis = charts.time_axis([r["x"] for r in rows])
+    moved_by_view: dict[str, list[model.Step]] = {}
+    envs = {e: model.env_short(ctx.env(e)) for e in {r["env_id"] for r in rows}}
+    for metric in views or []:
+        moved = hist["steps"][metric]
+        moved_by_view[metric] = moved
+        points = [{
+            "x": r["x"], "bytes": v, "line": "base" if (not on_base or r["git_branch"] == base)
+            else charts.OTHER_BRANCHES,
+            "environment": envs[r["env_id"]], "commit": short(r["git_commit"]),
+            "subject": (r["git_subject"] or "")[:60], "branch": r["git_branch"] or "-",
+        } for r in old_first if (v := model.metric_value(r, metric)) is not None]
+        if not points:
+            continue
+        b = budgeted.get(metric)
+        budget = (f" ({b.reason})" if b.reason else "", b.limit_bytes) if b else None
+        line = [p for p in points if p["line"] == "base"]
+        band = _band(ctx, hist["latest_verdicts"], metric, line, moved)
+        marks = (_failure_marks(old_first, metric)
+                 + _verdict_marks(by_run, hist["verdicts"], metric))
+        st.vega_lite_chart(charts.view_panel(metric, points, x_axis, budget, band, marks,
+                                             [{"x": e["x"], "change": e["change"]}
+                                              for e in env_changes], [r["x"] for r in rows]),
+                           width="stretch")
+    captions = [f"{len(rows)} runs; {esc(base)} as a line in commit order"
+                + (", other branches as separate ◇ points" if len(on_base) < len(rows) else "")]
+    if budgeted:
+        captions.append("dashed red: the budget")
+    captions.append("green band: the justified headroom of the latest verdict, over the "
+                    "current level")
+    captions.append("▼ failures (at the level last seen) and verdicts")
     if env_changes:
         captions.append("brown rules: environment changes")
-    st.caption(" · ".join(captions) + ". Drag to pan, scroll to zoom.")
+    st.caption(" · ".join(captions) + ". Each view has its own scale. Drag to pan, scroll to "
+               "zoom.")
 
     st.subheader("Completion time")
-    tchart = charts.time_chart(old_first)
+    tchart = charts.time_chart(old_first, x_axis)
     if tchart is None:
         st.caption("No iteration times recorded for these runs.")
     else:
-        st.altair_chart(tchart, width="stretch")
+        st.vega_lite_chart(tchart, width="stretch")
 
     st.subheader("Where the series moved")
-    moved = model.steps(rows, status.metric)
-    events = [{"time": s.row["started_at"][:16].replace("T", " "), "event": "step",
-               "what": f"{model.METRIC_LABELS[status.metric]} {s.describe()}: "
-                       f"{format_size(s.before)} → {format_size(s.after)}",
-               "commit": short(s.row["git_commit"]), "branch": s.row["git_branch"],
-               "subject": s.row["git_subject"], "run_id": s.row["run_id"]} for s in moved]
-    by_run = {r["run_id"]: r for r in rows}
-    events += [{"time": e["started_at"][:16].replace("T", " "), "event": "environment",
-                "what": e["change"], "commit": e["commit"],
-                "branch": by_run[e["run_id"]]["git_branch"],
-                "subject": by_run[e["run_id"]]["git_subject"], "run_id": e["run_id"]}
-               for e in env_changes]
-    events += [{"time": by_run[v["run_id"]]["started_at"][:16].replace("T", " "),
-                "event": v["kind"], "what": v.get("message") or "",
-                "commit": short(by_run[v["run_id"]]["git_commit"]),
-                "branch": by_run[v["run_id"]]["git_branch"],
-                "subject": by_run[v["run_id"]]["git_subject"], "run_id": v["run_id"]}
-               for v in hist["verdicts"] if v.get("kind") in MARKED_KINDS]
+    events = _events(ctx, rows, hist["verdicts"], moved_by_view, env_changes, by_run)
     if events:
         events.sort(key=lambda e: e["time"], reverse=True)
-        ev = pd.DataFrame(events[:200])
+        ev = pd.DataFrame(events[:300])
         st.dataframe(ev, hide_index=True, key="h_events", selection_mode="single-row",
                      on_select=lambda: _open_run("h_events", list(ev["run_id"])),
-                     column_order=["time", "event", "what", "commit", "branch", "subject"])
-        st.caption("A step is a shift of the series' level (median of 3 runs on each side) "
-                   f"past its noise, at least {format_size(model.STEP_MIN_BYTES)}; the run "
-                   "named is the first at the new level. Select a row to open its run.")
+                     column_order=["time", "event", "what", "commit", "branch", "subject"],
+                     column_config={"what": st.column_config.TextColumn(width="large")})
+        st.caption("A step is a shift of the series' level past its headroom (the gate's "
+                   "change points); the run named is the first at the new level. Select a row "
+                   "to open its run.")
     else:
-        st.caption(f"No step, environment change or verdict among these {len(rows)} runs.")
+        st.caption(f"No step, failure, environment change or verdict among these "
+                   f"{len(rows)} runs.")
 
-    with st.expander(f"All {len(rows)} points"):
-        points = pd.DataFrame([{
+    # The table of every point is sent only on request: it is most of a page's data.
+    if st.toggle(f"Show all {len(rows)} points", key="h_all"):
+        points_df = pd.DataFrame([{
             "time": r["started_at"][:19].replace("T", " "), "branch": r["git_branch"],
             "commit": short(r["git_commit"]), "status": r["status"],
-            **{model.METRIC_LABELS[m]: format_size(model.metric_value(r, m))
+            **{model.SHORT_LABELS[m]: format_size(model.metric_value(r, m))
                for m in model.CHART_METRICS},
             "median time": format_seconds(r["time_median_s"]),
             "subject": r["git_subject"], "run_id": r["run_id"],
         } for r in rows])
-        st.dataframe(points, hide_index=True, key="h_points", selection_mode="single-row",
-                     on_select=lambda: _open_run("h_points", list(points["run_id"])))
+        st.dataframe(points_df, hide_index=True, key="h_points", selection_mode="single-row",
+                     on_select=lambda: _open_run("h_points", list(points_df["run_id"])))
+
+
+def _events(ctx: Context, rows: list[dict[str, Any]], verdicts: list[dict[str, Any]],
+            moved_by_view: dict[str, list[model.Step]], env_changes: list[dict[str, Any]],
+            by_run: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    def event(r: dict[str, Any], kind: str, what: str) -> dict[str, Any]:
+        return {"time": r["started_at"][:16].replace("T", " "), "event": kind, "what": what,
+                "commit": short(r["git_commit"]), "branch": r["git_branch"],
+                "subject": r["git_subject"], "run_id": r["run_id"]}
+
+    out = []
+    for metric, moved in moved_by_view.items():
+        for s in moved:
+            fixed = (f"; fixed at {short(s.fixed_by['git_commit'])}" if s.fixed_by else "")
+            out.append(event(s.row, "step", f"{model.METRIC_LABELS[metric]} {s.describe()}: "
+                             f"{format_size(s.before)} → {format_size(s.after)}{fixed}"))
+    out += [event(e["row"], "environment", e["change"]) for e in env_changes]
+    out += [event(r, "failed", f"{r['status']}: {r.get('message') or ''}")
+            for r in rows if r["status"] != "ok"]
+    out += [event(by_run[v["run_id"]], v["kind"],
+                  f"{v.get('metric')}: {v.get('accepted_reason') or v.get('message') or ''}")
+            for v in verdicts if v.get("kind") in MARKED_KINDS and v["run_id"] in by_run]
+    return out

@@ -1,4 +1,4 @@
-"""Overview: every case's latest status, its peak against its budget, a trend, the last step."""
+"""Overview: every case's status, its peak against its budget, a trend, every step."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data, model
-from dashboard.views import STATUS_LOOK, Context, goto, short, status_cell_style, when
+from dashboard.views import STATUS_LOOK, Context, esc, goto, short, status_cell_style, when
 from memtrack.units import format_size
 
 TREND_POINTS = 30
@@ -23,29 +23,36 @@ def _fingerprints(ctx: Context) -> dict[str, str]:
     return out
 
 
-def _row(ctx: Context, case: dict[str, Any]) -> tuple[model.CaseStatus, dict[str, Any]]:
+def _changes(moved: list[model.Step]) -> str:
+    """Every step of the window, newest first: '+2.00 MiB (+1.1%) at 1a2b3c4d5e, fixed at
+    6f7a8b9c0d'; a step down that fixed one is told with it."""
+    fixes = {(s.fixed_by["run_id"], s.metric) for s in moved if s.fixed_by is not None}
+    return " · ".join(
+        f"{s.describe()} at {short(s.row.get('git_commit'))}"
+        + (f", fixed at {short(s.fixed_by.get('git_commit'))}" if s.fixed_by else "")
+        for s in moved if (s.row["run_id"], s.metric) not in fixes)
+
+
+def _row(ctx: Context, case: dict[str, Any], branch: str) -> tuple[model.CaseStatus, dict]:
     rows, latest = case["rows"], case["rows"][0]
     budgets = ctx.budgets(latest, case["budget_verdicts"])
-    status = model.case_status(latest, budgets, case["verdicts"])
+    still_open = (model.open_regressions(rows, case["window_verdicts"], ctx.base_branch)
+                  if branch == ctx.base_branch else [])
+    status = model.case_status(latest, budgets, case["verdicts"], still_open)
     trend = [model.metric_value(r, status.metric) for r in reversed(rows)]
-    moved = model.steps(rows, status.metric)
-    last_change = (
-        f"{moved[0].describe()} at {short(moved[0].row['git_commit'])}, "
-        f"{when(moved[0].row['started_at'])}" if moved
-        else f"none in the last {len(rows)} runs"
-    )
+    moved = case["steps"][status.metric]
     margin = status.margin
     return status, {
         "status": status.status,
         "case id": case["case_id"],
-        "view": model.METRIC_LABELS.get(status.metric, status.metric),
+        "view": model.SHORT_LABELS.get(status.metric, status.metric),
         "peak": format_size(status.value),
         "budget": format_size(status.budget.limit_bytes) if status.budget else "none",
         "used": None if status.used is None else round(status.used * 100, 1),
         "margin": "" if margin is None else (
             f"{format_size(-margin)} over" if margin < 0 else f"{format_size(margin)} left"),
         "trend": [v / 2**20 for v in trend if v is not None],
-        "last change": last_change,
+        "last change": _changes(moved) or f"none in {len(rows)} runs",
         "latest run": when(latest["started_at"]),
         "commit": short(latest["git_commit"]),
         "branch": latest["git_branch"] or "-",
@@ -54,10 +61,30 @@ def _row(ctx: Context, case: dict[str, Any]) -> tuple[model.CaseStatus, dict[str
     }
 
 
+def _used_style(used: float | None) -> str:
+    """Red past 100 %, amber from the near-budget share."""
+    if used is None or used != used:
+        return ""
+    if used > 100:
+        return "background-color: #fbd5d5; color: #7f1d1d; font-weight: 700"
+    if used >= model.NEAR_BUDGET * 100:
+        return "background-color: #fdf1bf; color: #5f4b00; font-weight: 600"
+    return ""
+
+
 def _open_history(table_key: str, cases: list[str]) -> None:
     rows = st.session_state[table_key].selection.rows
     if rows:
         goto("History", case=cases[rows[0]])
+
+
+def _callout(s: model.CaseStatus, row: dict[str, Any]) -> str:
+    what = (f"{row['peak']} {model.SHORT_LABELS.get(s.metric, s.metric)}"
+            + (f" of {row['budget']} ({row['used']:.0f}%, {row['margin']})"
+               if s.budget is not None and row["used"] is not None else ""))
+    where = f"{esc(row['branch'])} at {esc(row['commit'])}"
+    note = f" · {esc(s.note, 160)}" if s.note and s.status != "near budget" else ""
+    return f"**{s.status}** · {esc(row['case'])} · {what} · {where}{note}"
 
 
 def render(ctx: Context) -> None:
@@ -67,18 +94,19 @@ def render(ctx: Context) -> None:
     left, right = st.columns(2)
     branch_opts = [ALL, *branches]
     branch = left.selectbox(
-        "Branch", branch_opts, key="ov_branch",
+        "Branch", branch_opts, key="ov_branch", bind="query-params",
         index=branch_opts.index(ctx.base_branch) if ctx.base_branch in branches else 0,
         format_func=lambda b: b or "all branches",
     )
-    fp = right.selectbox("Environment", [ALL, *fps], key="ov_env",
+    fp = right.selectbox("Environment", [ALL, *fps], key="ov_env", bind="query-params",
                          format_func=lambda f: fps.get(f, "all environments"))
-    cases = data.latest_by_case(ctx.db, ctx.key, branch or None, fp or None, TREND_POINTS)
+    cases = data.latest_by_case(ctx.db, ctx.key, branch or None, fp or None, TREND_POINTS,
+                                ctx.headroom_factor)
     if not cases:
         st.info("No measurements match these filters. Choose *all branches* or another "
                 "environment.")
         return
-    pairs = [_row(ctx, c) for c in cases]
+    pairs = [_row(ctx, c, branch or "") for c in cases]
     labels = model.short_case_labels(row["case id"] for _, row in pairs)
     for _, row in pairs:
         row["case"] = labels[row["case id"]]
@@ -92,43 +120,50 @@ def render(ctx: Context) -> None:
     for col, name in zip(cols[1:], model.STATUSES, strict=True):
         col.metric(name, counts[name], icon=STATUS_LOOK[name][1])
 
-    scope = f"on {branch}" if branch else "on all branches"
+    scope = f"on {esc(branch)}" if branch else "on all branches"
     attention = [(s, row) for s, row in pairs if s.status != "ok"]
     if not attention:
         budgeted = sum(1 for s in statuses if s.budget is not None)
         st.success(f"All {len(statuses)} cases are ok {scope} ({budgeted} with a budget, "
                    f"all under {model.NEAR_BUDGET:.0%} of it).")
-    for s, row in attention[:12]:
-        line = f"**{s.status}** · `{row['case id']}` · {model.describe_status(s)}"
+    for s, row in attention[:8]:
         show = st.warning if s.status in ("near budget", "regression") else st.error
-        show(line, icon=STATUS_LOOK[s.status][1])
-    if len(attention) > 12:
-        st.caption(f"... and {len(attention) - 12} more in the table below.")
+        show(_callout(s, row), icon=STATUS_LOOK[s.status][1])
+    if len(attention) > 8:
+        st.caption(f"... and {len(attention) - 8} more in the table below.")
 
     df = pd.DataFrame([row for _, row in pairs])
-    st.caption(f"Latest run of each case {scope}, most urgent first; *used* is the share of "
-               f"the budget, the trend is the last {TREND_POINTS} runs (MiB). "
-               "Select a row to open its history.")
     st.dataframe(
-        df.style.map(status_cell_style, subset=["status"]),
+        df.style.map(status_cell_style, subset=["status"]).map(_used_style, subset=["used"]),
         hide_index=True,
         key="overview_table",
         on_select=lambda: _open_history("overview_table", list(df["case id"])),
         selection_mode="single-row",
-        column_order=["status", "case", "peak", "budget", "used", "margin", "trend",
-                      "last change", "view", "latest run", "commit", "branch", "environment",
-                      "note", "case id"],
+        column_order=["status", "case", "view", "peak", "budget", "used", "margin", "trend",
+                      "last change", "commit", "branch", "latest run", "environment", "note",
+                      "case id"],
         column_config={
+            "status": st.column_config.TextColumn(width=95),
             "case": st.column_config.TextColumn(
-                width="medium",
-                help="The workload and the parameters that set its cases apart; the full "
-                     "id is the last column"),
-            "used": st.column_config.ProgressColumn(
-                "used", format="%.0f%%", min_value=0, max_value=100, color="blue",
-                help="Peak as a share of the budget (over 100%: over budget)"),
-            "trend": st.column_config.LineChartColumn(f"trend ({TREND_POINTS} runs)"),
+                width=190, help="The workload and the parameters that set its cases apart; "
+                                "the full id is the last column"),
+            "view": st.column_config.TextColumn(
+                width=95, help="The view that decides the status: the one closest to its "
+                                "budget"),
+            "peak": st.column_config.TextColumn(width=80),
+            "budget": st.column_config.TextColumn(width=80),
+            "used": st.column_config.NumberColumn(
+                "used", format="%.0f%%", width=60,
+                help="Peak as a share of the budget; red past 100%"),
+            "margin": st.column_config.TextColumn(width=105),
+            "trend": st.column_config.LineChartColumn(f"trend ({TREND_POINTS} runs)",
+                                                      width=110),
             "last change": st.column_config.TextColumn(
-                help="Newest step: a shift of the series' level past its noise "
-                     f"(at least {format_size(model.STEP_MIN_BYTES)})"),
+                width=420, help="Every step in the trend's window, newest first: a shift of "
+                                "the series' level past its headroom, at the first commit of "
+                                "the new level"),
         },
     )
+    st.caption(f"Latest run of each case {scope}, most urgent first. A regression the gate "
+               "found on the base branch holds until a later run is back within its threshold "
+               "or it is accepted. Select a row to open its history.")

@@ -9,12 +9,12 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, data, model
-from dashboard.views import Context, resolve_run, run_label, short, when
+from dashboard.views import Context, esc, goto, resolve_run, run_label, short, when
 from memtrack.units import format_seconds, format_size
 
 
 def _pick(ctx: Context) -> None:
-    st.session_state["run"] = st.session_state["run_pick"]
+    st.session_state["run"] = st.query_params["run"] = st.session_state["run_pick"]
 
 
 def _facts(pairs: list[tuple[str, Any]]) -> None:
@@ -37,10 +37,10 @@ def _context_tables(run: dict[str, Any]) -> None:
         if run.get("ci_pr_number"):
             ci = f"{ci} (PR #{run['ci_pr_number']})"
         _facts([
-            ("run", run["run_id"]), ("started", run["started_at"]),
-            ("finished", run["finished_at"]), ("commit", run["git_commit"]),
+            ("run", run["run_id"]), ("started", when(run["started_at"])),
+            ("finished", when(run["finished_at"])), ("commit", run["git_commit"]),
             ("branch", run["git_branch"]), ("subject", run["git_subject"]),
-            ("committed", run["git_committed_at"]),
+            ("committed", when(run["git_committed_at"])),
             ("dirty", None if run["git_dirty"] is None else bool(run["git_dirty"])),
             ("merge-base", run["git_merge_base"]), ("base branch", run["git_base_branch"]),
             ("git notes", "; ".join(run.get("git_notes") or [])), ("CI", ci),
@@ -111,7 +111,7 @@ def render(ctx: Context) -> None:
                     format_func=lambda r: labels[r], on_change=_pick, args=(ctx,),
                     placeholder="choose a recent run")
     if run_id is None:
-        st.warning(f"No run or commit starts with {text!r}.")
+        st.warning(f"No run or commit starts with “{esc(text, 40)}”.")
         return
     run = data.run_detail(ctx.db, ctx.key, run_id)
     if run is None:
@@ -120,15 +120,21 @@ def render(ctx: Context) -> None:
     ms = run["measurements"]
     failed = [m for m in ms if m["status"] != "ok"]
     st.markdown(
-        f"**{run['git_subject'] or '(no subject)'}**  \n`{short(run['git_commit'])}` on "
-        f"`{run['git_branch'] or '-'}` · {when(run['started_at'])} · "
-        f"{model.env_label(run['environment'])} · {len(ms)} case{'s' * (len(ms) != 1)}"
+        f"**{esc(run['git_subject'] or '(no subject)', 200)}**  \n"
+        f"{esc(short(run['git_commit']))} on {esc(run['git_branch'] or '-')} · "
+        f"{esc(when(run['started_at']))} · {esc(model.env_label(run['environment']))} · "
+        f"{len(ms)} case{'s' * (len(ms) != 1)}"
         + (f" · **{len(failed)} failed**" if failed else "")
     )
     for m in failed:
-        st.error(f"`{m['case_id']}` **{m['status']}**: {m.get('message') or 'no message'}")
+        st.error(f"{esc(m['case_id'])} **{esc(m['status'])}**: "
+                 f"{esc(m.get('message') or 'no message', 500)}")
+        left, right = st.columns([1, 4])
+        left.button("Its history", key=f"hist_{m['id']}", on_click=goto,
+                    args=("History",), kwargs={"case": m["case_id"]},
+                    help="The case's history, where its earlier runs are")
         if m.get("traceback"):
-            with st.expander(f"Traceback of {m['case_id']}"):
+            with right.expander(f"Traceback of {esc(m['case_id'])}"):
                 st.code(m["traceback"], language="text")
 
     _context_tables(run)
@@ -136,8 +142,8 @@ def render(ctx: Context) -> None:
     st.subheader("Cases")
     st.dataframe(pd.DataFrame([{
         "case": m["case_id"], "status": m["status"], "device": m["device"],
-        **{model.METRIC_LABELS[k]: format_size(model.metric_value(m, k))
-           for k in ("allocated", "reserved", "requested", "device", "host")},
+        **{model.SHORT_LABELS[k]: format_size(model.metric_value(m, k))
+           for k in model.METRIC_COLUMNS},
         "weights": format_size(m.get("weights_bytes")),
         "alloc retries": _count(m.get("num_alloc_retries")), "OOMs": _count(m.get("num_ooms")),
         "median time": format_seconds(m.get("time_median_s")),
@@ -151,9 +157,10 @@ def render(ctx: Context) -> None:
     else:
         st.altair_chart(chart, width="stretch")
         st.caption("Weights: the persistent set at the mark; caches: tagged request-sized "
-                   "state; training state: gradients and optimizer state; intermediates: the "
-                   "rest of the framework peak; workspace/runtime: device view minus framework "
-                   "reserved on a GPU, host RSS beyond live tensors on the CPU.")
+                   "state; gradients and optimizer state (older runs: training state, the "
+                   "two together); intermediates: the rest of the framework peak; "
+                   "unattributed: what no part explains; workspace/runtime: device view minus "
+                   "framework reserved on a GPU, host RSS beyond live tensors on the CPU.")
 
     _device_gap(ms)
 
@@ -161,13 +168,14 @@ def render(ctx: Context) -> None:
         st.subheader("Verdicts")
         st.dataframe(pd.DataFrame([{
             "case": v["case_id"], "metric": v["metric"], "kind": v["kind"],
+            "context": v.get("context") or "pull_request",
             "blocking": bool(v["blocking"]), "provisional": bool(v["provisional"]),
-            "message": v.get("message"),
+            "message": v.get("accepted_reason") or v.get("message"),
         } for v in run["verdicts"]]), hide_index=True)
 
     st.subheader("Exact parameters")
     for m in ms:
-        with st.expander(f"{m['case_id']} · {m['status']}"):
+        with st.expander(f"{esc(m['case_id'])} · {esc(m['status'])}"):
             st.code(json.dumps({
                 "params": m.get("params"), "seed": m.get("seed"), "dtype": m.get("dtype"),
                 "device": m.get("device"), "warmup": m.get("warmup"),

@@ -40,7 +40,8 @@ def _fail(message: str) -> None:
 @click.option("--port", type=click.IntRange(1, 65535), default=8501, show_default=True,
               help="Port to serve on.")
 @click.option("--address", default="127.0.0.1", show_default=True,
-              help="Address to serve on (0.0.0.0 exposes it to the network).")
+              help="Address to serve on. Keep 127.0.0.1 behind a reverse proxy with "
+              "sign-on; 0.0.0.0 exposes it, without any, to the network.")
 def dashboard(config_path, db_path, port, address) -> None:
     """Serve the Streamlit dashboard over the database, read-only."""
     _, db = resolve(config_path, db_path)

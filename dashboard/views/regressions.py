@@ -1,0 +1,135 @@
+"""Regressions: every step of every series on the base branch, newest first, with what the
+gate said about it and whether a later step fixed it."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import data, model
+from dashboard.views import Context, esc, goto, short
+from memtrack.units import format_size
+
+POINTS = 200
+_RUN_URL = re.compile(r"^(https://[A-Za-z0-9.-]+/[A-Za-z0-9._-]+/[A-Za-z0-9._-]+)"
+                      r"/actions/runs/\d+")
+_SHA = re.compile(r"^[0-9a-f]{7,64}$")
+
+
+def forge(rows: list[dict[str, Any]]) -> str | None:
+    """The repository's web address, from a CI run address the runs recorded
+    (https://host/owner/repo/actions/runs/N); None without one."""
+    for r in rows:
+        found = _RUN_URL.match(r.get("ci_run_url") or "")
+        if found:
+            return found.group(1)
+    return None
+
+
+def _verdict(steps: list[model.Step], verdicts: list[dict[str, Any]]) -> tuple[str, str]:
+    """What the gate recorded about a step's run on the views that moved:
+    (verdict, component)."""
+    run = steps[0].row["run_id"]
+    moved = {s.metric for s in steps}
+    mine = [v for v in verdicts if v["run_id"] == run and v.get("metric") in moved]
+    v = next((v for v in mine if v.get("kind") in ("regression", "accepted", "improvement",
+                                                   "over_budget", "noisy")), None)
+    if v is None:
+        return ("not judged" if not mine else mine[0].get("kind") or "-"), ""
+    said = v["kind"]
+    if said == "accepted" and v.get("accepted_reason"):
+        said = f"accepted: {v['accepted_reason']}"
+    component = v.get("component") or ""
+    if component and v.get("component_delta") is not None:
+        d = int(v["component_delta"])
+        component += f" {'+' if d > 0 else ''}{format_size(d)}"
+    return said, component
+
+
+def _rows(ctx: Context) -> list[dict[str, Any]]:
+    series = data.base_series(ctx.db, ctx.key, ctx.base_branch, POINTS, ctx.headroom_factor)
+    labels = model.short_case_labels(c["case_id"] for c in series)
+    out = []
+    for c in series:
+        repo = forge(c["rows"])
+        # One row per case, commit and direction: the views that moved together are one
+        # change, told by the first of allocated, reserved, device, host.
+        grouped: dict[tuple[str, bool], list[model.Step]] = {}
+        for metric in model.CHART_METRICS:
+            for s in c["steps"][metric]:
+                grouped.setdefault((s.row["run_id"], s.delta > 0), []).append(s)
+        for group in grouped.values():
+            s = group[0]
+            said, component = _verdict(group, c["verdicts"])
+            sha, prev = s.row.get("git_commit") or "", s.previous.get("git_commit") or ""
+            linkable = repo and _SHA.match(sha)
+            out.append({
+                "time": s.row["started_at"],
+                "when": (s.row["started_at"] or "")[:16].replace("T", " "),
+                "case": labels[c["case_id"]], "case id": c["case_id"],
+                "view": model.SHORT_LABELS[s.metric], "change": s.describe(),
+                "level": f"{format_size(s.before)} → {format_size(s.after)}",
+                "also moved": ", ".join(model.SHORT_LABELS[x.metric] for x in group[1:]),
+                "commit": short(sha), "subject": s.row.get("git_subject") or "",
+                "component": component, "verdict": said,
+                "fixed by": short(s.fixed_by.get("git_commit")) if s.fixed_by else
+                ("" if s.delta < 0 else "not yet"),
+                "on forge": f"{repo}/commit/{sha}" if linkable else None,
+                "compare": f"{repo}/compare/{prev}...{sha}"
+                if linkable and _SHA.match(prev) else None,
+                "up": s.delta > 0,
+            })
+    out.sort(key=lambda r: r["time"], reverse=True)
+    return out
+
+
+def _open_history(table_key: str, cases: list[str]) -> None:
+    rows = st.session_state[table_key].selection.rows
+    if rows:
+        goto("History", case=cases[rows[0]])
+
+
+def render(ctx: Context) -> None:
+    st.title("Regressions")
+    only_up = st.toggle("Only steps up", value=True, key="rg_up", bind="query-params")
+    rows = _rows(ctx)
+    if only_up:
+        rows = [r for r in rows if r["up"]]
+    if not rows:
+        st.success(f"No step {'up ' if only_up else ''}in the newest {POINTS} runs of each "
+                   f"case on {esc(ctx.base_branch)}.")
+        return
+    still = [r for r in rows if r["up"] and r["fixed by"] == "not yet"
+             and not r["verdict"].startswith("accepted")]
+    st.markdown(f"{len(rows)} step(s) on {esc(ctx.base_branch)} in the newest {POINTS} runs "
+                f"of each case; **{len(still)} up and not fixed or accepted**"
+                + ("".join(f"\n- {esc(r['case'])} {esc(r['view'])} {esc(r['change'])} since "
+                           f"{esc(r['commit'])} ({esc(r['subject'], 80)})" for r in still[:5])
+                   if still else "."))
+    df = pd.DataFrame(rows)
+    st.dataframe(
+        df, hide_index=True, key="rg_table", selection_mode="single-row",
+        on_select=lambda: _open_history("rg_table", list(df["case id"])),
+        column_order=["when", "case", "view", "change", "commit", "verdict", "fixed by",
+                      "component", "level", "subject", "also moved", "on forge", "compare",
+                      "case id"],
+        column_config={
+            "when": st.column_config.TextColumn(width=125),
+            "case": st.column_config.TextColumn(width=200),
+            "view": st.column_config.TextColumn(width=90),
+            "change": st.column_config.TextColumn(width=140),
+            "verdict": st.column_config.TextColumn(width=230),
+            "commit": st.column_config.TextColumn(
+                "first bad commit", width=110, help="The first commit at the new level"),
+            "fixed by": st.column_config.TextColumn(
+                width=90, help="The first commit of a later step back to the old level or below"),
+            "on forge": st.column_config.LinkColumn(display_text="commit"),
+            "compare": st.column_config.LinkColumn(display_text="compare"),
+        },
+    )
+    st.caption("A step is a shift of a series' level past its headroom on the base branch, "
+               "found as `memtrack check --history` finds it; the verdict is what the gate "
+               "recorded about that run. Select a row to open the case's history.")
