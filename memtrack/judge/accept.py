@@ -81,7 +81,7 @@ def read(root: Path, since: str | None, until: str | None) -> tuple[list[Accepta
         return [], []
     span = f"{since}..{until}" if since else until
     out = git_output(root, "log", "--format=%H%x00%(trailers:key=" + TRAILER
-                     + ",valueonly,separator=%x01)%x00", "--end-of-options", span)
+                     + ",valueonly,separator=%x01)%x00", revs=(span,))
     if out is None:
         return [], [f"acceptances not read: the commits {span[:40]} are not in the "
                     f"repository at {root}"]

@@ -78,11 +78,11 @@ def budget_changes(config: Config, root: Path, rev: str | None) -> tuple[list[Bu
         rel = config.path.resolve().relative_to(Path(top).resolve()).as_posix()
     except ValueError:
         return [], "budget changes not checked: the config is outside the repository"
-    if git_output(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}") is None:
+    if git_output(root, "rev-parse", "--verify", "--quiet", revs=(f"{rev}^{{commit}}",)) is None:
         note = (f"budget changes not checked: {rev} is not in this clone (shallow?), so the "
                 "config cannot be compared with the base's")
         return [], None if quiet else note
-    text = git_output(root, "show", f"{rev}:{rel}")
+    text = git_output(root, "show", revs=(f"{rev}:{rel}",))
     if text is None:
         return [], None  # the file is new here: its budgets are all new
     try:

@@ -91,7 +91,7 @@ class _Point:
 
 def _order(root: Path, base_branch: str, notes: list[str]) -> dict[str, int] | None:
     for ref in (base_branch, f"origin/{base_branch}"):
-        out = git_output(root, "log", "--first-parent", "--format=%H", "-n", "100000", ref)
+        out = git_output(root, "log", "--first-parent", "--format=%H", "-n", "100000", revs=(ref,))
         if out:
             commits = out.split()
             return {c: len(commits) - i for i, c in enumerate(commits)}
@@ -160,12 +160,12 @@ def _anchor_position(root: Path, anchor: str | int, base_branch: str,
                      notes: list[str]) -> tuple[int | None, str]:
     if isinstance(anchor, int):
         return newest - anchor, f"the run {anchor} commits before the newest"
-    sha = git_output(root, "rev-parse", "--verify", "--quiet", f"{anchor}^{{commit}}")
+    sha = git_output(root, "rev-parse", "--verify", "--quiet", revs=(f"{anchor}^{{commit}}",))
     if sha is None:
         notes.append(f"creep anchor {anchor!r} is not a revision in {root}: creep not measured")
         return None, f"{anchor} (unknown)"
     if order is not None and sha not in order:
-        mb = git_output(root, "merge-base", sha, base_branch)
+        mb = git_output(root, "merge-base", revs=(sha, base_branch))
         sha = mb if mb else sha
     if order is None or sha not in order:
         notes.append(f"creep anchor {anchor!r} is not on the history of {base_branch}: "
