@@ -231,11 +231,16 @@ def check_budget_targets(config: Config, known: set[str]) -> None:
                           f"names no known workload or case{hint}")
 
 
-def _known_targets(store: Store, run: RunRecord) -> set[str]:
+def _known_targets(store: Store, run: RunRecord, names: set[str]) -> set[str]:
+    """The run's workloads and cases, and those of `names` that the store has recorded (a
+    case id, or a workload: the prefix 'name[' of its case ids), each by an index lookup."""
     known = {x for m in run.measurements for x in (m.workload, m.case_id)}
-    for workload, case_id in store.conn.execute(
-            "select distinct workload, case_id from measurements"):
-        known.update((workload, case_id))
+    for name in names - known:
+        # '\\' follows '[' in byte order: the range holds exactly the ids 'name[...'.
+        if store.conn.execute(
+                "select 1 from measurements where case_id = ? or (case_id >= ? and "
+                "case_id < ?) limit 1", [name, name + "[", name + "\\"]).fetchone():
+            known.add(name)
     return known
 
 
@@ -250,7 +255,7 @@ def check(store: Store, config: Config, *, run_id: str | None = None,
     owners = {m.case_id: run.run_id for m in run.measurements}
     if run_id is None:
         run, owners = with_sibling_shards(store, run)
-    known = _known_targets(store, run)
+    known = _known_targets(store, run, {b.workload for b in config.budgets})
     check_budget_targets(config, known)
     base = base_branch or config.base_branch
     context = context_of(run, base)
@@ -271,6 +276,7 @@ def check(store: Store, config: Config, *, run_id: str | None = None,
     points = {m.case_id: finder.points(m.case_id) if finder.seen_anywhere(m.case_id) else []
               for m in run.measurements}
     acceptances, accept_notes = _acceptances(run, context, finder.merge_base, points, root)
+    known = _known_targets(store, run, {a.target for a in acceptances}) | known
     notes += accept_notes + accept.unknown_targets(acceptances, known)
     env_cache: dict[str | None, Environment | None] = {}
     verdicts: list[Verdict] = []
