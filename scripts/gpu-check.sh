@@ -7,7 +7,7 @@
 # Everything lands under $OUT (default: a new temporary folder): one log per step,
 # steps.log, the databases, the run records, the check verdicts and summary.txt.
 #   PYTHON=python3   the interpreter (memtrack is used from this checkout, not installed)
-#   WHEELS=DIR       install sqlite-utils, gitpython, ruptures, pytest and pytest-timeout
+#   WHEELS=DIR       install sqlite-utils, gitpython, pytest and pytest-timeout
 #                    from this folder of wheels, offline, before anything else
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,7 +42,7 @@ commit() {
 
 if [ -n "${WHEELS:-}" ]; then
   step install 0 "$py" -m pip install --no-index --find-links "$WHEELS" \
-    sqlite-utils gitpython ruptures pytest pytest-timeout
+    sqlite-utils gitpython pytest pytest-timeout
 fi
 step nvidia-smi 0 nvidia-smi --query-gpu=name,uuid,memory.total,driver_version,mig.mode.current \
   --format=csv
