@@ -36,8 +36,12 @@ class _Group(click.Group):
         debug = ctx.params.get("debug") or os.environ.get("MEMTRACK_DEBUG", "") not in ("", "0")
         try:
             return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
+        except (click.exceptions.ClickException, click.exceptions.Exit):
             raise
+        except (KeyboardInterrupt, click.Abort):
+            # Not exit 1 ("a verdict blocks"): the shell's status for an interrupt.
+            click.echo("memtrack: interrupted", err=True)
+            sys.exit(130)
         except MemtrackError as exc:
             if debug:
                 traceback.print_exc()

@@ -50,7 +50,9 @@ def test_a_batch_with_one_bad_file_writes_nothing_and_names_it(tmp_path):
     assert res.exit_code == 2
     assert f"{second}: " in res.output and "'lots'" in res.output
     assert "1 more bad file" in res.output and len(res.output.strip().splitlines()) == 1
-    assert _runs(db) == 0
+    assert not db.exists()  # nothing written, not even an empty database
+    assert _ingest(db, first).exit_code == 0 and _runs(db) == 1
+    assert _ingest(db, first, second).exit_code == 2 and _runs(db) == 1  # an existing one stays
     res = _ingest(db, first, third.with_name("0000.json"))
     assert res.exit_code == 0 and _runs(db) == 1
 
@@ -124,3 +126,34 @@ def test_eight_processes_ingesting_into_a_new_database_lose_nothing(tmp_path):
     assert conn.execute("select count(*) from measurements").fetchone()[0] == 8 * 25 * 2
     assert conn.execute("select count(*) from _sqlite_migrations").fetchone()[0] >= 2
     conn.close()
+
+
+def test_a_refused_batch_into_a_new_database_leaves_no_database(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema_version": 1, "run_id": ""}')
+    db = tmp_path / "new.db"
+    result = CliRunner().invoke(main, ["ingest", str(bad), "--db", str(db)])
+    assert result.exit_code == 2, result.output
+    assert not db.exists() and not list(tmp_path.glob("new.db*"))
+
+
+def test_an_interrupt_is_not_exit_1(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "w.py").write_text(
+        "import time, memtrack\n\n@memtrack.workload\ndef slow(ctx):\n"
+        "    return lambda: time.sleep(60)\n")
+    (tmp_path / "memtrack.toml").write_text('modules = ["w.py"]\n')
+    proc = subprocess.Popen([sys.executable, "-m", "memtrack.cli", "run", "--db",
+                             str(tmp_path / "m.db")], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while "running" not in (line := proc.stderr.readline()):  # the first case has started
+        assert line, "memtrack run ended before its first case"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "memtrack: interrupted" in err

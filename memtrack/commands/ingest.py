@@ -21,6 +21,13 @@ def ingest(files, config_path, db_path) -> None:
     with different content it is an error.
     """
     _, db = resolve(config_path, db_path)
-    with Store.open(db) as store:
-        added, present = store.write_runs(read_all(files))
+    new = not db.exists()
+    try:
+        with Store.open(db) as store:
+            added, present = store.write_runs(read_all(files))
+    except BaseException:
+        if new:  # a refused batch leaves no empty database behind
+            for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+                path.unlink(missing_ok=True)
+        raise
     click.echo(f"{added} run(s) added, {present} already present, in {db}")
