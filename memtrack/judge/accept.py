@@ -19,7 +19,7 @@ from pathlib import Path
 from memtrack import metrics
 from memtrack.errors import ConfigError
 from memtrack.judge.baseline import git_output
-from memtrack.units import parse_size
+from memtrack.units import format_size, parse_size
 
 TRAILER = "Memtrack-Accept"
 _SHA = re.compile(r"^[0-9a-fA-F]{4,64}$")
@@ -50,8 +50,6 @@ class Acceptance:
         return delta_pct is not None and self.percent is not None and delta_pct <= self.percent
 
     def amount(self) -> str:
-        from memtrack.units import format_size
-
         return f"+{format_size(self.bytes)}" if self.bytes is not None else f"+{self.percent:g}%"
 
 

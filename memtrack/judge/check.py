@@ -25,7 +25,6 @@ from memtrack.judge.budgets import (
     budget_changes,
     budget_part,
     budgets_for,
-    default_budget_metric,
     vram_verdict,
 )
 from memtrack.judge.memory import Case
@@ -97,11 +96,10 @@ def _unbased_verdict(c: Case, metric: str, base_branch: str,
                      other_env: tuple[Point, list[str]] | None) -> Verdict | None:
     """No baseline on this environment: 'new' or 'environment changed', budgets still hold."""
     m = c.m
-    value = metrics.value(m, metric)
-    if value is None:
+    figure = c.figure(metric)
+    if figure is None:
         return None
-    budget = c.budgets.get(metric)
-    over = budget is not None and value > budget.limit_bytes
+    value, budget, over, changes = figure
     if other_env is not None:
         point, diff = other_env
         kind = "environment_changed"
@@ -111,8 +109,7 @@ def _unbased_verdict(c: Case, metric: str, base_branch: str,
         details = tuple(diff)
     else:
         kind, text, details = "new", f"new: no baseline on {base_branch}", ()
-    details += tuple(ch.describe() for ch in c.changes
-                     if (ch.metric or default_budget_metric(m)) == metric)
+    details += changes
     return Verdict(
         case_id=m.case_id, workload=m.workload, metric=metric,
         kind="over_budget" if over else kind, blocking=over and c.context != "base",

@@ -50,6 +50,17 @@ class Case:
     acceptances: list[accept.Acceptance] = field(default_factory=list)
     context: str = "pull_request"
 
+    def figure(self, metric: str) -> tuple[int, Budget | None, bool, tuple[str, ...]] | None:
+        """The candidate's value of a metric, its budget, whether it is over it, and the
+        budget changes of this revision that touch it; None where it was not measured."""
+        value = metrics.value(self.m, metric)
+        if value is None:
+            return None
+        budget = self.budgets.get(metric)
+        changes = tuple(ch.describe() for ch in self.changes
+                        if (ch.metric or default_budget_metric(self.m)) == metric)
+        return value, budget, budget is not None and value > budget.limit_bytes, changes
+
 
 def repeat_spread(m: Measurement, metric: str) -> int:
     """How far the candidate's own iteration peaks scatter: 1.4826 x MAD, so that one odd
@@ -120,13 +131,10 @@ def _sharpen(metric: str, n_window: int, repeats: int, config: Config) -> str:
 def verdict(c: Case, metric: str, config: Config) -> Verdict | None:
     """Headroom arithmetic against the baseline's current level, and the budget."""
     m = c.m
-    value = metrics.value(m, metric)
-    if value is None:
+    figure = c.figure(metric)
+    if figure is None:
         return None
-    budget = c.budgets.get(metric)
-    over = budget is not None and value > budget.limit_bytes
-    details = tuple(ch.describe() for ch in c.changes
-                    if (ch.metric or default_budget_metric(m)) == metric)
+    value, budget, over, details = figure
     common: dict[str, Any] = dict(
         case_id=m.case_id, workload=m.workload, metric=metric, candidate_value=float(value),
         budget_bytes=budget.limit_bytes if budget else None,
