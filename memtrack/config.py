@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import math
 import sys
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,9 @@ class Config:
     """A suite larger than this is refused before anything runs (a grid typo can be huge)."""
     workloads: dict[str, WorkloadSettings] = field(default_factory=dict)
     budgets: tuple[Budget, ...] = ()
+    dashboard_url: str | None = None
+    """Where the team's dashboard is served (http or https), for links from the PR comment
+    to a case's History; None: no links."""
 
     def settings_for(self, workload: str) -> tuple[int, int, float]:
         """(warmup, repeats, timeout_s) for a workload, overrides applied."""
@@ -116,7 +120,10 @@ _TOP_KEYS = {
     "creep_tolerance",
     "noisy_above",
     "max_cases",
+    "dashboard_url",
 }
+_NOT_IN_URL = set(' "<>()[]`\\')
+"""Characters a link address here may not hold: they would end or break a Markdown link."""
 _WORKLOAD_KEYS = {"warmup", "repeats", "timeout", "params"}
 _BUDGET_KEYS = {"workload", "limit", "reason", "metric", "gpu"}
 
@@ -180,6 +187,28 @@ class _Checker:
         if key not in self.table:
             return default
         return parse_fraction(self.table[key], what=f"{self.source}: {self.prefix}.{key}")
+
+    def url(self, key: str) -> str | None:
+        """An http(s) address to link to: no credentials, query or fragment (memtrack adds
+        its own query), nothing that would end a Markdown link early."""
+        value = self.get(key, str)
+        if value is None:
+            return None
+        text = value.strip()
+        why = (f"expected an http(s) address without credentials, query, fragment, spaces or "
+               f"brackets, got {value!r}")
+        if any(ch in _NOT_IN_URL or ord(ch) < 32 for ch in text):
+            raise self.fail(key, why)
+        try:
+            parts = urllib.parse.urlsplit(text)
+            parts.port  # noqa: B018 (raises on a port out of range)
+        except ValueError as exc:
+            raise self.fail(key, f"{exc}, got {value!r}") from None
+        if (parts.scheme not in ("http", "https") or not parts.hostname
+                or parts.username is not None or parts.password is not None
+                or parts.query or parts.fragment):
+            raise self.fail(key, why)
+        return text.rstrip("/")
 
     def choice(self, key: str, choices: tuple[str, ...], default: str | None) -> str | None:
         value = self.get(key, str, default)
@@ -350,4 +379,5 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
         max_cases=c.count("max_cases", 1, 1000),
         workloads=workloads,
         budgets=tuple(budgets),
+        dashboard_url=c.url("dashboard_url"),
     )

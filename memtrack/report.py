@@ -7,6 +7,7 @@ everywhere; every verdict keeps its one-line arithmetic.
 from __future__ import annotations
 
 import dataclasses
+import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from memtrack.judge.check import CheckResult
@@ -151,8 +152,19 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _md_row(v: Verdict) -> str:
-    cells = [f"{_EMOJI.get(v.kind, '')} {label(v)}", f"`{v.case_id}`", v.metric,
+def history_link(dashboard_url: str, case_id: str) -> str:
+    """The dashboard's History of one case (the config's `dashboard_url` is validated)."""
+    return f"{dashboard_url}/?page=History&case={urllib.parse.quote(case_id, safe='')}"
+
+
+def _md_case(case_id: str, dashboard_url: str | None) -> str:
+    code = f"`{case_id}`"
+    return f"[{code}]({history_link(dashboard_url, case_id)})" if dashboard_url else code
+
+
+def _md_row(v: Verdict, dashboard_url: str | None = None) -> str:
+    cells = [f"{_EMOJI.get(v.kind, '')} {label(v)}", _md_case(v.case_id, dashboard_url),
+             v.metric,
              _value(v, v.baseline_value), _value(v, v.threshold), _value(v, v.candidate_value),
              _delta(v), _budget(v)]
     return "| " + " | ".join(_cell(c) for c in cells) + " |"
@@ -162,15 +174,17 @@ _MD_HEAD = ("| verdict | case | metric | baseline | threshold | candidate | delt
             "|---|---|---|--:|--:|--:|--:|--:|")
 
 
-def _md_item(v: Verdict) -> str:
-    lines = [f"- **{label(v)}** `{v.case_id}`: {_cell(v.message)}"]
+def _md_item(v: Verdict, dashboard_url: str | None = None) -> str:
+    lines = [f"- **{label(v)}** {_md_case(v.case_id, dashboard_url)}: {_cell(v.message)}"]
     lines += [f"  - {_cell(d)}" for d in v.details]
     return "\n".join(lines)
 
 
-def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT) -> str:
+def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT,
+             dashboard_url: str | None = None) -> str:
     """A compact summary: outcome, blocking items with their arithmetic, warnings, and the
-    full table folded in <details>; cut to stay under `limit` bytes."""
+    full table folded in <details>; cut to stay under `limit` bytes. With `dashboard_url`,
+    each case links to its History there."""
     verdicts = ordered(result.verdicts)
     blocking = [v for v in verdicts if v.blocking]
     warnings = [v for v in verdicts if not v.blocking and v.kind not in _QUIET]
@@ -179,6 +193,8 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT) -> str:
     icon = "❌" if blocking else "✅"
     head = [f"## {icon} memtrack check: {summary_line(result)}", "",
             f"{_where(result)} against `{result.base_branch}`. {_baseline_line(result)}.", ""]
+    if dashboard_url:
+        head += [f"Each case links to its history on the [dashboard]({dashboard_url}/).", ""]
     for note in result.notes:
         head += [f"> **Note:** {_cell(note)}", ""]
     if result.budget_changes:
@@ -190,8 +206,9 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT) -> str:
                          ("Accepted (reviewed in this change)", accepted),
                          ("Improvements and new cases", others)):
         if items:
-            body += [f"### {title}", "", _MD_HEAD, *(_md_row(v) for v in items), ""]
-            body += [_md_item(v) for v in items]
+            body += [f"### {title}", "", _MD_HEAD,
+                     *(_md_row(v, dashboard_url) for v in items), ""]
+            body += [_md_item(v, dashboard_url) for v in items]
             body.append("")
     fixed = "\n".join(head + body)
     tail = "</details>\n"
@@ -203,7 +220,7 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT) -> str:
     used = 0
     shown = 0
     for v in verdicts:
-        row, item = _md_row(v), _md_item(v)
+        row, item = _md_row(v, dashboard_url), _md_item(v, dashboard_url)
         size = len(row.encode()) + len(item.encode()) + 2
         if used + size > budget:
             break
@@ -291,7 +308,8 @@ def _signed(x: float) -> str:
     return ("+" if x >= 0 else "-") + format_size(abs(int(round(x))))
 
 
-def history_markdown(h: HistoryResult, *, limit: int = MARKDOWN_LIMIT) -> str:
+def history_markdown(h: HistoryResult, *, limit: int = MARKDOWN_LIMIT,
+                     dashboard_url: str | None = None) -> str:
     flagged = [c for c in h.creeps if c.flagged]
     lines = [f"## {'❌' if flagged else '✅'} memtrack history: {_history_summary(h)}", "",
              f"Base branch `{h.base_branch}`, {h.series} series over {h.commits} commits; "
@@ -300,14 +318,16 @@ def history_markdown(h: HistoryResult, *, limit: int = MARKDOWN_LIMIT) -> str:
         lines += [f"> **Note:** {_cell(n)}", ""]
     if flagged:
         lines += ["", "### Grown since the anchor", ""] + [
-            f"- **{_creep_label(c)}** `{c.case_id}` {c.metric}: {_cell(c.message)}"
+            f"- **{_creep_label(c)}** {_md_case(c.case_id, dashboard_url)} {c.metric}: "
+            f"{_cell(c.message)}"
             for c in flagged]
     if h.steps:
         lines += ["", "<details><summary>Steps</summary>", "",
                   "| case | metric | commit | subject | before | after | delta |",
                   "|---|---|---|---|--:|--:|--:|"]
         for s in h.steps:
-            lines.append(f"| `{s.case_id}` | {s.metric} | `{s.commit[:12]}` | "
+            lines.append(f"| {_md_case(s.case_id, dashboard_url)} | {s.metric} | "
+                         f"`{s.commit[:12]}` | "
                          f"{_cell((s.subject or '')[:60])} | {format_size(int(s.before))} | "
                          f"{format_size(int(s.after))} | {_signed(s.delta)} "
                          f"({s.delta_pct:+.2f}%) |")

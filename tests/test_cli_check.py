@@ -117,6 +117,45 @@ def test_two_percent_growth_in_one_case_blocks_and_names_it(project, tmp_path, m
     assert [tuple(r) for r in rows] == [(SMALL_ID, "regression", 1)]
 
 
+def test_the_pr_comment_links_each_case_to_its_history_on_the_dashboard(
+        project, tmp_path, monkeypatch):
+    repo, db, shas, pr = project
+    cfg = repo / "memtrack.toml"
+    cfg.write_text('dashboard_url = "https://mem.example/team/"\n' + CONFIG.format(limit="1 GiB"))
+    _record(db, repo, pr, _cases(small=int(100 * MiB * 1.02)), branch="feature", minute=11,
+            merge_base=shas[-1])
+    res = _check(repo, db, "--markdown", str(tmp_path / "v.md"))
+    assert res.exit_code == 1, res.output
+    md = (tmp_path / "v.md").read_text()
+    link = "https://mem.example/team/?page=History&case=decoder%5Bbatch%3D1%5D"
+    assert f"[`{SMALL_ID}`]({link})" in md
+    assert "[dashboard](https://mem.example/team/)" in md
+
+    # The link's query is a deep link the dashboard opens on that case's History.
+    from urllib.parse import parse_qsl, urlsplit
+
+    from streamlit.testing.v1 import AppTest
+
+    app = Path(__file__).parent.parent / "dashboard" / "app.py"
+    monkeypatch.setattr(sys, "argv", [str(app), "--db", str(db), "--config", str(cfg)])
+    at = AppTest.from_file(str(app), default_timeout=60)
+    for k, v in parse_qsl(urlsplit(link).query):
+        at.query_params[k] = v
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.radio(key="page").value == "History"
+    assert at.selectbox(key="case").value == SMALL_ID
+
+
+def test_without_a_dashboard_url_the_comment_has_no_links(project, tmp_path):
+    repo, db, shas, pr = project
+    _record(db, repo, pr, _cases(small=int(100 * MiB * 1.02)), branch="feature", minute=11,
+            merge_base=shas[-1])
+    res = _check(repo, db, "--markdown", str(tmp_path / "v.md"))
+    md = (tmp_path / "v.md").read_text()
+    assert res.exit_code == 1 and f"`{SMALL_ID}`" in md and "](http" not in md
+
+
 def test_a_comment_only_change_passes(project, tmp_path):
     repo, db, shas, pr = project
     _record(db, repo, pr, _cases(host=MiB), branch="feature", minute=11, merge_base=shas[-1])

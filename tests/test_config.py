@@ -75,6 +75,14 @@ def test_pyproject_table_is_read_and_paths_resolved(tmp_path):
         ("database = ''\n", r"memtrack.database: expected a file path"),
         ("repeats = 100000000000\n", r"memtrack.repeats: must be at most 1,000,000"),
         ("max_cases = 0\n", r"memtrack.max_cases: must be at least 1"),
+        # The PR comment links to this address: only a plain http(s) one is taken.
+        ("dashboard_url = 'javascript:alert(1)'\n", r"memtrack.dashboard_url: expected an http"),
+        ("dashboard_url = 'https://u:p@dash.example'\n", r"memtrack.dashboard_url: expected"),
+        ("dashboard_url = 'https://dash.example/?x=1'\n", r"memtrack.dashboard_url: expected"),
+        ("dashboard_url = 'https://dash.example/a b'\n", r"memtrack.dashboard_url: expected"),
+        ("dashboard_url = 'https://x)[y](https://evil'\n", r"memtrack.dashboard_url: expected"),
+        ("dashboard_url = 'https://dash.example:99999/'\n", r"memtrack.dashboard_url: Port"),
+        ("dashboard_url = 'dash.example'\n", r"memtrack.dashboard_url: expected an http"),
         (
             f"[[budgets]]\nworkload='w'\nlimit='{'9' * 401}'\nreason='r'\n",
             r"memtrack.budgets\[0\].limit: '9999.* is more than the largest size, 2..62 bytes",

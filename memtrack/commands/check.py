@@ -75,8 +75,8 @@ def check(config_path, db_path, run_id, commit, base_branch, markdown_path, json
 
             h = analyze_history(store, config, base_branch=base_branch,
                                 patterns=tuple(patterns), anchor=_anchor(anchor))
-            renderables, md, code = (report.history_terminal(h), report.history_markdown(h),
-                                     h.exit_code)
+            md = report.history_markdown(h, dashboard_url=config.dashboard_url)
+            renderables, code = report.history_terminal(h), h.exit_code
             data = dataclasses.asdict(h)
         else:
             from memtrack.judge.check import check as run_check
@@ -86,8 +86,8 @@ def check(config_path, db_path, run_id, commit, base_branch, markdown_path, json
                                base_branch=base_branch)
             if not no_record:
                 save_verdicts(store, result)
-            renderables, md, code = (report.terminal(result), report.markdown(result),
-                                     result.exit_code)
+            md = report.markdown(result, dashboard_url=config.dashboard_url)
+            renderables, code = report.terminal(result), result.exit_code
             data = report.to_json(result)
     from rich.text import Text
 
