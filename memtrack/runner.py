@@ -6,6 +6,7 @@ status and whatever figures it reached; the run goes on with the next case.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -56,7 +57,17 @@ class CaseOutcome:
 def resolve_device(config: Config, env: Environment) -> str:
     if config.device != "auto":
         return config.device
-    return "cuda" if env.gpus and env.cuda_runtime else "cpu"
+    usable = env.cuda_available if env.cuda_available is not None else bool(env.cuda_runtime)
+    return "cuda" if env.gpus and usable else "cpu"
+
+
+def _device_note(config: Config, env: Environment, device: str) -> str | None:
+    """Why `auto` measured on the CPU of a machine whose GPUs NVML sees."""
+    if config.device != "auto" or device != "cpu" or not env.gpus:
+        return None
+    why = env.cuda_unavailable_reason or "this torch build has no CUDA support"
+    return (f"device auto: NVML sees {len(env.gpus)} GPU(s) but torch cannot use CUDA "
+            f"({why}); measured on the CPU")
 
 
 PINNED_ENV = {
@@ -84,12 +95,15 @@ def run_suite(
         os.environ.setdefault(name, value)  # before the probe, which records it
     env = env or environment.probe()
     device = resolve_device(config, env)
+    note = _device_note(config, env, device)
     git = provenance.git_info(config.root, config.base_branch)
     measurements = []
     for case in cases:
         if progress:
             progress("start", case, None)
         m = run_case(config, case, device, env.visible_uuids)
+        if note:
+            m = dataclasses.replace(m, notes=(note, *m.notes))
         measurements.append(m)
         if progress:
             progress("done", case, m)

@@ -241,3 +241,24 @@ def test_the_tree_peak_is_stored_and_read_back(failing_run, tmp_path):
             m.host_tree_source,
         )
     assert back["leaves_children"].host_tree_peak_rss_bytes > 0
+
+
+def test_auto_measures_on_the_cpu_when_torch_cannot_start_the_gpus_nvml_sees(tmp_path):
+    """NVML lists a GPU (stand-in environment: this machine has none) while torch cannot
+    use CUDA (a CPU-only build, a broken driver): `auto` must not pick a device whose every
+    case would fail; it measures on the CPU and says why on each case."""
+    from dataclasses import replace
+
+    from factories import GPU_ENV
+
+    env = replace(GPU_ENV, cuda_available=False,
+                  cuda_unavailable_reason="CUDA driver initialization failed")
+    (tmp_path / "wl.py").write_text(WORKLOADS)
+    (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 0\nrepeats = 1\n')
+    config = load_config(tmp_path / "memtrack.toml")
+    cases = select_cases(discover(config), patterns=("fine",))
+    run = run_suite(config, cases, env=env)
+    [m] = run.measurements
+    assert (m.status, m.device) == ("ok", "cpu")
+    assert m.notes[0] == ("device auto: NVML sees 1 GPU(s) but torch cannot use CUDA (CUDA "
+                          "driver initialization failed); measured on the CPU")
