@@ -112,7 +112,8 @@ def find(acceptances: Iterable[Acceptance], workload: str, case_id: str, metric:
     metric without allowing this much (to say so); else None."""
     covering = [a for a in acceptances if a.covers(workload, case_id, metric)]
     allowing = [a for a in covering if a.allows(delta, delta_pct)]
-    return (allowing or covering or [None])[0]
+    found = allowing or covering
+    return found[0] if found else None
 
 
 __all__ = ["TRAILER", "Acceptance", "find", "parse", "read", "unknown_targets"]
