@@ -4,18 +4,14 @@ with NVML's stand-in (fakenvml/) where it needs GPUs."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from factories import CPU_ENV, GPU_ENV, GiB
+from factories import CPU_ENV, GPU_ENV
 
 from memtrack.doctor import checks, runs_on
 
-FAKE_DIR = Path(__file__).parent / "fakenvml"
 TOO_OLD = (
     "The NVIDIA driver on your system is too old (found version 12040). Please update your "
     "GPU driver by downloading and installing a new version from the URL: "
@@ -76,30 +72,12 @@ def test_doctor_fails_a_gpu_only_when_no_code_runs_on_it(tmp_path):
     assert gpu0.status == "fail" and "torch has no code for it (sm_90)" in gpu0.detail
 
 
-def test_doctor_with_fake_nvml_reports_a_failing_query_instead_of_crashing(tmp_path):
-    scenario = {
-        "devices": [
-            {"uuid": "GPU-a", "name": "NVIDIA H200", "total": 141 * GiB, "used": GiB},
-            {
-                "uuid": "GPU-b",
-                "name": "NVIDIA H200",
-                "total": 141 * GiB,
-                "used": GiB,
-                "fail": ["memory"],
-            },
-        ]
-    }
-    (tmp_path / "nvml.json").write_text(json.dumps(scenario))
-    env = {
-        **os.environ,
-        "FAKE_NVML": str(tmp_path / "nvml.json"),
-        "PYTHONPATH": os.pathsep.join([str(FAKE_DIR), *sys.path]),
-    }
+def test_doctor_with_fake_nvml_reports_a_failing_query_instead_of_crashing(
+        tmp_path, nvml_with_a_failing_query):
     out = subprocess.run(
         [sys.executable, "-m", "memtrack.cli", "doctor", "--db", str(tmp_path / "m.db")],
         capture_output=True,
         text=True,
-        env=env,
         cwd=tmp_path,
     )
     assert "Traceback" not in out.stderr

@@ -4,41 +4,13 @@ a test needs GPUs (this machine has none), and torch is this machine's CPU build
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import sqlite3
-import sys
-from pathlib import Path
 
-import pytest
 from factories import GPU_ENV, GiB, MiB, make_measurement, make_run
 
 from memtrack import environment
 from memtrack.records import DeviceMeasurement, run_from_dict, to_dict
 from memtrack.store import Store
-
-FAKE_DIR = Path(__file__).parent / "fakenvml"
-
-
-@pytest.fixture
-def nvml_with_a_failing_query(tmp_path, monkeypatch):
-    """Two GPUs; the second refuses memory info (a MIG GPU in a container, unprivileged)."""
-    scenario = {
-        "devices": [
-            {"uuid": "GPU-a", "name": "NVIDIA H200", "total": 141 * GiB, "used": GiB},
-            {
-                "uuid": "GPU-b",
-                "name": "NVIDIA H200",
-                "total": 141 * GiB,
-                "used": GiB,
-                "mig": "enabled",
-                "fail": ["memory"],
-            },
-        ]
-    }
-    (tmp_path / "nvml.json").write_text(json.dumps(scenario))
-    monkeypatch.setenv("FAKE_NVML", str(tmp_path / "nvml.json"))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKE_DIR), *sys.path]))
 
 
 def test_the_environment_records_whether_torch_can_start_cuda_and_why_not():
