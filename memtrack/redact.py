@@ -4,7 +4,12 @@ stored or reported (a workload's error message can quote a URL, a header or a va
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memtrack.records import RunRecord
 
 MASK = "[redacted]"
 
@@ -36,3 +41,14 @@ def redact(text: str | None) -> str | None:
     for pattern in _PATTERNS:
         text = pattern.sub(lambda m: (m.group(1) if m.re.groups else "") + MASK, text)
     return text
+
+
+def redact_run(run: RunRecord) -> RunRecord:
+    """A run record (from another machine, or crafted) with its workloads' text redacted as
+    `memtrack run` redacts it: messages, tracebacks, notes. Redacting twice changes nothing."""
+    return dataclasses.replace(run, measurements=tuple(
+        dataclasses.replace(
+            m, message=redact(m.message), traceback=redact(m.traceback),
+            device_view_note=redact(m.device_view_note),
+            notes=tuple(redact(n) or "" for n in m.notes))
+        for m in run.measurements))

@@ -157,3 +157,20 @@ def test_an_interrupt_is_not_exit_1(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "memtrack: interrupted" in err
+
+
+def test_a_token_in_a_record_from_another_machine_is_redacted_before_it_is_stored(tmp_path):
+    token = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2"
+    failed = make_measurement("decoder", {"batch": 1}, status="error",
+                              message=f"ValueError: clone https://x:{token}@git.example failed")
+    path = tmp_path / "run.json"
+    write_json(make_run([failed]), path)
+    db = tmp_path / "m.db"
+    res = _ingest(db, path)
+    assert res.exit_code == 0, res.output
+    assert token.encode() not in db.read_bytes() + b"".join(
+        p.read_bytes() for p in tmp_path.glob("m.db-*"))
+    with Store.open(db, readonly=True) as store:
+        [m] = store.get_run(json.loads(path.read_text())["run_id"]).measurements
+    assert m.message == "ValueError: clone https://x:[redacted]@git.example failed"
+    assert _ingest(db, path).exit_code == 0  # the same record again: already present
