@@ -100,6 +100,12 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
         ctx.new_iteration()
         step()
     _sync(ctx.device)
+    if spec.get("snapshot_path"):  # `memtrack snapshot`: one more step under the recorder
+        from memtrack.probes.snapshot import capture
+
+        snap = capture(step, ctx.device, objects, Path(spec["snapshot_path"]), spec["case_id"])
+        result.update(phase="done", **snap)
+        return
     setup_peak = max(host.peak(), loading.before_peak)  # a loading phase reset the mark
     release_free_heap()
     host.reset()

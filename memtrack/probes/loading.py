@@ -63,8 +63,9 @@ def files_bytes(paths: Iterable[Path]) -> int:
 class LoadingProbe:
     """Measures each `ctx.loading()` phase; several phases add up (peaks: the largest)."""
 
-    def __init__(self, host: HostPeak):
+    def __init__(self, host: HostPeak, io_path: str = "/proc/self/io"):
         self.host = host
+        self.io_path = io_path
         self.before_peak = 0
         """The host peak before the first reset: the worker keeps it in the case's peak."""
         self.duration_s: float | None = None
@@ -80,11 +81,11 @@ class LoadingProbe:
         if resettable:
             self.before_peak = max(self.before_peak, self.host.peak())
             self.host.reset()
-        io0 = io_counters()
+        io0 = io_counters(self.io_path)
         t0 = time.perf_counter()
         yield
         elapsed = time.perf_counter() - t0
-        io1 = io_counters()
+        io1 = io_counters(self.io_path)
         self.duration_s = (self.duration_s or 0.0) + elapsed
         if resettable:
             self.peak = max(self.peak or 0, self.host.peak())
