@@ -103,7 +103,8 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     if spec.get("snapshot_path"):  # `memtrack snapshot`: one more step under the recorder
         from memtrack.probes.snapshot import capture
 
-        snap = capture(step, ctx.device, objects, Path(spec["snapshot_path"]), spec["case_id"])
+        snap = capture(step, ctx.device, objects, Path(spec["snapshot_path"]),
+                       spec.get("case_id", spec["workload"]))
         result.update(phase="done", **snap)
         return
     setup_peak = max(host.peak(), loading.before_peak)  # a loading phase reset the mark
