@@ -24,7 +24,8 @@ MiB = 2**20
 METRIC_COLUMNS = metrics.COLUMNS
 METRIC_LABELS = {name: m.label for name, m in metrics.METRICS.items()}
 SHORT_LABELS = {"allocated": "allocated", "reserved": "reserved", "requested": "requested",
-                "device": "device (NVML)", "host": "host RSS", "host_step": "host step"}
+                "device": "device (NVML)", "host": "host RSS", "host_step": "host step",
+                "load_host": "loading host RSS", "disk": "disk"}
 """Names for narrow table columns; METRIC_LABELS says what each one is."""
 CHART_METRICS = ("allocated", "reserved", "device", "host", "host_step")
 """The views drawn on a history chart (requested sits within a few KiB of allocated)."""

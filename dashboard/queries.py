@@ -31,6 +31,7 @@ _MEASUREMENT_COLUMNS = (
     "id", "run_id", "case_id", "workload", "status", "message", "device",
     "peak_allocated_bytes", "peak_reserved_bytes", "peak_requested_bytes",
     "device_peak_bytes", "host_peak_rss_bytes", "host_bytes", "host_step_bytes",
+    "load_host_bytes", "disk_bytes",
     "time_median_s", "time_p95_s", "time_min_s",
 )
 _RUN_COLUMNS = ("started_at", "git_commit", "git_branch", "git_subject", "git_dirty",

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import shutil
+import tempfile
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +34,12 @@ class Context:
 
     `ctx.mark(model, optimizer)` ends setup: memory at that point is the persistent set
     (weights). `ctx.tag_cache(tensor, ...)` names request-sized state (a KV cache) so that
-    the breakdown can show it apart from other intermediates.
+    the breakdown can show it apart from other intermediates. `with ctx.loading(): ...`
+    marks the loading step (reading a checkpoint, building the model), measured apart.
     """
 
-    def __init__(self, params: dict[str, Any], seed: int, device: str, data_dir: Path):
+    def __init__(self, params: dict[str, Any], seed: int, device: str, data_dir: Path,
+                 scratch_dir: Path | None = None):
         import torch
 
         self.params = dict(params)
@@ -53,6 +58,9 @@ class Context:
         self.cache_peak_bytes = 0
         self.tag_hook: Callable[[tuple[torch.Tensor, ...]], bool] | None = None
         """Set by memtrack while a tracker measures: it takes the tags (True) or not."""
+        self.loading_probe: Any = None
+        """Set by memtrack's worker: measures `loading()` phases (probes.loading)."""
+        self._scratch_dir = scratch_dir
 
     def __getitem__(self, name: str) -> Any:
         return self.params[name]
@@ -74,6 +82,31 @@ class Context:
         alive = {k: v for k, v in self._cache_storages.items() if v[0]() is not None}
         self._cache_storages = alive
         self.cache_peak_bytes = max(self.cache_peak_bytes, sum(n for _, n in alive.values()))
+
+    @property
+    def scratch_dir(self) -> Path:
+        """An empty directory of this case's own, removed after the case: write what the
+        workload saves (a checkpoint) here, never into the repository."""
+        if self._scratch_dir is None:  # outside memtrack's runner: a temporary one
+            self._scratch_dir = Path(tempfile.mkdtemp(prefix="memtrack-scratch-"))
+            weakref.finalize(self, shutil.rmtree, self._scratch_dir, ignore_errors=True)
+        return self._scratch_dir
+
+    @contextlib.contextmanager
+    def loading(self, *paths: str | Path) -> Iterator[None]:
+        """Mark the loading step: `with ctx.loading(): model.load_state_dict(...)`.
+
+        memtrack records, apart from the step: the host peak RSS during loading, the disk
+        bytes read and written (from /proc/self/io), its wall time, and the disk space of
+        the files the loading reads: the `paths` given (files or directories), by default
+        everything under `ctx.scratch_dir`, measured when the loading ends. Several loading
+        phases add up."""
+        probe = self.loading_probe
+        if probe is None:  # not run by memtrack's worker: nothing to measure
+            yield
+            return
+        with probe.phase(tuple(Path(p) for p in paths) or (self.scratch_dir,)):
+            yield
 
     def new_iteration(self) -> None:
         self._cache_storages.clear()

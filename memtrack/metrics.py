@@ -7,13 +7,15 @@ which pass, where it is stored, and the smallest change that can be a change in 
     device     NVML per-process peak, largest device   the whole case
     host       peak RSS less file-backed pages         setup, warm-up and timing pass
     host_step  timing pass's RSS peak above its start  timing pass
+    load_host  peak RSS less file-backed pages         the workload's ctx.loading()
+    disk       size of the case's files                at the end of loading
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memtrack.records import Measurement, device_peak, host_peak, host_step
+from memtrack.records import Measurement, device_peak, host_peak, host_step, load_host
 
 MiB = 2**20
 
@@ -52,6 +54,13 @@ _METRICS = (
     # The step's growth above its starting level: file pages loaded at setup cancel out;
     # one transparent huge page is what is left.
     Metric("host_step", "host_step_bytes", "host step growth", "timing pass", 2 * MiB),
+    # The whole process's RSS again (libraries, torch, the model being built), over the
+    # loading only: the same arenas and huge pages move it, so the same 4 MiB or 1 %.
+    Metric("load_host", "load_host_bytes", "loading host peak RSS (less file-backed)",
+           "loading", 4 * MiB, 0.01),
+    # File sizes are exact and repeat exactly; a change under one 4 KiB file-system block
+    # (an archive's names, a header's padding) takes no more space on disk.
+    Metric("disk", "disk_bytes", "disk space of the case's files", "end of loading", 4096),
 )
 
 METRICS: dict[str, Metric] = {m.name: m for m in _METRICS}
@@ -75,6 +84,8 @@ def value(m: Measurement, metric: str) -> int | None:
         return host_peak(m)
     if metric == "host_step":
         return host_step(m)
+    if metric == "load_host":
+        return load_host(m)
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}")
     figure = getattr(m, METRICS[metric].column)

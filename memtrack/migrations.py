@@ -220,6 +220,23 @@ def m006_device_memory_pass(db: sqlite_utils.Database) -> None:
     db.execute("alter table device_measurements add column memory_pass_peak_bytes integer")
 
 
+def m010_loading(db: sqlite_utils.Database) -> None:
+    """The loading step's figures (host peak, disk I/O, disk space) and the derived
+    `load_host` metric, stored beside them as host_bytes is."""
+    for name, kind in (
+        ("load_duration_s", "real"),
+        ("load_host_peak_rss_bytes", "integer"),
+        ("load_file_rss_bytes", "integer"),
+        ("load_rchar_bytes", "integer"),
+        ("load_wchar_bytes", "integer"),
+        ("load_read_bytes", "integer"),
+        ("load_write_bytes", "integer"),
+        ("disk_bytes", "integer"),
+        ("load_host_bytes", "integer"),
+    ):
+        db.execute(f"alter table measurements add column {name} {kind}")
+
+
 STEPS = (
     m001_initial,
     m002_verdicts,
@@ -227,6 +244,7 @@ STEPS = (
     m004_environment_cuda,
     m005_host_tree,
     m006_device_memory_pass,
+    m010_loading,
 )
 
 

@@ -246,6 +246,33 @@ class Measurement:
     bound from samples of the processes' RSS and their own high-water marks."""
     host_tree_source: str | None = None
     """'cgroup' or 'process-group samples (lower bound)'; None when not measured."""
+    load_duration_s: float | None = None
+    """Wall time inside the workload's `ctx.loading()` (its phases added up); None when the
+    workload marks no loading step, as for every loading figure below."""
+    load_host_peak_rss_bytes: int | None = None
+    """Exact peak RSS of the case's process during loading (VmHWM reset at its start): the
+    host memory that reading the checkpoint and building the model take, before the step.
+    None where the high-water mark cannot be reset (a note says so)."""
+    load_file_rss_bytes: int | None = None
+    """File-backed and shared resident pages (RssFile + RssShmem) at the end of loading: the
+    `load_host` metric leaves them out, as `host` does."""
+    load_rchar_bytes: int | None = None
+    """Bytes read by the process during loading (/proc/self/io `rchar`: every read call,
+    served from the page cache or from storage; mapped files are not counted). The figure
+    that says how much the loading reads, warm cache or cold."""
+    load_wchar_bytes: int | None = None
+    """Bytes written by the process during loading (/proc/self/io `wchar`: every write call,
+    whether or not it reached storage)."""
+    load_read_bytes: int | None = None
+    """Bytes the loading made the kernel fetch from storage (/proc/self/io `read_bytes`):
+    0 when the files were in the page cache, the common case in CI; a cold-cache read shows
+    here. None where /proc/self/io cannot be read."""
+    load_write_bytes: int | None = None
+    """Bytes the loading caused to be sent to storage (/proc/self/io `write_bytes`, counted
+    when pages are dirtied); 0 on a memory-backed file system."""
+    disk_bytes: int | None = None
+    """Disk space of the case's files at the end of loading: the apparent size of the files
+    under the paths given to `ctx.loading(...)`, by default under `ctx.scratch_dir`."""
 
 
 def device_peak(m: Measurement) -> int | None:
@@ -267,6 +294,14 @@ def host_step(m: Measurement) -> int | None:
     if m.host_step_peak_rss_bytes is None or m.host_setup_rss_bytes is None:
         return None
     return max(0, m.host_step_peak_rss_bytes - m.host_setup_rss_bytes)
+
+
+def load_host(m: Measurement) -> int | None:
+    """The `load_host` metric: peak RSS during loading, less the file-backed pages at its
+    end (libraries, mapped files), as for `host`."""
+    if m.load_host_peak_rss_bytes is None or m.load_file_rss_bytes is None:
+        return None
+    return max(0, m.load_host_peak_rss_bytes - m.load_file_rss_bytes)
 
 
 def memory_pass_peak(m: Measurement) -> int | None:

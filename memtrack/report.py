@@ -32,6 +32,24 @@ _EMOJI = {"failed": "💥", "over_budget": "⛔", "regression": "🔺", "noisy":
           "improvement": "🔻", "ok": "✅"}
 _QUIET = ("ok", "improvement", "new", "accepted")
 """Kinds that are neither blocking nor a warning."""
+SNAPSHOT_METRICS = ("allocated", "reserved", "requested", "device", "host", "host_step")
+"""Metrics of the measured step, which `memtrack snapshot` captures (not the loading's)."""
+
+
+def snapshot_hint(case_id: str) -> str:
+    """The command that shows which allocations make a blocked case's step peak."""
+    return "To see which allocation: memtrack snapshot '" + case_id.replace("'", "'\\''") + "'"
+
+
+def _hinted(verdicts: list[Verdict]) -> set[int]:
+    """Positions of the first blocking step-memory verdict of each case: one hint per case."""
+    seen: set[str] = set()
+    out = set()
+    for i, v in enumerate(verdicts):
+        if v.blocking and v.metric in SNAPSHOT_METRICS and v.case_id not in seen:
+            seen.add(v.case_id)
+            out.add(i)
+    return out
 
 
 def ordered(verdicts: tuple[Verdict, ...] | list[Verdict]) -> list[Verdict]:
@@ -136,11 +154,14 @@ def terminal(result: CheckResult) -> list[Any]:
         # Text, not str: case ids like 'w[batch=8]' would be read as rich markup.
         t.add_row(Text(label(v), style=_STYLE.get(v.kind, "")), *(Text(c) for c in cells))
     out.append(t)
-    for v in verdicts:
+    hinted = _hinted(verdicts)
+    for i, v in enumerate(verdicts):
         out.append(Text(f"{label(v)} · {v.case_id} · {v.message}",
                         style=_STYLE.get(v.kind, "") if v.kind != "ok" else ""))
         for line in v.details:
             out.append(Text(f"    {line}", style="dim"))
+        if i in hinted:
+            out.append(Text(f"    {snapshot_hint(v.case_id)}"))
     out.append(Text(summary_line(result), style="bold red" if result.blocking else "bold green"))
     return out
 
@@ -174,9 +195,12 @@ _MD_HEAD = ("| verdict | case | metric | baseline | threshold | candidate | delt
             "|---|---|---|--:|--:|--:|--:|--:|")
 
 
-def _md_item(v: Verdict, dashboard_url: str | None = None) -> str:
+def _md_item(v: Verdict, dashboard_url: str | None = None, hint: bool = False) -> str:
     lines = [f"- **{label(v)}** {_md_case(v.case_id, dashboard_url)}: {_cell(v.message)}"]
     lines += [f"  - {_cell(d)}" for d in v.details]
+    if hint:
+        words, _, command = snapshot_hint(v.case_id).partition(": ")
+        lines.append(f"  - {words}: `{command.replace('`', '')}`")
     return "\n".join(lines)
 
 
@@ -202,13 +226,15 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT,
         head += [f"- {_cell(c.describe())}" for c in result.budget_changes]
         head.append("")
     body: list[str] = []
+    hinted = _hinted(blocking)  # under the blocking items only, not again in the full list
     for title, items in (("Blocking", blocking), ("Warnings", warnings),
                          ("Accepted (reviewed in this change)", accepted),
                          ("Improvements and new cases", others)):
         if items:
             body += [f"### {title}", "", _MD_HEAD,
                      *(_md_row(v, dashboard_url) for v in items), ""]
-            body += [_md_item(v, dashboard_url) for v in items]
+            body += [_md_item(v, dashboard_url, items is blocking and i in hinted)
+                     for i, v in enumerate(items)]
             body.append("")
     fixed = "\n".join(head + body)
     tail = "</details>\n"

@@ -26,6 +26,9 @@ def run_table(run: RunRecord) -> Table:
         "median time",
     ):
         t.add_column(col, justify="left" if col in ("case", "status") else "right")
+    loads = any(m.load_duration_s is not None for m in run.measurements)
+    if loads:  # only where a workload marks its loading step
+        t.add_column("loading peak", justify="right")
     labels = short_case_labels(m.case_id for m in run.measurements)
     for m in run.measurements:
         t.add_row(
@@ -37,6 +40,7 @@ def run_table(run: RunRecord) -> Table:
             format_size(m.host_peak_rss_bytes),
             format_size(m.weights_bytes),
             format_seconds(m.time_median_s),
+            *([format_size(m.load_host_peak_rss_bytes)] if loads else []),
         )
     return t
 
@@ -50,6 +54,17 @@ def _where(run: RunRecord) -> str:
 
 def _status(m: Measurement) -> str:
     return m.status if m.status == "ok" else f"[red]{m.status}[/red]"
+
+
+def loading_line(m: Measurement) -> str:
+    """The loading step's figures in one line: host peak, reads, writes, disk space, time."""
+    def size(x: int | None) -> str:
+        return "not measured" if x is None else format_size(x)
+
+    return (f"host peak {size(m.load_host_peak_rss_bytes)}, read {size(m.load_rchar_bytes)} "
+            f"({size(m.load_read_bytes)} from storage), written {size(m.load_wchar_bytes)} "
+            f"({size(m.load_write_bytes)} to storage), files on disk {size(m.disk_bytes)}, "
+            f"{format_seconds(m.load_duration_s)}")
 
 
 def history_table(case: str, rows: list[dict[str, Any]]) -> Table:
@@ -140,6 +155,8 @@ def run_detail(run: RunRecord) -> list[Any]:
             t.add_row(label, format_size(value))
         source = f" ({m.host_peak_source})" if m.host_peak_source else ""
         t.add_row("host peak", f"{format_size(m.host_peak_rss_bytes)}{source}")
+        if m.load_duration_s is not None:
+            t.add_row("loading", escape(loading_line(m)))
         t.add_row("device view",
                   escape(m.device_view or f"absent: {m.device_view_note or 'no reason recorded'}"))
         for note in m.notes:

@@ -122,11 +122,15 @@ def run_suite(
 
 
 def run_case(
-    config: Config, case: Case, device: str, visible_uuids: tuple[str, ...] = ()
+    config: Config, case: Case, device: str, visible_uuids: tuple[str, ...] = (),
+    extra: dict[str, Any] | None = None,
 ) -> Measurement:
+    """One case in a fresh worker; `extra` adds keys to its spec (e.g. `snapshot_path`)."""
     warmup, repeats, timeout_s = config.settings_for(case.workload)
     with tempfile.TemporaryDirectory(prefix="memtrack-") as tmp:
         result_path = Path(tmp) / "result.json"
+        scratch = Path(tmp) / "scratch"  # the case's ctx.scratch_dir, removed with tmp
+        scratch.mkdir(mode=0o700)
         spec = {
             "module": case.module,
             "root": str(config.root),
@@ -138,6 +142,8 @@ def run_case(
             "repeats": repeats,
             "data_dir": str(config.root / "data"),
             "result_path": str(result_path),
+            "scratch_dir": str(scratch),
+            **(extra or {}),
         }
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -329,6 +335,14 @@ _MEASURED = (
     "time_median_s",
     "time_p95_s",
     "time_min_s",
+    "load_duration_s",
+    "load_host_peak_rss_bytes",
+    "load_file_rss_bytes",
+    "load_rchar_bytes",
+    "load_wchar_bytes",
+    "load_read_bytes",
+    "load_write_bytes",
+    "disk_bytes",
 )
 
 

@@ -35,6 +35,7 @@ from memtrack.records import (
     device_peak,
     host_peak,
     host_step,
+    load_host,
     to_dict,
 )
 
@@ -559,7 +560,8 @@ class _Batch:
         "runs": _insert_sql("runs", _RUN_COLUMNS),
         # the derived metrics are stored beside the figures, so baselines read plain SQL
         "measurements": _insert_sql("measurements", ["id", "run_id", "device_peak_bytes",
-                                                     "host_bytes", "host_step_bytes", *_M.names]),
+                                                     "host_bytes", "host_step_bytes",
+                                                     "load_host_bytes", *_M.names]),
         "device_measurements": _insert_sql("device_measurements", ["measurement_id", *_D.names]),
     }
 
@@ -591,7 +593,7 @@ class _Batch:
             mid = self.next_id
             self.next_id += 1
             self.measurements.append([mid, run.run_id, device_peak(m), host_peak(m),
-                                      host_step(m), *self._M.values(m)])
+                                      host_step(m), load_host(m), *self._M.values(m)])
             for d in m.devices:
                 self.devices.append([mid, *self._D.values(d)])
 

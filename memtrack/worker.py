@@ -71,6 +71,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
 
     from memtrack.context import Context
     from memtrack.probes.framework import CudaAllocatorProbe, MemTrackerProbe, category_breakdown
+    from memtrack.probes.loading import LoadingProbe
     from memtrack.workload import find, import_workload_module
 
     result.update(phase="setup", host_peak_source=host.source)
@@ -78,7 +79,10 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     torch.backends.cudnn.benchmark = False  # its workspace depends on what is cached
     import_workload_module(spec["module"], Path(spec["root"]))
     wl = find(spec["workload"])
-    ctx = Context(spec["params"], spec["seed"], spec["device"], Path(spec["data_dir"]))
+    scratch = spec.get("scratch_dir")
+    ctx = Context(spec["params"], spec["seed"], spec["device"], Path(spec["data_dir"]),
+                  Path(scratch) if scratch else None)
+    ctx.loading_probe = loading = LoadingProbe(host)
     is_cuda = ctx.device.type == "cuda"
     probe = CudaAllocatorProbe(ctx.device) if is_cuda else MemTrackerProbe(ctx.device)
 
@@ -89,13 +93,21 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     if ctx.marked_objects is None:
         result.data["notes"].append("no ctx.mark(): the persistent set is what setup left")
     persistent = probe.mark(objects)
-    result.update(phase="warmup", persistent_bytes=persistent)
+    result.update(phase="warmup", persistent_bytes=persistent, **loading.fields())
+    result.data["notes"].extend(loading.notes)
 
     for _ in range(spec["warmup"]):
         ctx.new_iteration()
         step()
     _sync(ctx.device)
-    setup_peak = host.peak()
+    if spec.get("snapshot_path"):  # `memtrack snapshot`: one more step under the recorder
+        from memtrack.probes.snapshot import capture
+
+        snap = capture(step, ctx.device, objects, Path(spec["snapshot_path"]),
+                       spec.get("case_id", spec["workload"]))
+        result.update(phase="done", **snap)
+        return
+    setup_peak = max(host.peak(), loading.before_peak)  # a loading phase reset the mark
     release_free_heap()
     host.reset()
     setup_level = current_rss()

@@ -39,8 +39,9 @@ def test_examples_record_a_row_per_case_with_figures_commit_and_versions(example
         "decoder_generate",
         "train_step",
         "image_classify",
+        "load_checkpoint",
     }
-    assert len(run.measurements) == 4  # decoder: 1 and 4 sessions
+    assert len(run.measurements) == 5  # decoder: 1 and 4 sessions
     for m in run.measurements:
         assert m.status == "ok", m.message
         assert m.peak_allocated_bytes > 0 and m.host_peak_rss_bytes > m.peak_allocated_bytes

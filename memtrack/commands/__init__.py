@@ -8,5 +8,6 @@ from memtrack.commands.history import history
 from memtrack.commands.ingest import ingest
 from memtrack.commands.run import run
 from memtrack.commands.show import show
+from memtrack.commands.snapshot import snapshot
 
-COMMANDS = [run, check, history, show, ingest, doctor, backup, export, dashboard]
+COMMANDS = [run, check, history, show, snapshot, ingest, doctor, backup, export, dashboard]

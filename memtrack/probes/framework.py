@@ -25,6 +25,10 @@ class FrameworkProbe(Protocol):
 
 
 def _category_tracker() -> Any:
+    return category_tracker_class()()
+
+
+def category_tracker_class() -> type:
     """A MemTracker that tolerates a module called again in one session (a decode loop).
 
     Only the global peak by category is used here, so per-module statistics are reset
@@ -55,10 +59,10 @@ def _category_tracker() -> Any:
             if module in self.memory_tracking:
                 super()._post_bw_hook(module, args)
 
-    return CategoryTracker()
+    return CategoryTracker
 
 
-def _trackable(objects: tuple[Any, ...]) -> list[Any]:
+def trackable(objects: tuple[Any, ...]) -> list[Any]:
     return [o for o in objects if isinstance(o, (torch.nn.Module, torch.optim.Optimizer))]
 
 
@@ -81,7 +85,7 @@ class MemTrackerProbe:
         self.active = False
 
     def mark(self, objects: tuple[Any, ...]) -> int:
-        self.tracked = _trackable(objects)
+        self.tracked = trackable(objects)
         if self.tracked:
             self.tracker.track_external(*self.tracked)
         snap = self.tracker.get_tracker_snapshot("current").get(self.device, {})

@@ -1,0 +1,140 @@
+"""`memtrack snapshot`: one case's measured step, captured in a fresh worker into a private
+file that never enters the database, the data folder or the repository.
+
+On CUDA the file is the allocator's history (a pickle that https://pytorch.org/memory_viz
+renders in the browser); on the CPU it is MemTracker's peak per module and category (JSON).
+Both show the model's structure, so they stay on this machine: nothing here uploads,
+stores or posts them. torch is imported only by the worker (memtrack.probes.snapshot).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from memtrack import environment, runner
+from memtrack.config import Config
+from memtrack.errors import ConfigError, WorkloadError
+from memtrack.workload import Case, discover, select_cases
+
+SUFFIX = {"cuda": ".pickle", "cpu": ".json"}
+MEMORY_VIZ = "https://pytorch.org/memory_viz"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A snapshot written by `take`."""
+
+    case_id: str
+    device: str
+    path: Path
+    size_bytes: int
+
+    def how_to_open(self) -> str:
+        if self.device == "cuda":
+            return (f"drag it onto {MEMORY_VIZ} (the page reads it in your browser; nothing "
+                    "is uploaded)")
+        return ("a JSON file: the step's peak by category, then every module's peak, largest "
+                f"first (e.g. `python -m json.tool {self.path}`)")
+
+
+def default_dir() -> Path:
+    """The user's cache folder ($XDG_CACHE_HOME, else ~/.cache)/memtrack/snapshots, or a
+    folder of this user's under $TMPDIR where that cannot be made."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    for folder in (Path(cache) / "memtrack" / "snapshots",
+                   Path(tempfile.gettempdir()) / f"memtrack-snapshots-{os.getuid()}"):
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return folder
+        except OSError:
+            continue
+    raise ConfigError(f"{cache}: cannot create a folder for snapshots there or under "
+                      f"{tempfile.gettempdir()}; pass --out PATH")
+
+
+def default_path(case_id: str, device: str, folder: Path | None = None) -> Path:
+    """'<case>-<UTC time>.pickle' (CUDA) or '.json' (CPU) in `default_dir()`."""
+    name = re.sub(r"[^A-Za-z0-9_.=,-]+", "_", case_id).strip("_")[:120] or "case"
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    return (folder or default_dir()) / f"{name}-{stamp}{SUFFIX[device]}"
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _work_tree(root: Path) -> Path | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root,
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return Path(out.stdout.strip()).resolve() if out.returncode == 0 and out.stdout.strip() \
+        else None
+
+
+def check_out(out: Path, config: Config, db: Path) -> Path:
+    """The resolved `--out` path, or ConfigError (one line) where a snapshot must not go:
+    inside data/, the database's folder or the repository's work tree (where it could be
+    committed, uploaded as an artifact or read by the dashboard), or over an existing file."""
+    path = out.expanduser().resolve()
+    tree = _work_tree(config.root)
+    for folder, what in ((config.root / "data", "the data folder"),
+                         (db.expanduser().resolve().parent, "the database's folder"),
+                         (tree, "the repository's work tree")):
+        if folder is not None and _inside(path, folder.resolve()):
+            raise ConfigError(f"--out {out}: inside {what} ({folder.resolve()}); a snapshot "
+                              "shows the model's structure: write it outside the repository, "
+                              "e.g. the default under ~/.cache/memtrack/snapshots")
+    if path.exists() or path.is_symlink():
+        raise ConfigError(f"--out {out}: already exists; memtrack never overwrites a file")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--out {out}: no such folder {path.parent}")
+    return path
+
+
+def find_case(config: Config, name: str) -> Case:
+    """The case with this id, or the only case of the workload with this name."""
+    cases = select_cases(discover(config))
+    exact = [c for c in cases if c.case_id == name]
+    if exact:
+        return exact[0]
+    of_workload = [c for c in cases if c.workload == name]
+    if len(of_workload) == 1:
+        return of_workload[0]
+    if of_workload:
+        ids = ", ".join(c.case_id for c in of_workload[:5])
+        raise WorkloadError(f"{name!r} has {len(of_workload)} cases; name one: {ids}")
+    close = [c.case_id for c in cases if name in c.case_id][:5]
+    hint = f"; did you mean {', '.join(close)}" if close else ""
+    raise WorkloadError(f"no case or workload {name!r} in the suite{hint}")
+
+
+def take(config: Config, name: str, db: Path, out: Path | None = None) -> Snapshot:
+    """Run the case `name` (see find_case) in a fresh worker: setup, warm-up, then one step
+    under the recorder; the worker writes the snapshot. `db` is only kept clear of: it is
+    never opened."""
+    if out is not None:
+        out = check_out(out, config, db)
+    case = find_case(config, name)
+    for name, value in runner.PINNED_ENV.items():
+        os.environ.setdefault(name, value)  # the worker runs as under `memtrack run`
+    env = environment.probe()
+    device = runner.resolve_device(config, env)
+    path = out or check_out(default_path(case.case_id, device), config, db)
+    m = runner.run_case(config, case, device, env.visible_uuids,
+                        extra={"snapshot_path": str(path), "case_id": case.case_id})
+    if m.status != "ok" or not path.is_file():
+        path.unlink(missing_ok=True)  # a worker killed while writing leaves no half file
+        raise WorkloadError(f"{case.case_id}: no snapshot: {m.status}: "
+                            f"{m.message or 'the worker wrote no snapshot'}")
+    return Snapshot(case.case_id, device, path, path.stat().st_size)
+
+
+__all__ = ["Snapshot", "check_out", "default_dir", "default_path", "find_case", "take"]

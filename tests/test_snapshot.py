@@ -1,0 +1,173 @@
+"""`memtrack snapshot`: one case's step captured in a private file (a real worker on the CPU),
+kept out of the database and the repository; and `memtrack check` pointing to it."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from factories import GiB, commit_all, git, init_repo, make_measurement, make_run
+
+from memtrack import report
+from memtrack.cli import main
+from memtrack.judge.check import CheckResult
+from memtrack.judge.verdict import Verdict
+from memtrack.store import Store
+
+MODULE = "Sequential.0.layers.1.self_attn"  # train_step's second encoder layer's attention
+
+
+def _memtrack(cwd: Path, *args: str, env: dict[str, str] | None = None
+              ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "memtrack.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})})
+
+
+def _db_bytes(db: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in db.parent.glob(db.name + "*")}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A repository with a recorded database beside it, and a cache folder of its own."""
+    base = tmp_path_factory.mktemp("snap")
+    repo = init_repo(base / "repo")
+    (repo / "README.md").write_text("a project\n")
+    commit_all(repo, "first commit")
+    db = base / "db" / "memtrack.db"
+    with Store.open(db) as store:
+        store.write_run(make_run([make_measurement("train_step", {})]))
+    return repo, db, base / "cache"
+
+
+@pytest.fixture(scope="module")
+def cpu_snapshot(project):
+    repo, db, cache = project
+    before = _db_bytes(db)
+    result = _memtrack(repo, "snapshot", "train_step", "--db", str(db),
+                       env={"XDG_CACHE_HOME": str(cache)})
+    assert result.returncode == 0, result.stderr
+    (path,) = (cache / "memtrack" / "snapshots").iterdir()
+    return result, path, before
+
+
+def test_the_cpu_snapshot_is_private_and_lists_the_models_modules(cpu_snapshot):
+    result, path, _ = cpu_snapshot
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert path.name.startswith("train_step_") and path.suffix == ".json"
+    assert str(path) in result.stdout and "open it: a JSON file" in result.stdout
+    data = json.loads(path.read_text())
+    modules = {m["module"]: m for m in data["modules"]}
+    for layer in (0, 1):
+        for part in ("self_attn", "linear1", "linear2", "norm1"):
+            assert f"Sequential.0.layers.{layer}.{part}" in modules
+    # a training step: backward peaks too, and the optimizer's state in the step's peak
+    assert modules["Sequential"]["backward_peak"]["Gradient"] > 0
+    assert data["peak_by_category"]["Optstate"] > 0
+    assert data["peak_bytes"] == max(m["peak_bytes"] for m in data["modules"])
+    assert modules[MODULE]["peak_bytes"] > modules[MODULE]["parameters_bytes"] > 0
+
+
+def test_nothing_of_the_snapshot_reaches_the_database_or_the_repository(project, cpu_snapshot):
+    repo, db, _ = project
+    _, path, before = cpu_snapshot
+    assert MODULE in path.read_text()
+    after = _db_bytes(db)
+    assert after == before  # not opened: not even its -wal or -shm changed
+    assert not any(MODULE.encode() in b for b in after.values())
+    assert git(repo, "status", "--porcelain", "--ignored") == ""  # not even a data/ folder
+
+
+@pytest.mark.parametrize("where", ["data/snap.json", "notes/snap.json", "DB/snap.json"])
+def test_out_inside_data_the_database_folder_or_the_repository_is_refused(project, where):
+    repo, db, _ = project
+    out = str(db.parent / "snap.json") if where.startswith("DB") else where
+    before = _db_bytes(db)
+    result = _memtrack(repo, "snapshot", "train_step", "--db", str(db), "--out", out)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "--out" in result.stderr
+    assert not (repo / where).exists() and not (db.parent / "snap.json").exists()
+    assert _db_bytes(db) == before
+
+
+def test_out_never_overwrites_and_an_unknown_case_is_named(project, tmp_path):
+    repo, db, _ = project
+    existing = tmp_path / "mine.json"
+    existing.write_text("keep")
+    result = _memtrack(repo, "snapshot", "train_step", "--db", str(db), "--out", str(existing))
+    assert result.returncode == 2 and "already exists" in result.stderr
+    assert existing.read_text() == "keep"
+    result = _memtrack(repo, "snapshot", "train_stpe", "--db", str(db),
+                       "--out", str(tmp_path / "x.json"))
+    assert result.returncode == 2 and "no case or workload 'train_stpe'" in result.stderr
+
+
+def _verdict(case_id: str, metric: str, kind: str, blocking: bool) -> Verdict:
+    return Verdict(case_id=case_id, workload=case_id.partition("[")[0], metric=metric,
+                   kind=kind, blocking=blocking, message=f"{metric}: {kind}",
+                   candidate_value=float(GiB))
+
+
+def test_the_report_suggests_a_snapshot_once_under_each_blocked_case():
+    verdicts = (
+        _verdict("decoder[batch=8]", "allocated", "regression", True),
+        _verdict("decoder[batch=8]", "reserved", "over_budget", True),
+        _verdict("decoder[batch=1]", "allocated", "ok", False),
+        _verdict("loader", "load_host", "over_budget", True),  # the loading, not the step
+    )
+    result = CheckResult(run_id="r" * 32, commit="a" * 40, branch="pr", started_at="",
+                         fingerprint="f" * 16, base_branch="main", merge_base="a" * 40,
+                         baseline_mode="ancestry", verdicts=verdicts)
+    hint = "To see which allocation: memtrack snapshot 'decoder[batch=8]'"
+    text = "\n".join(str(r) for r in report.terminal(result) if not hasattr(r, "columns"))
+    assert text.count(hint) == 1
+    assert "snapshot 'decoder[batch=1]'" not in text and "snapshot 'loader'" not in text
+    md = report.markdown(result)
+    assert md.count("To see which allocation: `memtrack snapshot 'decoder[batch=8]'`") == 1
+    blocking_section = md.split("### Blocking", 1)[1].split("<details>", 1)[0]
+    assert "memtrack snapshot 'decoder[batch=8]'" in blocking_section
+    assert "snapshot 'loader'" not in md
+
+
+def test_check_of_a_blocked_case_prints_the_snapshot_command(tmp_path):
+    db = tmp_path / "memtrack.db"
+    run = make_run([make_measurement("decoder", {"batch": 8}, peak=3 * GiB)], branch="pr")
+    with Store.open(db) as store:
+        store.write_run(run)
+    cfg = tmp_path / "memtrack.toml"
+    cfg.write_text('[[budgets]]\nworkload = "decoder"\nmetric = "allocated"\nlimit = "1 GiB"\n'
+                   'reason = "must fit beside the server"\n')
+    md = tmp_path / "verdict.md"
+    res = CliRunner().invoke(main, ["check", "--config", str(cfg), "--db", str(db), "--run",
+                                    run.run_id, "--no-record", "--markdown", str(md)])
+    assert res.exit_code == 1, res.output
+    assert "To see which allocation: memtrack snapshot 'decoder[batch=8]'" in res.output
+    assert md.read_text().count("memtrack snapshot 'decoder[batch=8]'") == 1
+
+
+@pytest.mark.gpu
+def test_the_cuda_snapshot_is_the_allocators_history_for_memory_viz(tmp_path):
+    repo = init_repo(tmp_path / "repo")
+    (repo / "README.md").write_text("a project\n")
+    commit_all(repo, "first commit")
+    out = tmp_path / "snap.pickle"
+    result = _memtrack(repo, "snapshot", "image_classify", "--out", str(out),
+                       "--db", str(tmp_path / "db" / "memtrack.db"))
+    assert result.returncode == 0, result.stderr
+    assert "(cuda," in result.stdout and "https://pytorch.org/memory_viz" in result.stdout
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    with open(out, "rb") as f:
+        snap = pickle.load(f)
+    assert snap["segments"]  # the allocator's segments at the end of the step
+    actions = {e["action"] for trace in snap["device_traces"] for e in trace}
+    assert "alloc" in actions and "free_completed" in actions  # the step's own history
+    assert not (tmp_path / "db").exists()
