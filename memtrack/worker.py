@@ -28,6 +28,8 @@ class _Result:
 
     def update(self, **fields: Any) -> None:
         self.data.update(fields)
+        # system-wide clock: tells which rank of a multi-rank case failed first
+        self.data["written_at"] = time.monotonic()
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(self.data))
         tmp.replace(self.path)
@@ -69,6 +71,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     host = HostPeak()  # first, so the whole case (imports aside) is under one high-water mark
     import torch
 
+    from memtrack import distributed
     from memtrack.context import Context
     from memtrack.probes.framework import CudaAllocatorProbe, MemTrackerProbe, category_breakdown
     from memtrack.workload import find, import_workload_module
@@ -76,9 +79,12 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     result.update(phase="setup", host_peak_source=host.source)
     torch.manual_seed(spec["seed"])
     torch.backends.cudnn.benchmark = False  # its workspace depends on what is cached
+    rank = distributed.setup(spec)  # None unless the case has the `ranks` param
     import_workload_module(spec["module"], Path(spec["root"]))
     wl = find(spec["workload"])
     ctx = Context(spec["params"], spec["seed"], spec["device"], Path(spec["data_dir"]))
+    if rank is not None:
+        ctx.rank, ctx.world_size = rank.rank, rank.world_size
     is_cuda = ctx.device.type == "cuda"
     probe = CudaAllocatorProbe(ctx.device) if is_cuda else MemTrackerProbe(ctx.device)
 
@@ -90,6 +96,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
         result.data["notes"].append("no ctx.mark(): the persistent set is what setup left")
     persistent = probe.mark(objects)
     result.update(phase="warmup", persistent_bytes=persistent)
+    distributed.barrier(rank)
 
     for _ in range(spec["warmup"]):
         ctx.new_iteration()
@@ -101,6 +108,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     setup_level = current_rss()
 
     result.update(phase="timing")
+    distributed.barrier(rank)
     times = _timing_pass(step, ctx.device, spec["repeats"])
     step_peak = host.peak()
     result.update(
@@ -113,6 +121,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     )
 
     ctx.cache_peak_bytes = 0
+    distributed.barrier(rank)
     start = time.monotonic()  # system-wide: the NVML sampler's clock too
     with _tags_to(ctx, probe):
         for _ in range(spec["repeats"]):
@@ -129,6 +138,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
         except Exception as exc:  # the allocator figures stand without it
             result.data["notes"].append(f"category breakdown unavailable: {exc}")
     result.update(phase="done", caches_bytes=ctx.cache_peak_bytes or None, **summary)
+    distributed.teardown(rank)
 
 
 @contextlib.contextmanager
