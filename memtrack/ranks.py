@@ -123,7 +123,8 @@ def _execute(specs: list[Path], results: list[Path], timeout_s: float, device: s
     t0 = time.perf_counter()
     procs: list[subprocess.Popen[bytes]] = []
     tree: ProcessTree | None = None
-    in_time, exited_pids = False, {}
+    in_time = False
+    exited_pids: dict[int, float] = {}
     with contextlib.ExitStack() as stack:
         errs = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(world)]
         try:
@@ -144,7 +145,8 @@ def _execute(specs: list[Path], results: list[Path], timeout_s: float, device: s
             by_pid = {p.pid: r for r, p in enumerate(procs)}
             assert tree is not None
             in_time, exited_pids = tree.wait_all(
-                list(by_pid), timeout_s, lambda pid: _read(results[by_pid[pid]])["status"] != "ok")
+                list(by_pid), timeout_s,
+                lambda pid: _read(results[by_pid[pid]]).get("status") != "ok")
         finally:
             # Whatever happened, nothing the case started outlives it.
             if tree is not None:
@@ -294,7 +296,8 @@ def merge_figures(datas: list[dict[str, Any]]) -> dict[str, Any]:
         values = _ints(datas, key)
         out[key] = sum(values) if len(values) == len(datas) else None  # a part would mislead
     times = [d.get("iteration_times_s") for d in datas]
-    if all(isinstance(t, list) and t and len(t) == len(times[0]) for t in times):
+    if all(isinstance(t, list) and t and len(t) == len(datas[0]["iteration_times_s"])
+           for t in times):
         # a step of collectives ends when its slowest rank does
         slowest = [max(ts) for ts in zip(*times, strict=True)]
         ordered = sorted(slowest)

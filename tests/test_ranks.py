@@ -14,12 +14,20 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from factories import commit_all, git, init_repo
+from factories import GiB, commit_all, git, init_repo, make_measurement
 
 from memtrack.cli import main
-from memtrack.config import load_config
+from memtrack.config import Budget, load_config
 from memtrack.errors import RecordError, WorkloadError
-from memtrack.records import read_json, run_from_dict, to_dict
+from memtrack.judge.budgets import device_memory
+from memtrack.judge.memory import Case as JudgedCase
+from memtrack.records import (
+    DeviceMeasurement,
+    RankMeasurement,
+    read_json,
+    run_from_dict,
+    to_dict,
+)
 from memtrack.runner import run_case
 from memtrack.store import Store
 from memtrack.workload import Case, discover, ranks_of, workload
@@ -277,3 +285,37 @@ def test_two_ranks_on_two_gpus_each_measure_their_own_device(project):
     if m.device_view == "nvml":
         by_index = {d.index: d.peak_process_bytes for d in m.devices}
         assert by_index[1] > by_index[0]  # each device apart: devices do not pool
+
+
+def _two_gpu_case(peaks: tuple[int, int], total: int = 141 * GiB):
+    """Made-up figures of a 2-rank CUDA case: the judging of them is under test."""
+    devices = tuple(DeviceMeasurement(i, f"GPU-{i}", "NVIDIA H200", total, 0, p + GiB, p + GiB,
+                                      "pid", p, p, 10) for i, p in enumerate(peaks))
+    ranks = tuple(RankMeasurement(i, f"cuda:{i}", "ok", peak_allocated_bytes=p,
+                                  peak_reserved_bytes=p) for i, p in enumerate(peaks))
+    m = make_measurement("sharded", {"ranks": 2}, device="cuda", peak=max(peaks),
+                         reserved=max(peaks))
+    return replace(m, devices=devices, ranks=ranks)
+
+
+def _allocated_verdict(m, limit: int):
+    budget = Budget("sharded", limit, "fits one device", metric="allocated")
+    case = JudgedCase(m, [], {"allocated": budget}, True)
+    return case.figure("allocated"), case.budget_part("allocated", m.peak_allocated_bytes, budget)
+
+
+def test_a_budget_above_the_device_memory_is_reported_as_such():
+    m = _two_gpu_case((10 * GiB, 20 * GiB))
+    (value, _, over, details), _ = _allocated_verdict(m, 200 * GiB)
+    assert value == 20 * GiB and not over
+    assert details == ("budget 200.00 GiB is above the 141.00 GiB of device 1 (NVIDIA H200): "
+                       "a peak that fits the device is all it can hold",)
+    assert device_memory(m, "device") == (141 * GiB, "device 1 (NVIDIA H200)")
+
+
+def test_a_per_device_peak_above_the_device_memory_cannot_be_within_budget():
+    m = _two_gpu_case((10 * GiB, 20 * GiB), total=16 * GiB)
+    (_, _, over, _), words = _allocated_verdict(m, 200 * GiB)
+    assert over
+    assert words.endswith("but above the 16.00 GiB of device 1 (NVIDIA H200): it cannot be "
+                          "within budget")

@@ -144,10 +144,10 @@ def device_memory(m: Measurement, metric: str) -> tuple[int, str] | None:
         held = [max(m.devices, key=lambda d: d.peak_process_bytes or 0)] if m.devices else []
     else:  # one process: its framework figures are of its one device
         held = list(m.devices) if len(m.devices) == 1 else []
-    if not held or not held[0].total_bytes:
+    total = held[0].total_bytes if held else None
+    if not total:
         return None
-    d = held[0]
-    return d.total_bytes, f"device {d.index} ({d.name or '?'})"
+    return total, f"device {held[0].index} ({held[0].name or '?'})"
 
 
 def rank_part(m: Measurement, metric: str) -> str:

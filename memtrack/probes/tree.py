@@ -251,8 +251,9 @@ class ProcessTree:
                     if pid in exited:
                         continue
                     try:
-                        done = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-                    except ChildProcessError:
+                        done = os.waitid(os.P_PID, pid,
+                                         os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+                    except ChildProcessError:  # reaped already (SIGCHLD ignored)
                         done = True
                     if done:
                         exited[pid] = time.monotonic()
