@@ -66,8 +66,9 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
 
 
 def run_ranks(config: Config, case: Case, device: str, visible_uuids: tuple[str, ...],
-              world: int) -> Measurement:
-    """Measure a case of `world` ranks; one Measurement with a RankMeasurement per rank."""
+              world: int, extra: dict[str, Any] | None = None) -> Measurement:
+    """Measure a case of `world` ranks; one Measurement with a RankMeasurement per rank.
+    `extra` adds keys to every rank's spec, as for a single case."""
     warmup, repeats, timeout_s = config.settings_for(case.workload)
     for attempt in range(PORT_RETRIES + 1):
         with tempfile.TemporaryDirectory(prefix="memtrack-") as tmp:
@@ -82,12 +83,16 @@ def run_ranks(config: Config, case: Case, device: str, visible_uuids: tuple[str,
                 "repeats": repeats,
                 "data_dir": str(config.root / "data"),
                 "ranks": world,
+                **(extra or {}),
             }
             specs, results = [], []
             for r in range(world):
                 result_path = Path(tmp) / f"result-{r}.json"
                 spec_path = Path(tmp) / f"spec-{r}.json"
-                spec_path.write_text(json.dumps({**spec, "result_path": str(result_path)}))
+                scratch = Path(tmp) / f"scratch-{r}"  # each rank's own, removed with tmp
+                scratch.mkdir(mode=0o700)
+                spec_path.write_text(json.dumps({**spec, "result_path": str(result_path),
+                                                 "scratch_dir": str(scratch)}))
                 specs.append(spec_path)
                 results.append(result_path)
             outcomes, exited = _execute(specs, results, timeout_s, device,
@@ -266,8 +271,9 @@ def _rank(r: int, o: CaseOutcome, status: tuple[str, str | None], device: str
 
 
 _PER_DEVICE = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_requested_bytes")
-_OF_PEAK_RANK = ("framework", "persistent_bytes", "allocated_samples", "categories",
-                 "caches_bytes", "host_peak_source")
+_OWN = ("status", "message", "traceback", "written_at", "memory_window", "cuda_devices",
+        "notes", "phase")
+"""A rank's result keys that say how that rank ended: the case's are decided apart."""
 _SUMMED_HOST = ("host_peak_rss_bytes", "host_step_peak_rss_bytes", "host_setup_rss_bytes",
                 "host_file_rss_bytes")
 
@@ -280,15 +286,13 @@ def _ints(datas: list[dict[str, Any]], key: str) -> list[int]:
 def merge_figures(datas: list[dict[str, Any]]) -> dict[str, Any]:
     """The ranks' result data as one worker's: per-device figures the largest over ranks,
     host figures summed (the ranks share the host), iteration times the slowest rank's."""
-    out: dict[str, Any] = {}
+    with_peak = [d for d in datas if _ints([d], "peak_allocated_bytes")]
+    top = max(with_peak, key=lambda d: d["peak_allocated_bytes"]) if with_peak else datas[0]
+    # any figure not merged below is that of the rank with the largest allocated peak
+    out: dict[str, Any] = {k: v for k, v in top.items() if k not in _OWN}
     for key in _PER_DEVICE:
         values = _ints(datas, key)
         out[key] = max(values) if values else None
-    with_peak = [d for d in datas if _ints([d], "peak_allocated_bytes")]
-    top = max(with_peak, key=lambda d: d["peak_allocated_bytes"]) if with_peak else datas[0]
-    for key in _OF_PEAK_RANK:
-        if key in top:
-            out[key] = top[key]
     for key in ("num_alloc_retries", "num_ooms"):
         values = _ints(datas, key)
         out[key] = sum(values) if values else None
