@@ -32,6 +32,9 @@ _DTYPES = {
 class Context:
     """Given to a workload: params, device, dtype, seeded inputs, and marks.
 
+    A case with the `ranks` param runs one process per rank in a torch.distributed process
+    group (`ctx.rank`, `ctx.world_size`; `ctx.device` is that rank's own device).
+
     `ctx.mark(model, optimizer)` ends setup: memory at that point is the persistent set
     (weights). `ctx.tag_cache(tensor, ...)` names request-sized state (a KV cache) so that
     the breakdown can show it apart from other intermediates. `with ctx.loading(): ...`
@@ -61,6 +64,11 @@ class Context:
         self.loading_probe: Any = None
         """Set by memtrack's worker: measures `loading()` phases (probes.loading)."""
         self._scratch_dir = scratch_dir
+        self.rank = 0
+        """This process's rank in a multi-rank case (the `ranks` param), else 0. The process
+        group is torch.distributed's default group, ready when the workload is called."""
+        self.world_size = 1
+        """How many ranks the case runs (the `ranks` param), else 1."""
 
     def __getitem__(self, name: str) -> Any:
         return self.params[name]

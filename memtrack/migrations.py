@@ -220,6 +220,33 @@ def m006_device_memory_pass(db: sqlite_utils.Database) -> None:
     db.execute("alter table device_measurements add column memory_pass_peak_bytes integer")
 
 
+def m008_ranks(db: sqlite_utils.Database) -> None:
+    """Each rank's own figures of a multi-rank case, one row per rank."""
+    db.execute(
+        """
+        create table rank_measurements (
+            id integer primary key,
+            measurement_id integer references measurements(id),
+            rank integer,
+            device text,
+            status text,
+            message text,
+            peak_allocated_bytes integer,
+            peak_reserved_bytes integer,
+            peak_requested_bytes integer,
+            persistent_bytes integer,
+            host_peak_rss_bytes integer,
+            host_step_peak_rss_bytes integer,
+            host_setup_rss_bytes integer,
+            host_file_rss_bytes integer,
+            time_median_s real
+        )
+        """
+    )
+    db.execute("create index idx_rank_measurements_measurement_id "
+               "on rank_measurements (measurement_id)")
+
+
 def m010_loading(db: sqlite_utils.Database) -> None:
     """The loading step's figures (host peak, disk I/O, disk space) and the derived
     `load_host` metric, stored beside them as host_bytes is."""
@@ -244,6 +271,7 @@ STEPS = (
     m004_environment_cuda,
     m005_host_tree,
     m006_device_memory_pass,
+    m008_ranks,
     m010_loading,
 )
 

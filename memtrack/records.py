@@ -162,8 +162,42 @@ class DeviceMeasurement:
 
 
 @dataclass(frozen=True)
+class RankMeasurement:
+    """One rank of a multi-rank case: its own process, measured on its own device."""
+
+    rank: int
+    """The rank in the case's process group (RANK)."""
+    device: str
+    """Where it ran: 'cpu', or 'cuda:N' with N its LOCAL_RANK, as torch numbers the visible
+    devices."""
+    status: str
+    """ok | oom | error | timeout | crashed: how this rank ended."""
+    message: str | None = None
+    """Its error, or why memtrack ended it (another rank failed first)."""
+    peak_allocated_bytes: int | None = None
+    """Framework peak of live tensor memory on this rank's device, memory pass."""
+    peak_reserved_bytes: int | None = None
+    """CUDA: peak held by the caching allocator on this rank's device."""
+    peak_requested_bytes: int | None = None
+    """CUDA: peak that callers asked for on this rank's device, before rounding."""
+    persistent_bytes: int | None = None
+    """Framework memory of this rank at the mark (end of setup)."""
+    host_peak_rss_bytes: int | None = None
+    """Exact peak RSS of this rank's process over setup, warm-up and the timing pass."""
+    host_step_peak_rss_bytes: int | None = None
+    """Exact peak RSS of this rank's process over the timing pass."""
+    host_setup_rss_bytes: int | None = None
+    """This rank's RSS when its timing pass starts."""
+    host_file_rss_bytes: int | None = None
+    """This rank's file-backed and shared resident pages at the end of its timing pass."""
+    time_median_s: float | None = None
+    """Median iteration time of this rank's timing pass."""
+
+
+@dataclass(frozen=True)
 class Measurement:
-    """One workload case, measured in its own process."""
+    """One workload case, measured in its own process (or, for a multi-rank case, in one
+    process per rank: see `ranks`)."""
 
     workload: str
     case_id: str
@@ -183,20 +217,27 @@ class Measurement:
     framework: str | None = None
     """Which framework view: 'cuda-caching-allocator' or 'memtracker' (CPU)."""
     peak_allocated_bytes: int | None = None
-    """Framework peak of live tensor memory during the measured iterations."""
+    """Framework peak of live tensor memory during the measured iterations. Of a multi-rank
+    case: the largest per-device peak over its ranks (devices do not pool)."""
     peak_reserved_bytes: int | None = None
-    """CUDA only: peak held by the caching allocator (segments)."""
+    """CUDA only: peak held by the caching allocator (segments); of a multi-rank case, the
+    largest per-device peak over its ranks."""
     peak_requested_bytes: int | None = None
-    """CUDA only: peak that callers asked for, before the allocator's rounding."""
+    """CUDA only: peak that callers asked for, before the allocator's rounding; of a
+    multi-rank case, the largest per-device peak over its ranks."""
     persistent_bytes: int | None = None
-    """Framework memory at the mark (end of setup): weights and other persistent state."""
+    """Framework memory at the mark (end of setup): weights and other persistent state. Of
+    a multi-rank case, that of the rank with the largest allocated peak (as are the
+    breakdown, `categories` and `allocated_samples`)."""
     allocated_samples: tuple[int, ...] = ()
     """Framework peak of each measured iteration: the within-run repeat spread."""
     num_alloc_retries: int | None = None
     """CUDA: cache flush-and-retry events; non-zero means the run was at the edge."""
     num_ooms: int | None = None
     host_peak_rss_bytes: int | None = None
-    """Exact peak RSS of the case's process over the whole case (setup included)."""
+    """Exact peak RSS of the case's process over the whole case (setup included). The host
+    figures of a multi-rank case are summed over its ranks: they share the host's memory
+    (each rank's exact peak, so the sum bounds their joint peak from above)."""
     host_step_peak_rss_bytes: int | None = None
     """Exact peak RSS over the measured iterations only."""
     host_peak_source: str | None = None
@@ -273,12 +314,38 @@ class Measurement:
     disk_bytes: int | None = None
     """Disk space of the case's files at the end of loading: the apparent size of the files
     under the paths given to `ctx.loading(...)`, by default under `ctx.scratch_dir`."""
+    ranks: tuple[RankMeasurement, ...] = ()
+    """A multi-rank case (the `ranks` param): each rank's own figures, by rank; empty for a
+    case of one process. The headline figures above are the largest per-device peak over
+    these, and `devices` holds each GPU once."""
 
 
 def device_peak(m: Measurement) -> int | None:
     """Largest per-device process peak (devices do not pool)."""
     peaks = [d.peak_process_bytes for d in m.devices if d.peak_process_bytes is not None]
     return max(peaks) if peaks else None
+
+
+_RANK_FIGURES = {"allocated": "peak_allocated_bytes", "reserved": "peak_reserved_bytes",
+                 "requested": "peak_requested_bytes"}
+
+
+def peak_rank(m: Measurement, metric: str) -> RankMeasurement | None:
+    """The rank of a multi-rank case whose device holds the case's figure of a per-device
+    metric (allocated, reserved, requested, device); None for any other case or metric."""
+    if not m.ranks:
+        return None
+    if metric == "device":
+        peaks = [d for d in m.devices if d.peak_process_bytes is not None]
+        if not peaks:
+            return None
+        top = max(peaks, key=lambda d: d.peak_process_bytes or 0)
+        return next((r for r in m.ranks if r.device == f"cuda:{top.index}"), None)
+    column = _RANK_FIGURES.get(metric)
+    if column is None:
+        return None
+    held = [r for r in m.ranks if getattr(r, column) is not None]
+    return max(held, key=lambda r: getattr(r, column)) if held else None  # first on a tie
 
 
 def host_peak(m: Measurement) -> int | None:
@@ -358,7 +425,7 @@ COMMIT_PATTERN = r"^[0-9a-fA-F]{4,64}$"
 _COMMIT_FIELDS = {"commit", "parent", "merge_base", "sha"}
 _BYTE_LISTS = {"allocated_samples", "categories"}
 _COUNTS = {"warmup", "repeats", "samples", "num_alloc_retries", "num_ooms", "index",
-           "cpu_count", "pr_number"}
+           "cpu_count", "pr_number", "rank"}
 
 
 def _rules(name: str) -> dict[str, Any]:
@@ -731,10 +798,14 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
     except RecordError as exc:
         raise RecordError(f"{where}: {exc}") from None
     seen: set[str] = set()
-    for m in run.measurements:
+    for i, m in enumerate(run.measurements):
         if m.case_id in seen:
             raise RecordError(f"{where}: case {m.case_id!r} is measured twice in one run")
         seen.add(m.case_id)
+        numbers = [r.rank for r in m.ranks]
+        if numbers != list(range(len(numbers))):
+            raise RecordError(f"{where}: measurements[{i}].ranks: ranks {numbers} are not "
+                              f"0..{len(numbers) - 1} in order, each once")
     return run
 
 

@@ -162,4 +162,28 @@ def run_detail(run: RunRecord) -> list[Any]:
         for note in m.notes:
             t.add_row("note", escape(note))
         blocks.append(t)
+        if m.ranks:
+            blocks.append(rank_table(m))
     return blocks
+
+
+def rank_table(m: Measurement) -> Table:
+    """A multi-rank case: one row per rank, each on its own device (devices do not pool)."""
+    t = Table(title=f"{escape(m.case_id)} · per rank", title_justify="left")
+    for col in ("rank", "device", "status", "framework peak", "reserved", "requested",
+                "device (NVML)", "host peak", "median time"):
+        t.add_column(col, justify="left" if col in ("device", "status") else "right")
+    nvml = {f"cuda:{d.index}": d.peak_process_bytes for d in m.devices}
+    for r in m.ranks:
+        t.add_row(
+            str(r.rank),
+            r.device,
+            r.status if r.status == "ok" else f"[red]{r.status}[/red]: {escape(r.message or '')}",
+            format_size(r.peak_allocated_bytes),
+            format_size(r.peak_reserved_bytes),
+            format_size(r.peak_requested_bytes),
+            format_size(nvml.get(r.device)),
+            format_size(r.host_peak_rss_bytes),
+            format_seconds(r.time_median_s),
+        )
+    return t

@@ -33,7 +33,7 @@ from memtrack.records import (
     RunRecord,
 )
 from memtrack.redact import redact
-from memtrack.workload import Case, suite_hash
+from memtrack.workload import Case, ranks_of, suite_hash
 
 ProgressFn = Callable[[str, Case, "Measurement | None"], None]
 """Called with ('start', case, None) and ('done', case, measurement)."""
@@ -126,6 +126,11 @@ def run_case(
     extra: dict[str, Any] | None = None,
 ) -> Measurement:
     """One case in a fresh worker; `extra` adds keys to its spec (e.g. `snapshot_path`)."""
+    world = ranks_of(case.params)
+    if world is not None:  # one process per rank, all at once
+        from memtrack.ranks import run_ranks
+
+        return run_ranks(config, case, device, visible_uuids, world, extra)
     warmup, repeats, timeout_s = config.settings_for(case.workload)
     with tempfile.TemporaryDirectory(prefix="memtrack-") as tmp:
         result_path = Path(tmp) / "result.json"
@@ -269,18 +274,7 @@ def to_measurement(
 ) -> Measurement:
     d = outcome.data
     notes = list(d.get("notes", []))
-    status, message = d.get("status", "running"), d.get("message")
-    if outcome.timed_out:
-        status, message = "timeout", f"timed out after {timeout_s:g} s in phase {d.get('phase')!r}"
-    elif status == "running":
-        rc = outcome.returncode or 0
-        status = "crashed"
-        if rc < 0:
-            message = f"killed by {signal_name(-rc)} in phase {d.get('phase')!r}"
-        else:
-            message = f"exited with status {rc} in phase {d.get('phase')!r}"
-        if outcome.stderr_tail.strip():
-            message += ": " + outcome.stderr_tail.strip().splitlines()[-1][:500]
+    status, message = case_status(outcome, timeout_s)
     devices, view, view_note = _device_view(d, outcome.sampler, spec["device"], notes)
     fields: dict[str, Any] = {
         k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in _MEASURED
@@ -313,6 +307,24 @@ def to_measurement(
         **fields,
     )
     return with_breakdown(m)
+
+
+def case_status(outcome: CaseOutcome, timeout_s: float) -> tuple[str, str | None]:
+    """How a worker ended, and its message: its own words, else its signal or exit status."""
+    d = outcome.data
+    status, message = d.get("status", "running"), d.get("message")
+    if outcome.timed_out:
+        status, message = "timeout", f"timed out after {timeout_s:g} s in phase {d.get('phase')!r}"
+    elif status == "running":
+        rc = outcome.returncode or 0
+        status = "crashed"
+        if rc < 0:
+            message = f"killed by {signal_name(-rc)} in phase {d.get('phase')!r}"
+        else:
+            message = f"exited with status {rc} in phase {d.get('phase')!r}"
+        if outcome.stderr_tail.strip():
+            message += ": " + outcome.stderr_tail.strip().splitlines()[-1][:500]
+    return status, message
 
 
 _MEASURED = (

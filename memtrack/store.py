@@ -31,6 +31,7 @@ from memtrack.records import (
     GitInfo,
     GpuInfo,
     Measurement,
+    RankMeasurement,
     RunRecord,
     device_peak,
     host_peak,
@@ -498,10 +499,16 @@ class Store:
                 'select * from device_measurements where measurement_id = ? order by "index"',
                 [row["id"]],
             ).fetchall()
-            row["devices"] = None
+            ranks = self.conn.execute(
+                "select * from rank_measurements where measurement_id = ? order by rank",
+                [row["id"]],
+            ).fetchall()
+            row["devices"] = row["ranks"] = None
             m = _unprefixed(Measurement, row, "", _MEASUREMENT_JSON)
             yield dataclasses.replace(
-                m, devices=tuple(_unprefixed(DeviceMeasurement, dict(d), "", set()) for d in devs)
+                m,
+                devices=tuple(_unprefixed(DeviceMeasurement, dict(d), "", set()) for d in devs),
+                ranks=tuple(_unprefixed(RankMeasurement, dict(r), "", set()) for r in ranks),
             )
 
     def run_ids(self, *, commit: str | None = None, limit: int = 50) -> list[str]:
@@ -553,7 +560,8 @@ class _Batch:
     """Rows of several runs, written with one executemany per table."""
 
     _ENV, _GIT, _CI = _Columns(Environment), _Columns(GitInfo), _Columns(CIInfo)
-    _M, _D = _Columns(Measurement, without=("devices",)), _Columns(DeviceMeasurement)
+    _M, _D = _Columns(Measurement, without=("devices", "ranks")), _Columns(DeviceMeasurement)
+    _R = _Columns(RankMeasurement)
     _RUN_COLUMNS = [*_RUN_OWN, *("git_" + n for n in _GIT.names), *("ci_" + n for n in _CI.names)]
     _SQL = {
         "environments": _insert_sql("environments", ["env_id", *_ENV.names], "insert or ignore"),
@@ -563,6 +571,7 @@ class _Batch:
                                                      "host_bytes", "host_step_bytes",
                                                      "load_host_bytes", *_M.names]),
         "device_measurements": _insert_sql("device_measurements", ["measurement_id", *_D.names]),
+        "rank_measurements": _insert_sql("rank_measurements", ["measurement_id", *_R.names]),
     }
 
     def __init__(self, conn: sqlite3.Connection):
@@ -574,6 +583,7 @@ class _Batch:
         self.runs: list[list[Any]] = []
         self.measurements: list[list[Any]] = []
         self.devices: list[list[Any]] = []
+        self.ranks: list[list[Any]] = []
         self.recorded_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.last_env: Environment | None = None
         self.last_env_id = ""
@@ -596,6 +606,8 @@ class _Batch:
                                       host_step(m), load_host(m), *self._M.values(m)])
             for d in m.devices:
                 self.devices.append([mid, *self._D.values(d)])
+            for r in m.ranks:
+                self.ranks.append([mid, *self._R.values(r)])
 
     def flush(self) -> None:
         c = self.conn
@@ -603,8 +615,10 @@ class _Batch:
         c.executemany(self._SQL["runs"], self.runs)
         c.executemany(self._SQL["measurements"], self.measurements)
         c.executemany(self._SQL["device_measurements"], self.devices)
+        c.executemany(self._SQL["rank_measurements"], self.ranks)
         self.run_ids.clear()
         self.envs.clear()
         self.runs.clear()
         self.measurements.clear()
         self.devices.clear()
+        self.ranks.clear()

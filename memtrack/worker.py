@@ -28,6 +28,8 @@ class _Result:
 
     def update(self, **fields: Any) -> None:
         self.data.update(fields)
+        # system-wide clock: tells which rank of a multi-rank case failed first
+        self.data["written_at"] = time.monotonic()
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(json.dumps(self.data))
         tmp.replace(self.path)
@@ -69,6 +71,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     host = HostPeak()  # first, so the whole case (imports aside) is under one high-water mark
     import torch
 
+    from memtrack import distributed
     from memtrack.context import Context
     from memtrack.probes.framework import CudaAllocatorProbe, MemTrackerProbe, category_breakdown
     from memtrack.probes.loading import LoadingProbe
@@ -77,12 +80,15 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     result.update(phase="setup", host_peak_source=host.source)
     torch.manual_seed(spec["seed"])
     torch.backends.cudnn.benchmark = False  # its workspace depends on what is cached
+    rank = distributed.setup(spec)  # None unless the case has the `ranks` param
     import_workload_module(spec["module"], Path(spec["root"]))
     wl = find(spec["workload"])
     scratch = spec.get("scratch_dir")
     ctx = Context(spec["params"], spec["seed"], spec["device"], Path(spec["data_dir"]),
                   Path(scratch) if scratch else None)
     ctx.loading_probe = loading = LoadingProbe(host)
+    if rank is not None:
+        ctx.rank, ctx.world_size = rank.rank, rank.world_size
     is_cuda = ctx.device.type == "cuda"
     probe = CudaAllocatorProbe(ctx.device) if is_cuda else MemTrackerProbe(ctx.device)
 
@@ -95,6 +101,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     persistent = probe.mark(objects)
     result.update(phase="warmup", persistent_bytes=persistent, **loading.fields())
     result.data["notes"].extend(loading.notes)
+    distributed.barrier(rank)
 
     for _ in range(spec["warmup"]):
         ctx.new_iteration()
@@ -113,6 +120,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     setup_level = current_rss()
 
     result.update(phase="timing")
+    distributed.barrier(rank)
     times = _timing_pass(step, ctx.device, spec["repeats"])
     step_peak = host.peak()
     result.update(
@@ -125,6 +133,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     )
 
     ctx.cache_peak_bytes = 0
+    distributed.barrier(rank)
     start = time.monotonic()  # system-wide: the NVML sampler's clock too
     with _tags_to(ctx, probe):
         for _ in range(spec["repeats"]):
@@ -141,6 +150,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
         except Exception as exc:  # the allocator figures stand without it
             result.data["notes"].append(f"category breakdown unavailable: {exc}")
     result.update(phase="done", caches_bytes=ctx.cache_peak_bytes or None, **summary)
+    distributed.teardown(rank)
 
 
 @contextlib.contextmanager

@@ -22,6 +22,10 @@ from typing import Any
 from memtrack.config import Config
 from memtrack.errors import WorkloadError
 
+RANKS_PARAM = "ranks"
+"""The reserved param of a multi-rank case: how many processes (ranks, one device each)
+run it under torch.distributed. Part of the case id, so a grid can sweep it."""
+
 _REGISTRY: dict[tuple[str, str], Workload] = {}
 """Every registration, by (module, workload name): two modules may not share a name."""
 
@@ -139,6 +143,8 @@ def workload(
                         "must be str, int, float or bool"
                     )
             _check_distinct(f"workload {wname!r}: param {key!r}", values)
+            if key == RANKS_PARAM:
+                check_ranks(f"workload {wname!r}: param {key!r}", values)
             grid[key] = values
         previous = _REGISTRY.get((f.__module__, wname))
         if previous is not None and previous.fn.__qualname__ != f.__qualname__:
@@ -147,6 +153,20 @@ def workload(
         return f
 
     return register(fn) if fn is not None else register
+
+
+def check_ranks(where: str, values: Iterable[Any]) -> None:
+    """The `ranks` param counts processes: a whole number, at least 1."""
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise WorkloadError(f"{where}: {v!r} is not a number of ranks (a whole number, "
+                                "at least 1)")
+
+
+def ranks_of(params: dict[str, Any]) -> int | None:
+    """How many ranks a case runs; None for a case of one process (no `ranks` param)."""
+    value = params.get(RANKS_PARAM)
+    return None if value is None else int(value)
 
 
 def _check_distinct(where: str, values: tuple[Any, ...]) -> None:
@@ -245,6 +265,9 @@ def discover(config: Config) -> list[Workload]:
                     f"{key!r} (has: {', '.join(wl.params)})"
                 )
             _check_distinct(f"{config.path}: workloads.{wname}.params.{key}", settings.params[key])
+            if key == RANKS_PARAM:
+                check_ranks(f"{config.path}: workloads.{wname}.params.{key}",
+                            settings.params[key])
         if settings.params:
             found[wname] = Workload(
                 wl.name, wl.fn, {**wl.params, **settings.params}, wl.seed, wl.module

@@ -12,7 +12,7 @@ from memtrack.config import Budget, Config, config_from_text
 from memtrack.errors import ConfigError
 from memtrack.judge.baseline import git_output
 from memtrack.judge.verdict import Verdict
-from memtrack.records import Environment, Measurement
+from memtrack.records import Environment, Measurement, peak_rank
 from memtrack.units import format_size
 
 
@@ -110,13 +110,56 @@ def budget_changes(config: Config, root: Path, rev: str | None) -> tuple[list[Bu
     return out, None
 
 
-def budget_part(value: int, budget: Budget | None) -> str:
+def budget_part(value: int, budget: Budget | None,
+                memory: tuple[int, str] | None = None) -> str:
+    """The budget's words in a verdict; `memory` is the VRAM of the device holding the peak
+    (device_memory): a peak above it cannot be within any budget."""
     if budget is None:
         return ""
     margin = budget.limit_bytes - value
     state = (f"margin {format_size(margin)}" if margin >= 0 else
              f"OVER by {format_size(-margin)}")
+    if memory is not None and margin >= 0 and value > memory[0]:
+        state += (f", but above the {format_size(memory[0])} of {memory[1]}: it cannot be "
+                  "within budget")
     return f"; budget {format_size(budget.limit_bytes)} ({budget.reason}): {state}"
+
+
+PER_DEVICE = ("allocated", "reserved", "requested", "device")
+"""Metrics whose figure is one device's: budgets on them are per-device limits."""
+
+
+def device_memory(m: Measurement, metric: str) -> tuple[int, str] | None:
+    """The memory of the GPU that holds a case's per-device figure, and its name in words
+    ('device 1 (NVIDIA H200)'); None where that device or its memory is not known."""
+    if m.device != "cuda" or metric not in PER_DEVICE:
+        return None
+    if m.ranks:
+        rank = peak_rank(m, metric)
+        if rank is None or not rank.device.startswith("cuda:"):
+            return None
+        index = int(rank.device.split(":")[1])
+        held = [d for d in m.devices if d.index == index]
+    elif metric == "device":
+        held = [max(m.devices, key=lambda d: d.peak_process_bytes or 0)] if m.devices else []
+    else:  # one process: its framework figures are of its one device
+        held = list(m.devices) if len(m.devices) == 1 else []
+    total = held[0].total_bytes if held else None
+    if not total:
+        return None
+    return total, f"device {held[0].index} ({held[0].name or '?'})"
+
+
+def rank_part(m: Measurement, metric: str) -> str:
+    """Which rank a multi-rank case's figure is of, in a verdict: devices do not pool."""
+    if not m.ranks:
+        return ""
+    if metric in ("host", "host_step"):
+        return f"; summed over {len(m.ranks)} ranks (they share the host)"
+    rank = peak_rank(m, metric)
+    if rank is None:
+        return ""
+    return f"; largest per-device peak, rank {rank.rank} (device {rank.device})"
 
 
 def vram_verdict(v: Verdict, m: Measurement) -> Verdict:
@@ -153,5 +196,5 @@ def vram_verdict(v: Verdict, m: Measurement) -> Verdict:
                     f"{format_size(d.total_bytes)} VRAM of device {d.index} ({d.name})")
 
 
-__all__ = ["BudgetChange", "budget_changes", "budget_part", "budgets_for",
-           "default_budget_metric", "vram_verdict"]
+__all__ = ["PER_DEVICE", "BudgetChange", "budget_changes", "budget_part", "budgets_for",
+           "default_budget_metric", "device_memory", "rank_part", "vram_verdict"]

@@ -23,8 +23,8 @@ from memtrack.judge.baseline import BaselineFinder, Point, git_output
 from memtrack.judge.budgets import (
     BudgetChange,
     budget_changes,
-    budget_part,
     budgets_for,
+    rank_part,
     vram_verdict,
 )
 from memtrack.judge.memory import Case
@@ -116,7 +116,7 @@ def _unbased_verdict(c: Case, metric: str, base_branch: str,
         candidate_value=float(value), context=c.context,
         budget_bytes=budget.limit_bytes if budget else None,
         budget_reason=budget.reason if budget else None, details=details,
-        message=f"{metric} {format_size(value)}: {text}{budget_part(value, budget)}")
+        message=f"{metric} {format_size(value)}: {text}{c.budget_part(metric, value, budget)}")
 
 
 def _failed_verdict(c: Case) -> Verdict:
@@ -151,6 +151,8 @@ def _judge_case(c: Case, config: Config, base_branch: str,
             v = _unbased_verdict(c, metric, base_branch, other_env)
         if v is None:
             continue
+        if m.ranks:
+            v = replace(v, message=v.message + rank_part(m, metric))
         if metric == "device" and m.devices:
             v = vram_verdict(v, m)
             if c.context == "base":

@@ -24,7 +24,12 @@ from memtrack import metrics
 from memtrack.config import Budget, Config
 from memtrack.judge import accept
 from memtrack.judge.baseline import COMPONENTS, Point
-from memtrack.judge.budgets import BudgetChange, budget_part, default_budget_metric
+from memtrack.judge.budgets import (
+    BudgetChange,
+    budget_part,
+    default_budget_metric,
+    device_memory,
+)
 from memtrack.judge.levels import current_level
 from memtrack.judge.verdict import Verdict
 from memtrack.records import Measurement
@@ -59,7 +64,20 @@ class Case:
         budget = self.budgets.get(metric)
         changes = tuple(ch.describe() for ch in self.changes
                         if (ch.metric or default_budget_metric(self.m)) == metric)
-        return value, budget, budget is not None and value > budget.limit_bytes, changes
+        over = budget is not None and value > budget.limit_bytes
+        memory = device_memory(self.m, metric)
+        if budget is not None and memory is not None:
+            # a budget is a per-device limit: no device holds more than its own memory
+            if value > memory[0]:
+                over = True
+            elif budget.limit_bytes > memory[0]:
+                changes += (f"budget {format_size(budget.limit_bytes)} is above the "
+                            f"{format_size(memory[0])} of {memory[1]}: a peak that fits "
+                            "the device is all it can hold",)
+        return value, budget, over, changes
+
+    def budget_part(self, metric: str, value: int, budget: Budget | None) -> str:
+        return budget_part(value, budget, device_memory(self.m, metric))
 
 
 def repeat_spread(m: Measurement, metric: str) -> int:
@@ -145,7 +163,8 @@ def verdict(c: Case, metric: str, config: Config) -> Verdict | None:
             return None  # the baseline never measured this view: nothing to compare
         return Verdict(kind="over_budget" if over else "ok", blocking=over,
                        message=f"{metric}: {format_size(value)}, the baseline has no {metric} "
-                               f"figure to compare{budget_part(value, budget)}", **common)
+                               f"figure to compare{c.budget_part(metric, value, budget)}",
+                       **common)
     values = [float(p.values[metric]) for p in window]
     factor = config.headroom_factor
     floor = metrics.floor(metric, statistics.median(values))
@@ -220,7 +239,7 @@ def verdict(c: Case, metric: str, config: Config) -> Verdict | None:
         f"{format_size(s_rep)}) x factor {factor:g}, floor {format_size(int(floor))} -> "
         f"headroom {format_size(int(room))}, threshold {format_size(int(threshold))}; "
         f"candidate {format_size(value)}, delta {fmt_delta(delta)} {fmt_pct(delta_pct)} "
-        f"{cmp}: {words}{budget_part(value, budget)}"
+        f"{cmp}: {words}{c.budget_part(metric, value, budget)}"
     )
     return Verdict(kind=kind, blocking=blocking, message=message, provisional=provisional,
                    baseline_value=float(base), spread=spread, baseline_spread=level.spread,

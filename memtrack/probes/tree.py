@@ -15,6 +15,7 @@ import select
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 SAMPLE_INTERVAL_S = 0.2
@@ -152,6 +153,15 @@ class ProcessTree:
             self.cgroup.remove()
             self.cgroup = None
 
+    def add(self, pid: int) -> None:
+        """Another process of the case started beside the first (a rank of a multi-rank
+        case, in the first one's process group): into the cgroup with it, where there is one."""
+        if self.cgroup is not None:
+            self.cgroup.add(pid)
+        st = _stat(pid)
+        if st is not None:
+            self.known[pid] = st[3]
+
     @property
     def source(self) -> str:
         return CGROUP if self.cgroup is not None else SAMPLED
@@ -219,6 +229,49 @@ class ProcessTree:
         finally:
             if pidfd is not None:
                 os.close(pidfd)
+
+    def wait_all(self, pids: list[int], timeout_s: float,
+                 failed: Callable[[int], bool]) -> tuple[bool, dict[int, float]]:
+        """Sample until every process of `pids` exits, or one exits that `failed(pid)` says
+        failed (the others would wait for it forever in a collective), or the timeout comes
+        (False). Returns whether it ended in time and, for each process seen to exit, when
+        (time.monotonic()). None is reaped, so no pid in the group can be reused meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        exited: dict[int, float] = {}
+        fds: dict[int, int] = {}
+        try:
+            for pid in pids:
+                try:
+                    fds[pid] = os.pidfd_open(pid)
+                except (AttributeError, OSError):  # before Linux 5.3: poll
+                    pass
+            while True:
+                self.sample()
+                for pid in pids:
+                    if pid in exited:
+                        continue
+                    try:
+                        done = os.waitid(os.P_PID, pid,
+                                         os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+                    except ChildProcessError:  # reaped already (SIGCHLD ignored)
+                        done = True
+                    if done:
+                        exited[pid] = time.monotonic()
+                        if failed(pid):
+                            return True, exited
+                if len(exited) == len(pids):
+                    return True, exited
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False, exited
+                waiting = [fd for pid, fd in fds.items() if pid not in exited]
+                if waiting and len(fds) == len(pids):
+                    select.select(waiting, [], [], min(SAMPLE_INTERVAL_S, left))
+                else:
+                    time.sleep(min(0.05, left))
+        finally:
+            for fd in fds.values():
+                os.close(fd)
 
     def end(self) -> None:
         """End every process of the case: SIGTERM, a short grace, then SIGKILL."""
