@@ -86,6 +86,8 @@ class Config:
     """A suite larger than this is refused before anything runs (a grid typo can be huge)."""
     workloads: dict[str, WorkloadSettings] = field(default_factory=dict)
     budgets: tuple[Budget, ...] = ()
+    references: Path = Path("data/references")
+    """The folder of reference outputs and their manifest (see memtrack.references)."""
 
     def settings_for(self, workload: str) -> tuple[int, int, float]:
         """(warmup, repeats, timeout_s) for a workload, overrides applied."""
@@ -116,6 +118,7 @@ _TOP_KEYS = {
     "creep_tolerance",
     "noisy_above",
     "max_cases",
+    "references",
 }
 _WORKLOAD_KEYS = {"warmup", "repeats", "timeout", "params"}
 _BUDGET_KEYS = {"workload", "limit", "reason", "metric", "gpu"}
@@ -242,7 +245,8 @@ def load_config(path: Path | None = None, *, cwd: Path | None = None) -> Config:
     if path is None:
         path = find_config(cwd)
         if path is None:
-            return Config(path=None, root=cwd, database=cwd / "data" / "memtrack.db")
+            return Config(path=None, root=cwd, database=cwd / "data" / "memtrack.db",
+                          references=cwd / "data" / "references")
     path = path.resolve()
     data = _read_toml(path)
     if path.name == "pyproject.toml":
@@ -280,6 +284,10 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
     if not database_text.strip() or "\0" in database_text:
         raise c.fail("database", f"expected a file path, got {database_text!r}")
     database = Path(database_text)
+    references_text = c.get("references", str, "data/references")
+    if not references_text.strip() or "\0" in references_text:
+        raise c.fail("references", f"expected a folder path, got {references_text!r}")
+    references = Path(references_text)
     workloads: dict[str, WorkloadSettings] = {}
     for name, sub in c.get("workloads", dict, {}).items():
         w = _Checker(source, f"{prefix}.workloads.{name}", sub, _WORKLOAD_KEYS)
@@ -350,4 +358,5 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
         max_cases=c.count("max_cases", 1, 1000),
         workloads=workloads,
         budgets=tuple(budgets),
+        references=references if references.is_absolute() else root / references,
     )

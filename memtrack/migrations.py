@@ -220,6 +220,22 @@ def m006_device_memory_pass(db: sqlite_utils.Database) -> None:
     db.execute("alter table device_measurements add column memory_pass_peak_bytes integer")
 
 
+def m009_quality(db: sqlite_utils.Database) -> None:
+    """A case's output against its reference after a precision or format change."""
+    for name, kind in (
+        ("quality_status", "text"),
+        ("quality_message", "text"),
+        ("quality_reference", "text"),
+        ("quality_reference_sha256", "text"),
+        ("quality_max_abs", "real"),
+        ("quality_max_rel", "real"),
+        ("quality_cosine", "real"),
+        ("quality_value", "real"),
+        ("quality_tolerance", "text"),
+    ):
+        db.execute(f"alter table measurements add column {name} {kind}")
+
+
 STEPS = (
     m001_initial,
     m002_verdicts,
@@ -227,6 +243,7 @@ STEPS = (
     m004_environment_cuda,
     m005_host_tree,
     m006_device_memory_pass,
+    m009_quality,
 )
 
 

@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from memtrack import environment, provenance
+from memtrack import environment, provenance, references
 from memtrack.breakdown import with_breakdown
 from memtrack.config import Config
 from memtrack.probes.tree import CGROUP, ProcessTree
@@ -85,6 +85,8 @@ def run_suite(
     env = env or environment.probe()
     device = resolve_device(config, env)
     git = provenance.git_info(config.root, config.base_branch)
+    if any(c.tolerance for c in cases):
+        references.load_manifest(config)  # a malformed manifest is refused before measuring
     measurements = []
     for case in cases:
         if progress:
@@ -108,8 +110,14 @@ def run_suite(
 
 
 def run_case(
-    config: Config, case: Case, device: str, visible_uuids: tuple[str, ...] = ()
+    config: Config,
+    case: Case,
+    device: str,
+    visible_uuids: tuple[str, ...] = (),
+    quality: dict[str, Any] | None = None,
 ) -> Measurement:
+    """`quality`: what the worker does with the step's output (memtrack.references); by
+    default, compare it with the case's reference where the workload declares a tolerance."""
     warmup, repeats, timeout_s = config.settings_for(case.workload)
     with tempfile.TemporaryDirectory(prefix="memtrack-") as tmp:
         result_path = Path(tmp) / "result.json"
@@ -124,6 +132,7 @@ def run_case(
             "repeats": repeats,
             "data_dir": str(config.root / "data"),
             "result_path": str(result_path),
+            "quality": quality or references.quality_spec(config, case),
         }
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -263,8 +272,11 @@ def to_measurement(
             message += ": " + outcome.stderr_tail.strip().splitlines()[-1][:500]
     devices, view, view_note = _device_view(d, outcome.sampler, spec["device"], notes)
     fields: dict[str, Any] = {
-        k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in _MEASURED
+        k: tuple(v) if isinstance(v, list) else v for k, v in d.items()
+        if k in _MEASURED or k.startswith("quality_")
     }
+    if fields.get("quality_message"):  # may quote the workload's own quality function
+        fields["quality_message"] = redact(fields["quality_message"])
     tree_peak = outcome.tree_peak_bytes
     if outcome.tree_source != CGROUP and fields.get("host_peak_rss_bytes"):
         # Samples can miss the worker's own peak; its exact high-water mark is a bound too.
