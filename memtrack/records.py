@@ -393,6 +393,8 @@ def _hint_schema(hint: Any, rules: dict[str, Any]) -> dict[str, Any]:
         inner = _hint_schema(options[0], rules)
         if "$ref" in inner:
             return {"anyOf": [inner, {"type": "null"}]}
+        if "enum" in inner:  # an enum lists every value the field takes, null too
+            inner = {**inner, "enum": [*inner["enum"], None]}
         return {**inner, "type": [inner["type"], "null"]}
     if origin is tuple:
         return {"type": "array", "items": _hint_schema(args[0], rules)}
