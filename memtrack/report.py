@@ -232,15 +232,6 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT) -> str:
         head += [f"- {_cell(c.describe())}" for c in result.budget_changes]
         head.append("")
     body: list[str] = []
-    rows = quality_rows(result)
-    if rows:
-        body += ["### Quality after a precision change", "",
-                 "| " + " | ".join(_QUALITY_COLUMNS) + " |", "|---|---|---|--:|--:|--:|---|"]
-        body += ["| " + " | ".join(_cell(c) for c in (f"{_EMOJI.get(v.kind, '')} {label(v)}",
-                                                       f"`{cells[0]}`", f"`{cells[1]}`",
-                                                       *cells[2:])) + " |"
-                 for v, cells in rows]
-        body.append("")
     for title, items in (("Blocking", blocking), ("Warnings", warnings),
                          ("Accepted (reviewed in this change)", accepted),
                          ("Improvements and new cases", others)):
@@ -248,6 +239,15 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT) -> str:
             body += [f"### {title}", "", _MD_HEAD, *(_md_row(v) for v in items), ""]
             body += [_md_item(v) for v in items]
             body.append("")
+    rows = quality_rows(result)
+    if rows:
+        body += ["### Quality after a precision change", "",
+                 "| " + " | ".join(_QUALITY_COLUMNS) + " |", "|---|---|---|--:|--:|--:|---|"]
+        for v, (case, against, *rest) in rows:
+            cells = (f"{_EMOJI.get(v.kind, '')} {label(v)}", f"`{case}`",
+                     against if against == "itself" else f"`{against}`", *rest)
+            body.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        body.append("")
     fixed = "\n".join(head + body)
     tail = "</details>\n"
     opening = (f"<details><summary>All {len(verdicts)} verdicts with their arithmetic"

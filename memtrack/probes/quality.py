@@ -154,8 +154,9 @@ def _load(path: Path, expected: str) -> tuple[dict[str, torch.Tensor], str]:
         raise OutputError(f"{path}: cannot be read ({exc.strerror})") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != expected:
-        raise OutputError(f"{path}: sha256 {digest} differs from the manifest's {expected}: "
-                          "reference refused (record it again with `memtrack reference`)")
+        raise OutputError(f"{path}: sha256 {digest[:16]}... differs from the manifest's "
+                          f"{expected[:16]}...: reference refused (record it again with "
+                          "`memtrack reference`)")
     try:
         loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as exc:
