@@ -313,3 +313,72 @@ def test_quality_figures_are_checked_stored_and_read_back(tmp_path):
     with Store.open(tmp_path / "m.db") as store:
         store.write_run(run)
         assert store.get_run(run.run_id) == run
+
+
+def test_figures_over_several_outputs_keep_the_worst_and_name_what_cannot_be_compared():
+    import math
+
+    import torch
+
+    from memtrack.probes.quality import OutputError, flatten, judge, rebuild
+    from memtrack.probes.quality import _figures as figures
+
+    kind, flat = flatten({"logits": torch.ones(3), "loss": torch.tensor(2.0)})
+    assert kind == "dict" and rebuild(kind, flat) == flat
+    kind, flat = flatten((torch.zeros(2), torch.ones(2)))
+    assert kind == "tuple" and isinstance(rebuild(kind, flat), tuple)
+    for bad, words in ((None, "returned None"), ((), "an empty tuple"),
+                       ((torch.ones(1), 3), "item '1' is a int")):
+        with pytest.raises(OutputError, match=re.escape(words)):
+            flatten(bad)
+    ref = {"a": torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64),
+           "b": torch.tensor([1.0, -1.0], dtype=torch.float64)}
+    out = {"a": torch.tensor([1.0, 2.0, 4.5], dtype=torch.float64),
+           "b": torch.tensor([-1.0, 1.0], dtype=torch.float64)}
+    f, bad = figures(out, ref)
+    assert bad is None and f["max_abs"] == 2.0 and f["max_rel"] == 2.0
+    assert f["cosine"] == pytest.approx(-1.0)  # b is reversed: the worst of the two
+    assert judge(f, {"max_abs": 0.5, "cosine": -1.0}, None) == (
+        "fail", "breaks tolerance: max_abs 2 > 0.5; within: cosine -1 >= -1")
+    zero = {"a": torch.zeros(2, dtype=torch.float64)}
+    f, _ = figures({"a": torch.ones(2, dtype=torch.float64)}, zero)
+    assert f["max_rel"] == math.inf and judge(f, {"max_rel": 1.0}, None)[0] == "fail"
+    f, bad = figures({"a": torch.tensor([math.nan, 1.0], dtype=torch.float64)}, zero)
+    assert judge(f, {"cosine": 0.9}, bad) == (
+        "fail", "1 non-finite value(s) (NaN or inf) in the output, 0 in the reference")
+
+
+def test_on_the_base_branch_a_quality_failure_is_reported_not_blocking():
+    from memtrack.judge.quality import verdicts
+
+    ref = make_measurement("w", {"dtype": "float32"}, peak=400, quality_status="ok",
+                           quality_reference="w[dtype=float32]", quality_message="within")
+    fail = make_measurement("w", {"dtype": "bfloat16"}, peak=200, quality_status="fail",
+                            quality_reference="w[dtype=float32]",
+                            quality_message="breaks tolerance: cosine 0.9 < 0.999")
+    none = make_measurement("v", {"dtype": "float32"}, quality_status="none",
+                            quality_reference="v[dtype=float32]", quality_message="no ref")
+    plain = make_measurement("u", {"dtype": "float32"})
+    pr = {v.case_id: v for v in verdicts([ref, fail, none, plain])}
+    assert set(pr) == {"w[dtype=float32]", "w[dtype=bfloat16]", "v[dtype=float32]"}
+    v = pr["w[dtype=bfloat16]"]
+    assert v.kind == "quality" and v.blocking and v.message.startswith(
+        "the precision change breaks its tolerance (dtype bfloat16 (reference float32)")
+    assert (v.baseline_value, v.candidate_value, v.delta, v.delta_pct) == (400, 200, -200, -50)
+    assert pr["v[dtype=float32]"].kind == "quality" and not pr["v[dtype=float32]"].blocking
+    assert pr["w[dtype=float32]"].kind == "ok"
+    base = {v.case_id: v for v in verdicts([ref, fail], "base")}
+    assert not base["w[dtype=bfloat16]"].blocking
+
+
+@pytest.mark.gpu
+def test_bf16_on_the_gpu_keeps_quality_and_saves_device_memory(tmp_path):
+    repo = init_repo(tmp_path / "gpu")
+    (repo / "wl.py").write_text(WORKLOADS)
+    (repo / "memtrack.toml").write_text(
+        'modules = ["wl.py"]\nwarmup = 1\nrepeats = 2\ndevice = "cuda"\n')
+    commit_all(repo, "workloads")
+    assert cli(repo, "reference", "-k", "convnet").returncode == 0
+    ms = _run(repo, run_id(cli(repo, "run", "-k", "convnet")))
+    assert ms[BF16].quality_status == "ok", ms[BF16].quality_message
+    assert ms[BF16].peak_allocated_bytes < ms[F32].peak_allocated_bytes
