@@ -23,7 +23,9 @@ def precision_change(case_id: str, reference: str) -> str | None:
     """'dtype bfloat16 (reference float32)' for the params in which a case differs from its
     reference; None where it is at the reference's own precision."""
     mine, ref = _split_case(case_id), _split_case(reference)
-    if mine is None or ref is None or mine == ref:
+    if mine is None or ref is None:  # a value holding ',' or '=': the ids still tell
+        return None if case_id == reference else f"params differ from {reference}"
+    if mine == ref:
         return None
     diffs = [f"{k} {mine[1].get(k, '-')} (reference {ref[1].get(k, '-')})"
              for k in sorted(set(mine[1]) | set(ref[1])) if mine[1].get(k) != ref[1].get(k)]
