@@ -91,6 +91,8 @@ class Config:
     dashboard_url: str | None = None
     """Where the team's dashboard is served (http or https), for links from the PR comment
     to a case's History; None: no links."""
+    references: Path = Path("data/references")
+    """The folder of reference outputs and their manifest (see memtrack.references)."""
 
     def settings_for(self, workload: str) -> tuple[int, int, float]:
         """(warmup, repeats, timeout_s) for a workload, overrides applied."""
@@ -122,6 +124,7 @@ _TOP_KEYS = {
     "noisy_above",
     "max_cases",
     "dashboard_url",
+    "references",
 }
 _NOT_IN_URL = set(' "<>()[]`\\')
 """Characters a link address here may not hold: they would end or break a Markdown link."""
@@ -272,7 +275,8 @@ def load_config(path: Path | None = None, *, cwd: Path | None = None) -> Config:
     if path is None:
         path = find_config(cwd)
         if path is None:
-            return Config(path=None, root=cwd, database=cwd / "data" / "memtrack.db")
+            return Config(path=None, root=cwd, database=cwd / "data" / "memtrack.db",
+                          references=cwd / "data" / "references")
     path = path.resolve()
     data = _read_toml(path)
     if path.name == "pyproject.toml":
@@ -310,6 +314,10 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
     if not database_text.strip() or "\0" in database_text:
         raise c.fail("database", f"expected a file path, got {database_text!r}")
     database = Path(database_text)
+    references_text = c.get("references", str, "data/references")
+    if not references_text.strip() or "\0" in references_text:
+        raise c.fail("references", f"expected a folder path, got {references_text!r}")
+    references = Path(references_text)
     workloads: dict[str, WorkloadSettings] = {}
     for name, sub in c.get("workloads", dict, {}).items():
         w = _Checker(source, f"{prefix}.workloads.{name}", sub, _WORKLOAD_KEYS)
@@ -381,4 +389,5 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
         workloads=workloads,
         budgets=tuple(budgets),
         dashboard_url=c.url("dashboard_url"),
+        references=references if references.is_absolute() else root / references,
     )

@@ -247,6 +247,22 @@ def m008_ranks(db: sqlite_utils.Database) -> None:
                "on rank_measurements (measurement_id)")
 
 
+def m009_quality(db: sqlite_utils.Database) -> None:
+    """A case's output against its reference after a precision or format change."""
+    for name, kind in (
+        ("quality_status", "text"),
+        ("quality_message", "text"),
+        ("quality_reference", "text"),
+        ("quality_reference_sha256", "text"),
+        ("quality_max_abs", "real"),
+        ("quality_max_rel", "real"),
+        ("quality_cosine", "real"),
+        ("quality_value", "real"),
+        ("quality_tolerance", "text"),
+    ):
+        db.execute(f"alter table measurements add column {name} {kind}")
+
+
 def m010_loading(db: sqlite_utils.Database) -> None:
     """The loading step's figures (host peak, disk I/O, disk space) and the derived
     `load_host` metric, stored beside them as host_bytes is."""
@@ -272,6 +288,7 @@ STEPS = (
     m005_host_tree,
     m006_device_memory_pass,
     m008_ranks,
+    m009_quality,
     m010_loading,
 )
 

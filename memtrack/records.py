@@ -24,6 +24,7 @@ from memtrack.units import parse_time
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "error", "timeout", "crashed")
+QUALITY_STATUSES = ("ok", "fail", "error", "none")
 
 
 @dataclass(frozen=True)
@@ -318,6 +319,30 @@ class Measurement:
     """A multi-rank case (the `ranks` param): each rank's own figures, by rank; empty for a
     case of one process. The headline figures above are the largest per-device peak over
     these, and `devices` holds each GPU once."""
+    quality_status: str | None = None
+    """The output against its reference: ok (within tolerance), fail (beyond it), error (the
+    reference was refused or unreadable, or the output cannot be compared), none (no
+    reference recorded yet); None where the workload declares no tolerance."""
+    quality_message: str | None = None
+    """One line: each bounded figure against its tolerance, or what went wrong."""
+    quality_reference: str | None = None
+    """Case id of the reference: this case at full precision (its dtype float32 sibling, each
+    format param at its reference value), or the case itself."""
+    quality_reference_sha256: str | None = None
+    """sha256 of the reference file compared with, as the reference manifest pins it."""
+    quality_max_abs: float | None = None
+    """Largest absolute difference between output and reference (float64, CPU)."""
+    quality_max_rel: float | None = None
+    """`quality_max_abs` divided by the reference's largest magnitude (a norm-wise relative
+    error; element-wise ratios explode where the reference is zero)."""
+    quality_cosine: float | None = None
+    """Cosine similarity of the flattened output and reference (the lowest, over several
+    outputs)."""
+    quality_value: float | None = None
+    """The workload's own quality function's value, fn(output, reference)."""
+    quality_tolerance: dict[str, float] = field(default_factory=dict)
+    """The declared tolerance: max_abs, max_rel, metric (at most); cosine, metric_min (at
+    least)."""
 
 
 def device_peak(m: Measurement) -> int | None:
@@ -422,6 +447,7 @@ MAX_BYTES = 2**62
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 RUN_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
 COMMIT_PATTERN = r"^[0-9a-fA-F]{4,64}$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
 _COMMIT_FIELDS = {"commit", "parent", "merge_base", "sha"}
 _BYTE_LISTS = {"allocated_samples", "categories"}
 _COUNTS = {"warmup", "repeats", "samples", "num_alloc_retries", "num_ooms", "index",
@@ -442,6 +468,14 @@ def _rules(name: str) -> dict[str, Any]:
         return {"pattern": RUN_ID_PATTERN}
     if name == "status":
         return {"enum": list(STATUSES)}
+    if name == "quality_status":
+        return {"enum": list(QUALITY_STATUSES)}
+    if name in ("quality_max_abs", "quality_max_rel"):
+        return {"minimum": 0}
+    if name == "quality_cosine":
+        return {"minimum": -1, "maximum": 1}
+    if name == "quality_reference_sha256":
+        return {"pattern": SHA256_PATTERN}
     if name == "shard":
         return {"pattern": r"^[1-9][0-9]*/[1-9][0-9]*$"}
     if name in ("workload", "case_id"):
@@ -461,6 +495,8 @@ def _hint_schema(hint: Any, rules: dict[str, Any]) -> dict[str, Any]:
         inner = _hint_schema(options[0], rules)
         if "$ref" in inner:
             return {"anyOf": [inner, {"type": "null"}]}
+        if "enum" in inner:  # an enum lists every value the field takes, null too
+            inner = {**inner, "enum": [*inner["enum"], None]}
         return {**inner, "type": [inner["type"], "null"]}
     if origin is tuple:
         return {"type": "array", "items": _hint_schema(args[0], rules)}
@@ -644,10 +680,10 @@ def _compile(hint: Any, rules: dict[str, Any], nullable: bool = False) -> Check:
     if hint is Any:
         return _scalar
     if hint is float:
-        low = rules.get("minimum", -math.inf)
+        low, high = rules.get("minimum", -math.inf), rules.get("maximum", math.inf)
 
         def check_float(v: Any, w: Path_) -> Any:
-            if type(v) is float and low <= v < math.inf:  # also False for NaN
+            if type(v) is float and low <= v < math.inf and v <= high:  # also False for NaN
                 return v
             if v is None and nullable:
                 return None

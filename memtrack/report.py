@@ -22,12 +22,14 @@ MARKDOWN_LIMIT = 1_000_000
 """GitHub refuses a job summary over 1 MiB; stay clearly below it."""
 REPORT_VERSION = 1
 
-_ORDER = {"failed": 0, "over_budget": 1, "regression": 2, "noisy": 3, "time_regression": 4,
+_ORDER = {"failed": 0, "over_budget": 1, "regression": 2, "quality": 2, "noisy": 3,
+          "time_regression": 4,
           "environment_changed": 5, "accepted": 6, "new": 7, "improvement": 8, "ok": 9}
 _STYLE = {"failed": "bold red", "over_budget": "bold red", "regression": "bold red",
-          "noisy": "yellow", "time_regression": "yellow", "environment_changed": "yellow",
+          "quality": "bold red", "noisy": "yellow", "time_regression": "yellow",
+          "environment_changed": "yellow",
           "accepted": "magenta", "new": "cyan", "improvement": "green", "ok": "dim"}
-_EMOJI = {"failed": "💥", "over_budget": "⛔", "regression": "🔺", "noisy": "〰️",
+_EMOJI = {"failed": "💥", "over_budget": "⛔", "regression": "🔺", "quality": "🎯", "noisy": "〰️",
           "time_regression": "🐢", "environment_changed": "🔀", "accepted": "☑️", "new": "🆕",
           "improvement": "🔻", "ok": "✅"}
 _QUIET = ("ok", "improvement", "new", "accepted")
@@ -65,7 +67,7 @@ def label(v: Verdict) -> str:
         return f"BLOCK {words}"
     if v.kind in _QUIET:
         return words + (" (provisional)" if v.provisional and v.kind != "new" else "")
-    if v.context == "base" and v.kind in ("regression", "over_budget", "failed"):
+    if v.context == "base" and v.kind in ("regression", "over_budget", "failed", "quality"):
         return f"REPORT {words}"  # on the base branch: recorded, never blocking
     return f"warn {words}"
 
@@ -104,7 +106,8 @@ def summary_line(result: CheckResult) -> str:
                       sorted(counts.items(), key=lambda kv: _ORDER.get(kv[0], 9)))
     blocking = result.blocking
     if result.context == "base":
-        regressed = sum(v.kind in ("regression", "over_budget", "failed") for v in result.verdicts)
+        regressed = sum(v.kind in ("regression", "over_budget", "failed", "quality")
+                        for v in result.verdicts)
         head = (f"base branch: {regressed} regression{'s' * (regressed != 1)} reported "
                 "(never blocking)" if regressed else "base branch: no regression")
     else:
@@ -162,8 +165,51 @@ def terminal(result: CheckResult) -> list[Any]:
             out.append(Text(f"    {line}", style="dim"))
         if i in hinted:
             out.append(Text(f"    {snapshot_hint(v.case_id)}"))
+    rows = quality_rows(result)
+    if rows:
+        q = Table(title="quality after a precision change: memory saved and quality kept",
+                  title_justify="left")
+        for col in _QUALITY_COLUMNS:
+            q.add_column(col, justify="right" if col in ("framework peak", "full precision",
+                                                           "saved") else "left")
+        for v, cells in rows:
+            q.add_row(Text(label(v), style=_STYLE.get(v.kind, "")), *(Text(c) for c in cells))
+        out.append(q)
     out.append(Text(summary_line(result), style="bold red" if result.blocking else "bold green"))
     return out
+
+
+# -- quality --------------------------------------------------------------------------------
+
+_QUALITY_COLUMNS = ("verdict", "case", "against", "framework peak", "full precision", "saved",
+                    "quality")
+
+
+def quality_rows(result: CheckResult) -> list[tuple[Verdict, tuple[str, ...]]]:
+    """One row per quality verdict: the case, its reference, its framework peak against the
+    full-precision sibling's in the same run, what that saves, and the quality kept."""
+    from memtrack.judge.quality import precision_change
+
+    rows = []
+    verdicts = ordered([v for v in result.verdicts if v.metric == "quality"])
+    labels = short_case_labels([*{v.case_id for v in verdicts},
+                                *{v.reference for v in verdicts if v.reference}])
+    for v in verdicts:
+        ref = v.reference or "-"
+        changed = v.reference is not None and precision_change(v.case_id, v.reference)
+        if v.baseline_value is not None and v.candidate_value is not None:
+            full, own = int(v.baseline_value), int(v.candidate_value)
+            saved = full - own
+            pct = 100.0 * saved / full if full else 0.0
+            saved_text = (f"{format_size(saved)} ({pct:.1f}%)" if saved >= 0
+                          else f"none: {format_size(-saved)} more")
+            peaks = (format_size(own), format_size(full), saved_text)
+        else:
+            peaks = ("-", "-", "-" if changed else "(full precision)")
+        against = "itself" if ref == v.case_id else labels.get(ref, ref)
+        rows.append((v, (labels[v.case_id], against, *peaks,
+                         v.quality or "-")))
+    return rows
 
 
 # -- Markdown -------------------------------------------------------------------------------
@@ -236,6 +282,15 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT,
             body += [_md_item(v, dashboard_url, items is blocking and i in hinted)
                      for i, v in enumerate(items)]
             body.append("")
+    rows = quality_rows(result)
+    if rows:
+        body += ["### Quality after a precision change", "",
+                 "| " + " | ".join(_QUALITY_COLUMNS) + " |", "|---|---|---|--:|--:|--:|---|"]
+        for v, (case, against, *rest) in rows:
+            cells = (f"{_EMOJI.get(v.kind, '')} {label(v)}", f"`{case}`",
+                     against if against == "itself" else f"`{against}`", *rest)
+            body.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        body.append("")
     fixed = "\n".join(head + body)
     tail = "</details>\n"
     opening = (f"<details><summary>All {len(verdicts)} verdicts with their arithmetic"

@@ -159,6 +159,9 @@ def run_detail(run: RunRecord) -> list[Any]:
             t.add_row("loading", escape(loading_line(m)))
         t.add_row("device view",
                   escape(m.device_view or f"absent: {m.device_view_note or 'no reason recorded'}"))
+        if m.quality_status is not None:
+            t.add_row("quality", escape(f"{m.quality_status} against {m.quality_reference}: "
+                                        f"{m.quality_message or '-'}"))
         for note in m.notes:
             t.add_row("note", escape(note))
         blocks.append(t)

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from memtrack import environment, provenance
+from memtrack import environment, provenance, references
 from memtrack.breakdown import with_breakdown
 from memtrack.config import Config
 from memtrack.probes.tree import CGROUP, ProcessTree
@@ -97,6 +97,8 @@ def run_suite(
     device = resolve_device(config, env)
     note = _device_note(config, env, device)
     git = provenance.git_info(config.root, config.base_branch)
+    if any(c.tolerance for c in cases):
+        references.load_manifest(config)  # a malformed manifest is refused before measuring
     measurements = []
     for case in cases:
         if progress:
@@ -123,9 +125,11 @@ def run_suite(
 
 def run_case(
     config: Config, case: Case, device: str, visible_uuids: tuple[str, ...] = (),
-    extra: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None, quality: dict[str, Any] | None = None,
 ) -> Measurement:
-    """One case in a fresh worker; `extra` adds keys to its spec (e.g. `snapshot_path`)."""
+    """One case in a fresh worker; `extra` adds keys to its spec (e.g. `snapshot_path`).
+    `quality`: what the worker does with the step's output (memtrack.references); by
+    default, compare it with the case's reference where the workload declares a tolerance."""
     world = ranks_of(case.params)
     if world is not None:  # one process per rank, all at once
         from memtrack.ranks import run_ranks
@@ -149,6 +153,7 @@ def run_case(
             "result_path": str(result_path),
             "scratch_dir": str(scratch),
             **(extra or {}),
+            "quality": quality or references.quality_spec(config, case),
         }
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -277,8 +282,11 @@ def to_measurement(
     status, message = case_status(outcome, timeout_s)
     devices, view, view_note = _device_view(d, outcome.sampler, spec["device"], notes)
     fields: dict[str, Any] = {
-        k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in _MEASURED
+        k: tuple(v) if isinstance(v, list) else v for k, v in d.items()
+        if k in _MEASURED or k.startswith("quality_")
     }
+    if fields.get("quality_message"):  # may quote the workload's own quality function
+        fields["quality_message"] = redact(fields["quality_message"])
     tree_peak = outcome.tree_peak_bytes
     if outcome.tree_source != CGROUP and fields.get("host_peak_rss_bytes"):
         # Samples can miss the worker's own peak; its exact high-water mark is a bound too.

@@ -93,7 +93,8 @@ def _unprefixed(cls: type, row: dict[str, Any], prefix: str, json_fields: set[st
 
 _GIT_JSON = {"notes"}
 _ENV_JSON = {"gpus", "torch_cuda_arch_list", "packages", "env_vars", "visible_uuids", "notes"}
-_MEASUREMENT_JSON = {"params", "allocated_samples", "categories", "iteration_times_s", "notes"}
+_MEASUREMENT_JSON = {"params", "allocated_samples", "categories", "iteration_times_s", "notes",
+                     "quality_tolerance"}
 
 
 def env_id(env: Environment) -> str:
@@ -509,6 +510,7 @@ class Store:
                 m,
                 devices=tuple(_unprefixed(DeviceMeasurement, dict(d), "", set()) for d in devs),
                 ranks=tuple(_unprefixed(RankMeasurement, dict(r), "", set()) for r in ranks),
+                quality_tolerance=m.quality_tolerance or {},  # NULL in rows from before m009
             )
 
     def run_ids(self, *, commit: str | None = None, limit: int = 50) -> list[str]:

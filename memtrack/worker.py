@@ -149,6 +149,15 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
                 step, ctx.device, objects, lambda p: _tags_to(ctx, p))
         except Exception as exc:  # the allocator figures stand without it
             result.data["notes"].append(f"category breakdown unavailable: {exc}")
+    quality = spec.get("quality")
+    if quality:  # one extra call, after every measured iteration (probes.quality)
+        from memtrack.probes import quality as q
+
+        result.update(phase="quality")
+        if quality["mode"] == "record":
+            q.record(step, ctx, Path(quality["path"]))
+        else:
+            summary.update(q.compare(step, ctx, wl, quality))
     result.update(phase="done", caches_bytes=ctx.cache_peak_bytes or None, **summary)
     distributed.teardown(rank)
 

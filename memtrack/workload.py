@@ -15,7 +15,7 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +41,22 @@ class Workload:
     seed: int = 0
     module: str = ""
     """Where it was found: a module name or a .py path, as the config named it."""
+    tolerance: dict[str, float] = field(default_factory=dict)
+    """How far the step's output may stray from its reference (see memtrack.quality);
+    empty: the output is not checked."""
+    quality: Callable[..., Any] | None = None
+    """The workload's own metric, fn(output, reference) -> float, bounded by
+    tolerance['metric'] (at most) or tolerance['metric_min'] (at least)."""
+    precision: dict[str, Any] = field(default_factory=dict)
+    """Precision and format params, each with the value of the full-precision reference
+    ('dtype' -> 'float32' where the workload has a dtype param)."""
 
     def cases(self) -> list[Case]:
         """One case per combination of parameter values, in declaration order."""
         names = list(self.params)
         return [
-            Case(self.name, dict(zip(names, values, strict=True)), self.seed, self.module)
+            Case(self.name, dict(zip(names, values, strict=True)), self.seed, self.module,
+                 self.tolerance, self.precision)
             for values in itertools.product(*(self.params[n] for n in names))
         ]
 
@@ -59,10 +69,20 @@ class Case:
     params: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     module: str = ""
+    tolerance: dict[str, float] = field(default_factory=dict)
+    """The workload's declared tolerance; empty: the output is not checked."""
+    precision: dict[str, Any] = field(default_factory=dict)
+    """Precision and format params with their full-precision reference values."""
 
     @property
     def case_id(self) -> str:
         return case_id(self.workload, self.params)
+
+    def reference_case(self) -> Case:
+        """The case whose output is this one's reference: the same params at full precision
+        (dtype float32, each format param at its reference value). Itself at full precision."""
+        params = {**self.params, **{k: v for k, v in self.precision.items() if k in self.params}}
+        return Case(self.workload, params, self.seed, self.module, self.tolerance, self.precision)
 
 
 def case_id(workload: str, params: dict[str, Any]) -> str:
@@ -123,10 +143,18 @@ def workload(
     name: str | None = None,
     params: dict[str, Any] | None = None,
     seed: int = 0,
+    tolerance: dict[str, float] | None = None,
+    quality: Callable[..., Any] | None = None,
+    precision_params: Iterable[str] | dict[str, Any] = (),
 ) -> Any:
     """Register a workload. `params` maps names to a value or a list of values (a grid).
 
-    The function receives a `memtrack.Context` and returns a zero-argument step.
+    The function receives a `memtrack.Context` and returns a zero-argument step. With a
+    `tolerance`, the step's output (a tensor, or a tuple or dict of tensors) is compared with
+    its reference on every run: `max_abs`, `max_rel` (at most), `cosine` (at least), and with
+    `quality=fn(output, reference) -> float`, `metric` (at most) or `metric_min` (at least).
+    `precision_params` names the params besides `dtype` that change precision or format
+    (e.g. `("quant",)`: the reference is the first declared value; or `{"quant": "none"}`).
     """
 
     def register(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -146,10 +174,12 @@ def workload(
             if key == RANKS_PARAM:
                 check_ranks(f"workload {wname!r}: param {key!r}", values)
             grid[key] = values
+        tol, precision = _check_quality(wname, grid, tolerance, quality, precision_params)
         previous = _REGISTRY.get((f.__module__, wname))
         if previous is not None and previous.fn.__qualname__ != f.__qualname__:
             raise WorkloadError(f"workload {wname!r} is declared twice in {_where(f.__module__)}")
-        _REGISTRY[(f.__module__, wname)] = Workload(wname, f, grid, seed, f.__module__)
+        _REGISTRY[(f.__module__, wname)] = Workload(
+            wname, f, grid, seed, f.__module__, tol, quality, precision)
         return f
 
     return register(fn) if fn is not None else register
@@ -167,6 +197,74 @@ def ranks_of(params: dict[str, Any]) -> int | None:
     """How many ranks a case runs; None for a case of one process (no `ranks` param)."""
     value = params.get(RANKS_PARAM)
     return None if value is None else int(value)
+
+
+TOLERANCE_KEYS = ("max_abs", "max_rel", "cosine", "metric", "metric_min")
+"""What a tolerance may bound: max_abs, max_rel and metric from above; cosine and metric_min
+from below."""
+
+
+def _check_quality(
+    wname: str,
+    grid: dict[str, tuple[Any, ...]],
+    tolerance: Any,
+    quality: Any,
+    precision_params: Any,
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """The declared tolerance and precision params, checked: (tolerance, precision)."""
+    where = f"workload {wname!r}"
+    if tolerance is None:
+        if quality is not None or precision_params:
+            raise WorkloadError(f"{where}: quality and precision_params need a tolerance "
+                                "(e.g. tolerance={'cosine': 0.999})")
+        return {}, {}
+    if not isinstance(tolerance, dict) or not tolerance:
+        raise WorkloadError(f"{where}: tolerance must be a non-empty dict, got {tolerance!r}")
+    tol: dict[str, float] = {}
+    for key, value in tolerance.items():
+        if key not in TOLERANCE_KEYS:
+            close = difflib.get_close_matches(str(key), TOLERANCE_KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise WorkloadError(f"{where}: tolerance key {key!r} is not one of "
+                                f"{', '.join(TOLERANCE_KEYS)}{hint}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            raise WorkloadError(f"{where}: tolerance {key!r} must be a finite number, "
+                                f"got {value!r}")
+        if key in ("max_abs", "max_rel") and value < 0:
+            raise WorkloadError(f"{where}: tolerance {key!r} must be at least 0, got {value!r}")
+        if key == "cosine" and not -1 <= value <= 1:
+            raise WorkloadError(f"{where}: tolerance 'cosine' must be between -1 and 1, "
+                                f"got {value!r}")
+        tol[key] = float(value)
+    bounds_metric = {"metric", "metric_min"} & set(tol)
+    if quality is not None and not callable(quality):
+        raise WorkloadError(f"{where}: quality must be a function (output, reference) -> "
+                            f"float, got {quality!r}")
+    if quality is not None and not bounds_metric:
+        raise WorkloadError(f"{where}: quality needs a bound: tolerance 'metric' (at most) "
+                            "or 'metric_min' (at least)")
+    if bounds_metric and quality is None:
+        raise WorkloadError(f"{where}: tolerance {sorted(bounds_metric)[0]!r} bounds the "
+                            "workload's own metric: pass quality=fn(output, reference)")
+    precision: dict[str, Any] = {"dtype": "float32"} if "dtype" in grid else {}
+    if isinstance(precision_params, str) or not isinstance(precision_params, (dict, list,
+                                                                               tuple)):
+        raise WorkloadError(f"{where}: precision_params must be a tuple of param names or a "
+                            f"dict of param -> reference value, got {precision_params!r}")
+    named = (precision_params.items() if isinstance(precision_params, dict)
+             else ((k, None) for k in precision_params))
+    for key, value in named:
+        if key not in grid:
+            raise WorkloadError(f"{where}: precision_params names {key!r}, which is not a "
+                                f"param (has: {', '.join(grid) or 'none'})")
+        if value is None:
+            value = grid[key][0] if key != "dtype" else "float32"
+        elif not isinstance(value, (str, int, float, bool)):
+            raise WorkloadError(f"{where}: precision_params {key!r}: reference value "
+                                f"{value!r} must be str, int, float or bool")
+        precision[key] = value
+    return tol, precision
 
 
 def _check_distinct(where: str, values: tuple[Any, ...]) -> None:
@@ -246,7 +344,7 @@ def discover(config: Config) -> list[Workload]:
                         f"{where}: workload {wl.name!r} is declared in two modules: "
                         f"{_where(other.fn.__module__)} and {_where(wl.module)}"
                     )
-                found[wl.name] = Workload(wl.name, wl.fn, wl.params, wl.seed, ref)
+                found[wl.name] = replace(wl, module=ref)
     if not found:
         raise WorkloadError(f"{where}: no workloads registered by {', '.join(config.modules)}")
     for wname, settings in config.workloads.items():
@@ -269,9 +367,7 @@ def discover(config: Config) -> list[Workload]:
                 check_ranks(f"{config.path}: workloads.{wname}.params.{key}",
                             settings.params[key])
         if settings.params:
-            found[wname] = Workload(
-                wl.name, wl.fn, {**wl.params, **settings.params}, wl.seed, wl.module
-            )
+            found[wname] = replace(wl, params={**wl.params, **settings.params})
     _check_size(found.values(), config)
     return list(found.values())
 

@@ -6,8 +6,10 @@ from memtrack.commands.dashboard import dashboard
 from memtrack.commands.doctor import doctor
 from memtrack.commands.history import history
 from memtrack.commands.ingest import ingest
+from memtrack.commands.reference import reference
 from memtrack.commands.run import run
 from memtrack.commands.show import show
 from memtrack.commands.snapshot import snapshot
 
-COMMANDS = [run, check, history, show, snapshot, ingest, doctor, backup, export, dashboard]
+COMMANDS = [run, reference, check, history, show, snapshot, ingest, doctor, backup, export,
+            dashboard]

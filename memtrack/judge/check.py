@@ -18,7 +18,7 @@ from pathlib import Path
 from memtrack import metrics
 from memtrack.config import Config
 from memtrack.errors import ConfigError, StoreError
-from memtrack.judge import accept, memory, timing
+from memtrack.judge import accept, memory, quality, timing
 from memtrack.judge.baseline import BaselineFinder, Point, git_output
 from memtrack.judge.budgets import (
     BudgetChange,
@@ -300,6 +300,7 @@ def check(store: Store, config: Config, *, run_id: str | None = None,
                 notes.append(f"{m.case_id}: budget on {metric} ({format_size(b.limit_bytes)}) "
                              f"not checked: {metric} was not measured on this run")
         verdicts.extend(_judge_case(c, config, base, other, time_on))
+    verdicts.extend(quality.verdicts(run.measurements, context))
     missing = sorted((finder.newest_cases() or set()) - {m.case_id for m in run.measurements})
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KINDS = ("regression", "over_budget", "improvement", "new", "failed", "environment_changed",
-         "time_regression", "accepted", "noisy", "ok")
+         "time_regression", "accepted", "noisy", "ok", "quality")
 """Memory regressions, budgets and failures block; `accepted` and `noisy` never do (a
-noisy metric still blocks on its budget, as an `over_budget` verdict)."""
+noisy metric still blocks on its budget, as an `over_budget` verdict). `quality` (an output
+beyond its tolerance, or a refused reference) blocks; without a reference it warns."""
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class Verdict:
     case_id: str
     workload: str
     metric: str
-    """allocated | reserved | requested | device | host | host_step | time | status"""
+    """allocated | reserved | requested | device | host | host_step | time | status | quality"""
     kind: str
     """One of KINDS."""
     blocking: bool
@@ -61,6 +62,12 @@ class Verdict:
     """That component's growth against the baseline level, bytes."""
     level_commit: str | None = None
     """The first commit of the baseline's current level (the newest step), if known."""
+    quality: str | None = None
+    """Quality verdicts: the output's figures against their tolerance, or what went wrong.
+    Their baseline_value and candidate_value are the framework peaks of the full-precision
+    sibling in the same run and of the case, delta what the change saved (negative)."""
+    reference: str | None = None
+    """Quality verdicts: the reference case id."""
 
 
 __all__ = ["KINDS", "Verdict"]

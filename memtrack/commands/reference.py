@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import click
+
+from memtrack.commands.options import config_option
+from memtrack.config import load_config
+from memtrack.errors import ConfigError
+
+
+@click.command()
+@click.argument("cases", nargs=-1)
+@config_option
+@click.option("-k", "--workload", "patterns", multiple=True,
+              help="Only cases whose id contains this text (repeatable).")
+def reference(cases, config_path, patterns) -> None:
+    """Record the reference output of the selected cases (default: every case that declares
+    a tolerance).
+
+    Each case's reference is its full-precision sibling (dtype float32, each format param at
+    its reference value): it runs in a worker as `memtrack run` runs it, and the output of
+    the call after the memory pass is saved under the references folder and pinned by its
+    sha256 in manifest.json. Commit both. Exit status 2 when a case fails or returns no
+    tensor; then nothing is written.
+    """
+    from memtrack import environment, provenance
+    from memtrack.references import manifest_path, record_references
+    from memtrack.runner import resolve_device
+    from memtrack.workload import discover, select_cases
+
+    config = load_config(config_path)
+    selected = select_cases(discover(config), (*cases, *patterns))
+    if not selected:
+        raise ConfigError(f"no case matches {' or '.join((*cases, *patterns))}")
+    device = resolve_device(config, environment.probe())
+    commit = provenance.git_info(config.root, config.base_branch).commit
+
+    def progress(case_id: str) -> None:
+        click.echo(f"running {case_id} ...", err=True)
+
+    for r in record_references(config, selected, device, commit, progress):
+        served = ", ".join(c for c in r.for_cases if c != r.case_id)
+        click.echo(f"{r.case_id} -> {r.path} (sha256 {r.sha256[:12]})"
+                   + (f", the reference of {served}" if served else ""))
+    click.echo(f"pinned in {manifest_path(config)}")
