@@ -172,8 +172,8 @@ def terminal(result: CheckResult) -> list[Any]:
         for col in _QUALITY_COLUMNS:
             q.add_column(col, justify="right" if col in ("framework peak", "full precision",
                                                            "saved") else "left")
-        for v, cells in rows:
-            q.add_row(Text(label(v), style=_STYLE.get(v.kind, "")), *(Text(c) for c in cells))
+        for v, row in rows:
+            q.add_row(Text(label(v), style=_STYLE.get(v.kind, "")), *(Text(c) for c in row))
         out.append(q)
     out.append(Text(summary_line(result), style="bold red" if result.blocking else "bold green"))
     return out
@@ -190,7 +190,7 @@ def quality_rows(result: CheckResult) -> list[tuple[Verdict, tuple[str, ...]]]:
     full-precision sibling's in the same run, what that saves, and the quality kept."""
     from memtrack.judge.quality import precision_change
 
-    rows = []
+    rows: list[tuple[Verdict, tuple[str, ...]]] = []
     verdicts = ordered([v for v in result.verdicts if v.metric == "quality"])
     labels = short_case_labels([*{v.case_id for v in verdicts},
                                 *{v.reference for v in verdicts if v.reference}])
@@ -203,7 +203,7 @@ def quality_rows(result: CheckResult) -> list[tuple[Verdict, tuple[str, ...]]]:
             pct = 100.0 * saved / full if full else 0.0
             saved_text = (f"{format_size(saved)} ({pct:.1f}%)" if saved >= 0
                           else f"none: {format_size(-saved)} more")
-            peaks = (format_size(own), format_size(full), saved_text)
+            peaks: tuple[str, ...] = (format_size(own), format_size(full), saved_text)
         else:
             peaks = ("-", "-", "-" if changed else "(full precision)")
         against = "itself" if ref == v.case_id else labels.get(ref, ref)
@@ -282,11 +282,11 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT,
             body += [_md_item(v, dashboard_url, items is blocking and i in hinted)
                      for i, v in enumerate(items)]
             body.append("")
-    rows = quality_rows(result)
-    if rows:
+    quality = quality_rows(result)
+    if quality:
         body += ["### Quality after a precision change", "",
                  "| " + " | ".join(_QUALITY_COLUMNS) + " |", "|---|---|---|--:|--:|--:|---|"]
-        for v, (case, against, *rest) in rows:
+        for v, (case, against, *rest) in quality:
             cells = (f"{_EMOJI.get(v.kind, '')} {label(v)}", f"`{case}`",
                      against if against == "itself" else f"`{against}`", *rest)
             body.append("| " + " | ".join(_cell(c) for c in cells) + " |")

@@ -12,6 +12,7 @@ case against its full-precision sibling's, bytes and %.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from memtrack.judge.verdict import Verdict
 from memtrack.records import Measurement
@@ -65,12 +66,13 @@ def verdict(m: Measurement, sibling: Measurement | None, context: str = "pull_re
     against = (f"{changed} against {ref}{pinned}" if changed
                else f"at the reference's own precision, against {ref}{pinned}")
     s = saving(m, sibling) if changed else None
-    figures = dict(
+    figures: dict[str, Any] = dict(
         baseline_value=float(s[0]) if s else None, candidate_value=float(s[1]) if s else None,
         delta=float(s[1] - s[0]) if s else None,
         delta_pct=100.0 * (s[1] - s[0]) / s[0] if s else None,
         quality=m.quality_message, reference=ref)
-    base = dict(case_id=m.case_id, workload=m.workload, metric="quality", context=context)
+    base: dict[str, Any] = dict(case_id=m.case_id, workload=m.workload, metric="quality",
+                                context=context)
     status = m.quality_status
     if status == "ok":
         memory = ""

@@ -199,7 +199,8 @@ def judge(figures: dict[str, float], tolerance: dict[str, float], bad: str | Non
     """('ok' | 'fail', one line naming each bounded figure against its tolerance)."""
     if bad is not None:
         return "fail", bad
-    broken, kept = [], []
+    broken: list[str] = []
+    kept: list[str] = []
     for key, bound in tolerance.items():
         upper = key in UPPER
         name = UPPER.get(key) or LOWER[key]
