@@ -220,6 +220,11 @@ def m006_device_memory_pass(db: sqlite_utils.Database) -> None:
     db.execute("alter table device_measurements add column memory_pass_peak_bytes integer")
 
 
+def m007_estimates(db: sqlite_utils.Database) -> None:
+    """Estimates (`memtrack estimate`, fake tensors) beside measured figures, told apart."""
+    db.execute("alter table measurements add column kind text not null default 'measured'")
+
+
 STEPS = (
     m001_initial,
     m002_verdicts,
@@ -227,6 +232,7 @@ STEPS = (
     m004_environment_cuda,
     m005_host_tree,
     m006_device_memory_pass,
+    m007_estimates,
 )
 
 

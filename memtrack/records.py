@@ -24,6 +24,7 @@ from memtrack.units import parse_time
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "error", "timeout", "crashed")
+KINDS = ("measured", "estimate")
 
 
 @dataclass(frozen=True)
@@ -246,6 +247,9 @@ class Measurement:
     bound from samples of the processes' RSS and their own high-water marks."""
     host_tree_source: str | None = None
     """'cgroup' or 'process-group samples (lower bound)'; None when not measured."""
+    kind: str = "measured"
+    """'measured', or 'estimate': predicted under fake tensors (`memtrack estimate`), never
+    a baseline, budget figure or history point."""
 
 
 def device_peak(m: Measurement) -> int | None:
@@ -340,6 +344,8 @@ def _rules(name: str) -> dict[str, Any]:
         return {"pattern": RUN_ID_PATTERN}
     if name == "status":
         return {"enum": list(STATUSES)}
+    if name == "kind":
+        return {"enum": list(KINDS)}
     if name == "shard":
         return {"pattern": r"^[1-9][0-9]*/[1-9][0-9]*$"}
     if name in ("workload", "case_id"):

@@ -84,6 +84,9 @@ def summary_line(result: CheckResult) -> str:
     parts = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in
                       sorted(counts.items(), key=lambda kv: _ORDER.get(kv[0], 9)))
     blocking = result.blocking
+    if result.estimate_only:
+        return (f"estimate run: nothing measured, nothing judged "
+                f"({len(result.estimates)} case(s) estimated)")
     if result.context == "base":
         regressed = sum(v.kind in ("regression", "over_budget", "failed") for v in result.verdicts)
         head = (f"base branch: {regressed} regression{'s' * (regressed != 1)} reported "
@@ -100,6 +103,8 @@ def _where(result: CheckResult) -> str:
 
 
 def _baseline_line(result: CheckResult) -> str:
+    if result.estimate_only:
+        return "baseline: none (an estimate run is not compared)"
     if result.baseline_mode == "ancestry":
         how = f"at or before merge-base {(result.merge_base or '?')[:12]}"
     else:
@@ -134,12 +139,15 @@ def terminal(result: CheckResult) -> list[Any]:
                  _value(v, v.candidate_value), _delta(v), _budget(v))
         # Text, not str: case ids like 'w[batch=8]' would be read as rich markup.
         t.add_row(Text(label(v), style=_STYLE.get(v.kind, "")), *(Text(c) for c in cells))
-    out.append(t)
+    if not result.estimate_only:
+        out.append(t)
     for v in verdicts:
         out.append(Text(f"{label(v)} · {v.case_id} · {v.message}",
                         style=_STYLE.get(v.kind, "") if v.kind != "ok" else ""))
         for line in v.details:
             out.append(Text(f"    {line}", style="dim"))
+    for e in result.estimates:
+        out.append(Text(f"estimate · {e.case_id} · {e.describe()}", style="cyan"))
     out.append(Text(summary_line(result), style="bold red" if result.blocking else "bold green"))
     return out
 
@@ -193,6 +201,13 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT) -> str:
             body += [f"### {title}", "", _MD_HEAD, *(_md_row(v) for v in items), ""]
             body += [_md_item(v) for v in items]
             body.append("")
+    if result.estimates:
+        # Small: one line per estimated case, information only.
+        body += ["**Estimates** (fake tensors, `memtrack estimate`; not judged):", ""]
+        body += [f"- `{e.case_id}`: {_cell(e.describe())}" for e in result.estimates[:50]]
+        if len(result.estimates) > 50:
+            body.append(f"- _{len(result.estimates) - 50} more in the JSON report_")
+        body.append("")
     fixed = "\n".join(head + body)
     tail = "</details>\n"
     opening = (f"<details><summary>All {len(verdicts)} verdicts with their arithmetic"

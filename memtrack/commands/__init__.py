@@ -4,9 +4,10 @@ from memtrack.commands.backup import backup, export
 from memtrack.commands.check import check
 from memtrack.commands.dashboard import dashboard
 from memtrack.commands.doctor import doctor
+from memtrack.commands.estimate import estimate
 from memtrack.commands.history import history
 from memtrack.commands.ingest import ingest
 from memtrack.commands.run import run
 from memtrack.commands.show import show
 
-COMMANDS = [run, check, history, show, ingest, doctor, backup, export, dashboard]
+COMMANDS = [run, estimate, check, history, show, ingest, doctor, backup, export, dashboard]
