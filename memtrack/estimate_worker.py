@@ -47,8 +47,8 @@ def _cuda_support() -> str | None:
     else:
         why = "no CUDA generator for seeded inputs"
     return (f"this torch build has no CUDA support: torch {torch.__version__} cannot run ops "
-            f"on fake CUDA tensors ({why}); estimate with --device cpu, or install a CUDA "
-            "build of torch (no GPU needed)")
+            f"on fake CUDA tensors ({why}); estimate with --device cpu, or with a CUDA "
+            "build of torch")
 
 
 def describe(exc: BaseException) -> str:

@@ -57,10 +57,6 @@ def estimate_table(run: RunRecord) -> Table:
         t.add_column(col, justify="left" if col in ("case", "status") else "right")
     labels = short_case_labels(m.case_id for m in run.measurements)
     for m in run.measurements:
-        if m.status != "ok":
-            t.add_row(escape(labels[m.case_id]), _status(m),
-                      escape(m.message or "no message"))
-            continue
         t.add_row(
             escape(labels[m.case_id]),
             _status(m),
@@ -72,6 +68,18 @@ def estimate_table(run: RunRecord) -> Table:
             format_size(m.intermediates_bytes),
         )
     return t
+
+
+def estimate_view(run: RunRecord) -> list[Any]:
+    """The estimate table, then one line per case that could not be estimated, saying why."""
+    from rich.text import Text
+
+    out: list[Any] = [estimate_table(run)]
+    for m in run.measurements:
+        if m.status != "ok":
+            out.append(Text(f"{m.status} · {m.case_id} · {m.message or 'no message'}",
+                            style="red"))
+    return out
 
 
 def _where(run: RunRecord) -> str:

@@ -32,7 +32,7 @@ def estimate(config_path, db_path, patterns, device, dtype, json_path, no_db) ->
     Exit 0 when the estimates ran (a case that cannot be faked is recorded with the reason).
     """
     from memtrack.estimate import check_device, check_dtype, estimate_cases
-    from memtrack.report_run import estimate_table
+    from memtrack.report_run import estimate_view
 
     config, db = resolve(config_path, db_path)
     check_device(device)
@@ -59,7 +59,10 @@ def estimate(config_path, db_path, patterns, device, dtype, json_path, no_db) ->
     finally:
         if store:
             store.close()
-    rich_console().print(estimate_table(record))
+    from rich.text import Text
+
+    for r in estimate_view(record):
+        rich_console().print(r, soft_wrap=isinstance(r, Text))
     commit = (record.git.commit or "no commit")[:12]
     click.echo(f"estimate run {record.run_id} of {commit} recorded in "
                f"{', '.join(saved) or 'nothing'}")
