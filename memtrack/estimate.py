@@ -116,6 +116,8 @@ def estimate_cases(
 def estimate_case(config: Config, case: Case, device: str) -> Measurement:
     """One case's estimate, in a fresh process with the case's timeout."""
     warmup, _, timeout_s = config.settings_for(case.workload)
+    # At least one warm-up: lazily made state (an optimizer's) is part of the peak.
+    warmup = max(1, warmup)
     with tempfile.TemporaryDirectory(prefix="memtrack-estimate-") as tmp:
         result_path = Path(tmp) / "result.json"
         spec = {
@@ -125,8 +127,7 @@ def estimate_case(config: Config, case: Case, device: str) -> Measurement:
             "params": case.params,
             "seed": case.seed,
             "device": device,
-            # At least one warm-up: lazily made state (an optimizer's) is part of the peak.
-            "warmup": max(1, warmup),
+            "warmup": warmup,
             "repeats": MEASURED_STEPS,
             "data_dir": str(config.root / "data"),
             "result_path": str(result_path),
@@ -156,8 +157,8 @@ def estimate_case(config: Config, case: Case, device: str) -> Measurement:
         seed=case.seed,
         device=device,
         dtype=str(case.params.get("dtype", "float32")),
-        warmup=spec["warmup"],
-        repeats=spec["repeats"],
+        warmup=warmup,
+        repeats=MEASURED_STEPS,
         status=status,
         message=redact(message),
         traceback=redact(d.get("traceback")),
@@ -173,12 +174,4 @@ _FIGURES = ("framework", "peak_allocated_bytes", "persistent_bytes", "allocated_
             "categories")
 
 
-def ratio(estimate: int | None, measured: int | None) -> float | None:
-    """estimate / measured, where both are known and measured is not zero."""
-    if estimate is None or not measured:
-        return None
-    return estimate / measured
-
-
-__all__ = ["check_device", "check_dtype", "estimate_case", "estimate_cases", "ratio",
-           "with_dtype"]
+__all__ = ["check_device", "check_dtype", "estimate_case", "estimate_cases", "with_dtype"]

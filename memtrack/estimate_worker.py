@@ -94,11 +94,18 @@ def _fake_module_support(mode: Any) -> Iterator[None]:
     memo = mode.fake_tensor_converter.meta_converter.tensor_memo
     swap = torch.utils.swap_tensors
 
+    def forget(t: Any) -> None:
+        # The memo's references know their keys: no scan of the memo per parameter. (A
+        # function of its own: the references it held are gone when it returns.)
+        for ref in weakref.getweakrefs(t):
+            key = getattr(ref, "key", None)
+            if isinstance(ref, weakref.KeyedRef) and memo.data.get(key) is ref:
+                del memo.data[key]
+
     def swap_tensors(t1: Any, t2: Any) -> Any:
         for t in (t1, t2):
-            if isinstance(t, FakeTensor) and weakref.getweakrefcount(t):
-                for key in [k for k, ref in list(memo.data.items()) if ref() is t]:
-                    memo.pop(key, None)
+            if isinstance(t, FakeTensor):
+                forget(t)
         return swap(t1, t2)
 
     class DeepcopyInMode(TorchFunctionMode):

@@ -180,13 +180,13 @@ def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = Non
             t.add_row("estimated peak", f"{format_size(m.peak_allocated_bytes)} for {m.device}, "
                                         f"{m.dtype} ({m.framework or 'fake tensors'})")
         elif m.case_id in estimates:
-            e = estimates[m.case_id]
-            r = (e["peak_allocated_bytes"] / m.peak_allocated_bytes
+            est = estimates[m.case_id]
+            r = (est["peak_allocated_bytes"] / m.peak_allocated_bytes
                  if m.peak_allocated_bytes else None)
             ratio = f", estimate / measured {r:.3f}" if r is not None else ""
-            t.add_row("estimate", f"{format_size(e['peak_allocated_bytes'])} (estimate run "
-                                  f"{e['run_id'][:12]} of {(e['git_commit'] or 'no commit')[:12]}"
-                                  f"); measured framework peak "
+            commit = (est["git_commit"] or "no commit")[:12]
+            t.add_row("estimate", f"{format_size(est['peak_allocated_bytes'])} (estimate run "
+                                  f"{est['run_id'][:12]} of {commit}); measured framework peak "
                                   f"{format_size(m.peak_allocated_bytes)}{ratio}")
         for label, value in (
             ("weights", m.weights_bytes),
