@@ -172,9 +172,9 @@ def test_check_shows_the_estimate_beside_the_measured_figure_and_never_judges_it
     assert [r["run_id"] for r in history] == [measured.run_id]
 
 
-def test_an_estimate_on_main_is_never_a_baseline(tmp_path, monkeypatch):
-    """Estimates of a 100 MiB case on main, then a PR measured at 200 MiB: with the
-    estimates as a baseline that is a regression; without, the case is new."""
+def _estimates_on_main(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A repository whose main holds three estimate runs of a 100 MiB case, and nothing
+    measured."""
     repo = init_repo(tmp_path / "repo")
     db = tmp_path / "memtrack.db"
     (repo / "memtrack.toml").write_text('base_branch = "main"\nmin_baseline_runs = 1\n')
@@ -185,6 +185,13 @@ def test_an_estimate_on_main_is_never_a_baseline(tmp_path, monkeypatch):
         for minute in range(3):
             store.write_run(make_run(estimate, commit=base, branch="main",
                                      started_at=f"2026-01-01T00:0{minute}:00+00:00"))
+    return repo, db, base
+
+
+def test_an_estimate_on_main_is_never_a_baseline(tmp_path, monkeypatch):
+    """Estimates of a 100 MiB case on main, then a PR measured at 200 MiB: with the
+    estimates as a baseline that is a regression; without, the case is new."""
+    repo, db, base = _estimates_on_main(tmp_path)
     monkeypatch.chdir(repo)
     res = _invoke(repo, "check", "--db", str(db))
     assert res.exit_code == 0, res.output
@@ -207,6 +214,37 @@ def test_an_estimate_on_main_is_never_a_baseline(tmp_path, monkeypatch):
         marks = queries.series(store.conn, "decoder[batch=1]", kind="estimate")
     assert [r["git_commit"] for r in series] == [pr]
     assert len(marks) == 3 and {r["kind"] for r in marks} == {"estimate"}
+
+
+def test_history_marks_estimates_apart_from_the_series(tmp_path, monkeypatch):
+    pytest.importorskip("streamlit")
+    import json
+    import sys
+
+    from streamlit.testing.v1 import AppTest
+
+    repo, db, _ = _estimates_on_main(tmp_path)
+    with Store.open(db) as store:
+        for minute in (10, 11):
+            store.write_run(make_run([make_measurement(peak=200 * MiB)], branch="main",
+                                     started_at=f"2026-01-01T00:{minute}:00+00:00"))
+    app = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+    monkeypatch.setattr(sys, "argv", [str(app), "--db", str(db),
+                                      "--config", str(repo / "memtrack.toml")])
+    at = AppTest.from_file(str(app), default_timeout=60)
+    at.query_params["page"] = "history"
+    at.query_params["case"] = "decoder[batch=1]"
+    at = at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    values = {layer.get("mark", {}).get("type"): layer["data"]["values"]
+              for layer in spec["layer"] if "values" in layer.get("data", {})
+              and layer["data"]["values"] and "bytes" in layer["data"]["values"][0]}
+    # The series: the two measured runs only; the estimates: three marks of their own.
+    assert [v["bytes"] for v in values["line"]] == [200 * MiB, 200 * MiB]
+    assert [(v["kind"], v["bytes"]) for v in values["point"]] == [("estimate", 100 * MiB)] * 3
+    assert "estimates (fake tensors, not measured)" in "\n".join(
+        str(c.value) for c in at.caption)
 
 
 def _weights(run, workload: str) -> int:
