@@ -245,6 +245,14 @@ def test_history_marks_estimates_apart_from_the_series(tmp_path, monkeypatch):
     assert [(v["kind"], v["bytes"]) for v in values["point"]] == [("estimate", 100 * MiB)] * 3
     assert "estimates (fake tensors, not measured)" in "\n".join(
         str(c.value) for c in at.caption)
+    with Store.open(db, readonly=True) as store:
+        oldest = store.run_ids()[-1]
+    at = AppTest.from_file(str(app), default_timeout=60)
+    at.query_params["page"] = "run-detail"
+    at.query_params["run"] = oldest
+    at = at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("An estimate run" in str(i.value) for i in at.info)
 
 
 def _weights(run, workload: str) -> int:
