@@ -216,6 +216,29 @@ def test_an_estimate_on_main_is_never_a_baseline(tmp_path, monkeypatch):
     assert len(marks) == 3 and {r["kind"] for r in marks} == {"estimate"}
 
 
+def test_history_of_the_base_branch_has_no_estimate_in_it(tmp_path, monkeypatch):
+    """Five measured commits at 100 MiB on main, then estimates of 200 MiB on two more:
+    as points of the series they would be a step and a creep."""
+    repo = init_repo(tmp_path / "repo")
+    db = tmp_path / "memtrack.db"
+    (repo / "memtrack.toml").write_text('base_branch = "main"\ncreep_anchor = 6\n')
+    with Store.open(db) as store:
+        for i in range(7):
+            (repo / "f.txt").write_text(str(i))
+            stamp = f"2026-01-01T00:{i:02d}:00+00:00"
+            monkeypatch.setenv("GIT_COMMITTER_DATE", stamp)
+            monkeypatch.setenv("GIT_AUTHOR_DATE", stamp)
+            sha = commit_all(repo, f"change {i}")
+            m = make_measurement(peak=100 * MiB)
+            if i >= 5:
+                m = dataclasses.replace(make_measurement(peak=200 * MiB), kind="estimate")
+            store.write_run(make_run([m], commit=sha, branch="main", started_at=stamp))
+    monkeypatch.chdir(repo)
+    res = _invoke(repo, "check", "--db", str(db), "--history")
+    assert res.exit_code == 0, res.output
+    assert "0 step(s)" in res.output and "200.00 MiB" not in res.output
+
+
 def test_history_marks_estimates_apart_from_the_series(tmp_path, monkeypatch):
     pytest.importorskip("streamlit")
     import json
