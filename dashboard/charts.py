@@ -26,6 +26,7 @@ MARKER_COLORS = {
     "regression": "#d62728", "over_budget": "#d62728", "failed": "#d62728",
     "time_regression": "#ff9896", "improvement": "#2ca02c", "accepted": "#e377c2",
     "noisy": "#bcbd22", "environment_changed": "#8c564b", "new": "#17becf",
+    "estimate": "#9467bd",
 }
 OTHER_BRANCHES = "other branches"
 BREAKDOWN = (

@@ -119,11 +119,17 @@ def history(
         verdicts = queries.verdicts_for_runs(s.conn, [r["run_id"] for r in rows],
                                              case_id=case_id)
         latest = queries.latest_verdicts(s.conn, case_id)
+        estimates = queries.series(s.conn, case_id, branches=branches,
+                                   fingerprints=fingerprints, since=since, until=until,
+                                   limit=limit, kind="estimate")
+    for r in estimates:
+        r["x"] = r["started_at"]
     for r in rows:
         on_base = r["git_branch"] == base_branch
         r["x"] = (r.get("git_committed_at") or r["started_at"]) if on_base else r["started_at"]
     line = [r for r in rows if r["git_branch"] == base_branch] or rows
     return {"rows": rows, "verdicts": verdicts, "latest_verdicts": latest,
+            "estimates": [r for r in estimates if r["status"] == "ok"],
             "on_base": line is not rows,
             "steps": {m: model.steps(line, m, factor) for m in model.CHART_METRICS}}
 

@@ -32,7 +32,7 @@ _MEASUREMENT_COLUMNS = (
     "peak_allocated_bytes", "peak_reserved_bytes", "peak_requested_bytes",
     "device_peak_bytes", "host_peak_rss_bytes", "host_bytes", "host_step_bytes",
     "load_host_bytes", "disk_bytes",
-    "time_median_s", "time_p95_s", "time_min_s",
+    "time_median_s", "time_p95_s", "time_min_s", "kind",
 )
 _RUN_COLUMNS = ("started_at", "git_commit", "git_branch", "git_subject", "git_dirty",
                 "git_committed_at", "fingerprint", "env_id", "ci_run_url")
@@ -151,14 +151,20 @@ def series(
     until: str | None = None,
     limit: int = 500,
     size: int | None = None,
+    kind: str = "measured",
 ) -> list[dict[str, Any]]:
     """A case's measurements with their run, newest first, at most `limit` rows.
 
     `since`/`until` bound started_at (ISO strings; `until` exclusive). `size` is the case's
-    measurement count when the caller already knows it.
+    measurement count when the caller already knows it. `kind`: 'measured' (the series),
+    or 'estimate' (`memtrack estimate`'s figures, never part of a series).
     """
-    params: dict[str, Any] = {"case": case_id, "limit": limit}
+    params: dict[str, Any] = {"case": case_id, "limit": limit, "kind": kind}
     where = []
+    if "kind" in table_columns(conn, "measurements"):
+        where.append("m.kind = :kind")
+    elif kind != "measured":  # a schema from before estimates holds none
+        return []
     if len(branches) == 1:
         where.append("r.git_branch = :branch")
         params["branch"] = branches[0]

@@ -220,6 +220,11 @@ def m006_device_memory_pass(db: sqlite_utils.Database) -> None:
     db.execute("alter table device_measurements add column memory_pass_peak_bytes integer")
 
 
+def m007_estimates(db: sqlite_utils.Database) -> None:
+    """Estimates (`memtrack estimate`, fake tensors) beside measured figures, told apart."""
+    db.execute("alter table measurements add column kind text not null default 'measured'")
+
+
 def m008_ranks(db: sqlite_utils.Database) -> None:
     """Each rank's own figures of a multi-rank case, one row per rank."""
     db.execute(
@@ -287,6 +292,7 @@ STEPS = (
     m004_environment_cuda,
     m005_host_tree,
     m006_device_memory_pass,
+    m007_estimates,
     m008_ranks,
     m009_quality,
     m010_loading,

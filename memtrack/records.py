@@ -25,6 +25,7 @@ from memtrack.units import parse_time
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "error", "timeout", "crashed")
 QUALITY_STATUSES = ("ok", "fail", "error", "none")
+KINDS = ("measured", "estimate")
 
 
 @dataclass(frozen=True)
@@ -343,6 +344,9 @@ class Measurement:
     quality_tolerance: dict[str, float] = field(default_factory=dict)
     """The declared tolerance: max_abs, max_rel, metric (at most); cosine, metric_min (at
     least)."""
+    kind: str = "measured"
+    """'measured', or 'estimate': predicted under fake tensors (`memtrack estimate`), never
+    a baseline, budget figure or history point."""
 
 
 def device_peak(m: Measurement) -> int | None:
@@ -476,6 +480,8 @@ def _rules(name: str) -> dict[str, Any]:
         return {"minimum": -1, "maximum": 1}
     if name == "quality_reference_sha256":
         return {"pattern": SHA256_PATTERN}
+    if name == "kind":
+        return {"enum": list(KINDS)}
     if name == "shard":
         return {"pattern": r"^[1-9][0-9]*/[1-9][0-9]*$"}
     if name in ("workload", "case_id"):

@@ -105,6 +105,9 @@ def summary_line(result: CheckResult) -> str:
     parts = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in
                       sorted(counts.items(), key=lambda kv: _ORDER.get(kv[0], 9)))
     blocking = result.blocking
+    if result.estimate_only:
+        return (f"estimate run: nothing measured, nothing judged "
+                f"({len(result.estimates)} case(s) estimated)")
     if result.context == "base":
         regressed = sum(v.kind in ("regression", "over_budget", "failed", "quality")
                         for v in result.verdicts)
@@ -122,6 +125,8 @@ def _where(result: CheckResult) -> str:
 
 
 def _baseline_line(result: CheckResult) -> str:
+    if result.estimate_only:
+        return "baseline: none (an estimate run is not compared)"
     if result.baseline_mode == "ancestry":
         how = f"at or before merge-base {(result.merge_base or '?')[:12]}"
     else:
@@ -156,7 +161,8 @@ def terminal(result: CheckResult) -> list[Any]:
                  _value(v, v.candidate_value), _delta(v), _budget(v))
         # Text, not str: case ids like 'w[batch=8]' would be read as rich markup.
         t.add_row(Text(label(v), style=_STYLE.get(v.kind, "")), *(Text(c) for c in cells))
-    out.append(t)
+    if not result.estimate_only:
+        out.append(t)
     hinted = _hinted(verdicts)
     for i, v in enumerate(verdicts):
         out.append(Text(f"{label(v)} · {v.case_id} · {v.message}",
@@ -175,6 +181,8 @@ def terminal(result: CheckResult) -> list[Any]:
         for v, row in rows:
             q.add_row(Text(label(v), style=_STYLE.get(v.kind, "")), *(Text(c) for c in row))
         out.append(q)
+    for e in result.estimates:
+        out.append(Text(f"estimate · {e.case_id} · {e.describe()}", style="cyan"))
     out.append(Text(summary_line(result), style="bold red" if result.blocking else "bold green"))
     return out
 
@@ -290,6 +298,13 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT,
             cells = (f"{_EMOJI.get(v.kind, '')} {label(v)}", f"`{case}`",
                      against if against == "itself" else f"`{against}`", *rest)
             body.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        body.append("")
+    if result.estimates:
+        # Small: one line per estimated case, information only.
+        body += ["**Estimates** (fake tensors, `memtrack estimate`; not judged):", ""]
+        body += [f"- `{e.case_id}`: {_cell(e.describe())}" for e in result.estimates[:50]]
+        if len(result.estimates) > 50:
+            body.append(f"- _{len(result.estimates) - 50} more in the JSON report_")
         body.append("")
     fixed = "\n".join(head + body)
     tail = "</details>\n"

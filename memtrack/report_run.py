@@ -45,6 +45,47 @@ def run_table(run: RunRecord) -> Table:
     return t
 
 
+def is_estimate_run(run: RunRecord) -> bool:
+    """Every case of the run is an estimate (`memtrack estimate`), none measured."""
+    return bool(run.measurements) and all(m.kind == "estimate" for m in run.measurements)
+
+
+def estimate_table(run: RunRecord) -> Table:
+    """One line per case: the estimated peak and its parts, or why it could not be made."""
+    m0 = run.measurements[0] if run.measurements else None
+    target = f" · for {m0.device}" if m0 else ""
+    t = Table(title=f"estimate run {run.run_id[:12]} · {_where(run)}{target} · "
+                    "fake tensors, not measured", title_justify="left")
+    for col in ("case", "status", "estimated peak", "weights", "caches", "gradients",
+                "optimizer state", "intermediates"):
+        t.add_column(col, justify="left" if col in ("case", "status") else "right")
+    labels = short_case_labels(m.case_id for m in run.measurements)
+    for m in run.measurements:
+        t.add_row(
+            escape(labels[m.case_id]),
+            _status(m),
+            format_size(m.peak_allocated_bytes),
+            format_size(m.weights_bytes),
+            format_size(m.caches_bytes),
+            format_size(m.gradients_bytes),
+            format_size(m.optimizer_state_bytes),
+            format_size(m.intermediates_bytes),
+        )
+    return t
+
+
+def estimate_view(run: RunRecord) -> list[Any]:
+    """The estimate table, then one line per case that could not be estimated, saying why."""
+    from rich.text import Text
+
+    out: list[Any] = [estimate_table(run)]
+    for m in run.measurements:
+        if m.status != "ok":
+            out.append(Text(f"{m.status} · {m.case_id} · {m.message or 'no message'}",
+                            style="red"))
+    return out
+
+
 def _where(run: RunRecord) -> str:
     g, e = run.git, run.environment
     commit = (g.commit or "no commit")[:12] + (" (dirty)" if g.dirty else "")
@@ -112,8 +153,12 @@ def cudnn_version(value: str | None) -> str | None:
     return f"{major}.{rest // 100}.{rest % 100}"
 
 
-def run_detail(run: RunRecord) -> list[Any]:
-    """The run's context, then one block per case."""
+def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = None
+               ) -> list[Any]:
+    """The run's context, then one block per case. `estimates` (case id -> the store's
+    `latest_estimates` row) puts each measured case's estimate beside its framework peak."""
+    estimate_run = is_estimate_run(run)
+    estimates = estimates or {}
     g, ci, e = run.git, run.ci, run.environment
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
@@ -136,15 +181,28 @@ def run_detail(run: RunRecord) -> list[Any]:
         ("variables", ", ".join(f"{k}={v}" for k, v in e.env_vars.items()) or None),
     ):
         head.add_row(k, "-" if v is None else escape(str(v)))
-    blocks: list[Any] = [head, run_table(run)]
+    blocks: list[Any] = [head, estimate_table(run) if estimate_run else run_table(run)]
     for m in run.measurements:
-        t = Table(title=escape(m.case_id), title_justify="left", show_header=False)
+        title = m.case_id + (" (estimate, not measured)" if m.kind == "estimate" else "")
+        t = Table(title=escape(title), title_justify="left", show_header=False)
         t.add_column(style="bold")
         t.add_column()
         t.add_row("params", ", ".join(f"{k}={v}" for k, v in m.params.items()))
         t.add_row("counts", f"seed {m.seed}, warm-up {m.warmup}, repeats {m.repeats}")
         if m.message:
             t.add_row("message", escape(m.message))
+        if m.kind == "estimate":
+            t.add_row("estimated peak", f"{format_size(m.peak_allocated_bytes)} for {m.device}, "
+                                        f"{m.dtype} ({m.framework or 'fake tensors'})")
+        elif m.case_id in estimates:
+            est = estimates[m.case_id]
+            r = (est["peak_allocated_bytes"] / m.peak_allocated_bytes
+                 if m.peak_allocated_bytes else None)
+            ratio = f", estimate / measured {r:.3f}" if r is not None else ""
+            commit = (est["git_commit"] or "no commit")[:12]
+            t.add_row("estimate", f"{format_size(est['peak_allocated_bytes'])} (estimate run "
+                                  f"{est['run_id'][:12]} of {commit}); measured framework peak "
+                                  f"{format_size(m.peak_allocated_bytes)}{ratio}")
         for label, value in (
             ("weights", m.weights_bytes),
             ("intermediates", m.intermediates_bytes),
@@ -153,12 +211,13 @@ def run_detail(run: RunRecord) -> list[Any]:
             ("workspace/runtime", m.workspace_bytes),
         ):
             t.add_row(label, format_size(value))
-        source = f" ({m.host_peak_source})" if m.host_peak_source else ""
-        t.add_row("host peak", f"{format_size(m.host_peak_rss_bytes)}{source}")
-        if m.load_duration_s is not None:
-            t.add_row("loading", escape(loading_line(m)))
-        t.add_row("device view",
-                  escape(m.device_view or f"absent: {m.device_view_note or 'no reason recorded'}"))
+        if m.kind != "estimate":
+            source = f" ({m.host_peak_source})" if m.host_peak_source else ""
+            t.add_row("host peak", f"{format_size(m.host_peak_rss_bytes)}{source}")
+            if m.load_duration_s is not None:
+                t.add_row("loading", escape(loading_line(m)))
+            t.add_row("device view", escape(
+                m.device_view or f"absent: {m.device_view_note or 'no reason recorded'}"))
         if m.quality_status is not None:
             t.add_row("quality", escape(f"{m.quality_status} against {m.quality_reference}: "
                                         f"{m.quality_message or '-'}"))

@@ -170,12 +170,17 @@ def _execute(
     device: str,
     interval_s: float,
     visible_uuids: tuple[str, ...] = (),
+    *,
+    worker: str = "memtrack.worker",
+    sample: bool = True,
 ) -> CaseOutcome:
-    sampler = _start_sampler(interval_s, visible_uuids) if device == "cuda" else None
+    """Run `worker` (a module run with SPEC and this PID) until it ends or times out; with
+    `sample`, the NVML sampler watches it on CUDA."""
+    sampler = _start_sampler(interval_s, visible_uuids) if sample and device == "cuda" else None
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "memtrack.worker", str(spec_path), str(os.getpid())],
+            [sys.executable, "-m", worker, str(spec_path), str(os.getpid())],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,

@@ -44,6 +44,10 @@ BUSY_TIMEOUT_S = 30.0
 _BATCH = 500
 """Records buffered before their rows are written with executemany (inside one transaction)."""
 
+MEASURED_RUN = ("and exists (select 1 from measurements x where x.run_id = runs.run_id "
+                "and x.kind = 'measured')")
+"""SQL: the run (of table `runs`, unaliased) measured something: it is not an estimate run."""
+
 last_path: Path | None = None
 """The database this process opened last: the CLI names it when an SQLite error escapes."""
 
@@ -513,11 +517,14 @@ class Store:
                 quality_tolerance=m.quality_tolerance or {},  # NULL in rows from before m009
             )
 
-    def run_ids(self, *, commit: str | None = None, limit: int = 50) -> list[str]:
-        """Run ids, newest first; only those of `commit` (a SHA prefix) when given."""
+    def run_ids(self, *, commit: str | None = None, limit: int = 50,
+                measured: bool = False) -> list[str]:
+        """Run ids, newest first; only those of `commit` (a SHA prefix) when given; with
+        `measured`, only runs that measured something (not estimate runs)."""
         if commit:
+            only = MEASURED_RUN if measured else ""
             rows = self.conn.execute(
-                "select run_id from runs where substr(git_commit, 1, ?) = ? "
+                f"select run_id from runs where substr(git_commit, 1, ?) = ? {only} "
                 "order by started_at desc limit ?",
                 [len(commit), commit.lower(), limit],
             )
@@ -535,6 +542,7 @@ class Store:
             "select m.*, r.started_at, r.git_commit, r.git_branch, r.git_subject, r.git_dirty, "
             "r.fingerprint from measurements m join runs r on r.run_id = m.run_id "
             "where (m.case_id = :p or substr(m.case_id, 1, :n1) = :p || '[') "
+            "and m.kind = 'measured' "  # an estimate is no point of a series
         )
         if branch:
             sql += "and r.git_branch = :b "
@@ -542,6 +550,24 @@ class Store:
         params = {"p": pattern, "n1": len(pattern) + 1, "b": branch, "n": limit}
         rows = self.conn.execute(sql, params).fetchall()
         return [dict(r) for r in rows]
+
+    def latest_estimates(self, case_ids: Iterable[str],
+                         commit: str | None = None) -> dict[str, dict[str, Any]]:
+        """Per case id, its estimate (`memtrack estimate`) of `commit` if there is one, else
+        its newest: run_id, git_commit, started_at, peak_allocated_bytes. Cases never
+        estimated (successfully) are left out."""
+        out = {}
+        for case in case_ids:
+            row = self.conn.execute(
+                "select m.run_id, r.git_commit, r.started_at, m.peak_allocated_bytes "
+                "from measurements m join runs r on r.run_id = m.run_id "
+                "where m.case_id = ? and m.kind = 'estimate' and m.status = 'ok' "
+                "and m.peak_allocated_bytes is not null "
+                "order by coalesce(r.git_commit = ?, 0) desc, r.started_at desc, m.id desc "
+                "limit 1", [case, commit]).fetchone()
+            if row is not None:
+                out[case] = dict(row)
+        return out
 
     def case_ids(self) -> list[str]:
         return [

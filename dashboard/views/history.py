@@ -108,6 +108,17 @@ def _failure_marks(rows_old_first: list[dict[str, Any]], metric: str) -> list[di
     return out
 
 
+def _estimate_marks(estimates: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """`memtrack estimate`'s figures: marks of their own on the framework view (the figure
+    they predict), never points of the series."""
+    if metric != "allocated":
+        return []
+    return [{"x": e["x"], "bytes": e["peak_allocated_bytes"], "kind": "estimate",
+             "commit": short(e["git_commit"]),
+             "message": f"estimate for {e['device']} (fake tensors), not measured"}
+            for e in estimates if e.get("peak_allocated_bytes") is not None]
+
+
 def _verdict_marks(by_run: dict[str, dict[str, Any]], verdicts: list[dict[str, Any]],
                    metric: str) -> list[dict[str, Any]]:
     out = []
@@ -182,7 +193,9 @@ def render(ctx: Context) -> None:
     line_old_first = [r for r in old_first if not on_base or r["git_branch"] == base]
     by_run = {r["run_id"]: r for r in rows}
     env_changes = _env_changes(ctx, line_old_first)
-    x_axis = charts.time_axis([r["x"] for r in rows])
+    estimates = hist.get("estimates", [])
+    times = [r["x"] for r in rows] + [e["x"] for e in estimates]
+    x_axis = charts.time_axis(times)
     moved_by_view: dict[str, list[model.Step]] = {}
     envs = {e: model.env_short(ctx.env(e)) for e in {r["env_id"] for r in rows}}
     for metric in views or []:
@@ -201,10 +214,11 @@ def render(ctx: Context) -> None:
         line = [p for p in points if p["line"] == "base"]
         band = _band(ctx, hist["latest_verdicts"], metric, line, moved)
         marks = (_failure_marks(old_first, metric)
-                 + _verdict_marks(by_run, hist["verdicts"], metric))
+                 + _verdict_marks(by_run, hist["verdicts"], metric)
+                 + _estimate_marks(estimates, metric))
         st.vega_lite_chart(charts.view_panel(metric, points, x_axis, budget, band, marks,
                                              [{"x": e["x"], "change": e["change"]}
-                                              for e in env_changes], [r["x"] for r in rows]),
+                                              for e in env_changes], times),
                            width="stretch")
     captions = [f"{len(rows)} runs; {esc(base)} as a line in commit order"
                 + (", other branches as separate ◇ points" if len(on_base) < len(rows) else "")]
@@ -212,7 +226,9 @@ def render(ctx: Context) -> None:
         captions.append("dashed red: the budget")
     captions.append("green band: the justified headroom of the latest verdict, over the "
                     "current level")
-    captions.append("▼ failures (at the level last seen) and verdicts")
+    captions.append("▼ failures (at the level last seen) and verdicts"
+                    + (", estimates (fake tensors, not measured) on the framework view"
+                       if estimates else ""))
     if env_changes:
         captions.append("brown rules: environment changes")
     st.caption(" · ".join(captions) + ". Each view has its own scale. Drag to pan, scroll to "

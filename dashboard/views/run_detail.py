@@ -126,6 +126,9 @@ def render(ctx: Context) -> None:
         f"{len(ms)} case{'s' * (len(ms) != 1)}"
         + (f" · **{len(failed)} failed**" if failed else "")
     )
+    if ms and all(m.get("kind") == "estimate" for m in ms):
+        st.info("An estimate run (`memtrack estimate`, fake tensors): its figures are "
+                "predicted tensor memory, not measured, and never judged.")
     for m in failed:
         st.error(f"{esc(m['case_id'])} **{esc(m['status'])}**: "
                  f"{esc(m.get('message') or 'no message', 500)}")

@@ -4,6 +4,7 @@ from memtrack.commands.backup import backup, export
 from memtrack.commands.check import check
 from memtrack.commands.dashboard import dashboard
 from memtrack.commands.doctor import doctor
+from memtrack.commands.estimate import estimate
 from memtrack.commands.history import history
 from memtrack.commands.ingest import ingest
 from memtrack.commands.reference import reference
@@ -11,5 +12,5 @@ from memtrack.commands.run import run
 from memtrack.commands.show import show
 from memtrack.commands.snapshot import snapshot
 
-COMMANDS = [run, reference, check, history, show, snapshot, ingest, doctor, backup, export,
-            dashboard]
+COMMANDS = [run, estimate, reference, check, history, show, snapshot, ingest, doctor, backup,
+            export, dashboard]

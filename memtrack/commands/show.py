@@ -16,11 +16,14 @@ from memtrack.store import Store
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the whole record as JSON.")
 def show(run_id, config_path, db_path, as_json) -> None:
-    """Show one run: where it ran, and every case's figures."""
+    """Show one run: where it ran, and every case's figures (an estimate run's labelled as
+    estimates; a measured case beside its latest estimate)."""
     _, db = resolve(config_path, db_path)
     with Store.open(db, readonly=True) as store:
         record = store.get_run(run_id)
+        measured = [m.case_id for m in record.measurements if m.kind == "measured"]
+        estimates = store.latest_estimates(measured, record.git.commit) if measured else {}
     if as_json:
         click.echo(json.dumps(to_dict(record), indent=2, sort_keys=True))
     else:
-        rich_console().print(*run_detail(record))
+        rich_console().print(*run_detail(record, estimates))

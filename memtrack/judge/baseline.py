@@ -118,7 +118,7 @@ select r.run_id, r.git_commit, r.started_at, r.git_committed_at, r.env_id, r.fin
        {", ".join("m." + c for c in (*metrics.COLUMNS.values(), *COMPONENTS.values()))}
 from runs r cross join measurements m
 where r.git_branch = :branch and r.run_id != :candidate {{fingerprint}}
-  and m.case_id = :case and m.run_id = r.run_id
+  and m.case_id = :case and m.run_id = r.run_id and m.kind = 'measured'
 order by r.started_at desc
 """
 # CROSS JOIN keeps `runs` as the outer loop: newest first through the (git_branch,
@@ -261,17 +261,21 @@ class BaselineFinder:
         )
         for row in rows:
             if self._eligible(row):
-                return {
+                cases = {
                     r[0]
                     for r in self.store.conn.execute(
-                        "select case_id from measurements where run_id = ?", [row["run_id"]]
+                        "select case_id from measurements where run_id = ? "
+                        "and kind = 'measured'", [row["run_id"]]
                     )
                 }
+                if cases:  # an estimate run is no baseline run
+                    return cases
         return None
 
     def seen_anywhere(self, case_id: str) -> bool:
         row = self.store.conn.execute(
-            "select 1 from measurements where case_id = ? and run_id != ? limit 1",
+            "select 1 from measurements where case_id = ? and run_id != ? "
+            "and kind = 'measured' limit 1",
             [case_id, self.run.run_id],
         ).fetchone()
         return row is not None

@@ -35,6 +35,36 @@ from memtrack.units import format_size
 
 
 @dataclass(frozen=True)
+class Estimate:
+    """A case's estimate (`memtrack estimate`, fake tensors) beside what was measured:
+    information, never judged."""
+
+    case_id: str
+    estimate_bytes: int
+    """The predicted framework peak."""
+    run_id: str
+    """The estimate run."""
+    commit: str | None
+    measured_bytes: int | None = None
+    """The candidate's measured framework peak (allocated); None for an estimate run."""
+    budget_bytes: int | None = None
+    """A budget of the case, where one applies (shown for an estimate run)."""
+    budget_metric: str | None = None
+
+    def describe(self) -> str:
+        """'estimate 4.90 MiB (measured 4.90 MiB, +0.0%)'."""
+        text = f"estimate {format_size(self.estimate_bytes)}"
+        if self.measured_bytes:
+            pct = 100.0 * (self.estimate_bytes / self.measured_bytes - 1)
+            text += f" (measured {format_size(self.measured_bytes)}, {pct:+.2f}%)"
+        if self.budget_bytes is not None:
+            pct = 100.0 * self.estimate_bytes / self.budget_bytes if self.budget_bytes else 0.0
+            text += (f"; {self.budget_metric} budget {format_size(self.budget_bytes)} "
+                     f"({pct:.0f}% of it, information only)")
+        return text
+
+
+@dataclass(frozen=True)
 class CheckResult:
     """Everything `memtrack check` decided about one candidate run."""
 
@@ -59,6 +89,10 @@ class CheckResult:
     """'pull_request', or 'base' for a run of the base branch (never blocking)."""
     acceptances: tuple[accept.Acceptance, ...] = ()
     """The reviewed acceptances found in the commits this run adds."""
+    estimates: tuple[Estimate, ...] = ()
+    """Estimates of the candidate's cases (the same commit's, else the newest)."""
+    estimate_only: bool = False
+    """The candidate is an estimate run: nothing was measured, nothing is judged."""
 
     @property
     def blocking(self) -> tuple[Verdict, ...]:
@@ -181,7 +215,9 @@ def find_candidate(store: Store, *, run_id: str | None = None, commit: str | Non
         what = f"the current commit {commit[:12]}"
     else:
         what = f"commit {commit}"
-    ids = store.run_ids(commit=commit, limit=1)
+    # A measured run is checked; an estimate run only where the commit has nothing else.
+    ids = store.run_ids(commit=commit, limit=1, measured=True) or store.run_ids(
+        commit=commit, limit=1)
     if not ids:
         raise StoreError(f"{store.path}: no run of {what}; record one with `memtrack run` "
                          "first, or pass --run ID")
@@ -237,8 +273,9 @@ def _known_targets(store: Store, run: RunRecord, names: set[str]) -> set[str]:
     for name in names - known:
         # '\\' follows '[' in byte order: the range holds exactly the ids 'name[...'.
         if store.conn.execute(
-                "select 1 from measurements where case_id = ? or (case_id >= ? and "
-                "case_id < ?) limit 1", [name, name + "[", name + "\\"]).fetchone():
+                "select 1 from measurements where (case_id = ? or (case_id >= ? and "
+                "case_id < ?)) and kind = 'measured' limit 1",
+                [name, name + "[", name + "\\"]).fetchone():
             known.add(name)
     return known
 
@@ -251,12 +288,16 @@ def check(store: Store, config: Config, *, run_id: str | None = None,
     run = find_candidate(store, run_id=run_id, commit=commit, root=root)
     if not run.measurements:
         raise StoreError(f"run {run.run_id} has no measurements to check")
+    base = base_branch or config.base_branch
+    measured = tuple(m for m in run.measurements if m.kind == "measured")
+    if not measured:
+        return _estimate_run(store, config, run, base)
+    run = replace(run, measurements=measured)
     owners = {m.case_id: run.run_id for m in run.measurements}
     if run_id is None:
         run, owners = with_sibling_shards(store, run)
     known = _known_targets(store, run, {b.workload for b in config.budgets})
     check_budget_targets(config, known)
-    base = base_branch or config.base_branch
     context = context_of(run, base)
     finder = BaselineFinder(store, run, base, root, config.baseline_runs, owners)
     notes = list(finder.notes)
@@ -307,6 +348,11 @@ def check(store: Store, config: Config, *, run_id: str | None = None,
                                           else "")
         notes.append(f"{len(missing)} case(s) of the newest baseline run are not in this run "
                      f"(removed, or left out with -k/--shard), so not checked: {shown}")
+    found = store.latest_estimates([m.case_id for m in run.measurements], run.git.commit)
+    estimates = tuple(
+        Estimate(m.case_id, e["peak_allocated_bytes"], e["run_id"], e["git_commit"],
+                 measured_bytes=m.peak_allocated_bytes)
+        for m in run.measurements if (e := found.get(m.case_id)) and m.status == "ok")
     return CheckResult(
         case_runs=owners,
         run_id=run.run_id, commit=run.git.commit, branch=run.git.branch,
@@ -314,7 +360,35 @@ def check(store: Store, config: Config, *, run_id: str | None = None,
         merge_base=finder.merge_base, baseline_mode=finder.mode, verdicts=tuple(verdicts),
         budget_changes=tuple(changes), notes=tuple(notes),
         checked_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), context=context,
-        acceptances=tuple(acceptances),
+        acceptances=tuple(acceptances), estimates=estimates,
+    )
+
+
+def _estimate_run(store: Store, config: Config, run: RunRecord, base: str) -> CheckResult:
+    """An estimate run judged: not at all. Its figures against the budgets, as information."""
+    estimates = []
+    failed = []
+    for m in run.measurements:
+        if m.status != "ok" or m.peak_allocated_bytes is None:
+            failed.append(f"{m.case_id}: {m.status} ({m.message or 'no message'})")
+            continue
+        budgets = budgets_for(config.budgets, m, run.environment)
+        metric = "allocated" if "allocated" in budgets else next(iter(sorted(budgets)), None)
+        b = budgets.get(metric) if metric else None
+        estimates.append(Estimate(m.case_id, m.peak_allocated_bytes, run.run_id, run.git.commit,
+                                  budget_bytes=b.limit_bytes if b else None,
+                                  budget_metric=metric if b else None))
+    notes = [f"run {run.run_id[:12]} is an estimate run (`memtrack estimate`, fake tensors): "
+             "nothing was measured, so nothing is judged and nothing blocks; its figures are "
+             "shown against the budgets as information. Measure with `memtrack run`."]
+    notes += [f"estimate not made: {line}" for line in failed]
+    return CheckResult(
+        run_id=run.run_id, commit=run.git.commit, branch=run.git.branch,
+        started_at=run.started_at, fingerprint=run.environment.fingerprint, base_branch=base,
+        merge_base=run.git.merge_base, baseline_mode="none", verdicts=(), notes=tuple(notes),
+        checked_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        context=context_of(run, base), estimates=tuple(estimates), estimate_only=True,
+        case_runs={m.case_id: run.run_id for m in run.measurements},
     )
 
 
@@ -373,6 +447,7 @@ def save_verdicts(store: Store, result: CheckResult) -> int:
 
 __all__ = [
     "CheckResult",
+    "Estimate",
     "check",
     "check_budget_targets",
     "context_of",

@@ -19,7 +19,7 @@ from memtrack import metrics
 from memtrack.config import Config
 from memtrack.judge.baseline import git_output, iso_epoch
 from memtrack.judge.levels import find_steps, noise
-from memtrack.store import Store
+from memtrack.store import MEASURED_RUN, Store
 from memtrack.units import format_size
 
 
@@ -103,7 +103,8 @@ def _order(root: Path, base_branch: str, notes: list[str]) -> dict[str, int] | N
 def _series(store: Store, base_branch: str, limit: int, patterns: tuple[str, ...],
             order: dict[str, int] | None, notes: list[str]) -> tuple[str, dict[str, list[_Point]]]:
     newest = store.conn.execute(
-        "select fingerprint from runs where git_branch = ? order by started_at desc limit 1",
+        f"select fingerprint from runs where git_branch = ? {MEASURED_RUN} "
+        "order by started_at desc limit 1",
         [base_branch]).fetchone()
     if newest is None:
         return "", {}
@@ -117,9 +118,10 @@ def _series(store: Store, base_branch: str, limit: int, patterns: tuple[str, ...
     rows = store.conn.execute(
         "select r.git_commit, r.git_subject, r.started_at, r.git_committed_at, m.case_id, "
         f"{', '.join('m.' + c for c in metrics.COLUMNS.values())} "
-        "from (select * from runs where git_branch = ? and fingerprint = ? "
+        f"from (select * from runs where git_branch = ? and fingerprint = ? {MEASURED_RUN} "
         "      order by started_at desc limit ?) r "
-        "join measurements m on m.run_id = r.run_id where m.status = 'ok'",
+        "join measurements m on m.run_id = r.run_id where m.status = 'ok' "
+        "and m.kind = 'measured'",
         [base_branch, fp, limit]).fetchall()
     per: dict[tuple[str, str], list[Any]] = defaultdict(list)
     times: dict[str, float] = {}

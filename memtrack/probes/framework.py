@@ -154,7 +154,8 @@ def _optimizer_state_bytes(objects: list[Any]) -> int | None:
             for value in state.values():
                 if isinstance(value, torch.Tensor):
                     st = value.untyped_storage()
-                    storages[st.data_ptr()] = st.nbytes()
+                    # the storage's identity: fake storages (estimates) have no data pointer
+                    storages[st._cdata] = st.nbytes()
     return sum(storages.values())
 
 

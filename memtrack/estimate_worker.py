@@ -1,0 +1,208 @@
+"""One case's memory estimate, in its own process: setup, warm-up and one step under fake tensors.
+
+Started by `memtrack.estimate` as `python -m memtrack.estimate_worker SPEC.json PARENT_PID`.
+The workload runs under `FakeTensorMode`: tensors carry shapes, dtypes and devices but no
+data, so nothing is allocated and no GPU is needed. The same tensor tracker as the measured
+CPU view (MemTracker, through `MemTrackerProbe`) counts the live fake storages by category,
+so the estimate has the measured framework peak's definition: the peak of live tensor bytes
+over the measured step, the persistent set (weights, optimizer state made by the warm-up)
+included. Like the measuring worker, it writes its result file after every phase.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import traceback
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from memtrack.worker import _die_with_parent, _Result
+
+FRAMEWORK = "fake-tensor-estimate"
+
+
+class NotFakeable(Exception):
+    """The workload does something fake tensors cannot represent; the message says what."""
+
+
+def _cuda_support() -> str | None:
+    """Why this torch cannot fake CUDA tensors, or None when it can try."""
+    import torch
+
+    if torch.backends.cuda.is_built():
+        return None
+    # A CPU-only build makes an empty fake CUDA tensor, but no op on one runs (a module's
+    # initialisation fails first), and a CUDA generator (seeded inputs) cannot be made.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode():
+            torch.empty(1, device="cuda:0").uniform_()
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    else:
+        why = "no CUDA generator for seeded inputs"
+    return (f"this torch build has no CUDA support: torch {torch.__version__} cannot run ops "
+            f"on fake CUDA tensors ({why}); estimate with --device cpu, or with a CUDA "
+            "build of torch")
+
+
+def describe(exc: BaseException) -> str:
+    """One line saying what could not be faked."""
+    from torch._subclasses import fake_tensor as ft
+
+    fake_errors = (ft.DynamicOutputShapeException, ft.DataDependentOutputException,
+                   ft.UnsupportedOperatorException, ft.UnsupportedFakeTensorException)
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, fake_errors):
+        cause = cause.__cause__ or cause.__context__
+    exc = cause or exc
+    func = getattr(exc, "func", None)
+    if isinstance(exc, ft.DynamicOutputShapeException):
+        return (f"cannot be faked: {func} has a data-dependent output shape "
+                "(e.g. torch.nonzero, boolean-mask indexing, torch.unique)")
+    if isinstance(exc, ft.DataDependentOutputException):
+        return (f"cannot be faked: {func} reads a tensor's value "
+                "(e.g. .item(), .tolist(), a tensor in an `if`), which fake tensors do not hold")
+    if isinstance(exc, ft.UnsupportedOperatorException):
+        return f"cannot be faked: {func} has no fake (meta) implementation (a custom kernel?)"
+    if isinstance(exc, ft.UnsupportedFakeTensorException):
+        return f"cannot be faked: {getattr(exc, 'reason', exc)}"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:2000]
+
+
+@contextlib.contextmanager
+def _fake_module_support(mode: Any) -> Iterator[None]:
+    """What a workload's usual setup needs under fake tensors, and torch lacks.
+
+    - `module.to(device, dtype)` after construction swaps each fake parameter for a new one,
+      and a swap refuses a tensor with a weak reference: the fake mode's converter keeps one
+      to every fake tensor it made. The converter's entry is dropped just before the swap.
+    - `copy.deepcopy` of a fake tensor (`nn.TransformerEncoder` clones its layer) builds it
+      in a new fake mode, which the next op refuses to mix: here it is cloned in this mode.
+    """
+    import torch
+    import torch.utils
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.overrides import TorchFunctionMode
+
+    memo = mode.fake_tensor_converter.meta_converter.tensor_memo
+    swap = torch.utils.swap_tensors
+
+    def forget(t: Any) -> None:
+        # The memo's references know their keys: no scan of the memo per parameter. (A
+        # function of its own: the references it held are gone when it returns.)
+        for ref in weakref.getweakrefs(t):
+            key = getattr(ref, "key", None)
+            if isinstance(ref, weakref.KeyedRef) and memo.data.get(key) is ref:
+                del memo.data[key]
+
+    def swap_tensors(t1: Any, t2: Any) -> Any:
+        for t in (t1, t2):
+            if isinstance(t, FakeTensor):
+                forget(t)
+        return swap(t1, t2)
+
+    class DeepcopyInMode(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if func is torch.Tensor.__deepcopy__ and isinstance(args[0], FakeTensor):
+                tensor, copies = args
+                if id(tensor) in copies:
+                    return copies[id(tensor)]
+                with torch.no_grad():
+                    out = tensor.clone()
+                if isinstance(tensor, torch.nn.Parameter) or getattr(tensor, "_is_param", False):
+                    out = torch.nn.Parameter(out, requires_grad=tensor.requires_grad)
+                else:
+                    out.requires_grad_(tensor.requires_grad)
+                copies[id(tensor)] = out
+                return out
+            return func(*args, **kwargs)
+
+    torch.utils.swap_tensors = swap_tensors
+    try:
+        with DeepcopyInMode():
+            yield
+    finally:
+        torch.utils.swap_tensors = swap
+
+
+def estimate_case(spec: dict[str, Any], result: _Result) -> None:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memtrack.context import Context
+    from memtrack.probes.framework import MemTrackerProbe
+    from memtrack.workload import find, import_workload_module
+
+    result.update(phase="setup")
+    device = spec["device"]
+    if device == "cuda":
+        reason = _cuda_support()
+        if reason:
+            raise NotFakeable(reason)
+        device = "cuda:0"  # an explicit index: no CUDA call to find the current device
+    torch.manual_seed(spec["seed"])
+    import_workload_module(spec["module"], Path(spec["root"]))
+    wl = find(spec["workload"])
+    # Tensors a workload module made at import are real: they enter as fake constants.
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode, _fake_module_support(mode):
+        ctx = Context(spec["params"], spec["seed"], device, Path(spec["data_dir"]))
+        probe = MemTrackerProbe(ctx.device)
+        # Tags go to the tracker; outside the measured step they are dropped (the context's
+        # own bookkeeping reads data pointers, which fake storages do not have).
+        ctx.tag_hook = lambda tensors: probe.tag(tensors) or True
+        step = wl.fn(ctx)
+        if not callable(step):
+            raise TypeError(f"workload {wl.name!r} must return the step to measure, got {step!r}")
+        objects = ctx.marked_objects if ctx.marked_objects is not None else ()
+        if ctx.marked_objects is None:
+            result.data["notes"].append("no ctx.mark(): the persistent set is what setup left")
+        persistent = probe.mark(objects)
+        result.update(phase="warmup", persistent_bytes=persistent)
+        # Warm-up as measured: lazily created state (AdamW's moments) is then persistent.
+        for _ in range(spec["warmup"]):
+            ctx.new_iteration()
+            step()
+        result.update(phase="memory")
+        for _ in range(spec["repeats"]):
+            ctx.new_iteration()
+            with probe.iteration():
+                step()
+        summary = probe.summary()
+    summary["framework"] = FRAMEWORK
+    result.update(phase="done", **summary)
+
+
+def main(argv: list[str]) -> int:
+    _die_with_parent(int(argv[1]))
+    spec = json.loads(Path(argv[0]).read_text())
+    result = _Result(Path(spec["result_path"]))
+    try:
+        estimate_case(spec, result)
+    except MemoryError as exc:
+        result.update(status="oom", message=f"MemoryError: {exc}", traceback=traceback.format_exc())
+        return 0
+    except Exception as exc:
+        message = str(exc) if isinstance(exc, NotFakeable) else describe(exc)
+        result.update(status="error", message=message.splitlines()[0][:2000],
+                      traceback=traceback.format_exc()[-20000:])
+        return 0
+    result.update(status="ok")
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    import os
+
+    os._exit(code)  # skip interpreter teardown: the result is written

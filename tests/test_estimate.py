@@ -1,0 +1,356 @@
+"""`memtrack estimate`: predicted peaks under fake tensors, against `memtrack run`'s measured
+ones on the shipped examples, and kept out of everything that judges."""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from factories import CPU_ENV, MiB, commit_all, git, init_repo, make_measurement, make_run
+
+from memtrack.cli import main
+from memtrack.errors import RecordError
+from memtrack.records import run_from_dict, to_dict
+from memtrack.store import Store
+
+# The shipped examples, at params that keep the test short (the same models, smaller
+# inputs), measured once after one warm-up.
+CONFIG = """\
+modules = ["memtrack.examples", "workloads.py"]
+database = "memtrack.db"
+warmup = 1
+repeats = 1
+timeout = "5 min"
+
+[workloads.decoder_generate]
+params = {max_len = 128, new_tokens = 8}
+
+[workloads.train_step]
+params = {batch = 8}
+
+[workloads.image_classify]
+params = {resolution = 96}
+"""
+
+# Workloads whose shapes depend on tensor values: fake tensors cannot follow them.
+WORKLOADS = '''\
+import torch
+import memtrack
+
+
+@memtrack.workload()
+def keep_positive(ctx):
+    x = ctx.randn(64)
+    ctx.mark()
+    return lambda: x[torch.nonzero(x > 0).squeeze(1)].sum()
+
+
+@memtrack.workload()
+def sized_by_value(ctx):
+    x = ctx.randint(100, 4)
+    ctx.mark()
+    return lambda: torch.zeros(int(x.sum().item()) + 1)
+'''
+
+SHIPPED = ("decoder_generate", "train_step", "image_classify")
+
+
+def _invoke(repo: Path, *args: str):
+    return CliRunner().invoke(main, [*args, "--config", str(repo / "memtrack.toml")],
+                              catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory: pytest.TempPathFactory):
+    """One commit of a repository using the shipped examples (and two unfakeable
+    workloads), measured by `memtrack run` and estimated by `memtrack estimate`, both into
+    one database."""
+    repo = init_repo(tmp_path_factory.mktemp("estimate") / "repo")
+    (repo / "memtrack.toml").write_text(CONFIG)
+    (repo / "workloads.py").write_text(WORKLOADS)
+    commit_all(repo, "workloads")
+    # The unfakeable workloads are only estimated (measuring them proves nothing here).
+    measured = _invoke(repo, "run", *(arg for w in SHIPPED for arg in ("-k", w)))
+    assert measured.exit_code == 0, measured.output
+    estimated = _invoke(repo, "estimate")
+    assert estimated.exit_code == 0, estimated.output
+    with Store.open(repo / "memtrack.db", readonly=True) as store:
+        runs = [store.get_run(r) for r in store.run_ids()]
+    by_kind = {run.measurements[0].kind: run for run in runs}
+    assert len(runs) == 2 and set(by_kind) == {"measured", "estimate"}
+    return repo, by_kind["measured"], by_kind["estimate"], estimated.output
+
+
+def _case(run, workload: str, **params):
+    found = [m for m in run.measurements if m.workload == workload
+             and all(m.params.get(k) == v for k, v in params.items())]
+    assert len(found) == 1, [m.case_id for m in run.measurements]
+    return found[0]
+
+
+@pytest.mark.parametrize("workload,params", [
+    ("decoder_generate", {"sessions": 1}), ("decoder_generate", {"sessions": 4}),
+    ("train_step", {}), ("image_classify", {}),
+])
+def test_the_shipped_examples_are_estimated_within_ten_percent(suite, workload, params):
+    _, measured, estimate, _ = suite
+    m, e = _case(measured, workload, **params), _case(estimate, workload, **params)
+    assert e.case_id == m.case_id and e.kind == "estimate" and m.kind == "measured"
+    assert e.status == "ok", e.message
+    assert e.framework == "fake-tensor-estimate" and e.device == "cpu"
+    assert abs(e.peak_allocated_bytes / m.peak_allocated_bytes - 1) <= 0.10, (
+        e.peak_allocated_bytes, m.peak_allocated_bytes)
+    # The parts have the measured breakdown's names, and add up to the estimate.
+    assert e.weights_bytes == m.weights_bytes
+    parts = (e.weights_bytes, e.caches_bytes, e.gradients_bytes, e.optimizer_state_bytes,
+             e.intermediates_bytes, e.unattributed_bytes)
+    assert sum(parts) == e.peak_allocated_bytes
+
+
+def test_training_state_and_caches_are_estimated_apart(suite):
+    _, measured, estimate, _ = suite
+    m, e = _case(measured, "train_step"), _case(estimate, "train_step")
+    # AdamW's state is made by the warm-up's first step: two moments per parameter byte,
+    # and a step count per parameter.
+    assert e.optimizer_state_bytes == m.optimizer_state_bytes > 2 * e.weights_bytes
+    assert e.gradients_bytes == m.gradients_bytes
+    for sessions in (1, 4):
+        md, ed = (_case(r, "decoder_generate", sessions=sessions) for r in (measured, estimate))
+        assert ed.caches_bytes == md.caches_bytes > 0
+
+
+def test_a_data_dependent_op_is_an_error_naming_it_and_the_rest_still_estimate(suite):
+    _, measured, estimate, output = suite
+    nonzero = _case(estimate, "keep_positive")
+    assert nonzero.status == "error"
+    assert nonzero.message.startswith("cannot be faked: aten.nonzero.default has a "
+                                      "data-dependent output shape"), nonzero.message
+    item = _case(estimate, "sized_by_value")
+    assert item.status == "error"
+    assert item.message.startswith("cannot be faked: aten._local_scalar_dense.default reads "
+                                   "a tensor's value (e.g. .item()"), item.message
+    assert sum(m.status == "ok" for m in estimate.measurements) == 4
+    assert "cannot be faked: aten.nonzero.default" in output
+
+
+def test_show_labels_an_estimate_run_and_puts_the_estimate_beside_a_measured_run(suite):
+    repo, measured, estimate, _ = suite
+    db = str(repo / "memtrack.db")
+    shown = _invoke(repo, "show", estimate.run_id, "--db", db)
+    assert shown.exit_code == 0, shown.output
+    assert f"estimate run {estimate.run_id[:12]}" in shown.output
+    assert "(estimate, not measured)" in shown.output
+    assert "host peak" not in shown.output  # nothing was measured
+    shown = _invoke(repo, "show", measured.run_id, "--db", db)
+    assert shown.exit_code == 0, shown.output
+    m, e = _case(measured, "train_step"), _case(estimate, "train_step")
+    ratio = e.peak_allocated_bytes / m.peak_allocated_bytes
+    assert f"estimate / measured {ratio:.3f}" in shown.output
+    assert f"estimate run {estimate.run_id[:12]}" in shown.output
+
+
+def test_check_shows_the_estimate_beside_the_measured_figure_and_never_judges_it(suite):
+    repo, measured, estimate, _ = suite
+    db = str(repo / "memtrack.db")
+    # Without --run: the commit's measured run is checked, not its newer estimate run.
+    res = _invoke(repo, "check", "--db", db, "--no-record")
+    assert res.exit_code == 0, res.output
+    assert f"run {measured.run_id[:12]}" in res.output
+    m, e = _case(measured, "image_classify"), _case(estimate, "image_classify")
+    pct = 100.0 * (e.peak_allocated_bytes / m.peak_allocated_bytes - 1)
+    assert f"estimate · {m.case_id} · estimate " in res.output
+    assert f"(measured {m.peak_allocated_bytes / MiB:.2f} MiB, {pct:+.2f}%)" in res.output
+    res = _invoke(repo, "check", "--db", db, "--run", estimate.run_id, "--no-record")
+    assert res.exit_code == 0, res.output
+    assert "is an estimate run" in res.output and "nothing is judged" in res.output
+    assert "estimate run: nothing measured, nothing judged (4 case(s) estimated)" in res.output
+    with Store.open(repo / "memtrack.db", readonly=True) as store:
+        history = store.history("image_classify")
+    assert [r["run_id"] for r in history] == [measured.run_id]
+
+
+def _estimates_on_main(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A repository whose main holds three estimate runs of a 100 MiB case, and nothing
+    measured."""
+    repo = init_repo(tmp_path / "repo")
+    db = tmp_path / "memtrack.db"
+    (repo / "memtrack.toml").write_text('base_branch = "main"\nmin_baseline_runs = 1\n')
+    (repo / "model.py").write_text("V = 0\n")
+    base = commit_all(repo, "main")
+    estimate = [dataclasses.replace(make_measurement(peak=100 * MiB), kind="estimate")]
+    with Store.open(db) as store:
+        for minute in range(3):
+            store.write_run(make_run(estimate, commit=base, branch="main",
+                                     started_at=f"2026-01-01T00:0{minute}:00+00:00"))
+    return repo, db, base
+
+
+def test_an_estimate_on_main_is_never_a_baseline(tmp_path, monkeypatch):
+    """Estimates of a 100 MiB case on main, then a PR measured at 200 MiB: with the
+    estimates as a baseline that is a regression; without, the case is new."""
+    repo, db, base = _estimates_on_main(tmp_path)
+    monkeypatch.chdir(repo)
+    res = _invoke(repo, "check", "--db", str(db))
+    assert res.exit_code == 0, res.output
+    assert "is an estimate run" in res.output
+    git(repo, "checkout", "-q", "-b", "feature")
+    (repo / "model.py").write_text("V = 1\n")
+    pr = commit_all(repo, "grow")
+    with Store.open(db) as store:
+        store.write_run(make_run([make_measurement(peak=200 * MiB)], commit=pr,
+                                 branch="feature", merge_base=base,
+                                 started_at="2026-01-01T00:10:00+00:00"))
+    res = _invoke(repo, "check", "--db", str(db))
+    assert res.exit_code == 0, res.output
+    assert "new: no baseline on main" in res.output and "regression" not in res.output
+    assert "estimate 100.00 MiB (measured 200.00 MiB, -50.00%)" in res.output
+    from dashboard import queries
+
+    with Store.open(db, readonly=True) as store:
+        series = queries.series(store.conn, "decoder[batch=1]")
+        marks = queries.series(store.conn, "decoder[batch=1]", kind="estimate")
+    assert [r["git_commit"] for r in series] == [pr]
+    assert len(marks) == 3 and {r["kind"] for r in marks} == {"estimate"}
+
+
+def test_history_of_the_base_branch_has_no_estimate_in_it(tmp_path, monkeypatch):
+    """Five measured commits at 100 MiB on main, then estimates of 200 MiB on two more:
+    as points of the series they would be a step and a creep."""
+    repo = init_repo(tmp_path / "repo")
+    db = tmp_path / "memtrack.db"
+    (repo / "memtrack.toml").write_text('base_branch = "main"\ncreep_anchor = 6\n')
+    with Store.open(db) as store:
+        for i in range(7):
+            (repo / "f.txt").write_text(str(i))
+            stamp = f"2026-01-01T00:{i:02d}:00+00:00"
+            monkeypatch.setenv("GIT_COMMITTER_DATE", stamp)
+            monkeypatch.setenv("GIT_AUTHOR_DATE", stamp)
+            sha = commit_all(repo, f"change {i}")
+            m = make_measurement(peak=100 * MiB)
+            if i >= 5:
+                m = dataclasses.replace(make_measurement(peak=200 * MiB), kind="estimate")
+            store.write_run(make_run([m], commit=sha, branch="main", started_at=stamp))
+    monkeypatch.chdir(repo)
+    res = _invoke(repo, "check", "--db", str(db), "--history")
+    assert res.exit_code == 0, res.output
+    assert "0 step(s)" in res.output and "200.00 MiB" not in res.output
+
+
+def test_history_marks_estimates_apart_from_the_series(tmp_path, monkeypatch):
+    pytest.importorskip("streamlit")
+    import json
+    import sys
+
+    from streamlit.testing.v1 import AppTest
+
+    repo, db, _ = _estimates_on_main(tmp_path)
+    with Store.open(db) as store:
+        for minute in (10, 11):
+            store.write_run(make_run([make_measurement(peak=200 * MiB)], branch="main",
+                                     started_at=f"2026-01-01T00:{minute}:00+00:00"))
+    app = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+    monkeypatch.setattr(sys, "argv", [str(app), "--db", str(db),
+                                      "--config", str(repo / "memtrack.toml")])
+    at = AppTest.from_file(str(app), default_timeout=60)
+    at.query_params["page"] = "history"
+    at.query_params["case"] = "decoder[batch=1]"
+    at = at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    values = {layer.get("mark", {}).get("type"): layer["data"]["values"]
+              for layer in spec["layer"] if "values" in layer.get("data", {})
+              and layer["data"]["values"] and "bytes" in layer["data"]["values"][0]}
+    # The series: the two measured runs only; the estimates: three marks of their own.
+    assert [v["bytes"] for v in values["line"]] == [200 * MiB, 200 * MiB]
+    assert [(v["kind"], v["bytes"]) for v in values["point"]] == [("estimate", 100 * MiB)] * 3
+    assert "estimates (fake tensors, not measured)" in "\n".join(
+        str(c.value) for c in at.caption)
+    with Store.open(db, readonly=True) as store:
+        oldest = store.run_ids()[-1]
+    at = AppTest.from_file(str(app), default_timeout=60)
+    at.query_params["page"] = "run-detail"
+    at.query_params["run"] = oldest
+    at = at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("An estimate run" in str(i.value) for i in at.info)
+
+
+def _weights(run, workload: str) -> int:
+    return _case(run, workload).categories["Parameter"]
+
+
+def test_bf16_halves_the_weights_of_a_float32_model_and_cuda_says_what_it_lacks(suite):
+    import torch
+
+    from memtrack.examples.vision import _convnet
+
+    repo, _, estimate, _ = suite
+    db = str(repo / "memtrack.db")
+    res = _invoke(repo, "estimate", "-k", "image_classify", "--dtype", "bf16", "--db", db,
+                  "--device", "cuda")
+    assert res.exit_code == 0, res.output
+    with Store.open(repo / "memtrack.db", readonly=True) as store:
+        cuda = store.get_run(store.run_ids(limit=1)[0])
+    params = sum(p.numel() for p in _convnet(16, 1000).parameters())
+    assert _weights(estimate, "image_classify") == 4 * params
+    (m,) = cuda.measurements
+    assert m.case_id.endswith("dtype=bfloat16,resolution=96,width=16]") and m.device == "cuda"
+    if torch.backends.cuda.is_built():
+        assert m.status == "ok", m.message
+        assert m.categories["Parameter"] == 2 * params
+    else:
+        assert m.status == "error"
+        assert m.message.startswith(f"this torch build has no CUDA support: torch "
+                                    f"{torch.__version__} cannot run ops on fake CUDA "
+                                    "tensors ("), m.message
+    res = _invoke(repo, "estimate", "-k", "image_classify", "--dtype", "bf16", "--db", db)
+    assert res.exit_code == 0, res.output
+    with Store.open(repo / "memtrack.db", readonly=True) as store:
+        bf16 = store.get_run(store.run_ids(limit=1)[0])
+    assert bf16.measurements[0].dtype == "bfloat16"
+    assert _weights(bf16, "image_classify") == 2 * params
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--dtype", "float33"), "--dtype: 'float33' is not one of float32, fp32,"),
+    (("--device", "tpu"), "--device: 'tpu' is not one of cpu, cuda"),
+    (("-k", "no such case"), "no case matches no such case"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
+    (tmp_path / "memtrack.toml").write_text('modules = ["memtrack.examples"]\n')
+    db = tmp_path / "m.db"
+    res = CliRunner().invoke(main, ["estimate", "--config", str(tmp_path / "memtrack.toml"),
+                                    "--db", str(db), *args])
+    assert res.exit_code == 2, res.output
+    assert message in res.output and len(res.output.strip().splitlines()) == 1
+    assert not db.exists()
+
+
+def test_a_record_of_another_kind_is_refused():
+    run = make_run([make_measurement()], env=CPU_ENV)
+    data = to_dict(run)
+    assert run_from_dict(data).measurements[0].kind == "measured"
+    data["measurements"][0]["kind"] = "guess"
+    with pytest.raises(RecordError, match="kind: 'guess' is not one of measured, estimate"):
+        run_from_dict(data)
+
+
+@pytest.mark.gpu
+def test_a_cuda_estimate_on_a_gpu_machine(tmp_path):
+    (tmp_path / "memtrack.toml").write_text(textwrap.dedent("""\
+        modules = ["memtrack.examples"]
+        [workloads.image_classify]
+        params = {resolution = 96}
+        """))
+    db = tmp_path / "m.db"
+    res = CliRunner().invoke(main, ["estimate", "--config", str(tmp_path / "memtrack.toml"),
+                                    "--db", str(db), "-k", "image_classify",
+                                    "--device", "cuda"])
+    assert res.exit_code == 0, res.output
+    with Store.open(db, readonly=True) as store:
+        (m,) = store.get_run(store.run_ids(limit=1)[0]).measurements
+    assert m.status == "ok" and m.device == "cuda" and m.kind == "estimate", m.message
+    assert m.weights_bytes > 0 and m.peak_allocated_bytes > m.weights_bytes
