@@ -73,6 +73,11 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, ft.UnsupportedFakeTensorException):
         return f"cannot be faked: {getattr(exc, 'reason', exc)}"
     text = str(exc).strip().splitlines()
+    frames = traceback.extract_tb(exc.__traceback__)
+    if any(f.filename.replace("\\", "/").endswith("torch/serialization.py") for f in frames):
+        return ("cannot be faked: the workload saves or loads a checkpoint (torch.save / "
+                "torch.load), and fake tensors hold no data to write or read "
+                f"({type(exc).__name__}: {text[0] if text else ''})")[:2000]
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:2000]
 
 

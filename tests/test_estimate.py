@@ -134,6 +134,12 @@ def test_a_data_dependent_op_is_an_error_naming_it_and_the_rest_still_estimate(s
                                    "a tensor's value (e.g. .item()"), item.message
     assert sum(m.status == "ok" for m in estimate.measurements) == 4
     assert "cannot be faked: aten.nonzero.default" in output
+    # The shipped loading example writes a real checkpoint: fake tensors have no bytes.
+    checkpoint = _case(estimate, "load_checkpoint")
+    assert checkpoint.status == "error"
+    assert checkpoint.message.startswith("cannot be faked: the workload saves or loads a "
+                                         "checkpoint (torch.save / torch.load)"), \
+        checkpoint.message
 
 
 def test_show_labels_an_estimate_run_and_puts_the_estimate_beside_a_measured_run(suite):
