@@ -6,7 +6,8 @@ from memtrack.commands.dashboard import dashboard
 from memtrack.commands.doctor import doctor
 from memtrack.commands.history import history
 from memtrack.commands.ingest import ingest
+from memtrack.commands.plan import plan
 from memtrack.commands.run import run
 from memtrack.commands.show import show
 
-COMMANDS = [run, check, history, show, ingest, doctor, backup, export, dashboard]
+COMMANDS = [run, check, plan, history, show, ingest, doctor, backup, export, dashboard]
