@@ -127,7 +127,7 @@ def judge_headroom(store: Store, run: RunRecord, config: Config, metric: str,
 def config_headroom(config: Config, why: str) -> Headroom:
     where = f"{config.path}: plan_headroom" if config.path else "plan_headroom (default)"
     return Headroom(config.plan_headroom, "config",
-                    f"{where} = {config.plan_headroom:.0%} of the predicted peak ({why})")
+                    f"{where} = {config.plan_headroom:.0%} ({why})")
 
 
 def make_plan(run: RunRecord, config: Config, store: Store | None, *, case: str, param: str,

@@ -198,4 +198,4 @@ def test_the_judges_headroom_is_used_where_the_case_has_a_baseline(tmp_path):
     p = make_plan(candidate, config, None, case="serve", param="concurrency",
                   params={"concurrency": 1}, integer=True, catalog=CATALOG, gpus=(T4,))
     assert p.headroom.source == "config" and p.headroom.fraction == 0.10
-    assert "plan_headroom (default) = 10%" in p.headroom.detail
+    assert "plan_headroom (default) = 10% (no database" in p.headroom.detail
