@@ -149,9 +149,22 @@ def make_plan(run: RunRecord, config: Config, store: Store | None, *, case: str,
                else "no database to take a baseline from")
         room = config_headroom(config, why)
     return plan(points, catalog, room, case=case, param=param, metric=metric,
-                metric_note=metric_note, integer=integer, params=params, gpus=gpus,
-                notes=notes)
+                metric_note=metric_note, integer=integer, params=params,
+                gpus=(*runner_gpus(run, ok), *gpus), notes=notes)
+
+
+def runner_gpus(run: RunRecord, ms: Sequence[Measurement]) -> tuple[Gpu, ...]:
+    """Where the sweep ran on a GPU: that GPU with the memory torch can use there (its
+    `total_memory`, measured), beside the catalog's nominal figures."""
+    if not ms or any(m.device != "cuda" for m in ms):
+        return ()
+    out: dict[tuple[str, int], Gpu] = {}
+    for g in run.environment.gpus:
+        if g.name and g.total_bytes:
+            out[(g.name, g.total_bytes)] = Gpu(f"{g.name} (this runner)", g.total_bytes,
+                                               f"{format_size(g.total_bytes)} usable")
+    return tuple(out.values())
 
 
 __all__ = ["PACKAGED_CATALOG", "choose_metric", "config_headroom", "default_catalog",
-           "find_case", "judge_headroom", "make_plan", "sweep_cases"]
+           "find_case", "judge_headroom", "make_plan", "runner_gpus", "sweep_cases"]

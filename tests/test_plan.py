@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from factories import MiB, make_measurement, make_run
+from factories import GPU_ENV, GiB, MiB, make_measurement, make_run
 
 from memtrack.config import load_config
 from memtrack.errors import ConfigError
@@ -199,3 +199,20 @@ def test_the_judges_headroom_is_used_where_the_case_has_a_baseline(tmp_path):
                   params={"concurrency": 1}, integer=True, catalog=CATALOG, gpus=(T4,))
     assert p.headroom.source == "config" and p.headroom.fraction == 0.10
     assert "plan_headroom (default) = 10% (no database" in p.headroom.detail
+
+
+def test_a_sweep_on_a_gpu_fits_the_device_view_and_adds_the_runners_own_memory():
+    """Measured on the runner's H200 (torch's total: 141 GiB): the device view must fit."""
+    run = make_run([make_measurement("serve", {"concurrency": c}, device="cuda",
+                                     peak=p * GiB, reserved=p * GiB, device_peak=p * GiB)
+                    for c, p in ((1, 10), (2, 14))], env=GPU_ENV)
+    p = make_plan(run, load_config(cwd=Path("/")), None, case="serve", param="concurrency",
+                  params={"concurrency": 1}, integer=True, catalog=CATALOG, gpus=(H100,))
+    assert p.metric == "device" and "NVML" in p.metric_note
+    runner, h100 = p.gpus
+    assert runner.gpu.name == "NVIDIA H200 (this runner)" and runner.gpu.memory_bytes == 141 * GiB
+    # peak = 6 GiB + 4 GiB x in the device view (the per-process peak)
+    # 1.1 x (6 + 4x) GiB <= 141 GiB -> x <= 30.55: 30
+    assert (runner.largest, runner.first_over) == (30, 31)
+    # 1.1 x (6 + 4x) GiB <= 80e9 B (74.51 GiB) -> x <= 15.43: 15
+    assert (h100.largest, h100.first_over) == (15, 16)
