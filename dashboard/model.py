@@ -388,8 +388,8 @@ def sweepable(cases: Iterable[str]) -> dict[str, list[str]]:
         for k, v in params.items():
             seen.setdefault(name, {}).setdefault(k, set()).add(v)
     out: dict[str, list[str]] = {}
-    for name, params in sorted(seen.items()):
-        found = [k for k, vs in params.items()
+    for name, values in sorted(seen.items()):
+        found = [k for k, vs in values.items()
                  if len(vs) >= 2 and all(number(v) is not None for v in vs)]
         if found:
             out[name] = sorted(found)

@@ -72,7 +72,7 @@ def _category_tracker(sessions: int = 1) -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.lock = threading.RLock()
-            self._mod_tracker = _SharedModules(self)
+            self._mod_tracker = _SharedModules(self)  # type: ignore[assignment]
 
         def _track(self, *args: Any) -> None:
             with self.lock:
