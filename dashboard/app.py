@@ -30,6 +30,7 @@ from dashboard.views import (  # noqa: E402
     history,
     overview,
     page_name,
+    plan,
     regressions,
     run_detail,
 )
@@ -37,7 +38,7 @@ from memtrack.config import Config, load_config  # noqa: E402
 from memtrack.errors import MemtrackError, StoreError  # noqa: E402
 
 RENDER = dict(zip(PAGES, (overview.render, history.render, regressions.render,
-                          run_detail.render, compare.render), strict=True))
+                          run_detail.render, compare.render, plan.render), strict=True))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -253,3 +253,42 @@ def breakdown_chart(measurements: Sequence[dict[str, Any]]) -> alt.Chart | None:
         # Streamlit sizes a chart to this height including its legend and axis.
         .properties(height=130 + 40 * df["case"].nunique())
     )
+
+
+def plan_chart(param: str, points: Sequence[tuple[float, int]],
+               curve: Sequence[tuple[float, float]],
+               gpus: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    """The Plan page: measured peaks against the swept value, the fitted curve, and a
+    horizontal rule at each GPU's memory. Both axes are logarithmic where the values allow
+    (a sweep doubles; GPU memory is orders of magnitude above a small case)."""
+    log_x = all(x > 0 for x, _ in points)
+    x_enc = {"field": "x", "type": "quantitative", "title": param,
+             "scale": {"type": "log" if log_x else "linear"},
+             "axis": {"format": ",.4~g"}}
+    y_enc = {"field": "gib", "type": "quantitative", "title": "peak (GiB)",
+             "scale": {"type": "log"}, "axis": {"format": ",.4~g"}}
+    gib = float(2**30)
+    layers: list[dict[str, Any]] = [
+        {"data": {"values": [{"x": x, "gib": y / gib} for x, y in curve if y > 0]},
+         "mark": {"type": "line", "color": "#1f77b4", "strokeDash": [4, 3]},
+         "encoding": {"x": x_enc, "y": y_enc}},
+        {"data": {"values": [{"x": x, "gib": y / gib, "peak": format_size(y),
+                              "bytes": f"{y:,} B"} for x, y in points]},
+         "mark": {"type": "point", "filled": True, "size": 70, "color": "#1f77b4"},
+         "encoding": {"x": x_enc, "y": y_enc,
+                      "tooltip": [_tip("x", param, type="quantitative"), _tip("peak"),
+                                  _tip("bytes")]}},
+    ]
+    if gpus:
+        rules = [{"gpu": name, "gib": memory / gib, "memory": f"{memory:,} B"}
+                 for name, memory in gpus]
+        layers += [
+            {"data": {"values": rules}, "mark": {"type": "rule", "color": "#d62728",
+                                                 "strokeDash": [6, 4]},
+             "encoding": {"y": y_enc, "tooltip": [_tip("gpu"), _tip("memory")]}},
+            {"data": {"values": rules},
+             "mark": {"type": "text", "align": "left", "dx": 4, "dy": -6, "color": "#d62728",
+                      "x": 0},
+             "encoding": {"y": y_enc, "text": {"field": "gpu"}}},
+        ]
+    return {"layer": layers, "height": 420, "width": "container", "usermeta": SVG}

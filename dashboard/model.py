@@ -348,3 +348,85 @@ def describe_status(s: CaseStatus) -> str:
     else:
         line = f"{format_size(s.value)} {label}, no budget"
     return f"{line}; {s.note}" if s.note else line
+
+
+# -- the Plan page -------------------------------------------------------------------------
+
+
+def case_params(case: str) -> tuple[str, dict[str, str]]:
+    """'serve[concurrency=4,max_len=256]' -> ('serve', {'concurrency': '4', ...}): the
+    values as the case id spells them; an id that does not parse has no params."""
+    name, bracket, rest = case.partition("[")
+    if not bracket or not rest.endswith("]"):
+        return name, {}
+    params: dict[str, str] = {}
+    for item in rest[:-1].split(","):
+        k, eq, v = item.partition("=")
+        if not eq:
+            return name, {}
+        params[k] = v
+    return name, params
+
+
+def number(text: str) -> int | float | None:
+    """A param value read as a number; None where it is not one."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def sweepable(cases: Iterable[str]) -> dict[str, list[str]]:
+    """Per workload, its numeric params that take two or more values among these cases."""
+    seen: dict[str, dict[str, set[str]]] = {}
+    for c in cases:
+        name, params = case_params(c)
+        for k, v in params.items():
+            seen.setdefault(name, {}).setdefault(k, set()).add(v)
+    out: dict[str, list[str]] = {}
+    for name, values in sorted(seen.items()):
+        found = [k for k, vs in values.items()
+                 if len(vs) >= 2 and all(number(v) is not None for v in vs)]
+        if found:
+            out[name] = sorted(found)
+    return out
+
+
+def newest_sweep(rows: Iterable[dict[str, Any]], param: str) -> dict[str, Any] | None:
+    """The newest commit that measured two or more values of `param` (the other params and
+    the environment alike): each value's newest ok figure in the view that must fit (device
+    where every point has it, else reserved, else allocated). None where no commit did."""
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        _, params = case_params(r["case_id"])
+        x = number(params.pop(param, ""))
+        if x is None:
+            continue
+        key = (r.get("git_commit"), r.get("fingerprint"), tuple(sorted(params.items())))
+        g = groups.setdefault(key, {"rows": {}, "newest": "", "others": params})
+        kept = g["rows"].get(x)
+        if kept is None or (r.get("started_at") or "") > (kept.get("started_at") or ""):
+            g["rows"][x] = r
+        g["newest"] = max(g["newest"], r.get("started_at") or "")
+    for key, g in sorted(groups.items(), key=lambda kv: kv[1]["newest"], reverse=True):
+        if len(g["rows"]) < 2:
+            continue
+        chosen = list(g["rows"].values())
+        metric = next((m for m in ("device", "reserved", "allocated")
+                       if all(metric_value(r, m) is not None for r in chosen)), None)
+        if metric is None:
+            continue
+        points = sorted((x, metric_value(r, metric) or 0) for x, r in g["rows"].items())
+        newest = max(chosen, key=lambda r: r.get("started_at") or "")
+        return {"commit": key[0], "fingerprint": key[1], "others": g["others"],
+                "metric": metric, "points": points, "device": newest.get("device"),
+                "subject": newest.get("git_subject"), "branch": newest.get("git_branch"),
+                "started_at": g["newest"]}
+    return None

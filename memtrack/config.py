@@ -86,6 +86,9 @@ class Config:
     """Growth since the anchor, as a fraction, that `--history` accepts before it flags creep."""
     max_cases: int = 1000
     """A suite larger than this is refused before anything runs (a grid typo can be huge)."""
+    plan_headroom: float = 0.10
+    """`memtrack plan`'s headroom above a predicted peak, as a fraction of it, where the case
+    has no baseline to take the gate's headroom from."""
     workloads: dict[str, WorkloadSettings] = field(default_factory=dict)
     budgets: tuple[Budget, ...] = ()
     dashboard_url: str | None = None
@@ -125,6 +128,7 @@ _TOP_KEYS = {
     "max_cases",
     "dashboard_url",
     "references",
+    "plan_headroom",
 }
 _NOT_IN_URL = set(' "<>()[]`\\')
 """Characters a link address here may not hold: they would end or break a Markdown link."""
@@ -303,6 +307,13 @@ def config_from_text(text: str, path: Path) -> Config:
     return _validate(data, path, "memtrack")
 
 
+def _plan_headroom(c: _Checker) -> float:
+    value = c.fraction("plan_headroom", 0.10)
+    if value > 1:
+        raise c.fail("plan_headroom", f"must be at most 100%, got {c.table['plan_headroom']!r}")
+    return value
+
+
 def _validate(table: Any, path: Path, prefix: str) -> Config:
     source = str(path)
     c = _Checker(source, prefix, table, _TOP_KEYS)
@@ -386,6 +397,7 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
         creep_tolerance=c.fraction("creep_tolerance", 0.01),
         noisy_above=c.fraction("noisy_above", 0.05),
         max_cases=c.count("max_cases", 1, 1000),
+        plan_headroom=_plan_headroom(c),
         workloads=workloads,
         budgets=tuple(budgets),
         dashboard_url=c.url("dashboard_url"),

@@ -6,12 +6,14 @@ import contextlib
 import hashlib
 import shutil
 import tempfile
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memtrack.errors import WorkloadError
+from memtrack.sessions import concurrency
 
 if TYPE_CHECKING:
     import torch
@@ -55,9 +57,12 @@ class Context:
         if dtype_name not in _DTYPES:
             raise WorkloadError(f"param dtype={dtype_name!r} is not one of {', '.join(_DTYPES)}")
         self.dtype: torch.dtype = getattr(torch, _DTYPES[dtype_name])
+        self.concurrency = concurrency(params)
+        """Sessions of the step that run at once (the `concurrency` param; 1 without it)."""
         self.data_dir = data_dir
         self.marked_objects: tuple[Any, ...] | None = None
         self._cache_storages: dict[int, tuple[weakref.ref[Any], int]] = {}
+        self._cache_lock = threading.Lock()  # concurrent sessions tag from their threads
         self.cache_peak_bytes = 0
         self.tag_hook: Callable[[tuple[torch.Tensor, ...]], bool] | None = None
         """Set by memtrack while a tracker measures: it takes the tags (True) or not."""
@@ -84,12 +89,15 @@ class Context:
         if self.tag_hook is not None and self.tag_hook(tensors):
             return
         # Without a tracker: the tagged storages still alive, at the largest moment seen.
-        for t in tensors:
-            storage = t.untyped_storage()
-            self._cache_storages[storage.data_ptr()] = (weakref.ref(storage), storage.nbytes())
-        alive = {k: v for k, v in self._cache_storages.items() if v[0]() is not None}
-        self._cache_storages = alive
-        self.cache_peak_bytes = max(self.cache_peak_bytes, sum(n for _, n in alive.values()))
+        with self._cache_lock:
+            for t in tensors:
+                storage = t.untyped_storage()
+                self._cache_storages[storage.data_ptr()] = (
+                    weakref.ref(storage), storage.nbytes())
+            alive = {k: v for k, v in self._cache_storages.items() if v[0]() is not None}
+            self._cache_storages = alive
+            self.cache_peak_bytes = max(self.cache_peak_bytes,
+                                        sum(n for _, n in alive.values()))
 
     @property
     def scratch_dir(self) -> Path:
@@ -117,7 +125,8 @@ class Context:
             yield
 
     def new_iteration(self) -> None:
-        self._cache_storages.clear()
+        with self._cache_lock:
+            self._cache_storages.clear()
 
     def generator(self, offset: int = 0) -> torch.Generator:
         """A generator seeded from the case's seed (plus `offset`), on the case's device."""

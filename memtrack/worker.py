@@ -90,11 +90,20 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     if rank is not None:
         ctx.rank, ctx.world_size = rank.rank, rank.world_size
     is_cuda = ctx.device.type == "cuda"
-    probe = CudaAllocatorProbe(ctx.device) if is_cuda else MemTrackerProbe(ctx.device)
+    sessions = ctx.concurrency
+    probe = (CudaAllocatorProbe(ctx.device) if is_cuda
+             else MemTrackerProbe(ctx.device, sessions))
 
     step = wl.fn(ctx)
     if not callable(step):
         raise TypeError(f"workload {wl.name!r} must return the step to measure, got {step!r}")
+    if sessions > 1:
+        # One iteration is every session done: timed, measured and warmed up alike.
+        from memtrack.sessions import Sessions
+
+        step = Sessions(step, sessions, ctx.device, probe.session_scope)
+        result.data["notes"].append(f"{sessions} concurrent sessions per iteration (threads"
+                                    + (", one CUDA stream each)" if is_cuda else ")"))
     objects = ctx.marked_objects if ctx.marked_objects is not None else ()
     if ctx.marked_objects is None:
         result.data["notes"].append("no ctx.mark(): the persistent set is what setup left")
@@ -146,7 +155,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
         result.update(phase="breakdown", **summary)
         try:
             summary["categories"] = category_breakdown(
-                step, ctx.device, objects, lambda p: _tags_to(ctx, p))
+                step, ctx.device, objects, lambda p: _tags_to(ctx, p), sessions)
         except Exception as exc:  # the allocator figures stand without it
             result.data["notes"].append(f"category breakdown unavailable: {exc}")
     quality = spec.get("quality")

@@ -37,11 +37,12 @@ def test_examples_record_a_row_per_case_with_figures_commit_and_versions(example
         run = store.get_run(run_id)
     assert {m.workload for m in run.measurements} == {
         "decoder_generate",
+        "decoder_serve",
         "train_step",
         "image_classify",
         "load_checkpoint",
     }
-    assert len(run.measurements) == 5  # decoder: 1 and 4 sessions
+    assert len(run.measurements) == 6  # decoder: 1 and 4 sessions; serving 4 at once; loading
     for m in run.measurements:
         assert m.status == "ok", m.message
         assert m.peak_allocated_bytes > 0 and m.host_peak_rss_bytes > m.peak_allocated_bytes
@@ -66,6 +67,10 @@ def test_the_breakdown_shows_caches_and_training_state(example_run):
     assert one.caches_bytes == 2 * 2 * 1 * 256 * 128 * 4
     assert four.caches_bytes == 4 * one.caches_bytes
     assert four.peak_allocated_bytes > one.peak_allocated_bytes
+    # Served: 4 sessions at once, each its own one-request cache, the weights once.
+    serve = next(m for m in run.measurements if m.workload == "decoder_serve")
+    assert serve.params["concurrency"] == 4
+    assert serve.caches_bytes == 4 * one.caches_bytes and serve.weights_bytes == one.weights_bytes
     train = next(m for m in by_case.values() if m.workload == "train_step")
     assert train.training_state_bytes >= 2 * train.weights_bytes  # AdamW's two moments at least
     assert train.categories["Optstate"] == pytest.approx(2 * train.weights_bytes, rel=0.01)

@@ -14,6 +14,7 @@ import time
 import urllib.request
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 import pytest
 from factories import CPU_ENV, GPU_ENV, MiB, make_measurement, make_run
@@ -424,7 +425,7 @@ def test_compare_across_environments_warns(app) -> None:
 
 
 @pytest.mark.parametrize("page", ["Overview", "History", "Regressions", "Run detail",
-                                  "Compare"])
+                                  "Compare", "Plan"])
 def test_every_page_renders_with_its_defaults(app, page: str) -> None:
     at = _ok(app(page=page))
     assert at.title[0].value == page
@@ -666,3 +667,72 @@ def test_history_filters_come_from_the_link(app) -> None:
     at.toggle(key="h_all").set_value(True).run()
     points = _table(_ok(at), -1)
     assert set(points["branch"]) == {"main"} and len(points) == 10
+
+
+# -- Plan -----------------------------------------------------------------------------
+
+
+def _seed_sweeps(tmp_path: Path) -> Path:
+    """serve swept over concurrency at two commits (the older with other figures), then a
+    newer commit that measured one value only; and a workload never swept."""
+    db = tmp_path / "plan.db"
+
+    def serve(c: int, peak_mib: float) -> Any:
+        return make_measurement("serve", {"concurrency": c, "max_len": 256},
+                                peak=int(peak_mib * MiB))
+
+    with Store.open(db) as store:
+        store.write_run(make_run([serve(1, 10), serve(2, 20)], commit=commit(1),
+                                 started_at="2026-01-01T12:00:00+00:00"))
+        store.write_run(make_run([serve(1, 5), serve(2, 7), serve(4, 11)], commit=commit(2),
+                                 started_at="2026-01-02T12:00:00+00:00", subject="sweep"))
+        store.write_run(make_run([serve(4, 12), make_measurement("solo", {"n": 1})],
+                                 commit=commit(3), started_at="2026-01-03T12:00:00+00:00"))
+    return db
+
+
+def test_plan_plots_the_newest_sweep_its_fit_and_the_gpus(app, tmp_path: Path) -> None:
+    db = _seed_sweeps(tmp_path)
+    at = _ok(app(db=db, page="Plan", plan_workload="serve", plan_param="concurrency"))
+    assert at.title[0].value == "Plan"
+    assert at.selectbox(key="plan_workload").options == ["serve"]  # solo varies nothing
+    (spec,) = _charts(at)
+    curve, points, rules, labels = spec["layer"]
+    # The newest commit with 2+ values: commit 2's three points, not commit 3's one.
+    assert [(p["x"], p["gib"]) for p in points["data"]["values"]] == [
+        (1, 5 / 1024), (2, 7 / 1024), (4, 11 / 1024)]
+    assert "02aaaaaaaa" in _plain(_texts(at.markdown))
+    # peak = 3 MiB + 2 MiB x, exactly: the curve passes through every point
+    assert all(abs(v["gib"] - (3 + 2 * v["x"]) / 1024) < 1e-9 for v in curve["data"]["values"])
+    assert len(rules["data"]["values"]) == 9 and rules["mark"]["type"] == "rule"
+    h200 = next(r for r in rules["data"]["values"] if r["gpu"] == "NVIDIA H200")
+    assert h200["gib"] == 141e9 / 2**30
+    table = _table(at)
+    assert list(table["GPU"])[0] == "NVIDIA T4"
+    # 1.1 x (3 MiB + 2 MiB x) <= 16e9 B -> x <= 6,934.06: 6,934
+    t4 = table.iloc[0]
+    assert t4["largest concurrency"] == "6,934" and t4["first not fitting"] == "6,935"
+
+
+def test_plan_keeps_its_choices_in_the_url_and_says_when_nothing_was_swept(
+        app, tmp_path: Path) -> None:
+    db = _seed_sweeps(tmp_path)
+    at = _ok(app(db=db, page="Plan", plan_gpus="NVIDIA T4"))
+    assert at.multiselect(key="plan_gpus").value == ["NVIDIA T4"]
+    (spec,) = _charts(at)
+    assert [r["gpu"] for r in spec["layer"][2]["data"]["values"]] == ["NVIDIA T4"]
+    # The main history: decoder at batch 1 and 8 in each run; the newest commit on main
+    # measured on the GPU, so the device view is what must fit (peak + 520 MiB).
+    at = _ok(app(page="Plan"))
+    assert at.selectbox(key="plan_workload").value == "decoder"
+    assert at.selectbox(key="plan_param").value == "batch"
+    (spec,) = _charts(at)
+    assert [(p["x"], p["gib"]) for p in spec["layer"][1]["data"]["values"]] == [
+        (1, 700 / 1024), (8, 840 / 1024)]
+    assert "device view" in _plain(_texts(at.markdown))
+    solo = tmp_path / "solo.db"
+    with Store.open(solo) as store:
+        store.write_run(make_run([make_measurement("solo", {"n": 1})]))
+    at = _ok(app(db=solo, page="Plan"))
+    assert "No workload has recorded two or more values" in _texts(at.info)
+    assert not _charts(at)

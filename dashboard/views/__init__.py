@@ -13,7 +13,7 @@ from streamlit.errors import StreamlitAPIException
 from dashboard import data, model
 from memtrack.config import Config
 
-PAGES = ("Overview", "History", "Regressions", "Run detail", "Compare")
+PAGES = ("Overview", "History", "Regressions", "Run detail", "Compare", "Plan")
 """Page names, as the page selector and the `page` query parameter spell them (any case;
 `run-detail` and `run_detail` work too)."""
 

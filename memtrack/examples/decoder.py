@@ -1,5 +1,6 @@
-"""A transformer decoder generating with a KV cache at its longest supported request,
-for several concurrent sessions (batched)."""
+"""A transformer decoder generating with a KV cache at its longest supported request:
+several sessions batched (`decoder_generate`), or served concurrently, each session a
+request of its own with its own KV cache (`decoder_serve`)."""
 
 from __future__ import annotations
 
@@ -92,3 +93,33 @@ def decoder_generate(ctx: memtrack.Context):
         return model.generate(prompt, p["new_tokens"], cache)
 
     return step
+
+
+@memtrack.workload(
+    params={
+        "concurrency": 4,
+        "max_len": 256,
+        "new_tokens": 8,
+        "d_model": 128,
+        "heads": 4,
+        "layers": 2,
+        "vocab": 1024,
+        "dtype": "float32",
+    }
+)
+def decoder_serve(ctx: memtrack.Context):
+    """`concurrency` requests at their longest supported input served at once: each session
+    generates for one request with its own KV cache, the weights shared. memtrack runs the
+    sessions overlapping (threads, a CUDA stream each), so the peak is measured, not N x one."""
+    p = ctx.params
+    model = Decoder(p["vocab"], p["d_model"], p["heads"], p["layers"], p["max_len"])
+    model = model.to(ctx.device, ctx.dtype).eval()
+    ctx.mark(model)
+    prompt = ctx.randint(p["vocab"], 1, p["max_len"] - p["new_tokens"])
+
+    def session() -> torch.Tensor:
+        cache = model.new_cache(1)
+        ctx.tag_cache(*(t for pair in cache for t in pair))
+        return model.generate(prompt, p["new_tokens"], cache)
+
+    return session

@@ -8,6 +8,8 @@ keeps its peak, `summary()` returns the figures for the Measurement.
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -23,9 +25,15 @@ class FrameworkProbe(Protocol):
 
     def summary(self) -> dict[str, Any]: ...
 
+    def session_scope(self) -> contextlib.AbstractContextManager[None]: ...
 
-def _category_tracker() -> Any:
-    return category_tracker_class()()
+
+def _category_tracker(sessions: int = 1) -> Any:
+    """A tracker instance: one session, or several sessions in threads (see below)."""
+    tracker = category_tracker_class()
+    if sessions == 1:
+        return tracker()
+    return _shared_tracker_class(tracker)()
 
 
 def category_tracker_class() -> type:
@@ -34,6 +42,10 @@ def category_tracker_class() -> type:
     Only the global peak by category is used here, so per-module statistics are reset
     instead of refused when a root module runs twice. Imported here, not at the top: a
     torch without MemTracker (before 2.5) then fails only what needs it, with this message.
+
+    With several concurrent sessions (threads) the tracker's accounting is serialised by a
+    lock, and its per-module tracking, which assumes one call stack, is replaced by one
+    that only counts each module's parameters and buffers once (see `_SharedModules`).
     """
     try:
         from torch.distributed._tools.mem_tracker import MemTracker
@@ -62,6 +74,81 @@ def category_tracker_class() -> type:
     return CategoryTracker
 
 
+def _shared_tracker_class(base: type) -> type:
+    """`base` for sessions in threads: accounting under one lock, modules counted once."""
+
+    class SharedTracker(base):  # type: ignore[valid-type,misc]
+        # Threads update one tally: every method that reads and writes it holds the lock.
+        # The ops themselves run outside it, so the sessions still overlap.
+        def __init__(self) -> None:
+            super().__init__()
+            self.lock = threading.RLock()
+            self._mod_tracker = _SharedModules(self)  # type: ignore[assignment]
+
+        def _track(self, *args: Any) -> None:
+            with self.lock:
+                super()._track(*args)
+
+        def _update_peak_stats(self, *args: Any) -> None:
+            with self.lock:
+                super()._update_peak_stats(*args)
+
+        def _update_and_maybe_create_winfos(self, *args: Any, **kwargs: Any) -> Any:
+            with self.lock:
+                return super()._update_and_maybe_create_winfos(*args, **kwargs)
+
+        def _delete_callback(self, *args: Any) -> None:
+            with self.lock:  # a storage freed in any thread
+                super()._delete_callback(*args)
+
+    return SharedTracker
+
+
+class _SharedModules:
+    """Stands in for MemTracker's module tracker when sessions run in threads.
+
+    The module tracker keeps one stack of active modules, which interleaved threads would
+    corrupt (and it refuses a root module entered twice). Only the global peak by category
+    is used here, so no module is ever 'active' (no per-module peaks) and a module's
+    parameters and buffers are counted when it first runs, as MemTracker does.
+    """
+
+    parents: frozenset[str] = frozenset()
+
+    def __init__(self, tracker: Any):
+        self.tracker = tracker
+        self.seen: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.handle: Any = None
+
+    @property
+    def is_bw(self) -> bool:
+        return torch._C._current_graph_task_id() != -1
+
+    def register_user_hooks(self, *hooks: Any) -> None:
+        pass
+
+    def clear_user_hooks(self) -> None:
+        pass
+
+    def get_known_fqn(self, module: Any) -> None:
+        return None
+
+    def _forward(self, module: Any, inputs: Any) -> None:
+        with self.tracker.lock:
+            if module not in self.seen:
+                self.seen.add(module)
+                self.tracker._track_module_params_and_buffers(module, install_grad_hooks=True)
+
+    def __enter__(self) -> _SharedModules:
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        self.handle = register_module_forward_pre_hook(self._forward)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.handle.remove()
+
+
 def trackable(objects: tuple[Any, ...]) -> list[Any]:
     return [o for o in objects if isinstance(o, (torch.nn.Module, torch.optim.Optimizer))]
 
@@ -76,9 +163,10 @@ class MemTrackerProbe:
 
     name = "memtracker"
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, sessions: int = 1):
         self.device = device
-        self.tracker = _category_tracker()
+        self.sessions = sessions
+        self.tracker = _category_tracker(sessions)
         self.samples: list[int] = []
         self.peak_snapshot: dict[str, int] = {}
         self.tracked: list[Any] = []
@@ -124,6 +212,21 @@ class MemTrackerProbe:
         self.samples.append(total)
         if total >= max(self.samples):
             self.peak_snapshot = {str(getattr(k, "value", k)): int(v) for k, v in by_device.items()}
+
+    @contextlib.contextmanager
+    def session_scope(self) -> Iterator[None]:
+        """Entered by each concurrent session's thread: the tracker, a dispatch mode, is
+        per thread, so a measured iteration's sessions each push it onto their own stack."""
+        if not self.active:
+            yield
+            return
+        from torch.utils._python_dispatch import _pop_mode, _push_mode
+
+        _push_mode(self.tracker)
+        try:
+            yield
+        finally:
+            _pop_mode()
 
     def summary(self) -> dict[str, Any]:
         cats = {k: v for k, v in self.peak_snapshot.items() if k != "Total"}
@@ -179,6 +282,10 @@ class CudaAllocatorProbe:
         torch.cuda.synchronize(self.device)
         return int(torch.cuda.memory_allocated(self.device))
 
+    def session_scope(self) -> contextlib.AbstractContextManager[None]:
+        """The allocator's counters are process-wide: sessions need nothing of their own."""
+        return contextlib.nullcontext()
+
     @contextlib.contextmanager
     def iteration(self) -> Iterator[None]:
         for i in range(torch.cuda.device_count()):
@@ -233,12 +340,21 @@ def device_uuid(props: Any) -> str | None:
 
 
 def category_breakdown(step: Any, device: torch.device, objects: tuple[Any, ...],
-                       tagging: Any) -> dict[str, int]:
+                       tagging: Any, sessions: int = 1) -> dict[str, int]:
     """One extra iteration under MemTracker, for the category breakdown on CUDA.
-    `tagging(probe)` is a context in which the workload's cache tags reach this probe."""
-    probe = MemTrackerProbe(device)
+    `tagging(probe)` is a context in which the workload's cache tags reach this probe;
+    with several `sessions`, `step` is the concurrent iteration (a `Sessions`), whose
+    threads then enter this probe's scope."""
+    probe = MemTrackerProbe(device, sessions)
     probe.mark(objects)
-    with tagging(probe), probe.iteration():
-        step()
+    previous = getattr(step, "scope", None)
+    if previous is not None:
+        step.scope = probe.session_scope
+    try:
+        with tagging(probe), probe.iteration():
+            step()
+    finally:
+        if previous is not None:
+            step.scope = previous
     torch.cuda.synchronize(device)
     return probe.summary()["categories"]

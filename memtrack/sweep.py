@@ -1,0 +1,170 @@
+"""A measured sweep of one param of one case, turned into a plan: which case, which points,
+which figure must fit, and which headroom is justified (see memtrack.plan for the fit)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from memtrack import metrics
+from memtrack.config import Config
+from memtrack.errors import ConfigError
+from memtrack.plan import Gpu, Headroom, Number, Plan, plan
+from memtrack.records import Measurement, RunRecord
+from memtrack.store import Store
+from memtrack.units import format_size
+from memtrack.workload import Case, Workload, case_id
+
+PACKAGED_CATALOG = Path(__file__).parent / "data" / "gpus.toml"
+"""The GPU catalog shipped with memtrack (the repository's data/gpus.toml is the same file)."""
+
+
+def default_catalog(config: Config) -> Path:
+    """data/gpus.toml next to the config where there is one (a team's own list), else the
+    catalog shipped in the package."""
+    local = config.root / "data" / "gpus.toml"
+    return local if local.is_file() else PACKAGED_CATALOG
+
+
+def find_case(workloads: Sequence[Workload], name: str, param: str | None = None
+              ) -> tuple[Workload, dict[str, Any]]:
+    """The workload and params a plan starts from: a case id, or a workload name whose grid
+    has one case once the swept `param` is set aside."""
+    for wl in workloads:
+        for c in wl.cases():
+            if c.case_id == name:
+                return wl, dict(c.params)
+    for wl in workloads:
+        if wl.name != name:
+            continue
+        others = {k: v for k, v in wl.params.items() if k != param}
+        grid = [k for k, v in others.items() if len(v) > 1]
+        if grid:
+            ids = sorted({case_id(wl.name, {**c.params, **({param: "..."} if param else {})})
+                          for c in wl.cases()})
+            raise ConfigError(f"{name}: has several cases ({', '.join(grid)} vary); name one "
+                              f"of: {', '.join(ids[:6])}{' ...' if len(ids) > 6 else ''}")
+        return wl, {k: v[0] for k, v in wl.params.items()}
+    known = sorted({w.name for w in workloads})
+    raise ConfigError(f"{name}: no such workload or case (workloads: {', '.join(known)})")
+
+
+def sweep_cases(wl: Workload, params: dict[str, Any], param: str,
+                values: Sequence[Number]) -> list[Case]:
+    """One case per swept value, every other param as in `params`."""
+    return [Case(wl.name, {**params, param: v}, wl.seed, wl.module) for v in values]
+
+
+_METRIC_NOTES = {
+    "device": "device view: NVML's per-process peak on the largest device (what the GPU "
+              "held, the CUDA context included)",
+    "reserved": "framework reserved (the CUDA caching allocator's segments; the device view "
+                "was not measured): the CUDA context comes on top",
+    "allocated_cuda": "framework allocated (the device view and reserved were not measured): "
+                      "the allocator's rounding and the CUDA context come on top",
+    "allocated_cpu": "framework peak of live tensors, measured on the CPU (MemTracker): on a "
+                     "GPU the CUDA context (about 300-550 MiB on current GPUs), the "
+                     "allocator's rounding and workspaces come on top; run the plan on the "
+                     "GPU for the device view",
+}
+
+
+def choose_metric(ms: Sequence[Measurement]) -> tuple[str, str]:
+    """The figure that must fit, as the gate's default budget metric: the device view where
+    every point measured it, else reserved, else allocated; and what it means."""
+    for metric in ("device", "reserved", "allocated"):
+        if all(metrics.value(m, metric) is not None for m in ms):
+            key = metric
+            if metric == "allocated":
+                key = "allocated_cpu" if all(m.device == "cpu" for m in ms) else "allocated_cuda"
+            return metric, _METRIC_NOTES[key]
+    raise ConfigError("no memory figure was measured at every swept value")
+
+
+def judge_headroom(store: Store, run: RunRecord, config: Config, metric: str,
+                   ms: Sequence[Measurement]) -> Headroom | None:
+    """The gate's headroom (factor x spread of the baseline's current level, floored), as a
+    share of that baseline, for the swept cases that have one; the largest share. None
+    where no swept case has a baseline on the base branch."""
+    from memtrack.judge.baseline import BaselineFinder
+    from memtrack.judge.levels import current_level
+    from memtrack.judge.memory import headroom, repeat_spread
+
+    finder = BaselineFinder(store, run, config.base_branch, config.root, config.baseline_runs)
+    factor = config.headroom_factor
+    best: tuple[float, str] | None = None
+    with_baseline = 0
+    for m in ms:
+        window = [p.values[metric] for p in reversed(finder.points(m.case_id))
+                  if p.status == "ok" and metric in p.values]
+        if not window:
+            continue
+        with_baseline += 1
+        values = [float(v) for v in window]
+        level = current_level(values, factor, metrics.floor(metric, statistics.median(values)))
+        base = level.median
+        floor = metrics.floor(metric, base)
+        spread = max(level.spread, float(repeat_spread(m, metric)))
+        room = headroom(spread, factor, floor)
+        share = room / base if base > 0 else 0.0
+        if best is None or share > best[0]:
+            detail = (f"the gate's headroom over the baseline of {m.case_id} "
+                      f"(median of {len(level.values)} run(s) on {config.base_branch}, "
+                      f"{format_size(int(base))}): max({factor:g} x spread "
+                      f"{format_size(int(spread))}, floor {format_size(int(floor))}) = "
+                      f"{format_size(int(room))}, {share:.2%} of it")
+            best = (share, detail)
+    if best is None:
+        return None
+    detail = best[1]
+    if with_baseline > 1:
+        detail += f" (the largest share among the {with_baseline} swept values with a baseline)"
+    return Headroom(best[0], "judge", detail)
+
+
+def config_headroom(config: Config, why: str) -> Headroom:
+    where = f"{config.path}: plan_headroom" if config.path else "plan_headroom (default)"
+    return Headroom(config.plan_headroom, "config",
+                    f"{where} = {config.plan_headroom:.0%} ({why})")
+
+
+def make_plan(run: RunRecord, config: Config, store: Store | None, *, case: str, param: str,
+              params: dict[str, Any], integer: bool, catalog: Sequence[Gpu],
+              gpus: Sequence[Gpu]) -> Plan:
+    """The plan of a measured sweep: the points that were measured, the figure that must
+    fit, the justified headroom; failed points are named, not fitted."""
+    ok = [m for m in run.measurements if m.status == "ok"]
+    notes = [f"{param}={m.params[param]}: {m.status}: {m.message or ''}".rstrip(": ")
+             for m in run.measurements if m.status != "ok"]
+    if len({m.params[param] for m in ok}) < 2:
+        raise ConfigError(f"{case}: fewer than 2 swept values measured ok "
+                          f"({'; '.join(notes) or 'none'}): nothing to fit")
+    metric, metric_note = choose_metric(ok)
+    points = sorted((m.params[param], int(metrics.value(m, metric) or 0)) for m in ok)
+    room = judge_headroom(store, run, config, metric, ok) if store is not None else None
+    if room is None:
+        why = ("no baseline of these cases on " + config.base_branch if store is not None
+               else "no database to take a baseline from")
+        room = config_headroom(config, why)
+    return plan(points, catalog, room, case=case, param=param, metric=metric,
+                metric_note=metric_note, integer=integer, params=params,
+                gpus=(*runner_gpus(run, ok), *gpus), notes=notes)
+
+
+def runner_gpus(run: RunRecord, ms: Sequence[Measurement]) -> tuple[Gpu, ...]:
+    """Where the sweep ran on a GPU: that GPU with the memory torch can use there (its
+    `total_memory`, measured), beside the catalog's nominal figures."""
+    if not ms or any(m.device != "cuda" for m in ms):
+        return ()
+    out: dict[tuple[str, int], Gpu] = {}
+    for g in run.environment.gpus:
+        if g.name and g.total_bytes:
+            out[(g.name, g.total_bytes)] = Gpu(f"{g.name} (this runner)", g.total_bytes,
+                                               f"{format_size(g.total_bytes)} usable")
+    return tuple(out.values())
+
+
+__all__ = ["PACKAGED_CATALOG", "choose_metric", "config_headroom", "default_catalog",
+           "find_case", "judge_headroom", "make_plan", "runner_gpus", "sweep_cases"]

@@ -1,0 +1,218 @@
+"""The plan's arithmetic on hand-computed cases: the fit, what fits each GPU, the levers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from factories import GPU_ENV, GiB, MiB, make_measurement, make_run
+
+from memtrack.config import load_config
+from memtrack.errors import ConfigError
+from memtrack.plan import (
+    Gpu,
+    Headroom,
+    fit,
+    fits_on,
+    load_catalog,
+    parse_sweep,
+    plan,
+    select_gpus,
+)
+from memtrack.store import Store
+from memtrack.sweep import PACKAGED_CATALOG, make_plan
+
+GB = 10**9
+T4, L4 = Gpu("NVIDIA T4", 16 * GB, "16 GB"), Gpu("NVIDIA L4", 24 * GB, "24 GB")
+A100_40, H100 = Gpu("NVIDIA A100 40GB", 40 * GB, "40 GB"), Gpu("NVIDIA H100", 80 * GB, "80 GB")
+H200 = Gpu("NVIDIA H200", 141 * GB, "141 GB")
+CATALOG = (T4, L4, A100_40, H100, H200)
+TEN = Headroom(0.10, "config", "plan_headroom = 10%")
+NONE = Headroom(0.0, "config", "plan_headroom = 0%")
+
+
+def _plan(points, headroom=TEN, params=None, param="concurrency", integer=True, gpus=None):
+    return plan(points, CATALOG, headroom, case="serve", param=param, metric="allocated",
+                metric_note="", integer=integer, params=params or {}, gpus=gpus)
+
+
+def test_a_linear_sweep_gives_the_largest_count_each_gpu_holds():
+    # peak = 6 GB + 4 GB x: exactly linear, so the quadratic term is 0 and not kept.
+    points = [(1, 10 * GB), (2, 14 * GB), (4, 22 * GB), (8, 38 * GB)]
+    p = _plan(points)
+    assert p.fit.model == "constant + linear" and "not positive" in p.fit.rule
+    assert (p.fit.a, p.fit.b, p.fit.c) == (6e9, 4e9, 0.0)
+    rows = {r.gpu.name: r for r in p.gpus}
+    # 1.1 x (6 + 4x) <= 16 -> x <= 2.14: 2 (15.4 GB) fits, 3 (19.8 GB) does not
+    assert (rows["NVIDIA T4"].largest, rows["NVIDIA T4"].first_over) == (2, 3)
+    # <= 24 -> x <= 3.95: 3 (19.8 GB) fits, 4 (24.2 GB) does not; of the measured, 2
+    assert (rows["NVIDIA L4"].largest, rows["NVIDIA L4"].first_over) == (3, 4)
+    assert rows["NVIDIA L4"].measured_largest == 2 and not rows["NVIDIA L4"].extrapolated
+    # <= 80 -> x <= 16.68: 16 (77 GB) fits, 17 (81.4 GB) does not, beyond the 8 measured
+    assert (rows["NVIDIA H100"].largest, rows["NVIDIA H100"].first_over) == (16, 17)
+    assert rows["NVIDIA H100"].extrapolated and rows["NVIDIA H100"].measured_largest == 8
+    assert all(not r.levers for r in p.gpus)
+
+
+def test_quadratic_growth_is_fitted_and_changes_the_answer():
+    # peak = 2 GB + 1 GB x + 0.5 GB x^2 (attention without a fused kernel), no headroom
+    points = [(1, 3_500_000_000), (2, 6 * GB), (4, 14 * GB), (8, 42 * GB)]
+    p = _plan(points, headroom=NONE, param="max_len")
+    assert p.fit.model == "constant + linear + quadratic"
+    assert (p.fit.a, p.fit.b, p.fit.c) == (2e9, 1e9, 0.5e9)
+    assert p.fit.residual_quadratic == 0 and p.fit.residual_linear > 0
+    rows = {r.gpu.name: r for r in p.gpus}
+    # 2 + x + x^2/2 <= 80: 11 -> 73.5 GB fits, 12 -> 86 GB does not (a line says 14)
+    assert (rows["NVIDIA H100"].largest, rows["NVIDIA H100"].first_over) == (11, 12)
+    # <= 141: 15 -> 129.5 GB fits, 16 -> 146 GB does not
+    assert (rows["NVIDIA H200"].largest, rows["NVIDIA H200"].first_over) == (15, 16)
+
+
+def test_the_quadratic_needs_four_values_and_a_real_gain():
+    exact_curve = [(1, 3_500_000_000), (2, 6 * GB), (4, 14 * GB)]
+    f = fit(exact_curve)
+    assert f.model == "constant + linear" and "3 distinct values" in f.rule
+    # Nearly linear with noise: a quadratic leaves more than a quarter of the residuals.
+    noisy = [(1, 100), (2, 201), (3, 299), (4, 401), (5, 500)]
+    f = fit(noisy)
+    assert f.model == "constant + linear" and f.residual_quadratic is not None
+    with pytest.raises(ConfigError, match="2 or more values"):
+        fit([(4, 100), (4, 120)])
+
+
+def test_where_nothing_fits_the_levers_are_named():
+    # peak = 10 GB + 20 GB x; with 10 % headroom, one session needs 33 GB.
+    points = [(1, 30 * GB), (2, 50 * GB)]
+    params = {"concurrency": 1, "max_len": 8192, "dtype": "float32"}
+    p = _plan(points, params=params, gpus=(L4, H100))
+    l4, h100 = p.gpus
+    assert (l4.largest, l4.first_over, l4.unbounded) == (None, 1, False)
+    levers = " | ".join(l4.levers)
+    assert "less concurrency" not in levers  # concurrency is what was swept, already at 1
+    assert "a shorter maximum input (max_len=8192 now)" in levers
+    assert "lower precision (dtype=float32 now" in levers
+    # 1.1 x (10 + 20) = 33 <= 40: the A100 40GB is the smallest that holds one session
+    assert ("another GPU: NVIDIA A100 40GB (40 GB) is the smallest in the catalog that fits "
+            "it (up to concurrency=1)") in levers
+    # 33 GB over 24 GB devices: 2 at least, and only for what shards
+    assert "2 or more x NVIDIA L4 with a parallel strategy" in levers
+    assert "devices do not pool" in levers
+    # 1.1 x (10 + 20x) <= 80 -> x <= 3.14
+    assert (h100.largest, h100.first_over, h100.levers) == (3, 4, ())
+
+
+def test_a_flat_peak_fits_any_value_and_a_float_param_gets_its_boundary():
+    p = _plan([(1, 5 * GB), (2, 5 * GB)], gpus=(T4,))
+    assert p.gpus[0].unbounded and p.gpus[0].largest is None
+    f = fit([(0.5, 1 * GB), (1.0, 2 * GB)])  # 2 GB per unit, nothing constant
+    row = fits_on(f, T4, NONE, lowest=0.5, integer=False)
+    assert row.largest == pytest.approx(8.0) and row.first_over is None
+
+
+def test_sweep_syntax_and_types():
+    declared = {"concurrency": (4,), "max_len": (256,), "scale": (0.5,), "dtype": ("float32",)}
+    assert parse_sweep("concurrency=8,1,2", declared, "serve") == ("concurrency", (1, 2, 8))
+    assert parse_sweep("scale = 0.5, 1.5", declared, "serve") == ("scale", (0.5, 1.5))
+    for text, message in [
+        ("concurrency", "expected PARAM=V1,V2"),
+        ("batch=1,2", "serve has no param 'batch' (has: concurrency, max_len, scale, dtype)"),
+        ("dtype=1,2", "param 'dtype' is not numeric"),
+        ("max_len=128,1.5", "value '1.5' of 'max_len' is not a whole number"),
+        ("max_len=128,x", "value 'x' of 'max_len' is not a whole number"),
+        ("max_len=128,128", "value '128' is listed twice"),
+        ("max_len=128", "a fit needs 2 or more values"),
+        ("scale=-1,2", "must be a finite number, 0 or more"),
+    ]:
+        with pytest.raises(ConfigError, match=f"--sweep .*{_re(message)}"):
+            parse_sweep(text, declared, "serve")
+
+
+def _re(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+@pytest.mark.parametrize("body, message", [
+    ("gpu = [", "not valid TOML"),
+    ('gpus = []', "unknown key 'gpus'"),
+    ('[[gpu]]\nname = "X"\n', "gpu[0].memory: is required"),
+    ('[[gpu]]\nname = "X"\nmemory = "80 GX"\n', "gpu[0].memory: '80 GX' is not a size"),
+    ('[[gpu]]\nname = "X"\nmemory = "8 GB"\nsize = 1\n', "gpu[0]: unknown key 'size'"),
+    ('[[gpu]]\nname = "X"\nmemory = "8 GB"\n[[gpu]]\nname = "x"\nmemory = "9 GB"\n',
+     "gpu[1].name: 'x' is listed twice"),
+    ('[[gpu]]\nname = ""\nmemory = "8 GB"\n', "gpu[0].name: expected the GPU's name"),
+    ('[[gpu]]\nname = "X"\nmemory = 0\n', "gpu[0].memory: must be more than 0"),
+])
+def test_a_bad_catalog_is_one_line_naming_file_key_and_value(tmp_path, body, message):
+    path = tmp_path / "gpus.toml"
+    path.write_text(body)
+    with pytest.raises(ConfigError, match=_re(f"{path}: ") + ".*" + _re(message)):
+        load_catalog(path)
+    with pytest.raises(ConfigError, match="no such GPU catalog"):
+        load_catalog(tmp_path / "missing.toml")
+
+
+def test_the_shipped_catalog_is_in_the_package_and_the_repository_alike():
+    repo_copy = Path(__file__).parent.parent / "data" / "gpus.toml"
+    assert PACKAGED_CATALOG.read_bytes() == repo_copy.read_bytes()
+    gpus, note = load_catalog(PACKAGED_CATALOG)
+    stated = {g.name: g.stated for g in gpus}
+    assert stated == {
+        "NVIDIA T4": "16 GB", "NVIDIA L4": "24 GB", "NVIDIA A10": "24 GB",
+        "NVIDIA GeForce RTX 4090": "24 GB", "NVIDIA A100 40GB": "40 GB",
+        "NVIDIA L40S": "48 GB", "NVIDIA A100 80GB": "80 GB", "NVIDIA H100 80GB": "80 GB",
+        "NVIDIA H200": "141 GB"}
+    assert {g.name: g.memory_bytes for g in gpus}["NVIDIA H200"] == 141 * GB
+    assert note and "nominal" in note.lower() and "memtrack doctor" in note
+    assert [g.name for g in select_gpus(gpus, ["a100"], PACKAGED_CATALOG)] == [
+        "NVIDIA A100 40GB", "NVIDIA A100 80GB"]
+    with pytest.raises(ConfigError, match="--gpu 'B200': no such GPU in"):
+        select_gpus(gpus, ["B200"], PACKAGED_CATALOG)
+
+
+def test_the_judges_headroom_is_used_where_the_case_has_a_baseline(tmp_path):
+    """Baseline runs of the swept cases on main: the headroom is the gate's arithmetic."""
+    config = load_config(cwd=tmp_path)
+    db = tmp_path / "m.db"
+    levels = {1: (100, 101, 100), 2: (150, 150, 150)}  # MiB, oldest first
+    with Store.open(db) as store:
+        for i in range(3):
+            store.write_run(make_run(
+                [make_measurement("serve", {"concurrency": c}, peak=levels[c][i] * MiB)
+                 for c in (1, 2)], started_at=f"2026-01-0{i + 1}T00:00:00+00:00"))
+        candidate = make_run(
+            [make_measurement("serve", {"concurrency": c}, peak=p * MiB)
+             for c, p in ((1, 100), (2, 150))], started_at="2026-01-05T00:00:00+00:00")
+        p = make_plan(candidate, config, store, case="serve", param="concurrency",
+                      params={"concurrency": 1}, integer=True, catalog=CATALOG, gpus=(T4,))
+    # concurrency=1: a level of 3 runs, MAD 0, range 1 MiB scaled to 20 runs
+    # (d2(20) / d2(3) = 3.735 / 1.693): spread 1.103 MiB, x 3 = 3.309 MiB, 3.309 % of
+    # 100 MiB. concurrency=2: no spread, the 512 B floor: a smaller share.
+    expected = 3 * (3.735 / 1.693) * 0.5 * MiB / (100 * MiB)
+    assert p.headroom.source == "judge"
+    assert p.headroom.fraction == pytest.approx(expected)
+    assert "serve[concurrency=1]" in p.headroom.detail and "3 run(s) on main" in p.headroom.detail
+    assert p.metric == "allocated" and "measured on the CPU" in p.metric_note
+    # Without a database (or a baseline): the configured share.
+    p = make_plan(candidate, config, None, case="serve", param="concurrency",
+                  params={"concurrency": 1}, integer=True, catalog=CATALOG, gpus=(T4,))
+    assert p.headroom.source == "config" and p.headroom.fraction == 0.10
+    assert "plan_headroom (default) = 10% (no database" in p.headroom.detail
+
+
+def test_a_sweep_on_a_gpu_fits_the_device_view_and_adds_the_runners_own_memory():
+    """Measured on the runner's H200 (torch's total: 141 GiB): the device view must fit."""
+    run = make_run([make_measurement("serve", {"concurrency": c}, device="cuda",
+                                     peak=p * GiB, reserved=p * GiB, device_peak=p * GiB)
+                    for c, p in ((1, 10), (2, 14))], env=GPU_ENV)
+    p = make_plan(run, load_config(cwd=Path("/")), None, case="serve", param="concurrency",
+                  params={"concurrency": 1}, integer=True, catalog=CATALOG, gpus=(H100,))
+    assert p.metric == "device" and "NVML" in p.metric_note
+    runner, h100 = p.gpus
+    assert runner.gpu.name == "NVIDIA H200 (this runner)" and runner.gpu.memory_bytes == 141 * GiB
+    # peak = 6 GiB + 4 GiB x in the device view (the per-process peak)
+    # 1.1 x (6 + 4x) GiB <= 141 GiB -> x <= 30.55: 30
+    assert (runner.largest, runner.first_over) == (30, 31)
+    # 1.1 x (6 + 4x) GiB <= 80e9 B (74.51 GiB) -> x <= 15.43: 15
+    assert (h100.largest, h100.first_over) == (15, 16)

@@ -1,0 +1,154 @@
+"""Concurrency measured, not multiplied: the `concurrency` param runs overlapping sessions."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memtrack.config import load_config
+from memtrack.errors import WorkloadError
+from memtrack.runner import run_suite
+from memtrack.sessions import Sessions, concurrency
+from memtrack.workload import discover, select_cases
+
+SERVE = """modules = ["memtrack.examples"]
+warmup = 1
+repeats = 3
+[workloads.decoder_serve]
+params = {{concurrency = [{levels}]}}
+"""
+
+
+def _serve_run(root: Path, levels: str) -> dict[int, Any]:
+    """decoder_serve at each concurrency level, through the runner (a process per case)."""
+    (root / "memtrack.toml").write_text(SERVE.format(levels=levels))
+    config = load_config(root / "memtrack.toml")
+    cases = select_cases(discover(config), ["decoder_serve"])
+    run = run_suite(config, cases)
+    return {m.params["concurrency"]: m for m in run.measurements}
+
+
+@pytest.fixture(scope="module")
+def serve_cpu(tmp_path_factory):
+    return _serve_run(tmp_path_factory.mktemp("serve"), "1, 2, 4")
+
+
+def test_concurrent_sessions_peak_above_one_and_below_n_times_one(serve_cpu):
+    one = serve_cpu[1]
+    assert all(m.status == "ok" for m in serve_cpu.values()), [
+        m.message for m in serve_cpu.values()]
+    for n in (2, 4):
+        m = serve_cpu[n]
+        assert one.peak_allocated_bytes < m.peak_allocated_bytes < n * one.peak_allocated_bytes
+        # The weights are shared by the sessions: counted once, as with one session.
+        assert m.categories["Parameter"] == one.categories["Parameter"] > 0
+        assert m.weights_bytes == one.weights_bytes
+        # Each session holds its own KV cache: n of them alive at the peak.
+        assert m.caches_bytes == n * one.caches_bytes
+        assert f"{n} concurrent sessions per iteration (threads)" in m.notes
+    assert not any("concurrent" in note for note in one.notes)  # the single-thread path
+
+
+def test_concurrency_must_be_a_count():
+    assert concurrency({}) == 1 and concurrency({"concurrency": 3}) == 3
+    for bad in (0, -1, "2", True, 1.5):
+        with pytest.raises(WorkloadError, match=r"param concurrency=.* must be a whole number"):
+            concurrency({"concurrency": bad})
+
+
+def test_sessions_overlap_and_an_error_in_one_is_raised_after_all_end():
+    import torch
+
+    inside, most, lock = [0], [0], threading.Lock()
+    release = threading.Event()
+
+    def step() -> None:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            if inside[0] == 3:
+                release.set()
+        release.wait(timeout=60)  # every session is inside before any leaves
+        with lock:
+            inside[0] -= 1
+
+    Sessions(step, 3, torch.device("cpu"))()
+    assert most[0] == 3 and inside[0] == 0
+
+    def failing() -> None:
+        raise ValueError("session failed")
+
+    with pytest.raises(ValueError, match="session failed"):
+        Sessions(failing, 4, torch.device("cpu"))()
+
+
+def test_cache_tags_from_concurrent_sessions_are_all_counted(tmp_path):
+    import torch
+
+    from memtrack.context import Context
+
+    ctx = Context({"concurrency": 8}, 0, "cpu", tmp_path)
+    kept: list[torch.Tensor] = []
+    start = threading.Barrier(8)
+
+    def session() -> None:
+        cache = torch.zeros(1024)  # 4 KiB, one storage per session
+        start.wait()
+        for _ in range(200):  # many interleaved tags: a lost update would show
+            ctx.tag_cache(cache)
+        start.wait()  # every cache alive until every session has tagged
+        with lock:
+            kept.append(cache)
+
+    lock = threading.Lock()
+    threads = [threading.Thread(target=session) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert ctx.cache_peak_bytes == 8 * 4096
+
+
+def test_the_cpu_tracker_counts_every_session_thread(tmp_path):
+    import torch
+
+    from memtrack.probes.framework import MemTrackerProbe
+
+    model = torch.nn.Linear(256, 256)  # 257 KiB of parameters
+    x = torch.randn(1, 256)
+
+    def step() -> None:
+        buffer = torch.zeros(64 * 1024)  # 256 KiB per session, alive across the barrier
+        model(x)
+        barrier.wait()
+        del buffer
+
+    results = {}
+    for n in (1, 4):
+        barrier = threading.Barrier(n)
+        probe = MemTrackerProbe(torch.device("cpu"), n)
+        probe.mark((model,))
+        run = Sessions(step, n, torch.device("cpu"), probe.session_scope) if n > 1 else step
+        with probe.iteration():
+            run()
+        results[n] = probe.summary()
+    params = 256 * 256 * 4 + 256 * 4
+    for n, s in results.items():
+        assert s["categories"]["Parameter"] == params
+        assert s["peak_allocated_bytes"] >= params + n * 256 * 1024
+    assert results[4]["peak_allocated_bytes"] < 4 * results[1]["peak_allocated_bytes"]
+
+
+@pytest.mark.gpu
+def test_concurrent_sessions_on_cuda_each_on_a_stream(tmp_path):
+    runs = _serve_run(tmp_path, "1, 4")
+    one, four = runs[1], runs[4]
+    assert one.status == four.status == "ok", (one.message, four.message)
+    assert one.device == four.device == "cuda"
+    assert "4 concurrent sessions per iteration (threads, one CUDA stream each)" in four.notes
+    assert one.peak_allocated_bytes < four.peak_allocated_bytes < 4 * one.peak_allocated_bytes
+    assert four.persistent_bytes == one.persistent_bytes  # the weights, once
+    assert four.time_median_s > 0 and len(four.iteration_times_s) == four.repeats
