@@ -4,6 +4,7 @@ ones on the shipped examples, and kept out of everything that judges."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import textwrap
 from pathlib import Path
 
@@ -360,3 +361,25 @@ def test_a_cuda_estimate_on_a_gpu_machine(tmp_path):
         (m,) = store.get_run(store.run_ids(limit=1)[0]).measurements
     assert m.status == "ok" and m.device == "cuda" and m.kind == "estimate", m.message
     assert m.weights_bytes > 0 and m.peak_allocated_bytes > m.weights_bytes
+
+
+def test_concurrent_sessions_are_estimated_as_an_upper_bound_with_the_weights_once(tmp_path):
+    """Fake tensors cannot overlap sessions in threads: N sessions are bounded by N x one
+    session's step above the persistent set, the weights counted once, and a note says so."""
+    repo = init_repo(tmp_path / "repo")
+    (repo / "memtrack.toml").write_text(
+        'modules = ["memtrack.examples"]\nwarmup = 1\nrepeats = 1\n'
+        "[workloads.decoder_serve]\nparams = {concurrency = [1, 3], max_len = 64, "
+        "new_tokens = 4}\n")
+    commit_all(repo, "config")
+    res = _invoke(repo, "estimate", "-k", "decoder_serve", "--json", str(tmp_path / "e.json"),
+                  "--no-db")
+    assert res.exit_code == 0, res.output
+    run = run_from_dict(json.loads((tmp_path / "e.json").read_text()))
+    one, three = (_case(run, "decoder_serve", concurrency=n) for n in (1, 3))
+    assert one.status == three.status == "ok"
+    assert one.weights_bytes == three.weights_bytes > 0
+    step = one.peak_allocated_bytes - one.persistent_bytes
+    assert three.peak_allocated_bytes == three.persistent_bytes + 3 * step
+    assert three.caches_bytes == 3 * one.caches_bytes
+    assert any(n.startswith("concurrency 3: an upper bound") for n in three.notes)
