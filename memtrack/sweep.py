@@ -142,6 +142,10 @@ def make_plan(run: RunRecord, config: Config, store: Store | None, *, case: str,
         raise ConfigError(f"{case}: fewer than 2 swept values measured ok "
                           f"({'; '.join(notes) or 'none'}): nothing to fit")
     metric, metric_note = choose_metric(ok)
+    if ok and all(m.kind == "estimate" for m in ok):
+        metric_note = (f"the estimated tensor peak (fake tensors, for {ok[0].device}): no "
+                       "allocator rounding or cache, workspace or CUDA context, so a GPU needs "
+                       "more than this")
     points = sorted((m.params[param], int(metrics.value(m, metric) or 0)) for m in ok)
     room = judge_headroom(store, run, config, metric, ok) if store is not None else None
     if room is None:

@@ -132,3 +132,18 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(suite, args, message):
 def test_plan_has_help():
     res = CliRunner().invoke(main, ["plan", "--help"])
     assert res.exit_code == 0 and "Will it fit?" in res.output and "--sweep" in res.output
+
+
+def test_an_estimated_sweep_needs_no_gpu_and_says_what_its_figure_leaves_out(swept):
+    repo = swept[0]
+    res = _plan(repo, "serve", "--sweep", "kib=256,512,1024", "--estimate", "--json",
+                "--no-record")
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    peaks = [p["peak_bytes"] for p in plan["points"]]
+    # The request state is exactly `kib` KiB of float32: the estimate follows it byte for byte.
+    assert peaks[1] - peaks[0] == 256 * 1024 and peaks[2] - peaks[1] == 512 * 1024
+    assert plan["fit"]["model"] == "constant + linear" and plan["fit"]["b_bytes"] == 1024
+    assert plan["metric_note"].startswith("the estimated tensor peak (fake tensors, for cpu)")
+    bad = _plan(repo, "serve", "--sweep", "kib=256,512", "--device", "cuda")
+    assert bad.returncode == 2 and "--device goes with --estimate" in bad.stderr

@@ -24,10 +24,16 @@ from memtrack.errors import MemtrackError, StoreError
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print Markdown instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
 @click.option("--no-record", is_flag=True, help="Do not record the sweep's runs in the database.")
+@click.option("--estimate", "estimated", is_flag=True,
+              help="Estimate each point under fake tensors (`memtrack estimate`) instead of "
+                   "measuring it: no GPU needed; tensor memory only.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]),
+              help="With --estimate: the device to estimate for (default: the config's).")
 def plan(case, config_path, db_path, sweep_text, catalog_path, gpu_names, as_markdown, as_json,
-         no_record) -> None:
+         no_record, estimated, device) -> None:
     """Will it fit? Measure CASE at each value of a param, fit how its peak grows, and say
-    the largest value each GPU of the catalog holds (and the levers where nothing fits)."""
+    the largest value each GPU of the catalog holds (and the levers where nothing fits).
+    With --estimate the points are estimated under fake tensors instead of measured."""
     from memtrack import plan as planning
     from memtrack import report_plan, sweep
     from memtrack.runner import run_suite
@@ -36,6 +42,9 @@ def plan(case, config_path, db_path, sweep_text, catalog_path, gpu_names, as_mar
 
     if as_markdown and as_json:
         raise click.UsageError("--markdown and --json: choose one")
+    if device and not estimated:
+        raise click.UsageError("--device goes with --estimate (a measured sweep runs on the "
+                               "config's device)")
     config, db = resolve(config_path, db_path)
     workloads = discover(config)
     param_name = sweep_text.partition("=")[0].strip()
@@ -52,7 +61,13 @@ def plan(case, config_path, db_path, sweep_text, catalog_path, gpu_names, as_mar
         store = Store.open(db)
         store.check_writable()  # before the first case, not after the sweep
     try:
-        record = run_suite(config, cases, progress=_progress)
+        if estimated:
+            from memtrack.estimate import estimate_cases
+
+            record = estimate_cases(config, cases, device=device, dtype=None,
+                                    progress=_progress)
+        else:
+            record = run_suite(config, cases, progress=_progress)
         failure = None
         if not no_record and store is not None:
             try:
