@@ -252,7 +252,7 @@ def main() -> None:
     case = case_id(CASES[1][0], CASES[1][1])
     pages = [  # name, query, text of the page's last element, charts drawn
         ("overview", {}, "Select a row to open its history", 0),
-        ("history", {"page": "history", "case": case}, "Where the series moved", 2),
+        ("history", {"page": "History", "case": case}, "Where the series moved", 2),
     ]
     logging.disable(logging.WARNING)  # cache clearing outside a server warns on every run
     for name, qp, _, _ in pages:
