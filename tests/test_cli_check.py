@@ -361,3 +361,28 @@ def test_shards_of_one_commit_are_checked_together(project, tmp_path):
         rows = store.conn.execute(
             "select distinct run_id, case_id from verdicts order by case_id").fetchall()
     assert sorted(tuple(r) for r in rows) == sorted([(ids[1], BIG_ID), (ids[0], SMALL_ID)])
+
+
+def test_a_budget_of_a_workload_a_partial_run_left_out_is_noted_and_a_typo_refused(
+        tmp_path, monkeypatch):
+    """`memtrack run -k decoder` into a new database, then `memtrack check`: the budget of
+    a workload that was never recorded is not checked (and says so), not an error; a name
+    close to a recorded one is a typo and still refused."""
+    repo = init_repo(tmp_path / "repo")
+    budgets = CONFIG.format(limit="1 GiB") + (
+        '\n[[budgets]]\nworkload = "{name}"\nlimit = "1 GiB"\nreason = "fits a T4"\n')
+    (repo / "memtrack.toml").write_text(budgets.format(name="vision_forward"))
+    sha = _commit(repo, monkeypatch, 1, "first")
+    db = tmp_path / "m.db"
+    _record(db, repo, sha, _cases(), branch="main", minute=1, merge_base=sha)
+    monkeypatch.chdir(repo)
+    res = _check(repo, db, "--no-record")
+    assert res.exit_code == 0, res.output
+    assert ("budgets[1].workload: 'vision_forward': no measurement of it is recorded yet "
+            "(a run that left it out with -k or --shard): its budget is not checked"
+            ) in res.output.replace("\n", " ")
+    (repo / "memtrack.toml").write_text(budgets.format(name="decodr"))
+    res = _check(repo, db, "--no-record")
+    assert res.exit_code == 2
+    assert "budgets[1].workload: 'decodr' names no known workload or case; nearest: decoder" \
+        in res.output
