@@ -219,9 +219,7 @@ def visit(browser: Any, url: str, done: str, charts: int) -> tuple[float, int]:
     page.goto(url, wait_until="commit")
     page.get_by_text(done).first.wait_for(timeout=120_000)
     if charts:
-        page.locator("[data-testid='stVegaLiteChart'] canvas, "
-                     "[data-testid='stVegaLiteChart'] svg.marks").nth(charts - 1).wait_for(
-            timeout=120_000)
+        page.locator("svg.panel").nth(charts - 1).wait_for(timeout=120_000)
     page.wait_for_function(
         "() => !document.querySelector(\"[data-testid='stStatusWidget'] "
         "[data-testid='stStatusWidgetRunningIcon'], [data-testid='stSkeleton']\")",

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import xml.etree.ElementTree as ET
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,24 @@ def _charts(at: AppTest) -> list[dict]:
     return [json.loads(e.proto.spec) for e in at.get("vega_lite_chart")]
 
 
+def _panels(at: AppTest) -> list[ET.Element]:
+    """History's SVG panels, in page order."""
+    return [ET.fromstring(e.value) for e in at.markdown if e.value.startswith("<svg")]
+
+
+def _drawn(panel: ET.Element, cls: str) -> list[ET.Element]:
+    """The panel's elements of a class ('point other', 'mark', 'budget', ...)."""
+    return [e for e in panel.iter() if cls in (e.get("class") or "").split(" ") or
+            e.get("class") == cls]
+
+
+def _domain(panel: ET.Element) -> tuple[float, float]:
+    found = re.search(r"values from (-?[\d.,]+) to (-?[\d.,]+)", panel.get("aria-label", ""))
+    assert found, panel.get("aria-label")
+    low, high = (float(x.replace(",", "")) for x in found.groups())
+    return low, high
+
+
 def test_overview_shows_every_case_most_urgent_first(app) -> None:
     at = _ok(app())
     table = _table(at)
@@ -267,17 +286,18 @@ def test_used_is_red_past_the_budget() -> None:
 def test_history_draws_each_view_on_its_own_scale(app) -> None:
     at = _ok(app(page="History", case=D8))
     assert at.selectbox(key="case").value == D8
-    specs = _charts(at)
-    titles = [re.search(r'"title": "([^"]+) \(M?i?B\)"', json.dumps(c)).group(1)
-              for c in specs[:-1]]
+    panels = _panels(at)
     # The budgeted view first, then the views that moved (host RSS and the host step did
     # not: a click away); completion time last.
-    assert titles == [model.METRIC_LABELS[m] for m in ("allocated", "reserved", "device")]
-    first = json.dumps(specs[0])
-    assert '"zero": false' in first  # its own scale, not from 0
-    assert '"type": "rule", "color": "#d62728"' in first  # the budget line
-    assert '"format": "%b %d"' in first  # dates, not hours, over two weeks
-    assert "iteration time" in json.dumps(specs[-1])
+    assert [p.get("data-metric") for p in panels] == ["allocated", "reserved", "device", "time"]
+    first = panels[0]
+    assert "framework allocated (MiB)" in "".join(first.itertext())
+    low, high = _domain(first)
+    assert 0 < low <= 256 and 400 <= high < 900  # its own scale, not from 0
+    assert [int(b.get("data-bytes")) for b in _drawn(first, "budget")] == [350 * MiB]
+    ticks = [t.text for t in _drawn(first, "xtick")]
+    assert ticks and all(re.fullmatch(r"Jan \d\d", t) for t in ticks), ticks  # dates
+    assert "iteration time" in "".join(panels[-1].itertext())
     events = _table(at)
     kinds = set(events["event"])
     assert {"step", "environment", "regression", "over_budget"} <= kinds
@@ -290,8 +310,11 @@ def test_history_draws_each_view_on_its_own_scale(app) -> None:
 
 
 def test_history_keeps_pull_request_runs_off_the_base_line(app) -> None:
-    spec = json.dumps(_charts(_ok(app(page="History", case=D8)))[0])
-    assert '"type": "line"' in spec and '"shape": "diamond"' in spec  # PR runs: points only
+    first = _panels(_ok(app(page="History", case=D8)))[0]
+    assert _drawn(first, "line") and _drawn(first, "other")  # PR runs: points only
+    line = {int(p.get("data-bytes")) for p in _drawn(first, "base") if p.tag.endswith("circle")}
+    assert 400 * MiB not in line  # the pull request's 400 MiB is not on the main line
+    assert [int(p.get("data-bytes")) for p in _drawn(first, "other")] == [400 * MiB]
 
 
 def test_history_marks_and_lists_failures(app) -> None:
@@ -300,8 +323,8 @@ def test_history_marks_and_lists_failures(app) -> None:
     failed = failed[failed["event"] == "failed"]
     assert list(failed["commit"]) == ["14aaaaaaaa", "11aaaaaaaa"]
     assert "CUDA out of memory" in failed["what"].iloc[0]
-    marks = json.dumps(_charts(at)[0])
-    assert '"triangle-down"' in marks and '"failed"' in marks
+    marks = _drawn(_panels(at)[0], "mark")
+    assert "failed" in {m.get("data-kind") for m in marks}
 
 
 def test_history_filters_change_the_points(app) -> None:
@@ -327,8 +350,9 @@ def test_rows_recorded_before_the_host_metrics_have_no_host_figure(app, seeded: 
     assert points.loc["05aaaaaaaa", "host RSS"] == "-"
     assert points.loc["09aaaaaaaa", "host RSS"] == "301.00 MiB"
     at.button_group(key="h_views").set_value(["host"]).run()
-    specs = _charts(_ok(at))
-    assert len(specs) == 2 and "host peak RSS" in json.dumps(specs[0])
+    panels = _panels(_ok(at))
+    assert [p.get("data-metric") for p in panels] == ["host", "time"]
+    assert "host peak RSS" in "".join(panels[0].itertext())
 
 
 @pytest.mark.parametrize(("asked", "shown"), [

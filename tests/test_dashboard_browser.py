@@ -63,11 +63,14 @@ def server(chromium: Path, tmp_path: Path) -> Iterator[str]:
             proc.wait(timeout=10)
 
 
-def _settled(page, charts: int = 0) -> None:
-    """Wait until the script has finished and `charts` charts are drawn."""
+def _settled(page, charts: int = 0, panels: int = 0) -> None:
+    """Wait until the script has finished, `charts` Vega charts and `panels` History
+    panels (SVG from the server) are drawn."""
     if charts:
         page.locator("[data-testid='stVegaLiteChart'] svg.marks").nth(charts - 1).wait_for(
             timeout=60_000)
+    if panels:
+        page.locator("svg.panel").nth(panels - 1).wait_for(timeout=60_000)
     page.wait_for_function(
         "() => !document.querySelector(\"[data-testid='stStatusWidgetRunningIcon'], "
         "[data-testid='stSkeleton']\")", timeout=60_000)
@@ -87,13 +90,16 @@ def _shot(page, name: str) -> None:
 
 
 def _y_domain(page, chart: int) -> tuple[float, float]:
-    """The y-axis range of a drawn chart, as Vega describes it for screen readers:
-    "Y-axis titled '...' for a linear scale with values from 250 to 330"."""
-    label = page.locator("[data-testid='stVegaLiteChart']").nth(chart).locator(
-        "[aria-label^='Y-axis']").first.get_attribute("aria-label")
+    """The y-axis range of a drawn panel, as it describes itself for screen readers:
+    "... Y-axis titled '...' for a linear scale with values from 250 to 330"; and its tick
+    labels as drawn agree."""
+    panel = page.locator("svg.panel").nth(chart)
+    label = panel.get_attribute("aria-label")
+    ticks = [float(t.replace(",", "")) for t in panel.locator("text.ytick").all_text_contents()]
     found = re.search(r"values from (-?[\d.,]+) to (-?[\d.,]+)", label or "")
     assert found, label
     low, high = (float(x.replace(",", "")) for x in found.groups())
+    assert ticks and ticks[0] == low and ticks[-1] == high, (ticks, label)
     return low, high
 
 
@@ -124,7 +130,7 @@ def test_a_reviewer_finds_the_regression(chromium: Path, server: str, tmp_path: 
             page.mouse.click(grid["x"] + 18, grid["y"] + 35 + 35 * 1 + 17)  # 2nd row: D8
             page.wait_for_url(re.compile(r"page=History"), timeout=30_000)
             page.get_by_text("Where the series moved").wait_for(timeout=60_000)
-            _settled(page, charts=4)
+            _settled(page, panels=4)
             shared = page.url
             assert f"case={quote(D8, safe='')}" in shared.replace("%5b", "%5B"), shared
 
@@ -141,7 +147,7 @@ def test_a_reviewer_finds_the_regression(chromium: Path, server: str, tmp_path: 
             other = browser.new_page(viewport={"width": 1440, "height": 900})
             other.goto(shared, wait_until="domcontentloaded")
             other.get_by_text("Where the series moved").wait_for(timeout=60_000)
-            _settled(other, charts=4)
+            _settled(other, panels=4)
             assert "320.00 MiB of 350.00 MiB framework allocated" in other.inner_text("body")
             other.close()
 

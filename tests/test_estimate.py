@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import textwrap
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -248,7 +249,6 @@ def test_history_of_the_base_branch_has_no_estimate_in_it(tmp_path, monkeypatch)
 
 def test_history_marks_estimates_apart_from_the_series(tmp_path, monkeypatch):
     pytest.importorskip("streamlit")
-    import json
     import sys
 
     from streamlit.testing.v1 import AppTest
@@ -266,13 +266,13 @@ def test_history_marks_estimates_apart_from_the_series(tmp_path, monkeypatch):
     at.query_params["case"] = "decoder[batch=1]"
     at = at.run()
     assert not at.exception, [e.message for e in at.exception]
-    spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
-    values = {layer.get("mark", {}).get("type"): layer["data"]["values"]
-              for layer in spec["layer"] if "values" in layer.get("data", {})
-              and layer["data"]["values"] and "bytes" in layer["data"]["values"][0]}
+    panel = ET.fromstring(next(e.value for e in at.markdown if e.value.startswith("<svg")))
+    assert panel.get("data-metric") == "allocated"
+    drawn = [(e.get("class"), e.get("data-kind"), int(e.get("data-bytes"))) for e in panel.iter()
+             if e.get("data-bytes") and (e.get("class") or "").startswith(("point", "mark"))]
     # The series: the two measured runs only; the estimates: three marks of their own.
-    assert [v["bytes"] for v in values["line"]] == [200 * MiB, 200 * MiB]
-    assert [(v["kind"], v["bytes"]) for v in values["point"]] == [("estimate", 100 * MiB)] * 3
+    assert [b for c, _, b in drawn if c == "point base"] == [200 * MiB, 200 * MiB]
+    assert [(k, b) for c, k, b in drawn if c == "mark"] == [("estimate", 100 * MiB)] * 3
     assert "estimates (fake tensors, not measured)" in "\n".join(
         str(c.value) for c in at.caption)
     with Store.open(db, readonly=True) as store:

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, data, model
+from dashboard import data, model, panels
 from dashboard.views import Context, badge, esc, goto, resolve_case, short, when
 from memtrack.units import format_seconds, format_size
 
@@ -204,7 +204,7 @@ def render(ctx: Context) -> None:
     env_changes = _env_changes(ctx, line_old_first)
     estimates = hist.get("estimates", [])
     times = [r["x"] for r in rows] + [e["x"] for e in estimates]
-    x_axis = charts.time_axis(times)
+    fmt = panels.time_format(times)
     moved_by_view: dict[str, list[model.Step]] = {}
     envs = {e: model.env_short(ctx.env(e)) for e in {r["env_id"] for r in rows}}
     for metric in views or []:
@@ -212,7 +212,7 @@ def render(ctx: Context) -> None:
         moved_by_view[metric] = moved
         points = [{
             "x": r["x"], "bytes": v, "line": "base" if (not on_base or r["git_branch"] == base)
-            else charts.OTHER_BRANCHES,
+            else panels.OTHER_BRANCHES,
             "environment": envs[r["env_id"]], "commit": short(r["git_commit"]),
             "subject": (r["git_subject"] or "")[:60], "branch": r["git_branch"] or "-",
         } for r in old_first if (v := model.metric_value(r, metric)) is not None]
@@ -225,10 +225,9 @@ def render(ctx: Context) -> None:
         marks = (_failure_marks(old_first, metric)
                  + _verdict_marks(by_run, hist["verdicts"], metric)
                  + _estimate_marks(estimates, metric))
-        st.vega_lite_chart(charts.view_panel(metric, points, x_axis, budget, band, marks,
-                                             [{"x": e["x"], "change": e["change"]}
-                                              for e in env_changes], times),
-                           width="stretch")
+        st.markdown(panels.view_panel(metric, points, fmt, budget, band, marks,
+                                      [{"x": e["x"], "change": e["change"]}
+                                       for e in env_changes], times), unsafe_allow_html=True)
     captions = [f"{len(rows)} runs; {esc(base)} as a line in commit order"
                 + (", other branches as separate ◇ points" if len(on_base) < len(rows) else "")]
     if budgeted:
@@ -240,15 +239,15 @@ def render(ctx: Context) -> None:
                        if estimates else ""))
     if env_changes:
         captions.append("brown rules: environment changes")
-    st.caption(" · ".join(captions) + ". Each view has its own scale. Drag to pan, scroll to "
-               "zoom.")
+    st.caption(" · ".join(captions) + ". Each view has its own scale. Hover a mark for its "
+               "figure and commit.")
 
     st.subheader("Completion time")
-    tchart = charts.time_chart(old_first, x_axis)
+    tchart = panels.time_panel(old_first, fmt, times)
     if tchart is None:
         st.caption("No iteration times recorded for these runs.")
     else:
-        st.vega_lite_chart(tchart, width="stretch")
+        st.markdown(tchart, unsafe_allow_html=True)
 
     st.subheader("Where the series moved")
     events = _events(ctx, rows, hist["verdicts"], moved_by_view, env_changes, by_run)

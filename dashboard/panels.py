@@ -1,0 +1,249 @@
+"""History panels drawn on the server as SVG: one view of a case per panel, on its own
+y-scale, with the budget, the headroom band, failures, verdicts and environment changes.
+
+Vega-Lite in the browser cost a new visitor about 0.6 s of the History page (its library
+loaded and compiled for every fresh browser); an SVG arrives drawn. It is shown through
+Markdown as an HTML block (st.html drops SVG): one element per line, no blank line, every
+text escaped, so Markdown and math never read inside it. Every mark carries a
+<title> (the browser's tooltip) and data-* attributes with its exact figures; each panel
+says its y-range in its aria-label, as a screen reader (or a test) reads it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from dashboard import model
+from dashboard.charts import MARKER_COLORS, OTHER_BRANCHES, VIEW_COLORS, unit_for
+from memtrack.units import format_seconds, format_size
+
+WIDTH = 1000
+LEFT, RIGHT, TOP, BOTTOM = 64, 16, 40, 26
+"""Margins of the plot area inside the panel's viewBox (it scales to the page's width)."""
+_STEPS = (3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400, 14 * 86400,
+          30 * 86400, 91 * 86400, 182 * 86400, 365 * 86400)
+"""Time-axis tick spacings, seconds: the smallest that gives at most 8 ticks is taken."""
+
+
+def _epoch(iso: str) -> float:
+    t = datetime.fromisoformat(iso)
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+
+
+_MARKDOWN = str.maketrans({c: f"&#{ord(c)};" for c in "&<>\"'[]()*_!$`:~\\#|{}"})
+"""Characters that mean something to HTML, Markdown or math, as character references: recorded
+text (a commit subject, an error message) can then never form a link, an image, emphasis
+or a colour directive, however a Markdown reader treats the block."""
+
+
+def _a(text: Any) -> str:
+    """Text for an attribute or an element, escaped, on one line (a blank line would end
+    the Markdown HTML block that carries the panel)."""
+    return " ".join(str(text).split()).translate(_MARKDOWN)
+
+
+def time_format(times: Sequence[str]) -> str:
+    """Dates (and hours over short spans) that stay readable: a strftime format."""
+    span = (_epoch(max(times)) - _epoch(min(times))) if times else 0.0
+    return "%b %d %H:%M" if span < 3 * 86400 else "%b %d" if span < 300 * 86400 else "%Y-%m-%d"
+
+
+class _Frame:
+    """The panel's two scales: time on x (the page's whole range), a figure on y."""
+
+    def __init__(self, times: Sequence[str], low: float, high: float, height: int):
+        first, last = _epoch(min(times)), _epoch(max(times))
+        pad = max((last - first) * 0.015, 300.0)  # the last mark stays whole
+        self.t0, self.t1 = first - pad, last + pad
+        self.height = height
+        self.low, self.high, self.step = _nice(low, high)
+
+    def x(self, iso: str) -> float:
+        return LEFT + (_epoch(iso) - self.t0) / (self.t1 - self.t0) * (WIDTH - LEFT - RIGHT)
+
+    def y(self, value: float) -> float:
+        bottom = self.height - BOTTOM
+        return bottom - (value - self.low) / (self.high - self.low) * (bottom - TOP)
+
+    def axes(self, fmt: str, title: str, unit_label: str) -> list[str]:
+        out = []
+        n = round((self.high - self.low) / self.step)
+        for i in range(n + 1):
+            v = self.low + i * self.step
+            y = self.y(v)
+            out.append(f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" '
+                       f'y2="{y:.1f}" stroke="#e6e6e6"/>'
+                       f'<text class="ytick" x="{LEFT - 6}" y="{y + 4:.1f}" '
+                       f'text-anchor="end">{_a(_tick(v))}</text>')
+        span = self.t1 - self.t0
+        step = next((s for s in _STEPS if span / s <= 8), _STEPS[-1])
+        t = math.ceil(self.t0 / step) * step
+        while t <= self.t1:
+            x = LEFT + (t - self.t0) / span * (WIDTH - LEFT - RIGHT)
+            label = datetime.fromtimestamp(t, timezone.utc).strftime(fmt)
+            out.append(f'<text class="xtick" x="{x:.1f}" y="{self.height - 6}" '
+                       f'text-anchor="middle">{_a(label)}</text>')
+            t += step
+        out.append(f'<text class="title" x="{LEFT - 56}" y="16" font-weight="bold" '
+                   f'fill="#333">{_a(title)} ({_a(unit_label)})</text>')
+        return out
+
+
+def _nice(low: float, high: float) -> tuple[float, float, float]:
+    """A y-range around [low, high] on round ticks (about 4 of them): not from 0."""
+    if high <= low:
+        pad = abs(high) * 0.05 or 1.0
+        low, high = low - pad, high + pad
+    raw = (high - low) / 4
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    return math.floor(low / step) * step, math.ceil(high / step) * step, step
+
+
+def _tick(v: float) -> str:
+    return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+
+
+def _point(x: float, y: float, tip: str, cls: str, color: str, figure: float) -> str:
+    return (f'<circle class="{cls}" cx="{x:.1f}" cy="{y:.1f}" r="3.2" fill="{color}" '
+            f'data-bytes="{figure:.0f}"><title>{_a(tip)}</title></circle>')
+
+
+def _diamond(x: float, y: float, tip: str, figure: float) -> str:
+    d = 5.5
+    return (f'<path class="point other" d="M{x:.1f},{y - d:.1f} L{x + d:.1f},{y:.1f} '
+            f'L{x:.1f},{y + d:.1f} L{x - d:.1f},{y:.1f} Z" fill="none" stroke="#555" '
+            f'stroke-width="1.5" data-bytes="{figure:.0f}"><title>{_a(tip)}</title></path>')
+
+
+def _triangle(x: float, y: float, tip: str, kind: str, figure: float) -> str:
+    d = 7
+    color = MARKER_COLORS.get(kind, "#444")
+    return (f'<path class="mark" data-kind="{_a(kind)}" data-bytes="{figure:.0f}" '
+            f'd="M{x - d:.1f},{y - d:.1f} L{x + d:.1f},{y - d:.1f} L{x:.1f},{y + 3:.1f} Z" '
+            f'fill="{color}" fill-opacity="0.9"><title>{_a(tip)}</title></path>')
+
+
+def _legend(kinds: Sequence[str]) -> list[str]:
+    out, x = [], WIDTH - RIGHT
+    for kind in reversed(kinds):
+        x -= 14 + 7 * len(kind)
+        color = MARKER_COLORS.get(kind, "#444")
+        out.append(f'<path d="M{x:.0f},10 L{x + 10:.0f},10 L{x + 5:.0f},18 Z" fill="{color}"/>'
+                   f'<text x="{x + 13:.0f}" y="18">{_a(kind)}</text>')
+    return out
+
+
+def _svg(frame: _Frame, body: list[str], label: str, unit_label: str, metric: str) -> str:
+    aria = (f"{label}: Y-axis titled '{label} ({unit_label})' for a linear scale with values "
+            f"from {_tick(frame.low)} to {_tick(frame.high)}")
+    return (f'<svg class="panel" data-metric="{_a(metric)}" viewBox="0 0 {WIDTH} '
+            f'{frame.height}" width="100%" role="img" aria-label="{_a(aria)}" '
+            f'font-family="sans-serif" font-size="11" fill="#555" '
+            f'xmlns="http://www.w3.org/2000/svg">\n' + "\n".join(body) + "\n</svg>")
+
+
+def view_panel(
+    metric: str,
+    points: Sequence[dict[str, Any]],
+    fmt: str,
+    budget: tuple[str, int] | None,
+    band: tuple[str, str, str, int, int] | None,
+    marks: Sequence[dict[str, Any]],
+    env_changes: Sequence[dict[str, Any]],
+    times: Sequence[str],
+    height: int = 210,
+) -> str:
+    """One view of a case on its own y-scale: the base branch as a line per environment,
+    other branches as separate points, the budget line, the headroom band over the current
+    level, and marks (failures where they were seen, verdicts at their figure).
+
+    points: dicts with x (ISO time), bytes, line ('base' or OTHER_BRANCHES), environment,
+    commit, subject, branch; budget: (label, bytes); band: (label, x from, x to, low,
+    high); marks: dicts with x, bytes, kind, commit, message; env_changes: x, change.
+    """
+    label = model.METRIC_LABELS[metric]
+    figures = [p["bytes"] for p in points] + [m["bytes"] for m in marks]
+    figures += [budget[1]] if budget else []
+    figures += [band[3], band[4]] if band else []
+    unit, factor = unit_for(max(figures + [1]))
+    frame = _Frame(times, min(figures) / factor, max(figures) / factor, height)
+    color = VIEW_COLORS.get(metric, "#1f77b4")
+    body = frame.axes(fmt, label, unit)
+    if band is not None:
+        what, x0, x1, low, high = band
+        top, bottom = frame.y(high / factor), frame.y(low / factor)
+        body.append(f'<rect class="band" x="{frame.x(x0):.1f}" y="{top:.1f}" '
+                    f'width="{max(1.0, frame.x(x1) - frame.x(x0)):.1f}" '
+                    f'height="{max(1.0, bottom - top):.1f}" fill="#2ca02c" fill-opacity="0.18">'
+                    f'<title>{_a(f"headroom ({what}): {format_size(low)} – {format_size(high)}")}'
+                    f'</title></rect>')
+    for e in env_changes:
+        x = frame.x(e["x"])
+        body.append(f'<line class="environment" x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" '
+                    f'y2="{height - BOTTOM}" stroke="#8c564b" stroke-dasharray="2 3" '
+                    f'stroke-width="1.5"><title>{_a("environment: " + e["change"])}</title>'
+                    f'</line>')
+    if budget is not None:
+        text, limit = budget
+        y = frame.y(limit / factor)
+        body.append(f'<line class="budget" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" '
+                    f'y2="{y:.1f}" stroke="#d62728" stroke-dasharray="6 4" stroke-width="2" '
+                    f'data-bytes="{limit}"><title>{_a(f"budget {format_size(limit)}{text}")}'
+                    f'</title></line><text x="{LEFT + 4}" y="{y - 4:.1f}" fill="#d62728" '
+                    f'font-weight="bold">{_a(f"budget {format_size(limit)}{text}"[:120])}'
+                    f'</text>')
+
+    def tip(p: dict[str, Any]) -> str:
+        return (f"{format_size(p['bytes'])} · {p['commit']} {p['subject']} · {p['branch']} · "
+                f"{p['x'][:16].replace('T', ' ')} · {p['environment']}")
+
+    # One line per environment: figures of two software stacks are never joined.
+    by_env: dict[str, list[dict[str, Any]]] = {}
+    for p in points:
+        if p["line"] != OTHER_BRANCHES:
+            by_env.setdefault(p["environment"], []).append(p)
+    for line in by_env.values():
+        xy = " ".join(f"{frame.x(p['x']):.1f},{frame.y(p['bytes'] / factor):.1f}" for p in line)
+        body.append(f'<polyline class="line base" points="{xy}" fill="none" stroke="{color}" '
+                    f'stroke-width="1.6"/>')
+        body += [_point(frame.x(p["x"]), frame.y(p["bytes"] / factor), tip(p), "point base",
+                        color, p["bytes"]) for p in line]
+    body += [_diamond(frame.x(p["x"]), frame.y(p["bytes"] / factor), tip(p), p["bytes"])
+             for p in points if p["line"] == OTHER_BRANCHES]
+    kinds = sorted({m["kind"] for m in marks})
+    body += [_triangle(frame.x(m["x"]), frame.y(m["bytes"] / factor),
+                       f"{m['kind']} · {m['commit']} · {m['message']}", m["kind"], m["bytes"])
+             for m in marks]
+    body += _legend(kinds)
+    return _svg(frame, body, label, unit, metric)
+
+
+def time_panel(rows: Sequence[dict[str, Any]], fmt: str, times: Sequence[str],
+               height: int = 180) -> str | None:
+    """Median (solid) and p95 (dashed) iteration time per run (rows carry their x)."""
+    series = {stat: [(r["x"], r[col], r) for r in rows if r.get(col) is not None]
+              for col, stat in (("time_median_s", "median"), ("time_p95_s", "p95"))}
+    seconds = [s for pts in series.values() for _, s, _ in pts]
+    if not seconds:
+        return None
+    scale, unit = (1000, "ms") if max(seconds) < 1 else (1, "s")
+    frame = _Frame(times, min(seconds) * scale, max(seconds) * scale, height)
+    body = frame.axes(fmt, "iteration time", unit)
+    for stat, color, dash in (("median", "#1f77b4", ""), ("p95", "#6baed6", "5 3")):
+        pts = series[stat]
+        xy = " ".join(f"{frame.x(x):.1f},{frame.y(s * scale):.1f}" for x, s, _ in pts)
+        body.append(f'<polyline class="line {stat}" points="{xy}" fill="none" '
+                    f'stroke="{color}" stroke-width="1.4" stroke-dasharray="{dash}"/>')
+        for x, s, r in pts:
+            tip = (f"{stat} {format_seconds(s)} · {(r.get('git_commit') or '-')[:10]} "
+                   f"{(r.get('git_subject') or '')[:60]} · {x[:16].replace('T', ' ')}")
+            body.append(f'<circle class="point {stat}" cx="{frame.x(x):.1f}" '
+                        f'cy="{frame.y(s * scale):.1f}" r="2.4" fill="{color}">'
+                        f'<title>{_a(tip)}</title></circle>')
+    body.append(f'<text x="{WIDTH - RIGHT - 150}" y="18">— median   - - p95</text>')
+    return _svg(frame, body, "iteration time", unit, "time")
+
