@@ -167,6 +167,11 @@ def test_a_reviewer_finds_the_regression(chromium: Path, server: str, tmp_path: 
             page.get_by_text("coloured only past").wait_for(timeout=60_000)
             _settled(page)
             _shot(page, "dashboard-compare.png")
+
+            page.goto(f"{server}/?page=Plan", wait_until="domcontentloaded")
+            page.get_by_text("largest", exact=False).first.wait_for(timeout=60_000)
+            _settled(page, charts=1)
+            _shot(page, "dashboard-plan.png")
         finally:
             browser.close()
     assert (ARTIFACTS / "dashboard-history.png").stat().st_size > 10_000
