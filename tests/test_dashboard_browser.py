@@ -169,7 +169,7 @@ def test_a_reviewer_finds_the_regression(chromium: Path, server: str, tmp_path: 
             _shot(page, "dashboard-compare.png")
 
             page.goto(f"{server}/?page=Plan", wait_until="domcontentloaded")
-            page.get_by_text("largest", exact=False).first.wait_for(timeout=60_000)
+            page.get_by_text("Model: peak(").first.wait_for(timeout=60_000)
             _settled(page, charts=1)
             _shot(page, "dashboard-plan.png")
         finally:
