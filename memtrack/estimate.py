@@ -27,7 +27,14 @@ from memtrack.context import _DTYPES
 from memtrack.errors import ConfigError
 from memtrack.records import Environment, Measurement, RunRecord
 from memtrack.redact import redact
-from memtrack.runner import PINNED_ENV, _execute, _now, resolve_device, signal_name
+from memtrack.runner import (
+    PINNED_ENV,
+    _execute,
+    _now,
+    case_spec,
+    resolve_device,
+    signal_name,
+)
 from memtrack.workload import Case, suite_hash
 
 WORKER = "memtrack.estimate_worker"
@@ -120,18 +127,8 @@ def estimate_case(config: Config, case: Case, device: str) -> Measurement:
     warmup = max(1, warmup)
     with tempfile.TemporaryDirectory(prefix="memtrack-estimate-") as tmp:
         result_path = Path(tmp) / "result.json"
-        spec = {
-            "module": case.module,
-            "root": str(config.root),
-            "workload": case.workload,
-            "params": case.params,
-            "seed": case.seed,
-            "device": device,
-            "warmup": warmup,
-            "repeats": MEASURED_STEPS,
-            "data_dir": str(config.root / "data"),
-            "result_path": str(result_path),
-        }
+        spec = {**case_spec(config, case, device, warmup, MEASURED_STEPS),
+                "result_path": str(result_path)}
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
         outcome = _execute(spec_path, result_path, timeout_s, device, config.nvml_interval_s,

@@ -34,6 +34,7 @@ from memtrack.runner import (
     _start_sampler,
     _stop_sampler,
     _tell,
+    case_spec,
     case_status,
     to_measurement,
 )
@@ -73,15 +74,7 @@ def run_ranks(config: Config, case: Case, device: str, visible_uuids: tuple[str,
     for attempt in range(PORT_RETRIES + 1):
         with tempfile.TemporaryDirectory(prefix="memtrack-") as tmp:
             spec = {
-                "module": case.module,
-                "root": str(config.root),
-                "workload": case.workload,
-                "params": case.params,
-                "seed": case.seed,
-                "device": device,
-                "warmup": warmup,
-                "repeats": repeats,
-                "data_dir": str(config.root / "data"),
+                **case_spec(config, case, device, warmup, repeats),
                 "ranks": world,
                 **(extra or {}),
             }

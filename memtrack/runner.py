@@ -123,6 +123,23 @@ def run_suite(
     )
 
 
+def case_spec(config: Config, case: Case, device: str, warmup: int, repeats: int
+              ) -> dict[str, Any]:
+    """What a worker process needs to find and run one case (the caller adds where its
+    result goes): the same for a measured case, each rank of one, and an estimate."""
+    return {
+        "module": case.module,
+        "root": str(config.root),
+        "workload": case.workload,
+        "params": case.params,
+        "seed": case.seed,
+        "device": device,
+        "warmup": warmup,
+        "repeats": repeats,
+        "data_dir": str(config.root / "data"),
+    }
+
+
 def run_case(
     config: Config, case: Case, device: str, visible_uuids: tuple[str, ...] = (),
     extra: dict[str, Any] | None = None, quality: dict[str, Any] | None = None,
@@ -141,15 +158,7 @@ def run_case(
         scratch = Path(tmp) / "scratch"  # the case's ctx.scratch_dir, removed with tmp
         scratch.mkdir(mode=0o700)
         spec = {
-            "module": case.module,
-            "root": str(config.root),
-            "workload": case.workload,
-            "params": case.params,
-            "seed": case.seed,
-            "device": device,
-            "warmup": warmup,
-            "repeats": repeats,
-            "data_dir": str(config.root / "data"),
+            **case_spec(config, case, device, warmup, repeats),
             "result_path": str(result_path),
             "scratch_dir": str(scratch),
             **(extra or {}),
