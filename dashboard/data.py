@@ -14,7 +14,7 @@ from typing import Any
 import streamlit as st
 
 from dashboard import model, queries
-from memtrack.store import Store
+from memtrack.store.database import Store
 
 TTL_S = 600
 Stamp = tuple[int, ...]

@@ -10,14 +10,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memtrack import metrics
 from memtrack.config import Budget
 
 # The gate's step finder, imported here only: where the gate's history analysis lives is a
 # one-line change for the dashboard.
 from memtrack.judge.levels import find_steps, noise
+from memtrack.records import metrics
 from memtrack.units import format_size
-from memtrack.workload import short_case_labels  # noqa: F401 (the views use it from here)
+from memtrack.workload.registry import short_case_labels  # noqa: F401 (the views use it from here)
 
 MiB = 2**20
 

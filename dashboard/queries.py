@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrack.errors import StoreError
-from memtrack.store import BUSY_TIMEOUT_S, Store
+from memtrack.store.database import BUSY_TIMEOUT_S, Store
 
 RARE_CASE_ROWS = 2000
 """Below this many measurements, a case's series is read from its own index entries."""

@@ -5,9 +5,9 @@ Declare workloads with `@memtrack.workload`; each receives a `memtrack.Context`.
 
 from __future__ import annotations
 
-from memtrack.context import Context
 from memtrack.errors import ConfigError, MemtrackError, RecordError, StoreError, WorkloadError
-from memtrack.workload import workload
+from memtrack.workload.context import Context
+from memtrack.workload.registry import workload
 
 __version__ = "0.1.0"
 

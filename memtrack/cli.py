@@ -20,7 +20,7 @@ from memtrack.errors import MemtrackError
 def _unexpected(exc: Exception) -> str:
     import sqlite3
 
-    from memtrack import store
+    from memtrack.store import database as store
 
     if isinstance(exc, (sqlite3.Error, OSError)):
         return store.describe_failure(exc, None if isinstance(exc, OSError) else store.last_path)

@@ -95,7 +95,7 @@ class Config:
     """Where the team's dashboard is served (http or https), for links from the PR comment
     to a case's History; None: no links."""
     references: Path = Path("data/references")
-    """The folder of reference outputs and their manifest (see memtrack.references)."""
+    """The folder of reference outputs and their manifest (see memtrack.measure.references)."""
 
     def settings_for(self, workload: str) -> tuple[int, int, float]:
         """(warmup, repeats, timeout_s) for a workload, overrides applied."""

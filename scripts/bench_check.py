@@ -38,13 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from factories import CPU_ENV, GIT_ENV, make_measurement, make_run  # noqa: E402
 
-from memtrack import metrics  # noqa: E402
 from memtrack.config import load_config  # noqa: E402
 from memtrack.judge.baseline import COMPONENTS, Point  # noqa: E402
 from memtrack.judge.check import check  # noqa: E402
 from memtrack.judge.memory import Case, verdict  # noqa: E402
-from memtrack.records import Measurement, read_json  # noqa: E402
-from memtrack.store import Store  # noqa: E402
+from memtrack.records import metrics  # noqa: E402
+from memtrack.records.model import Measurement, read_json  # noqa: E402
+from memtrack.store.database import Store  # noqa: E402
 from memtrack.units import format_size  # noqa: E402
 
 MiB = 2**20

@@ -62,7 +62,7 @@ def case_id(workload: str, params: dict[str, Any]) -> str:
 def seed(path: Path, n_runs: int, rng: random.Random) -> int:
     """Create the schema through the store, then bulk-insert `n_runs` runs in one transaction."""
     sys.path.insert(0, str(ROOT))
-    from memtrack.store import Store
+    from memtrack.store.database import Store
 
     Store.open(path).close()  # migrations: the schema exactly as memtrack makes it
     conn = sqlite3.connect(path, isolation_level=None)

@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from memtrack.config import load_config
-from memtrack.context import Context
 from memtrack.probes.framework import MemTrackerProbe
-from memtrack.worker import _sync, _timing_pass
-from memtrack.workload import discover, select_cases
+from memtrack.worker.measure import _sync, _timing_pass
+from memtrack.workload.context import Context
+from memtrack.workload.registry import discover, select_cases
 
 
 def bare(step, device, iters: int) -> float:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from memtrack.records import (
+from memtrack.records.model import (
     CIInfo,
     DeviceMeasurement,
     Environment,
@@ -68,7 +68,7 @@ def make_measurement(
     times: tuple[float, ...] | None = None,
     **fields: Any,
 ) -> Measurement:
-    from memtrack.workload import case_id
+    from memtrack.workload.registry import case_id
 
     params = params if params is not None else {"batch": 1}
     devices: tuple[DeviceMeasurement, ...] = ()

@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 from memtrack.config import load_config
-from memtrack.runner import run_case
-from memtrack.workload import discover, select_cases
+from memtrack.measure.runner import run_case
+from memtrack.workload.registry import discover, select_cases
 
 WORKLOADS = textwrap.dedent(
     """

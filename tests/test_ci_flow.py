@@ -25,7 +25,7 @@ import pytest
 from factories import commit_all, git, init_repo
 from gha import run_composite
 
-from memtrack.store import Store
+from memtrack.store.database import Store
 
 pytestmark = pytest.mark.slow
 

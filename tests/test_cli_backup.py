@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from factories import MiB, make_measurement, make_run
 
 from memtrack.cli import main
-from memtrack.records import CIInfo
-from memtrack.store import Store
+from memtrack.records.model import CIInfo
+from memtrack.store.database import Store
 
 
 def _seed(db: Path, n: int = 3) -> list[str]:
@@ -46,7 +46,7 @@ _WRITER = textwrap.dedent(
     import sys, time
     sys.path.insert(0, {tests!r})
     from factories import make_measurement, make_run
-    from memtrack.store import Store, _Batch
+    from memtrack.store.database import Store, _Batch
 
     store = Store.open({db!r})
     store.conn.execute("BEGIN IMMEDIATE")

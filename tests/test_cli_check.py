@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from factories import CPU_ENV, MiB, commit_all, git, init_repo, make_measurement, make_run
 
 from memtrack.cli import main
-from memtrack.store import Store
+from memtrack.store.database import Store
 
 SMALL = {"batch": 1}
 BIG = {"batch": 8}

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from factories import commit_all, init_repo
 
 from memtrack.cli import main
-from memtrack.store import Store
+from memtrack.store.database import Store
 
 WORKLOAD = textwrap.dedent(
     """

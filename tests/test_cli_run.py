@@ -9,8 +9,8 @@ import sys
 import pytest
 from factories import commit_all, init_repo
 
-from memtrack.records import read_json
-from memtrack.store import Store
+from memtrack.records.model import read_json
+from memtrack.store.database import Store
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ import hashlib
 import pytest
 import torch
 
-from memtrack.context import Context
 from memtrack.errors import WorkloadError
+from memtrack.workload.context import Context
 
 
 def test_pinned_inputs_are_the_same_for_the_same_seed(tmp_path):

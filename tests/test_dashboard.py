@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from factories import CPU_ENV, GPU_ENV, MiB, make_measurement, make_run
 
-from memtrack.records import CIInfo
-from memtrack.store import Store
+from memtrack.records.model import CIInfo
+from memtrack.store.database import Store
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402

@@ -10,7 +10,7 @@ import sys
 import pytest
 from factories import CPU_ENV, GPU_ENV
 
-from memtrack.doctor import checks, runs_on
+from memtrack.machine.doctor import checks, runs_on
 
 TOO_OLD = (
     "The NVIDIA driver on your system is too old (found version 12040). Please update your "

@@ -8,9 +8,9 @@ import sqlite3
 
 from factories import GPU_ENV, GiB, MiB, make_measurement, make_run
 
-from memtrack import environment
-from memtrack.records import DeviceMeasurement, run_from_dict, to_dict
-from memtrack.store import Store
+from memtrack.machine import environment
+from memtrack.records.model import DeviceMeasurement, run_from_dict, to_dict
+from memtrack.store.database import Store
 
 
 def test_the_environment_records_whether_torch_can_start_cuda_and_why_not():

@@ -15,8 +15,8 @@ from factories import CPU_ENV, MiB, commit_all, git, init_repo, make_measurement
 
 from memtrack.cli import main
 from memtrack.errors import RecordError
-from memtrack.records import run_from_dict, to_dict
-from memtrack.store import Store
+from memtrack.records.model import run_from_dict, to_dict
+from memtrack.store.database import Store
 
 # The shipped examples, at params that keep the test short (the same models, smaller
 # inputs), measured once after one warm-up.

@@ -6,10 +6,10 @@ import textwrap
 
 import pytest
 
-from memtrack import environment
 from memtrack.config import load_config
-from memtrack.runner import run_suite
-from memtrack.workload import discover, select_cases
+from memtrack.machine import environment
+from memtrack.measure.runner import run_suite
+from memtrack.workload.registry import discover, select_cases
 
 pytestmark = pytest.mark.gpu
 

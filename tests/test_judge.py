@@ -16,8 +16,8 @@ from memtrack.judge.check import check, save_verdicts
 from memtrack.judge.levels import current_level
 from memtrack.judge.levels import spread as baseline_spread
 from memtrack.judge.memory import repeat_spread, suggest_budget
-from memtrack.metrics import FLOORS
-from memtrack.store import Store
+from memtrack.records.metrics import FLOORS
+from memtrack.store.database import Store
 
 BASE = 100 * MiB
 
@@ -322,7 +322,7 @@ def test_verdicts_are_recorded_once_per_run(store, tmp_path):
 def test_judge_and_report_import_no_heavy_modules():
     import subprocess
 
-    code = ("import sys, memtrack.judge.check, memtrack.judge.history, memtrack.report, "
+    code = ("import sys, memtrack.judge.check, memtrack.judge.history, memtrack.report.check, "
             "memtrack.commands.check;"
             "print(sorted(m for m in ('torch', 'scipy', 'sqlite_utils', 'pandas', 'numpy')"
             " if m in sys.modules))")

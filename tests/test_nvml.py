@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from memtrack.measure.runner import CaseOutcome, _execute, _start_sampler, to_measurement
 from memtrack.probes.nvml import Sampler
-from memtrack.runner import CaseOutcome, _execute, _start_sampler, to_measurement
-from memtrack.workload import Case
+from memtrack.workload.registry import Case
 
 GiB = 2**30
 FAKE_DIR = Path(__file__).parent / "fakenvml"

@@ -9,7 +9,7 @@ from factories import GPU_ENV, GiB, MiB, make_measurement, make_run
 
 from memtrack.config import load_config
 from memtrack.errors import ConfigError
-from memtrack.plan import (
+from memtrack.plan.fit import (
     Gpu,
     Headroom,
     fit,
@@ -19,8 +19,8 @@ from memtrack.plan import (
     plan,
     select_gpus,
 )
-from memtrack.store import Store
-from memtrack.sweep import PACKAGED_CATALOG, make_plan
+from memtrack.plan.sweep import PACKAGED_CATALOG, make_plan
+from memtrack.store.database import Store
 
 GB = 10**9
 T4, L4 = Gpu("NVIDIA T4", 16 * GB, "16 GB"), Gpu("NVIDIA L4", 24 * GB, "24 GB")

@@ -5,8 +5,8 @@ import sys
 
 from factories import commit_all, git, init_repo
 
-from memtrack.provenance import ci_info, git_info
-from memtrack.store import Store
+from memtrack.machine.provenance import ci_info, git_info
+from memtrack.store.database import Store
 
 TINY = (
     "import torch, memtrack\n@memtrack.workload\ndef tiny(ctx):\n"

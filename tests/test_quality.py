@@ -17,12 +17,12 @@ from factories import commit_all, git, init_repo, make_measurement, make_run
 from memtrack.config import load_config
 from memtrack.errors import ConfigError, RecordError, WorkloadError
 from memtrack.judge.quality import precision_change
-from memtrack.records import run_from_dict, to_dict
-from memtrack.references import load_manifest
-from memtrack.runner import run_case
-from memtrack.store import Store
+from memtrack.measure.references import load_manifest
+from memtrack.measure.runner import run_case
+from memtrack.records.model import run_from_dict, to_dict
+from memtrack.store.database import Store
 from memtrack.units import format_size
-from memtrack.workload import Case, discover, select_cases, workload
+from memtrack.workload.registry import Case, discover, select_cases, workload
 
 WORKLOADS = textwrap.dedent(
     """

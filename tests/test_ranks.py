@@ -21,16 +21,16 @@ from memtrack.config import Budget, load_config
 from memtrack.errors import RecordError, WorkloadError
 from memtrack.judge.budgets import device_memory
 from memtrack.judge.memory import Case as JudgedCase
-from memtrack.records import (
+from memtrack.measure.runner import run_case
+from memtrack.records.model import (
     DeviceMeasurement,
     RankMeasurement,
     read_json,
     run_from_dict,
     to_dict,
 )
-from memtrack.runner import run_case
-from memtrack.store import Store
-from memtrack.workload import Case, discover, ranks_of, workload
+from memtrack.store.database import Store
+from memtrack.workload.registry import Case, discover, ranks_of, workload
 
 MiB = 2**20
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 import memtrack
 from memtrack.errors import RecordError
-from memtrack.records import json_schema, read_json, run_from_dict, to_dict
+from memtrack.records.model import json_schema, read_json, run_from_dict, to_dict
 
-SHIPPED = Path(memtrack.__file__).parent / "schema" / "run-record.schema.json"
+SHIPPED = Path(memtrack.__file__).parent / "records" / "schema" / "run-record.schema.json"
 
 
 def _good() -> dict:
@@ -37,8 +37,8 @@ def test_a_written_record_loads_back_equal():
 def test_the_shipped_schema_is_the_generated_one():
     shipped = json.loads(SHIPPED.read_text())
     assert shipped == json_schema(), (
-        "memtrack/schema/run-record.schema.json is stale; regenerate it with "
-        "`python -m memtrack.records > memtrack/schema/run-record.schema.json`"
+        "memtrack/records/schema/run-record.schema.json is stale; regenerate it with "
+        "`python -m memtrack.records > memtrack/records/schema/run-record.schema.json`"
     )
 
 

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 from factories import commit_all, init_repo
 
-from memtrack.redact import MASK, redact
+from memtrack.records.redact import MASK, redact
 
 # Shaped like real tokens, valid for nothing.
 GITHUB = "ghp_" + "a1B2c3D4e5F6g7H8i9J0" * 2

@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 from memtrack.config import load_config
-from memtrack.runner import run_suite
-from memtrack.workload import discover, select_cases
+from memtrack.measure.runner import run_suite
+from memtrack.workload.registry import discover, select_cases
 
 WORKLOADS = textwrap.dedent(
     """
@@ -151,7 +151,7 @@ def test_the_run_goes_on_after_failures(failing_run):
 
 
 def test_failed_cases_serialise(failing_run):
-    from memtrack.records import run_from_dict, to_dict
+    from memtrack.records.model import run_from_dict, to_dict
 
     data = json.loads(json.dumps(to_dict(failing_run[0])))
     assert run_from_dict(data) == failing_run[0]
@@ -230,7 +230,7 @@ def test_without_a_usable_cgroup_the_tree_is_sampled_and_no_cgroup_is_left():
 
 
 def test_the_tree_peak_is_stored_and_read_back(failing_run, tmp_path):
-    from memtrack.store import Store
+    from memtrack.store.database import Store
 
     with Store.open(tmp_path / "m.db") as store:
         store.write_run(failing_run[0])

@@ -10,9 +10,9 @@ import pytest
 
 from memtrack.config import load_config
 from memtrack.errors import WorkloadError
-from memtrack.runner import run_suite
-from memtrack.sessions import Sessions, concurrency
-from memtrack.workload import discover, select_cases
+from memtrack.measure.runner import run_suite
+from memtrack.workload.registry import discover, select_cases
+from memtrack.workload.sessions import Sessions, concurrency
 
 SERVE = """modules = ["memtrack.examples"]
 warmup = 1
@@ -88,7 +88,7 @@ def test_sessions_overlap_and_an_error_in_one_is_raised_after_all_end():
 def test_cache_tags_from_concurrent_sessions_are_all_counted(tmp_path):
     import torch
 
-    from memtrack.context import Context
+    from memtrack.workload.context import Context
 
     ctx = Context({"concurrency": 8}, 0, "cpu", tmp_path)
     kept: list[torch.Tensor] = []

@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner
 from factories import GiB, commit_all, git, init_repo, make_measurement, make_run
 
-from memtrack import report
 from memtrack.cli import main
 from memtrack.judge.check import CheckResult
 from memtrack.judge.verdict import Verdict
-from memtrack.store import Store
+from memtrack.report import check as report
+from memtrack.store.database import Store
 
 MODULE = "Sequential.0.layers.1.self_attn"  # train_step's second encoder layer's attention
 

@@ -14,8 +14,8 @@ from factories import GPU_ENV, MiB, make_measurement, make_run
 
 from memtrack.cli import main
 from memtrack.errors import StoreError
-from memtrack.records import read_json, write_json
-from memtrack.store import Store
+from memtrack.records.model import read_json, write_json
+from memtrack.store.database import Store
 
 
 def test_a_run_reads_back_as_written(tmp_path):
@@ -112,7 +112,7 @@ WRITER = textwrap.dedent(
     import sys
     sys.path.insert(0, {tests!r})
     from factories import make_measurement, make_run
-    from memtrack.store import Store
+    from memtrack.store.database import Store
     store = Store.open({db!r})
     print("ready", flush=True)
     while True:

@@ -6,7 +6,7 @@ from click.testing import CliRunner
 from memtrack.cli import main
 from memtrack.config import load_config
 from memtrack.errors import WorkloadError
-from memtrack.workload import Workload, case_id, discover, select_cases
+from memtrack.workload.registry import Workload, case_id, discover, select_cases
 
 
 def _noop(ctx):

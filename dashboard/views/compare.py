@@ -10,7 +10,7 @@ import streamlit as st
 
 from dashboard import data, model
 from dashboard.views import Context, esc, resolve_run, run_label, short, when
-from memtrack import metrics
+from memtrack.records import metrics
 from memtrack.units import format_seconds, format_size
 
 VIEWS = ("allocated", "reserved", "requested", "device", "host", "host_step")

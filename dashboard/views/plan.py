@@ -13,8 +13,8 @@ import streamlit as st
 from dashboard import charts, data, model
 from dashboard.views import Context, esc, short
 from memtrack.errors import MemtrackError
-from memtrack.plan import Headroom, fit, load_catalog, plan, show_value
-from memtrack.sweep import PACKAGED_CATALOG, default_catalog
+from memtrack.plan.fit import Headroom, fit, load_catalog, plan, show_value
+from memtrack.plan.sweep import PACKAGED_CATALOG, default_catalog
 from memtrack.units import format_size
 
 CURVE_POINTS = 60

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from memtrack import maintenance
 from memtrack.commands.options import config_option, db_option, resolve
-from memtrack.store import Store
+from memtrack.store import maintenance
+from memtrack.store.database import Store
 from memtrack.units import format_size
 
 

@@ -60,8 +60,8 @@ def check(config_path, db_path, run_id, commit, base_branch, markdown_path, json
     Exit status: 0 nothing blocks, 1 something blocks, 2 a usage, config or data error.
     With GITHUB_STEP_SUMMARY set, a compact Markdown summary is appended there.
     """
-    from memtrack import report
-    from memtrack.store import Store
+    from memtrack.report import check as report
+    from memtrack.store.database import Store
 
     config, db = resolve(config_path, db_path)
     if not db.is_file():

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import click
 
-from memtrack import doctor as doctor_lib
-from memtrack import environment
 from memtrack.commands.options import config_option, db_option, resolve
+from memtrack.machine import doctor as doctor_lib
+from memtrack.machine import environment
 
 _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "    "}
 

@@ -8,8 +8,8 @@ import click
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
 from memtrack.commands.run import _check_folder, _save
 from memtrack.errors import ConfigError, StoreError
-from memtrack.store import Store
-from memtrack.workload import discover, select_cases
+from memtrack.store.database import Store
+from memtrack.workload.registry import discover, select_cases
 
 
 @click.command()
@@ -31,8 +31,8 @@ def estimate(config_path, db_path, patterns, device, dtype, json_path, no_db) ->
     The estimate is recorded beside measured runs, labelled as such: it is never a baseline.
     Exit 0 when the estimates ran (a case that cannot be faked is recorded with the reason).
     """
-    from memtrack.estimate import check_device, check_dtype, estimate_cases
-    from memtrack.report_run import estimate_view
+    from memtrack.measure.estimate import check_device, check_dtype, estimate_cases
+    from memtrack.report.run import estimate_view
 
     config, db = resolve(config_path, db_path)
     check_device(device)

@@ -4,8 +4,8 @@ import click
 
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
 from memtrack.errors import StoreError
-from memtrack.report_run import history_table
-from memtrack.store import Store
+from memtrack.report.run import history_table
+from memtrack.store.database import Store
 
 
 @click.command()

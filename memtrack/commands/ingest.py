@@ -5,9 +5,9 @@ from pathlib import Path
 import click
 
 from memtrack.commands.options import config_option, db_option, resolve
-from memtrack.records import read_all
-from memtrack.redact import redact_run
-from memtrack.store import Store
+from memtrack.records.model import read_all
+from memtrack.records.redact import redact_run
+from memtrack.store.database import Store
 
 
 @click.command()

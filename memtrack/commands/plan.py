@@ -34,11 +34,12 @@ def plan(case, config_path, db_path, sweep_text, catalog_path, gpu_names, as_mar
     """Will it fit? Measure CASE at each value of a param, fit how its peak grows, and say
     the largest value each GPU of the catalog holds (and the levers where nothing fits).
     With --estimate the points are estimated under fake tensors instead of measured."""
-    from memtrack import plan as planning
-    from memtrack import report_plan, sweep
-    from memtrack.runner import run_suite
-    from memtrack.store import Store
-    from memtrack.workload import discover
+    from memtrack.measure.runner import run_suite
+    from memtrack.plan import fit as planning
+    from memtrack.plan import sweep
+    from memtrack.report import plan as report_plan
+    from memtrack.store.database import Store
+    from memtrack.workload.registry import discover
 
     if as_markdown and as_json:
         raise click.UsageError("--markdown and --json: choose one")
@@ -62,7 +63,7 @@ def plan(case, config_path, db_path, sweep_text, catalog_path, gpu_names, as_mar
         store.check_writable()  # before the first case, not after the sweep
     try:
         if estimated:
-            from memtrack.estimate import estimate_cases
+            from memtrack.measure.estimate import estimate_cases
 
             record = estimate_cases(config, cases, device=device, dtype=None,
                                     progress=_progress)

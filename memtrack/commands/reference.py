@@ -22,10 +22,10 @@ def reference(cases, config_path, patterns) -> None:
     sha256 in manifest.json. Commit both. Exit status 2 when a case fails or returns no
     tensor; then nothing is written.
     """
-    from memtrack import environment, provenance
-    from memtrack.references import manifest_path, record_references
-    from memtrack.runner import resolve_device
-    from memtrack.workload import discover, select_cases
+    from memtrack.machine import environment, provenance
+    from memtrack.measure.references import manifest_path, record_references
+    from memtrack.measure.runner import resolve_device
+    from memtrack.workload.registry import discover, select_cases
 
     config = load_config(config_path)
     selected = select_cases(discover(config), (*cases, *patterns))

@@ -9,11 +9,11 @@ import click
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
 from memtrack.errors import ConfigError, MemtrackError, StoreError
 from memtrack.judge.check import check_budget_targets
-from memtrack.records import write_json
-from memtrack.report_run import run_table
-from memtrack.runner import run_suite
-from memtrack.store import Store, describe_failure
-from memtrack.workload import discover, select_cases
+from memtrack.measure.runner import run_suite
+from memtrack.records.model import write_json
+from memtrack.report.run import run_table
+from memtrack.store.database import Store, describe_failure
+from memtrack.workload.registry import discover, select_cases
 
 
 def _parse_shard(value: str | None) -> tuple[int, int] | None:

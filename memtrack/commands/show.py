@@ -5,9 +5,9 @@ import json
 import click
 
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
-from memtrack.records import to_dict
-from memtrack.report_run import run_detail
-from memtrack.store import Store
+from memtrack.records.model import to_dict
+from memtrack.report.run import run_detail
+from memtrack.store.database import Store
 
 
 @click.command()

@@ -23,7 +23,7 @@ def snapshot(case, config_path, db_path, out) -> None:
     peak per module and category (JSON). It shows the model's structure: it is written with
     mode 0600, never into the database, and never uploaded.
     """
-    from memtrack.snapshots import take
+    from memtrack.measure.snapshots import take
 
     config, db = resolve(config_path, db_path)
     snap = take(config, case, db, out)

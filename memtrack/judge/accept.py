@@ -16,9 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from memtrack import metrics
 from memtrack.errors import ConfigError
 from memtrack.judge.baseline import git_output
+from memtrack.records import metrics
 from memtrack.units import format_size, parse_size
 
 TRAILER = "Memtrack-Accept"

@@ -15,9 +15,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from memtrack import metrics
-from memtrack.records import COMMIT_PATTERN, RunRecord
-from memtrack.store import Store
+from memtrack.records import metrics
+from memtrack.records.model import COMMIT_PATTERN, RunRecord
+from memtrack.store.database import Store
 from memtrack.units import parse_time
 
 _ANCESTRY_FIRST = 512

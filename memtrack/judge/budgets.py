@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from memtrack import metrics
 from memtrack.config import Budget, Config, config_from_text
 from memtrack.errors import ConfigError
 from memtrack.judge.baseline import git_output
 from memtrack.judge.verdict import Verdict
-from memtrack.records import Environment, Measurement, peak_rank
+from memtrack.records import metrics
+from memtrack.records.model import Environment, Measurement, peak_rank
 from memtrack.units import format_size
 
 

@@ -5,7 +5,7 @@ merge-base, on the same environment fingerprint, split at their steps: the candi
 judged against the level the base branch is at now (memtrack.judge.memory has the
 arithmetic). A run of the base branch itself is judged against its previous level too:
 reported and recorded, never blocking, so that a regression that reached the base branch
-shows as one. Nothing here prints; `memtrack.report` shows what this returns.
+shows as one. Nothing here prints; `memtrack.report.check` shows what this returns.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from memtrack import metrics
 from memtrack.config import Config
 from memtrack.errors import ConfigError, StoreError
 from memtrack.judge import accept, memory, quality, timing
@@ -29,8 +28,9 @@ from memtrack.judge.budgets import (
 )
 from memtrack.judge.memory import Case
 from memtrack.judge.verdict import Verdict
-from memtrack.records import Environment, RunRecord
-from memtrack.store import Store
+from memtrack.records import metrics
+from memtrack.records.model import Environment, RunRecord
+from memtrack.store.database import Store
 from memtrack.units import format_size
 
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memtrack import metrics
 from memtrack.config import Config
 from memtrack.judge.baseline import git_output, iso_epoch
 from memtrack.judge.levels import find_steps, noise
-from memtrack.store import MEASURED_RUN, Store
+from memtrack.records import metrics
+from memtrack.store.database import MEASURED_RUN, Store
 from memtrack.units import format_size
 
 

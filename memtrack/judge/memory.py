@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtrack import metrics
 from memtrack.config import Budget, Config
 from memtrack.judge import accept
 from memtrack.judge.baseline import COMPONENTS, Point
@@ -32,7 +31,8 @@ from memtrack.judge.budgets import (
 )
 from memtrack.judge.levels import current_level
 from memtrack.judge.verdict import Verdict
-from memtrack.records import Measurement
+from memtrack.records import metrics
+from memtrack.records.model import Measurement
 from memtrack.units import format_size
 
 MiB = 2**20

@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from memtrack.judge.verdict import Verdict
-from memtrack.records import Measurement
+from memtrack.records.model import Measurement
 from memtrack.units import format_size
-from memtrack.workload import _split_case
+from memtrack.workload.registry import _split_case
 
 
 def precision_change(case_id: str, reference: str) -> str | None:

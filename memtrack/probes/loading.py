@@ -1,6 +1,6 @@
 """Loading view: host peak, disk I/O and disk space of the step a workload marks as loading.
 
-`ctx.loading()` (memtrack.context) hands its phase to a `LoadingProbe`, which the worker
+`ctx.loading()` (memtrack.workload.context) hands its phase to a `LoadingProbe`, which the worker
 creates. Around the phase it resets the host high-water mark (VmHWM, see probes.host), reads
 `/proc/self/io` before and after, and at the end adds up the size of the files the loading
 declared (by default the case's scratch directory). No torch here: it measures the process.

@@ -443,8 +443,8 @@ def to_dict(obj: Any) -> Any:
 # derived from the dataclass fields and their type hints (plus a few naming conventions:
 # `*_bytes` are byte counts, `*_s` seconds, `*_at` ISO times), so a new field is validated and
 # described in the schema without further code. `json_schema()` writes the same rules as a JSON
-# Schema; memtrack/schema/run-record.schema.json is its output, regenerated with
-# `python -m memtrack.records > memtrack/schema/run-record.schema.json`.
+# Schema; memtrack/records/schema/run-record.schema.json is its output, regenerated with
+# `python -m memtrack.records > memtrack/records/schema/run-record.schema.json`.
 
 MAX_BYTES = 2**62
 """Upper bound of a byte figure: far above any machine, far below SQLite's 64-bit limit."""
@@ -901,7 +901,3 @@ def read_all(paths: Iterable[Path]) -> Iterator[RunRecord]:
     if errors:
         more = f" (and {len(errors) - 1} more bad file(s))" if len(errors) > 1 else ""
         raise RecordError(f"{errors[0]}{more}; nothing ingested")
-
-
-if __name__ == "__main__":
-    print(json.dumps(json_schema(), indent=2))

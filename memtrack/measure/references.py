@@ -22,7 +22,7 @@ from typing import Any
 
 from memtrack.config import Config
 from memtrack.errors import ConfigError, WorkloadError
-from memtrack.workload import Case
+from memtrack.workload.registry import Case
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -126,7 +126,7 @@ def record_references(
     when a case fails or its step returns no tensor."""
     import os
 
-    from memtrack import runner
+    from memtrack.measure import runner
 
     for name, value in runner.PINNED_ENV.items():
         os.environ.setdefault(name, value)  # the worker runs as in `memtrack run`

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from memtrack import environment, runner
 from memtrack.config import Config
 from memtrack.errors import ConfigError, WorkloadError
-from memtrack.workload import Case, discover, select_cases
+from memtrack.machine import environment
+from memtrack.measure import runner
+from memtrack.workload.registry import Case, discover, select_cases
 
 SUFFIX = {"cuda": ".pickle", "cpu": ".json"}
 MEMORY_VIZ = "https://pytorch.org/memory_viz"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memtrack.errors import WorkloadError
-from memtrack.sessions import concurrency
+from memtrack.workload.sessions import concurrency
 
 if TYPE_CHECKING:
     import torch

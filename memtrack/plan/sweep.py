@@ -1,5 +1,5 @@
 """A measured sweep of one param of one case, turned into a plan: which case, which points,
-which figure must fit, and which headroom is justified (see memtrack.plan for the fit)."""
+which figure must fit, and which headroom is justified (see memtrack.plan.fit for the fit)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from memtrack import metrics
 from memtrack.config import Config
 from memtrack.errors import ConfigError
-from memtrack.plan import Gpu, Headroom, Number, Plan, plan
-from memtrack.records import Measurement, RunRecord
-from memtrack.store import Store
+from memtrack.plan.fit import Gpu, Headroom, Number, Plan, plan
+from memtrack.records import metrics
+from memtrack.records.model import Measurement, RunRecord
+from memtrack.store.database import Store
 from memtrack.units import format_size
-from memtrack.workload import Case, Workload, case_id
+from memtrack.workload.registry import Case, Workload, case_id
 
-PACKAGED_CATALOG = Path(__file__).parent / "data" / "gpus.toml"
+PACKAGED_CATALOG = Path(__file__).parent / "gpus.toml"
 """The GPU catalog shipped with memtrack (the repository's data/gpus.toml is the same file)."""
 
 

@@ -1,6 +1,6 @@
 """One case's memory estimate, in its own process: setup, warm-up and one step under fake tensors.
 
-Started by `memtrack.estimate` as `python -m memtrack.estimate_worker SPEC.json PARENT_PID`.
+Started by `memtrack.measure.estimate` as `python -m memtrack.worker.estimate SPEC.json PARENT_PID`.
 The workload runs under `FakeTensorMode`: tensors carry shapes, dtypes and devices but no
 data, so nothing is allocated and no GPU is needed. The same tensor tracker as the measured
 CPU view (MemTracker, through `MemTrackerProbe`) counts the live fake storages by category,
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memtrack.worker import _die_with_parent, _Result
+from memtrack.worker.measure import _die_with_parent, _Result
 
 FRAMEWORK = "fake-tensor-estimate"
 
@@ -143,9 +143,9 @@ def estimate_case(spec: dict[str, Any], result: _Result) -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memtrack.context import Context
     from memtrack.probes.framework import MemTrackerProbe
-    from memtrack.workload import find, import_workload_module
+    from memtrack.workload.context import Context
+    from memtrack.workload.registry import find, import_workload_module
 
     result.update(phase="setup")
     device = spec["device"]

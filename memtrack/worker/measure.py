@@ -1,6 +1,6 @@
 """One case, in its own process: setup, warm-up, timing pass, memory pass, breakdown.
 
-Started by the runner as `python -m memtrack.worker SPEC.json RUNNER_PID`. It writes its
+Started by the parent as `python -m memtrack.worker SPEC.json RUNNER_PID`. It writes its
 figures to the spec's result path after every phase (atomically), so a crash or a kill
 still leaves the partial figures for the runner to record.
 """
@@ -71,11 +71,11 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     host = HostPeak()  # first, so the whole case (imports aside) is under one high-water mark
     import torch
 
-    from memtrack import distributed
-    from memtrack.context import Context
     from memtrack.probes.framework import CudaAllocatorProbe, MemTrackerProbe, category_breakdown
     from memtrack.probes.loading import LoadingProbe
-    from memtrack.workload import find, import_workload_module
+    from memtrack.worker import distributed
+    from memtrack.workload.context import Context
+    from memtrack.workload.registry import find, import_workload_module
 
     result.update(phase="setup", host_peak_source=host.source)
     torch.manual_seed(spec["seed"])
@@ -99,7 +99,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
         raise TypeError(f"workload {wl.name!r} must return the step to measure, got {step!r}")
     if sessions > 1:
         # One iteration is every session done: timed, measured and warmed up alike.
-        from memtrack.sessions import Sessions
+        from memtrack.workload.sessions import Sessions
 
         step = Sessions(step, sessions, ctx.device, probe.session_scope)
         result.data["notes"].append(f"{sessions} concurrent sessions per iteration (threads"
@@ -231,9 +231,3 @@ def main(argv: list[str]) -> int:
         return 0
     result.update(status="ok")
     return 0
-
-
-if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    sys.stdout.flush()
-    os._exit(code)  # skip interpreter teardown: figures are written, nothing is left to do

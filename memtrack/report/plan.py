@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memtrack.plan import Plan, describe, show_value
+from memtrack.plan.fit import Plan, describe, show_value
 from memtrack.units import format_size
 
 

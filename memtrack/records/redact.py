@@ -9,7 +9,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from memtrack.records import RunRecord
+    from memtrack.records.model import RunRecord
 
 MASK = "[redacted]"
 

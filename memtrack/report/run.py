@@ -7,9 +7,9 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from memtrack.records import Measurement, RunRecord, device_peak
+from memtrack.records.model import Measurement, RunRecord, device_peak
 from memtrack.units import format_seconds, format_size
-from memtrack.workload import short_case_labels
+from memtrack.workload.registry import short_case_labels
 
 
 def run_table(run: RunRecord) -> Table:

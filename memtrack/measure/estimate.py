@@ -1,6 +1,6 @@
 """Estimates: a case's tensor-memory peak predicted under fake tensors, without a GPU.
 
-Each case runs in a fresh process (`memtrack.estimate_worker`, with the case's timeout):
+Each case runs in a fresh process (`memtrack.worker.estimate`, with the case's timeout):
 setup, the warm-up and one measured step under `FakeTensorMode`, counted by the same tensor
 tracker as the measured CPU view. The result is a `RunRecord` like a measured run's (git,
 environment), whose measurements have `kind = "estimate"` and framework
@@ -20,14 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from memtrack import environment, provenance
-from memtrack.breakdown import with_breakdown
 from memtrack.config import Config
-from memtrack.context import _DTYPES
 from memtrack.errors import ConfigError
-from memtrack.records import Environment, Measurement, RunRecord
-from memtrack.redact import redact
-from memtrack.runner import (
+from memtrack.machine import environment, provenance
+from memtrack.measure.runner import (
     PINNED_ENV,
     _execute,
     _now,
@@ -35,9 +31,13 @@ from memtrack.runner import (
     resolve_device,
     signal_name,
 )
-from memtrack.workload import Case, suite_hash
+from memtrack.records.breakdown import with_breakdown
+from memtrack.records.model import Environment, Measurement, RunRecord
+from memtrack.records.redact import redact
+from memtrack.workload.context import _DTYPES
+from memtrack.workload.registry import Case, suite_hash
 
-WORKER = "memtrack.estimate_worker"
+WORKER = "memtrack.worker.estimate"
 FRAMEWORK = "fake-tensor-estimate"
 DEVICES = ("cpu", "cuda")
 MEASURED_STEPS = 1

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from memtrack.judge.check import CheckResult
 from memtrack.judge.verdict import Verdict
 from memtrack.units import format_seconds, format_size
-from memtrack.workload import short_case_labels
+from memtrack.workload.registry import short_case_labels
 
 if TYPE_CHECKING:
     from memtrack.judge.history import HistoryResult

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memtrack.records import Measurement, device_peak, host_peak, host_step, load_host
+from memtrack.records.model import Measurement, device_peak, host_peak, host_step, load_host
 
 MiB = 2**20
 

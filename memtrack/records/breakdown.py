@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from memtrack.records import Measurement, memory_pass_peak
+from memtrack.records.model import Measurement, memory_pass_peak
 
 
 def with_breakdown(m: Measurement) -> Measurement:

@@ -1,6 +1,6 @@
 """The SQLite store: runs, environments, measurements and per-device rows.
 
-Schema changes only through `memtrack.migrations` (sqlite-utils), one function per change,
+Schema changes only through `memtrack.store.migrations` (sqlite-utils), one function per change,
 applied under an exclusive lock so that processes opening a new database at once do not race.
 A run, or a whole batch of ingested runs, is written in one `BEGIN IMMEDIATE` transaction, so
 a killed process or a full disk leaves no half run. The file stays a plain SQLite database
@@ -22,9 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from memtrack import migrations
 from memtrack.errors import StoreError
-from memtrack.records import (
+from memtrack.records.model import (
     CIInfo,
     DeviceMeasurement,
     Environment,
@@ -39,6 +38,7 @@ from memtrack.records import (
     load_host,
     to_dict,
 )
+from memtrack.store import migrations
 
 BUSY_TIMEOUT_S = 30.0
 _BATCH = 500

@@ -1,6 +1,6 @@
 """The environment fingerprint: GPUs, driver, CUDA, cuDNN, NCCL, torch, Python, host.
 
-`collect()` runs in a child process (`python -m memtrack.environment`), so that the
+`collect()` runs in a child process (`python -m memtrack.machine.environment`), so that the
 parent never creates a CUDA context of its own: one would show in every case's device view.
 The GPUs are those torch sees (after CUDA_VISIBLE_DEVICES), as torch numbers them; when torch
 cannot start CUDA, those NVML sees, and torch's reason. Versions come from torch.
@@ -18,7 +18,7 @@ from importlib import metadata
 from typing import Any
 
 from memtrack.probes.nvml import guarded, memory_info, resolve, usable_total
-from memtrack.records import Environment, GpuInfo
+from memtrack.records.model import Environment, GpuInfo
 
 ENV_ALLOWLIST = (
     "PYTORCH_ALLOC_CONF",
@@ -260,7 +260,7 @@ def from_dict(data: dict[str, Any]) -> Environment:
 def probe(timeout_s: float = 120.0) -> Environment:
     """Collect the environment in a child process."""
     out = subprocess.run(
-        [sys.executable, "-m", "memtrack.environment"],
+        [sys.executable, "-m", "memtrack.machine.environment"],
         capture_output=True,
         text=True,
         timeout=timeout_s,

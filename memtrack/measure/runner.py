@@ -22,18 +22,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from memtrack import environment, provenance, references
-from memtrack.breakdown import with_breakdown
 from memtrack.config import Config
+from memtrack.machine import environment, provenance
+from memtrack.measure import references
 from memtrack.probes.tree import CGROUP, ProcessTree
-from memtrack.records import (
+from memtrack.records.breakdown import with_breakdown
+from memtrack.records.model import (
     DeviceMeasurement,
     Environment,
     Measurement,
     RunRecord,
 )
-from memtrack.redact import redact
-from memtrack.workload import Case, ranks_of, suite_hash
+from memtrack.records.redact import redact
+from memtrack.workload.registry import Case, ranks_of, suite_hash
 
 ProgressFn = Callable[[str, Case, "Measurement | None"], None]
 """Called with ('start', case, None) and ('done', case, measurement)."""
@@ -145,11 +146,11 @@ def run_case(
     extra: dict[str, Any] | None = None, quality: dict[str, Any] | None = None,
 ) -> Measurement:
     """One case in a fresh worker; `extra` adds keys to its spec (e.g. `snapshot_path`).
-    `quality`: what the worker does with the step's output (memtrack.references); by
+    `quality`: what the worker does with the step's output (memtrack.measure.references); by
     default, compare it with the case's reference where the workload declares a tolerance."""
     world = ranks_of(case.params)
     if world is not None:  # one process per rank, all at once
-        from memtrack.ranks import run_ranks
+        from memtrack.measure.ranks import run_ranks
 
         return run_ranks(config, case, device, visible_uuids, world, extra)
     warmup, repeats, timeout_s = config.settings_for(case.workload)
@@ -180,7 +181,7 @@ def _execute(
     interval_s: float,
     visible_uuids: tuple[str, ...] = (),
     *,
-    worker: str = "memtrack.worker",
+    worker: str = "memtrack.worker.measure",
     sample: bool = True,
 ) -> CaseOutcome:
     """Run `worker` (a module run with SPEC and this PID) until it ends or times out; with

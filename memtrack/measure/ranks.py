@@ -24,12 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memtrack.breakdown import with_breakdown
 from memtrack.config import Config
-from memtrack.probes.tree import CGROUP, ProcessTree
-from memtrack.records import Measurement, RankMeasurement
-from memtrack.redact import redact
-from memtrack.runner import (
+from memtrack.measure.runner import (
     CaseOutcome,
     _start_sampler,
     _stop_sampler,
@@ -38,7 +34,11 @@ from memtrack.runner import (
     case_status,
     to_measurement,
 )
-from memtrack.workload import Case
+from memtrack.probes.tree import CGROUP, ProcessTree
+from memtrack.records.breakdown import with_breakdown
+from memtrack.records.model import Measurement, RankMeasurement
+from memtrack.records.redact import redact
+from memtrack.workload.registry import Case
 
 LOOPBACK = "127.0.0.1"
 PORT_RETRIES = 1

@@ -1,0 +1,145 @@
+"""Print the package's structure: modules, flat modules, import cycles, private names imported
+across modules (imports inside functions counted), and the largest files.
+
+    python scripts/structure.py [PACKAGE_DIR]     (default: memtrack/)
+
+The same measurement backs tests/test_layout.py, which holds the layout to its rules.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Structure:
+    """What the import graph of one package looks like."""
+
+    modules: dict[str, Path]
+    """Module name -> file."""
+    imports: dict[str, set[str]] = field(default_factory=dict)
+    """Module -> the package's modules it imports (at any depth of the file)."""
+    private: list[tuple[str, str, str]] = field(default_factory=list)
+    """(importer, imported module, name) for each `_name` taken from another module."""
+
+    @property
+    def flat(self) -> list[str]:
+        top = next(iter(self.modules)).split(".")[0]
+        return sorted(m for m, p in self.modules.items()
+                      if m.count(".") == 1 and p.name != "__init__.py" and m != top)
+
+    def cycles(self) -> list[list[str]]:
+        """The strongly connected components of more than one module (Tarjan)."""
+        index: dict[str, int] = {}
+        low: dict[str, int] = {}
+        stack: list[str] = []
+        on: set[str] = set()
+        out: list[list[str]] = []
+
+        def visit(v: str) -> None:
+            index[v] = low[v] = len(index)
+            stack.append(v)
+            on.add(v)
+            for w in self.imports.get(v, ()):
+                if w not in index:
+                    visit(w)
+                    low[v] = min(low[v], low[w])
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+
+        sys.setrecursionlimit(10_000)
+        for v in self.modules:
+            if v not in index:
+                visit(v)
+        return out
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def measure(package: Path) -> Structure:
+    files = sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
+    s = Structure({module_name(p, package): p for p in files})
+    for name, path in s.modules.items():
+        is_pkg = path.name == "__init__.py"
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    target = _known(a.name, s.modules)
+                    if target:
+                        found.add(target)
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(node, name, is_pkg)
+                if base is None:
+                    continue
+                for a in node.names:
+                    sub = f"{base}.{a.name}"
+                    if sub in s.modules:  # `from pkg import module`
+                        found.add(sub)
+                        continue
+                    target = _known(base, s.modules)
+                    if target:
+                        found.add(target)
+                        if a.name.startswith("_") and target != name:
+                            s.private.append((name, target, a.name))
+        found.discard(name)
+        s.imports[name] = found
+    return s
+
+
+def _absolute(node: ast.ImportFrom, importer: str, is_pkg: bool) -> str | None:
+    if node.level == 0:
+        return node.module
+    base = importer.split(".")
+    if not is_pkg:
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _known(name: str, modules: dict[str, Path]) -> str | None:
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def main(argv: list[str]) -> int:
+    package = Path(argv[0] if argv else Path(__file__).resolve().parents[1] / "memtrack")
+    s = measure(package)
+    sizes = sorted(((len(p.read_text(encoding="utf-8").splitlines()), m)
+                    for m, p in s.modules.items()), reverse=True)
+    packages = sorted(m for m, p in s.modules.items() if p.name == "__init__.py")
+    print(f"modules: {len(s.modules)} in {len(packages)} packages")
+    print(f"flat modules at the top: {len(s.flat)} ({', '.join(s.flat)})")
+    cycles = s.cycles()
+    print(f"import cycles: {len(cycles)}")
+    for c in cycles:
+        print(f"  {' <-> '.join(c)}")
+    print(f"private names imported across modules: {len(s.private)}")
+    for importer, target, name in s.private:
+        print(f"  {importer} takes {name} from {target}")
+    print("largest files: " + ", ".join(f"{m} {n}" for n, m in sizes[:5]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
