@@ -15,14 +15,9 @@ import sqlite3
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `streamlit run` puts only this folder on the path
-    sys.path.insert(0, str(ROOT))
-
-import streamlit as st  # noqa: E402
-
-from dashboard import data, queries  # noqa: E402
-from dashboard.views import (  # noqa: E402
+import streamlit as st
+from memtrack.dashboard import data, queries
+from memtrack.dashboard.views import (
     PAGES,
     Context,
     compare,
@@ -34,8 +29,9 @@ from dashboard.views import (  # noqa: E402
     regressions,
     run_detail,
 )
-from memtrack.config import Config, load_config  # noqa: E402
-from memtrack.errors import MemtrackError, StoreError  # noqa: E402
+
+from memtrack.config import Config, load_config
+from memtrack.errors import MemtrackError, StoreError
 
 RENDER = dict(zip(PAGES, (overview.render, history.render, regressions.render,
                           run_detail.render, compare.render, plan.render), strict=True))

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import streamlit as st
+from memtrack.dashboard import model, queries
 
-from dashboard import model, queries
 from memtrack.store.database import Store
 
 TTL_S = 600

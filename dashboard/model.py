@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memtrack.config import Budget
+from memtrack.judge.budgets import choose_budgets
 
 # The gate's step finder, imported here only: where the gate's history analysis lives is a
 # one-line change for the dashboard.
@@ -75,24 +76,11 @@ def gpu_names(env: dict[str, Any] | None) -> list[str]:
 def budgets_for(
     budgets: Iterable[Budget], row: dict[str, Any], gpus: Sequence[str]
 ) -> list[CaseBudget]:
-    """The config budgets that apply to a measurement, one per view, chosen as the gate
-    (memtrack.compare.budgets_for) chooses them: a case id over a workload name, a GPU
-    model (or 'cpu' for CPU cases) over any, the tighter on a tie."""
-    names = {g.lower() for g in gpus}
-    chosen: dict[str, tuple[tuple[int, int, int], Budget]] = {}
-    for b in budgets:
-        if b.workload not in (row["workload"], row["case_id"]):
-            continue
-        on_cpu = row.get("device") == "cpu"
-        if b.gpu is not None and not (b.gpu.lower() in names and not on_cpu
-                                      or b.gpu.lower() == "cpu" and on_cpu):
-            continue
-        metric = b.metric or default_metric(row)
-        rank = (int(b.workload == row["case_id"]), int(b.gpu is not None), -b.limit_bytes)
-        if metric not in chosen or rank > chosen[metric][0]:
-            chosen[metric] = (rank, b)
-    return [CaseBudget(metric, b.limit_bytes, b.reason, "config")
-            for metric, (_, b) in chosen.items()]
+    """The config budgets that apply to a measurement, one per view, chosen by the gate's own
+    rule (memtrack.judge.budgets.choose_budgets)."""
+    chosen = choose_budgets(budgets, row["workload"], row["case_id"],
+                            row.get("device") == "cpu", gpus, default_metric(row))
+    return [CaseBudget(metric, b.limit_bytes, b.reason, "config") for metric, b in chosen.items()]
 
 
 def verdict_budgets(verdicts: Iterable[dict[str, Any]]) -> list[CaseBudget]:

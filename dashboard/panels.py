@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from dashboard import model
-from dashboard.charts import MARKER_COLORS, OTHER_BRANCHES, VIEW_COLORS, unit_for
+from memtrack.dashboard import model
+from memtrack.dashboard.charts import MARKER_COLORS, OTHER_BRANCHES, VIEW_COLORS, unit_for
+
 from memtrack.units import format_seconds, format_size
 
 WIDTH = 1000

@@ -42,8 +42,11 @@ from memtrack.config import load_config  # noqa: E402
 from memtrack.judge.baseline import COMPONENTS, Point  # noqa: E402
 from memtrack.judge.check import check  # noqa: E402
 from memtrack.judge.memory import Case, verdict  # noqa: E402
-from memtrack.records import metrics  # noqa: E402
-from memtrack.records.model import Measurement, read_json  # noqa: E402
+from memtrack.records import (  # noqa: E402
+    Measurement,
+    metrics,  # noqa: E402
+    read_json,
+)
 from memtrack.store.database import Store  # noqa: E402
 from memtrack.units import format_size  # noqa: E402
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from memtrack.records.model import (
+from memtrack.records import (
     CIInfo,
     DeviceMeasurement,
     Environment,

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from memtrack.config import load_config
-from memtrack.measure.runner import run_case
+from memtrack.measure.case import run_case
 from memtrack.workload.registry import discover, select_cases
 
 WORKLOADS = textwrap.dedent(

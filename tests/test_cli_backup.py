@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from factories import MiB, make_measurement, make_run
 
 from memtrack.cli import main
-from memtrack.records.model import CIInfo
+from memtrack.records import CIInfo
 from memtrack.store.database import Store
 
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from factories import commit_all, init_repo, make_measurement, make_run
 
 from memtrack.cli import main
-from memtrack.records.model import to_dict, write_json
+from memtrack.records import to_dict, write_json
 from memtrack.store.database import Store
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 from factories import commit_all, init_repo
 
-from memtrack.records.model import read_json
+from memtrack.records import read_json
 from memtrack.store.database import Store
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from factories import CPU_ENV, GPU_ENV, MiB, make_measurement, make_run
 
-from memtrack.records.model import CIInfo
+from memtrack.records import CIInfo
 from memtrack.store.database import Store
 
 pytest.importorskip("streamlit")
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "dashboard" / "app.py"
 sys.path.insert(0, str(ROOT))
 
-from dashboard import model  # noqa: E402
+from memtrack.dashboard import model  # noqa: E402
 
 D1 = "decoder[batch=1]"
 D8 = "decoder[batch=8]"
@@ -276,7 +276,7 @@ def test_overview_branch_filter_changes_what_is_shown(app) -> None:
 
 
 def test_used_is_red_past_the_budget() -> None:
-    from dashboard.views.overview import _used_style
+    from memtrack.dashboard.views.overview import _used_style
 
     assert "#fbd5d5" in _used_style(114.3)
     assert "#fdf1bf" in _used_style(91.4)

@@ -9,7 +9,7 @@ import sqlite3
 from factories import GPU_ENV, GiB, MiB, make_measurement, make_run
 
 from memtrack.machine import environment
-from memtrack.records.model import DeviceMeasurement, run_from_dict, to_dict
+from memtrack.records import DeviceMeasurement, run_from_dict, to_dict
 from memtrack.store.database import Store
 
 

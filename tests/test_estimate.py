@@ -15,7 +15,7 @@ from factories import CPU_ENV, MiB, commit_all, git, init_repo, make_measurement
 
 from memtrack.cli import main
 from memtrack.errors import RecordError
-from memtrack.records.model import run_from_dict, to_dict
+from memtrack.records import run_from_dict, to_dict
 from memtrack.store.database import Store
 
 # The shipped examples, at params that keep the test short (the same models, smaller
@@ -215,7 +215,7 @@ def test_an_estimate_on_main_is_never_a_baseline(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     assert "new: no baseline on main" in res.output and "regression" not in res.output
     assert "estimate 100.00 MiB (measured 200.00 MiB, -50.00%)" in res.output
-    from dashboard import queries
+    from memtrack.dashboard import queries
 
     with Store.open(db, readonly=True) as store:
         series = queries.series(store.conn, "decoder[batch=1]")

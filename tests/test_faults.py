@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from factories import make_measurement, make_run
 
-from memtrack.records.model import write_json
+from memtrack.records import write_json
 from memtrack.store.database import Store
 
 KiB = 1024

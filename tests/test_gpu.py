@@ -8,7 +8,7 @@ import pytest
 
 from memtrack.config import load_config
 from memtrack.machine import environment
-from memtrack.measure.runner import run_suite
+from memtrack.measure.suite import run_suite
 from memtrack.workload.registry import discover, select_cases
 
 pytestmark = pytest.mark.gpu

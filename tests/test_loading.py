@@ -13,7 +13,7 @@ from factories import commit_all, git, init_repo
 
 from memtrack.probes.host import HostPeak
 from memtrack.probes.loading import LoadingProbe, files_bytes, io_counters
-from memtrack.records.model import load_host, read_json
+from memtrack.records import load_host, read_json
 from memtrack.store.database import Store
 
 WIDTH, LAYERS = 1024, 12  # the example's defaults

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from memtrack.measure.runner import CaseOutcome, _execute, _start_sampler, to_measurement
+from memtrack.measure.launcher import CaseOutcome, launch
+from memtrack.measure.outcome import to_measurement
+from memtrack.measure.sampler import NvmlSampler, start_sampler
 from memtrack.probes.nvml import Sampler
+from memtrack.worker.protocol import Result, Spec
 from memtrack.workload.registry import Case
 
 GiB = 2**30
@@ -154,9 +157,9 @@ def test_a_hung_sampler_with_fake_nvml_is_ended_and_the_view_absent(
 ):
     _, show = fake_nvml
     show(gpu("GPU-a"), init="hang")
-    proc, first = _start_sampler(0.01, ("GPU-a",), timeout_s=1)
-    assert proc is None
-    assert first == {"ok": False, "reason": "the NVML sampler did not start within 1 s"}
+    sampler = NvmlSampler(0.01, ("GPU-a",), timeout_s=1)
+    assert sampler.start() is False
+    assert sampler.stop() == {"ok": False, "reason": "the NVML sampler did not start within 1 s"}
 
 
 def test_a_sampler_with_fake_nvml_refuses_a_mig_parent_and_says_why(
@@ -164,8 +167,10 @@ def test_a_sampler_with_fake_nvml_refuses_a_mig_parent_and_says_why(
 ):
     _, show = fake_nvml
     show(gpu("GPU-parent", mig="enabled"))
-    proc, first = _start_sampler(0.01, ("GPU-parent",))
-    assert proc is None and first["ok"] is False
+    sampler = NvmlSampler(0.01, ("GPU-parent",))
+    assert sampler.start() is False
+    first = sampler.stop()
+    assert first["ok"] is False
     assert "MIG mode" in first["reason"]
 
 
@@ -207,24 +212,22 @@ def test_the_device_peak_of_the_memory_pass_excludes_a_setup_spike_with_fake_nvm
     show(gpu("GPU-a", used=20 * GiB), gpu("GPU-b", used=GiB))
     (tmp_path / "wl.py").write_text(SPIKE_WORKLOAD)
     result_path = tmp_path / "result.json"
-    spec = {
-        "module": "wl.py",
-        "root": str(tmp_path),
-        "workload": "spiky",
-        "params": {},
-        "seed": 0,
-        "device": "cpu",  # the worker runs on the CPU; the sampler beside it on the stand-in
-        "warmup": 1,
-        "repeats": 2,
-        "data_dir": str(tmp_path / "data"),
-        "result_path": str(result_path),
-    }
-    spec_path = tmp_path / "spec.json"
-    spec_path.write_text(json.dumps(spec))
+    spec = Spec(
+        module="wl.py",
+        root=str(tmp_path),
+        workload="spiky",
+        params={},
+        seed=0,
+        device="cpu",  # the worker runs on the CPU; the sampler beside it on the stand-in
+        warmup=1,
+        repeats=2,
+        data_dir=str(tmp_path / "data"),
+        result_path=str(result_path),
+    )
 
-    outcome = _execute(spec_path, result_path, 120, "cuda", 0.005, ("GPU-b",))
+    (outcome,), _ = launch([spec], 120, sampler=start_sampler("cuda", 0.005, ("GPU-b",)))
 
-    assert outcome.data["status"] == "ok", outcome.stderr_tail
+    assert outcome.result.status == "ok", outcome.stderr_tail
     (dev,) = outcome.sampler["devices"]  # GPU-a (another job's 20 GiB) is not watched
     assert (dev["index"], dev["uuid"], dev["process_view"]) == (0, "GPU-b", "device-delta")
     assert dev["peak_process_bytes"] == 8 * GiB  # the setup spike, over the used-before
@@ -270,8 +273,10 @@ def _allocator_h200() -> dict:
 
 def _measure(data: dict, sampled: dict):
     case = Case("w", {}, 0, "wl.py")
-    spec = {"device": "cuda", "warmup": 1, "repeats": 2}
-    return to_measurement(case, spec, CaseOutcome(data, 0, False, "", 1.0, sampled), 0.01, 60)
+    spec = Spec(module="wl.py", root=".", workload="w", params={}, seed=0, device="cuda",
+                warmup=1, repeats=2, data_dir="data", result_path="result.json")
+    outcome = CaseOutcome(Result.from_dict(data), 0, False, "", 1.0, sampled)
+    return to_measurement(case, spec, outcome, 0.01, 60)
 
 
 def test_workspace_compares_the_memory_pass_on_both_sides_from_fake_nvml_figures():
@@ -314,6 +319,6 @@ def test_without_nvml_the_device_view_is_absent_not_zero():
 def test_the_sampler_process_says_why_when_nvml_is_unreachable(fake_nvml, sampler_uses_fake_nvml):
     _, show = fake_nvml
     show(gpu("GPU-a"), init="fail")
-    proc, first = _start_sampler(0.01, ("GPU-a",))
-    assert proc is None
-    assert first == {"ok": False, "reason": "NVML unavailable: Driver Not Loaded"}
+    sampler = NvmlSampler(0.01, ("GPU-a",))
+    assert sampler.start() is False
+    assert sampler.stop() == {"ok": False, "reason": "NVML unavailable: Driver Not Loaded"}

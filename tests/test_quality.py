@@ -17,11 +17,12 @@ from factories import commit_all, git, init_repo, make_measurement, make_run
 from memtrack.config import load_config
 from memtrack.errors import ConfigError, RecordError, WorkloadError
 from memtrack.judge.quality import precision_change
+from memtrack.measure.case import run_case
 from memtrack.measure.references import load_manifest
-from memtrack.measure.runner import run_case
-from memtrack.records.model import run_from_dict, to_dict
+from memtrack.records import run_from_dict, to_dict
 from memtrack.store.database import Store
 from memtrack.units import format_size
+from memtrack.worker.protocol import QualitySpec
 from memtrack.workload.registry import Case, discover, select_cases, workload
 
 WORKLOADS = textwrap.dedent(
@@ -229,8 +230,7 @@ def test_comparing_the_output_leaves_the_measured_peak_unchanged(project):
     repo = project["repo"]
     config = load_config(repo / "memtrack.toml")
     (case,) = select_cases(discover(config), [F32])
-    plain = run_case(config, case, "cpu", quality={"mode": "compare", "reference": F32,
-                                                   "path": None, "sha256": None})
+    plain = run_case(config, case, "cpu", quality=QualitySpec(mode="compare", reference=F32))
     compared = _run(repo, project["bf16_run"])[F32]
     assert plain.quality_status == "none" and compared.quality_status == "ok"
     assert plain.peak_allocated_bytes == compared.peak_allocated_bytes

@@ -21,8 +21,8 @@ from memtrack.config import Budget, load_config
 from memtrack.errors import RecordError, WorkloadError
 from memtrack.judge.budgets import device_memory
 from memtrack.judge.memory import Case as JudgedCase
-from memtrack.measure.runner import run_case
-from memtrack.records.model import (
+from memtrack.measure.case import run_case
+from memtrack.records import (
     DeviceMeasurement,
     RankMeasurement,
     read_json,

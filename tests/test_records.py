@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import memtrack
 from memtrack.errors import RecordError
-from memtrack.records.model import json_schema, read_json, run_from_dict, to_dict
+from memtrack.records import json_schema, read_json, run_from_dict, to_dict
 
 SHIPPED = Path(memtrack.__file__).parent / "records" / "schema" / "run-record.schema.json"
 

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from memtrack.config import load_config
-from memtrack.measure.runner import run_suite
+from memtrack.measure.suite import run_suite
 from memtrack.workload.registry import discover, select_cases
 
 WORKLOADS = textwrap.dedent(
@@ -151,7 +151,7 @@ def test_the_run_goes_on_after_failures(failing_run):
 
 
 def test_failed_cases_serialise(failing_run):
-    from memtrack.records.model import run_from_dict, to_dict
+    from memtrack.records import run_from_dict, to_dict
 
     data = json.loads(json.dumps(to_dict(failing_run[0])))
     assert run_from_dict(data) == failing_run[0]

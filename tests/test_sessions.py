@@ -10,7 +10,7 @@ import pytest
 
 from memtrack.config import load_config
 from memtrack.errors import WorkloadError
-from memtrack.measure.runner import run_suite
+from memtrack.measure.suite import run_suite
 from memtrack.workload.registry import discover, select_cases
 from memtrack.workload.sessions import Sessions, concurrency
 

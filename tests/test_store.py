@@ -14,7 +14,7 @@ from factories import GPU_ENV, MiB, make_measurement, make_run
 
 from memtrack.cli import main
 from memtrack.errors import StoreError
-from memtrack.records.model import read_json, write_json
+from memtrack.records import read_json, write_json
 from memtrack.store.database import Store
 
 

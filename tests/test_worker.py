@@ -30,7 +30,7 @@ RUN_ONE_CASE = textwrap.dedent(
     import dataclasses, json, os, sys
     from pathlib import Path
     from memtrack.config import load_config
-    from memtrack.measure.runner import run_case
+    from memtrack.measure.case import run_case
     from memtrack.workload.registry import discover, select_cases
 
     config = load_config(Path(sys.argv[1]))

@@ -8,9 +8,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 import streamlit as st
+from memtrack.dashboard import data, model
 from streamlit.errors import StreamlitAPIException
 
-from dashboard import data, model
 from memtrack.config import Config
 
 PAGES = ("Overview", "History", "Regressions", "Run detail", "Compare", "Plan")

@@ -7,9 +7,9 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
+from memtrack.dashboard import data, model
+from memtrack.dashboard.views import Context, esc, resolve_run, run_label, short, when
 
-from dashboard import data, model
-from dashboard.views import Context, esc, resolve_run, run_label, short, when
 from memtrack.records import metrics
 from memtrack.units import format_seconds, format_size
 

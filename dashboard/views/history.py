@@ -9,9 +9,9 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
+from memtrack.dashboard import data, model, panels
+from memtrack.dashboard.views import Context, badge, esc, goto, resolve_case, short, when
 
-from dashboard import data, model, panels
-from dashboard.views import Context, badge, esc, goto, resolve_case, short, when
 from memtrack.units import format_seconds, format_size
 
 MARKED_KINDS = ("regression", "over_budget", "time_regression", "improvement", "accepted",

@@ -6,9 +6,9 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
+from memtrack.dashboard import data, model
+from memtrack.dashboard.views import STATUS_LOOK, Context, esc, goto, short, status_cell_style, when
 
-from dashboard import data, model
-from dashboard.views import STATUS_LOOK, Context, esc, goto, short, status_cell_style, when
 from memtrack.units import format_size
 
 TREND_POINTS = 30

@@ -9,9 +9,9 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
+from memtrack.dashboard import charts, data, model
+from memtrack.dashboard.views import Context, esc, short
 
-from dashboard import charts, data, model
-from dashboard.views import Context, esc, short
 from memtrack.errors import MemtrackError
 from memtrack.plan.fit import Headroom, fit, load_catalog, plan, show_value
 from memtrack.plan.sweep import PACKAGED_CATALOG, default_catalog

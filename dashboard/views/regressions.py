@@ -8,9 +8,9 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
+from memtrack.dashboard import data, model
+from memtrack.dashboard.views import Context, esc, goto, short
 
-from dashboard import data, model
-from dashboard.views import Context, esc, goto, short
 from memtrack.units import format_size
 
 POINTS = 200

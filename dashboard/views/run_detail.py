@@ -7,9 +7,9 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
+from memtrack.dashboard import charts, data, model
+from memtrack.dashboard.views import Context, esc, goto, resolve_run, run_label, short, when
 
-from dashboard import charts, data, model
-from dashboard.views import Context, esc, goto, resolve_run, run_label, short, when
 from memtrack.units import format_seconds, format_size
 
 

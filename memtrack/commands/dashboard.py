@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -8,15 +9,18 @@ from pathlib import Path
 
 import click
 
-import memtrack
 from memtrack.commands.options import config_option, db_option, resolve
 
 INSTALL_HINT = "pip install 'memtrack[dashboard]'"
 
 
 def app_path() -> Path:
-    """dashboard/app.py of this checkout: the app lives beside the package, not in it."""
-    return Path(memtrack.__file__).resolve().parent.parent / "dashboard" / "app.py"
+    """The dashboard's app.py: the repository's dashboard/, shipped as memtrack.dashboard, found
+    through the import system the same way in an editable install and a wheel."""
+    spec = importlib.util.find_spec("memtrack.dashboard")
+    if spec is None or spec.origin is None:
+        return Path("memtrack/dashboard/app.py")  # reported as missing below
+    return Path(spec.origin).resolve().parent / "app.py"
 
 
 def streamlit_problem() -> str | None:
@@ -48,7 +52,7 @@ def dashboard(config_path, db_path, port, address) -> None:
     app = app_path()
     if not app.is_file():
         _fail(f"the dashboard app is not part of this installation ({app} is missing); "
-              "install memtrack from its repository: pip install -e '.[dashboard]'")
+              "reinstall memtrack: pip install 'memtrack[dashboard]'")
     problem = streamlit_problem()
     if problem:
         _fail(problem)

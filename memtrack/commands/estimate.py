@@ -5,8 +5,14 @@ from pathlib import Path
 
 import click
 
-from memtrack.commands.options import config_option, db_option, resolve, rich_console
-from memtrack.commands.run import _check_folder, _save
+from memtrack.commands.options import (
+    check_json_folder,
+    config_option,
+    db_option,
+    resolve,
+    rich_console,
+    save_run,
+)
 from memtrack.errors import ConfigError, StoreError
 from memtrack.store.database import Store
 from memtrack.workload.registry import discover, select_cases
@@ -41,7 +47,7 @@ def estimate(config_path, db_path, patterns, device, dtype, json_path, no_db) ->
     if not cases:
         raise ConfigError(f"no case matches {' or '.join(patterns) or 'the suite'}")
     if json_path:
-        _check_folder(json_path)
+        check_json_folder(json_path)
     store = None if no_db else Store.open(db)
     try:
         if store:
@@ -55,7 +61,7 @@ def estimate(config_path, db_path, patterns, device, dtype, json_path, no_db) ->
                 click.echo(f"  {m.status:8} {case.case_id} ({m.duration_s:.1f} s)", err=True)
 
         record = estimate_cases(config, cases, device=device, dtype=dtype, progress=progress)
-        saved, failures = _save(record, store, json_path)
+        saved, failures = save_run(record, store, json_path)
     finally:
         if store:
             store.close()

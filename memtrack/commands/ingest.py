@@ -5,7 +5,7 @@ from pathlib import Path
 import click
 
 from memtrack.commands.options import config_option, db_option, resolve
-from memtrack.records.model import read_all
+from memtrack.records import read_all
 from memtrack.records.redact import redact_run
 from memtrack.store.database import Store
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import click
 
 from memtrack.config import Config, load_config
+from memtrack.errors import ConfigError, MemtrackError
+from memtrack.records import RunRecord, write_json
+from memtrack.store.database import Store, describe_failure
 
 config_option = click.option(
     "--config",
@@ -39,3 +43,34 @@ def rich_console(**kwargs: Any) -> Any:
     if not console.is_terminal and "width" not in kwargs:
         console.width = 200
     return console
+
+
+def check_json_folder(json_path: Path) -> None:
+    """Refuse, before measuring, a --json path whose folder cannot be written."""
+    folder = json_path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        raise ConfigError(f"--json {json_path}: its folder cannot be written "
+                          f"({describe_failure(exc, None)})") from None
+
+
+def save_run(record: RunRecord, store: Store | None, json_path: Path | None
+             ) -> tuple[list[str], list[str]]:
+    """Write the database first, then the JSON record, each whatever became of the other.
+    Returns where the run was saved, and what failed (one line each)."""
+    saved, failures = [], []
+    if store:
+        try:
+            store.write_run(record)
+            saved.append(str(store.path))
+        except MemtrackError as exc:
+            failures.append(str(exc))
+    if json_path:
+        try:
+            write_json(record, json_path)
+            saved.append(str(json_path))
+        except OSError as exc:
+            failures.append(describe_failure(exc, json_path))
+    return saved, failures

@@ -34,7 +34,7 @@ def plan(case, config_path, db_path, sweep_text, catalog_path, gpu_names, as_mar
     """Will it fit? Measure CASE at each value of a param, fit how its peak grows, and say
     the largest value each GPU of the catalog holds (and the levers where nothing fits).
     With --estimate the points are estimated under fake tensors instead of measured."""
-    from memtrack.measure.runner import run_suite
+    from memtrack.measure.suite import run_suite
     from memtrack.plan import fit as planning
     from memtrack.plan import sweep
     from memtrack.report import plan as report_plan

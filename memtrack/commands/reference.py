@@ -24,7 +24,7 @@ def reference(cases, config_path, patterns) -> None:
     """
     from memtrack.machine import environment, provenance
     from memtrack.measure.references import manifest_path, record_references
-    from memtrack.measure.runner import resolve_device
+    from memtrack.measure.suite import resolve_device
     from memtrack.workload.registry import discover, select_cases
 
     config = load_config(config_path)

@@ -1,18 +1,23 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import click
 
-from memtrack.commands.options import config_option, db_option, resolve, rich_console
-from memtrack.errors import ConfigError, MemtrackError, StoreError
+from memtrack.commands.options import (
+    check_json_folder,
+    config_option,
+    db_option,
+    resolve,
+    rich_console,
+    save_run,
+)
+from memtrack.errors import ConfigError, StoreError
 from memtrack.judge.check import check_budget_targets
-from memtrack.measure.runner import run_suite
-from memtrack.records.model import write_json
+from memtrack.measure.suite import run_suite
 from memtrack.report.run import run_table
-from memtrack.store.database import Store, describe_failure
+from memtrack.store.database import Store
 from memtrack.workload.registry import discover, select_cases
 
 
@@ -59,13 +64,13 @@ def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
         raise ConfigError(f"no case matches {' or '.join(patterns) or 'the suite'}")
     # The outputs are checked before the first case starts, not after an hour of measuring.
     if json_path:
-        _check_folder(json_path)
+        check_json_folder(json_path)
     store = None if no_db else Store.open(db)
     try:
         if store:
             store.check_writable()
         record = _measure(config, cases, shard)
-        saved, failures = _save(record, store, json_path)
+        saved, failures = save_run(record, store, json_path)
     finally:
         if store:
             store.close()
@@ -74,35 +79,6 @@ def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
     click.echo(f"run {record.run_id} of {commit} recorded in {', '.join(saved) or 'nothing'}")
     if failures:
         raise StoreError("; ".join(failures))
-
-
-def _check_folder(json_path: Path) -> None:
-    folder = json_path.parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as exc:
-        raise ConfigError(f"--json {json_path}: its folder cannot be written "
-                          f"({describe_failure(exc, None)})") from None
-
-
-def _save(record, store: Store | None, json_path: Path | None) -> tuple[list[str], list[str]]:
-    """Write the database first, then the JSON record, each whatever became of the other.
-    Returns where the run was saved, and what failed (one line each)."""
-    saved, failures = [], []
-    if store:
-        try:
-            store.write_run(record)
-            saved.append(str(store.path))
-        except MemtrackError as exc:
-            failures.append(str(exc))
-    if json_path:
-        try:
-            write_json(record, json_path)
-            saved.append(str(json_path))
-        except OSError as exc:
-            failures.append(describe_failure(exc, json_path))
-    return saved, failures
 
 
 def _measure(config, cases, shard):

@@ -5,7 +5,7 @@ import json
 import click
 
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
-from memtrack.records.model import to_dict
+from memtrack.records import to_dict
 from memtrack.report.run import run_detail
 from memtrack.store.database import Store
 

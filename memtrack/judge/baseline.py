@@ -15,8 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from memtrack.records import metrics
-from memtrack.records.model import COMMIT_PATTERN, RunRecord
+from memtrack.records import COMMIT_PATTERN, RunRecord, metrics
 from memtrack.store.database import Store
 from memtrack.units import parse_time
 

@@ -3,7 +3,7 @@ holds; and the budget changes a revision makes (raising one is a reviewed change
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -11,8 +11,7 @@ from memtrack.config import Budget, Config, config_from_text
 from memtrack.errors import ConfigError
 from memtrack.judge.baseline import git_output
 from memtrack.judge.verdict import Verdict
-from memtrack.records import metrics
-from memtrack.records.model import Environment, Measurement, peak_rank
+from memtrack.records import Environment, Measurement, metrics, peak_rank
 from memtrack.units import format_size
 
 
@@ -44,23 +43,31 @@ def default_budget_metric(m: Measurement) -> str:
     return "allocated"
 
 
-def budgets_for(budgets: Sequence[Budget], m: Measurement, env: Environment) -> dict[str, Budget]:
-    """The budget that applies to each metric of a case: the most specific one (a case id
-    over a workload name, a GPU model over any GPU), the tighter on a tie."""
-    gpu_names = {g.name.lower() for g in env.gpus if g.name}  # None: NVML would not say
+def choose_budgets(budgets: Iterable[Budget], workload: str, case_id: str, on_cpu: bool,
+                   gpu_names: Iterable[str], default_metric: str) -> dict[str, Budget]:
+    """The rule: the budget that applies to each metric of a case is the most specific one (a
+    case id over a workload name, a GPU model, or 'cpu' for a CPU case, over any), the
+    tighter on a tie. The gate and the dashboard both call this."""
+    names = {g.lower() for g in gpu_names}
     chosen: dict[str, tuple[tuple[int, int, int], Budget]] = {}
     for b in budgets:
-        if b.workload not in (m.workload, m.case_id):
+        if b.workload not in (workload, case_id):
             continue
-        if b.gpu is not None and not (
-                b.gpu.lower() in gpu_names and m.device != "cpu"
-                or b.gpu.lower() == "cpu" and m.device == "cpu"):
+        if b.gpu is not None and not (b.gpu.lower() in names and not on_cpu
+                                      or b.gpu.lower() == "cpu" and on_cpu):
             continue
-        metric = b.metric or default_budget_metric(m)
-        rank = (int(b.workload == m.case_id), int(b.gpu is not None), -b.limit_bytes)
+        metric = b.metric or default_metric
+        rank = (int(b.workload == case_id), int(b.gpu is not None), -b.limit_bytes)
         if metric not in chosen or rank > chosen[metric][0]:
             chosen[metric] = (rank, b)
     return {metric: b for metric, (_, b) in chosen.items()}
+
+
+def budgets_for(budgets: Sequence[Budget], m: Measurement, env: Environment) -> dict[str, Budget]:
+    """The budget that applies to each metric of a case (see choose_budgets)."""
+    gpu_names = [g.name for g in env.gpus if g.name]  # None: NVML would not say
+    return choose_budgets(budgets, m.workload, m.case_id, m.device == "cpu", gpu_names,
+                          default_budget_metric(m))
 
 
 def budget_changes(config: Config, root: Path, rev: str | None) -> tuple[list[BudgetChange],

@@ -28,8 +28,7 @@ from memtrack.judge.budgets import (
 )
 from memtrack.judge.memory import Case
 from memtrack.judge.verdict import Verdict
-from memtrack.records import metrics
-from memtrack.records.model import Environment, RunRecord
+from memtrack.records import Environment, RunRecord, metrics
 from memtrack.store.database import Store
 from memtrack.units import format_size
 

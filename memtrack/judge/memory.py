@@ -31,8 +31,7 @@ from memtrack.judge.budgets import (
 )
 from memtrack.judge.levels import current_level
 from memtrack.judge.verdict import Verdict
-from memtrack.records import metrics
-from memtrack.records.model import Measurement
+from memtrack.records import Measurement, metrics
 from memtrack.units import format_size
 
 MiB = 2**20

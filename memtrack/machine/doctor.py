@@ -7,7 +7,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from memtrack.records.model import Environment
+from memtrack.records import Environment
 from memtrack.units import format_size
 
 

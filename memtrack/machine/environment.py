@@ -14,11 +14,12 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
 from memtrack.probes.nvml import guarded, memory_info, resolve, usable_total
-from memtrack.records.model import Environment, GpuInfo
+from memtrack.records import Environment, GpuInfo
 
 ENV_ALLOWLIST = (
     "PYTORCH_ALLOC_CONF",
@@ -257,14 +258,16 @@ def from_dict(data: dict[str, Any]) -> Environment:
     return Environment(**data)
 
 
-def probe(timeout_s: float = 120.0) -> Environment:
-    """Collect the environment in a child process."""
+def probe(timeout_s: float = 120.0, env: Mapping[str, str] | None = None) -> Environment:
+    """Collect the environment in a child process; `env`: the environment the workers run
+    in (its allowlisted variables are what is recorded), by default this process's."""
     out = subprocess.run(
         [sys.executable, "-m", "memtrack.machine.environment"],
         capture_output=True,
         text=True,
         timeout=timeout_s,
         check=True,
+        env=None if env is None else dict(env),
     )
     return from_dict(json.loads(out.stdout))
 

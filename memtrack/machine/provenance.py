@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from datetime import timezone
 from pathlib import Path
 
-from memtrack.records.model import CIInfo, GitInfo
+from memtrack.records import CIInfo, GitInfo
 
 
 def git_info(path: Path, base_branch: str, env: Mapping[str, str] | None = None) -> GitInfo:

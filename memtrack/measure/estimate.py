@@ -12,30 +12,19 @@ module does not import torch.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import tempfile
-import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from memtrack.config import Config
 from memtrack.errors import ConfigError
-from memtrack.machine import environment, provenance
-from memtrack.measure.runner import (
-    PINNED_ENV,
-    _execute,
-    _now,
-    case_spec,
-    resolve_device,
-    signal_name,
-)
+from memtrack.measure.launcher import launch, new_spec
+from memtrack.measure.outcome import case_status, figures
+from memtrack.measure.suite import ProgressFn, each_case, probe_environment, resolve_device
+from memtrack.records import Environment, Measurement, RunRecord
 from memtrack.records.breakdown import with_breakdown
-from memtrack.records.model import Environment, Measurement, RunRecord
 from memtrack.records.redact import redact
-from memtrack.workload.context import _DTYPES
-from memtrack.workload.registry import Case, suite_hash
+from memtrack.workload.context import DTYPES
+from memtrack.workload.registry import Case
 
 WORKER = "memtrack.worker.estimate"
 FRAMEWORK = "fake-tensor-estimate"
@@ -44,10 +33,6 @@ MEASURED_STEPS = 1
 """Fake tensors are deterministic: one measured step after the warm-up is the peak."""
 NOTE = ("estimate under fake tensors: live tensor bytes by the measured view's definition; "
         "no allocator rounding or segments, workspaces or CUDA context")
-
-ProgressFn = Callable[[str, Case, "Measurement | None"], None]
-"""Called with ('start', case, None) and ('done', case, measurement)."""
-
 
 def check_device(device: str | None) -> str | None:
     """The target device, refused unless it is cpu or cuda."""
@@ -60,9 +45,9 @@ def check_dtype(dtype: str | None) -> str | None:
     """The dtype's canonical name ('bf16' -> 'bfloat16'), refused unless memtrack knows it."""
     if dtype is None:
         return None
-    if dtype not in _DTYPES:
-        raise ConfigError(f"--dtype: {dtype!r} is not one of {', '.join(_DTYPES)}")
-    return _DTYPES[dtype]
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
 
 
 def with_dtype(cases: list[Case], dtype: str | None) -> list[Case]:
@@ -93,31 +78,10 @@ def estimate_cases(
     device = check_device(device)
     dtype = check_dtype(dtype)
     cases = with_dtype(cases, dtype)
-    started = _now()
-    for name, value in PINNED_ENV.items():
-        os.environ.setdefault(name, value)
-    env = env or environment.probe()
+    env = env or probe_environment()
     target = device or resolve_device(config, env)
-    git = provenance.git_info(config.root, config.base_branch)
-    measurements = []
-    for case in cases:
-        if progress:
-            progress("start", case, None)
-        m = estimate_case(config, case, target)
-        measurements.append(m)
-        if progress:
-            progress("done", case, m)
-    return RunRecord(
-        run_id=uuid.uuid4().hex,
-        started_at=started,
-        finished_at=_now(),
-        git=git,
-        ci=provenance.ci_info(),
-        environment=env,
-        suite_hash=suite_hash(cases, config),
-        config_path=str(config.path) if config.path else None,
-        measurements=tuple(measurements),
-    )
+    return each_case(config, cases, lambda case: estimate_case(config, case, target), env=env,
+                     progress=progress)
 
 
 def estimate_case(config: Config, case: Case, device: str) -> Measurement:
@@ -126,27 +90,10 @@ def estimate_case(config: Config, case: Case, device: str) -> Measurement:
     # At least one warm-up: lazily made state (an optimizer's) is part of the peak.
     warmup = max(1, warmup)
     with tempfile.TemporaryDirectory(prefix="memtrack-estimate-") as tmp:
-        result_path = Path(tmp) / "result.json"
-        spec = {**case_spec(config, case, device, warmup, MEASURED_STEPS),
-                "result_path": str(result_path)}
-        spec_path = Path(tmp) / "spec.json"
-        spec_path.write_text(json.dumps(spec))
-        outcome = _execute(spec_path, result_path, timeout_s, device, config.nvml_interval_s,
-                           worker=WORKER, sample=False)
-    d = outcome.data
-    status, message = d.get("status", "running"), d.get("message")
-    if outcome.timed_out:
-        status, message = "timeout", f"timed out after {timeout_s:g} s in phase {d.get('phase')!r}"
-    elif status == "running":
-        rc = outcome.returncode or 0
-        status = "crashed"
-        message = (f"killed by {signal_name(-rc)}" if rc < 0 else f"exited with status {rc}")
-        message += f" in phase {d.get('phase')!r}"
-        if outcome.stderr_tail.strip():
-            message += ": " + outcome.stderr_tail.strip().splitlines()[-1][:500]
-    figures: dict[str, Any] = {k: d[k] for k in _FIGURES if d.get(k) is not None}
-    if "allocated_samples" in figures:
-        figures["allocated_samples"] = tuple(figures["allocated_samples"])
+        spec = new_spec(config, case, device, warmup, MEASURED_STEPS, Path(tmp) / "result.json")
+        (outcome,), _ = launch([spec], timeout_s, worker=WORKER)
+    r = outcome.result
+    status, message = case_status(outcome, timeout_s)
     m = Measurement(
         workload=case.workload,
         case_id=case.case_id,
@@ -158,17 +105,13 @@ def estimate_case(config: Config, case: Case, device: str) -> Measurement:
         repeats=MEASURED_STEPS,
         status=status,
         message=redact(message),
-        traceback=redact(d.get("traceback")),
+        traceback=redact(r.traceback),
         duration_s=round(outcome.duration_s, 4),
-        notes=tuple(redact(n) or "" for n in (*d.get("notes", []), NOTE)),
+        notes=tuple(redact(n) or "" for n in (*r.notes, NOTE)),
         kind="estimate",
-        **figures,
+        **figures(r),
     )
     return with_breakdown(m)
-
-
-_FIGURES = ("framework", "peak_allocated_bytes", "persistent_bytes", "allocated_samples",
-            "categories")
 
 
 __all__ = ["check_device", "check_dtype", "estimate_case", "estimate_cases", "with_dtype"]

@@ -11,33 +11,22 @@ wait for it in a collective until the timeout.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
-import os
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from memtrack.config import Config
-from memtrack.measure.runner import (
-    CaseOutcome,
-    _start_sampler,
-    _stop_sampler,
-    _tell,
-    case_spec,
-    case_status,
-    to_measurement,
-)
-from memtrack.probes.tree import CGROUP, ProcessTree
+from memtrack.measure.launcher import CaseOutcome, launch, new_spec, worker_env
+from memtrack.measure.outcome import case_status, to_measurement
+from memtrack.measure.sampler import start_sampler
+from memtrack.probes.tree import CGROUP
+from memtrack.records import Measurement, RankMeasurement
 from memtrack.records.breakdown import with_breakdown
-from memtrack.records.model import Measurement, RankMeasurement
 from memtrack.records.redact import redact
+from memtrack.worker.protocol import Result, Spec
 from memtrack.workload.registry import Case
 
 LOOPBACK = "127.0.0.1"
@@ -55,7 +44,7 @@ def free_port() -> int:
 
 def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
     """The worker's environment: torchrun's variables, all on the loopback interface."""
-    env = dict(os.environ)
+    env = worker_env()
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                LOCAL_WORLD_SIZE=str(world), MASTER_ADDR=LOOPBACK,
                MASTER_PORT=str(port))
@@ -67,127 +56,37 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
 
 
 def run_ranks(config: Config, case: Case, device: str, visible_uuids: tuple[str, ...],
-              world: int, extra: dict[str, Any] | None = None) -> Measurement:
-    """Measure a case of `world` ranks; one Measurement with a RankMeasurement per rank.
-    `extra` adds keys to every rank's spec, as for a single case."""
+              world: int, *, snapshot_path: Path | None = None) -> Measurement:
+    """Measure a case of `world` ranks; one Measurement with a RankMeasurement per rank."""
     warmup, repeats, timeout_s = config.settings_for(case.workload)
     for attempt in range(PORT_RETRIES + 1):
         with tempfile.TemporaryDirectory(prefix="memtrack-") as tmp:
-            spec = {
-                **case_spec(config, case, device, warmup, repeats),
-                "ranks": world,
-                **(extra or {}),
-            }
-            specs, results = [], []
+            specs = []
             for r in range(world):
-                result_path = Path(tmp) / f"result-{r}.json"
-                spec_path = Path(tmp) / f"spec-{r}.json"
                 scratch = Path(tmp) / f"scratch-{r}"  # each rank's own, removed with tmp
                 scratch.mkdir(mode=0o700)
-                spec_path.write_text(json.dumps({**spec, "result_path": str(result_path),
-                                                 "scratch_dir": str(scratch)}))
-                specs.append(spec_path)
-                results.append(result_path)
-            outcomes, exited = _execute(specs, results, timeout_s, device,
-                                        config.nvml_interval_s, visible_uuids, free_port())
+                specs.append(new_spec(config, case, device, warmup, repeats,
+                                      Path(tmp) / f"result-{r}.json", scratch_dir=scratch,
+                                      ranks=world, snapshot_path=snapshot_path))
+            port = free_port()
+            sampler = start_sampler(device, config.nvml_interval_s, visible_uuids)
+            outcomes, exited = launch(specs, timeout_s, sampler=sampler,
+                                      envs=[rank_env(r, world, port) for r in range(world)])
         if attempt < PORT_RETRIES and any(_port_taken(o) for o in outcomes):
             continue
         break
-    return to_case(case, spec, outcomes, exited, config.nvml_interval_s, timeout_s)
+    return to_case(case, specs[0], outcomes, exited, config.nvml_interval_s, timeout_s)
 
 
 def _port_taken(outcome: CaseOutcome) -> bool:
-    text = str(outcome.data.get("message") or "").lower()
+    text = (outcome.result.message or "").lower()
     return "eaddrinuse" in text or "address already in use" in text
-
-
-def _join_group(pgid: int) -> dict[str, Any]:
-    """Popen arguments that put a process in process group `pgid` (0: a new one, led by
-    it): every rank in the first rank's group, so that the case's processes end together,
-    as one case's do. Not a session of their own as a single worker has: a process can
-    only join a group of its own session."""
-    if sys.version_info >= (3, 11):
-        return {"process_group": pgid}
-    return {"preexec_fn": lambda: os.setpgid(0, pgid)}  # pragma: no cover (Python 3.10)
-
-
-def _execute(specs: list[Path], results: list[Path], timeout_s: float, device: str,
-             interval_s: float, visible_uuids: tuple[str, ...], port: int
-             ) -> tuple[list[CaseOutcome], dict[int, float]]:
-    """Run every rank; return each rank's outcome and, by rank, when each one exited by
-    itself (the others were ended by memtrack, or timed out)."""
-    world = len(specs)
-    sampler = _start_sampler(interval_s, visible_uuids) if device == "cuda" else None
-    t0 = time.perf_counter()
-    procs: list[subprocess.Popen[bytes]] = []
-    tree: ProcessTree | None = None
-    in_time = False
-    exited_pids: dict[int, float] = {}
-    with contextlib.ExitStack() as stack:
-        errs = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(world)]
-        try:
-            for r in range(world):
-                group = _join_group(procs[0].pid if procs else 0)
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "memtrack.worker", str(specs[r]), str(os.getpid())],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errs[r],
-                    env=rank_env(r, world, port), **group,
-                )
-                procs.append(proc)
-                if tree is None:
-                    tree = ProcessTree(proc.pid)
-                else:
-                    tree.add(proc.pid)
-                if sampler and sampler[0] is not None:
-                    _tell(sampler[0], f"{proc.pid}\n")
-            by_pid = {p.pid: r for r, p in enumerate(procs)}
-            assert tree is not None
-            in_time, exited_pids = tree.wait_all(
-                list(by_pid), timeout_s,
-                lambda pid: _read(results[by_pid[pid]]).get("status") != "ok")
-        finally:
-            # Whatever happened, nothing the case started outlives it.
-            if tree is not None:
-                tree.end()
-            for p in procs:
-                p.wait()
-        duration = time.perf_counter() - t0
-        tails = []
-        for err in errs:
-            err.seek(0)
-            tails.append(err.read()[-4000:].decode(errors="replace"))
-    datas = [_read(path) for path in results]
-    exited = {by_pid[pid]: t for pid, t in exited_pids.items()}
-    windows = [d["memory_window"] for d in datas if _window(d.get("memory_window"))]
-    window = [min(w[0] for w in windows), max(w[1] for w in windows)] if windows else None
-    sampled = _stop_sampler(sampler, window) if sampler else None
-    outcomes = [
-        CaseOutcome(datas[r], procs[r].returncode if r < len(procs) else None,
-                    not in_time and r not in exited, tails[r], duration, sampled,
-                    tree.peak or None if tree else None, tree.source if tree else None)
-        for r in range(world)
-    ]
-    return outcomes, exited
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        data = None
-    return data if isinstance(data, dict) else {"status": "running", "phase": "start",
-                                                "notes": []}
-
-
-def _window(w: Any) -> bool:
-    return (isinstance(w, list) and len(w) == 2
-            and all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in w))
 
 
 # -- one record of the ranks' figures --------------------------------------------------------
 
 
-def to_case(case: Case, spec: dict[str, Any], outcomes: list[CaseOutcome],
+def to_case(case: Case, spec: Spec, outcomes: list[CaseOutcome],
             exited: dict[int, float], interval_s: float, timeout_s: float) -> Measurement:
     """The case's Measurement: its status is the first failing rank's, its figures the
     largest per-device peaks (host figures summed), and one RankMeasurement per rank."""
@@ -198,7 +97,7 @@ def to_case(case: Case, spec: dict[str, Any], outcomes: list[CaseOutcome],
     if failed:
         first = min(failed, key=lambda r: _failed_at(outcomes[r], exited[r]))
         status, message = statuses[first][0], f"rank {first}: {statuses[first][1]}"
-        traceback = outcomes[first].data.get("traceback")
+        traceback = outcomes[first].result.traceback
         for r, (st, _) in enumerate(statuses):
             if r not in exited and st != "ok":
                 statuses[r] = ("crashed", f"ended by memtrack after rank {first} failed")
@@ -208,12 +107,12 @@ def to_case(case: Case, spec: dict[str, Any], outcomes: list[CaseOutcome],
     elif any(st != "ok" for st, _ in statuses):  # ended without a result, yet exited 'ok'
         first = next(r for r, (st, _) in enumerate(statuses) if st != "ok")
         status, message = statuses[first][0], f"rank {first}: {statuses[first][1]}"
-    data = {**merge_figures([o.data for o in outcomes]), "status": status,
+    data = {**merge_figures([o.result.to_dict() for o in outcomes]), "status": status,
             "message": message, "traceback": traceback}
-    merged = dataclasses.replace(outcomes[0], data=data, returncode=0, timed_out=False,
-                                 stderr_tail="")
+    merged = dataclasses.replace(outcomes[0], result=Result(**data), returncode=0,
+                                 timed_out=False, stderr_tail="")
     m = to_measurement(case, spec, merged, interval_s, timeout_s)
-    ranks = tuple(_rank(r, o, statuses[r], spec["device"]) for r, o in enumerate(outcomes))
+    ranks = tuple(_rank(r, o, statuses[r], spec.device) for r, o in enumerate(outcomes))
     m = dataclasses.replace(m, ranks=ranks)
     if merged.tree_source != CGROUP:
         # a lower bound from samples: each rank's exact peak is one too (their sum is not)
@@ -230,20 +129,20 @@ def _rank_status(r: int, o: CaseOutcome, exited: dict[int, float],
         return case_status(o, timeout_s)
     # ended by memtrack because another rank failed: unless it had finished, it did not end
     # by itself (the caller says so)
-    return ("ok", None) if o.data.get("status") == "ok" else ("crashed", None)
+    return ("ok", None) if o.result.status == "ok" else ("crashed", None)
 
 
 def _failed_at(o: CaseOutcome, exited_at: float) -> float:
     """When a rank failed: its own last write (its error), else when it was seen to exit."""
-    written = o.data.get("written_at")
-    if o.data.get("status") not in (None, "running") and isinstance(written, (int, float)):
-        return float(written)
+    written = o.result.written_at
+    if o.result.status != "running" and written is not None:
+        return written
     return exited_at
 
 
 def _rank(r: int, o: CaseOutcome, status: tuple[str, str | None], device: str
           ) -> RankMeasurement:
-    d = o.data
+    d = o.result.to_dict()
 
     def figure(key: str) -> Any:
         value = d.get(key)
@@ -293,12 +192,12 @@ def merge_figures(datas: list[dict[str, Any]]) -> dict[str, Any]:
         values = _ints(datas, key)
         out[key] = sum(values) if len(values) == len(datas) else None  # a part would mislead
     times = [d.get("iteration_times_s") for d in datas]
-    if all(isinstance(t, list) and t and len(t) == len(datas[0]["iteration_times_s"])
+    if all(isinstance(t, (list, tuple)) and t and len(t) == len(datas[0]["iteration_times_s"])
            for t in times):
         # a step of collectives ends when its slowest rank does
         slowest = [max(ts) for ts in zip(*times, strict=True)]
         ordered = sorted(slowest)
-        out.update(iteration_times_s=slowest, time_median_s=statistics.median(slowest),
+        out.update(iteration_times_s=tuple(slowest), time_median_s=statistics.median(slowest),
                    time_p95_s=ordered[min(len(ordered) - 1,
                                           max(0, round(0.95 * len(ordered) + 0.5) - 1))],
                    time_min_s=ordered[0])
@@ -311,7 +210,7 @@ def merge_figures(datas: list[dict[str, Any]]) -> dict[str, Any]:
                 if isinstance(dev.get(k), int):
                     seen[k] = max(seen.get(k) or 0, dev[k])
     if devices:
-        out["cuda_devices"] = sorted(devices.values(), key=lambda x: x.get("index", 0))
+        out["cuda_devices"] = tuple(sorted(devices.values(), key=lambda x: x.get("index", 0)))
     notes: list[str] = []
     for r, d in enumerate(datas):
         for note in d.get("notes", []):
@@ -319,7 +218,7 @@ def merge_figures(datas: list[dict[str, Any]]) -> dict[str, Any]:
             text = note if shared else f"rank {r}: {note}"
             if text not in notes:
                 notes.append(text)
-    out["notes"] = notes
+    out["notes"] = tuple(notes)
     # the least advanced rank's phase: where the case as a whole was
     out["phase"] = min((str(d.get("phase", "start")) for d in datas),
                        key=lambda p: _PHASES.index(p) if p in _PHASES else 0)

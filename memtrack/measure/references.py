@@ -22,6 +22,8 @@ from typing import Any
 
 from memtrack.config import Config
 from memtrack.errors import ConfigError, WorkloadError
+from memtrack.measure.case import run_case
+from memtrack.worker.protocol import QualitySpec
 from memtrack.workload.registry import Case
 
 MANIFEST = "manifest.json"
@@ -72,16 +74,16 @@ def load_manifest(config: Config) -> dict[str, dict[str, Any]]:
 
 
 def quality_spec(config: Config, case: Case, manifest: dict[str, dict[str, Any]] | None = None
-                 ) -> dict[str, Any] | None:
+                 ) -> QualitySpec | None:
     """What the worker needs to compare a case's output: its reference's id, file and pinned
     sha256 (None where none is recorded); None where the workload declares no tolerance."""
     if not case.tolerance:
         return None
     ref = case.reference_case().case_id
     entry = (load_manifest(config) if manifest is None else manifest).get(ref)
-    return {"mode": "compare", "reference": ref,
-            "path": str(folder(config) / entry["file"]) if entry else None,
-            "sha256": entry["sha256"] if entry else None}
+    return QualitySpec(mode="compare", reference=ref,
+                       path=str(folder(config) / entry["file"]) if entry else None,
+                       sha256=entry["sha256"] if entry else None)
 
 
 def file_name(case_id: str) -> str:
@@ -124,12 +126,6 @@ def record_references(
     """Run each selected case's reference case and pin its output. All or nothing: every
     reference is measured before any file or the manifest changes. Raises WorkloadError
     when a case fails or its step returns no tensor."""
-    import os
-
-    from memtrack.measure import runner
-
-    for name, value in runner.PINNED_ENV.items():
-        os.environ.setdefault(name, value)  # the worker runs as in `memtrack run`
     refs = reference_cases(cases)
     if not refs:
         raise WorkloadError("no selected case declares a tolerance: a reference is kept only "
@@ -147,8 +143,7 @@ def record_references(
             if progress:
                 progress(ref_id)
             tmp = target / f".{file_name(ref_id)}.tmp"
-            m = runner.run_case(config, ref, device,
-                                quality={"mode": "record", "path": str(tmp)})
+            m = run_case(config, ref, device, quality=QualitySpec(mode="record", path=str(tmp)))
             if m.status != "ok":
                 why = (m.message or "").removeprefix("OutputError: ")
                 status = "" if m.status == "error" else f"{m.status}: "

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from memtrack.config import Config
 from memtrack.errors import ConfigError, WorkloadError
-from memtrack.machine import environment
-from memtrack.measure import runner
+from memtrack.measure.case import run_case
+from memtrack.measure.suite import probe_environment, resolve_device
 from memtrack.workload.registry import Case, discover, select_cases
 
 SUFFIX = {"cuda": ".pickle", "cpu": ".json"}
@@ -124,13 +124,10 @@ def take(config: Config, name: str, db: Path, out: Path | None = None) -> Snapsh
     if out is not None:
         out = check_out(out, config, db)
     case = find_case(config, name)
-    for name, value in runner.PINNED_ENV.items():
-        os.environ.setdefault(name, value)  # the worker runs as under `memtrack run`
-    env = environment.probe()
-    device = runner.resolve_device(config, env)
+    env = probe_environment()
+    device = resolve_device(config, env)
     path = out or check_out(default_path(case.case_id, device), config, db)
-    m = runner.run_case(config, case, device, env.visible_uuids,
-                        extra={"snapshot_path": str(path), "case_id": case.case_id})
+    m = run_case(config, case, device, env.visible_uuids, snapshot_path=path)
     if m.status != "ok" or not path.is_file():
         path.unlink(missing_ok=True)  # a worker killed while writing leaves no half file
         raise WorkloadError(f"{case.case_id}: no snapshot: {m.status}: "

@@ -11,8 +11,7 @@ from typing import Any
 from memtrack.config import Config
 from memtrack.errors import ConfigError
 from memtrack.plan.fit import Gpu, Headroom, Number, Plan, plan
-from memtrack.records import metrics
-from memtrack.records.model import Measurement, RunRecord
+from memtrack.records import Measurement, RunRecord, metrics
 from memtrack.store.database import Store
 from memtrack.units import format_size
 from memtrack.workload.registry import Case, Workload, case_id

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from memtrack.worker.protocol import QualitySpec
+
 UPPER = {"max_abs": "max_abs", "max_rel": "max_rel", "metric": "value"}
 """Tolerance keys that bound a figure from above, and the figure each bounds."""
 LOWER = {"cosine": "cosine", "metric_min": "value"}
@@ -97,16 +99,16 @@ def record(step: Callable[[], Any], ctx: Any, path: Path) -> None:
     Path(f"{path}.json").write_text(json.dumps(meta))
 
 
-def compare(step: Callable[[], Any], ctx: Any, wl: Any, spec: dict[str, Any]) -> dict[str, Any]:
-    """The output against the reference named in `spec` ({'reference', 'path', 'sha256'}):
+def compare(step: Callable[[], Any], ctx: Any, wl: Any, spec: QualitySpec) -> dict[str, Any]:
+    """The output against the reference named in `spec` (its reference, path and sha256):
     the `quality_*` fields of the measurement. Never raises for the reference or the
     output: a problem with either is a quality error, recorded, and the case stands."""
-    out: dict[str, Any] = {"quality_reference": spec["reference"],
+    out: dict[str, Any] = {"quality_reference": spec.reference,
                            "quality_tolerance": dict(wl.tolerance)}
-    if not spec.get("path"):
+    if not spec.path:
         return {**out, "quality_status": "none",
-                "quality_message": f"no reference recorded for {spec['reference']}: record "
-                                   f"one with `memtrack reference -k '{spec['reference']}'`"}
+                "quality_message": f"no reference recorded for {spec.reference}: record "
+                                   f"one with `memtrack reference -k '{spec.reference}'`"}
     try:
         structure, flat = _extra_call(step, ctx)
     except OutputError as exc:
@@ -114,7 +116,7 @@ def compare(step: Callable[[], Any], ctx: Any, wl: Any, spec: dict[str, Any]) ->
     got = {k: t.detach().to("cpu", torch.float64) for k, t in flat.items()}
     del flat  # before the reference is read: one copy of the output at a time
     try:
-        ref, sha = _load(Path(spec["path"]), spec["sha256"])
+        ref, sha = _load(Path(spec.path), spec.sha256)
         out["quality_reference_sha256"] = sha
         if set(ref) != set(got):
             raise OutputError(f"the output has {_names(got)}, the reference {_names(ref)}")

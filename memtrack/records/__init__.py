@@ -1,2 +1,63 @@
-"""Records: the run and its measurements as frozen dataclasses, their validation and JSON
-schema, the figures derived from them (metrics, breakdown), and redaction of recorded text."""
+"""Records: the run and its measurements as frozen dataclasses (`model`), their validation,
+JSON Schema and files (`validate`), the figures derived from them (`metrics`, `breakdown`), and
+redaction of recorded text (`redact`). The records' names are importable from here."""
+
+from memtrack.records.model import (
+    KINDS,
+    QUALITY_STATUSES,
+    SCHEMA_VERSION,
+    STATUSES,
+    CIInfo,
+    DeviceMeasurement,
+    Environment,
+    GitInfo,
+    GpuInfo,
+    Measurement,
+    RankMeasurement,
+    RunRecord,
+    device_peak,
+    host_peak,
+    host_step,
+    load_host,
+    memory_pass_peak,
+    peak_rank,
+    to_dict,
+)
+from memtrack.records.validate import (
+    COMMIT_PATTERN,
+    MAX_BYTES,
+    json_schema,
+    read_all,
+    read_json,
+    run_from_dict,
+    write_json,
+)
+
+__all__ = [
+    "COMMIT_PATTERN",
+    "KINDS",
+    "MAX_BYTES",
+    "QUALITY_STATUSES",
+    "SCHEMA_VERSION",
+    "STATUSES",
+    "CIInfo",
+    "DeviceMeasurement",
+    "Environment",
+    "GitInfo",
+    "GpuInfo",
+    "Measurement",
+    "RankMeasurement",
+    "RunRecord",
+    "device_peak",
+    "host_peak",
+    "host_step",
+    "json_schema",
+    "load_host",
+    "memory_pass_peak",
+    "peak_rank",
+    "read_all",
+    "read_json",
+    "run_from_dict",
+    "to_dict",
+    "write_json",
+]

@@ -1,7 +1,7 @@
 """Verdicts shown: a terminal table (rich renderables), compact Markdown, and JSON.
 
-Nothing here decides: `memtrack.compare` and `memtrack.trend` do. Blocking items come first
-everywhere; every verdict keeps its one-line arithmetic.
+Nothing here decides: `memtrack.judge.check` and `memtrack.judge.history` do. Blocking items
+come first everywhere; every verdict keeps its one-line arithmetic.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from memtrack.records.model import Measurement, RunRecord, device_peak
+from memtrack.records import Measurement, RunRecord, device_peak
 from memtrack.units import format_seconds, format_size
 from memtrack.workload.registry import short_case_labels
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrack.errors import StoreError
-from memtrack.records.model import (
+from memtrack.records import (
     CIInfo,
     DeviceMeasurement,
     Environment,

@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from memtrack.errors import ConfigError, StoreError
-from memtrack.records.model import write_json
+from memtrack.records import write_json
 from memtrack.store.database import BUSY_TIMEOUT_S, Store, describe_failure
 from memtrack.units import parse_time
 

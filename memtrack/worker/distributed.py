@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from memtrack.errors import WorkloadError
+from memtrack.worker.protocol import Spec
 
 
 @dataclass(frozen=True)
@@ -34,16 +34,16 @@ def _env_int(name: str) -> int:
     return int(value)
 
 
-def setup(spec: dict[str, Any]) -> Rank | None:
+def setup(spec: Spec) -> Rank | None:
     """Join the case's process group when the case has the `ranks` param; None otherwise.
     On CUDA this rank's device becomes the current one, before anything touches CUDA."""
-    if spec.get("ranks") is None:
+    if spec.ranks is None:
         return None
     import torch
     import torch.distributed as dist
 
     rank, world, local = (_env_int(n) for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    if spec["device"] == "cuda":
+    if spec.device == "cuda":
         if local >= torch.cuda.device_count():
             raise WorkloadError(f"rank {rank} needs cuda:{local}, but torch sees "
                                 f"{torch.cuda.device_count()} CUDA device(s)")

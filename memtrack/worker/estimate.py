@@ -12,7 +12,6 @@ included. Like the measuring worker, it writes its result file after every phase
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import traceback
 import weakref
@@ -20,7 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memtrack.worker.measure import _die_with_parent, _Result
+from memtrack.worker.process import serve
+from memtrack.worker.protocol import ResultFile, Spec
 
 FRAMEWORK = "fake-tensor-estimate"
 
@@ -139,7 +139,7 @@ def _fake_module_support(mode: Any) -> Iterator[None]:
         torch.utils.swap_tensors = swap
 
 
-def estimate_case(spec: dict[str, Any], result: _Result) -> None:
+def estimate_case(spec: Spec, result: ResultFile) -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -148,19 +148,19 @@ def estimate_case(spec: dict[str, Any], result: _Result) -> None:
     from memtrack.workload.registry import find, import_workload_module
 
     result.update(phase="setup")
-    device = spec["device"]
+    device = spec.device
     if device == "cuda":
         reason = _cuda_support()
         if reason:
             raise NotFakeable(reason)
         device = "cuda:0"  # an explicit index: no CUDA call to find the current device
-    torch.manual_seed(spec["seed"])
-    import_workload_module(spec["module"], Path(spec["root"]))
-    wl = find(spec["workload"])
+    torch.manual_seed(spec.seed)
+    import_workload_module(spec.module, Path(spec.root))
+    wl = find(spec.workload)
     # Tensors a workload module made at import are real: they enter as fake constants.
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode, _fake_module_support(mode):
-        ctx = Context(spec["params"], spec["seed"], device, Path(spec["data_dir"]))
+        ctx = Context(spec.params, spec.seed, device, Path(spec.data_dir))
         probe = MemTrackerProbe(ctx.device)
         # Tags go to the tracker; outside the measured step they are dropped (the context's
         # own bookkeeping reads data pointers, which fake storages do not have).
@@ -170,15 +170,15 @@ def estimate_case(spec: dict[str, Any], result: _Result) -> None:
             raise TypeError(f"workload {wl.name!r} must return the step to measure, got {step!r}")
         objects = ctx.marked_objects if ctx.marked_objects is not None else ()
         if ctx.marked_objects is None:
-            result.data["notes"].append("no ctx.mark(): the persistent set is what setup left")
+            result.notes.append("no ctx.mark(): the persistent set is what setup left")
         persistent = probe.mark(objects)
         result.update(phase="warmup", persistent_bytes=persistent)
         # Warm-up as measured: lazily created state (AdamW's moments) is then persistent.
-        for _ in range(spec["warmup"]):
+        for _ in range(spec.warmup):
             ctx.new_iteration()
             step()
         result.update(phase="memory")
-        for _ in range(spec["repeats"]):
+        for _ in range(spec.repeats):
             ctx.new_iteration()
             with probe.iteration():
                 step()
@@ -187,7 +187,7 @@ def estimate_case(spec: dict[str, Any], result: _Result) -> None:
     sessions = ctx.concurrency
     if sessions > 1:
         summary = _all_sessions_at_peak(summary, persistent, sessions)
-        result.data["notes"].append(
+        result.notes.append(
             f"concurrency {sessions}: an upper bound, every session at its peak at once (one "
             f"session's step above the persistent set, x {sessions}); overlapping sessions "
             "measure less, see `memtrack plan --sweep concurrency=...`")
@@ -213,22 +213,14 @@ def _all_sessions_at_peak(summary: dict[str, Any], persistent: int, sessions: in
     return out
 
 
+def failure(exc: Exception) -> dict[str, Any]:
+    """A case that raised: what could not be faked, in one line."""
+    message = str(exc) if isinstance(exc, NotFakeable) else describe(exc)
+    return {"status": "error", "message": message.splitlines()[0][:2000]}
+
+
 def main(argv: list[str]) -> int:
-    _die_with_parent(int(argv[1]))
-    spec = json.loads(Path(argv[0]).read_text())
-    result = _Result(Path(spec["result_path"]))
-    try:
-        estimate_case(spec, result)
-    except MemoryError as exc:
-        result.update(status="oom", message=f"MemoryError: {exc}", traceback=traceback.format_exc())
-        return 0
-    except Exception as exc:
-        message = str(exc) if isinstance(exc, NotFakeable) else describe(exc)
-        result.update(status="error", message=message.splitlines()[0][:2000],
-                      traceback=traceback.format_exc()[-20000:])
-        return 0
-    result.update(status="ok")
-    return 0
+    return serve(argv, estimate_case, failure)
 
 
 if __name__ == "__main__":

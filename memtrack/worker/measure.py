@@ -2,37 +2,21 @@
 
 Started by the parent as `python -m memtrack.worker SPEC.json RUNNER_PID`. It writes its
 figures to the spec's result path after every phase (atomically), so a crash or a kill
-still leaves the partial figures for the runner to record.
+still leaves the partial figures for the parent to record.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import statistics
 import sys
 import time
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-RESULT_ENV = "MEMTRACK_RESULT"
-
-
-class _Result:
-    def __init__(self, path: Path):
-        self.path = path
-        self.data: dict[str, Any] = {"status": "running", "phase": "start", "notes": []}
-
-    def update(self, **fields: Any) -> None:
-        self.data.update(fields)
-        # system-wide clock: tells which rank of a multi-rank case failed first
-        self.data["written_at"] = time.monotonic()
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(self.data))
-        tmp.replace(self.path)
+from memtrack.worker.process import serve
+from memtrack.worker.protocol import ResultFile, Spec
 
 
 def _sync(device: Any) -> None:
@@ -65,7 +49,7 @@ def _time_summary(times: list[float]) -> dict[str, Any]:
     }
 
 
-def run_case(spec: dict[str, Any], result: _Result) -> None:
+def run_case(spec: Spec, result: ResultFile) -> None:
     from memtrack.probes.host import HostPeak, current_rss, file_backed_rss, release_free_heap
 
     host = HostPeak()  # first, so the whole case (imports aside) is under one high-water mark
@@ -78,14 +62,13 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     from memtrack.workload.registry import find, import_workload_module
 
     result.update(phase="setup", host_peak_source=host.source)
-    torch.manual_seed(spec["seed"])
+    torch.manual_seed(spec.seed)
     torch.backends.cudnn.benchmark = False  # its workspace depends on what is cached
     rank = distributed.setup(spec)  # None unless the case has the `ranks` param
-    import_workload_module(spec["module"], Path(spec["root"]))
-    wl = find(spec["workload"])
-    scratch = spec.get("scratch_dir")
-    ctx = Context(spec["params"], spec["seed"], spec["device"], Path(spec["data_dir"]),
-                  Path(scratch) if scratch else None)
+    import_workload_module(spec.module, Path(spec.root))
+    wl = find(spec.workload)
+    ctx = Context(spec.params, spec.seed, spec.device, Path(spec.data_dir),
+                  Path(spec.scratch_dir) if spec.scratch_dir else None)
     ctx.loading_probe = loading = LoadingProbe(host)
     if rank is not None:
         ctx.rank, ctx.world_size = rank.rank, rank.world_size
@@ -102,25 +85,25 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
         from memtrack.workload.sessions import Sessions
 
         step = Sessions(step, sessions, ctx.device, probe.session_scope)
-        result.data["notes"].append(f"{sessions} concurrent sessions per iteration (threads"
+        result.notes.append(f"{sessions} concurrent sessions per iteration (threads"
                                     + (", one CUDA stream each)" if is_cuda else ")"))
     objects = ctx.marked_objects if ctx.marked_objects is not None else ()
     if ctx.marked_objects is None:
-        result.data["notes"].append("no ctx.mark(): the persistent set is what setup left")
+        result.notes.append("no ctx.mark(): the persistent set is what setup left")
     persistent = probe.mark(objects)
     result.update(phase="warmup", persistent_bytes=persistent, **loading.fields())
-    result.data["notes"].extend(loading.notes)
+    result.notes.extend(loading.notes)
     distributed.barrier(rank)
 
-    for _ in range(spec["warmup"]):
+    for _ in range(spec.warmup):
         ctx.new_iteration()
         step()
     _sync(ctx.device)
-    if spec.get("snapshot_path"):  # `memtrack snapshot`: one more step under the recorder
+    if spec.snapshot_path:  # `memtrack snapshot`: one more step under the recorder
         from memtrack.probes.snapshot import capture
 
-        snap = capture(step, ctx.device, objects, Path(spec["snapshot_path"]),
-                       spec.get("case_id", spec["workload"]))
+        snap = capture(step, ctx.device, objects, Path(spec.snapshot_path),
+                       spec.case_id or spec.workload)
         result.update(phase="done", **snap)
         return
     setup_peak = max(host.peak(), loading.before_peak)  # a loading phase reset the mark
@@ -130,7 +113,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
 
     result.update(phase="timing")
     distributed.barrier(rank)
-    times = _timing_pass(step, ctx.device, spec["repeats"])
+    times = _timing_pass(step, ctx.device, spec.repeats)
     step_peak = host.peak()
     result.update(
         phase="memory",
@@ -145,7 +128,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     distributed.barrier(rank)
     start = time.monotonic()  # system-wide: the NVML sampler's clock too
     with _tags_to(ctx, probe):
-        for _ in range(spec["repeats"]):
+        for _ in range(spec.repeats):
             ctx.new_iteration()
             with probe.iteration():
                 step()
@@ -157,14 +140,14 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
             summary["categories"] = category_breakdown(
                 step, ctx.device, objects, lambda p: _tags_to(ctx, p), sessions)
         except Exception as exc:  # the allocator figures stand without it
-            result.data["notes"].append(f"category breakdown unavailable: {exc}")
-    quality = spec.get("quality")
+            result.notes.append(f"category breakdown unavailable: {exc}")
+    quality = spec.quality
     if quality:  # one extra call, after every measured iteration (probes.quality)
         from memtrack.probes import quality as q
 
         result.update(phase="quality")
-        if quality["mode"] == "record":
-            q.record(step, ctx, Path(quality["path"]))
+        if quality.mode == "record":
+            q.record(step, ctx, Path(str(quality.path)))
         else:
             summary.update(q.compare(step, ctx, wl, quality))
     result.update(phase="done", caches_bytes=ctx.cache_peak_bytes or None, **summary)
@@ -179,20 +162,6 @@ def _tags_to(ctx: Any, probe: Any) -> Iterator[None]:
         yield
     finally:
         ctx.tag_hook = None
-
-
-def _die_with_parent(runner_pid: int) -> None:
-    """A killed `memtrack run` must not leave a workload holding the GPU (Linux only)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-        # The runner died before prctl took effect. Compared with its PID, not with 1: as
-        # a container's entrypoint the runner is PID 1 itself.
-        if os.getppid() != runner_pid:
-            os._exit(1)
 
 
 def _cuda_partial() -> dict[str, Any]:
@@ -210,24 +179,16 @@ def _cuda_partial() -> dict[str, Any]:
     }
 
 
+def failure(exc: Exception) -> dict[str, Any]:
+    """A case that raised: out of memory where torch (CUDA or CPU) says so, else an error."""
+    kind = type(exc).__name__
+    oom = kind == "OutOfMemoryError" or "out of memory" in str(exc).lower()
+    return {
+        **_cuda_partial(),
+        "status": "oom" if oom else "error",
+        "message": f"{kind}: {exc}".strip().splitlines()[0][:2000],
+    }
+
+
 def main(argv: list[str]) -> int:
-    _die_with_parent(int(argv[1]))
-    spec = json.loads(Path(argv[0]).read_text())
-    result = _Result(Path(spec["result_path"]))
-    try:
-        run_case(spec, result)
-    except MemoryError as exc:
-        result.update(status="oom", message=f"MemoryError: {exc}", traceback=traceback.format_exc())
-        return 0
-    except Exception as exc:
-        kind = type(exc).__name__
-        oom = kind == "OutOfMemoryError" or "out of memory" in str(exc).lower()
-        result.update(
-            **_cuda_partial(),
-            status="oom" if oom else "error",
-            message=f"{kind}: {exc}".strip().splitlines()[0][:2000],
-            traceback=traceback.format_exc()[-20000:],
-        )
-        return 0
-    result.update(status="ok")
-    return 0
+    return serve(argv, run_case, failure)

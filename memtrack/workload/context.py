@@ -18,7 +18,7 @@ from memtrack.workload.sessions import concurrency
 if TYPE_CHECKING:
     import torch
 
-_DTYPES = {
+DTYPES = {
     "float32": "float32",
     "fp32": "float32",
     "float16": "float16",
@@ -54,9 +54,9 @@ class Context:
             # an explicit index: stats and trackers key devices as cuda:N
             self.device = torch.device("cuda", torch.cuda.current_device())
         dtype_name = str(params.get("dtype", "float32"))
-        if dtype_name not in _DTYPES:
-            raise WorkloadError(f"param dtype={dtype_name!r} is not one of {', '.join(_DTYPES)}")
-        self.dtype: torch.dtype = getattr(torch, _DTYPES[dtype_name])
+        if dtype_name not in DTYPES:
+            raise WorkloadError(f"param dtype={dtype_name!r} is not one of {', '.join(DTYPES)}")
+        self.dtype: torch.dtype = getattr(torch, DTYPES[dtype_name])
         self.concurrency = concurrency(params)
         """Sessions of the step that run at once (the `concurrency` param; 1 without it)."""
         self.data_dir = data_dir

@@ -1,0 +1,41 @@
+"""One case measured in a fresh worker process (or one per rank, see measure.ranks), with the
+NVML sampler beside it on CUDA. A failing case (exception, out of memory, signal, timeout)
+becomes a Measurement with that status and whatever figures it reached."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from memtrack.config import Config
+from memtrack.measure.launcher import launch, new_spec
+from memtrack.measure.outcome import to_measurement
+from memtrack.measure.ranks import run_ranks
+from memtrack.measure.sampler import start_sampler
+from memtrack.records import Measurement
+from memtrack.worker.protocol import QualitySpec
+from memtrack.workload.registry import Case, ranks_of
+
+
+def run_case(
+    config: Config, case: Case, device: str, visible_uuids: tuple[str, ...] = (), *,
+    quality: QualitySpec | None = None, snapshot_path: Path | None = None,
+) -> Measurement:
+    """One case in a fresh worker. `quality`: what the worker does with the step's output
+    (measure.references); `snapshot_path`: `memtrack snapshot` writes there instead."""
+    world = ranks_of(case.params)
+    if world is not None:  # one process per rank, all at once
+        return run_ranks(config, case, device, visible_uuids, world,
+                         snapshot_path=snapshot_path)
+    warmup, repeats, timeout_s = config.settings_for(case.workload)
+    with tempfile.TemporaryDirectory(prefix="memtrack-") as tmp:
+        scratch = Path(tmp) / "scratch"  # the case's ctx.scratch_dir, removed with tmp
+        scratch.mkdir(mode=0o700)
+        spec = new_spec(config, case, device, warmup, repeats, Path(tmp) / "result.json",
+                        scratch_dir=scratch, quality=quality, snapshot_path=snapshot_path)
+        sampler = start_sampler(device, config.nvml_interval_s, visible_uuids)
+        (outcome,), _ = launch([spec], timeout_s, sampler=sampler)
+    return to_measurement(case, spec, outcome, config.nvml_interval_s, timeout_s)
+
+
+__all__ = ["run_case"]

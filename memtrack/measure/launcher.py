@@ -1,0 +1,170 @@
+"""One launcher for a case's worker processes, one or several (the ranks of a multi-rank case):
+their spec, their environment, their process group, the wait with its timeout, and their end.
+
+Whatever happens (an exception, a timeout, a failing rank), nothing the case started outlives
+it: every process of the case's tree is ended before `launch` returns (probes.tree).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memtrack.config import Config
+from memtrack.measure.sampler import NvmlSampler
+from memtrack.probes.tree import ProcessTree
+from memtrack.worker.protocol import QualitySpec, Result, Spec, read_result
+from memtrack.workload.registry import Case
+
+MEASURE = "memtrack.worker"
+"""The measuring worker (its package's __main__)."""
+
+PINNED_ENV = {
+    # glibc raises its mmap threshold as large blocks are freed, so whether a step's
+    # buffers come from the heap (and stay resident) or from mmap (and are returned) depends
+    # on what ran before: the host peak of unchanged code then moved by ~10 MiB run to run.
+    # A fixed threshold (glibc's default, 128 KiB) makes it follow live memory within
+    # 1 MiB. A value the user set is kept; either way it is recorded in the environment.
+    "MALLOC_MMAP_THRESHOLD_": "131072",
+}
+"""Allocator settings every worker runs with, unless the user set them."""
+
+
+def worker_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a worker runs in: the parent's (or `base`) with PINNED_ENV's defaults.
+    The parent's own environment is left as it is."""
+    env = dict(os.environ if base is None else base)
+    for name, value in PINNED_ENV.items():
+        env.setdefault(name, value)
+    return env
+
+
+def new_spec(config: Config, case: Case, device: str, warmup: int, repeats: int,
+             result_path: Path, *, scratch_dir: Path | None = None,
+             quality: QualitySpec | None = None, ranks: int | None = None,
+             snapshot_path: Path | None = None) -> Spec:
+    """What a worker needs to find and run one case: the same for a measured case, each rank
+    of one, and an estimate."""
+    return Spec(
+        module=case.module,
+        root=str(config.root),
+        workload=case.workload,
+        params=case.params,
+        seed=case.seed,
+        device=device,
+        warmup=warmup,
+        repeats=repeats,
+        data_dir=str(config.root / "data"),
+        result_path=str(result_path),
+        scratch_dir=str(scratch_dir) if scratch_dir else None,
+        case_id=case.case_id,
+        quality=quality,
+        ranks=ranks,
+        snapshot_path=str(snapshot_path) if snapshot_path else None,
+    )
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    """What one worker process left: its result and how it ended."""
+
+    result: Result
+    returncode: int | None
+    timed_out: bool
+    stderr_tail: str
+    duration_s: float
+    sampler: dict[str, Any] | None
+    """The NVML sampler's result for the whole case (CUDA), or why there is none."""
+    tree_peak_bytes: int | None = None
+    """Host peak of the case's whole process tree (see probes.tree), where measured."""
+    tree_source: str | None = None
+
+
+def _group(first_pid: int | None) -> dict[str, Any]:
+    """Popen arguments for the case's process group. A single worker leads a session of its
+    own; the ranks of a multi-rank case share the first rank's group (a process can only join
+    a group of its own session), so that the case's processes end together."""
+    if first_pid is None:
+        return {"start_new_session": True}
+    if sys.version_info >= (3, 11):
+        return {"process_group": first_pid}
+    return {"preexec_fn": lambda: os.setpgid(0, first_pid)}  # pragma: no cover (Python 3.10)
+
+
+def launch(
+    specs: list[Spec],
+    timeout_s: float,
+    *,
+    worker: str = MEASURE,
+    envs: list[dict[str, str]] | None = None,
+    sampler: NvmlSampler | None = None,
+) -> tuple[list[CaseOutcome], dict[int, float]]:
+    """Run one worker per spec, all at once, until every one has exited, one has failed (the
+    others would wait for it in a collective), or the timeout. Returns each one's outcome and,
+    by index, when each exited by itself (time.monotonic()); the rest were ended by memtrack
+    or timed out. With `sampler` (CUDA), NVML watches every worker and their descendants."""
+    n = len(specs)
+    envs = envs or [worker_env() for _ in specs]
+    t0 = time.perf_counter()
+    procs: list[subprocess.Popen[bytes]] = []
+    tree: ProcessTree | None = None
+    in_time = False
+    exited_pids: dict[int, float] = {}
+    with tempfile.TemporaryDirectory(prefix="memtrack-spec-") as tmp, \
+            contextlib.ExitStack() as stack:
+        errs = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(n)]
+        try:
+            for i, spec in enumerate(specs):
+                spec_path = Path(tmp) / f"spec-{i}.json"
+                spec.write(spec_path)
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", worker, str(spec_path), str(os.getpid())],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errs[i],
+                    env=envs[i], **_group(procs[0].pid if procs else None),
+                )
+                procs.append(proc)
+                if tree is None:
+                    tree = ProcessTree(proc.pid)
+                else:
+                    tree.add(proc.pid)
+                if sampler is not None:
+                    sampler.watch(proc.pid)
+            by_pid = {p.pid: i for i, p in enumerate(procs)}
+            assert tree is not None
+            in_time, exited_pids = tree.wait_all(
+                list(by_pid), timeout_s,
+                lambda pid: read_result(Path(specs[by_pid[pid]].result_path)).status != "ok")
+        finally:
+            # Whatever happened, nothing the case started outlives it.
+            if tree is not None:
+                tree.end()
+            for p in procs:
+                p.wait()
+        duration = time.perf_counter() - t0
+        tails = []
+        for err in errs:
+            err.seek(0)
+            tails.append(err.read()[-4000:].decode(errors="replace"))
+    results = [read_result(Path(s.result_path)) for s in specs]
+    exited = {by_pid[pid]: t for pid, t in exited_pids.items()}
+    windows = [r.memory_window for r in results if r.memory_window and len(r.memory_window) == 2]
+    window = (min(w[0] for w in windows), max(w[1] for w in windows)) if windows else None
+    sampled = sampler.stop(window) if sampler is not None else None
+    outcomes = [
+        CaseOutcome(results[i], procs[i].returncode if i < len(procs) else None,
+                    not in_time and i not in exited, tails[i], duration, sampled,
+                    (tree.peak or None) if tree else None, tree.source if tree else None)
+        for i in range(n)
+    ]
+    return outcomes, exited
+
+
+__all__ = ["MEASURE", "PINNED_ENV", "CaseOutcome", "launch", "new_spec", "worker_env"]

@@ -1,0 +1,138 @@
+"""A worker's outcome turned into a `Measurement`: its status and message (its own words,
+else its signal or exit status), its figures, the device view beside the allocator's, and
+the breakdown. A workload's own text is redacted before it is kept."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from memtrack.measure.launcher import CaseOutcome
+from memtrack.probes.tree import CGROUP
+from memtrack.records import DeviceMeasurement, Measurement
+from memtrack.records.breakdown import with_breakdown
+from memtrack.records.redact import redact
+from memtrack.worker.protocol import FIGURES, Result, Spec
+from memtrack.workload.registry import Case
+
+
+def to_measurement(
+    case: Case, spec: Spec, outcome: CaseOutcome, interval_s: float, timeout_s: float
+) -> Measurement:
+    r = outcome.result
+    notes = list(r.notes)
+    status, message = case_status(outcome, timeout_s)
+    devices, view, view_note = _device_view(r, outcome.sampler, spec.device, notes)
+    fields = figures(r)
+    if fields.get("quality_message"):  # may quote the workload's own quality function
+        fields["quality_message"] = redact(fields["quality_message"])
+    tree_peak = outcome.tree_peak_bytes
+    if outcome.tree_source != CGROUP and fields.get("host_peak_rss_bytes"):
+        # Samples can miss the worker's own peak; its exact high-water mark is a bound too.
+        tree_peak = max(tree_peak or 0, fields["host_peak_rss_bytes"])
+    m = Measurement(
+        workload=case.workload,
+        case_id=case.case_id,
+        params=case.params,
+        seed=case.seed,
+        device=spec.device,
+        dtype=str(case.params.get("dtype", "float32")),
+        warmup=spec.warmup,
+        repeats=spec.repeats,
+        status=status,
+        # A workload's own text (its error, its stderr) is redacted before it is kept.
+        message=redact(message),
+        traceback=redact(r.traceback),
+        devices=tuple(devices),
+        device_view=view,
+        device_view_note=redact(view_note),
+        sample_interval_s=interval_s if view == "nvml" else None,
+        duration_s=round(outcome.duration_s, 4),
+        notes=tuple(redact(n) or "" for n in notes),
+        host_tree_peak_rss_bytes=tree_peak,
+        host_tree_source=outcome.tree_source if tree_peak else None,
+        **fields,
+    )
+    return with_breakdown(m)
+
+
+def case_status(outcome: CaseOutcome, timeout_s: float) -> tuple[str, str | None]:
+    """How a worker ended, and its message: its own words, else its signal or exit status."""
+    r = outcome.result
+    status, message = r.status, r.message
+    if outcome.timed_out:
+        status, message = "timeout", f"timed out after {timeout_s:g} s in phase {r.phase!r}"
+    elif status == "running":
+        rc = outcome.returncode or 0
+        status = "crashed"
+        if rc < 0:
+            message = f"killed by {signal_name(-rc)} in phase {r.phase!r}"
+        else:
+            message = f"exited with status {rc} in phase {r.phase!r}"
+        if outcome.stderr_tail.strip():
+            message += ": " + outcome.stderr_tail.strip().splitlines()[-1][:500]
+    return status, message
+
+
+def figures(r: Result) -> dict[str, Any]:
+    """The result's figures that were measured, as Measurement fields."""
+    out = {}
+    for name in FIGURES:
+        value = getattr(r, name)
+        if value is not None and value != () and value != {}:
+            out[name] = value
+    return out
+
+
+def _device_view(
+    r: Result, sampled: dict[str, Any] | None, device: str, notes: list[str]
+) -> tuple[list[DeviceMeasurement], str | None, str | None]:
+    cuda_devices = {x.get("uuid"): x for x in r.cuda_devices}
+    if device != "cuda":
+        return [], None, "CPU case: no device view"
+    if not sampled or not sampled.get("ok", True) or "devices" not in sampled:
+        reason = (sampled or {}).get("reason", "NVML sampler gave no result")
+        devs = [DeviceMeasurement(**{k: v for k, v in x.items()}) for x in cuda_devices.values()]
+        return devs, None, reason
+    out = []
+    notes.extend(sampled.get("notes", []))
+    for s in sampled["devices"]:
+        a = cuda_devices.get(s["uuid"], {})
+        dm = DeviceMeasurement(
+            index=a.get("index", s["index"]),
+            uuid=s["uuid"],
+            name=s["name"],
+            total_bytes=a.get("total_bytes") or s["total_bytes"],  # torch's: what it can use
+            used_before_bytes=s["used_before_bytes"],
+            peak_device_used_bytes=s["peak_device_used_bytes"],
+            peak_process_bytes=s["peak_process_bytes"],
+            process_view=s["process_view"],
+            peak_allocated_bytes=a.get("peak_allocated_bytes"),
+            peak_reserved_bytes=a.get("peak_reserved_bytes"),
+            samples=s["samples"],
+            memory_pass_peak_bytes=s.get("memory_pass_peak_bytes"),
+        )
+        # Compared within the memory pass, where the reserved peak was taken.
+        sampled_peak = dm.memory_pass_peak_bytes or dm.peak_process_bytes
+        if dm.peak_reserved_bytes and (sampled_peak or 0) < dm.peak_reserved_bytes:
+            notes.append(
+                f"GPU {dm.index}: sampled device peak is below the allocator's exact reserved "
+                "peak: the sampler missed a spike"
+            )
+        out.append(dm)
+    return out, "nvml", None
+
+
+def signal_name(number: int) -> str:
+    """'SIGSEGV'; 'SIGRTMIN+6' for a real-time signal, which `signal.Signals` does not know."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        pass
+    rtmin, rtmax = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
+    if rtmin is not None and rtmax is not None and rtmin <= number <= rtmax:
+        return f"SIGRTMIN+{number - rtmin}"
+    return f"signal {number}"
+
+
+__all__ = ["case_status", "figures", "signal_name", "to_measurement"]

@@ -1,0 +1,100 @@
+"""The parent's client of the NVML sampler: a separate process (`python -m memtrack.probes.nvml`)
+that polls the device view while a case runs, so that polling never competes with the
+measured process for its GIL. Told each worker's PID as it starts, and the memory pass's
+window at the end."""
+
+from __future__ import annotations
+
+import json
+import select
+import subprocess
+import sys
+from typing import Any
+
+START_TIMEOUT_S = 60.0
+"""NVML's first initialisation can take seconds per GPU when persistence mode is off."""
+STOP_TIMEOUT_S = 60.0
+
+
+class NvmlSampler:
+    """One sampler process for one case. `start()` returns whether it runs; where it does
+    not, `stop()` returns why, as the device view's note."""
+
+    def __init__(self, interval_s: float, uuids: tuple[str, ...],
+                 timeout_s: float = START_TIMEOUT_S):
+        self.interval_s = interval_s
+        self.uuids = uuids
+        self.timeout_s = timeout_s
+        self.proc: subprocess.Popen[str] | None = None
+        self.first: dict[str, Any] = {"ok": False, "reason": "the NVML sampler was not started"}
+
+    def start(self) -> bool:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "memtrack.probes.nvml", "--interval", str(self.interval_s),
+             *self.uuids],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert proc.stdout is not None
+        if not select.select([proc.stdout], [], [], self.timeout_s)[0]:  # a hung nvmlInit
+            proc.kill()
+            proc.wait()
+            self.first = {"ok": False,
+                          "reason": f"the NVML sampler did not start within {self.timeout_s:g} s"}
+            return False
+        line = proc.stdout.readline()
+        try:
+            first = json.loads(line or '{"ok": false, "reason": "the NVML sampler died at start"}')
+        except json.JSONDecodeError:
+            first = {"ok": False, "reason": f"the NVML sampler said {line.strip()[:200]!r}"}
+        self.first = first
+        if not first.get("ok"):
+            proc.kill()
+            proc.wait()
+            return False
+        self.proc = proc
+        return True
+
+    def watch(self, pid: int) -> None:
+        """A process of the case (a worker, a rank) whose own device memory counts."""
+        if self.proc is None:
+            return
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{pid}\n")
+        self.proc.stdin.flush()
+
+    def stop(self, window: tuple[float, ...] | None = None) -> dict[str, Any]:
+        """The sampler's result; `window` is the memory pass [start, end] (time.monotonic())."""
+        proc, first = self.proc, self.first
+        if proc is None:
+            return first
+        self.proc = None
+        commands = "stop\n"
+        if window is not None and len(window) == 2:
+            commands = f"window {float(window[0])!r} {float(window[1])!r}\n" + commands
+        try:
+            out, _ = proc.communicate(commands, timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return {"ok": False,
+                    "reason": f"the NVML sampler did not stop within {STOP_TIMEOUT_S:g} s"}
+        try:
+            return {**first, **json.loads(out.strip().splitlines()[-1])}
+        except (IndexError, json.JSONDecodeError):
+            return {"ok": False, "reason": f"the NVML sampler exited with {proc.returncode}"}
+
+
+def start_sampler(device: str, interval_s: float, uuids: tuple[str, ...]) -> NvmlSampler | None:
+    """The case's sampler on CUDA (started; one that failed to start still says why), none on
+    the CPU."""
+    if device != "cuda":
+        return None
+    sampler = NvmlSampler(interval_s, uuids)
+    sampler.start()
+    return sampler
+
+
+__all__ = ["START_TIMEOUT_S", "NvmlSampler", "start_sampler"]

@@ -1,0 +1,110 @@
+"""The suite loop that `memtrack run` and `memtrack estimate` share: every case measured in
+turn (each in a fresh process), then one `RunRecord` of them with the git facts and the
+environment fingerprint. The caller stores it."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+from memtrack.config import Config
+from memtrack.machine import environment, provenance
+from memtrack.measure import references
+from memtrack.measure.case import run_case
+from memtrack.measure.launcher import worker_env
+from memtrack.records import Environment, Measurement, RunRecord
+from memtrack.workload.registry import Case, suite_hash
+
+ProgressFn = Callable[[str, Case, "Measurement | None"], None]
+"""Called with ('start', case, None) and ('done', case, measurement)."""
+
+
+def now() -> str:
+    """The time of day as a record holds it: UTC, ISO 8601, to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def probe_environment() -> Environment:
+    """The environment fingerprint, as the workers see it (PINNED_ENV included)."""
+    return environment.probe(env=worker_env())
+
+
+def resolve_device(config: Config, env: Environment) -> str:
+    if config.device != "auto":
+        return config.device
+    usable = env.cuda_available if env.cuda_available is not None else bool(env.cuda_runtime)
+    return "cuda" if env.gpus and usable else "cpu"
+
+
+def device_note(config: Config, env: Environment, device: str) -> str | None:
+    """Why `auto` measured on the CPU of a machine whose GPUs NVML sees."""
+    if config.device != "auto" or device != "cpu" or not env.gpus:
+        return None
+    why = env.cuda_unavailable_reason or "this torch build has no CUDA support"
+    return (f"device auto: NVML sees {len(env.gpus)} GPU(s) but torch cannot use CUDA "
+            f"({why}); measured on the CPU")
+
+
+def each_case(
+    config: Config,
+    cases: list[Case],
+    measure: Callable[[Case], Measurement],
+    *,
+    env: Environment,
+    shard: str | None = None,
+    progress: ProgressFn | None = None,
+    note: str | None = None,
+) -> RunRecord:
+    """Measure every case with `measure` and return the run. `note` goes on every case."""
+    started = now()
+    git = provenance.git_info(config.root, config.base_branch)
+    measurements = []
+    for case in cases:
+        if progress:
+            progress("start", case, None)
+        m = measure(case)
+        if note:
+            m = dataclasses.replace(m, notes=(note, *m.notes))
+        measurements.append(m)
+        if progress:
+            progress("done", case, m)
+    return RunRecord(
+        run_id=uuid.uuid4().hex,
+        started_at=started,
+        finished_at=now(),
+        git=git,
+        ci=provenance.ci_info(),
+        environment=env,
+        suite_hash=suite_hash(cases, config),
+        config_path=str(config.path) if config.path else None,
+        measurements=tuple(measurements),
+        shard=shard,
+    )
+
+
+def run_suite(
+    config: Config,
+    cases: list[Case],
+    *,
+    shard: str | None = None,
+    progress: ProgressFn | None = None,
+    env: Environment | None = None,
+) -> RunRecord:
+    """Measure every case and return the run (the caller stores it)."""
+    env = env or probe_environment()
+    device = resolve_device(config, env)
+    # a malformed manifest is refused before measuring
+    manifest = references.load_manifest(config) if any(c.tolerance for c in cases) else {}
+
+    def measure(case: Case) -> Measurement:
+        quality = references.quality_spec(config, case, manifest)
+        return run_case(config, case, device, env.visible_uuids, quality=quality)
+
+    return each_case(config, cases, measure, env=env, shard=shard, progress=progress,
+                     note=device_note(config, env, device))
+
+
+__all__ = ["ProgressFn", "each_case", "now", "probe_environment", "resolve_device",
+           "run_suite"]

@@ -1,0 +1,49 @@
+"""What every worker process does around its case: die with its parent, read its spec, and
+turn how the case ended into its result (an exception is data: the case's status)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from memtrack.worker.protocol import ResultFile, Spec
+
+
+def die_with_parent(runner_pid: int) -> None:
+    """A killed `memtrack run` must not leave a workload holding the GPU (Linux only)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        # The runner died before prctl took effect. Compared with its PID, not with 1: as
+        # a container's entrypoint the runner is PID 1 itself.
+        if os.getppid() != runner_pid:
+            os._exit(1)
+
+
+def serve(argv: list[str], run: Callable[[Spec, ResultFile], None],
+          failure: Callable[[Exception], dict[str, Any]]) -> int:
+    """`argv` is SPEC_PATH RUNNER_PID. Runs the case; `failure(exc)` gives the result fields
+    of a case that raised (its status and message)."""
+    die_with_parent(int(argv[1]))
+    spec = Spec.read(Path(argv[0]))
+    result = ResultFile(Path(spec.result_path))
+    try:
+        run(spec, result)
+    except MemoryError as exc:
+        result.update(status="oom", message=f"MemoryError: {exc}", traceback=traceback.format_exc())
+        return 0
+    except Exception as exc:
+        result.update(**failure(exc), traceback=traceback.format_exc()[-20000:])
+        return 0
+    result.update(status="ok")
+    return 0
+
+
+__all__ = ["die_with_parent", "serve"]

@@ -1,0 +1,269 @@
+"""The contract between the parent (memtrack.measure) and a worker process: what the worker is
+asked to do (`Spec`, written by the parent as JSON) and what it leaves (`Result`, written by the
+worker after every phase, read by the parent once the worker has ended).
+
+Both are frozen, typed records that both sides import: a misspelt field fails where it is
+written, not inside a subprocess. The parent treats a result file as untrusted (the workload
+runs in that process and can overwrite it): `read_result` checks every value's type and
+turns a damaged file into a crashed case, never a crash of the tool. This module does not
+import torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RESULT_LIMIT_BYTES = 64 * 2**20
+"""A result file larger than this is not read (a workload that filled it): the case crashed."""
+
+
+class ProtocolError(Exception):
+    """A spec or result that does not match its record: a field unknown, missing or mistyped."""
+
+
+@dataclass(frozen=True)
+class QualitySpec:
+    """What the worker does with the step's output after the memory pass (probes.quality)."""
+
+    mode: str
+    """'compare' with the reference, or 'record' it (`memtrack reference`)."""
+    path: str | None = None
+    """The reference file to compare with, or the file to record into; None: none recorded."""
+    reference: str | None = None
+    """Case id of the reference (compare)."""
+    sha256: str | None = None
+    """The reference file's sha256 as the manifest pins it (compare)."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One case for one worker process."""
+
+    module: str
+    """The workload module (a dotted name or a path, as the config names it)."""
+    root: str
+    """The repository root the module is imported from."""
+    workload: str
+    params: dict[str, Any]
+    seed: int
+    device: str
+    """'cpu' or 'cuda'."""
+    warmup: int
+    repeats: int
+    data_dir: str
+    """The repository's data/ folder (`ctx.data_file`)."""
+    result_path: str
+    """Where the worker writes its `Result`."""
+    scratch_dir: str | None = None
+    """`ctx.scratch_dir`: the case's own folder, removed with the case."""
+    case_id: str | None = None
+    quality: QualitySpec | None = None
+    ranks: int | None = None
+    """The `ranks` param of a multi-rank case: each rank is a worker of its own."""
+    snapshot_path: str | None = None
+    """`memtrack snapshot`: one more step under the recorder, written here."""
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(dataclasses.asdict(self)))
+
+    @classmethod
+    def read(cls, path: Path) -> Spec:
+        return _build(cls, json.loads(path.read_text()), "spec")
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a worker leaves: how far it got, how it ended, and its figures so far. Figures are
+    those of `records.Measurement` under the same names; None where not measured."""
+
+    status: str = "running"
+    """'running' until the worker says how it ended: ok, oom, error."""
+    phase: str = "start"
+    notes: tuple[str, ...] = ()
+    message: str | None = None
+    traceback: str | None = None
+    written_at: float | None = None
+    """time.monotonic() of the last write: which rank of a multi-rank case failed first."""
+    memory_window: tuple[float, ...] | None = None
+    """[start, end] of the memory pass (time.monotonic(), the NVML sampler's clock too)."""
+    cuda_devices: tuple[dict[str, Any], ...] = ()
+    """The allocator's view per CUDA device: index, uuid, name, total and peak bytes."""
+    framework: str | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    peak_requested_bytes: int | None = None
+    persistent_bytes: int | None = None
+    allocated_samples: tuple[int, ...] = ()
+    num_alloc_retries: int | None = None
+    num_ooms: int | None = None
+    host_peak_rss_bytes: int | None = None
+    host_step_peak_rss_bytes: int | None = None
+    host_peak_source: str | None = None
+    host_setup_rss_bytes: int | None = None
+    host_file_rss_bytes: int | None = None
+    caches_bytes: int | None = None
+    categories: dict[str, int] = field(default_factory=dict)
+    iteration_times_s: tuple[float, ...] = ()
+    time_median_s: float | None = None
+    time_p95_s: float | None = None
+    time_min_s: float | None = None
+    load_duration_s: float | None = None
+    load_host_peak_rss_bytes: int | None = None
+    load_file_rss_bytes: int | None = None
+    load_rchar_bytes: int | None = None
+    load_wchar_bytes: int | None = None
+    load_read_bytes: int | None = None
+    load_write_bytes: int | None = None
+    disk_bytes: int | None = None
+    quality_status: str | None = None
+    quality_message: str | None = None
+    quality_reference: str | None = None
+    quality_reference_sha256: str | None = None
+    quality_max_abs: float | None = None
+    quality_max_rel: float | None = None
+    quality_cosine: float | None = None
+    quality_value: float | None = None
+    quality_tolerance: dict[str, float] = field(default_factory=dict)
+    snapshot_kind: str | None = None
+    snapshot_events: int | None = None
+    snapshot_modules: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "result") -> Result:
+        return _build(cls, data, where)
+
+
+WORKER_STATUSES = ("running", "ok", "oom", "error")
+"""What a worker may say of its case; `crashed` and `timeout` are the parent's to say."""
+RESULT_FIELDS = frozenset(f.name for f in dataclasses.fields(Result))
+OWN_FIELDS = ("status", "phase", "notes", "message", "traceback", "written_at",
+              "memory_window", "cuda_devices", "snapshot_kind", "snapshot_events",
+              "snapshot_modules")
+"""How the worker ended and what only the parent reads: not figures of the Measurement."""
+FIGURES = tuple(f for f in (x.name for x in dataclasses.fields(Result)) if f not in OWN_FIELDS)
+"""The result's figures, each a Measurement field of the same name."""
+
+
+class ResultFile:
+    """The worker's side: its Result so far, rewritten atomically after every phase, so that
+    a crash or a kill still leaves the partial figures for the parent."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.data: dict[str, Any] = {"status": "running", "phase": "start", "notes": []}
+
+    @property
+    def notes(self) -> list[str]:
+        notes: list[str] = self.data["notes"]
+        return notes
+
+    def update(self, **fields: Any) -> None:
+        unknown = sorted(set(fields) - RESULT_FIELDS)
+        if unknown:
+            raise ProtocolError(f"result: no field {', '.join(unknown)}")
+        self.data.update(fields)
+        self.data["written_at"] = time.monotonic()
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.data))
+        tmp.replace(self.path)
+
+
+def read_result(path: Path) -> Result:
+    """The worker's result; one that says where the worker stopped when it left none. A file
+    that is not a result (a workload overwrote it) is a crashed case, its reason the message."""
+    try:
+        if os.path.getsize(path) > RESULT_LIMIT_BYTES:
+            return _damaged(f"its result file is over {RESULT_LIMIT_BYTES // 2**20} MiB")
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return Result()
+    except OSError as exc:
+        return _damaged(f"its result file cannot be read ({exc.strerror})")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return _damaged("its result file is not UTF-8")
+    except ValueError:
+        return Result()  # cut short by a kill mid-write: nothing was written yet
+    try:
+        result = Result.from_dict(data)
+    except ProtocolError as exc:
+        return _damaged(f"its result file is damaged ({exc})")
+    if result.status not in WORKER_STATUSES:
+        return _damaged(f"its result file is damaged (result.status: {result.status[:40]!r})")
+    return result
+
+
+def _damaged(why: str) -> Result:
+    return Result(status="crashed", message=f"the worker's result was lost: {why}")
+
+
+# -- typed construction from JSON --------------------------------------------------------------
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ProtocolError(f"{where}: expected an object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ProtocolError(f"{where}: no field {', '.join(map(repr, unknown))}")
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ProtocolError(f"{where}: {f.name} is missing")
+            continue
+        values[f.name] = _value(hints[f.name], data[f.name], f"{where}.{f.name}")
+    return cls(**values)
+
+
+def _value(hint: Any, v: Any, where: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if v is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _value(inner, v, where)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _build(hint, v, where)
+    if origin is tuple:
+        if not isinstance(v, list):
+            raise ProtocolError(f"{where}: expected a list")
+        return tuple(_value(args[0], x, f"{where}[{i}]") for i, x in enumerate(v))
+    if origin is dict:
+        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+            raise ProtocolError(f"{where}: expected an object")
+        return {k: _value(args[1], x, f"{where}[{k!r}]") for k, x in v.items()}
+    if hint is Any:
+        return v
+    if hint is float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ProtocolError(f"{where}: expected a number")
+        return float(v)
+    if hint is int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ProtocolError(f"{where}: expected an integer")
+        return v
+    if hint is str:
+        if not isinstance(v, str):
+            raise ProtocolError(f"{where}: expected a string")
+        # A lone surrogate (a workload's undecodable bytes) cannot be stored or printed.
+        return v.encode("utf-8", "replace").decode("utf-8")
+    raise ProtocolError(f"{where}: no rule for {hint!r}")  # pragma: no cover
+
+
+__all__ = ["FIGURES", "OWN_FIELDS", "RESULT_FIELDS", "ProtocolError", "QualitySpec",
+           "Result", "ResultFile", "Spec", "read_result"]
