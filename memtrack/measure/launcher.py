@@ -88,15 +88,17 @@ class CaseOutcome:
     tree_source: str | None = None
 
 
-def _group(first_pid: int | None) -> dict[str, Any]:
+def _group(n: int, first_pid: int | None) -> dict[str, Any]:
     """Popen arguments for the case's process group. A single worker leads a session of its
-    own; the ranks of a multi-rank case share the first rank's group (a process can only join
-    a group of its own session), so that the case's processes end together."""
-    if first_pid is None:
+    own; the ranks of a multi-rank case share the first rank's group in this session (a
+    process can only join a group of its own session), so that the case's processes end
+    together."""
+    if n == 1:
         return {"start_new_session": True}
+    pgid = first_pid or 0  # 0: a new group, led by the first rank
     if sys.version_info >= (3, 11):
-        return {"process_group": first_pid}
-    return {"preexec_fn": lambda: os.setpgid(0, first_pid)}  # pragma: no cover (Python 3.10)
+        return {"process_group": pgid}
+    return {"preexec_fn": lambda: os.setpgid(0, pgid)}  # pragma: no cover (Python 3.10)
 
 
 def launch(
@@ -128,7 +130,7 @@ def launch(
                 proc = subprocess.Popen(
                     [sys.executable, "-m", worker, str(spec_path), str(os.getpid())],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errs[i],
-                    env=envs[i], **_group(procs[0].pid if procs else None),
+                    env=envs[i], **_group(n, procs[0].pid if procs else None),
                 )
                 procs.append(proc)
                 if tree is None:
