@@ -54,15 +54,16 @@ def test_a_wheel_installed_outside_the_checkout_serves_the_dashboard(wheel, tmp_
     python = venv / "bin" / "python"
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
                    check=True)
+    env = {**os.environ, "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
+    env.pop("PYTHONPATH", None)  # memtrack from the wheel alone
     where = subprocess.run(
         [str(python), "-c", "from memtrack.commands.dashboard import app_path;"
-         "print(app_path())"], capture_output=True, text=True, check=True, cwd=tmp_path)
+         "print(app_path())"], capture_output=True, text=True, check=True, cwd=tmp_path,
+        env=env)
     app = Path(where.stdout.strip())
     assert app.is_file() and str(app).startswith(str(venv)), app
 
     port = _free_port()
-    env = {**os.environ, "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
-    env.pop("PYTHONPATH", None)
     server = subprocess.Popen(
         [str(venv / "bin" / "memtrack"), "dashboard", "--db", str(tmp_path / "m.db"),
          "--port", str(port)],
