@@ -8,6 +8,7 @@ import click
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
 from memtrack.commands.run import _check_folder, _save
 from memtrack.errors import ConfigError, StoreError
+from memtrack.redact import redact_run
 from memtrack.store import Store
 from memtrack.workload import discover, select_cases
 
@@ -54,7 +55,8 @@ def estimate(config_path, db_path, patterns, device, dtype, json_path, no_db) ->
             elif event == "done":
                 click.echo(f"  {m.status:8} {case.case_id} ({m.duration_s:.1f} s)", err=True)
 
-        record = estimate_cases(config, cases, device=device, dtype=dtype, progress=progress)
+        record = redact_run(estimate_cases(config, cases, device=device, dtype=dtype,
+                                           progress=progress))
         saved, failures = _save(record, store, json_path)
     finally:
         if store:

@@ -36,6 +36,7 @@ def plan(case, config_path, db_path, sweep_text, catalog_path, gpu_names, as_mar
     With --estimate the points are estimated under fake tensors instead of measured."""
     from memtrack import plan as planning
     from memtrack import report_plan, sweep
+    from memtrack.redact import redact_run
     from memtrack.runner import run_suite
     from memtrack.store import Store
     from memtrack.workload import discover
@@ -68,6 +69,7 @@ def plan(case, config_path, db_path, sweep_text, catalog_path, gpu_names, as_mar
                                     progress=_progress)
         else:
             record = run_suite(config, cases, progress=_progress)
+        record = redact_run(record)
         failure = None
         if not no_record and store is not None:
             try:

@@ -10,6 +10,7 @@ from memtrack.commands.options import config_option, db_option, resolve, rich_co
 from memtrack.errors import ConfigError, MemtrackError, StoreError
 from memtrack.judge.check import check_budget_targets
 from memtrack.records import write_json
+from memtrack.redact import redact_run
 from memtrack.report_run import run_table
 from memtrack.runner import run_suite
 from memtrack.store import Store, describe_failure
@@ -64,7 +65,9 @@ def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
     try:
         if store:
             store.check_writable()
-        record = _measure(config, cases, shard)
+        # Secrets out of everything the run holds (subject, variables, messages) before it
+        # is stored, written or shown.
+        record = redact_run(_measure(config, cases, shard))
         saved, failures = _save(record, store, json_path)
     finally:
         if store:
