@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrack.errors import RecordError
+from memtrack.files import NotReadable, read_bytes
 from memtrack.units import parse_time
 
 SCHEMA_VERSION = 1
@@ -865,6 +866,11 @@ def write_json(run: RunRecord, path: Path) -> None:
         raise
 
 
+MAX_RECORD_FILE_BYTES = 256 * 2**20
+"""A run record file larger than this is refused unread (a record of a thousand cases with
+long tracebacks is a few MiB)."""
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
@@ -872,9 +878,11 @@ def _no_constant(name: str) -> Any:
 def read_json(path: Path) -> RunRecord:
     """A record from a JSON file, every value checked. Raises RecordError (one line)."""
     try:
-        text = path.read_bytes()
+        text = read_bytes(path, MAX_RECORD_FILE_BYTES)
     except FileNotFoundError:
         raise RecordError(f"{path}: no such file") from None
+    except NotReadable as exc:
+        raise RecordError(f"{path}: {exc}") from None
     except OSError as exc:
         raise RecordError(f"{path}: cannot be read ({exc.strerror})") from None
     try:
