@@ -866,6 +866,21 @@ def write_json(run: RunRecord, path: Path) -> None:
         raise
 
 
+def write_fallback(run: RunRecord, folders: Iterable[Path]) -> Path:
+    """Write a run that could not be saved where it was meant to go as
+    `memtrack-run-<run_id>.json` in the first of `folders` that takes it, so that no
+    measured run is lost; `memtrack ingest` records it later. Raises the last OSError."""
+    error: OSError | None = None
+    for folder in dict.fromkeys(Path(f) for f in folders):
+        path = folder / f"memtrack-run-{run.run_id}.json"
+        try:
+            write_json(run, path)
+            return path
+        except OSError as exc:
+            error = exc
+    raise error if error is not None else OSError("no folder to write the run to")
+
+
 MAX_RECORD_FILE_BYTES = 256 * 2**20
 """A run record file larger than this is refused unread (a record of a thousand cases with
 long tracebacks is a few MiB)."""

@@ -90,7 +90,7 @@ def test_a_merge_base_that_is_an_option_is_refused_and_never_reaches_git(tmp_pat
     assert res.exit_code == 2 and "merge_base" in res.output
     assert not victim.exists()
     # A database written before records were checked can still hold such a value: check
-    # must not hand it to git either.
+    # must not hand it to git either; it names the run's value as damage.
     _ingest(db, *_records(tmp_path / "in", 1))
     with Store.open(db) as store:
         store.write_run(run)
@@ -100,7 +100,8 @@ def test_a_merge_base_that_is_an_option_is_refused_and_never_reaches_git(tmp_pat
         [sys.executable, "-m", "memtrack.cli", "check", "--db", str(db), "--run", run.run_id],
         cwd=repo, capture_output=True, text=True, timeout=120,
     )
-    assert res.returncode in (0, 1), res.stderr
+    assert res.returncode == 2 and f"{db}: damaged database" in res.stderr, res.stderr
+    assert "git.merge_base" in res.stderr
     assert not victim.exists()
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
-from memtrack.commands.run import _check_folder, _save
+from memtrack.commands.run import check_json_folder, save_run
 from memtrack.errors import ConfigError, StoreError
 from memtrack.redact import redact_run
 from memtrack.store import Store
@@ -42,7 +42,7 @@ def estimate(config_path, db_path, patterns, device, dtype, json_path, no_db) ->
     if not cases:
         raise ConfigError(f"no case matches {' or '.join(patterns) or 'the suite'}")
     if json_path:
-        _check_folder(json_path)
+        check_json_folder(json_path)
     store = None if no_db else Store.open(db)
     try:
         if store:
@@ -57,7 +57,7 @@ def estimate(config_path, db_path, patterns, device, dtype, json_path, no_db) ->
 
         record = redact_run(estimate_cases(config, cases, device=device, dtype=dtype,
                                            progress=progress))
-        saved, failures = _save(record, store, json_path)
+        saved, failures = save_run(record, store, json_path)
     finally:
         if store:
             store.close()

@@ -9,11 +9,11 @@ import click
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
 from memtrack.errors import ConfigError, MemtrackError, StoreError
 from memtrack.judge.check import check_budget_targets
-from memtrack.records import write_json
+from memtrack.records import write_fallback, write_json
 from memtrack.redact import redact_run
 from memtrack.report_run import run_table
 from memtrack.runner import run_suite
-from memtrack.store import Store, describe_failure
+from memtrack.store import Store, describe_failure, room_problem
 from memtrack.workload import discover, select_cases
 
 
@@ -60,7 +60,7 @@ def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
         raise ConfigError(f"no case matches {' or '.join(patterns) or 'the suite'}")
     # The outputs are checked before the first case starts, not after an hour of measuring.
     if json_path:
-        _check_folder(json_path)
+        check_json_folder(json_path)
     store = None if no_db else Store.open(db)
     try:
         if store:
@@ -68,7 +68,7 @@ def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
         # Secrets out of everything the run holds (subject, variables, messages) before it
         # is stored, written or shown.
         record = redact_run(_measure(config, cases, shard))
-        saved, failures = _save(record, store, json_path)
+        saved, failures = save_run(record, store, json_path)
     finally:
         if store:
             store.close()
@@ -79,7 +79,7 @@ def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
         raise StoreError("; ".join(failures))
 
 
-def _check_folder(json_path: Path) -> None:
+def check_json_folder(json_path: Path) -> None:
     folder = json_path.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -87,11 +87,16 @@ def _check_folder(json_path: Path) -> None:
     except OSError as exc:
         raise ConfigError(f"--json {json_path}: its folder cannot be written "
                           f"({describe_failure(exc, None)})") from None
+    problem = room_problem(json_path)
+    if problem:
+        raise ConfigError(f"--json {json_path}: {problem}")
 
 
-def _save(record, store: Store | None, json_path: Path | None) -> tuple[list[str], list[str]]:
+def save_run(record, store: Store | None, json_path: Path | None) -> tuple[list[str], list[str]]:
     """Write the database first, then the JSON record, each whatever became of the other.
-    Returns where the run was saved, and what failed (one line each)."""
+    A run written nowhere (the database locked past its timeout, full, damaged or deleted
+    by a workload, and no JSON record) is kept in a fallback file: a measured run is never
+    lost. Returns where the run was saved, and what failed (one line each)."""
     saved, failures = [], []
     if store:
         try:
@@ -105,6 +110,19 @@ def _save(record, store: Store | None, json_path: Path | None) -> tuple[list[str
             saved.append(str(json_path))
         except OSError as exc:
             failures.append(describe_failure(exc, json_path))
+    if failures and saved and store and str(store.path) not in saved:
+        failures.append(f"the run is kept in {saved[0]}: `memtrack ingest {saved[0]}` "
+                        "records it")
+    elif failures and not saved:
+        folders = [p.parent for p in (store.path if store else None, json_path) if p]
+        try:
+            kept = write_fallback(record, [*folders, Path.cwd(), Path(tempfile.gettempdir())])
+        except OSError as exc:
+            failures.append(f"the run could not be kept anywhere either "
+                            f"({describe_failure(exc, None)})")
+        else:
+            saved.append(str(kept))
+            failures.append(f"the run is kept in {kept}: `memtrack ingest {kept}` records it")
     return saved, failures
 
 
