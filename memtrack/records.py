@@ -350,6 +350,14 @@ class Measurement:
     a baseline, budget figure or history point."""
 
 
+def case_id(workload: str, params: dict[str, Any]) -> str:
+    """'name[k=v,...]' with keys sorted: the stable identity of a series."""
+    if not params:
+        return workload
+    inner = ",".join(f"{k}={params[k]}" for k in sorted(params))
+    return f"{workload}[{inner}]"
+
+
 def device_peak(m: Measurement) -> int | None:
     """Largest per-device process peak (devices do not pool)."""
     peaks = [d.peak_process_bytes for d in m.devices if d.peak_process_bytes is not None]
@@ -450,8 +458,15 @@ def to_dict(obj: Any) -> Any:
 MAX_BYTES = 2**62
 """Upper bound of a byte figure: far above any machine, far below SQLite's 64-bit limit."""
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
-RUN_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
-COMMIT_PATTERN = r"^[0-9a-fA-F]{4,64}$"
+RUN_ID_PATTERN = r"^[0-9a-f]{32}$"
+"""A run id as memtrack makes one: 32 lowercase hex digits (a UUID's)."""
+COMMIT_PATTERN = r"^(?:[0-9a-fA-F]{40}|[0-9a-fA-F]{64})$"
+"""A whole commit id, SHA-1 or SHA-256: a prefix could name another commit, or none."""
+MAX_TEXT = 10_000
+"""Characters a recorded string may hold (a name, a message, a subject, a note): far more
+than memtrack writes (a message is cut at 2,000), far less than a 50 MB one."""
+MAX_TRACEBACK = 100_000
+"""Characters of a traceback (memtrack keeps its last 20,000)."""
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 _COMMIT_FIELDS = {"commit", "parent", "merge_base", "sha"}
 _BYTE_LISTS = {"allocated_samples", "categories"}
@@ -489,10 +504,13 @@ def _rules(name: str) -> dict[str, Any]:
         return {"minLength": 1}
     if name == "schema_version":
         return {"const": SCHEMA_VERSION}
+    if name == "traceback":
+        return {"maxLength": MAX_TRACEBACK}
     return {}
 
 
-_SCALAR = {"type": ["string", "integer", "number", "boolean", "null"]}
+_SCALAR = {"type": ["string", "integer", "number", "boolean", "null"], "maxLength": MAX_TEXT}
+"""A param's value (maxLength bounds it where it is a string)."""
 
 
 def _hint_schema(hint: Any, rules: dict[str, Any]) -> dict[str, Any]:
@@ -508,13 +526,16 @@ def _hint_schema(hint: Any, rules: dict[str, Any]) -> dict[str, Any]:
     if origin is tuple:
         return {"type": "array", "items": _hint_schema(args[0], rules)}
     if origin is dict:
-        return {"type": "object", "additionalProperties": _hint_schema(args[1], rules)}
+        return {"type": "object", "propertyNames": {"maxLength": MAX_TEXT},
+                "additionalProperties": _hint_schema(args[1], rules)}
     if dataclasses.is_dataclass(hint):
         return {"$ref": f"#/$defs/{typing.cast(type, hint).__name__}"}
     if hint is Any:
         return dict(_SCALAR)
     kind = {str: "string", bool: "boolean", int: "integer", float: "number"}[hint]
     out: dict[str, Any] = {"type": kind, **rules}
+    if kind == "string":
+        out.setdefault("maxLength", MAX_TEXT)
     if kind == "integer" and "const" not in out:
         out.setdefault("minimum", _INT_MIN)
         out.setdefault("maximum", _INT_MAX)
@@ -640,8 +661,16 @@ def _check_rules(value: Any, rules: dict[str, Any], path: Path_) -> None:
         _fail(path, f"{_short(value)} is not an ISO 8601 time")
 
 
+def _too_long(value: str, limit: int, path: Path_) -> typing.NoReturn:
+    _fail(path, f"{len(value):,} characters, more than the {limit:,} a record's text may hold")
+
+
 def _scalar(value: Any, path: Path_) -> Any:
-    if value is None or isinstance(value, (str, bool)):
+    if isinstance(value, str):
+        if len(value) > MAX_TEXT:
+            _too_long(value, MAX_TEXT, path)
+        return value
+    if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
         if not _INT_MIN <= value <= _INT_MAX:
@@ -677,6 +706,9 @@ def _compile(hint: Any, rules: dict[str, Any], nullable: bool = False) -> Check:
         def check_dict(v: Any, w: Path_) -> Any:
             if type(v) is not dict:
                 _fail(w, f"expected an object, got {_short(v)}")
+            for k in v:
+                if len(k) > MAX_TEXT:
+                    _too_long(k, MAX_TEXT, (w, (k[:20],)))
             if valid(v.values()):
                 return v
             return {k: value(x, (w, (k,))) for k, x in v.items()}
@@ -722,6 +754,7 @@ def _compile(hint: Any, rules: dict[str, Any], nullable: bool = False) -> Check:
         lower = rules.get("pattern") == COMMIT_PATTERN
         enum = set(rules.get("enum", ()))
         nonempty = "minLength" in rules
+        longest = rules.get("maxLength", MAX_TEXT)
         slow = {k: v for k, v in rules.items() if k in ("format", "const")}
 
         def check_str(v: Any, w: Path_) -> Any:
@@ -729,6 +762,8 @@ def _compile(hint: Any, rules: dict[str, Any], nullable: bool = False) -> Check:
                 if v is None and nullable:
                     return None
                 _fail(w, f"expected a string, got {_short(v)}")
+            if len(v) > longest:
+                _too_long(v, longest, w)
             if pattern is not None and not pattern.match(v):
                 _fail(w, f"{_short(v)} does not match {pattern.pattern}")
             if enum and v not in enum:
@@ -789,7 +824,7 @@ def _all_valid(hint: Any, rules: dict[str, Any]) -> typing.Callable[[Any], bool]
         return lambda v: not v or (set(map(type, v)) == {float} and all(map(math.isfinite, v))
                                    and min(v) >= low)
     if hint is str and not rules:
-        return lambda v: set(map(type, v)) <= {str}
+        return lambda v: set(map(type, v)) <= {str} and max(map(len, v), default=0) <= MAX_TEXT
     if hint is Any:
         plain = {str, bool, type(None), int, float}
 
@@ -798,8 +833,10 @@ def _all_valid(hint: Any, rules: dict[str, Any]) -> typing.Callable[[Any], bool]
                 return False
             ints = [x for x in v if type(x) is int]
             floats = [x for x in v if type(x) is float]
+            texts = [x for x in v if type(x) is str]
             return ((not ints or (_INT_MIN <= min(ints) and max(ints) <= _INT_MAX))
-                    and all(map(math.isfinite, floats)))
+                    and all(map(math.isfinite, floats))
+                    and max(map(len, texts), default=0) <= MAX_TEXT)
 
         return scalars
     return lambda v: False
@@ -840,8 +877,18 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
         run: RunRecord = _builder(RunRecord)(data, ())
     except RecordError as exc:
         raise RecordError(f"{where}: {exc}") from None
+    if run.finished_at is not None:
+        started, finished = parse_time(run.started_at), parse_time(run.finished_at)
+        if started is not None and finished is not None and finished < started:
+            raise RecordError(f"{where}: finished_at: {run.finished_at} is before started_at "
+                              f"{run.started_at}")
     seen: set[str] = set()
     for i, m in enumerate(run.measurements):
+        expected = case_id(m.workload, m.params)
+        if m.case_id != expected:
+            raise RecordError(f"{where}: measurements[{i}].case_id: {_short(m.case_id)} does "
+                              f"not match its workload and params (they make "
+                              f"{_short(expected)})")
         if m.case_id in seen:
             raise RecordError(f"{where}: case {m.case_id!r} is measured twice in one run")
         seen.add(m.case_id)

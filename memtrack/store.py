@@ -556,7 +556,8 @@ class Store:
         return added, present
 
     def _same_as_stored(self, run: RunRecord) -> None:
-        if self._read_run(run.run_id) != run:
+        # Compared as read, unchecked: a stored run that differs is refused either way.
+        if self._read_run(run.run_id, check=False) != run:
             raise StoreError(f"{self.path}: run id {run.run_id!r} is already stored with "
                              "different content; nothing written")
 
@@ -576,13 +577,13 @@ class Store:
             raise StoreError(f"{self.path}: run id prefix {run_id!r} is ambiguous")
         return self._read_run(rows[0][0])
 
-    def _read_run(self, run_id: str) -> RunRecord:
-        """A stored run, every value checked as a record from elsewhere is: a value of the
-        wrong type (a damaged or hand-edited database) is a StoreError naming the database,
-        the run and the field, not a failure somewhere later."""
+    def _read_run(self, run_id: str, *, check: bool = True) -> RunRecord:
+        """A stored run, every value checked (with `check`) as a record from elsewhere is:
+        a value of the wrong type (a damaged or hand-edited database) is a StoreError naming
+        the database, the run and the field, not a failure somewhere later."""
         try:
             run = self._build_run(run_id)
-            return run_from_dict(to_dict(run), where=f"run {run_id}")
+            return run_from_dict(to_dict(run), where=f"run {run_id}") if check else run
         except RecordError as exc:
             raise damaged(self.path, str(exc)) from None
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
