@@ -19,6 +19,7 @@ from typing import Any
 from memtrack.dashboard import model
 from memtrack.dashboard.charts import MARKER_COLORS, OTHER_BRANCHES, VIEW_COLORS, unit_for
 
+from memtrack.escape import html_text
 from memtrack.units import format_seconds, format_size
 
 WIDTH = 1000
@@ -34,16 +35,10 @@ def _epoch(iso: str) -> float:
     return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
 
 
-_MARKDOWN = str.maketrans({c: f"&#{ord(c)};" for c in "&<>\"'[]()*_!$`:~\\#|{}"})
-"""Characters that mean something to HTML, Markdown or math, as character references: recorded
-text (a commit subject, an error message) can then never form a link, an image, emphasis
-or a colour directive, however a Markdown reader treats the block."""
-
-
 def _a(text: Any) -> str:
     """Text for an attribute or an element, escaped, on one line (a blank line would end
     the Markdown HTML block that carries the panel)."""
-    return " ".join(str(text).split()).translate(_MARKDOWN)
+    return html_text(text)
 
 
 def time_format(times: Sequence[str]) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrack.errors import ConfigError
+from memtrack.files import NotReadable, read_text
 from memtrack.units import parse_duration, parse_fraction, parse_size
 
 if sys.version_info >= (3, 11):
@@ -234,8 +235,8 @@ def find_config(start: Path) -> Path | None:
         pyproject = folder / "pyproject.toml"
         if (
             pyproject.is_file()
-            and "tool" in _read_toml(pyproject)
-            and "memtrack" in (_read_toml(pyproject)["tool"])
+            and "tool" in read_toml(pyproject)
+            and "memtrack" in (read_toml(pyproject)["tool"])
         ):
             return pyproject
         if (folder / ".git").exists():
@@ -260,17 +261,29 @@ def _is_branch(text: str) -> bool:
     )
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+MAX_CONFIG_BYTES = 4 * 2**20
+"""A config or GPU catalog larger than this is refused unread: no real one comes close."""
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file someone named, parsed; every failure one ConfigError naming the file.
+    It must be a regular file (not /dev/zero, a FIFO or a terminal) of bounded size."""
+    label = str(path)
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(read_text(path, MAX_CONFIG_BYTES))
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
+        raise ConfigError(f"{label}: no such file") from None
+    except NotReadable as exc:
+        raise ConfigError(f"{label}: {exc}") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}), as TOML must be") from None
+        raise ConfigError(f"{label}: not UTF-8 text (byte {exc.start}), as TOML must be") \
+            from None
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise ConfigError(f"{label}: cannot read ({exc.strerror or exc})") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+        raise ConfigError(f"{label}: not valid TOML ({exc})") from None
+    except RecursionError:
+        raise ConfigError(f"{label}: not valid TOML (nested too deeply)") from None
 
 
 def load_config(path: Path | None = None, *, cwd: Path | None = None) -> Config:
@@ -282,7 +295,7 @@ def load_config(path: Path | None = None, *, cwd: Path | None = None) -> Config:
             return Config(path=None, root=cwd, database=cwd / "data" / "memtrack.db",
                           references=cwd / "data" / "references")
     path = path.resolve()
-    data = _read_toml(path)
+    data = read_toml(path)
     if path.name == "pyproject.toml":
         table = data.get("tool", {}).get("memtrack")
         if table is None:
@@ -299,6 +312,8 @@ def config_from_text(text: str, path: Path) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML (nested too deeply)") from None
     if path.name == "pyproject.toml":
         table = data.get("tool", {}).get("memtrack")
         if table is None:

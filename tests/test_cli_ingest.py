@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from factories import commit_all, init_repo, make_measurement, make_run
 
@@ -90,7 +91,7 @@ def test_a_merge_base_that_is_an_option_is_refused_and_never_reaches_git(tmp_pat
     assert res.exit_code == 2 and "merge_base" in res.output
     assert not victim.exists()
     # A database written before records were checked can still hold such a value: check
-    # must not hand it to git either.
+    # must not hand it to git either; it names the run's value as damage.
     _ingest(db, *_records(tmp_path / "in", 1))
     with Store.open(db) as store:
         store.write_run(run)
@@ -100,7 +101,8 @@ def test_a_merge_base_that_is_an_option_is_refused_and_never_reaches_git(tmp_pat
         [sys.executable, "-m", "memtrack.cli", "check", "--db", str(db), "--run", run.run_id],
         cwd=repo, capture_output=True, text=True, timeout=120,
     )
-    assert res.returncode in (0, 1), res.stderr
+    assert res.returncode == 2 and f"{db}: damaged database" in res.stderr, res.stderr
+    assert "git.merge_base" in res.stderr
     assert not victim.exists()
 
 
@@ -174,3 +176,63 @@ def test_a_token_in_a_record_from_another_machine_is_redacted_before_it_is_store
         [m] = store.get_run(json.loads(path.read_text())["run_id"]).measurements
     assert m.message == "ValueError: clone https://x:[redacted]@git.example failed"
     assert _ingest(db, path).exit_code == 0  # the same record again: already present
+
+
+# -- impossible records ------------------------------------------------------------------
+
+IMPOSSIBLE = {
+    "a run id that is not hex": (lambda d: {**d, "run_id": "run-2026-01-01-nightly"},
+                                 "run_id: 'run-2026-01-01-nightly' does not match"),
+    "a commit of 8 characters": (lambda d: {**d, "git": {**d["git"], "commit": "0123abcd"}},
+                                 "git.commit: '0123abcd' does not match"),
+    "a merge base of 12 characters": (
+        lambda d: {**d, "git": {**d["git"], "merge_base": "0123456789ab"}},
+        "git.merge_base: '0123456789ab' does not match"),
+    "finished before it started": (
+        lambda d: {**d, "started_at": "2026-01-02T00:00:00+00:00",
+                   "finished_at": "2026-01-01T23:59:00+00:00"},
+        "finished_at: 2026-01-01T23:59:00+00:00 is before started_at"),
+    "a case id of other params": (
+        lambda d: _first(d, case_id="decoder[batch=64]"),
+        "measurements[0].case_id: 'decoder[batch=64]' does not match its workload and params "
+        "(they make 'decoder[batch=1]')"),
+    "a case id of another workload": (
+        lambda d: _first(d, workload="encoder"),
+        "measurements[0].case_id: 'decoder[batch=1]' does not match its workload"),
+    "a message of 50 MB": (
+        lambda d: _first(d, status="error", message="x" * 50_000_000),
+        "measurements[0].message: 50,000,000 characters, more than the 10,000 a record's "
+        "text may hold"),
+    "a subject of 20,000 characters": (
+        lambda d: {**d, "git": {**d["git"], "subject": "s" * 20_000}},
+        "git.subject: 20,000 characters, more than the 10,000"),
+    "a param's text of 20,000 characters": (
+        lambda d: _first(d, params={"batch": 1, "note": "n" * 20_000}),
+        "measurements[0].params['note']: 20,000 characters, more than the 10,000"),
+    "a variable's name of 20,000 characters": (
+        lambda d: {**d, "environment": {**d["environment"], "env_vars": {"V" * 20_000: "1"}}},
+        "environment.env_vars['VVVVVVVVVVVVVVVVVVVV']: 20,000 characters"),
+}
+
+
+def _first(data: dict, **changes) -> dict:
+    data["measurements"][0].update(changes)
+    return data
+
+
+@pytest.mark.parametrize("name", sorted(IMPOSSIBLE))
+def test_an_impossible_record_is_one_line_naming_file_and_key_and_writes_nothing(
+        tmp_path, name):
+    change, words = IMPOSSIBLE[name]
+    good, other = _records(tmp_path / "in", 2)
+    db = tmp_path / "m.db"
+    assert _ingest(db, good).exit_code == 0
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(change(json.loads(other.read_text()))))
+    res = _ingest(db, bad)
+    assert res.exit_code == 2, res.output
+    line = res.output.strip()
+    assert "\n" not in line and line.startswith(f"memtrack: error: {bad}: "), line[:300]
+    assert words in line, line[:300]
+    assert len(line) < 1000  # the value is quoted short, never whole
+    assert _runs(db) == 1

@@ -94,7 +94,7 @@ def test_a_second_sweep_takes_the_gates_headroom_from_the_first_and_records_noth
     assert second.returncode == 0, second.stderr
     md = second.stdout
     assert md.startswith("### Will it fit? `serve` over `concurrency`")
-    assert "the gate's headroom over the baseline of serve[concurrency=" in md
+    assert "the gate's headroom over the baseline of serve\\[concurrency=" in md
     assert "| NVIDIA T4 | 16 GB |" in md and "NVIDIA H200" not in md
     assert "not recorded (--no-record)" in second.stderr
     with Store.open(repo / "data" / "memtrack.db", readonly=True) as store:

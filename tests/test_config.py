@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -206,3 +207,57 @@ def test_any_value_of_a_key_is_a_config_or_a_one_line_error(tmp_path_factory, ke
         assert math.isfinite(number) and number >= 0
     assert config.base_branch and not config.base_branch.startswith("-")
     assert all(0 <= b.limit_bytes <= 2**62 for b in config.budgets)
+
+
+# -- files that are not config files ------------------------------------------------------
+
+
+def _memtrack(*args: str, cwd=None):
+    import subprocess
+    import sys
+
+    # A hang is the failure these guard against: the bound is far above any real start.
+    return subprocess.run([sys.executable, "-m", "memtrack.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "huge"])
+def test_a_config_that_is_no_regular_file_is_refused_at_once(tmp_path, kind):
+    """`--config /dev/zero` read forever, and a FIFO waited for a writer forever."""
+    import os
+
+    if kind == "device":
+        path = "/dev/zero"
+    elif kind == "fifo":
+        path = str(tmp_path / "memtrack.toml")
+        os.mkfifo(path)
+    else:
+        path = str(tmp_path / "memtrack.toml")
+        with open(path, "w") as f:
+            f.write("# padding\n" * 500_000)  # 5 MB of comments
+    res = _memtrack("run", "--config", path, "--db", str(tmp_path / "m.db"), cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    line = res.stderr.strip()
+    assert line.startswith(f"memtrack: error: {path}") and "\n" not in line, line
+    assert {"device": "not a regular file", "fifo": "not a regular file",
+            "huge": "larger than 4.00 MiB"}[kind] in line
+    assert not (tmp_path / "m.db").exists()
+
+
+def test_ingest_and_the_gpu_catalog_refuse_a_device_too(tmp_path):
+    res = _memtrack("ingest", "/dev/zero", "--db", str(tmp_path / "m.db"))
+    assert res.returncode == 2 and "/dev/zero: not a regular file" in res.stderr, res.stderr
+    assert not (tmp_path / "m.db").exists()
+    from memtrack.plan.fit import load_catalog
+
+    with pytest.raises(ConfigError, match="/dev/zero: not a regular file"):
+        load_catalog(Path("/dev/zero"))
+
+
+def test_deeply_nested_toml_is_an_error_naming_the_file(tmp_path):
+    cfg = tmp_path / "memtrack.toml"
+    cfg.write_text("a = " + "[" * 100_000 + "\n")
+    res = _memtrack("run", "--config", str(cfg), cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"memtrack: error: {cfg}: not valid TOML (nested too deeply)"

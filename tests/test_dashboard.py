@@ -272,7 +272,7 @@ def test_overview_branch_filter_changes_what_is_shown(app) -> None:
     table = _table(_ok(at))
     assert list(table["status"]) == ["over budget"] and table["used"][0] == pytest.approx(114.3)
     callout = _texts(at.error)
-    assert "over budget" in callout and "feature\\/long\\-context at eeeeeeeeee" in callout
+    assert "over budget" in callout and "feature/long-context at eeeeeeeeee" in callout
 
 
 def test_used_is_red_past_the_budget() -> None:
@@ -365,7 +365,7 @@ def test_a_link_names_a_case_by_its_id_label_or_workload(app, asked: str, shown:
 
 def test_an_ambiguous_or_unknown_case_lists_candidates_instead_of_another_case(app) -> None:
     at = _ok(app(page="History", case="decoder"))
-    assert "could be decoder\\[batch\\=1\\], decoder\\[batch\\=8\\]" in _texts(at.warning)
+    assert "could be decoder\\[batch=1\\], decoder\\[batch=8\\]" in _texts(at.warning)
     assert not at.get("vega_lite_chart")
     at = _ok(app(page="History", case="nothing[x=1]"))
     assert "No single case matches" in _texts(at.warning) and not at.get("vega_lite_chart")
@@ -422,7 +422,7 @@ def test_compare_two_commits_with_budget_verdict_and_headroom(app) -> None:
     assert (row["budget"], row["verdict"]) == ("350.00 MiB (91%)", "regression")
     host = table[(table["case id"] == D8) & (table["view"] == "host RSS")].iloc[0]
     assert host["delta"] == "-1.00 MiB" and not host["beyond"]  # within the host floor
-    assert "the largest: decoder\\[batch\\=8\\]" in _texts(at.markdown)
+    assert "the largest: decoder\\[batch=8\\]" in _texts(at.markdown)
     everything = len(table)
     at.toggle(key="cmp_only_changes").set_value(True).run()
     changed = _table(_ok(at))
@@ -459,7 +459,7 @@ def test_every_page_renders_with_its_defaults(app, page: str) -> None:
 def test_an_unknown_page_says_which_pages_there_are(app) -> None:
     at = _ok(app(page="[x](http://evil.example)"))
     assert at.title[0].value == "Overview"
-    assert "There is no page \\[x\\]\\(http\\:\\/\\/evil\\.example\\)" in _texts(at.warning)
+    assert "There is no page \\[x\\](http:\u2060//evil.example)" in _texts(at.warning)
 
 
 def test_the_database_is_never_written(app, seeded: dict) -> None:
@@ -498,9 +498,10 @@ def test_recorded_text_and_link_parameters_are_escaped(app, seeded: dict) -> Non
     seen = 0
     for query in pages:
         shown = _shown_text(_ok(app(**query)))
-        assert "](" not in shown.replace("\\]\\(", "") and "![" not in shown, query
+        assert "](" not in shown.replace("\\](", "") and "![" not in shown, query
         assert "**loud**" not in shown and ":red[" not in shown, query
-        seen += "evil\\.example" in shown
+        assert "://evil" not in shown, query  # nothing a reader would auto-link
+        seen += "evil.example" in shown
     assert seen >= 3  # the text is shown, escaped: on the run, the callout, the warnings
 
 

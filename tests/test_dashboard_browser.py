@@ -175,3 +175,79 @@ def test_a_reviewer_finds_the_regression(chromium: Path, server: str, tmp_path: 
         finally:
             browser.close()
     assert (ARTIFACTS / "dashboard-history.png").stat().st_size > 10_000
+
+
+LINKY = "see https://e.example/x and www.e.example or ops@e.example"
+"""Recorded text that a Markdown reader would turn into live links: a bare address, a
+`www.` host and an e-mail address."""
+
+
+@pytest.fixture
+def hostile_server(chromium: Path, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """The seeded history, and one more run whose recorded text is full of addresses."""
+    from factories import GPU_ENV, make_measurement, make_run
+    from test_dashboard import commit
+
+    from memtrack.store.database import Store
+
+    seeded = seed_store(tmp_path)
+    run = make_run([make_measurement("vision " + LINKY, {"res": 512}, status="error",
+                                     message=LINKY),
+                    make_measurement("decoder", {"batch": 8}, peak=330 * 2**20)],
+                   commit=commit(15), branch="main", subject=LINKY,
+                   started_at="2026-01-16T12:00:00+00:00", env=GPU_ENV)
+    with Store.open(seeded["db"]) as store:
+        store.write_run(run)
+    port = free_port()
+    env = {**os.environ, "STREAMLIT_SERVER_HEADLESS": "true",
+           "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
+    log = tmp_path / "streamlit.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", str(APP), "--server.address",
+             "127.0.0.1", "--server.port", str(port), "--", "--db", str(seeded["db"]),
+             "--config", str(seeded["config"])],
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        yield url, run.run_id
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_recorded_addresses_never_become_live_links(hostile_server) -> None:
+    """Escaping Markdown does not stop a reader's auto-linking: a bare https://, www. or
+    e-mail address in a workload name, a message or a subject would be a link to click on
+    every page that shows it. It shows as text."""
+    from playwright.sync_api import sync_playwright
+
+    server, run_id = hostile_server
+    case = quote("vision " + LINKY + "[res=512]", safe="")
+    pages = {"Overview": "?page=Overview", "History": f"?page=History&case={case}",
+             "Regressions": "?page=Regressions", "Run detail": f"?page=run-detail&run={run_id}",
+             "Compare": f"?page=Compare&a=14aaaa&b={run_id[:8]}"}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM),
+                                    args=["--no-sandbox", "--disable-gpu",
+                                          "--disable-background-networking", "--no-first-run"])
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            for name, query in pages.items():
+                page.goto(f"{server}/{query}", wait_until="domcontentloaded", timeout=60_000)
+                page.get_by_role("heading", name=name).first.wait_for(timeout=60_000)
+                _settled(page)
+                for expander in page.locator("[data-testid='stExpander'] summary").all():
+                    expander.click()
+                links = page.eval_on_selector_all(
+                    "a[href]", "els => els.map(e => e.getAttribute('href'))")
+                body = page.inner_text("body")
+                assert not [h for h in links if "e.example" in h], (name, links)
+                assert "e.example" in body.replace("\u2060", ""), name  # shown, as text
+        finally:
+            browser.close()

@@ -10,12 +10,14 @@ file system.
 from __future__ import annotations
 
 import os
+import re
 import resource
 import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -143,6 +145,22 @@ def tiny(ctx):
     blocked = os.environ.get("TINY_BLOCKS")
     if blocked:
         os.makedirs(blocked)
+    filler = os.environ.get("TINY_FILLS")
+    if filler:  # fill the file system the database is on
+        with open(filler, "wb") as f:
+            try:
+                while True:
+                    f.write(b"x" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+    waits = os.environ.get("TINY_WAITS")
+    if waits:  # say the case started, then wait until the test has taken its lock
+        import pathlib, time
+        pathlib.Path(waits + ".started").write_text("")
+        deadline = time.monotonic() + 300
+        while not pathlib.Path(waits + ".locked").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     return lambda: None
 """
 
@@ -310,3 +328,182 @@ def test_a_json_record_that_cannot_be_written_costs_not_the_database_write(tmp_p
     assert f"recorded in {db}" in res.stdout
     _intact(db, 4)
     assert not (tmp_path / "run.json.tmp").exists()
+
+
+# -- no room, a lock held too long, a damaged database: no measured run is lost ------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A file system of 8 MiB of its own (a tmpfs: mounting one needs root, which CI has)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+            capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small file system here (needs root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _fill(folder: Path) -> Path:
+    """Fill the file system of `folder` to the last byte; returns the filler file."""
+    filler = folder / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"x" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def _kept(line: str) -> Path:
+    """The fallback file an error line names: '... the run is kept in PATH: ...'."""
+    found = re.search(r"the run is kept in (\S+\.json):", line)
+    assert found, line
+    return Path(found.group(1))
+
+
+def test_run_onto_an_already_full_disk_refuses_before_measuring(tmp_path, tiny_suite,
+                                                               small_disk):
+    """The up-front test write is rolled back, so it needs no room: a full disk passed it,
+    and the whole suite was measured, then lost."""
+    db = small_disk / "m.db"
+    _seed(db)
+    with _held_open(db):  # as on a busy runner: the database's -shm file is there already
+        filler = _fill(small_disk)
+        res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), cwd=tmp_path)
+    line = _error_line(res)
+    assert "disk full" in line and str(db) in line
+    assert "running" not in res.stderr  # no case started
+    filler.unlink()
+    _intact(db, 3)
+
+
+def test_a_json_record_onto_a_full_disk_is_refused_before_measuring(tmp_path, tiny_suite,
+                                                                    small_disk):
+    _fill(small_disk)
+    out = small_disk / "run.json"
+    res = memtrack("run", "--config", str(tiny_suite), "--no-db", "--json", str(out),
+                   cwd=tmp_path)
+    line = _error_line(res)
+    assert "disk full" in line and str(out) in line
+    assert "running" not in res.stderr
+
+
+def test_a_disk_that_fills_during_the_run_keeps_the_run_in_a_file(tmp_path, tiny_suite,
+                                                                  small_disk):
+    db = small_disk / "m.db"
+    _seed(db)
+    filler = small_disk / "filler"
+    res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), cwd=tmp_path,
+                   env={"TINY_FILLS": str(filler)})
+    line = _error_line(res)
+    assert "disk full" in line and str(db) in line
+    kept = _kept(line)
+    assert kept.parent == tmp_path  # the database's disk is full: the next place that takes it
+    filler.unlink()
+    _intact(db, 3)
+    res = memtrack("ingest", str(kept), "--db", str(db))
+    assert res.returncode == 0, res.stderr
+    _intact(db, 4)
+
+
+def test_a_workload_that_deletes_the_database_keeps_its_run_in_a_file(tmp_path, tiny_suite):
+    db = tmp_path / "data" / "m.db"
+    db.parent.mkdir()
+    _seed(db)
+    res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), cwd=tmp_path,
+                   env={"TINY_DELETES": str(db)})
+    line = _error_line(res)
+    assert "deleted or replaced" in line
+    kept = _kept(line)
+    assert kept.parent == db.parent and kept.is_file()
+    res = memtrack("ingest", str(kept), "--db", str(tmp_path / "new.db"))
+    assert res.returncode == 0 and "1 run(s) added" in res.stdout, res.stderr
+
+
+@pytest.mark.slow
+def test_a_lock_held_past_the_busy_timeout_keeps_the_run_in_a_file(tmp_path, tiny_suite):
+    """Another writer takes the database after the up-front check and holds it past the
+    busy timeout (30 s): the measured run is written to a file the error names."""
+    db = tmp_path / "m.db"
+    _seed(db)
+    sync = tmp_path / "sync"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memtrack.cli", "run", "--config", str(tiny_suite), "--db",
+         str(db)], cwd=tmp_path, env={**os.environ, "TINY_WAITS": str(sync)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    holder = sqlite3.connect(db, timeout=60, isolation_level=None)
+    try:
+        started = Path(f"{sync}.started")
+        while not started.exists() and proc.poll() is None:
+            time.sleep(0.05)
+        assert started.exists(), proc.communicate()
+        holder.execute("BEGIN IMMEDIATE")  # the write lock, until the run has given up
+        Path(f"{sync}.locked").write_text("")
+        out, err = proc.communicate(timeout=600)
+    finally:
+        holder.close()
+    assert proc.returncode == 2, err
+    line = err.strip().splitlines()[-1]
+    assert "database is locked" in line and str(db) in line
+    kept = _kept(line)
+    res = memtrack("ingest", str(kept), "--db", str(db))
+    assert res.returncode == 0, res.stderr
+    _intact(db, 4)
+
+
+def _damage(db: Path, how: str) -> None:
+    conn = sqlite3.connect(db)
+    conn.executescript({
+        "a table dropped": "drop table device_measurements;",
+        "a column dropped": "alter table measurements drop column params;",
+        "a column retyped": "alter table measurements drop column params; "
+                            "alter table measurements add column params integer;",
+    }[how])
+    conn.close()
+
+
+@pytest.mark.parametrize("how", ["a table dropped", "a column dropped", "a column retyped"])
+def test_a_damaged_database_is_refused_before_the_first_case(tmp_path, tiny_suite, how):
+    db = tmp_path / "m.db"
+    (run_id, *_) = _seed(db)
+    _damage(db, how)
+    res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), cwd=tmp_path)
+    line = _error_line(res)
+    assert line.startswith(f"memtrack: error: {db}: damaged database (") and "running" \
+        not in res.stderr, res.stderr
+    for args in (["show", run_id], ["check", "--run", run_id, "--no-record"],
+                 ["history", "decoder"], ["ingest", *_records(tmp_path / how, 1)]):
+        line = _error_line(memtrack(*args, "--db", str(db), cwd=tmp_path))
+        assert f"{db}: damaged database" in line, (args, line)
+
+
+def test_backup_refuses_a_damaged_database(tmp_path):
+    db = tmp_path / "m.db"
+    _seed(db)
+    _damage(db, "a table dropped")
+    dest = tmp_path / "backups"
+    dest.mkdir()
+    line = _error_line(memtrack("backup", str(dest), "--db", str(db), cwd=tmp_path))
+    assert f"{db}: damaged database (table 'device_measurements' is missing)" in line
+    assert list(dest.iterdir()) == []
+
+
+@pytest.mark.parametrize("column, value", [("params", "'not json'"),
+                                           ("allocated_samples", "'5'"),
+                                           ("peak_allocated_bytes", "'a lot'")])
+def test_a_stored_value_of_the_wrong_type_is_named_not_a_traceback(tmp_path, column, value):
+    db = tmp_path / "m.db"
+    (run_id, *_) = _seed(db)
+    conn = sqlite3.connect(db)
+    conn.execute(f"update measurements set {column} = {value} where run_id = ?", [run_id])
+    conn.commit()
+    conn.close()
+    for args in (["show", run_id], ["check", "--run", run_id, "--no-record"],
+                 ["export", str(tmp_path / "out")]):
+        line = _error_line(memtrack(*args, "--db", str(db), cwd=tmp_path))
+        assert f"{db}: damaged database (" in line and run_id in line, (args, line)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -69,7 +68,8 @@ def test_every_figure_of_the_result_is_a_field_of_the_measurement():
 
 @pytest.mark.parametrize("content, why", [
     (b"[1, 2]", "expected an object, got list"),
-    (b'{"status": "ok", "peak_allocated_bytes": "12"}', "peak_allocated_bytes: expected an integer"),
+    (b'{"status": "ok", "peak_allocated_bytes": "12"}',
+     "peak_allocated_bytes: expected an integer"),
     (b'{"status": "ok", "notes": "one"}', "notes: expected a list"),
     (b'{"status": "ok", "flags": 1}', "no field 'flags'"),
     (b'{"status": "banana"}', "result.status: 'banana'"),

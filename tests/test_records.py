@@ -77,6 +77,11 @@ BAD = {
     "a run id with a slash": lambda d: {**d, "run_id": "../x"},
     "an option as merge base": lambda d: {**d, "git": {**d["git"], "merge_base": "--output=x"}},
     "a commit that is not hex": lambda d: {**d, "git": {**d["git"], "commit": "HEAD~1"}},
+    "a commit of 8 characters": lambda d: {**d, "git": {**d["git"], "commit": "0123abcd"}},
+    "a run id that is not hex": lambda d: {**d, "run_id": "nightly-2026-01-01"},
+    "a message past the bound": lambda d: _measurement(d, message="m" * 10_001),
+    "a note past the bound": lambda d: _measurement(d, notes=["n" * 10_001]),
+    "a param's text past the bound": lambda d: _measurement(d, params={"p": "v" * 10_001}),
     "an unknown key": lambda d: {**d, "extra": 1},
     "a missing key": lambda d: {k: v for k, v in d.items() if k != "started_at"},
     "a device's negative bytes": lambda d: _measurement(

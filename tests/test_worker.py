@@ -136,3 +136,36 @@ def test_without_mem_tracker_only_what_needs_it_fails_and_says_why(tmp_path, sui
     assert result["status"] == "error"
     assert result["message"].startswith("RuntimeError: torch ")
     assert "has no torch.distributed._tools.mem_tracker (torch >= 2.5 has it)" in result["message"]
+
+
+TORCH_HOST_OOM = textwrap.dedent(
+    """
+    import resource
+    import torch
+    import memtrack
+
+    @memtrack.workload
+    def torch_host_oom(ctx):
+        def step():
+            # an address-space limit just above what the process maps now: torch's CPU
+            # allocator then fails with "DefaultCPUAllocator: can't allocate memory"
+            with open("/proc/self/status") as f:
+                vm = next(int(l.split()[1]) for l in f if l.startswith("VmSize:")) * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (vm + 256 * 2**20, resource.RLIM_INFINITY))
+            return torch.empty(2**31, dtype=torch.uint8)
+        return step
+    """
+)
+
+
+def test_torchs_cpu_allocator_failing_is_an_oom_not_an_error(tmp_path):
+    """Under RLIMIT_AS (or on a full host) torch raises RuntimeError "DefaultCPUAllocator:
+    can't allocate memory", not MemoryError: the case ran out of memory all the same."""
+    (tmp_path / "wl.py").write_text(TORCH_HOST_OOM)
+    (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 0\nrepeats = 1\n')
+    res = subprocess.run([sys.executable, "-m", "memtrack.cli", "run", "--no-db", "--json",
+                          "run.json"], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    (m,) = json.loads((tmp_path / "run.json").read_text())["measurements"]
+    assert m["status"] == "oom", m["message"]
+    assert "DefaultCPUAllocator: can't allocate memory" in m["message"]

@@ -12,22 +12,17 @@ from memtrack.dashboard import data, model
 from streamlit.errors import StreamlitAPIException
 
 from memtrack.config import Config
+from memtrack.escape import markdown_text
 
 PAGES = ("Overview", "History", "Regressions", "Run detail", "Compare", "Plan")
 """Page names, as the page selector and the `page` query parameter spell them (any case;
 `run-detail` and `run_detail` work too)."""
 
-_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
-
-
 def esc(text: object, limit: int | None = None) -> str:
-    """Recorded or URL-supplied text made inert for Markdown: every ASCII punctuation mark
-    backslash-escaped (no link, image, emphasis, directive or auto-link can form), line
-    breaks flattened, and cut to `limit` characters."""
-    s = " ".join(str(text if text is not None else "").split())
-    if limit is not None and len(s) > limit:
-        s = s[:limit - 1] + "…"
-    return _PUNCTUATION.sub(r"\\\1", s)
+    """Recorded or URL-supplied text made inert for Markdown (memtrack.escape): no link,
+    image, emphasis, directive, math or auto-link can form; line breaks flattened; cut to
+    `limit` characters."""
+    return markdown_text(text, limit)
 
 
 def page_name(text: str | None) -> str | None:

@@ -14,6 +14,7 @@ from memtrack.commands.options import (
     save_run,
 )
 from memtrack.errors import ConfigError, StoreError
+from memtrack.records.redact import redact_run
 from memtrack.store.database import Store
 from memtrack.workload.registry import discover, select_cases
 
@@ -60,7 +61,8 @@ def estimate(config_path, db_path, patterns, device, dtype, json_path, no_db) ->
             elif event == "done":
                 click.echo(f"  {m.status:8} {case.case_id} ({m.duration_s:.1f} s)", err=True)
 
-        record = estimate_cases(config, cases, device=device, dtype=dtype, progress=progress)
+        record = redact_run(estimate_cases(config, cases, device=device, dtype=dtype,
+                                           progress=progress))
         saved, failures = save_run(record, store, json_path)
     finally:
         if store:

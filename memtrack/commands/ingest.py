@@ -6,7 +6,7 @@ import click
 
 from memtrack.commands.options import config_option, db_option, resolve
 from memtrack.records import read_all
-from memtrack.records.redact import redact_run
+from memtrack.records.redact import redact_run, secret_values
 from memtrack.store.database import Store
 
 
@@ -19,14 +19,16 @@ def ingest(files, config_path, db_path) -> None:
 
     Every file is read and checked, and all runs are written in one transaction: one bad
     file and nothing is written. A run id already stored with the same content is skipped;
-    with different content it is an error. Secrets in a workload's recorded text are
-    redacted, as `memtrack run` does.
+    with different content it is an error. Secrets in a record's free text (messages,
+    subject, variables, CI fields) are redacted, as `memtrack run` does.
     """
     _, db = resolve(config_path, db_path)
     new = not db.exists()
+    secrets = secret_values()  # once: this machine's secret variables, for every record
     try:
         with Store.open(db) as store:
-            added, present = store.write_runs(redact_run(r) for r in read_all(files))
+            added, present = store.write_runs(redact_run(r, values=secrets)
+                                              for r in read_all(files))
     except BaseException:
         if new:  # a refused batch leaves no empty database behind
             for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):

@@ -10,8 +10,8 @@ import click
 
 from memtrack.config import Config, load_config
 from memtrack.errors import ConfigError, MemtrackError
-from memtrack.records import RunRecord, write_json
-from memtrack.store.database import Store, describe_failure
+from memtrack.records import RunRecord, write_fallback, write_json
+from memtrack.store.database import Store, describe_failure, room_problem
 
 config_option = click.option(
     "--config",
@@ -46,7 +46,7 @@ def rich_console(**kwargs: Any) -> Any:
 
 
 def check_json_folder(json_path: Path) -> None:
-    """Refuse, before measuring, a --json path whose folder cannot be written."""
+    """Refuse, before measuring, a --json path whose folder cannot be written or has no room."""
     folder = json_path.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -54,12 +54,17 @@ def check_json_folder(json_path: Path) -> None:
     except OSError as exc:
         raise ConfigError(f"--json {json_path}: its folder cannot be written "
                           f"({describe_failure(exc, None)})") from None
+    problem = room_problem(json_path)
+    if problem:
+        raise ConfigError(f"--json {json_path}: {problem}")
 
 
 def save_run(record: RunRecord, store: Store | None, json_path: Path | None
              ) -> tuple[list[str], list[str]]:
     """Write the database first, then the JSON record, each whatever became of the other.
-    Returns where the run was saved, and what failed (one line each)."""
+    A run written nowhere (the database locked past its timeout, full, damaged or deleted
+    by a workload, and no JSON record) is kept in a fallback file: a measured run is never
+    lost. Returns where the run was saved, and what failed (one line each)."""
     saved, failures = [], []
     if store:
         try:
@@ -73,4 +78,17 @@ def save_run(record: RunRecord, store: Store | None, json_path: Path | None
             saved.append(str(json_path))
         except OSError as exc:
             failures.append(describe_failure(exc, json_path))
+    if failures and saved and store and str(store.path) not in saved:
+        failures.append(f"the run is kept in {saved[0]}: `memtrack ingest {saved[0]}` "
+                        "records it")
+    elif failures and not saved:
+        folders = [p.parent for p in (store.path if store else None, json_path) if p]
+        try:
+            kept = write_fallback(record, [*folders, Path.cwd(), Path(tempfile.gettempdir())])
+        except OSError as exc:
+            failures.append(f"the run could not be kept anywhere either "
+                            f"({describe_failure(exc, None)})")
+        else:
+            saved.append(str(kept))
+            failures.append(f"the run is kept in {kept}: `memtrack ingest {kept}` records it")
     return saved, failures

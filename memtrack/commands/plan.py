@@ -6,7 +6,8 @@ from pathlib import Path
 import click
 
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
-from memtrack.errors import MemtrackError, StoreError
+from memtrack.commands.run import save_run
+from memtrack.errors import StoreError
 
 
 @click.command()
@@ -37,6 +38,7 @@ def plan(case, config_path, db_path, sweep_text, catalog_path, gpu_names, as_mar
     from memtrack.measure.suite import run_suite
     from memtrack.plan import fit as planning
     from memtrack.plan import sweep
+    from memtrack.records.redact import redact_run
     from memtrack.report import plan as report_plan
     from memtrack.store.database import Store
     from memtrack.workload.registry import discover
@@ -69,12 +71,10 @@ def plan(case, config_path, db_path, sweep_text, catalog_path, gpu_names, as_mar
                                     progress=_progress)
         else:
             record = run_suite(config, cases, progress=_progress)
-        failure = None
+        record = redact_run(record)
+        failures: list[str] = []
         if not no_record and store is not None:
-            try:
-                store.write_run(record)
-            except MemtrackError as exc:
-                failure = str(exc)
+            _, failures = save_run(record, store, None)
         result = sweep.make_plan(record, config, store, case=case, param=param, params=params,
                                  integer=all(isinstance(v, int) for v in values),
                                  catalog=catalog, gpus=gpus)
@@ -93,8 +93,8 @@ def plan(case, config_path, db_path, sweep_text, catalog_path, gpu_names, as_mar
             console.print(r, soft_wrap=isinstance(r, Text))
     where = "not recorded (--no-record)" if no_record else f"recorded in {db}"
     click.echo(f"run {record.run_id} ({len(cases)} cases) {where}", err=True)
-    if failure:
-        raise StoreError(failure)
+    if failures:
+        raise StoreError("; ".join(failures))
 
 
 def _progress(event, case, m) -> None:

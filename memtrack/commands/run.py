@@ -16,6 +16,7 @@ from memtrack.commands.options import (
 from memtrack.errors import ConfigError, StoreError
 from memtrack.judge.check import check_budget_targets
 from memtrack.measure.suite import run_suite
+from memtrack.records.redact import redact_run
 from memtrack.report.run import run_table
 from memtrack.store.database import Store
 from memtrack.workload.registry import discover, select_cases
@@ -69,7 +70,9 @@ def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
     try:
         if store:
             store.check_writable()
-        record = _measure(config, cases, shard)
+        # Secrets out of everything the run holds (subject, variables, messages) before it
+        # is stored, written or shown.
+        record = redact_run(_measure(config, cases, shard))
         saved, failures = save_run(record, store, json_path)
     finally:
         if store:

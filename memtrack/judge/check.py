@@ -29,7 +29,7 @@ from memtrack.judge.budgets import (
 from memtrack.judge.memory import Case
 from memtrack.judge.verdict import Verdict
 from memtrack.records import Environment, RunRecord, metrics
-from memtrack.store.database import Store
+from memtrack.store.database import VERDICT_COLUMNS, Store
 from memtrack.units import format_size
 
 
@@ -416,13 +416,6 @@ def _acceptances(run: RunRecord, context: str, merge_base: str | None,
     return accept.read(root, since, run.git.commit)
 
 
-_VERDICT_COLUMNS = ("run_id", "case_id", "workload", "metric", "kind", "blocking", "provisional",
-                    "baseline_value", "spread", "factor", "floor", "threshold",
-                    "candidate_value", "delta", "delta_pct", "budget_bytes", "budget_reason",
-                    "baseline_runs", "message", "checked_at", "context", "accepted_reason",
-                    "component", "component_delta", "level_commit")
-
-
 def save_verdicts(store: Store, result: CheckResult) -> int:
     """Record the verdicts (replacing earlier ones of the same run) in one transaction."""
     if store.readonly:
@@ -442,8 +435,8 @@ def save_verdicts(store: Store, result: CheckResult) -> int:
         for run_id in sorted({result.run_id, *result.case_runs.values()}):
             conn.execute("delete from verdicts where run_id = ?", [run_id])
         conn.executemany(
-            f"insert into verdicts ({', '.join(_VERDICT_COLUMNS)}) "
-            f"values ({', '.join('?' for _ in _VERDICT_COLUMNS)})", rows)
+            f"insert into verdicts ({', '.join(VERDICT_COLUMNS)}) "
+            f"values ({', '.join('?' for _ in VERDICT_COLUMNS)})", rows)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

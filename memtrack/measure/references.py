@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memtrack.config import Config
+from memtrack.config import MAX_CONFIG_BYTES, Config
 from memtrack.errors import ConfigError, WorkloadError
+from memtrack.files import NotReadable, read_text
 from memtrack.measure.case import run_case
 from memtrack.worker.protocol import QualitySpec
 from memtrack.workload.registry import Case
@@ -47,10 +48,10 @@ def load_manifest(config: Config) -> dict[str, dict[str, Any]]:
     Raises ConfigError (one line, naming the file and key) for a malformed one."""
     path = manifest_path(config)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, MAX_CONFIG_BYTES)
     except FileNotFoundError:
         return {}
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, NotReadable) as exc:
         raise ConfigError(f"{path}: cannot be read ({exc})") from None
     try:
         data = json.loads(text)

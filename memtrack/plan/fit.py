@@ -17,20 +17,15 @@ come from (a measured sweep, or an estimate) is the caller's business.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from memtrack.config import read_toml
 from memtrack.errors import ConfigError
 from memtrack.units import format_size, parse_size
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 QUADRATIC_MIN_POINTS = 4
 """Distinct swept values before a quadratic term is considered: with 3, it fits any curve."""
@@ -172,14 +167,9 @@ _GPU_KEYS = {"name", "memory", "source"}
 
 def load_catalog(path: Path) -> tuple[tuple[Gpu, ...], str | None]:
     """The GPUs of a catalog file, and its note; a bad file, key or value is one line."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such GPU catalog") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the GPU catalog ({exc})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    if not path.exists():
+        raise ConfigError(f"{path}: no such GPU catalog")
+    data = read_toml(path)
     for key in data:
         if key not in _CATALOG_KEYS:
             raise ConfigError(f"{path}: unknown key {key!r} (a catalog has: note, [[gpu]])")

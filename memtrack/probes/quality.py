@@ -116,7 +116,7 @@ def compare(step: Callable[[], Any], ctx: Any, wl: Any, spec: QualitySpec) -> di
     got = {k: t.detach().to("cpu", torch.float64) for k, t in flat.items()}
     del flat  # before the reference is read: one copy of the output at a time
     try:
-        ref, sha = _load(Path(spec.path), spec.sha256)
+        ref, sha = _load(Path(spec.path), spec.sha256 or "")
         out["quality_reference_sha256"] = sha
         if set(ref) != set(got):
             raise OutputError(f"the output has {_names(got)}, the reference {_names(ref)}")

@@ -15,6 +15,7 @@ from memtrack.records.model import (
     Measurement,
     RankMeasurement,
     RunRecord,
+    case_id,
     device_peak,
     host_peak,
     host_step,
@@ -30,6 +31,7 @@ from memtrack.records.validate import (
     read_all,
     read_json,
     run_from_dict,
+    write_fallback,
     write_json,
 )
 
@@ -48,6 +50,7 @@ __all__ = [
     "Measurement",
     "RankMeasurement",
     "RunRecord",
+    "case_id",
     "device_peak",
     "host_peak",
     "host_step",
@@ -59,5 +62,6 @@ __all__ = [
     "read_json",
     "run_from_dict",
     "to_dict",
+    "write_fallback",
     "write_json",
 ]

@@ -338,6 +338,14 @@ class Measurement:
     a baseline, budget figure or history point."""
 
 
+def case_id(workload: str, params: dict[str, Any]) -> str:
+    """'name[k=v,...]' with keys sorted: the stable identity of a series."""
+    if not params:
+        return workload
+    inner = ",".join(f"{k}={params[k]}" for k in sorted(params))
+    return f"{workload}[{inner}]"
+
+
 def device_peak(m: Measurement) -> int | None:
     """Largest per-device process peak (devices do not pool)."""
     peaks = [d.peak_process_bytes for d in m.devices if d.peak_process_bytes is not None]

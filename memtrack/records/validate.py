@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from memtrack.errors import RecordError
+from memtrack.files import NotReadable, read_bytes
 from memtrack.records.model import (
     KINDS,
     QUALITY_STATUSES,
     SCHEMA_VERSION,
     STATUSES,
     RunRecord,
+    case_id,
     to_dict,
 )
 from memtrack.units import parse_time
@@ -38,8 +40,15 @@ from memtrack.units import parse_time
 MAX_BYTES = 2**62
 """Upper bound of a byte figure: far above any machine, far below SQLite's 64-bit limit."""
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
-RUN_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
-COMMIT_PATTERN = r"^[0-9a-fA-F]{4,64}$"
+RUN_ID_PATTERN = r"^[0-9a-f]{32}$"
+"""A run id as memtrack makes one: 32 lowercase hex digits (a UUID's)."""
+COMMIT_PATTERN = r"^(?:[0-9a-fA-F]{40}|[0-9a-fA-F]{64})$"
+"""A whole commit id, SHA-1 or SHA-256: a prefix could name another commit, or none."""
+MAX_TEXT = 10_000
+"""Characters a recorded string may hold (a name, a message, a subject, a note): far more
+than memtrack writes (a message is cut at 2,000), far less than a 50 MB one."""
+MAX_TRACEBACK = 100_000
+"""Characters of a traceback (memtrack keeps its last 20,000)."""
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 _COMMIT_FIELDS = {"commit", "parent", "merge_base", "sha"}
 _BYTE_LISTS = {"allocated_samples", "categories"}
@@ -77,10 +86,13 @@ def _rules(name: str) -> dict[str, Any]:
         return {"minLength": 1}
     if name == "schema_version":
         return {"const": SCHEMA_VERSION}
+    if name == "traceback":
+        return {"maxLength": MAX_TRACEBACK}
     return {}
 
 
-_SCALAR = {"type": ["string", "integer", "number", "boolean", "null"]}
+_SCALAR = {"type": ["string", "integer", "number", "boolean", "null"], "maxLength": MAX_TEXT}
+"""A param's value (maxLength bounds it where it is a string)."""
 
 
 def _hint_schema(hint: Any, rules: dict[str, Any]) -> dict[str, Any]:
@@ -96,13 +108,16 @@ def _hint_schema(hint: Any, rules: dict[str, Any]) -> dict[str, Any]:
     if origin is tuple:
         return {"type": "array", "items": _hint_schema(args[0], rules)}
     if origin is dict:
-        return {"type": "object", "additionalProperties": _hint_schema(args[1], rules)}
+        return {"type": "object", "propertyNames": {"maxLength": MAX_TEXT},
+                "additionalProperties": _hint_schema(args[1], rules)}
     if dataclasses.is_dataclass(hint):
         return {"$ref": f"#/$defs/{typing.cast(type, hint).__name__}"}
     if hint is Any:
         return dict(_SCALAR)
     kind = {str: "string", bool: "boolean", int: "integer", float: "number"}[hint]
     out: dict[str, Any] = {"type": kind, **rules}
+    if kind == "string":
+        out.setdefault("maxLength", MAX_TEXT)
     if kind == "integer" and "const" not in out:
         out.setdefault("minimum", _INT_MIN)
         out.setdefault("maximum", _INT_MAX)
@@ -228,8 +243,16 @@ def _check_rules(value: Any, rules: dict[str, Any], path: Path_) -> None:
         _fail(path, f"{_short(value)} is not an ISO 8601 time")
 
 
+def _too_long(value: str, limit: int, path: Path_) -> typing.NoReturn:
+    _fail(path, f"{len(value):,} characters, more than the {limit:,} a record's text may hold")
+
+
 def _scalar(value: Any, path: Path_) -> Any:
-    if value is None or isinstance(value, (str, bool)):
+    if isinstance(value, str):
+        if len(value) > MAX_TEXT:
+            _too_long(value, MAX_TEXT, path)
+        return value
+    if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
         if not _INT_MIN <= value <= _INT_MAX:
@@ -265,6 +288,9 @@ def _compile(hint: Any, rules: dict[str, Any], nullable: bool = False) -> Check:
         def check_dict(v: Any, w: Path_) -> Any:
             if type(v) is not dict:
                 _fail(w, f"expected an object, got {_short(v)}")
+            for k in v:
+                if len(k) > MAX_TEXT:
+                    _too_long(k, MAX_TEXT, (w, (k[:20],)))
             if valid(v.values()):
                 return v
             return {k: value(x, (w, (k,))) for k, x in v.items()}
@@ -310,6 +336,7 @@ def _compile(hint: Any, rules: dict[str, Any], nullable: bool = False) -> Check:
         lower = rules.get("pattern") == COMMIT_PATTERN
         enum = set(rules.get("enum", ()))
         nonempty = "minLength" in rules
+        longest = rules.get("maxLength", MAX_TEXT)
         slow = {k: v for k, v in rules.items() if k in ("format", "const")}
 
         def check_str(v: Any, w: Path_) -> Any:
@@ -317,6 +344,8 @@ def _compile(hint: Any, rules: dict[str, Any], nullable: bool = False) -> Check:
                 if v is None and nullable:
                     return None
                 _fail(w, f"expected a string, got {_short(v)}")
+            if len(v) > longest:
+                _too_long(v, longest, w)
             if pattern is not None and not pattern.match(v):
                 _fail(w, f"{_short(v)} does not match {pattern.pattern}")
             if enum and v not in enum:
@@ -377,7 +406,7 @@ def _all_valid(hint: Any, rules: dict[str, Any]) -> typing.Callable[[Any], bool]
         return lambda v: not v or (set(map(type, v)) == {float} and all(map(math.isfinite, v))
                                    and min(v) >= low)
     if hint is str and not rules:
-        return lambda v: set(map(type, v)) <= {str}
+        return lambda v: set(map(type, v)) <= {str} and max(map(len, v), default=0) <= MAX_TEXT
     if hint is Any:
         plain = {str, bool, type(None), int, float}
 
@@ -386,8 +415,10 @@ def _all_valid(hint: Any, rules: dict[str, Any]) -> typing.Callable[[Any], bool]
                 return False
             ints = [x for x in v if type(x) is int]
             floats = [x for x in v if type(x) is float]
+            texts = [x for x in v if type(x) is str]
             return ((not ints or (_INT_MIN <= min(ints) and max(ints) <= _INT_MAX))
-                    and all(map(math.isfinite, floats)))
+                    and all(map(math.isfinite, floats))
+                    and max(map(len, texts), default=0) <= MAX_TEXT)
 
         return scalars
     return lambda v: False
@@ -428,8 +459,18 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
         run: RunRecord = _builder(RunRecord)(data, ())
     except RecordError as exc:
         raise RecordError(f"{where}: {exc}") from None
+    if run.finished_at is not None:
+        started, finished = parse_time(run.started_at), parse_time(run.finished_at)
+        if started is not None and finished is not None and finished < started:
+            raise RecordError(f"{where}: finished_at: {run.finished_at} is before started_at "
+                              f"{run.started_at}")
     seen: set[str] = set()
     for i, m in enumerate(run.measurements):
+        expected = case_id(m.workload, m.params)
+        if m.case_id != expected:
+            raise RecordError(f"{where}: measurements[{i}].case_id: {_short(m.case_id)} does "
+                              f"not match its workload and params (they make "
+                              f"{_short(expected)})")
         if m.case_id in seen:
             raise RecordError(f"{where}: case {m.case_id!r} is measured twice in one run")
         seen.add(m.case_id)
@@ -454,6 +495,26 @@ def write_json(run: RunRecord, path: Path) -> None:
         raise
 
 
+def write_fallback(run: RunRecord, folders: Iterable[Path]) -> Path:
+    """Write a run that could not be saved where it was meant to go as
+    `memtrack-run-<run_id>.json` in the first of `folders` that takes it, so that no
+    measured run is lost; `memtrack ingest` records it later. Raises the last OSError."""
+    error: OSError | None = None
+    for folder in dict.fromkeys(Path(f) for f in folders):
+        path = folder / f"memtrack-run-{run.run_id}.json"
+        try:
+            write_json(run, path)
+            return path
+        except OSError as exc:
+            error = exc
+    raise error if error is not None else OSError("no folder to write the run to")
+
+
+MAX_RECORD_FILE_BYTES = 256 * 2**20
+"""A run record file larger than this is refused unread (a record of a thousand cases with
+long tracebacks is a few MiB)."""
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
@@ -461,9 +522,11 @@ def _no_constant(name: str) -> Any:
 def read_json(path: Path) -> RunRecord:
     """A record from a JSON file, every value checked. Raises RecordError (one line)."""
     try:
-        text = path.read_bytes()
+        text = read_bytes(path, MAX_RECORD_FILE_BYTES)
     except FileNotFoundError:
         raise RecordError(f"{path}: no such file") from None
+    except NotReadable as exc:
+        raise RecordError(f"{path}: {exc}") from None
     except OSError as exc:
         raise RecordError(f"{path}: cannot be read ({exc.strerror})") from None
     try:

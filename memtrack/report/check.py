@@ -10,6 +10,7 @@ import dataclasses
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
+from memtrack.escape import markdown_code, markdown_text, terminal_text
 from memtrack.judge.check import CheckResult
 from memtrack.judge.verdict import Verdict
 from memtrack.units import format_seconds, format_size
@@ -138,17 +139,23 @@ def _baseline_line(result: CheckResult) -> str:
 # -- terminal -------------------------------------------------------------------------------
 
 
+def shown(text: str, style: str = "") -> Any:
+    """A rich Text of recorded text, its control characters made visible, never acting."""
+    from rich.text import Text
+
+    return Text(terminal_text(text), style=style)
+
+
 def terminal(result: CheckResult) -> list[Any]:
     """Rich renderables: header, table, one arithmetic line per verdict, the outcome."""
     from rich.table import Table
-    from rich.text import Text
 
-    out: list[Any] = [Text(f"memtrack check · {_where(result)} against {result.base_branch}",
-                           style="bold"), Text(_baseline_line(result))]
+    out: list[Any] = [shown(f"memtrack check · {_where(result)} against {result.base_branch}",
+                            style="bold"), shown(_baseline_line(result))]
     for note in result.notes:
-        out.append(Text(f"note: {note}", style="yellow"))
+        out.append(shown(f"note: {note}", style="yellow"))
     for change in result.budget_changes:
-        out.append(Text(change.describe(), style="magenta"))
+        out.append(shown(change.describe(), style="magenta"))
     verdicts = ordered(result.verdicts)
     t = Table(title_justify="left")
     for col in ("verdict", "case", "metric", "baseline", "threshold", "candidate", "delta",
@@ -160,17 +167,17 @@ def terminal(result: CheckResult) -> list[Any]:
         cells = (labels[v.case_id], v.metric, _value(v, v.baseline_value), _value(v, v.threshold),
                  _value(v, v.candidate_value), _delta(v), _budget(v))
         # Text, not str: case ids like 'w[batch=8]' would be read as rich markup.
-        t.add_row(Text(label(v), style=_STYLE.get(v.kind, "")), *(Text(c) for c in cells))
+        t.add_row(shown(label(v), style=_STYLE.get(v.kind, "")), *(shown(c) for c in cells))
     if not result.estimate_only:
         out.append(t)
     hinted = _hinted(verdicts)
     for i, v in enumerate(verdicts):
-        out.append(Text(f"{label(v)} · {v.case_id} · {v.message}",
-                        style=_STYLE.get(v.kind, "") if v.kind != "ok" else ""))
+        out.append(shown(f"{label(v)} · {v.case_id} · {v.message}",
+                         style=_STYLE.get(v.kind, "") if v.kind != "ok" else ""))
         for line in v.details:
-            out.append(Text(f"    {line}", style="dim"))
+            out.append(shown(f"    {line}", style="dim"))
         if i in hinted:
-            out.append(Text(f"    {snapshot_hint(v.case_id)}"))
+            out.append(shown(f"    {snapshot_hint(v.case_id)}"))
     rows = quality_rows(result)
     if rows:
         q = Table(title="quality after a precision change: memory saved and quality kept",
@@ -179,11 +186,11 @@ def terminal(result: CheckResult) -> list[Any]:
             q.add_column(col, justify="right" if col in ("framework peak", "full precision",
                                                            "saved") else "left")
         for v, row in rows:
-            q.add_row(Text(label(v), style=_STYLE.get(v.kind, "")), *(Text(c) for c in row))
+            q.add_row(shown(label(v), style=_STYLE.get(v.kind, "")), *(shown(c) for c in row))
         out.append(q)
     for e in result.estimates:
-        out.append(Text(f"estimate · {e.case_id} · {e.describe()}", style="cyan"))
-    out.append(Text(summary_line(result), style="bold red" if result.blocking else "bold green"))
+        out.append(shown(f"estimate · {e.case_id} · {e.describe()}", style="cyan"))
+    out.append(shown(summary_line(result), style="bold red" if result.blocking else "bold green"))
     return out
 
 
@@ -223,8 +230,9 @@ def quality_rows(result: CheckResult) -> list[tuple[Verdict, tuple[str, ...]]]:
 # -- Markdown -------------------------------------------------------------------------------
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def _cell(text: object) -> str:
+    """Text of a Markdown line or table cell, recorded or not: it shows as itself."""
+    return markdown_text(text)
 
 
 def history_link(dashboard_url: str, case_id: str) -> str:
@@ -232,17 +240,17 @@ def history_link(dashboard_url: str, case_id: str) -> str:
     return f"{dashboard_url}/?page=History&case={urllib.parse.quote(case_id, safe='')}"
 
 
-def _md_case(case_id: str, dashboard_url: str | None) -> str:
-    code = f"`{case_id}`"
+def _md_case(case_id: str, dashboard_url: str | None, *, in_table: bool = False) -> str:
+    code = markdown_code(case_id, in_table=in_table)
     return f"[{code}]({history_link(dashboard_url, case_id)})" if dashboard_url else code
 
 
 def _md_row(v: Verdict, dashboard_url: str | None = None) -> str:
-    cells = [f"{_EMOJI.get(v.kind, '')} {label(v)}", _md_case(v.case_id, dashboard_url),
-             v.metric,
-             _value(v, v.baseline_value), _value(v, v.threshold), _value(v, v.candidate_value),
-             _delta(v), _budget(v)]
-    return "| " + " | ".join(_cell(c) for c in cells) + " |"
+    cells = [f"{_EMOJI.get(v.kind, '')} {_cell(label(v))}",
+             _md_case(v.case_id, dashboard_url, in_table=True),
+             *(_cell(c) for c in (v.metric, _value(v, v.baseline_value), _value(v, v.threshold),
+                                  _value(v, v.candidate_value), _delta(v), _budget(v)))]
+    return "| " + " | ".join(cells) + " |"
 
 
 _MD_HEAD = ("| verdict | case | metric | baseline | threshold | candidate | delta | budget |\n"
@@ -250,11 +258,12 @@ _MD_HEAD = ("| verdict | case | metric | baseline | threshold | candidate | delt
 
 
 def _md_item(v: Verdict, dashboard_url: str | None = None, hint: bool = False) -> str:
-    lines = [f"- **{label(v)}** {_md_case(v.case_id, dashboard_url)}: {_cell(v.message)}"]
+    lines = [f"- **{_cell(label(v))}** {_md_case(v.case_id, dashboard_url)}: "
+             f"{_cell(v.message)}"]
     lines += [f"  - {_cell(d)}" for d in v.details]
     if hint:
         words, _, command = snapshot_hint(v.case_id).partition(": ")
-        lines.append(f"  - {words}: `{command.replace('`', '')}`")
+        lines.append(f"  - {_cell(words)}: {markdown_code(command)}")
     return "\n".join(lines)
 
 
@@ -269,8 +278,9 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT,
     accepted = [v for v in verdicts if v.kind == "accepted"]
     others = [v for v in verdicts if not v.blocking and v.kind in ("improvement", "new")]
     icon = "❌" if blocking else "✅"
-    head = [f"## {icon} memtrack check: {summary_line(result)}", "",
-            f"{_where(result)} against `{result.base_branch}`. {_baseline_line(result)}.", ""]
+    head = [f"## {icon} memtrack check: {_cell(summary_line(result))}", "",
+            f"{_cell(_where(result))} against {markdown_code(result.base_branch)}. "
+            f"{_cell(_baseline_line(result))}.", ""]
     if dashboard_url:
         head += [f"Each case links to its history on the [dashboard]({dashboard_url}/).", ""]
     for note in result.notes:
@@ -295,14 +305,17 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT,
         body += ["### Quality after a precision change", "",
                  "| " + " | ".join(_QUALITY_COLUMNS) + " |", "|---|---|---|--:|--:|--:|---|"]
         for v, (case, against, *rest) in quality:
-            cells = (f"{_EMOJI.get(v.kind, '')} {label(v)}", f"`{case}`",
-                     against if against == "itself" else f"`{against}`", *rest)
-            body.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+            cells = (f"{_EMOJI.get(v.kind, '')} {_cell(label(v))}",
+                     markdown_code(case, in_table=True),
+                     against if against == "itself" else markdown_code(against, in_table=True),
+                     *(_cell(c) for c in rest))
+            body.append("| " + " | ".join(cells) + " |")
         body.append("")
     if result.estimates:
         # Small: one line per estimated case, information only.
         body += ["**Estimates** (fake tensors, `memtrack estimate`; not judged):", ""]
-        body += [f"- `{e.case_id}`: {_cell(e.describe())}" for e in result.estimates[:50]]
+        body += [f"- {markdown_code(e.case_id)}: {_cell(e.describe())}"
+                 for e in result.estimates[:50]]
         if len(result.estimates) > 50:
             body.append(f"- _{len(result.estimates) - 50} more in the JSON report_")
         body.append("")
@@ -314,7 +327,7 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT,
     rows: list[str] = []
     lines: list[str] = []
     used = 0
-    shown = 0
+    n_shown = 0
     for v in verdicts:
         row, item = _md_row(v, dashboard_url), _md_item(v, dashboard_url)
         size = len(row.encode()) + len(item.encode()) + 2
@@ -323,10 +336,10 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT,
         rows.append(row)
         lines.append(item)
         used += size
-        shown += 1
+        n_shown += 1
     details = [opening, *rows, "", *lines, ""]
-    if shown < len(verdicts):
-        details.append(f"_{len(verdicts) - shown} more verdicts not shown (size limit); "
+    if n_shown < len(verdicts):
+        details.append(f"_{len(verdicts) - n_shown} more verdicts not shown (size limit); "
                        "see the JSON report or the dashboard._\n")
     text = fixed + "\n" + "\n".join(details) + tail
     if len(text.encode()) > limit:  # the fixed part alone is too big: keep the outcome
@@ -353,37 +366,36 @@ def to_json(result: CheckResult) -> dict[str, Any]:
 
 def history_terminal(h: HistoryResult) -> list[Any]:
     from rich.table import Table
-    from rich.text import Text
 
-    out: list[Any] = [Text(f"memtrack history · {h.base_branch} · {h.series} series, "
-                           f"{h.commits} commits, environment {h.fingerprint[:12]}",
-                           style="bold")]
-    out += [Text(f"note: {n}", style="yellow") for n in h.notes]
+    out: list[Any] = [shown(f"memtrack history · {h.base_branch} · {h.series} series, "
+                            f"{h.commits} commits, environment {h.fingerprint[:12]}",
+                            style="bold")]
+    out += [shown(f"note: {n}", style="yellow") for n in h.notes]
     steps = Table(title="steps: the commits where a series moved", title_justify="left")
     for col in ("case", "metric", "commit", "subject", "before", "after", "delta"):
         steps.add_column(col)
     for s in h.steps:
-        steps.add_row(*(Text(c) for c in (
+        steps.add_row(*(shown(c) for c in (
             s.case_id, s.metric, s.commit[:12], (s.subject or "")[:50],
             format_size(int(s.before)), format_size(int(s.after)),
             f"{_signed(s.delta)} ({s.delta_pct:+.2f}%)")))
-    out.append(steps if h.steps else Text("steps: none found"))
-    creep = Table(title=f"creep against {h.anchor_label}", title_justify="left")
+    out.append(steps if h.steps else shown("steps: none found"))
+    creep = Table(title=shown(f"creep against {h.anchor_label}"), title_justify="left")
     for col in ("", "case", "metric", "anchor", "latest", "growth", "allowed", "steps"):
         creep.add_column(col)
     for c in h.creeps:
-        creep.add_row(Text(_creep_label(c), style="bold red" if c.flagged else "dim"),
-                      *(Text(x) for x in (
+        creep.add_row(shown(_creep_label(c), style="bold red" if c.flagged else "dim"),
+                      *(shown(x) for x in (
                           c.case_id, c.metric,
                           f"{format_size(int(c.anchor_value))} @{c.anchor_commit[:10]}",
                           format_size(int(c.latest_value)),
                           f"{_signed(c.delta)} ({c.delta_pct:+.2f}%)",
                           format_size(int(c.allowed)), str(c.steps_between))))
-    out.append(creep if h.creeps else Text("creep: no series reaches back to the anchor"))
+    out.append(creep if h.creeps else shown("creep: no series reaches back to the anchor"))
     for c in h.creeps:
         if c.flagged:
-            out.append(Text(f"{_creep_label(c)} · {c.case_id} · {c.message}", style="red"))
-    out.append(Text(_history_summary(h), style="bold red" if h.exit_code else "bold green"))
+            out.append(shown(f"{_creep_label(c)} · {c.case_id} · {c.message}", style="red"))
+    out.append(shown(_history_summary(h), style="bold red" if h.exit_code else "bold green"))
     return out
 
 
@@ -408,13 +420,13 @@ def history_markdown(h: HistoryResult, *, limit: int = MARKDOWN_LIMIT,
                      dashboard_url: str | None = None) -> str:
     flagged = [c for c in h.creeps if c.flagged]
     lines = [f"## {'❌' if flagged else '✅'} memtrack history: {_history_summary(h)}", "",
-             f"Base branch `{h.base_branch}`, {h.series} series over {h.commits} commits; "
-             f"creep against {h.anchor_label}.", ""]
+             f"Base branch {markdown_code(h.base_branch)}, {h.series} series over "
+             f"{h.commits} commits; creep against {_cell(h.anchor_label)}.", ""]
     for n in h.notes:
         lines += [f"> **Note:** {_cell(n)}", ""]
     if flagged:
         lines += ["", "### Grown since the anchor", ""] + [
-            f"- **{_creep_label(c)}** {_md_case(c.case_id, dashboard_url)} {c.metric}: "
+            f"- **{_creep_label(c)}** {_md_case(c.case_id, dashboard_url)} {_cell(c.metric)}: "
             f"{_cell(c.message)}"
             for c in flagged]
     if h.steps:
@@ -422,8 +434,8 @@ def history_markdown(h: HistoryResult, *, limit: int = MARKDOWN_LIMIT,
                   "| case | metric | commit | subject | before | after | delta |",
                   "|---|---|---|---|--:|--:|--:|"]
         for s in h.steps:
-            lines.append(f"| {_md_case(s.case_id, dashboard_url)} | {s.metric} | "
-                         f"`{s.commit[:12]}` | "
+            lines.append(f"| {_md_case(s.case_id, dashboard_url, in_table=True)} | "
+                         f"{_cell(s.metric)} | {markdown_code(s.commit[:12], in_table=True)} | "
                          f"{_cell((s.subject or '')[:60])} | {format_size(int(s.before))} | "
                          f"{format_size(int(s.after))} | {_signed(s.delta)} "
                          f"({s.delta_pct:+.2f}%) |")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memtrack.escape import markdown_code, markdown_text, terminal_text
 from memtrack.plan.fit import Plan, describe, show_value
 from memtrack.units import format_size
 
@@ -39,7 +40,10 @@ def terminal(p: Plan) -> list[Any]:
     from rich.table import Table
     from rich.text import Text
 
-    out: list[Any] = [Text(line) for line in _header(p)]
+    def text(line: str) -> Any:
+        return Text(terminal_text(line))
+
+    out: list[Any] = [text(line) for line in _header(p)]
     table = Table(title=None)
     for col, justify in (("GPU", "left"), ("memory (nominal)", "right"),
                          (f"largest {p.param}", "right"), ("first not fitting", "right"),
@@ -50,33 +54,35 @@ def terminal(p: Plan) -> list[Any]:
         at = row.largest if row.largest is not None else None
         need_at = "-" if at is None else format_size(round(
             float(p.fit.peak(at)) * (1 + p.headroom.fraction)))
-        table.add_row(row.gpu.name, f"{row.gpu.stated} ({row.gpu.memory_bytes:,} B)",
-                      _largest(row), show_value(row.first_over), show_value(row.measured_largest),
-                      need_at)
+        table.add_row(*(text(c) for c in (
+            row.gpu.name, f"{row.gpu.stated} ({row.gpu.memory_bytes:,} B)", _largest(row),
+            show_value(row.first_over), show_value(row.measured_largest), need_at)))
     out.append(table)
     for row in p.gpus:
         if row.levers:
-            out.append(Text(f"{row.gpu.name}: {describe(row, p.param)}. Levers:"))
-            out += [Text(f"  - {lever}") for lever in row.levers]
-    out += [Text(f"note: {n}") for n in p.notes]
+            out.append(text(f"{row.gpu.name}: {describe(row, p.param)}. Levers:"))
+            out += [text(f"  - {lever}") for lever in row.levers]
+    out += [text(f"note: {n}") for n in p.notes]
     return out
 
 
 def markdown(p: Plan) -> str:
-    lines = [f"### Will it fit? `{p.case}` over `{p.param}`", ""]
-    lines += [f"- {line}" for line in _header(p)[1:]]
-    lines += ["", f"| {p.param} | measured peak |", "|---:|---:|"]
-    lines += [f"| {show_value(x)} | {_exact(y)} |" for x, y in p.points]
-    lines += ["", f"| GPU | memory (nominal) | largest {p.param} | first not fitting | "
+    md = markdown_text
+    lines = [f"### Will it fit? {markdown_code(p.case)} over {markdown_code(p.param)}", ""]
+    lines += [f"- {md(line)}" for line in _header(p)[1:]]
+    lines += ["", f"| {md(p.param)} | measured peak |", "|---:|---:|"]
+    lines += [f"| {md(show_value(x))} | {md(_exact(y))} |" for x, y in p.points]
+    lines += ["", f"| GPU | memory (nominal) | largest {md(p.param)} | first not fitting | "
                   "largest measured that fits |", "|---|---:|---:|---:|---:|"]
     for row in p.gpus:
-        lines.append(f"| {row.gpu.name} | {row.gpu.stated} | {_largest(row)} | "
-                     f"{show_value(row.first_over)} | {show_value(row.measured_largest)} |")
+        lines.append(f"| {md(row.gpu.name)} | {md(row.gpu.stated)} | {md(_largest(row))} | "
+                     f"{md(show_value(row.first_over))} | "
+                     f"{md(show_value(row.measured_largest))} |")
     for row in p.gpus:
         if row.levers:
-            lines += ["", f"**{row.gpu.name}**: {describe(row, p.param)}. Levers:"]
-            lines += [f"- {lever}" for lever in row.levers]
-    lines += [""] + [f"_{n}_" for n in p.notes]
+            lines += ["", f"**{md(row.gpu.name)}**: {md(describe(row, p.param))}. Levers:"]
+            lines += [f"- {md(lever)}" for lever in row.levers]
+    lines += [""] + [f"_{md(n)}_" for n in p.notes]
     return "\n".join(lines) + "\n"
 
 

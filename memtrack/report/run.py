@@ -7,14 +7,20 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from memtrack.escape import terminal_text
 from memtrack.records import Measurement, RunRecord, device_peak
 from memtrack.units import format_seconds, format_size
 from memtrack.workload.registry import short_case_labels
 
 
+def _t(text: object) -> str:
+    """Recorded text for a rich cell or title: its markup and control characters inert."""
+    return escape(terminal_text(text))
+
+
 def run_table(run: RunRecord) -> Table:
     """One line per case: status and each view's peak."""
-    t = Table(title=f"run {run.run_id[:12]} · {_where(run)}", title_justify="left")
+    t = Table(title=_t(f"run {run.run_id[:12]} · {_where(run)}"), title_justify="left")
     for col in (
         "case",
         "status",
@@ -32,7 +38,7 @@ def run_table(run: RunRecord) -> Table:
     labels = short_case_labels(m.case_id for m in run.measurements)
     for m in run.measurements:
         t.add_row(
-            escape(labels[m.case_id]),
+            _t(labels[m.case_id]),
             _status(m),
             format_size(m.peak_allocated_bytes),
             format_size(m.peak_reserved_bytes),
@@ -54,15 +60,15 @@ def estimate_table(run: RunRecord) -> Table:
     """One line per case: the estimated peak and its parts, or why it could not be made."""
     m0 = run.measurements[0] if run.measurements else None
     target = f" · for {m0.device}" if m0 else ""
-    t = Table(title=f"estimate run {run.run_id[:12]} · {_where(run)}{target} · "
-                    "fake tensors, not measured", title_justify="left")
+    t = Table(title=_t(f"estimate run {run.run_id[:12]} · {_where(run)}{target} · "
+                       "fake tensors, not measured"), title_justify="left")
     for col in ("case", "status", "estimated peak", "weights", "caches", "gradients",
                 "optimizer state", "intermediates"):
         t.add_column(col, justify="left" if col in ("case", "status") else "right")
     labels = short_case_labels(m.case_id for m in run.measurements)
     for m in run.measurements:
         t.add_row(
-            escape(labels[m.case_id]),
+            _t(labels[m.case_id]),
             _status(m),
             format_size(m.peak_allocated_bytes),
             format_size(m.weights_bytes),
@@ -81,8 +87,8 @@ def estimate_view(run: RunRecord) -> list[Any]:
     out: list[Any] = [estimate_table(run)]
     for m in run.measurements:
         if m.status != "ok":
-            out.append(Text(f"{m.status} · {m.case_id} · {m.message or 'no message'}",
-                            style="red"))
+            out.append(Text(terminal_text(f"{m.status} · {m.case_id} · "
+                                          f"{m.message or 'no message'}"), style="red"))
     return out
 
 
@@ -94,7 +100,7 @@ def _where(run: RunRecord) -> str:
 
 
 def _status(m: Measurement) -> str:
-    return m.status if m.status == "ok" else f"[red]{m.status}[/red]"
+    return m.status if m.status == "ok" else f"[red]{_t(m.status)}[/red]"
 
 
 def loading_line(m: Measurement) -> str:
@@ -109,7 +115,7 @@ def loading_line(m: Measurement) -> str:
 
 
 def history_table(case: str, rows: list[dict[str, Any]]) -> Table:
-    t = Table(title=f"history of {escape(case)} (newest first)", title_justify="left")
+    t = Table(title=f"history of {_t(case)} (newest first)", title_justify="left")
     for col in (
         "time",
         "commit",
@@ -128,9 +134,9 @@ def history_table(case: str, rows: list[dict[str, Any]]) -> Table:
         t.add_row(
             (r["started_at"] or "")[:19],
             (r["git_commit"] or "-")[:10],
-            escape(r["git_branch"] or "-"),
-            escape(labels[r["case_id"]]),
-            r["status"],
+            _t(r["git_branch"] or "-"),
+            _t(labels[r["case_id"]]),
+            _t(r["status"]),
             format_size(r["peak_allocated_bytes"]),
             format_size(r["peak_reserved_bytes"]),
             format_size(r["device_peak_bytes"]),
@@ -180,20 +186,21 @@ def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = Non
         ("fingerprint", e.fingerprint),
         ("variables", ", ".join(f"{k}={v}" for k, v in e.env_vars.items()) or None),
     ):
-        head.add_row(k, "-" if v is None else escape(str(v)))
+        head.add_row(k, "-" if v is None else _t(v))
     blocks: list[Any] = [head, estimate_table(run) if estimate_run else run_table(run)]
     for m in run.measurements:
         title = m.case_id + (" (estimate, not measured)" if m.kind == "estimate" else "")
-        t = Table(title=escape(title), title_justify="left", show_header=False)
+        t = Table(title=_t(title), title_justify="left", show_header=False)
         t.add_column(style="bold")
         t.add_column()
-        t.add_row("params", ", ".join(f"{k}={v}" for k, v in m.params.items()))
+        t.add_row("params", _t(", ".join(f"{k}={v}" for k, v in m.params.items())))
         t.add_row("counts", f"seed {m.seed}, warm-up {m.warmup}, repeats {m.repeats}")
         if m.message:
-            t.add_row("message", escape(m.message))
+            t.add_row("message", _t(m.message))
         if m.kind == "estimate":
-            t.add_row("estimated peak", f"{format_size(m.peak_allocated_bytes)} for {m.device}, "
-                                        f"{m.dtype} ({m.framework or 'fake tensors'})")
+            t.add_row("estimated peak", _t(f"{format_size(m.peak_allocated_bytes)} for "
+                                           f"{m.device}, {m.dtype} "
+                                           f"({m.framework or 'fake tensors'})"))
         elif m.case_id in estimates:
             est = estimates[m.case_id]
             r = (est["peak_allocated_bytes"] / m.peak_allocated_bytes
@@ -213,16 +220,16 @@ def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = Non
             t.add_row(label, format_size(value))
         if m.kind != "estimate":
             source = f" ({m.host_peak_source})" if m.host_peak_source else ""
-            t.add_row("host peak", f"{format_size(m.host_peak_rss_bytes)}{source}")
+            t.add_row("host peak", _t(f"{format_size(m.host_peak_rss_bytes)}{source}"))
             if m.load_duration_s is not None:
-                t.add_row("loading", escape(loading_line(m)))
-            t.add_row("device view", escape(
+                t.add_row("loading", _t(loading_line(m)))
+            t.add_row("device view", _t(
                 m.device_view or f"absent: {m.device_view_note or 'no reason recorded'}"))
         if m.quality_status is not None:
-            t.add_row("quality", escape(f"{m.quality_status} against {m.quality_reference}: "
+            t.add_row("quality", _t(f"{m.quality_status} against {m.quality_reference}: "
                                         f"{m.quality_message or '-'}"))
         for note in m.notes:
-            t.add_row("note", escape(note))
+            t.add_row("note", _t(note))
         blocks.append(t)
         if m.ranks:
             blocks.append(rank_table(m))
@@ -231,7 +238,7 @@ def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = Non
 
 def rank_table(m: Measurement) -> Table:
     """A multi-rank case: one row per rank, each on its own device (devices do not pool)."""
-    t = Table(title=f"{escape(m.case_id)} · per rank", title_justify="left")
+    t = Table(title=f"{_t(m.case_id)} · per rank", title_justify="left")
     for col in ("rank", "device", "status", "framework peak", "reserved", "requested",
                 "device (NVML)", "host peak", "median time"):
         t.add_column(col, justify="left" if col in ("device", "status") else "right")
@@ -239,8 +246,8 @@ def rank_table(m: Measurement) -> Table:
     for r in m.ranks:
         t.add_row(
             str(r.rank),
-            r.device,
-            r.status if r.status == "ok" else f"[red]{r.status}[/red]: {escape(r.message or '')}",
+            _t(r.device),
+            r.status if r.status == "ok" else f"[red]{_t(r.status)}[/red]: {_t(r.message or '')}",
             format_size(r.peak_allocated_bytes),
             format_size(r.peak_reserved_bytes),
             format_size(r.peak_requested_bytes),

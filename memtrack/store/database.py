@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from memtrack.errors import StoreError
+from memtrack.errors import RecordError, StoreError
 from memtrack.records import (
     CIInfo,
     DeviceMeasurement,
@@ -36,11 +36,21 @@ from memtrack.records import (
     host_peak,
     host_step,
     load_host,
+    run_from_dict,
     to_dict,
 )
 from memtrack.store import migrations
 
 BUSY_TIMEOUT_S = 30.0
+MIN_FREE_BYTES = 4 * 2**20
+"""Room a run needs where it is written: a database refuses a run before its first case
+with less free (a run's rows, the write-ahead log, a checkpoint), as a JSON record does."""
+VERDICT_COLUMNS = ("run_id", "case_id", "workload", "metric", "kind", "blocking",
+                   "provisional", "baseline_value", "spread", "factor", "floor", "threshold",
+                   "candidate_value", "delta", "delta_pct", "budget_bytes", "budget_reason",
+                   "baseline_runs", "message", "checked_at", "context", "accepted_reason",
+                   "component", "component_delta", "level_commit")
+"""The columns of table `verdicts` that `memtrack check` writes and the dashboard reads."""
 _BATCH = 500
 """Records buffered before their rows are written with executemany (inside one transaction)."""
 
@@ -178,6 +188,99 @@ def describe_failure(exc: BaseException, path: Path | None) -> str:
     return f"{path}: {words}" if path else words
 
 
+def room_problem(path: Path) -> str | None:
+    """Why a file at `path` cannot take a run (its file system has less than
+    MIN_FREE_BYTES free, or the process's file size limit is that close), or None."""
+    import resource
+    import shutil
+
+    from memtrack.units import format_size
+
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        return None  # the folder's own problem is found when it is written
+    if free < MIN_FREE_BYTES:
+        return (f"disk full ({format_size(free)} free; a run needs at least "
+                f"{format_size(MIN_FREE_BYTES)})")
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0
+        if limit - size < MIN_FREE_BYTES:
+            return (f"disk full (the file size limit, {format_size(limit)}, leaves less than "
+                    f"{format_size(MIN_FREE_BYTES)} for a run)")
+    return None
+
+
+def _affinity(declared: str) -> str:
+    """SQLite's type affinity of a declared column type (its documented rules, in order)."""
+    t = (declared or "").upper()
+    if "INT" in t:
+        return "integer"
+    if any(w in t for w in ("CHAR", "CLOB", "TEXT")):
+        return "text"
+    if not t or "BLOB" in t:
+        return "blob"
+    if any(w in t for w in ("REAL", "FLOA", "DOUB")):
+        return "real"
+    return "numeric"
+
+
+def _column_affinity(f: dataclasses.Field[Any]) -> str:
+    hint = str(f.type)
+    if hint.startswith(("tuple", "dict", "list", "str")):
+        return "text"  # lists and mappings are stored as JSON text
+    return "real" if hint.startswith("float") else "integer"  # int, bool
+
+
+def _expected_schema() -> dict[str, dict[str, str | None]]:
+    """Table -> column -> affinity: what memtrack writes and reads, from the records it
+    stores (None: any type)."""
+    def of(cls: type, prefix: str = "", without: tuple[str, ...] = ()) -> dict[str, str | None]:
+        return {prefix + f.name: _column_affinity(f) for f in dataclasses.fields(cls)
+                if f.name not in without}
+
+    own: dict[str, str | None] = {c: "text" for c in _RUN_OWN}
+    own["schema_version"] = "integer"
+    return {
+        "environments": {"env_id": "text", **of(Environment)},
+        "runs": {**own, **of(GitInfo, "git_"), **of(CIInfo, "ci_")},
+        "measurements": {"id": "integer", "run_id": "text", "device_peak_bytes": "integer",
+                         "host_bytes": "integer", "host_step_bytes": "integer",
+                         "load_host_bytes": "integer",
+                         **of(Measurement, without=("devices", "ranks"))},
+        "device_measurements": {"measurement_id": "integer", **of(DeviceMeasurement)},
+        "rank_measurements": {"measurement_id": "integer", **of(RankMeasurement)},
+        "verdicts": dict.fromkeys(VERDICT_COLUMNS),
+    }
+
+
+def schema_problem(conn: sqlite3.Connection) -> str | None:
+    """What is missing or of the wrong type in a memtrack database whose migrations are all
+    recorded as applied (a dropped table or column, a table made anew with other types), in
+    a few words; None when it is whole."""
+    for table, columns in _expected_schema().items():
+        found = {r[1]: r[2] for r in conn.execute(f'pragma table_info("{table}")')}
+        if not found:
+            return f"table {table!r} is missing"
+        for column, affinity in columns.items():
+            if column not in found:
+                return f"column {table}.{column} is missing"
+            if affinity is not None and _affinity(found[column]) != affinity:
+                return (f"column {table}.{column} is of type {found[column] or 'none'}, "
+                        f"expected {affinity}")
+    return None
+
+
+def damaged(path: Path, problem: str) -> StoreError:
+    """The error of a database found damaged, in one line naming it."""
+    return StoreError(f"{path}: damaged database ({problem}); restore it from a backup "
+                      "(`memtrack backup` makes one) or rebuild it with `memtrack ingest`")
+
+
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
@@ -280,6 +383,7 @@ class Store:
     def _prepare(self, *, create: bool) -> None:
         if self.readonly:
             self.check_schema()
+            self._check_whole()
             return
         if not create and not self.applied_migrations():
             empty = self.path.stat().st_size == 0
@@ -293,7 +397,18 @@ class Store:
                 self.conn.execute("PRAGMA journal_mode=wal")
         except sqlite3.Error as exc:
             raise StoreError(describe_failure(exc, self.path)) from None
+        self._check_whole()
         self._identity = os.stat(self.path)
+
+    def _check_whole(self) -> None:
+        """Refuse, on opening, a database with a table or column gone or made anew with
+        other types: found before the first case, not after an hour of measuring."""
+        try:
+            problem = schema_problem(self.conn)
+        except sqlite3.Error as exc:
+            raise StoreError(describe_failure(exc, self.path)) from None
+        if problem:
+            raise damaged(self.path, problem)
 
     def _migrate(self) -> None:
         """Apply pending migrations under an exclusive lock: processes that open a new
@@ -367,6 +482,10 @@ class Store:
             self._rollback()
             raise StoreError(describe_failure(exc, self.path)) from None
         self._check_same_file()
+        # The write above is rolled back, so it needs no room: a full disk passes it.
+        problem = room_problem(self.path)
+        if problem:
+            raise StoreError(f"{self.path}: {problem}")
 
     def _check_same_file(self) -> None:
         """The file at our path must still be the one we opened: were it deleted or replaced
@@ -437,7 +556,8 @@ class Store:
         return added, present
 
     def _same_as_stored(self, run: RunRecord) -> None:
-        if self._read_run(run.run_id) != run:
+        # Compared as read, unchecked: a stored run that differs is refused either way.
+        if self._read_run(run.run_id, check=False) != run:
             raise StoreError(f"{self.path}: run id {run.run_id!r} is already stored with "
                              "different content; nothing written")
 
@@ -457,10 +577,24 @@ class Store:
             raise StoreError(f"{self.path}: run id prefix {run_id!r} is ambiguous")
         return self._read_run(rows[0][0])
 
-    def _read_run(self, run_id: str) -> RunRecord:
+    def _read_run(self, run_id: str, *, check: bool = True) -> RunRecord:
+        """A stored run, every value checked (with `check`) as a record from elsewhere is:
+        a value of the wrong type (a damaged or hand-edited database) is a StoreError naming
+        the database, the run and the field, not a failure somewhere later."""
+        try:
+            run = self._build_run(run_id)
+            return run_from_dict(to_dict(run), where=f"run {run_id}") if check else run
+        except RecordError as exc:
+            raise damaged(self.path, str(exc)) from None
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise damaged(self.path, f"run {run_id}: {type(exc).__name__}: {exc}"
+                          .splitlines()[0][:300]) from None
+
+    def _build_run(self, run_id: str) -> RunRecord:
         row = dict(self.conn.execute("select * from runs where run_id = ?", [run_id]).fetchone())
         env = self.get_environment(row["env_id"])
-        assert env is not None  # a foreign key of the run
+        if env is None:  # a foreign key of the run: only a damaged database lacks it
+            raise KeyError(f"environment {row['env_id']!r} of the run is missing")
         git = _unprefixed(GitInfo, row, "git_", _GIT_JSON)
         git = dataclasses.replace(
             git, dirty=None if git.dirty is None else bool(git.dirty), shallow=bool(git.shallow)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from memtrack.errors import ConfigError, StoreError
 from memtrack.records import write_json
-from memtrack.store.database import BUSY_TIMEOUT_S, Store, describe_failure
+from memtrack.store.database import BUSY_TIMEOUT_S, Store, damaged, describe_failure, schema_problem
 from memtrack.units import parse_time
 
 _SAFE_RUN_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -88,6 +88,11 @@ def backup(db: Path, dest: Path, *, overwrite: bool = False) -> BackupResult:
             check = copy.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise StoreError(f"{target}: the copy failed its integrity check ({check})")
+            # quick_check passes a database with a table dropped: a backup of it would be
+            # taken for a good one, and the last good backup rotated away.
+            problem = schema_problem(copy)
+            if problem:
+                raise StoreError(f"{damaged(db, problem)}; no copy made")
             runs = copy.execute("select count(*) from runs").fetchone()[0]
         except sqlite3.Error as exc:
             # Which side failed: a read error names the database, a write error the copy.

@@ -8,6 +8,7 @@ still leaves the partial figures for the parent to record.
 from __future__ import annotations
 
 import contextlib
+import errno
 import statistics
 import sys
 import time
@@ -179,14 +180,27 @@ def _cuda_partial() -> dict[str, Any]:
     }
 
 
+_OOM_WORDS = ("out of memory", "can't allocate memory", "cannot allocate memory")
+"""How an allocation that failed for want of memory reads: CUDA's OutOfMemoryError, torch's
+DefaultCPUAllocator ("can't allocate memory", under RLIMIT_AS or a full host), ENOMEM."""
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether an exception is an allocation that failed for want of memory (an `oom`)."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+        return True
+    text = str(exc).lower()
+    return any(words in text for words in _OOM_WORDS)
+
+
 def failure(exc: Exception) -> dict[str, Any]:
     """A case that raised: out of memory where torch (CUDA or CPU) says so, else an error."""
-    kind = type(exc).__name__
-    oom = kind == "OutOfMemoryError" or "out of memory" in str(exc).lower()
     return {
         **_cuda_partial(),
-        "status": "oom" if oom else "error",
-        "message": f"{kind}: {exc}".strip().splitlines()[0][:2000],
+        "status": "oom" if is_out_of_memory(exc) else "error",
+        "message": f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:2000],
     }
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from memtrack.config import Config
 from memtrack.errors import WorkloadError
+from memtrack.records import case_id
 
 RANKS_PARAM = "ranks"
 """The reserved param of a multi-rank case: how many processes (ranks, one device each)
@@ -83,14 +84,6 @@ class Case:
         (dtype float32, each format param at its reference value). Itself at full precision."""
         params = {**self.params, **{k: v for k, v in self.precision.items() if k in self.params}}
         return Case(self.workload, params, self.seed, self.module, self.tolerance, self.precision)
-
-
-def case_id(workload: str, params: dict[str, Any]) -> str:
-    """'name[k=v,...]' with keys sorted: the stable identity of a series."""
-    if not params:
-        return workload
-    inner = ",".join(f"{k}={params[k]}" for k in sorted(params))
-    return f"{workload}[{inner}]"
 
 
 def split_case_id(case_id: str) -> tuple[str, dict[str, str]] | None:

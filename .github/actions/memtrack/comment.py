@@ -46,10 +46,12 @@ def _size(text: str) -> int:
 
 
 def _closing(kept: str) -> str:
-    """What closes the blocks left open in `kept`: a code fence, then <details> elements."""
-    fence = "```\n" if kept.count("```") % 2 else ""
-    opened = len(re.findall(r"<details\b", kept, re.IGNORECASE))
-    closed = len(re.findall(r"</details\s*>", kept, re.IGNORECASE))
+    """What closes the blocks left open in `kept`: a code fence, then <details> elements.
+    Only tags that start a line are blocks: one inside a line is text (a case id in a code
+    span, say), which never opens or closes anything."""
+    fence = "```\n" if len(re.findall(r"^```", kept, re.MULTILINE)) % 2 else ""
+    opened = len(re.findall(r"^<details\b", kept, re.IGNORECASE | re.MULTILINE))
+    closed = len(re.findall(r"^</details\s*>", kept, re.IGNORECASE | re.MULTILINE))
     return fence + "</details>\n" * max(0, opened - closed)
 
 
