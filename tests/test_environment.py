@@ -98,3 +98,15 @@ def test_a_gpu_nvml_would_not_name_takes_no_gpu_budget_and_breaks_nothing():
     h200 = Budget("decoder", 10 * MiB, "fits the H200 fleet", "device", "NVIDIA H200")
     assert budgets_for([h200], m, env) == {"device": h200}
     assert budgets_for([h200], m, dataclasses.replace(env, gpus=(unnamed,))) == {}
+
+
+def test_the_cublas_workspace_variables_are_recorded(monkeypatch):
+    # They decide whether cuBLAS and cuBLASLt share a workspace and whether it is cached per
+    # stream: the workspace is allocated through the caching allocator, so the figures move.
+    monkeypatch.setenv("TORCH_CUBLAS_WORKSPACE_CACHE", "1")
+    monkeypatch.setenv("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "0")
+    monkeypatch.setenv("UNRELATED_SECRET", "x")
+    env = environment.probe()
+    assert env.env_vars["TORCH_CUBLAS_WORKSPACE_CACHE"] == "1"
+    assert env.env_vars["TORCH_CUBLASLT_UNIFIED_WORKSPACE"] == "0"
+    assert "UNRELATED_SECRET" not in env.env_vars

@@ -81,7 +81,8 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     if not callable(step):
         raise TypeError(f"workload {wl.name!r} must return the step to measure, got {step!r}")
     if sessions > 1:
-        # One iteration is every session done: timed, measured and warmed up alike.
+        # One iteration is every session done: timed, measured and warmed up alike, by the
+        # same N threads (workload.sessions says why).
         from memtrack.workload.sessions import Sessions
 
         step = Sessions(step, sessions, ctx.device, probe.session_scope)
@@ -105,6 +106,7 @@ def run_case(spec: Spec, result: ResultFile) -> None:
         snap = capture(step, ctx.device, objects, Path(spec.snapshot_path),
                        spec.case_id or spec.workload)
         result.update(phase="done", **snap)
+        _close(step)
         return
     setup_peak = max(host.peak(), loading.before_peak)  # a loading phase reset the mark
     release_free_heap()
@@ -150,8 +152,17 @@ def run_case(spec: Spec, result: ResultFile) -> None:
             q.record(step, ctx, Path(str(quality.path)))
         else:
             summary.update(q.compare(step, ctx, wl, quality))
+    _close(step)
     result.update(phase="done", caches_bytes=ctx.cache_peak_bytes or None, **summary)
     distributed.teardown(rank)
+
+
+def _close(step: Any) -> None:
+    """End the session threads of a concurrent case (a plain step has none)."""
+    from memtrack.workload.sessions import Sessions
+
+    if isinstance(step, Sessions):
+        step.close()
 
 
 @contextlib.contextmanager
