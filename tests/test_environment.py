@@ -110,3 +110,32 @@ def test_the_cublas_workspace_variables_are_recorded(monkeypatch):
     assert env.env_vars["TORCH_CUBLAS_WORKSPACE_CACHE"] == "1"
     assert env.env_vars["TORCH_CUBLASLT_UNIFIED_WORKSPACE"] == "0"
     assert "UNRELATED_SECRET" not in env.env_vars
+
+
+def test_a_mig_instance_is_named_by_nvmls_uuid_from_fake_torch_properties(tmp_path, monkeypatch):
+    # torch's properties of a MIG instance carry its UUID's hex, which memtrack spelt GPU-...:
+    # NVML's MIG-... is the name nvidia-smi and CUDA_VISIBLE_DEVICES know
+    import importlib.util
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    hex_x = "11111111-2222-3333-4444-555555555555"
+    scenario = {"devices": [
+        {"uuid": "GPU-parent", "name": "NVIDIA H200", "total": 141 * GiB, "used": GiB,
+         "mig": "enabled"},
+        {"uuid": f"MIG-{hex_x}", "name": "NVIDIA H200 MIG 1g.18gb", "total": 18 * GiB,
+         "used": GiB, "mig": "instance"},
+    ]}
+    (tmp_path / "nvml.json").write_text(json.dumps(scenario))
+    monkeypatch.setenv("FAKE_NVML", str(tmp_path / "nvml.json"))
+    fake = Path(__file__).parent / "fakenvml" / "pynvml.py"
+    spec = importlib.util.spec_from_file_location("fake_pynvml", fake)
+    nvml = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nvml)
+    props = SimpleNamespace(name="NVIDIA H200 MIG 1g.18gb", uuid=hex_x,
+                            total_memory=18 * GiB, major=9, minor=0)
+    notes: list[str] = []
+    (g,) = environment.gpus_from_torch(nvml, [props], notes)
+    assert (g["uuid"], g["mig_mode"]) == (f"MIG-{hex_x}", "instance") and notes == []
+

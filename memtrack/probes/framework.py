@@ -316,6 +316,8 @@ class CudaAllocatorProbe:
                     "total_bytes": int(props.total_memory),
                     "peak_allocated_bytes": alloc,
                     "peak_reserved_bytes": res,
+                    # after the memory pass: the quiet level the device view is read against
+                    "reserved_after_bytes": int(torch.cuda.memory_reserved(i)),
                 }
             )
         return {

@@ -2,6 +2,6 @@
 
 import json
 
-from memtrack.records.model import json_schema
+from memtrack.records.validate import json_schema
 
 print(json.dumps(json_schema(), indent=2))

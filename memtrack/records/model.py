@@ -237,7 +237,8 @@ class Measurement:
     """'nvml' when NVML sampled the case; else None and `device_view_note` says why."""
     device_view_note: str | None = None
     sample_interval_s: float | None = None
-    """NVML sampling interval."""
+    """NVML sampling period the sampler achieved (first to last round over the devices; it
+    grows with the number of GPUs and under gVisor), else the interval asked for."""
     devices: tuple[DeviceMeasurement, ...] = ()
     weights_bytes: int | None = None
     intermediates_bytes: int | None = None

@@ -134,7 +134,9 @@ def run_case(spec: Spec, result: ResultFile) -> None:
             ctx.new_iteration()
             with probe.iteration():
                 step()
-    result.update(memory_window=[start, time.monotonic()])
+    _sync(ctx.device)
+    end = time.monotonic()
+    result.update(memory_window=_hold_for_sampler(spec, start, end, result.notes))
     summary = probe.summary()
     if is_cuda:
         result.update(phase="breakdown", **summary)
@@ -163,6 +165,28 @@ def _close(step: Any) -> None:
 
     if isinstance(step, Sessions):
         step.close()
+
+
+HOLD_LIMIT_S = 10.0
+"""How long a worker waits after its memory pass for the NVML sampler's next two rounds."""
+
+
+def _hold_for_sampler(spec: Spec, start: float, end: float, notes: list[str]) -> list[float]:
+    """The memory pass's window. Samples count only inside it, and a pass of a few ms fell
+    between two samples: where the sampler runs, the window stays open until two of its
+    rounds began after the last synchronised iteration. The level holds meanwhile (the
+    caching allocator keeps its segments), and those samples are the quiet level the
+    outcome reads the non-allocator memory from."""
+    if not spec.sampler_clock:
+        return [start, end]
+    from memtrack.probes.nvml import wait_for_rounds
+
+    held = wait_for_rounds(spec.sampler_clock, end, HOLD_LIMIT_S)
+    if held is None:
+        notes.append(f"the NVML sampler took no two samples within {HOLD_LIMIT_S:g} s after "
+                     "the memory pass")
+        return [start, end]
+    return [start, end, held]
 
 
 @contextlib.contextmanager
