@@ -139,3 +139,41 @@ def test_a_mig_instance_is_named_by_nvmls_uuid_from_fake_torch_properties(tmp_pa
     (g,) = environment.gpus_from_torch(nvml, [props], notes)
     assert (g["uuid"], g["mig_mode"]) == (f"MIG-{hex_x}", "instance") and notes == []
 
+
+
+def test_the_allocator_backend_reads_back_from_sqlite_and_old_rows_read_none(tmp_path):
+    env = dataclasses.replace(GPU_ENV, cuda_available=True, allocator_backend="cudaMallocAsync")
+    m = dataclasses.replace(make_measurement(device="cuda", reserved=4 * MiB),
+                            allocator_backend="cudaMallocAsync", num_alloc_retries=None,
+                            num_ooms=None, peak_requested_bytes=None)
+    run = make_run([m], env=env)
+    with Store.open(tmp_path / "m.db") as store:
+        store.write_run(run)
+        assert store.get_run(run.run_id) == run
+    conn = sqlite3.connect(tmp_path / "m.db")  # as rows recorded before the column existed
+    conn.execute("update environments set allocator_backend = null")
+    conn.execute("update measurements set allocator_backend = null")
+    conn.commit()
+    conn.close()
+    with Store.open(tmp_path / "m.db", readonly=True) as store:
+        old = store.get_run(run.run_id)
+    assert old.environment.allocator_backend is None
+    assert old.measurements[0].allocator_backend is None
+
+
+def test_the_environment_records_the_allocator_backend_torch_starts_with_fake_cuda(monkeypatch):
+    # No GPU here: torch's CUDA answers are fakes; collect() itself runs as in its child.
+    from types import SimpleNamespace
+
+    import torch
+
+    props = SimpleNamespace(name="NVIDIA H200", uuid="00000000-0000-0000-0000-000000000000",
+                            total_memory=140 * GiB, major=9, minor=0)
+    monkeypatch.setattr(environment, "torch_cuda",
+                        lambda _torch: {"available": True, "reason": None, "devices": [props]})
+    monkeypatch.setattr(environment, "_nvml", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "cudaMallocAsync")
+    env = environment.from_dict(environment.collect())
+    assert env.allocator_backend == "cudaMallocAsync"
+    assert env.visible_uuids == ("GPU-00000000-0000-0000-0000-000000000000",)
+    assert environment.probe().allocator_backend is None  # this machine: torch has no CUDA

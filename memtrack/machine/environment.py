@@ -254,6 +254,7 @@ def collect() -> dict[str, Any]:
         "visible_uuids": _visible_uuids(gpus, notes) if cuda["available"] else [],
         "cuda_unavailable_reason": cuda["reason"],
         "notes": notes,
+        "allocator_backend": torch.cuda.get_allocator_backend() if cuda["available"] else None,
     }
     env["fingerprint"] = fingerprint_of(env)
     return env

@@ -200,27 +200,48 @@ def _tags_to(ctx: Any, probe: Any) -> Iterator[None]:
 
 
 def _cuda_partial() -> dict[str, Any]:
-    """The allocator's counters at the failure (an OOM's peak and num_ooms matter most)."""
+    """The allocator's counters at the failure, over every device the case used."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return {}
-    stats = torch.cuda.memory_stats()
-    return {
-        "framework": "cuda-caching-allocator",
-        "peak_allocated_bytes": int(stats.get("allocated_bytes.all.peak", 0)),
-        "peak_reserved_bytes": int(stats.get("reserved_bytes.all.peak", 0)),
-        "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
-        "num_ooms": int(stats.get("num_ooms", 0)),
-    }
+    from memtrack.probes.framework import failure_figures
+
+    return failure_figures()
+
+
+OOM_WORDS = ("out of memory", "cudaerrormemoryallocation", "cuda_error_out_of_memory")
+"""How torch, the CUDA runtime and the driver say that an allocation failed."""
+NCCL_CUDA_ERROR = "unhandled cuda error"
+NCCL_ALLOC_WORDS = ("failed to cuda calloc", "failed to cuda malloc", "cumemcreate")
+"""NCCL's own words for a device allocation of its buffers that failed. Its 'unhandled
+cuda error' alone can be any CUDA failure: with one of these (or an OOM word above, from
+NCCL's last error) it is an out-of-memory."""
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether `exc`, or what it was raised from, says the device or host ran out of memory:
+    torch's OutOfMemoryError, a CUDA or driver OOM in any wording, or NCCL's 'unhandled cuda
+    error' whose detail is an allocation that failed."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        text = str(cause).lower()
+        if type(cause).__name__ == "OutOfMemoryError" or any(w in text for w in OOM_WORDS):
+            return True
+        if NCCL_CUDA_ERROR in text and any(w in text for w in NCCL_ALLOC_WORDS):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def failure(exc: Exception) -> dict[str, Any]:
-    """A case that raised: out of memory where torch (CUDA or CPU) says so, else an error."""
+    """A case that raised: out of memory where torch (CUDA or CPU) or NCCL says so, else an
+    error."""
     kind = type(exc).__name__
-    oom = kind == "OutOfMemoryError" or "out of memory" in str(exc).lower()
     return {
         **_cuda_partial(),
-        "status": "oom" if oom else "error",
+        "status": "oom" if is_oom(exc) else "error",
         "message": f"{kind}: {exc}".strip().splitlines()[0][:2000],
     }
 

@@ -101,6 +101,7 @@ class Result:
     cuda_devices: tuple[dict[str, Any], ...] = ()
     """The allocator's view per CUDA device: index, uuid, name, total and peak bytes."""
     framework: str | None = None
+    allocator_backend: str | None = None
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     peak_requested_bytes: int | None = None
