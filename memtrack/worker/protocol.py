@@ -41,6 +41,9 @@ class QualitySpec:
     """Case id of the reference (compare)."""
     sha256: str | None = None
     """The reference file's sha256 as the manifest pins it (compare)."""
+    device: str | None = None
+    """Where the reference was recorded ('cpu', 'cuda:0'), as the manifest says (compare);
+    None in entries recorded before it was kept."""
 
 
 @dataclass(frozen=True)
