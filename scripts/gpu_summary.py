@@ -91,8 +91,9 @@ def summarise(out: Path) -> tuple[list[str], list[str]]:
             if name == "check-grow":
                 metrics = {metric for _, metric in blocking}
                 if not {"allocated", "reserved", "device"} <= metrics:
-                    bad.append(f"check-grow: 64 MiB should block allocated, reserved, device: "
-                               f"{metrics}")
+                    bad.append(
+                        f"check-grow: 64 MiB should block allocated, reserved, device: {metrics}"
+                    )
     return lines, bad
 
 

@@ -20,14 +20,25 @@ class FakeCuda:
     """Eight visible GPUs; the case's own (cuda:0) and cuda:3 have a primary context. Each
     device's counters are a dict; `touched` lists every device a call reached."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, backend: str = "native",
-                 contexts: tuple[int, ...] = (0, 3)):
+    def __init__(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        backend: str = "native",
+        contexts: tuple[int, ...] = (0, 3),
+    ):
         self.backend = backend
         self.contexts = set(contexts)
         self.touched: set[int] = set()
-        self.stats = {i: {"allocated_bytes.all.peak": 0, "reserved_bytes.all.peak": 0,
-                          "requested_bytes.all.peak": 0, "num_alloc_retries": 0,
-                          "num_ooms": 0} for i in range(8)}
+        self.stats = {
+            i: {
+                "allocated_bytes.all.peak": 0,
+                "reserved_bytes.all.peak": 0,
+                "requested_bytes.all.peak": 0,
+                "num_alloc_retries": 0,
+                "num_ooms": 0,
+            }
+            for i in range(8)
+        }
         cuda = torch.cuda
         patch = monkeypatch.setattr
         patch(cuda, "device_count", lambda: 8)
@@ -37,15 +48,27 @@ class FakeCuda:
         patch(cuda, "synchronize", lambda device=None: self._touch(device))
         patch(cuda, "reset_peak_memory_stats", lambda device=None: self._touch(device))
         patch(cuda, "memory_stats", lambda device=None: dict(self.stats[self._touch(device)]))
-        patch(cuda, "max_memory_allocated",
-              lambda device=None: self.stats[self._touch(device)]["allocated_bytes.all.peak"])
-        patch(cuda, "max_memory_reserved",
-              lambda device=None: self.stats[self._touch(device)]["reserved_bytes.all.peak"])
+        patch(
+            cuda,
+            "max_memory_allocated",
+            lambda device=None: self.stats[self._touch(device)]["allocated_bytes.all.peak"],
+        )
+        patch(
+            cuda,
+            "max_memory_reserved",
+            lambda device=None: self.stats[self._touch(device)]["reserved_bytes.all.peak"],
+        )
         patch(cuda, "memory_reserved", lambda device=None: self._touch(device) and 0)
         patch(cuda, "memory_allocated", lambda device=None: self._touch(device) and 0)
-        patch(cuda, "get_device_properties", lambda i: SimpleNamespace(
-            name="NVIDIA H200", uuid=f"0000000{i}-0000-0000-0000-000000000000",
-            total_memory=140 * 2**30))
+        patch(
+            cuda,
+            "get_device_properties",
+            lambda i: SimpleNamespace(
+                name="NVIDIA H200",
+                uuid=f"0000000{i}-0000-0000-0000-000000000000",
+                total_memory=140 * 2**30,
+            ),
+        )
 
     def _touch(self, device: object) -> int:
         index = device.index if isinstance(device, torch.device) else device
@@ -57,12 +80,22 @@ class FakeCuda:
 def _one_iteration(cuda: FakeCuda) -> dict:
     probe = CudaAllocatorProbe(torch.device("cuda", 0))
     with probe.iteration():
-        cuda.stats[0].update({"allocated_bytes.all.peak": 300 * MiB,
-                              "reserved_bytes.all.peak": 400 * MiB,
-                              "requested_bytes.all.peak": 290 * MiB, "num_alloc_retries": 1})
-        cuda.stats[3].update({"allocated_bytes.all.peak": 100 * MiB,
-                              "reserved_bytes.all.peak": 120 * MiB, "num_alloc_retries": 2,
-                              "num_ooms": 1})
+        cuda.stats[0].update(
+            {
+                "allocated_bytes.all.peak": 300 * MiB,
+                "reserved_bytes.all.peak": 400 * MiB,
+                "requested_bytes.all.peak": 290 * MiB,
+                "num_alloc_retries": 1,
+            }
+        )
+        cuda.stats[3].update(
+            {
+                "allocated_bytes.all.peak": 100 * MiB,
+                "reserved_bytes.all.peak": 120 * MiB,
+                "num_alloc_retries": 2,
+                "num_ooms": 1,
+            }
+        )
     return probe.summary()
 
 
@@ -80,8 +113,7 @@ def test_the_cuda_probe_asks_only_the_devices_the_case_used_with_fake_cuda(monke
     assert summary["peak_requested_bytes"] == 290 * MiB
 
 
-def test_under_cuda_malloc_async_counters_it_lacks_are_none_not_zero_with_fake_cuda(
-        monkeypatch):
+def test_under_cuda_malloc_async_counters_it_lacks_are_none_not_zero_with_fake_cuda(monkeypatch):
     cuda = FakeCuda(monkeypatch, backend="cudaMallocAsync")
     summary = _one_iteration(cuda)
     assert summary["allocator_backend"] == "cudaMallocAsync"
@@ -103,18 +135,23 @@ def test_a_failed_case_counts_ooms_from_every_device_it_used_with_fake_cuda(monk
     assert cuda.touched == {0, 3}
 
 
-NCCL = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, "
-        "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.5\n"
-        "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\n")
+NCCL = (
+    "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, "
+    "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.5\n"
+    "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\n"
+)
 
 
-@pytest.mark.parametrize(("text", "oom"), [
-    (NCCL + "Failed to CUDA calloc async 6291456 bytes", True),
-    (NCCL + "Cuda failure 2 'out of memory'", True),
-    (NCCL + "Cuda failure 700 'an illegal memory access was encountered'", False),
-    ("CUDA error: cudaErrorMemoryAllocation", True),
-    ("shape mismatch", False),
-])
+@pytest.mark.parametrize(
+    ("text", "oom"),
+    [
+        (NCCL + "Failed to CUDA calloc async 6291456 bytes", True),
+        (NCCL + "Cuda failure 2 'out of memory'", True),
+        (NCCL + "Cuda failure 700 'an illegal memory access was encountered'", False),
+        ("CUDA error: cudaErrorMemoryAllocation", True),
+        ("shape mismatch", False),
+    ],
+)
 def test_an_nccl_out_of_memory_is_an_oom_and_other_cuda_errors_are_not(text, oom):
     class DistBackendError(RuntimeError):  # torch.distributed's, as NCCL's errors arrive
         pass
@@ -130,4 +167,3 @@ def test_an_oom_the_workload_wrapped_in_its_own_error_is_still_an_oom():
             raise RuntimeError("generation failed") from exc
     except RuntimeError as wrapped:
         assert failure(wrapped)["status"] == "oom"
-

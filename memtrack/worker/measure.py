@@ -183,8 +183,8 @@ def _hold_for_sampler(spec: Spec, start: float, end: float, notes: list[str]) ->
 
     held = wait_for_rounds(spec.sampler_clock, end, HOLD_LIMIT_S)
     if held is None:
-        notes.append(f"the NVML sampler took no two samples within {HOLD_LIMIT_S:g} s after "
-                     "the memory pass")
+        notes.append(f"the NVML sampler took fewer than two samples in the {HOLD_LIMIT_S:g} s "
+                     "after the memory pass")
         return [start, end]
     return [start, end, held]
 
@@ -206,7 +206,10 @@ def _cuda_partial() -> dict[str, Any]:
         return {}
     from memtrack.probes.framework import failure_figures
 
-    return failure_figures()
+    try:
+        return failure_figures()
+    except Exception:  # a CUDA error that sticks: the status and the message still stand
+        return {}
 
 
 OOM_WORDS = ("out of memory", "cudaerrormemoryallocation", "cuda_error_out_of_memory")
