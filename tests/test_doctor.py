@@ -88,3 +88,65 @@ def test_doctor_with_fake_nvml_reports_a_failing_query_instead_of_crashing(
     # the GPUs are there, and this machine's torch is a CPU build: that fails, as it should
     assert out.returncode == 1
     assert any(line.startswith("FAIL gpu 1") and "CPU build" in line for line in lines)
+
+
+def _case(**params):
+    from memtrack.workload.registry import Case
+
+    return Case("w", params, 0, "wl.py")
+
+
+def test_doctor_warns_of_bf16_cases_on_a_gpu_without_native_bf16(tmp_path):
+    t4 = dataclasses.replace(GPU_ENV.gpus[0], name="Tesla T4", compute_capability="7.5")
+    env = dataclasses.replace(GPU_ENV, gpus=(t4,))
+    cases = [_case(dtype="bfloat16", batch=1), _case(dtype="float32", batch=1)]
+    check = {c.name: c for c in checks(env, tmp_path / "m.db", None, cases)}["gpu 0 bf16"]
+    assert check.status == "warn"
+    assert check.detail.startswith("Tesla T4 (cc 7.5) has no native bfloat16 (cc 8.0 and newer")
+    assert "1 bf16 case(s)" in check.detail and "w[batch=1,dtype=bfloat16]" in check.detail
+    # an H200 has it; a T4 without bf16 cases needs nothing
+    assert "gpu 0 bf16" not in {c.name for c in checks(GPU_ENV, tmp_path / "m.db", None, cases)}
+    assert "gpu 0 bf16" not in {c.name for c in checks(env, tmp_path / "m.db", None, cases[1:])}
+
+
+def test_doctor_warns_of_a_small_dev_shm_for_cases_of_two_or_more_ranks(tmp_path):
+    ranks = [_case(ranks=2)]
+    small = {c.name: c for c in checks(GPU_ENV, tmp_path / "m.db", None, ranks, 64 * 2**20,
+                                       container=True)}
+    assert small["shm"].status == "warn"
+    assert small["shm"].detail.startswith("/dev/shm is 64.00 MiB (this container's): NCCL")
+    for cases, shm in ((ranks, 8 * 2**30), ([_case()], 64 * 2**20)):
+        assert "shm" not in {c.name for c in checks(GPU_ENV, tmp_path / "m.db", None, cases,
+                                                    shm)}
+
+
+def test_doctor_shows_the_allocator_backend(tmp_path):
+    async_env = dataclasses.replace(GPU_ENV, allocator_backend="cudaMallocAsync")
+    allocator = _by_name(async_env, tmp_path)["allocator"]
+    assert allocator.status == "warn" and allocator.detail.startswith("cudaMallocAsync: peak ")
+    native = _by_name(dataclasses.replace(GPU_ENV, allocator_backend="native"), tmp_path)
+    assert native["allocator"].status == "info"
+    assert "allocator" not in _by_name(CPU_ENV, tmp_path)  # torch cannot start CUDA: unknown
+
+
+def test_doctor_with_fake_nvml_reads_the_suite_for_bf16_cases_on_a_t4(tmp_path, monkeypatch):
+    import json
+    import os
+    from pathlib import Path
+
+    scenario = {"devices": [{"uuid": "GPU-t4", "name": "Tesla T4", "total": 15 * 2**30,
+                             "used": 2**28, "capability": [7, 5]}]}
+    (tmp_path / "nvml.json").write_text(json.dumps(scenario))
+    monkeypatch.setenv("FAKE_NVML", str(tmp_path / "nvml.json"))
+    fake = str(Path(__file__).parent / "fakenvml")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([fake, *sys.path]))
+    (tmp_path / "wl.py").write_text(
+        "import memtrack\n\n@memtrack.workload(params={'dtype': 'bfloat16'})\n"
+        "def half(ctx):\n    return lambda: None\n")
+    (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "doctor", "--db", str(tmp_path / "m.db")],
+        capture_output=True, text=True, cwd=tmp_path)
+    assert "Traceback" not in out.stderr, out.stderr
+    (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("WARN gpu 0 bf16")]
+    assert "Tesla T4 (cc 7.5)" in line and "half[dtype=bfloat16]" in line

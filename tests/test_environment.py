@@ -98,3 +98,82 @@ def test_a_gpu_nvml_would_not_name_takes_no_gpu_budget_and_breaks_nothing():
     h200 = Budget("decoder", 10 * MiB, "fits the H200 fleet", "device", "NVIDIA H200")
     assert budgets_for([h200], m, env) == {"device": h200}
     assert budgets_for([h200], m, dataclasses.replace(env, gpus=(unnamed,))) == {}
+
+
+def test_the_cublas_workspace_variables_are_recorded(monkeypatch):
+    # They decide whether cuBLAS and cuBLASLt share a workspace and whether it is cached per
+    # stream: the workspace is allocated through the caching allocator, so the figures move.
+    monkeypatch.setenv("TORCH_CUBLAS_WORKSPACE_CACHE", "1")
+    monkeypatch.setenv("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "0")
+    monkeypatch.setenv("UNRELATED_SECRET", "x")
+    env = environment.probe()
+    assert env.env_vars["TORCH_CUBLAS_WORKSPACE_CACHE"] == "1"
+    assert env.env_vars["TORCH_CUBLASLT_UNIFIED_WORKSPACE"] == "0"
+    assert "UNRELATED_SECRET" not in env.env_vars
+
+
+def test_a_mig_instance_is_named_by_nvmls_uuid_from_fake_torch_properties(tmp_path, monkeypatch):
+    # torch's properties of a MIG instance carry its UUID's hex, which memtrack spelt GPU-...:
+    # NVML's MIG-... is the name nvidia-smi and CUDA_VISIBLE_DEVICES know
+    import importlib.util
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    hex_x = "11111111-2222-3333-4444-555555555555"
+    scenario = {"devices": [
+        {"uuid": "GPU-parent", "name": "NVIDIA H200", "total": 141 * GiB, "used": GiB,
+         "mig": "enabled"},
+        {"uuid": f"MIG-{hex_x}", "name": "NVIDIA H200 MIG 1g.18gb", "total": 18 * GiB,
+         "used": GiB, "mig": "instance"},
+    ]}
+    (tmp_path / "nvml.json").write_text(json.dumps(scenario))
+    monkeypatch.setenv("FAKE_NVML", str(tmp_path / "nvml.json"))
+    fake = Path(__file__).parent / "fakenvml" / "pynvml.py"
+    spec = importlib.util.spec_from_file_location("fake_pynvml", fake)
+    nvml = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nvml)
+    props = SimpleNamespace(name="NVIDIA H200 MIG 1g.18gb", uuid=hex_x,
+                            total_memory=18 * GiB, major=9, minor=0)
+    notes: list[str] = []
+    (g,) = environment.gpus_from_torch(nvml, [props], notes)
+    assert (g["uuid"], g["mig_mode"]) == (f"MIG-{hex_x}", "instance") and notes == []
+
+
+
+def test_the_allocator_backend_reads_back_from_sqlite_and_old_rows_read_none(tmp_path):
+    env = dataclasses.replace(GPU_ENV, cuda_available=True, allocator_backend="cudaMallocAsync")
+    m = dataclasses.replace(make_measurement(device="cuda", reserved=4 * MiB),
+                            allocator_backend="cudaMallocAsync", num_alloc_retries=None,
+                            num_ooms=None, peak_requested_bytes=None)
+    run = make_run([m], env=env)
+    with Store.open(tmp_path / "m.db") as store:
+        store.write_run(run)
+        assert store.get_run(run.run_id) == run
+    conn = sqlite3.connect(tmp_path / "m.db")  # as rows recorded before the column existed
+    conn.execute("update environments set allocator_backend = null")
+    conn.execute("update measurements set allocator_backend = null")
+    conn.commit()
+    conn.close()
+    with Store.open(tmp_path / "m.db", readonly=True) as store:
+        old = store.get_run(run.run_id)
+    assert old.environment.allocator_backend is None
+    assert old.measurements[0].allocator_backend is None
+
+
+def test_the_environment_records_the_allocator_backend_torch_starts_with_fake_cuda(monkeypatch):
+    # No GPU here: torch's CUDA answers are fakes; collect() itself runs as in its child.
+    from types import SimpleNamespace
+
+    import torch
+
+    props = SimpleNamespace(name="NVIDIA H200", uuid="00000000-0000-0000-0000-000000000000",
+                            total_memory=140 * GiB, major=9, minor=0)
+    monkeypatch.setattr(environment, "torch_cuda",
+                        lambda _torch: {"available": True, "reason": None, "devices": [props]})
+    monkeypatch.setattr(environment, "_nvml", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "cudaMallocAsync")
+    env = environment.from_dict(environment.collect())
+    assert env.allocator_backend == "cudaMallocAsync"
+    assert env.visible_uuids == ("GPU-00000000-0000-0000-0000-000000000000",)
+    assert environment.probe().allocator_backend is None  # this machine: torch has no CUDA

@@ -383,3 +383,59 @@ def test_concurrent_sessions_are_estimated_as_an_upper_bound_with_the_weights_on
     assert three.peak_allocated_bytes == three.persistent_bytes + 3 * step
     assert three.caches_bytes == 3 * one.caches_bytes
     assert any(n.startswith("concurrency 3: an upper bound") for n in three.notes)
+
+
+def test_an_estimate_for_cuda_never_asks_for_a_cuda_generator_with_a_fake_driverless_build(
+        tmp_path, monkeypatch):
+    # A CUDA build of torch without a driver refuses a CUDA generator (torch's words below);
+    # the estimate's seeded inputs come from a CPU one, which fake ops take for any device.
+    import torch
+
+    real = torch.Generator
+
+    def generator(device="cpu"):
+        if torch.device(device).type == "cuda":
+            raise RuntimeError("CUDA driver version is insufficient for CUDA runtime version")
+        return real(device=device)
+
+    monkeypatch.setattr(torch, "Generator", generator)
+    from memtrack.workload.context import Context
+
+    ctx = Context({}, 3, "cuda:0", tmp_path, fake=True)
+    assert ctx.generator(offset=1).initial_seed() == 4
+    with pytest.raises(RuntimeError, match="CUDA driver version is insufficient"):
+        Context({}, 3, "cuda:0", tmp_path).generator()  # measured on a GPU: the device's own
+
+
+def test_backward_on_fake_cuda_without_a_gpu_is_named_as_what_cannot_be_estimated():
+    from memtrack.worker.estimate import describe
+
+    # autograd's engine, on a CUDA build without a driver, over fake CUDA tensors
+    message = describe(RuntimeError("hasPrimaryContext expects a valid device index"))
+    assert message.startswith("cannot be estimated: backward on fake CUDA tensors needs a "
+                              "CUDA device")
+    assert "--device cpu" in message
+
+
+@pytest.mark.gpu
+def test_a_cuda_estimate_where_torch_sees_no_gpu(tmp_path):
+    # A CUDA build with no device to use (CUDA_VISIBLE_DEVICES empty stands for a machine
+    # without a driver): the README's path, `estimate --device cuda`, still estimates.
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "memtrack.toml").write_text(textwrap.dedent("""\
+        modules = ["memtrack.examples"]
+        [workloads.image_classify]
+        params = {resolution = 96}
+        """))
+    out = tmp_path / "estimate.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "estimate", "--config",
+         str(tmp_path / "memtrack.toml"), "-k", "image_classify", "--device", "cuda",
+         "--no-db", "--json", str(out)],
+        capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert res.returncode == 0, res.stdout + res.stderr
+    (m,) = json.loads(out.read_text())["measurements"]
+    assert m["status"] == "ok" and m["device"] == "cuda", m["message"]

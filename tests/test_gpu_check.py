@@ -1,38 +1,87 @@
 """scripts/gpu-check.sh, the one script a GPU session runs: its exit status must say whether
-every step ended as it should. Run here with stand-ins for `python3` and `nvidia-smi` (this
-machine has no GPU), with real bash and git."""
+every step ended as it should, and it must be able to install and run on the device's image.
+Run here with stand-ins for `python3` and `nvidia-smi` (this machine has no GPU), with real
+bash, git and pip, and with the parts of it that run on the CPU run for real: its summary
+(scripts/gpu_summary.py) and its growth workload, measured by memtrack."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import stat
 import subprocess
+import sys
+import zipfile
+from importlib import metadata
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu-check.sh"
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
-# Succeeds at everything but the GPU tests.
-PYTHON = """#!/bin/sh
-case "$*" in *"-m pytest"*) echo "1 failed"; exit 1;; esac
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu-check.sh"
+WHEELS = ROOT / "scripts" / "gpu-wheels.txt"
+sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_summary  # noqa: E402
+
+# Logs its arguments; hands pip to this interpreter; succeeds at everything but the GPU
+# tests (their collection succeeds: the script checks it before any step).
+PYTHON = f"""#!/bin/sh
+echo "$*" >> "$STAND_IN_LOG"
+case "$1 $2" in "-m pip") exec {sys.executable} "$@";; esac
+case "$*" in *"--collect-only"*) exit 0;; *"-m pytest"*) echo "1 failed"; exit 1;; esac
 exit 0
 """
 
 
-def _stand_ins(tmp_path: Path) -> dict[str, str]:
+def _bin(tmp_path: Path, *, without: tuple[str, ...] = ()) -> Path:
+    """A PATH of its own: the stand-ins, and every tool of the system's PATH but `without`."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    for folder in os.environ["PATH"].split(os.pathsep):
+        if not os.path.isdir(folder):
+            continue
+        for name in os.listdir(folder):
+            target = bin_dir / name
+            if name not in without and not target.exists() and \
+                    os.access(os.path.join(folder, name), os.X_OK):
+                target.symlink_to(os.path.join(folder, name))
     for name, text in (("python3", PYTHON), ("nvidia-smi", "#!/bin/sh\necho 'NVIDIA H200'\n")):
         path = bin_dir / name
+        path.unlink(missing_ok=True)
+        if name in without:
+            continue
         path.write_text(text)
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "WHEELS")}
-    return {**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}", "OUT": str(tmp_path / "out")}
+    return bin_dir
 
 
-def test_gpu_check_exits_1_when_the_gpu_tests_fail_and_still_runs_every_step(tmp_path):
-    out = subprocess.run(
-        ["bash", str(SCRIPT)], env=_stand_ins(tmp_path), capture_output=True, text=True
-    )
+def _env(tmp_path: Path, bin_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "WHEELS", "PYTHONPATH")}
+    return {**env, "PATH": str(bin_dir), "OUT": str(tmp_path / "out"),
+            "STAND_IN_LOG": str(tmp_path / "python3.log"), **extra}
+
+
+def _run(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    env = _env(tmp_path, _bin(tmp_path), **extra)
+    return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def script_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpu-check")
+    return tmp, _run(tmp)
+
+
+def test_gpu_check_exits_1_when_the_gpu_tests_fail_and_still_runs_every_step(script_run):
+    tmp_path, out = script_run
     assert out.returncode == 1, out.stdout + out.stderr
     assert "FAILED: gpu-tests: exit 1, should be 0" in out.stdout
     steps = (tmp_path / "out" / "steps.log").read_text()
@@ -40,3 +89,197 @@ def test_gpu_check_exits_1_when_the_gpu_tests_fail_and_still_runs_every_step(tmp
         assert f"== {name}\n" in steps
     # the step that must block (64 MiB more) is held to exit 1: a stand-in that says 0 fails it
     assert "FAILED: check-grow: exit 0, should be 1" in out.stdout
+
+
+def test_gpu_check_runs_every_gpu_marked_test_of_the_suite(script_run):
+    tmp_path, _ = script_run
+    calls = (tmp_path / "python3.log").read_text().splitlines()
+    (tests,) = [c for c in calls if "-m pytest" in c and "--collect-only" not in c]
+    assert tests.split()[-1] == str(ROOT / "tests") and "-m gpu" in tests
+    # and `-m gpu` over tests/ selects them in every module that has one
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+         "-m", "gpu", str(ROOT / "tests")], capture_output=True, text=True, cwd=ROOT)
+    assert collected.returncode == 0, collected.stdout + collected.stderr
+    files = {line.split("::")[0] for line in collected.stdout.splitlines() if "::" in line}
+    for name in ("test_gpu.py", "test_sessions.py", "test_snapshot.py", "test_estimate.py",
+                 "test_quality.py", "test_ranks.py"):
+        assert f"tests/{name}" in files
+
+
+@pytest.mark.parametrize("tool", ["git", "nvidia-smi", "python3"])
+def test_gpu_check_refuses_to_start_without_a_prerequisite(tmp_path, tool):
+    env = _env(tmp_path, _bin(tmp_path, without=(tool,)))
+    out = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"gpu-check: not found: {tool}; nothing was run"
+    assert not (tmp_path / "out").exists()  # before anything else
+
+
+def _requirements() -> tuple[dict[str, str], set[str]]:
+    """scripts/gpu-wheels.txt: the carried wheels (name -> version) and the image's names."""
+    carried, image = {}, set()
+    for line in WHEELS.read_text().splitlines():
+        if line.startswith("# image:"):
+            image = {canonicalize_name(n) for n in line.removeprefix("# image:").split()}
+        elif line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            carried[canonicalize_name(name)] = version
+    return carried, image
+
+
+def _closure(names: list[str]) -> set[str]:
+    """Every distribution `names` need, as installed here, their markers evaluated."""
+    seen: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in seen:
+            continue
+        seen.add(name)
+        for text in metadata.requires(name) or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return seen
+
+
+def test_the_carried_wheels_and_the_image_cover_what_memtrack_and_its_tests_import():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = [Requirement(r) for r in project["dependencies"]]
+    needed = [r.name for r in runtime if r.marker is None or r.marker.evaluate()]
+    # what the test modules import when collected (streamlit and playwright are skipped)
+    needed += ["pytest", "pytest-timeout", "hypothesis", "jsonschema", "ruamel.yaml",
+               "pyyaml", "numpy"]
+    carried, image = _requirements()
+    missing = sorted(_closure(needed) - set(carried) - image)
+    assert missing == [], f"neither carried in {WHEELS.name} nor on the image: {missing}"
+    # what the device's image lacks, the script carries (the issue's list among them)
+    for name in ("sqlite-utils", "sqlite-fts4", "click-default-group", "gitpython", "gitdb",
+                 "smmap"):
+        assert name in carried and name not in image
+    # each pinned at the version the tests pass with here
+    for name, version in carried.items():
+        assert metadata.version(name) == version, name
+
+
+def _wheel(folder: Path, name: str, version: str) -> None:
+    """A minimal, valid wheel standing for `name` (the real ones are fetched for the device)."""
+    dist = re.sub(r"[-_.]+", "_", name)
+    info = f"{dist}-{version}.dist-info"
+    files = {f"{dist}_stand_in/__init__.py": "",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{p},,\n" for p in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(folder / f"{dist}-{version}-py3-none-any.whl", "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+
+
+def test_gpu_check_installs_every_carried_wheel_offline_without_dependencies(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    carried, _ = _requirements()
+    for name, version in carried.items():
+        _wheel(wheels, name, version)
+    out = _run(tmp_path, WHEELS=str(wheels))
+    assert out.returncode == 1, out.stdout + out.stderr  # the stand-in's GPU tests fail
+    (pip,) = [c for c in (tmp_path / "python3.log").read_text().splitlines() if "-m pip" in c]
+    for flag in ("--no-index", "--no-deps", f"--find-links {wheels}", f"-r {WHEELS}"):
+        assert flag in pip
+    site = tmp_path / "out" / "site"
+    installed = {canonicalize_name(p.name.split("-")[0]) for p in site.glob("*.dist-info")}
+    assert installed == set(carried)
+
+
+def test_gpu_check_stops_before_any_step_when_a_wheel_is_missing(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    carried, _ = _requirements()
+    for name, version in carried.items():
+        if name != "smmap":
+            _wheel(wheels, name, version)
+    out = _run(tmp_path, WHEELS=str(wheels))
+    assert out.returncode == 2
+    assert out.stderr.startswith("gpu-check: the wheels of scripts/gpu-wheels.txt did not "
+                                 f"install from {wheels}:")
+    assert "smmap" in out.stderr
+    assert not (tmp_path / "out" / "steps.log").exists()
+
+
+def _record(**m) -> dict:
+    dev = {"peak_process_bytes": m.pop("device"), "memory_pass_peak_bytes": m.pop("passed"),
+           "samples": 40, "process_view": "pid"}
+    return {"case_id": m["workload"], "status": "ok", "device": "cuda", "notes": [],
+            "devices": [dev], "workspace_bytes": None, "time_median_s": 0.01,
+            "duration_s": 2.0, "sample_interval_s": 0.011, "device_view": "nvml",
+            "device_view_note": None, **m}
+
+
+def _summary(tmp_path: Path, *measurements: dict) -> tuple[int, str]:
+    env = {"driver": "580", "cuda_runtime": "13.0", "torch": "2.11.0", "gpus": [],
+           "visible_uuids": [], "allocator_backend": "native"}
+    for name in gpu_summary.RUNS:
+        run = {"started_at": "now", "environment": env,
+               "measurements": list(measurements) if name == "run-probe" else []}
+        (tmp_path / f"{name}.json").write_text(json.dumps(run))
+    code = gpu_summary.main([str(tmp_path)])
+    return code, (tmp_path / "summary.txt").read_text()
+
+
+GiB = 2**30
+
+
+def test_the_summary_judges_short_spike_by_its_note_and_every_other_case_by_its_figures(
+        tmp_path):
+    # short_spike's 1 GiB lives ~1 ms: a 10 ms sampler misses it, and says so
+    missed = _record(workload="short_spike", peak_allocated_bytes=GiB, peak_reserved_bytes=GiB,
+                     device=GiB // 2, passed=GiB // 2,
+                     notes=["GPU 0: sampled device peak ... : " + gpu_summary.MISSED])
+    code, text = _summary(tmp_path, missed)
+    assert code == 0, text
+    silent = {**missed, "notes": []}
+    code, text = _summary(tmp_path, silent)
+    assert code == 1 and "short_spike: its spike was missed" in text
+    caught = {**silent, "devices": [{**silent["devices"][0], "memory_pass_peak_bytes": 2 * GiB}]}
+    assert _summary(tmp_path, caught)[0] == 0  # a sample caught it: no note needed
+    # any other case is held to allocated <= reserved <= device, whatever its notes say
+    other = {**missed, "workload": "matmul", "case_id": "matmul"}
+    code, text = _summary(tmp_path, other)
+    assert code == 1 and "matmul: allocated <= reserved <= device fails" in text
+
+
+GROWTH_CONFIG = 'modules = ["growth.py"]\nwarmup = 1\nrepeats = 2\ndevice = "cpu"\n' \
+                "[workloads.matmul.params]\nn = 256\n"
+
+
+def _peak(tmp_path: Path, source: str) -> int:
+    from memtrack.config import load_config
+    from memtrack.measure.suite import run_suite
+    from memtrack.workload.registry import discover, select_cases
+
+    tmp_path.mkdir()
+    (tmp_path / "growth.py").write_text(source)
+    (tmp_path / "memtrack.toml").write_text(GROWTH_CONFIG)
+    config = load_config(tmp_path / "memtrack.toml")
+    (m,) = run_suite(config, select_cases(discover(config))).measurements
+    assert m.status == "ok", m.message
+    return m.peak_allocated_bytes
+
+
+def test_the_growth_the_script_commits_is_64_mib_at_the_peak_measured_on_the_cpu(
+        script_run, tmp_path):
+    # The same workload the script records on main and then grows, measured by memtrack on
+    # the CPU (exact tensor bytes): its peak grows by 64 MiB, not 64 MiB and a second output.
+    script_tmp, _ = script_run
+    repo = script_tmp / "out" / "repo"
+
+    def show(ref: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), "show", f"{ref}:growth.py"],
+                              capture_output=True, text=True, check=True).stdout
+
+    base, grown = show("main"), show("grow")
+    assert "EXTRA_MIB = 0" in base and "EXTRA_MIB = 64" in grown
+    assert _peak(tmp_path / "grow", grown) - _peak(tmp_path / "main", base) == 64 * 2**20
+

@@ -116,11 +116,12 @@ def test_sampler_with_fake_nvml_samples_a_mig_instance_not_its_parent(fake_nvml)
         gpu(f"MIG-{hex_x}", used=3 * GiB, mig="instance", total=18 * GiB),
         gpu("MIG-other", used=6 * GiB, mig="instance", total=18 * GiB),
     )
-    # torch spells the instance's UUID with a GPU- prefix
+    # torch spells the instance's UUID with a GPU- prefix; NVML's own UUID for the handle
+    # is recorded, which names a device that exists (MIG-...)
     s = Sampler(nvml, [f"GPU-{hex_x}"])
     s.sample(set())
     (dev,) = s.result()["devices"]
-    assert dev["uuid"] == f"GPU-{hex_x}"
+    assert dev["uuid"] == f"MIG-{hex_x}"
     assert dev["peak_device_used_bytes"] == 3 * GiB  # the instance's, not all instances'
     assert dev["total_bytes"] == 18 * GiB
 
@@ -322,3 +323,176 @@ def test_the_sampler_process_says_why_when_nvml_is_unreachable(fake_nvml, sample
     sampler = NvmlSampler(0.01, ("GPU-a",))
     assert sampler.start() is False
     assert sampler.stop() == {"ok": False, "reason": "NVML unavailable: Driver Not Loaded"}
+
+
+def test_a_mig_instance_is_recorded_as_nvml_names_it_and_joined_with_torchs_from_fake_nvml():
+    # the sampler says MIG-1 (NVML's UUID), the worker's allocator GPU-1 (torch's spelling)
+    m = _measure(_allocator_h200(), _sampled_h200(uuid="MIG-1"))
+    (dev,) = m.devices
+    assert dev.uuid == "MIG-1" and dev.peak_reserved_bytes == 4 * GiB
+
+
+def test_memory_info_v2_is_decided_once_per_sampler_with_fake_nvml(fake_nvml):
+    nvml, show = fake_nvml
+    # v1's used includes the 500 MB the driver reserves; v2's does not
+    show(gpu("GPU-a", used=GiB, reserved=GiB // 2))
+    s = Sampler(nvml, ["GPU-a"])
+    show(gpu("GPU-a", used=2 * GiB, reserved=GiB // 2, fail=["memory_v2"]))  # transient
+    s.sample(set(), clock=lambda: 1.0)
+    show(gpu("GPU-a", used=2 * GiB, reserved=GiB // 2))
+    s.sample(set(), clock=lambda: 2.0)
+    result = s.result()
+    (dev,) = result["devices"]
+    # the failed reading is missing, not v1's 2.5 GiB mixed with v2's figures
+    assert dev["peak_device_used_bytes"] == 2 * GiB
+    assert any(n.startswith("GPU 0 memory info unavailable (NVMLError_Unknown")
+               for n in result["notes"])
+
+    # a driver without v2 from the start: v1 for the whole case, and said
+    show(gpu("GPU-a", used=GiB, reserved=GiB // 2, fail=["memory_v2"]))
+    s = Sampler(nvml, ["GPU-a"])
+    s.sample(set())
+    result = s.result()
+    assert result["devices"][0]["used_before_bytes"] == GiB + GiB // 2
+    assert any("memory info v2 unavailable" in n and "v1 is read" in n for n in result["notes"])
+
+
+def test_the_achieved_sampling_period_is_recorded_not_the_nominal_one_with_fake_nvml(fake_nvml):
+    nvml, show = fake_nvml
+    show(gpu("GPU-a"), gpu("GPU-b"))
+    s = Sampler(nvml, ["GPU-a", "GPU-b"])
+    for t in (1.0, 1.1, 1.4):  # rounds over two GPUs, slower than asked
+        s.sample(set(), clock=lambda t=t: t)
+    assert s.result()["achieved_interval_s"] == pytest.approx(0.2)
+    m = _measure(_allocator_h200(), {**_sampled_h200(), "achieved_interval_s": 0.2})
+    assert m.sample_interval_s == 0.2  # the nominal 0.01 was asked for
+
+
+def test_only_the_devices_the_case_used_are_charged_to_it_from_fake_nvml_figures():
+    # device-delta view on a shared host: another job grew GPU 5 by 30 GiB meanwhile
+    other = {**_sampled_h200()["devices"][0], "index": 1, "uuid": "GPU-5",
+             "peak_process_bytes": 30 * GiB, "memory_pass_peak_bytes": 30 * GiB,
+             "process_view": "device-delta"}
+    sampled = _sampled_h200(process_view="device-delta")
+    sampled["devices"].append(other)
+    m = _measure(_allocator_h200(), sampled)  # the worker used GPU-1 only
+    assert [d.uuid for d in m.devices] == ["GPU-1"]
+    assert m.workspace_bytes == GiB
+    assert "device view: 1 of the 2 visible GPUs, those the case used" in m.notes
+
+
+def _with_quiet(reserved_after: int) -> dict:
+    data = _allocator_h200()
+    data["cuda_devices"][0]["reserved_after_bytes"] = reserved_after
+    return data
+
+
+def test_a_missed_spike_smaller_than_the_cuda_context_is_said_from_fake_nvml_figures():
+    # 500 MiB outside the allocator (the context); 4 GiB reserved at a quiet moment; a
+    # 200 MiB spike to 4.2 GiB reserved, given back (empty_cache) before any sample saw it
+    MiB = 2**20
+    data = _with_quiet(4 * GiB)
+    data["peak_reserved_bytes"] = data["cuda_devices"][0]["peak_reserved_bytes"] = (
+        4 * GiB + 200 * MiB)
+    sampled = _sampled_h200(memory_pass_peak_bytes=4 * GiB + 500 * MiB,
+                            quiet_process_bytes=4 * GiB + 500 * MiB)
+    m = _measure(data, sampled)
+    (note,) = [n for n in m.notes if "missed a spike" in n]
+    assert note.startswith("GPU 0: sampled device peak less the 500.0 MiB outside the "
+                           "allocator (CUDA context, ...) is 4096.0 MiB, below")
+
+    # the same spike caught by a sample: no note
+    caught = _sampled_h200(memory_pass_peak_bytes=4 * GiB + 700 * MiB,
+                           quiet_process_bytes=4 * GiB + 500 * MiB)
+    assert not any("missed a spike" in n for n in _measure(data, caught).notes)
+
+
+SHORT_PASS_WORKLOAD = textwrap.dedent(
+    """
+    import memtrack
+
+    @memtrack.workload
+    def quick(ctx):
+        return lambda: None  # a memory pass of well under a sampling period
+    """
+)
+
+
+def test_a_memory_pass_shorter_than_the_interval_still_gets_samples_with_fake_nvml(
+    tmp_path, fake_nvml, sampler_uses_fake_nvml
+):
+    _, show = fake_nvml
+    show(gpu("GPU-b", used=3 * GiB))
+    (tmp_path / "wl.py").write_text(SHORT_PASS_WORKLOAD)
+    spec = Spec(module="wl.py", root=str(tmp_path), workload="quick", params={}, seed=0,
+                device="cpu", warmup=1, repeats=2, data_dir=str(tmp_path / "data"),
+                result_path=str(tmp_path / "result.json"))
+    # a period far longer than the pass: before the worker held its level for the sampler,
+    # no sample fell inside it and the memory pass had no device figure
+    (outcome,), _ = launch([spec], 120, sampler=start_sampler("cuda", 0.2, ("GPU-b",)))
+    assert outcome.result.status == "ok", outcome.stderr_tail
+    start, last, held = outcome.result.memory_window
+    assert start <= last < held
+    (dev,) = outcome.sampler["devices"]
+    assert dev["memory_pass_peak_bytes"] == 0  # the level held: none grew (device delta)
+    assert dev["quiet_process_bytes"] == 0
+    assert not any("no sample fell inside" in n for n in outcome.sampler["notes"])
+
+
+class RecordingSampler(NvmlSampler):
+    """The real sampler client, telling a file each process it is asked to watch."""
+
+    def __init__(self, log: Path):
+        super().__init__(0.01, ("GPU-a",))
+        self.log = log
+
+    def watch(self, pid: int) -> None:
+        new = pid not in self.watched
+        super().watch(pid)
+        if new:
+            with open(self.log, "a") as f:
+                f.write(f"{pid}\n")
+
+
+CHILD_WORKLOAD = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    import memtrack
+
+    @memtrack.workload
+    def compiles(ctx):
+        # a helper process of the step (a compile worker), alive until the launcher has
+        # told the sampler of it
+        log = os.environ["WATCHED_LOG"]
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(os.environ["CHILD_PID"], "w") as f:
+            f.write(str(child.pid))
+        while str(child.pid) not in open(log).read().split():
+            time.sleep(0.01)
+        child.kill()
+        child.wait()
+        return lambda: None
+    """
+)
+
+
+def test_the_sampler_is_told_of_the_workers_descendants_with_fake_nvml(
+    tmp_path, fake_nvml, sampler_uses_fake_nvml, monkeypatch
+):
+    _, show = fake_nvml
+    show(gpu("GPU-a"))
+    log, child = tmp_path / "watched.log", tmp_path / "child.pid"
+    log.write_text("")
+    monkeypatch.setenv("WATCHED_LOG", str(log))
+    monkeypatch.setenv("CHILD_PID", str(child))
+    (tmp_path / "wl.py").write_text(CHILD_WORKLOAD)
+    spec = Spec(module="wl.py", root=str(tmp_path), workload="compiles", params={}, seed=0,
+                device="cpu", warmup=1, repeats=1, data_dir=str(tmp_path / "data"),
+                result_path=str(tmp_path / "result.json"))
+    sampler = RecordingSampler(log)
+    assert sampler.start()
+    (outcome,), _ = launch([spec], 120, sampler=sampler)
+    assert outcome.result.status == "ok", outcome.stderr_tail
+    watched = log.read_text().split()
+    assert child.read_text() in watched  # the worker's child, found by the process tree
+    assert len(watched) == 2  # and the worker itself

@@ -212,6 +212,34 @@ def test_a_reference_changed_after_recording_is_refused_by_its_checksum(project,
     assert f"BLOCK quality · {NONE} · quality error" in check.stdout and str(path) in check.stdout
 
 
+def test_a_reference_recorded_on_another_device_is_compared_with_a_warning(project, tmp_path):
+    # The manifest says where each reference was recorded. Here one recorded on a GPU is
+    # compared on the CPU (a GPU's float32 convolutions run in TF32 by default): the figures
+    # are kept, and the quality message says the devices differ.
+    repo = tmp_path / "copy"
+    shutil.copytree(project["repo"], repo)
+    config = load_config(repo / "memtrack.toml")
+    manifest = load_manifest(config)
+    assert manifest[F32]["device"] == "cpu"  # recorded here, on the CPU
+    path = repo / "data" / "references" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["references"][F32]["device"] = "cuda:0"
+    path.write_text(json.dumps(data))
+    ms = _run(repo, run_id(cli(repo, "run", "-k", "convnet")))
+    for case in (F32, BF16):
+        m = ms[case]
+        assert m.quality_status == "ok" and m.quality_max_abs is not None
+        assert m.quality_message.startswith(
+            "reference recorded on cuda:0, compared on cpu: kernels differ between them")
+        assert "within tolerance" in m.quality_message
+    # recorded on the same kind of device: no warning
+    assert project_message(project, BF16).startswith("within tolerance")
+
+
+def project_message(project, case: str) -> str:
+    return _run(project["repo"], project["bf16_run"])[case].quality_message
+
+
 def test_reference_refuses_a_step_without_tensor_output(project):
     repo = project["repo"]
     manifest = (repo / "data" / "references" / "manifest.json").read_bytes()

@@ -85,6 +85,81 @@ def test_sessions_overlap_and_an_error_in_one_is_raised_after_all_end():
         Sessions(failing, 4, torch.device("cpu"))()
 
 
+def test_the_same_session_threads_serve_every_iteration():
+    # On CUDA each thread holds a cuBLAS handle and a workspace per (handle, stream): new
+    # threads per iteration made new pairs, and allocated grew run by run.
+    import torch
+
+    seen: list[tuple[int, int, str]] = []
+    lock = threading.Lock()
+
+    def step() -> None:
+        with lock:
+            seen.append((threading.get_native_id(), id(threading.current_thread()),
+                         threading.current_thread().name))
+
+    with Sessions(step, 3, torch.device("cpu")) as run:
+        for _ in range(4):
+            run()
+        assert len(seen) == 12
+        calls = [set(seen[i:i + 3]) for i in range(0, 12, 3)]
+        assert len(calls[0]) == 3 and all(c == calls[0] for c in calls)
+        threads = run.threads
+        assert all(t.is_alive() for t in threads)
+    assert not any(t.is_alive() for t in threads)  # closed: ended, not left waiting
+
+
+def test_after_a_failed_call_the_same_sessions_run_the_next_one():
+    import torch
+
+    calls, lock = [0], threading.Lock()
+
+    def step() -> None:
+        with lock:
+            calls[0] += 1
+            first = calls[0] == 1
+        if first:
+            raise ValueError("one session failed")
+
+    with Sessions(step, 3, torch.device("cpu")) as run:
+        with pytest.raises(ValueError, match="one session failed"):
+            run()
+        before = calls[0]
+        run()  # the broken start is mended: every session runs again
+        assert calls[0] == before + 3
+
+
+WORKLOAD = """
+import os, threading
+import memtrack
+
+LOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "threads.log")
+lock = threading.Lock()
+
+
+@memtrack.workload(params={"concurrency": 3})
+def served(ctx):
+    def step():
+        with lock, open(LOG, "a") as f:
+            f.write(f"{threading.get_native_id()}\\n")
+    return step
+"""
+
+
+def test_a_concurrent_case_runs_every_iteration_in_the_same_threads(tmp_path):
+    # Through the runner: warm-up, timing pass and memory pass of one worker process.
+    (tmp_path / "wl.py").write_text(WORKLOAD)
+    (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 2\nrepeats = 3\n')
+    config = load_config(tmp_path / "memtrack.toml")
+    (m,) = run_suite(config, select_cases(discover(config))).measurements
+    assert m.status == "ok", m.message
+    ids = (tmp_path / "threads.log").read_text().split()
+    iterations = 2 + 3 + 3  # warm-up, timing, memory pass
+    assert len(ids) == 3 * iterations
+    calls = [set(ids[i:i + 3]) for i in range(0, len(ids), 3)]
+    assert len(calls[0]) == 3 and all(c == calls[0] for c in calls)
+
+
 def test_cache_tags_from_concurrent_sessions_are_all_counted(tmp_path):
     import torch
 
@@ -152,3 +227,19 @@ def test_concurrent_sessions_on_cuda_each_on_a_stream(tmp_path):
     assert one.peak_allocated_bytes < four.peak_allocated_bytes < 4 * one.peak_allocated_bytes
     assert four.persistent_bytes == one.persistent_bytes  # the weights, once
     assert four.time_median_s > 0 and len(four.iteration_times_s) == four.repeats
+
+
+@pytest.mark.gpu
+def test_concurrent_sessions_on_cuda_keep_allocated_flat_across_repeats(tmp_path):
+    # One cuBLAS workspace per (handle, stream): with the same threads in every iteration the
+    # pairs, and so the workspaces, are made once, in the warm-up.
+    (tmp_path / "memtrack.toml").write_text(
+        'modules = ["memtrack.examples"]\nwarmup = 1\nrepeats = 8\n'
+        "[workloads.decoder_serve]\nparams = {concurrency = [4]}\n")
+    config = load_config(tmp_path / "memtrack.toml")
+    (m,) = run_suite(config, select_cases(discover(config), ["decoder_serve"])).measurements
+    assert m.status == "ok" and m.device == "cuda", m.message
+    assert len(m.allocated_samples) == 8
+    # A new pair would add a whole workspace (8 MiB by default, 32 MiB on Hopper); how the
+    # sessions' activations overlap may move the peak by less.
+    assert max(m.allocated_samples) - min(m.allocated_samples) < 8 * 2**20, m.allocated_samples

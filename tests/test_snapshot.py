@@ -171,3 +171,70 @@ def test_the_cuda_snapshot_is_the_allocators_history_for_memory_viz(tmp_path):
     actions = {e["action"] for trace in snap["device_traces"] for e in trace}
     assert "alloc" in actions and "free_completed" in actions  # the step's own history
     assert not (tmp_path / "db").exists()
+
+
+class FakeCudaHistory:
+    """torch.cuda's recorder entry points, faked (no GPU here): what the capture asked."""
+
+    def __init__(self, monkeypatch, backend: str = "native"):
+        import torch
+
+        self.calls: list[dict] = []
+        monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: backend)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+        monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
+                            lambda *args, **kwargs: self.calls.append(kwargs))
+        monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {
+            "segments": [], "device_traces": [[{"action": "alloc"}, {"action": "free"}]]})
+
+
+def test_the_cuda_snapshot_records_python_stacks_only_with_fake_cuda(tmp_path, monkeypatch):
+    # torch's default, stacks="all", symbolises every C++ frame: minutes per snapshot
+    import torch
+
+    from memtrack.probes.snapshot import capture
+
+    fake = FakeCudaHistory(monkeypatch)
+    steps = []
+    out = capture(lambda: steps.append(1), torch.device("cuda", 0), (), tmp_path / "s.pickle",
+                  "case")
+    assert steps == [1] and out == {"snapshot_kind": "cuda-memory-history", "snapshot_events": 2}
+    assert fake.calls[0]["stacks"] == "python"
+    assert fake.calls[-1] == {"enabled": None}  # the recorder is stopped again
+    assert stat.S_IMODE((tmp_path / "s.pickle").stat().st_mode) == 0o600
+
+
+def test_the_cuda_snapshot_refuses_cuda_malloc_async_clearly_with_fake_cuda(tmp_path,
+                                                                           monkeypatch):
+    import torch
+
+    from memtrack.probes.snapshot import capture
+
+    fake = FakeCudaHistory(monkeypatch, backend="cudaMallocAsync")
+    steps = []
+    with pytest.raises(RuntimeError, match="memtrack snapshot needs PyTorch's caching "
+                                           "allocator: this worker runs cudaMallocAsync"):
+        capture(lambda: steps.append(1), torch.device("cuda", 0), (), tmp_path / "s.pickle",
+                "case")
+    assert steps == [] and fake.calls == [] and not (tmp_path / "s.pickle").exists()
+
+
+def test_snapshot_refuses_cuda_malloc_async_before_running_the_case_with_a_fake_gpu_env(
+        tmp_path, monkeypatch):
+    import dataclasses
+
+    from factories import GPU_ENV
+
+    from memtrack.config import load_config
+    from memtrack.errors import ConfigError
+    from memtrack.measure import snapshots
+
+    (tmp_path / "wl.py").write_text("import memtrack\n\n@memtrack.workload\n"
+                                    "def w(ctx):\n    return lambda: None\n")
+    (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\n')
+    config = load_config(tmp_path / "memtrack.toml")
+    env = dataclasses.replace(GPU_ENV, cuda_available=True, allocator_backend="cudaMallocAsync")
+    monkeypatch.setattr(snapshots, "probe_environment", lambda: env)
+    monkeypatch.setattr(snapshots, "run_case", lambda *a, **k: pytest.fail("a case ran"))
+    with pytest.raises(ConfigError, match="backend:cudaMallocAsync, which keeps no allocation"):
+        snapshots.take(config, "w", tmp_path / "db" / "m.db", tmp_path / "snap.pickle")

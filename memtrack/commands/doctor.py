@@ -13,9 +13,21 @@ _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "    "}
 @config_option
 @db_option
 def doctor(config_path, db_path) -> None:
-    """Check this machine: torch build vs GPU, driver, CUDA, NVML, VRAM, host RAM, disk."""
-    _, db = resolve(config_path, db_path)
-    results = doctor_lib.checks(environment.probe(), db, doctor_lib.nvml_status())
+    """Check this machine: torch build vs GPU, driver, CUDA, NVML, VRAM, host RAM, disk, the
+    allocator, and what the suite's cases need (native bf16, /dev/shm for NCCL)."""
+    from memtrack.errors import MemtrackError
+    from memtrack.workload.registry import discover, select_cases
+
+    config, db = resolve(config_path, db_path)
+    try:
+        cases = select_cases(discover(config))
+        suite = None
+    except MemtrackError as exc:  # the machine's checks stand without the suite's
+        cases, suite = [], doctor_lib.Check("suite", "warn", f"not read: {exc}")
+    results = doctor_lib.checks(environment.probe(), db, doctor_lib.nvml_status(), cases,
+                                doctor_lib.shm_bytes(), doctor_lib.in_container())
+    if suite:
+        results.append(suite)
     for c in results:
         click.echo(f"{_MARK[c.status]} {c.name:24} {c.detail}")
     if any(c.status == "fail" for c in results):

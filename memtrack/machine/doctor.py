@@ -1,14 +1,26 @@
-"""Checks a machine before its figures are trusted: GPU, driver, CUDA, NVML, torch, host."""
+"""Checks a machine before its figures are trusted: GPU, driver, CUDA, NVML, torch, host, and
+what the suite's cases need of them (native bf16, shared memory for NCCL)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from memtrack.records import Environment
 from memtrack.units import format_size
+from memtrack.workload.registry import Case, ranks_of
+
+BF16 = ("bfloat16", "bf16")
+NATIVE_BF16 = (8, 0)
+"""Compute capability from which GPUs have bf16 arithmetic (Ampere); before it (V100, T4)
+torch runs bf16 emulated, with other kernels and workspaces."""
+SHM_FOR_NCCL = 2**30
+"""NCCL keeps its intra-node buffers in /dev/shm; below 1 GiB (a container's default is
+64 MiB) two or more ranks can fail ('unhandled system error', a bus error)."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +79,75 @@ def _cuda_check(env: Environment) -> Check | None:
     return Check("cuda", "info", f"no GPU: cases run on the CPU ({env.cuda_unavailable_reason})")
 
 
-def checks(env: Environment, db_path: Path, nvml_error: str | None) -> list[Check]:
+def shm_bytes(path: str = "/dev/shm") -> int | None:
+    """The size of the shared-memory file system; None where there is none."""
+    try:
+        return shutil.disk_usage(path).total
+    except OSError:
+        return None
+
+
+def in_container() -> bool:
+    """Docker, Podman or Kubernetes, by the marks they leave."""
+    if Path("/.dockerenv").exists() or Path("/run/.containerenv").exists():
+        return True
+    if os.environ.get("KUBERNETES_SERVICE_HOST") or os.environ.get("container"):
+        return True
+    try:
+        text = Path("/proc/1/cgroup").read_text()
+    except OSError:
+        return False
+    return any(mark in text for mark in ("docker", "kubepods", "containerd", "libpod"))
+
+
+def _bf16_checks(env: Environment, cases: Sequence[Case]) -> list[Check]:
+    bf16 = [c.case_id for c in cases if str(c.params.get("dtype", "")) in BF16]
+    if not bf16:
+        return []
+    out = []
+    for g in env.gpus:
+        cc = re.fullmatch(r"(\d+)\.(\d+)", g.compute_capability or "")
+        if cc and (int(cc[1]), int(cc[2])) < NATIVE_BF16:
+            shown = ", ".join(bf16[:3]) + (f" and {len(bf16) - 3} more" if len(bf16) > 3 else "")
+            out.append(Check(
+                f"gpu {g.index} bf16", "warn",
+                f"{g.name} (cc {g.compute_capability}) has no native bfloat16 (cc 8.0 and "
+                f"newer have it): {len(bf16)} bf16 case(s) run emulated, with other kernels, "
+                f"workspaces and times than on the GPUs they stand for: {shown}"))
+    return out
+
+
+def _shm_check(env: Environment, cases: Sequence[Case], shm: int | None,
+               container: bool) -> Check | None:
+    ranks = max((ranks_of(c.params) or 1 for c in cases), default=1)
+    if ranks < 2 or not env.gpus or shm is None or shm >= SHM_FOR_NCCL:
+        return None
+    where = "this container's" if container else "this machine's"
+    return Check(
+        "shm", "warn",
+        f"/dev/shm is {format_size(shm)} ({where}): NCCL keeps its buffers between the "
+        f"{ranks} ranks of a case there, and they can fail; give it {format_size(SHM_FOR_NCCL)} "
+        "or more (docker run --shm-size=1g, or a memory-backed emptyDir in Kubernetes)")
+
+
+def _allocator_check(env: Environment) -> Check | None:
+    backend = env.allocator_backend
+    if backend is None:
+        return None
+    if backend == "native":
+        return Check("allocator", "info", "native (PyTorch's caching allocator)")
+    return Check(
+        "allocator", "warn",
+        f"{backend}: peak requested bytes, allocation retries and OOM counts are not kept "
+        "(recorded as none), reserved is an upper bound, and `memtrack snapshot` is refused; "
+        "runs are compared only with runs of the same PYTORCH_ALLOC_CONF")
+
+
+def checks(env: Environment, db_path: Path, nvml_error: str | None,
+           cases: Sequence[Case] = (), shm: int | None = None,
+           container: bool = False) -> list[Check]:
+    """The doctor's report. `cases`: the suite, for what its cases need of the machine;
+    `shm`: the size of /dev/shm; `container`: whether this runs in a container."""
     out = [
         Check("python", "info", env.python or "?"),
         Check("torch", "info", f"{env.torch} (CUDA {env.cuda_runtime or 'none: CPU build'})"),
@@ -111,6 +191,10 @@ def checks(env: Environment, db_path: Path, nvml_error: str | None) -> list[Chec
             out.append(Check(f"gpu {g.index}", "ok", detail))
     for note in env.notes:
         out.append(Check("query", "warn", note))
+    out.extend(_bf16_checks(env, cases))
+    for extra in (_allocator_check(env), _shm_check(env, cases, shm, container)):
+        if extra:
+            out.append(extra)
     if env.gpus and env.cudnn is None:
         out.append(Check("cudnn", "warn", "cuDNN not found"))
     elif env.cudnn:

@@ -27,6 +27,8 @@ ENV_ALLOWLIST = (
     "PYTORCH_NO_CUDA_MEMORY_CACHING",
     "CUBLAS_WORKSPACE_CONFIG",
     "CUBLASLT_WORKSPACE_SIZE",
+    "TORCH_CUBLAS_WORKSPACE_CACHE",
+    "TORCH_CUBLASLT_UNIFIED_WORKSPACE",
     "CUDA_VISIBLE_DEVICES",
     "CUDA_DEVICE_ORDER",
     "CUDA_MODULE_LOADING",
@@ -90,12 +92,17 @@ def torch_cuda(torch: Any) -> dict[str, Any]:
 
 
 def gpus_from_torch(nvml: Any, devices: list[Any], notes: list[str]) -> list[dict[str, Any]]:
-    """The devices torch sees, numbered as torch numbers them; NVML adds the MIG mode."""
+    """The devices torch sees, numbered as torch numbers them; NVML adds the MIG mode and
+    its own UUID for the device (torch spells a MIG instance's UUID GPU-..., a name that
+    nothing else knows; NVML's MIG-... is what CUDA_VISIBLE_DEVICES and nvidia-smi take)."""
     from memtrack.probes.framework import device_uuid
 
     gpus = []
     for i, props in enumerate(devices):
         uuid = device_uuid(props)
+        mig_mode = None
+        if nvml and uuid:
+            uuid, mig_mode = _nvml_facts(nvml, uuid, i, notes)
         gpus.append(
             {
                 "index": i,
@@ -103,19 +110,22 @@ def gpus_from_torch(nvml: Any, devices: list[Any], notes: list[str]) -> list[dic
                 "uuid": uuid,
                 "total_bytes": int(props.total_memory),
                 "compute_capability": f"{props.major}.{props.minor}",
-                "mig_mode": _mig_mode(nvml, uuid, i, notes) if nvml and uuid else None,
+                "mig_mode": mig_mode,
             }
         )
     return gpus
 
 
-def _mig_mode(nvml: Any, uuid: str, index: int, notes: list[str]) -> str | None:
+def _nvml_facts(nvml: Any, uuid: str, index: int, notes: list[str]) -> tuple[str, str | None]:
+    """(NVML's UUID for the device torch names `uuid`, its MIG mode)."""
     handle = guarded(notes, f"GPU {index} NVML handle", resolve, nvml, uuid)
     if handle is None:
-        return None
+        return uuid, None
+    own = guarded(notes, f"GPU {index} UUID", nvml.nvmlDeviceGetUUID, handle)
+    uuid = _text(own) or uuid
     if guarded(notes, f"GPU {index} MIG query", nvml.nvmlDeviceIsMigDeviceHandle, handle):
-        return "instance"
-    return _mig_of(nvml, handle)
+        return uuid, "instance"
+    return uuid, _mig_of(nvml, handle)
 
 
 def _mig_of(nvml: Any, handle: Any) -> str | None:
@@ -244,6 +254,7 @@ def collect() -> dict[str, Any]:
         "visible_uuids": _visible_uuids(gpus, notes) if cuda["available"] else [],
         "cuda_unavailable_reason": cuda["reason"],
         "notes": notes,
+        "allocator_backend": torch.cuda.get_allocator_backend() if cuda["available"] else None,
     }
     env["fingerprint"] = fingerprint_of(env)
     return env

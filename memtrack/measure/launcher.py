@@ -8,6 +8,7 @@ it: every process of the case's tree is ended before `launch` returns (probes.tr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
@@ -112,9 +113,14 @@ def launch(
     """Run one worker per spec, all at once, until every one has exited, one has failed (the
     others would wait for it in a collective), or the timeout. Returns each one's outcome and,
     by index, when each exited by itself (time.monotonic()); the rest were ended by memtrack
-    or timed out. With `sampler` (CUDA), NVML watches every worker and their descendants."""
+    or timed out. With `sampler` (CUDA), NVML watches every worker and their descendants (as
+    the process tree finds them), and the workers read its clock."""
     n = len(specs)
     envs = envs or [worker_env() for _ in specs]
+    clock = sampler.clock_path if sampler is not None else None
+    if clock is not None:
+        specs = [dataclasses.replace(s, sampler_clock=str(clock)) for s in specs]
+    watch = sampler.watch if sampler is not None else None
     t0 = time.perf_counter()
     procs: list[subprocess.Popen[bytes]] = []
     tree: ProcessTree | None = None
@@ -133,12 +139,12 @@ def launch(
                     env=envs[i], **_group(n, procs[0].pid if procs else None),
                 )
                 procs.append(proc)
+                if watch is not None:
+                    watch(proc.pid)
                 if tree is None:
-                    tree = ProcessTree(proc.pid)
+                    tree = ProcessTree(proc.pid, on_member=watch)
                 else:
                     tree.add(proc.pid)
-                if sampler is not None:
-                    sampler.watch(proc.pid)
             by_pid = {p.pid: i for i, p in enumerate(procs)}
             assert tree is not None
             in_time, exited_pids = tree.wait_all(
@@ -157,9 +163,7 @@ def launch(
             tails.append(err.read()[-4000:].decode(errors="replace"))
     results = [read_result(Path(s.result_path)) for s in specs]
     exited = {by_pid[pid]: t for pid, t in exited_pids.items()}
-    windows = [r.memory_window for r in results if r.memory_window and len(r.memory_window) == 2]
-    window = (min(w[0] for w in windows), max(w[1] for w in windows)) if windows else None
-    sampled = sampler.stop(window) if sampler is not None else None
+    sampled = sampler.stop(memory_window(results)) if sampler is not None else None
     outcomes = [
         CaseOutcome(results[i], procs[i].returncode if i < len(procs) else None,
                     not in_time and i not in exited, tails[i], duration, sampled,
@@ -169,4 +173,18 @@ def launch(
     return outcomes, exited
 
 
-__all__ = ["MEASURE", "PINNED_ENV", "CaseOutcome", "launch", "new_spec", "worker_env"]
+def memory_window(results: list[Result]) -> tuple[float, ...] | None:
+    """The workers' memory passes as one window: [first start, last end], with the latest
+    last iteration between them where every worker held its level for the sampler."""
+    windows = [r.memory_window for r in results
+               if r.memory_window and len(r.memory_window) in (2, 3)]
+    if not windows:
+        return None
+    start, end = min(w[0] for w in windows), max(w[-1] for w in windows)
+    if all(len(w) == 3 for w in windows):
+        return (start, max(w[1] for w in windows), end)
+    return (start, end)
+
+
+__all__ = ["MEASURE", "PINNED_ENV", "CaseOutcome", "launch", "memory_window", "new_spec",
+           "worker_env"]

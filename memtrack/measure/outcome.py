@@ -4,10 +4,12 @@ the breakdown. A workload's own text is redacted before it is kept."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from typing import Any
 
 from memtrack.measure.launcher import CaseOutcome
+from memtrack.probes.nvml import bare_uuid
 from memtrack.probes.tree import CGROUP
 from memtrack.records import DeviceMeasurement, Measurement
 from memtrack.records.breakdown import with_breakdown
@@ -46,7 +48,8 @@ def to_measurement(
         devices=tuple(devices),
         device_view=view,
         device_view_note=redact(view_note),
-        sample_interval_s=interval_s if view == "nvml" else None,
+        sample_interval_s=sample_interval(outcome.sampler, interval_s) if view == "nvml"
+        else None,
         duration_s=round(outcome.duration_s, 4),
         notes=tuple(redact(n) or "" for n in notes),
         host_tree_peak_rss_bytes=tree_peak,
@@ -84,20 +87,40 @@ def figures(r: Result) -> dict[str, Any]:
     return out
 
 
+def sample_interval(sampled: dict[str, Any] | None, nominal_s: float) -> float:
+    """The sampling period the sampler achieved (first to last round), else the one asked."""
+    achieved = (sampled or {}).get("achieved_interval_s")
+    return float(achieved) if isinstance(achieved, (int, float)) and achieved > 0 else nominal_s
+
+
+_DEVICE_FIELDS = {f.name for f in dataclasses.fields(DeviceMeasurement)}
+
+
 def _device_view(
     r: Result, sampled: dict[str, Any] | None, device: str, notes: list[str]
 ) -> tuple[list[DeviceMeasurement], str | None, str | None]:
-    cuda_devices = {x.get("uuid"): x for x in r.cuda_devices}
+    # Joined by the bare UUID: NVML names a MIG instance MIG-..., torch GPU-...
+    cuda_devices = {bare_uuid(x.get("uuid")): x for x in r.cuda_devices}
     if device != "cuda":
         return [], None, "CPU case: no device view"
     if not sampled or not sampled.get("ok", True) or "devices" not in sampled:
         reason = (sampled or {}).get("reason", "NVML sampler gave no result")
-        devs = [DeviceMeasurement(**{k: v for k, v in x.items()}) for x in cuda_devices.values()]
+        devs = [DeviceMeasurement(**{k: v for k, v in x.items() if k in _DEVICE_FIELDS})
+                for x in cuda_devices.values()]
         return devs, None, reason
     out = []
     notes.extend(sampled.get("notes", []))
-    for s in sampled["devices"]:
-        a = cuda_devices.get(s["uuid"], {})
+    watched = sampled["devices"]
+    if cuda_devices:
+        # Only the devices the worker used (a primary context): on a shared host another
+        # job's growth on a GPU the case never touched is not the case's device figure.
+        used = [s for s in watched if bare_uuid(s["uuid"]) in cuda_devices]
+        if len(used) < len(watched):
+            notes.append(f"device view: {len(used)} of the {len(watched)} visible GPUs, those "
+                         "the case used")
+        watched = used
+    for s in watched:
+        a = cuda_devices.get(bare_uuid(s["uuid"]), {})
         dm = DeviceMeasurement(
             index=a.get("index", s["index"]),
             uuid=s["uuid"],
@@ -112,15 +135,37 @@ def _device_view(
             samples=s["samples"],
             memory_pass_peak_bytes=s.get("memory_pass_peak_bytes"),
         )
-        # Compared within the memory pass, where the reserved peak was taken.
-        sampled_peak = dm.memory_pass_peak_bytes or dm.peak_process_bytes
-        if dm.peak_reserved_bytes and (sampled_peak or 0) < dm.peak_reserved_bytes:
-            notes.append(
-                f"GPU {dm.index}: sampled device peak is below the allocator's exact reserved "
-                "peak: the sampler missed a spike"
-            )
+        missed = missed_spike(dm, s.get("quiet_process_bytes"), a.get("reserved_after_bytes"))
+        if missed:
+            notes.append(missed)
         out.append(dm)
     return out, "nvml", None
+
+
+def missed_spike(dm: DeviceMeasurement, quiet: int | None, reserved_after: int | None
+                 ) -> str | None:
+    """The note for a memory pass whose samples all missed the allocator's reserved peak.
+
+    The device view holds memory the allocator does not see (the CUDA context, 0.3-0.5 GB,
+    NCCL's buffers): a spike smaller than that could never show below the reserved peak.
+    It is subtracted where a quiet moment measured it: the samples of the hold after the
+    pass, against what the allocator reserved then."""
+    sampled = dm.memory_pass_peak_bytes or dm.peak_process_bytes
+    reserved = dm.peak_reserved_bytes
+    if not reserved or sampled is None:
+        return None
+    outside = None
+    if quiet is not None and reserved_after is not None:
+        outside = max(0, quiet - reserved_after)
+    if sampled - (outside or 0) >= reserved:
+        return None
+    if outside is None:
+        return (f"GPU {dm.index}: sampled device peak is below the allocator's exact reserved "
+                "peak: the sampler missed a spike")
+    return (f"GPU {dm.index}: sampled device peak less the {outside / 2**20:.1f} MiB outside "
+            f"the allocator (CUDA context, ...) is {(sampled - outside) / 2**20:.1f} MiB, below "
+            f"the allocator's exact reserved peak of {reserved / 2**20:.1f} MiB: the sampler "
+            "missed a spike")
 
 
 def signal_name(number: int) -> str:
@@ -135,4 +180,5 @@ def signal_name(number: int) -> str:
     return f"signal {number}"
 
 
-__all__ = ["case_status", "figures", "signal_name", "to_measurement"]
+__all__ = ["case_status", "figures", "missed_spike", "sample_interval", "signal_name",
+           "to_measurement"]

@@ -6,8 +6,9 @@ value). `memtrack reference` runs the reference case in a worker, as `memtrack r
 and saves the output of the call after the memory pass (the call a run compares, so a step
 that changes state is compared at the same point) as CPU float32 tensors. The manifest,
 `manifest.json` in the references folder, maps each reference case id to its file and the
-file's sha256: a reviewed file like any other. A file whose sha256 differs is refused.
-This module does not import torch; the worker does.
+file's sha256 (and the device it was recorded on): a reviewed file like any other. A file
+whose sha256 differs is refused; one recorded on another kind of device is compared, with a
+warning that opens the quality message. This module does not import torch; the worker does.
 """
 
 from __future__ import annotations
@@ -82,9 +83,11 @@ def quality_spec(config: Config, case: Case, manifest: dict[str, dict[str, Any]]
         return None
     ref = case.reference_case().case_id
     entry = (load_manifest(config) if manifest is None else manifest).get(ref)
+    device = entry.get("device") if entry else None
     return QualitySpec(mode="compare", reference=ref,
                        path=str(folder(config) / entry["file"]) if entry else None,
-                       sha256=entry["sha256"] if entry else None)
+                       sha256=entry["sha256"] if entry else None,
+                       device=device if isinstance(device, str) else None)
 
 
 def file_name(case_id: str) -> str:

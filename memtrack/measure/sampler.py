@@ -1,14 +1,19 @@
 """The parent's client of the NVML sampler: a separate process (`python -m memtrack.probes.nvml`)
 that polls the device view while a case runs, so that polling never competes with the
-measured process for its GIL. Told each worker's PID as it starts, and the memory pass's
-window at the end."""
+measured process for its GIL. Told each worker's PID as it starts, each descendant's as the
+launcher finds it, and the memory pass's window at the end. Its clock file (`clock_path`)
+tells the workers when it has sampled: a worker holds its level after the memory pass until
+two samples were taken (probes.nvml.wait_for_rounds)."""
 
 from __future__ import annotations
 
 import json
 import select
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 START_TIMEOUT_S = 60.0
@@ -27,11 +32,19 @@ class NvmlSampler:
         self.timeout_s = timeout_s
         self.proc: subprocess.Popen[str] | None = None
         self.first: dict[str, Any] = {"ok": False, "reason": "the NVML sampler was not started"}
+        self.watched: set[int] = set()
+        self.folder: Path | None = None
+
+    @property
+    def clock_path(self) -> Path | None:
+        """The running sampler's clock file, which the workers read; None when not running."""
+        return self.folder / "clock" if self.proc is not None and self.folder else None
 
     def start(self) -> bool:
+        self.folder = Path(tempfile.mkdtemp(prefix="memtrack-nvml-"))
         proc = subprocess.Popen(
             [sys.executable, "-m", "memtrack.probes.nvml", "--interval", str(self.interval_s),
-             *self.uuids],
+             "--clock", str(self.folder / "clock"), *self.uuids],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -43,6 +56,7 @@ class NvmlSampler:
             proc.wait()
             self.first = {"ok": False,
                           "reason": f"the NVML sampler did not start within {self.timeout_s:g} s"}
+            self._remove_folder()
             return False
         line = proc.stdout.readline()
         try:
@@ -53,27 +67,34 @@ class NvmlSampler:
         if not first.get("ok"):
             proc.kill()
             proc.wait()
+            self._remove_folder()
             return False
         self.proc = proc
         return True
 
     def watch(self, pid: int) -> None:
-        """A process of the case (a worker, a rank) whose own device memory counts."""
-        if self.proc is None:
+        """A process of the case (a worker, a rank, a descendant of one: a compile worker)
+        whose own device memory counts. Each is told once."""
+        if self.proc is None or pid in self.watched:
             return
+        self.watched.add(pid)
         assert self.proc.stdin is not None
-        self.proc.stdin.write(f"{pid}\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(f"{pid}\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # the sampler died: stop() says so
+            pass
 
     def stop(self, window: tuple[float, ...] | None = None) -> dict[str, Any]:
-        """The sampler's result; `window` is the memory pass [start, end] (time.monotonic())."""
+        """The sampler's result; `window` is the memory pass [start, end] or [start, last
+        iteration, end of the hold] (time.monotonic())."""
         proc, first = self.proc, self.first
         if proc is None:
             return first
         self.proc = None
         commands = "stop\n"
-        if window is not None and len(window) == 2:
-            commands = f"window {float(window[0])!r} {float(window[1])!r}\n" + commands
+        if window is not None and len(window) in (2, 3):
+            commands = f"window {' '.join(repr(float(t)) for t in window)}\n" + commands
         try:
             out, _ = proc.communicate(commands, timeout=STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -81,10 +102,17 @@ class NvmlSampler:
             proc.wait()
             return {"ok": False,
                     "reason": f"the NVML sampler did not stop within {STOP_TIMEOUT_S:g} s"}
+        finally:
+            self._remove_folder()
         try:
             return {**first, **json.loads(out.strip().splitlines()[-1])}
         except (IndexError, json.JSONDecodeError):
             return {"ok": False, "reason": f"the NVML sampler exited with {proc.returncode}"}
+
+    def _remove_folder(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
 
 
 def start_sampler(device: str, interval_s: float, uuids: tuple[str, ...]) -> NvmlSampler | None:

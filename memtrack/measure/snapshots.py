@@ -126,6 +126,11 @@ def take(config: Config, name: str, db: Path, out: Path | None = None) -> Snapsh
     case = find_case(config, name)
     env = probe_environment()
     device = resolve_device(config, env)
+    if device == "cuda" and env.allocator_backend == "cudaMallocAsync":
+        raise ConfigError("memtrack snapshot needs PyTorch's caching allocator: "
+                          "PYTORCH_ALLOC_CONF (or PYTORCH_CUDA_ALLOC_CONF) selects "
+                          "backend:cudaMallocAsync, which keeps no allocation history; "
+                          "unset that backend for the snapshot")
     path = out or check_out(default_path(case.case_id, device), config, db)
     m = run_case(config, case, device, env.visible_uuids, snapshot_path=path)
     if m.status != "ok" or not path.is_file():

@@ -262,17 +262,81 @@ def _optimizer_state_bytes(objects: list[Any]) -> int | None:
     return sum(storages.values())
 
 
+NATIVE = "native"
+"""PyTorch's own caching allocator: every counter below is kept."""
+
+
+def allocator_backend() -> str:
+    """'native' or 'cudaMallocAsync': the backend PYTORCH_ALLOC_CONF chose, as torch says."""
+    return str(torch.cuda.get_allocator_backend())
+
+
+def used_devices(device: torch.device) -> list[int]:
+    """The CUDA devices the case uses: its own, and every other one with a primary context.
+    The driver is asked without creating a context: under cudaMallocAsync, resetting a
+    device's counters creates one there (0.3-0.5 GB of device memory, in every worker and
+    every rank), and a device the case never touched has nothing to count."""
+    own = device.index if device.index is not None else torch.cuda.current_device()
+    return [i for i in range(torch.cuda.device_count())
+            if i == own or torch._C._cuda_hasPrimaryContext(i)]  # type: ignore[attr-defined]
+
+
+def counters(devices: list[int], backend: str) -> dict[str, int | None]:
+    """num_alloc_retries and num_ooms summed over `devices` (an OOM on any device the case
+    used is the case's); None where the backend keeps no such counter: cudaMallocAsync
+    reports 0 whatever happened."""
+    if backend != NATIVE:
+        return {"num_alloc_retries": None, "num_ooms": None}
+    stats = [torch.cuda.memory_stats(i) for i in devices]
+    return {k: sum(int(st.get(k, 0)) for st in stats) for k in ("num_alloc_retries", "num_ooms")}
+
+
+def device_entry(i: int, alloc: int, reserved: int) -> dict[str, Any]:
+    """One device's allocator view, as the worker's result carries it (`cuda_devices`)."""
+    props = torch.cuda.get_device_properties(i)
+    return {
+        "index": i,
+        "uuid": device_uuid(props),
+        "name": props.name,
+        "total_bytes": int(props.total_memory),
+        "peak_allocated_bytes": alloc,
+        "peak_reserved_bytes": reserved,
+        # after the memory pass: the quiet level the device view is read against
+        "reserved_after_bytes": int(torch.cuda.memory_reserved(i)),
+    }
+
+
+def failure_figures() -> dict[str, Any]:
+    """The allocator's figures when a case failed (an OOM's peak and num_ooms matter most),
+    over every device it used."""
+    backend = allocator_backend()
+    devices = used_devices(torch.device("cuda", torch.cuda.current_device()))
+    peaks = {i: (int(torch.cuda.max_memory_allocated(i)), int(torch.cuda.max_memory_reserved(i)))
+             for i in devices}
+    return {
+        "framework": CudaAllocatorProbe.name,
+        "allocator_backend": backend,
+        "peak_allocated_bytes": max(a for a, _ in peaks.values()),
+        "peak_reserved_bytes": max(r for _, r in peaks.values()),
+        **counters(devices, backend),
+        "cuda_devices": [device_entry(i, a, r) for i, (a, r) in peaks.items()],
+    }
+
+
 class CudaAllocatorProbe:
     """CUDA framework view: the caching allocator's exact counters, per iteration.
 
     `reset_peak_memory_stats` sets peak = current, so each iteration's peak includes the
-    persistent set; the persistent set itself is read at the mark.
+    persistent set; the persistent set itself is read at the mark. Only the devices the
+    case uses are asked (`used_devices`). Under cudaMallocAsync the requested bytes, the
+    retries and the OOM count are not kept by the backend: they are None, not 0.
     """
 
     name = "cuda-caching-allocator"
 
     def __init__(self, device: torch.device):
         self.device = device
+        self.backend = allocator_backend()
         self.samples: list[int] = []
         self.reserved: list[int] = []
         self.requested: list[int] = []
@@ -288,15 +352,18 @@ class CudaAllocatorProbe:
 
     @contextlib.contextmanager
     def iteration(self) -> Iterator[None]:
-        for i in range(torch.cuda.device_count()):
+        for i in used_devices(self.device):
             torch.cuda.reset_peak_memory_stats(i)
         yield
-        torch.cuda.synchronize()
+        used = used_devices(self.device)  # a device first used in this iteration counts too
+        for i in used:
+            torch.cuda.synchronize(i)
         stats = torch.cuda.memory_stats(self.device)
         self.samples.append(int(stats.get("allocated_bytes.all.peak", 0)))
         self.reserved.append(int(stats.get("reserved_bytes.all.peak", 0)))
-        self.requested.append(int(stats.get("requested_bytes.all.peak", 0)))
-        for i in range(torch.cuda.device_count()):
+        if self.backend == NATIVE:
+            self.requested.append(int(stats.get("requested_bytes.all.peak", 0)))
+        for i in used:
             alloc, res = self.per_device.get(i, (0, 0))
             self.per_device[i] = (
                 max(alloc, torch.cuda.max_memory_allocated(i)),
@@ -304,29 +371,17 @@ class CudaAllocatorProbe:
             )
 
     def summary(self) -> dict[str, Any]:
-        stats = torch.cuda.memory_stats(self.device)
-        devices = []
-        for i, (alloc, res) in sorted(self.per_device.items()):
-            props = torch.cuda.get_device_properties(i)
-            devices.append(
-                {
-                    "index": i,
-                    "uuid": device_uuid(props),
-                    "name": props.name,
-                    "total_bytes": int(props.total_memory),
-                    "peak_allocated_bytes": alloc,
-                    "peak_reserved_bytes": res,
-                }
-            )
+        devices = sorted(self.per_device) or used_devices(self.device)
         return {
             "framework": self.name,
+            "allocator_backend": self.backend,
             "peak_allocated_bytes": max(self.samples) if self.samples else None,
             "peak_reserved_bytes": max(self.reserved) if self.reserved else None,
             "peak_requested_bytes": max(self.requested) if self.requested else None,
             "allocated_samples": list(self.samples),
-            "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
-            "num_ooms": int(stats.get("num_ooms", 0)),
-            "cuda_devices": devices,
+            **counters(devices, self.backend),
+            "cuda_devices": [device_entry(i, *self.per_device[i])
+                             for i in sorted(self.per_device)],
         }
 
 

@@ -6,17 +6,23 @@ devices torch sees: NVML ignores CUDA_VISIBLE_DEVICES and numbers devices its ow
 only those UUIDs are watched, numbered as torch numbers them. Protocol over stdin/stdout,
 one JSON line each way:
   sampler -> runner: {"ok": true, "interval_s": ...}  or  {"ok": false, "reason": "..."}
-  runner -> sampler: the PID to watch; "window T0 T1" (the memory pass, in time.monotonic,
-                     which is system-wide on Linux); then "stop" (or EOF)
-  sampler -> runner: {"devices": [...], "notes": [...]}
-Sampling is sampling: a spike shorter than the interval can be missed; the runner compares
-the sampled peak with the allocator's exact reserved peak and says so.
+  runner -> sampler: a PID to watch (a worker, a rank, or one of their descendants), at any
+                     time; "window T0 T1 [T2]" (the memory pass, in time.monotonic, which is
+                     system-wide on Linux: T1 its last synchronised iteration, T2 the end of
+                     the hold after it); then "stop" (or EOF)
+  sampler -> runner: {"devices": [...], "notes": [...], "achieved_interval_s": ...}
+With `--clock PATH` the sampler also writes "ROUNDS STAMP" to PATH (atomically) after each
+round over the devices, so that a worker can hold its level until two rounds have begun
+after its memory pass (`wait_for_rounds`): a pass shorter than the interval then still has
+samples. Sampling is sampling: a spike shorter than the interval can be missed; the runner
+compares the sampled peak with the allocator's exact reserved peak and says so.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -39,12 +45,28 @@ def guarded(notes: list[str], what: str, query: Callable[..., Any], *args: Any) 
         return None
 
 
-def memory_info(nvml: Any, handle: Any, notes: list[str], what: str) -> Any:
-    # v2 reports driver-reserved memory apart from `used`; v1 folds it in.
-    try:
-        return nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
-    except Exception:
-        return guarded(notes, f"{what} memory info", nvml.nvmlDeviceGetMemoryInfo, handle)
+def memory_info(nvml: Any, handle: Any, notes: list[str], what: str,
+                v2: bool | None = None) -> Any:
+    """Memory info, v2 where the driver has it: v2 reports driver-reserved memory apart from
+    `used`, v1 folds it in. `v2` decided already (a sampler decides once: see Sampler), or
+    None for a one-off reading that falls back to v1."""
+    if v2 is None:
+        try:
+            return nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
+        except Exception:
+            return guarded(notes, f"{what} memory info", nvml.nvmlDeviceGetMemoryInfo, handle)
+    if v2:
+        return guarded(notes, f"{what} memory info", nvml.nvmlDeviceGetMemoryInfo, handle,
+                       nvml.nvmlMemory_v2)
+    return guarded(notes, f"{what} memory info", nvml.nvmlDeviceGetMemoryInfo, handle)
+
+
+def bare_uuid(uuid: str | None) -> str | None:
+    """A device's UUID without its GPU- or MIG- prefix: torch spells a MIG instance GPU-...,
+    NVML MIG-..., for the same hex."""
+    if uuid is None:
+        return None
+    return uuid.split("-", 1)[1] if uuid.startswith(("GPU-", "MIG-")) else uuid
 
 
 def usable_total(info: Any) -> int | None:
@@ -57,7 +79,7 @@ def usable_total(info: Any) -> int | None:
 def resolve(nvml: Any, uuid: str) -> Any:
     """NVML's handle for a device torch names by UUID: a GPU or a MIG instance (torch may
     spell a MIG instance's UUID with a GPU- prefix)."""
-    bare = uuid.split("-", 1)[1] if uuid.startswith(("GPU-", "MIG-")) else uuid
+    bare = bare_uuid(uuid)
     for form in (f"GPU-{bare}", f"MIG-{bare}"):
         try:
             return nvml.nvmlDeviceGetHandleByUUID(form)
@@ -77,10 +99,23 @@ def is_mig_parent(nvml: Any, handle: Any) -> bool:
         return False
 
 
+def decide_v2(nvml: Any, handle: Any, notes: list[str], what: str) -> tuple[bool, Any]:
+    """Whether this device's memory info is read as v2 for the whole case, and the first
+    reading. Decided once: v1's `used` includes driver-reserved memory, so a case whose
+    readings switched version on a transient failure would mix two figures."""
+    try:
+        return True, nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
+    except Exception as exc:
+        notes.append(f"{what} memory info v2 unavailable ({type(exc).__name__}: {exc}): "
+                     "v1 is read, whose used memory includes what the driver reserves")
+    return False, memory_info(nvml, handle, notes, what, v2=False)
+
+
 class Sampler:
     """Peaks of device-wide and per-process used memory on the given devices. `nvml` is
     `pynvml` (or, in tests that run without a GPU, a stand-in with the same functions);
-    `uuids` are the devices torch sees, in torch's order."""
+    `uuids` are the devices torch sees, in torch's order. Each device is recorded under the
+    UUID NVML gives for its handle (a MIG instance's MIG-..., which torch spells GPU-...)."""
 
     def __init__(self, nvml: Any, uuids: list[str]):
         if not uuids:
@@ -88,6 +123,9 @@ class Sampler:
         self.nvml = nvml
         self.notes: list[str] = []
         self.handles = [resolve(nvml, u) for u in uuids]
+        self.v2: list[bool] = []
+        self.rounds: list[float] = []
+        """When each round over the devices ended (the achieved period is read from it)."""
         self.devices: list[dict[str, Any]] = []
         for index, (uuid, handle) in enumerate(zip(uuids, self.handles, strict=True)):
             if is_mig_parent(nvml, handle):
@@ -95,12 +133,14 @@ class Sampler:
                     f"device {index} ({uuid}) is a GPU in MIG mode: NVML's figures for it "
                     "span all its instances"
                 )
-            info = memory_info(nvml, handle, self.notes, f"GPU {index}")
+            v2, info = decide_v2(nvml, handle, self.notes, f"GPU {index}")
+            self.v2.append(v2)
             name = guarded(self.notes, f"GPU {index} name", nvml.nvmlDeviceGetName, handle)
+            own = guarded(self.notes, f"GPU {index} UUID", nvml.nvmlDeviceGetUUID, handle)
             self.devices.append(
                 {
                     "index": index,
-                    "uuid": uuid,
+                    "uuid": uuid if own is None else _text(own),
                     "name": None if name is None else _text(name),
                     "total_bytes": usable_total(info),
                     "used_before_bytes": None if info is None else int(info.used),
@@ -108,13 +148,24 @@ class Sampler:
                 }
             )
 
-    def sample(self, pids: set[int], clock: Callable[[], float] = time.monotonic) -> None:
-        for dev, handle in zip(self.devices, self.handles, strict=True):
-            info = memory_info(self.nvml, handle, self.notes, f"GPU {dev['index']}")
+    def sample(self, pids: set[int], clock: Callable[[], float] = time.monotonic) -> float:
+        """One round over the devices; returns when it ended (clock())."""
+        for dev, handle, v2 in zip(self.devices, self.handles, self.v2, strict=True):
+            info = memory_info(self.nvml, handle, self.notes, f"GPU {dev['index']}", v2)
             # Stamped after the reading: a figure read inside a window is stamped inside it.
             now = clock()
             used = None if info is None else int(info.used)
             dev["samples"].append((now, used, self._process_bytes(dev["index"], handle, pids)))
+        end = clock()
+        self.rounds.append(end)
+        return end
+
+    def achieved_interval_s(self) -> float | None:
+        """The period achieved, first to last round: it grows with the number of devices (and
+        the process lists' cost) and under gVisor, beyond the interval asked for."""
+        if len(self.rounds) < 2:
+            return None
+        return (self.rounds[-1] - self.rounds[0]) / (len(self.rounds) - 1)
 
     def _process_bytes(self, index: int, handle: Any, pids: set[int]) -> int | None:
         """The watched processes' memory on this device: 0 when absent, None when unknown."""
@@ -133,20 +184,25 @@ class Sampler:
             return None
         return sum(int(b) for b in mine)
 
-    def result(self, window: tuple[float, float] | None = None) -> dict[str, Any]:
-        """Per-device peaks, over the whole case and within `window` (the memory pass)."""
+    def result(self, window: tuple[float, ...] | None = None) -> dict[str, Any]:
+        """Per-device peaks, over the whole case and within `window`: the memory pass [T0,
+        T1], or [T0, T1, T2] with the hold after it (T1 its last synchronised iteration);
+        and, from the hold, each device's quiet level (the last sample after T1)."""
         # All or nothing: if the process was found on any device, the per-process view
         # holds everywhere (a device it never appeared on, it did not use). Found nowhere
         # (a container's PID namespace), every device falls back to its device-wide delta.
         by_pid = any(p for dev in self.devices for _, _, p in dev["samples"])
         devices = []
+        first, last = (window[0], window[-1]) if window else (0.0, 0.0)
+        hold = window[1] if window and len(window) == 3 else None
         for dev in self.devices:
             samples: list[Sample] = dev["samples"]
-            inside = [s for s in samples if window and window[0] <= s[0] <= window[1]]
+            inside = [s for s in samples if window and first <= s[0] <= last]
+            quiet = [s for s in inside if hold is not None and s[0] > hold]
             if window and not inside:
                 self.notes.append(
                     f"GPU {dev['index']}: no sample fell inside the memory pass "
-                    f"({(window[1] - window[0]) * 1e3:.1f} ms): no device figure for it"
+                    f"({(last - first) * 1e3:.1f} ms): no device figure for it"
                 )
             used = [u for _, u, _ in samples if u is not None]
             before = dev["used_before_bytes"]
@@ -156,11 +212,13 @@ class Sampler:
                     "peak_device_used_bytes": max([*used, before or 0]) if used else before,
                     "peak_process_bytes": _peak(samples, by_pid, before),
                     "memory_pass_peak_bytes": _peak(inside, by_pid, before),
+                    "quiet_process_bytes": _peak(quiet[-1:], by_pid, before),
                     "process_view": "pid" if by_pid else "device-delta",
                     "samples": len(samples),
                 }
             )
-        return {"devices": devices, "notes": self.notes}
+        return {"devices": devices, "notes": self.notes,
+                "achieved_interval_s": self.achieved_interval_s()}
 
 
 def _peak(samples: list[Sample], by_pid: bool, before: int | None) -> int | None:
@@ -175,9 +233,48 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def write_clock(path: str, rounds: int, stamp: float) -> None:
+    """'ROUNDS STAMP' into `path`, atomically: a reader sees one whole line or the last."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(f"{rounds} {stamp!r}\n")
+    os.replace(tmp, path)
+
+
+def read_clock(path: str) -> tuple[int, float] | None:
+    """(rounds, when the last ended) from a sampler's clock file; None before its first."""
+    try:
+        with open(path) as f:
+            rounds, stamp = f.read().split()
+        return int(rounds), float(stamp)
+    except (OSError, ValueError):
+        return None
+
+
+def wait_for_rounds(path: str, after: float, limit_s: float,
+                    clock: Callable[[], float] = time.monotonic,
+                    pause: Callable[[float], None] = time.sleep) -> float | None:
+    """Wait until the sampler writing `path` has completed a round that began after `after`
+    (two ends after it: the second round began after the first ended), at most `limit_s`.
+    Returns when the wait ended (clock()), or None when the rounds did not come in time."""
+    deadline = after + limit_s
+    first: int | None = None
+    while True:
+        seen = read_clock(path)
+        if seen is not None and seen[1] > after:
+            if first is None:
+                first = seen[0]
+            elif seen[0] > first:
+                return clock()
+        if clock() > deadline:
+            return None
+        pause(0.001)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="NVML sampler (started by memtrack's runner)")
     parser.add_argument("--interval", type=float, default=0.01)
+    parser.add_argument("--clock", help="write 'ROUNDS STAMP' here after every round")
     parser.add_argument("uuids", nargs="*", help="the devices torch sees, in its order")
     args = parser.parse_args(argv)
     try:
@@ -204,9 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                 break
             if len(words) == 1 and words[0].isdigit():
                 pids.add(int(words[0]))
-            elif len(words) == 3 and words[0] == "window":
+            elif len(words) in (3, 4) and words[0] == "window":
                 try:
-                    window[:] = [float(words[1]), float(words[2])]
+                    window[:] = [float(w) for w in words[1:]]
                 except ValueError:
                     pass  # no window: the memory pass's figures stay absent
         stop.set()
@@ -214,10 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=read_commands, daemon=True).start()
     print(json.dumps({"ok": True, "interval_s": args.interval}), flush=True)
     while not stop.is_set():
-        sampler.sample(set(pids))
+        stamp = sampler.sample(set(pids))
+        if args.clock:
+            write_clock(args.clock, len(sampler.rounds), stamp)
         time.sleep(args.interval)
     sampler.sample(set(pids))
-    result = sampler.result((window[0], window[1]) if window else None)
+    result = sampler.result(tuple(window) if window else None)
     print(json.dumps(result), flush=True)
     pynvml.nvmlShutdown()
     return 0

@@ -105,10 +105,11 @@ def compare(step: Callable[[], Any], ctx: Any, wl: Any, spec: QualitySpec) -> di
     output: a problem with either is a quality error, recorded, and the case stands."""
     out: dict[str, Any] = {"quality_reference": spec.reference,
                            "quality_tolerance": dict(wl.tolerance)}
-    if not spec.path:
+    if not spec.path or not spec.sha256:
         return {**out, "quality_status": "none",
                 "quality_message": f"no reference recorded for {spec.reference}: record "
                                    f"one with `memtrack reference -k '{spec.reference}'`"}
+    elsewhere = other_device(spec, ctx.device)
     try:
         structure, flat = _extra_call(step, ctx)
     except OutputError as exc:
@@ -125,7 +126,7 @@ def compare(step: Callable[[], Any], ctx: Any, wl: Any, spec: QualitySpec) -> di
                 raise OutputError(f"output {k!r} has shape {list(got[k].shape)}, the "
                                   f"reference {list(ref[k].shape)}")
     except OutputError as exc:
-        return {**out, "quality_status": "error", "quality_message": str(exc)}
+        return {**out, "quality_status": "error", "quality_message": elsewhere + str(exc)}
     figures, bad = _figures(got, ref)
     if wl.quality is not None and bad is None:
         try:
@@ -138,7 +139,19 @@ def compare(step: Callable[[], Any], ctx: Any, wl: Any, spec: QualitySpec) -> di
         figures["value"] = value
     status, message = judge(figures, wl.tolerance, bad)
     return {**out, **{f"quality_{k}": _finite(v) for k, v in figures.items()},
-            "quality_status": status, "quality_message": message}
+            "quality_status": status, "quality_message": elsewhere + message}
+
+
+def other_device(spec: QualitySpec, device: torch.device) -> str:
+    """The warning that opens the quality message when the reference was recorded on another
+    kind of device: kernels differ between them (on a GPU, cuDNN computes float32
+    convolutions in TF32 by default), so part of the difference is the device's. Empty
+    where the devices are of one kind, or the manifest does not say."""
+    if not spec.device or spec.device.partition(":")[0] == device.type:
+        return ""
+    return (f"reference recorded on {spec.device}, compared on {device}: kernels differ "
+            "between them (TF32 convolutions on a GPU, ...); record it on this kind of "
+            f"device with `memtrack reference -k '{spec.reference}'`; ")
 
 
 def _names(flat: dict[str, Any]) -> str:

@@ -48,13 +48,25 @@ def capture(step: Callable[[], Any], device: torch.device, objects: tuple[Any, .
     return _modules(step, device, objects, path, case_id)
 
 
+ASYNC_REFUSED = (
+    "memtrack snapshot needs PyTorch's caching allocator: this worker runs cudaMallocAsync "
+    "(PYTORCH_ALLOC_CONF or PYTORCH_CUDA_ALLOC_CONF has backend:cudaMallocAsync), which keeps "
+    "no allocation history; take the snapshot without that backend")
+
+
 def _cuda(step: Callable[[], Any], device: torch.device, path: Path) -> dict[str, Any]:
     """The allocator's history over one step. `torch.cuda.memory._dump_snapshot(path)` is
     `pickle.dump(_snapshot(), open(path, "wb"))`: the same pickle is written here, into a
-    file created private."""
+    file created private.
+
+    Stacks are Python's only: torch's default, "all", symbolises every C++ frame of every
+    event, which took minutes per snapshot on large nodes (and its unwinder has failed
+    outright); memory_viz needs the Python frames to say which code allocated."""
+    if torch.cuda.get_allocator_backend() == "cudaMallocAsync":
+        raise RuntimeError(ASYNC_REFUSED)  # its recordHistory raises a C++ error otherwise
     memory = torch.cuda.memory
     torch.cuda.synchronize(device)
-    memory._record_memory_history(max_entries=MAX_ENTRIES)
+    memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
     try:
         step()
         torch.cuda.synchronize(device)

@@ -141,11 +141,14 @@ def _signal(pid: int, sig: int, *, group: bool = False) -> None:
 
 
 class ProcessTree:
-    """The processes of one case, whose first is the worker `pid` (a session leader)."""
+    """The processes of one case, whose first is the worker `pid` (a session leader).
+    `on_member(pid)` is told of each process of the case when it is first seen (the NVML
+    sampler watches them: a compile worker's device memory is the case's too)."""
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, on_member: Callable[[int], None] | None = None):
         self.pid = pid
         self.peak = 0
+        self.on_member = on_member
         self.known: dict[int, int] = {}
         """Every process of the case seen so far: pid -> start time (a reused pid differs)."""
         self.cgroup = _Cgroup.create()
@@ -188,12 +191,16 @@ class ProcessTree:
             grown = not more <= found
             found |= more
         for p in found:
+            if self.on_member is not None and self.known.get(p) != procs[p][3]:
+                self.on_member(p)
             self.known[p] = procs[p][3]
         return found
 
     def sample(self) -> None:
         """One look at the tree's RSS; the worker's own peak comes from the worker."""
         if self.cgroup is not None:
+            if self.on_member is not None:
+                self.members()  # the cgroup has the peak; the members are still told
             return
         total = 0
         for pid in self.members():

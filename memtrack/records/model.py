@@ -120,6 +120,9 @@ class Environment:
     """torch's own words when it cannot start CUDA (driver too old, no device, CPU build)."""
     notes: tuple[str, ...] = ()
     """Queries that failed (e.g. NVML memory info without privileges), in plain words."""
+    allocator_backend: str | None = None
+    """The CUDA allocator's backend torch starts with here ('native' or 'cudaMallocAsync',
+    from PYTORCH_ALLOC_CONF); None where torch cannot start CUDA."""
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,10 @@ class Measurement:
     traceback: str | None = None
     framework: str | None = None
     """Which framework view: 'cuda-caching-allocator' or 'memtracker' (CPU)."""
+    allocator_backend: str | None = None
+    """The CUDA allocator's backend, as torch reports it: 'native' (PyTorch's caching
+    allocator) or 'cudaMallocAsync' (then the requested bytes, the retries and the OOM count
+    are not kept, and reserved is an upper bound). None on the CPU."""
     peak_allocated_bytes: int | None = None
     """Framework peak of live tensor memory during the measured iterations. Of a multi-rank
     case: the largest per-device peak over its ranks (devices do not pool)."""
@@ -237,7 +244,8 @@ class Measurement:
     """'nvml' when NVML sampled the case; else None and `device_view_note` says why."""
     device_view_note: str | None = None
     sample_interval_s: float | None = None
-    """NVML sampling interval."""
+    """NVML sampling period the sampler achieved (first to last round over the devices; it
+    grows with the number of GPUs and under gVisor), else the interval asked for."""
     devices: tuple[DeviceMeasurement, ...] = ()
     weights_bytes: int | None = None
     intermediates_bytes: int | None = None

@@ -285,6 +285,13 @@ def m010_loading(db: sqlite_utils.Database) -> None:
         db.execute(f"alter table measurements add column {name} {kind}")
 
 
+def m011_allocator_backend(db: sqlite_utils.Database) -> None:
+    """The CUDA allocator's backend: of each measurement (torch's answer in the worker) and
+    of the machine (where torch starts CUDA). cudaMallocAsync keeps fewer counters."""
+    db.execute("alter table measurements add column allocator_backend text")
+    db.execute("alter table environments add column allocator_backend text")
+
+
 STEPS = (
     m001_initial,
     m002_verdicts,
@@ -296,6 +303,7 @@ STEPS = (
     m008_ranks,
     m009_quality,
     m010_loading,
+    m011_allocator_backend,
 )
 
 

@@ -73,6 +73,13 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, ft.UnsupportedFakeTensorException):
         return f"cannot be faked: {getattr(exc, 'reason', exc)}"
     text = str(exc).strip().splitlines()
+    if "hasPrimaryContext" in str(exc):
+        # autograd's engine asks the driver for each device's context before it runs a
+        # backward pass, even over fake tensors: without a GPU there is none to ask
+        return ("cannot be estimated: backward on fake CUDA tensors needs a CUDA device "
+                "(autograd asks the driver for its context, and this machine has no GPU); "
+                "estimate the training step with --device cpu and the target dtype "
+                f"({type(exc).__name__}: {text[0] if text else ''})")[:2000]
     frames = traceback.extract_tb(exc.__traceback__)
     if any(f.filename.replace("\\", "/").endswith("torch/serialization.py") for f in frames):
         return ("cannot be faked: the workload saves or loads a checkpoint (torch.save / "
@@ -160,7 +167,7 @@ def estimate_case(spec: Spec, result: ResultFile) -> None:
     # Tensors a workload module made at import are real: they enter as fake constants.
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode, _fake_module_support(mode):
-        ctx = Context(spec.params, spec.seed, device, Path(spec.data_dir))
+        ctx = Context(spec.params, spec.seed, device, Path(spec.data_dir), fake=True)
         probe = MemTrackerProbe(ctx.device)
         # Tags go to the tracker; outside the measured step they are dropped (the context's
         # own bookkeeping reads data pointers, which fake storages do not have).

@@ -82,7 +82,8 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     if not callable(step):
         raise TypeError(f"workload {wl.name!r} must return the step to measure, got {step!r}")
     if sessions > 1:
-        # One iteration is every session done: timed, measured and warmed up alike.
+        # One iteration is every session done: timed, measured and warmed up alike, by the
+        # same N threads (workload.sessions says why).
         from memtrack.workload.sessions import Sessions
 
         step = Sessions(step, sessions, ctx.device, probe.session_scope)
@@ -106,6 +107,7 @@ def run_case(spec: Spec, result: ResultFile) -> None:
         snap = capture(step, ctx.device, objects, Path(spec.snapshot_path),
                        spec.case_id or spec.workload)
         result.update(phase="done", **snap)
+        _close(step)
         return
     setup_peak = max(host.peak(), loading.before_peak)  # a loading phase reset the mark
     release_free_heap()
@@ -133,7 +135,9 @@ def run_case(spec: Spec, result: ResultFile) -> None:
             ctx.new_iteration()
             with probe.iteration():
                 step()
-    result.update(memory_window=[start, time.monotonic()])
+    _sync(ctx.device)
+    end = time.monotonic()
+    result.update(memory_window=_hold_for_sampler(spec, start, end, result.notes))
     summary = probe.summary()
     if is_cuda:
         result.update(phase="breakdown", **summary)
@@ -151,8 +155,39 @@ def run_case(spec: Spec, result: ResultFile) -> None:
             q.record(step, ctx, Path(str(quality.path)))
         else:
             summary.update(q.compare(step, ctx, wl, quality))
+    _close(step)
     result.update(phase="done", caches_bytes=ctx.cache_peak_bytes or None, **summary)
     distributed.teardown(rank)
+
+
+def _close(step: Any) -> None:
+    """End the session threads of a concurrent case (a plain step has none)."""
+    from memtrack.workload.sessions import Sessions
+
+    if isinstance(step, Sessions):
+        step.close()
+
+
+HOLD_LIMIT_S = 10.0
+"""How long a worker waits after its memory pass for the NVML sampler's next two rounds."""
+
+
+def _hold_for_sampler(spec: Spec, start: float, end: float, notes: list[str]) -> list[float]:
+    """The memory pass's window. Samples count only inside it, and a pass of a few ms fell
+    between two samples: where the sampler runs, the window stays open until two of its
+    rounds began after the last synchronised iteration. The level holds meanwhile (the
+    caching allocator keeps its segments), and those samples are the quiet level the
+    outcome reads the non-allocator memory from."""
+    if not spec.sampler_clock:
+        return [start, end]
+    from memtrack.probes.nvml import wait_for_rounds
+
+    held = wait_for_rounds(spec.sampler_clock, end, HOLD_LIMIT_S)
+    if held is None:
+        notes.append(f"the NVML sampler took fewer than two samples in the {HOLD_LIMIT_S:g} s "
+                     "after the memory pass")
+        return [start, end]
+    return [start, end, held]
 
 
 @contextlib.contextmanager
@@ -166,41 +201,57 @@ def _tags_to(ctx: Any, probe: Any) -> Iterator[None]:
 
 
 def _cuda_partial() -> dict[str, Any]:
-    """The allocator's counters at the failure (an OOM's peak and num_ooms matter most)."""
+    """The allocator's counters at the failure, over every device the case used."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return {}
-    stats = torch.cuda.memory_stats()
-    return {
-        "framework": "cuda-caching-allocator",
-        "peak_allocated_bytes": int(stats.get("allocated_bytes.all.peak", 0)),
-        "peak_reserved_bytes": int(stats.get("reserved_bytes.all.peak", 0)),
-        "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
-        "num_ooms": int(stats.get("num_ooms", 0)),
-    }
+    from memtrack.probes.framework import failure_figures
+
+    try:
+        return failure_figures()
+    except Exception:  # a CUDA error that sticks: the status and the message still stand
+        return {}
 
 
-_OOM_WORDS = ("out of memory", "can't allocate memory", "cannot allocate memory")
-"""How an allocation that failed for want of memory reads: CUDA's OutOfMemoryError, torch's
-DefaultCPUAllocator ("can't allocate memory", under RLIMIT_AS or a full host), ENOMEM."""
+OOM_WORDS = ("out of memory", "cudaerrormemoryallocation", "cuda_error_out_of_memory",
+             "can't allocate memory", "cannot allocate memory")
+"""How torch, the CUDA runtime and the driver say that an allocation failed; torch's
+DefaultCPUAllocator says "can't allocate memory" (under RLIMIT_AS or a full host)."""
+NCCL_CUDA_ERROR = "unhandled cuda error"
+NCCL_ALLOC_WORDS = ("failed to cuda calloc", "failed to cuda malloc", "cumemcreate")
+"""NCCL's own words for a device allocation of its buffers that failed. Its 'unhandled
+cuda error' alone can be any CUDA failure: with one of these (or an OOM word above, from
+NCCL's last error) it is an out-of-memory."""
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether an exception is an allocation that failed for want of memory (an `oom`)."""
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-        return True
-    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
-        return True
-    text = str(exc).lower()
-    return any(words in text for words in _OOM_WORDS)
+def is_oom(exc: BaseException) -> bool:
+    """Whether `exc`, or what it was raised from, says the device or host ran out of memory:
+    torch's OutOfMemoryError, a CUDA or driver OOM in any wording, or NCCL's 'unhandled cuda
+    error' whose detail is an allocation that failed."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        text = str(cause).lower()
+        if type(cause).__name__ == "OutOfMemoryError" or any(w in text for w in OOM_WORDS):
+            return True
+        if isinstance(cause, MemoryError) or (isinstance(cause, OSError)
+                                              and cause.errno == errno.ENOMEM):
+            return True
+        if NCCL_CUDA_ERROR in text and any(w in text for w in NCCL_ALLOC_WORDS):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def failure(exc: Exception) -> dict[str, Any]:
-    """A case that raised: out of memory where torch (CUDA or CPU) says so, else an error."""
+    """A case that raised: out of memory where torch (CUDA or CPU) or NCCL says so, else an
+    error."""
+    kind = type(exc).__name__
     return {
         **_cuda_partial(),
-        "status": "oom" if is_out_of_memory(exc) else "error",
-        "message": f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:2000],
+        "status": "oom" if is_oom(exc) else "error",
+        "message": f"{kind}: {exc}".strip().splitlines()[0][:2000],
     }
 
 

@@ -41,6 +41,9 @@ class QualitySpec:
     """Case id of the reference (compare)."""
     sha256: str | None = None
     """The reference file's sha256 as the manifest pins it (compare)."""
+    device: str | None = None
+    """Where the reference was recorded ('cpu', 'cuda:0'), as the manifest says (compare);
+    None in entries recorded before it was kept."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,9 @@ class Spec:
     """The `ranks` param of a multi-rank case: each rank is a worker of its own."""
     snapshot_path: str | None = None
     """`memtrack snapshot`: one more step under the recorder, written here."""
+    sampler_clock: str | None = None
+    """The NVML sampler's clock file, where one samples the case: after the memory pass the
+    worker holds its level until two samples were taken after it (probes.nvml)."""
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self)))
@@ -93,10 +99,12 @@ class Result:
     written_at: float | None = None
     """time.monotonic() of the last write: which rank of a multi-rank case failed first."""
     memory_window: tuple[float, ...] | None = None
-    """[start, end] of the memory pass (time.monotonic(), the NVML sampler's clock too)."""
+    """[start, end] of the memory pass (time.monotonic(), the NVML sampler's clock too), or
+    [start, last synchronised iteration, end of the hold for the sampler]."""
     cuda_devices: tuple[dict[str, Any], ...] = ()
     """The allocator's view per CUDA device: index, uuid, name, total and peak bytes."""
     framework: str | None = None
+    allocator_backend: str | None = None
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     peak_requested_bytes: int | None = None

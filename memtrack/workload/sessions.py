@@ -5,6 +5,13 @@ With `concurrency = N` one iteration is N sessions of the workload's step starte
 iteration ends when all N are done. The weights are shared; whatever a step allocates for
 its request (a KV cache, activations) exists once per session, for as long as the sessions
 overlap: that peak is what serving N requests at once needs, and it is less than N x one.
+
+The N threads are made once per case and serve every iteration (warm-up, timing and memory
+pass alike), each bound to its stream for its whole life. torch keeps one cuBLAS workspace
+per (handle, stream) pair, allocated through the caching allocator (32 MiB each on Hopper),
+and a handle belongs to a thread: a thread that exits returns it to a pool from which the
+next thread takes any. New threads in every iteration therefore made new pairs, each a new
+workspace, and allocated grew from one iteration to the next.
 """
 
 from __future__ import annotations
@@ -29,11 +36,14 @@ def concurrency(params: dict[str, Any]) -> int:
 
 
 class Sessions:
-    """Calling it runs `step` in `n` threads at once and returns when every one is done.
+    """Calling it runs `step` once in each of `n` session threads at once and returns when
+    every one is done. The threads start with the object and serve every call; `close()`
+    ends them (they are daemon threads: a process that exits without it is not held).
 
-    `scope` is entered by each thread around its session (a tracker that must see the
-    thread's tensors enters it there). An exception in any session is raised here, after
-    every thread has ended; the barrier is broken so that no thread waits for ever.
+    `scope` is entered by each thread around its session, in every call (a tracker that must
+    see the thread's tensors enters it there; it may be replaced between calls). An
+    exception in any session is raised here, after every session of the call has ended; the
+    sessions' common start is then broken, so that no thread waits for one that failed.
     """
 
     def __init__(self, step: Callable[[], Any], n: int, device: Any,
@@ -45,50 +55,85 @@ class Sessions:
             import torch
 
             self.streams = [torch.cuda.Stream(device) for _ in range(n)]
+        # The caller and the n threads meet at `_go` (a call begins) and `_done` (it ended);
+        # the n sessions meet at `_start`, inside their scopes, to begin the step together.
+        self._go = threading.Barrier(n + 1)
+        self._start = threading.Barrier(n)
+        self._done = threading.Barrier(n + 1)
+        self._errors: list[BaseException] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self.threads = [threading.Thread(target=self._serve, args=(s,), daemon=True,
+                                         name=f"memtrack-session-{i}")
+                        for i, s in enumerate(self.streams)]
+        for t in self.threads:
+            t.start()
+
+    def _serve(self, stream: Any) -> None:
+        try:
+            _bind(self.device, stream)
+            unbound: BaseException | None = None
+        except BaseException as exc:  # said at every call, raised by the caller
+            unbound = exc
+        while True:
+            self._go.wait()
+            if self._closed:
+                return
+            try:
+                if unbound is not None:
+                    raise unbound
+                with self.scope():
+                    self._start.wait()
+                    self.step()
+            except threading.BrokenBarrierError:
+                pass  # another session failed first: its error is the one to report
+            except BaseException as exc:
+                with self._lock:
+                    self._errors.append(exc)
+                self._start.abort()
+            self._done.wait()
 
     def __call__(self) -> None:
-        barrier = threading.Barrier(self.n)
-        errors: list[BaseException] = []
+        if self._closed:
+            raise RuntimeError("the sessions were closed")
         if self.device.type == "cuda":
             import torch
 
             current = torch.cuda.current_stream(self.device)
             for s in self.streams:
                 s.wait_stream(current)  # what setup queued (the weights) comes first
-
-        def session(stream: Any) -> None:
-            try:
-                with self.scope(), _on_stream(stream):
-                    barrier.wait()
-                    self.step()
-            except threading.BrokenBarrierError:
-                pass  # another session failed first: its error is the one to report
-            except BaseException as exc:  # raised in the caller's thread below
-                errors.append(exc)
-                barrier.abort()
-
-        threads = [threading.Thread(target=session, args=(s,), name=f"memtrack-session-{i}")
-                   for i, s in enumerate(self.streams)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        self._go.wait()
+        self._done.wait()
         if self.device.type == "cuda":
-            import torch
-
-            current = torch.cuda.current_stream(self.device)
             for s in self.streams:
                 current.wait_stream(s)  # the caller's synchronisation now covers every session
+        errors, self._errors = self._errors, []
+        if self._start.broken:
+            self._start.reset()
         if errors:
             raise errors[0]
 
+    def close(self) -> None:
+        """End the session threads (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._go.wait()
+        for t in self.threads:
+            t.join()
 
-@contextlib.contextmanager
-def _on_stream(stream: Any) -> Any:
+    def __enter__(self) -> Sessions:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _bind(device: Any, stream: Any) -> None:
+    """This thread's device and current stream, once for its life (both are per thread)."""
     if stream is None:
-        yield
         return
     import torch
 
-    with torch.cuda.stream(stream):
-        yield
+    torch.cuda.set_device(device)
+    torch.cuda.set_stream(stream)

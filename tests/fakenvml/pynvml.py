@@ -12,10 +12,11 @@ a sampler runs (write the file atomically: see `write_scenario` in test_nvml.py)
                 "capability": [9, 0], "mig": "none" | "disabled" | "enabled" | "instance",
                 "fail": ["memory", "procs", "name", ...]}]}
 
-A device with "mig": "instance" is a MIG instance: found by UUID only, not by index. A query
-named in "fail" raises NVMLError_NoPermission. Every memory query appends "UUID USED" to
-$FAKE_NVML.seen, so a workload can wait until the sampler has read a figure instead of
-sleeping and hoping.
+A device with "mig": "instance" is a MIG instance: found by UUID only, not by index, and its
+UUID spelt MIG-... A query named in "fail" raises NVMLError_NoPermission; "memory_v2" fails
+only memory info v2 (NVMLError_Unknown, a transient failure), "memory" both versions. Every
+memory query appends "UUID USED" to $FAKE_NVML.seen, so a workload can wait until the sampler
+has read a figure instead of sleeping and hoping.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ class NVMLError_NotFound(NVMLError):
 class NVMLError_NotSupported(NVMLError):
     def __str__(self) -> str:
         return "Not Supported"
+
+
+class NVMLError_Unknown(NVMLError):
+    def __str__(self) -> str:
+        return "Unknown Error"
 
 
 def _scenario() -> dict[str, Any]:
@@ -109,6 +115,8 @@ def nvmlDeviceGetCudaComputeCapability(handle: str) -> tuple[int, int]:
 
 def nvmlDeviceGetMemoryInfo(handle: str, version: int | None = None) -> SimpleNamespace:
     d = _device(handle, "memory")
+    if version == nvmlMemory_v2 and "memory_v2" in d.get("fail", []):
+        raise NVMLError_Unknown()
     used, reserved, total = d["used"], d.get("reserved", 0), d["total"]
     with open(os.environ["FAKE_NVML"] + ".seen", "a") as f:
         f.write(f"{handle} {used}\n")

@@ -1,0 +1,169 @@
+"""The CUDA framework view (probes.framework) and how a failed case's status is read
+(worker.measure). This machine has no GPU: the CUDA probe runs against fake torch.cuda entry
+points (FakeCuda below), standing for the allocator's counters of several devices, which
+record every call that reaches a device."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from memtrack.probes.framework import CudaAllocatorProbe
+from memtrack.worker.measure import failure, is_oom
+
+MiB = 2**20
+
+
+class FakeCuda:
+    """Eight visible GPUs; the case's own (cuda:0) and cuda:3 have a primary context. Each
+    device's counters are a dict; `touched` lists every device a call reached."""
+
+    def __init__(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        backend: str = "native",
+        contexts: tuple[int, ...] = (0, 3),
+    ):
+        self.backend = backend
+        self.contexts = set(contexts)
+        self.touched: set[int] = set()
+        self.stats = {
+            i: {
+                "allocated_bytes.all.peak": 0,
+                "reserved_bytes.all.peak": 0,
+                "requested_bytes.all.peak": 0,
+                "num_alloc_retries": 0,
+                "num_ooms": 0,
+            }
+            for i in range(8)
+        }
+        cuda = torch.cuda
+        patch = monkeypatch.setattr
+        patch(cuda, "device_count", lambda: 8)
+        patch(cuda, "current_device", lambda: 0)
+        patch(cuda, "get_allocator_backend", lambda: self.backend)
+        patch(torch._C, "_cuda_hasPrimaryContext", lambda i: i in self.contexts, raising=False)
+        patch(cuda, "synchronize", lambda device=None: self._touch(device))
+        patch(cuda, "reset_peak_memory_stats", lambda device=None: self._touch(device))
+        patch(cuda, "memory_stats", lambda device=None: dict(self.stats[self._touch(device)]))
+        patch(
+            cuda,
+            "max_memory_allocated",
+            lambda device=None: self.stats[self._touch(device)]["allocated_bytes.all.peak"],
+        )
+        patch(
+            cuda,
+            "max_memory_reserved",
+            lambda device=None: self.stats[self._touch(device)]["reserved_bytes.all.peak"],
+        )
+        patch(cuda, "memory_reserved", lambda device=None: self._touch(device) and 0)
+        patch(cuda, "memory_allocated", lambda device=None: self._touch(device) and 0)
+        patch(
+            cuda,
+            "get_device_properties",
+            lambda i: SimpleNamespace(
+                name="NVIDIA H200",
+                uuid=f"0000000{i}-0000-0000-0000-000000000000",
+                total_memory=140 * 2**30,
+            ),
+        )
+
+    def _touch(self, device: object) -> int:
+        index = device.index if isinstance(device, torch.device) else device
+        index = 0 if index is None else int(index)
+        self.touched.add(index)
+        return index
+
+
+def _one_iteration(cuda: FakeCuda) -> dict:
+    probe = CudaAllocatorProbe(torch.device("cuda", 0))
+    with probe.iteration():
+        cuda.stats[0].update(
+            {
+                "allocated_bytes.all.peak": 300 * MiB,
+                "reserved_bytes.all.peak": 400 * MiB,
+                "requested_bytes.all.peak": 290 * MiB,
+                "num_alloc_retries": 1,
+            }
+        )
+        cuda.stats[3].update(
+            {
+                "allocated_bytes.all.peak": 100 * MiB,
+                "reserved_bytes.all.peak": 120 * MiB,
+                "num_alloc_retries": 2,
+                "num_ooms": 1,
+            }
+        )
+    return probe.summary()
+
+
+def test_the_cuda_probe_asks_only_the_devices_the_case_used_with_fake_cuda(monkeypatch):
+    # Under cudaMallocAsync a reset of another device's counters creates a context there
+    # (0.3-0.5 GB on every visible GPU, in every worker): only the devices with a context,
+    # and the case's own, are asked.
+    cuda = FakeCuda(monkeypatch)
+    summary = _one_iteration(cuda)
+    assert cuda.touched == {0, 3}
+    assert [d["index"] for d in summary["cuda_devices"]] == [0, 3]
+    assert summary["allocator_backend"] == "native"
+    # retries and OOMs on any device the case used are the case's
+    assert (summary["num_alloc_retries"], summary["num_ooms"]) == (3, 1)
+    assert summary["peak_requested_bytes"] == 290 * MiB
+
+
+def test_under_cuda_malloc_async_counters_it_lacks_are_none_not_zero_with_fake_cuda(monkeypatch):
+    cuda = FakeCuda(monkeypatch, backend="cudaMallocAsync")
+    summary = _one_iteration(cuda)
+    assert summary["allocator_backend"] == "cudaMallocAsync"
+    assert summary["peak_allocated_bytes"] == 300 * MiB  # the driver's pool says these
+    assert summary["peak_reserved_bytes"] == 400 * MiB
+    assert summary["peak_requested_bytes"] is None
+    assert summary["num_alloc_retries"] is None and summary["num_ooms"] is None
+    assert cuda.touched == {0, 3}
+
+
+def test_a_failed_case_counts_ooms_from_every_device_it_used_with_fake_cuda(monkeypatch):
+    cuda = FakeCuda(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    cuda.stats[3].update({"allocated_bytes.all.peak": 9 * MiB, "num_ooms": 1})
+    out = failure(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert out["status"] == "oom" and out["num_ooms"] == 1  # on cuda:3, not the current one
+    assert out["peak_allocated_bytes"] == 9 * MiB
+    assert [d["index"] for d in out["cuda_devices"]] == [0, 3]
+    assert cuda.touched == {0, 3}
+
+
+NCCL = (
+    "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, "
+    "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.5\n"
+    "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "oom"),
+    [
+        (NCCL + "Failed to CUDA calloc async 6291456 bytes", True),
+        (NCCL + "Cuda failure 2 'out of memory'", True),
+        (NCCL + "Cuda failure 700 'an illegal memory access was encountered'", False),
+        ("CUDA error: cudaErrorMemoryAllocation", True),
+        ("shape mismatch", False),
+    ],
+)
+def test_an_nccl_out_of_memory_is_an_oom_and_other_cuda_errors_are_not(text, oom):
+    class DistBackendError(RuntimeError):  # torch.distributed's, as NCCL's errors arrive
+        pass
+
+    assert is_oom(DistBackendError(text)) is oom
+
+
+def test_an_oom_the_workload_wrapped_in_its_own_error_is_still_an_oom():
+    try:
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        except torch.OutOfMemoryError as exc:
+            raise RuntimeError("generation failed") from exc
+    except RuntimeError as wrapped:
+        assert failure(wrapped)["status"] == "oom"
