@@ -5,11 +5,13 @@ stored or reported (a workload's error message can quote a URL, a header or a va
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from memtrack.records import RunRecord
+    from memtrack.records import Measurement, RunRecord
 
 MASK = "[redacted]"
 
@@ -43,12 +45,32 @@ def redact(text: str | None) -> str | None:
     return text
 
 
+_redact_often = functools.lru_cache(maxsize=512)(redact)
+"""redact, remembering recent texts: the records of a batch repeat their notes."""
+
+
+def _redact_measurement(m: Measurement) -> Measurement:
+    changes: dict[str, Any] = {}
+    for name in ("message", "traceback", "device_view_note", "quality_message"):
+        text = getattr(m, name)
+        if text and (clean := _redact_often(text)) != text:
+            changes[name] = clean
+    notes = tuple(_redact_often(n) or "" for n in m.notes)
+    if notes != m.notes:
+        changes["notes"] = notes
+    ranks = tuple(r if not r.message or (clean := _redact_often(r.message)) == r.message
+                  else dataclasses.replace(r, message=clean) for r in m.ranks)
+    if ranks != m.ranks:
+        changes["ranks"] = ranks
+    # most records hold no secret: they are kept as they are, not copied
+    return dataclasses.replace(m, **changes) if changes else m
+
+
 def redact_run(run: RunRecord) -> RunRecord:
     """A run record (from another machine, or crafted) with its workloads' text redacted as
-    `memtrack run` redacts it: messages, tracebacks, notes. Redacting twice changes nothing."""
-    return dataclasses.replace(run, measurements=tuple(
-        dataclasses.replace(
-            m, message=redact(m.message), traceback=redact(m.traceback),
-            device_view_note=redact(m.device_view_note),
-            notes=tuple(redact(n) or "" for n in m.notes))
-        for m in run.measurements))
+    `memtrack run` redacts it: messages (a rank's too), tracebacks, notes, the quality
+    message. Redacting twice changes nothing."""
+    measurements = tuple(_redact_measurement(m) for m in run.measurements)
+    if all(map(operator.is_, measurements, run.measurements)):
+        return run
+    return dataclasses.replace(run, measurements=measurements)
