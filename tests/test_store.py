@@ -14,7 +14,7 @@ from factories import GPU_ENV, MiB, make_measurement, make_run
 
 from memtrack.cli import main
 from memtrack.errors import StoreError
-from memtrack.records import read_json, write_json
+from memtrack.records import CIInfo, read_json, write_json
 from memtrack.store import Store
 
 
@@ -352,3 +352,39 @@ def test_a_database_from_before_the_estimate_index_gets_it_when_opened(tmp_path)
         indexes = {r["name"] for r in store.conn.execute("pragma index_list(measurements)")}
         assert "idx_measurements_estimates" in indexes
         assert store.get_run(runs[-2].run_id) == runs[-2]  # the rows are as they were
+
+
+def test_a_run_twice_in_one_write_is_stored_once_and_other_content_refused(tmp_path,
+                                                                           monkeypatch):
+    """Stored runs are looked up a batch at a time: a run id seen again, in the same batch,
+    a later one or an earlier write, is compared with what was stored, never doubled."""
+    import memtrack.store
+
+    monkeypatch.setattr(memtrack.store, "_BATCH", 2)  # batches of two runs
+    a, b, c, d, e = (make_run([make_measurement(peak=p * MiB)]) for p in range(1, 6))
+    with Store.open(tmp_path / "m.db") as store:
+        assert store.write_runs([a, a, b, c, b]) == (3, 2)
+        assert store.write_runs([d, c, a, e]) == (2, 2)
+        with pytest.raises(StoreError, match=f"{e.run_id!r} is already stored with different"):
+            store.write_runs([make_run([make_measurement()]), replace(e, suite_hash="other")])
+        assert sorted(store.run_ids()) == sorted(r.run_id for r in (a, b, c, d, e))
+        assert store.get_run(b.run_id) == b
+        ids = [r[0] for r in store.conn.execute("select id from measurements order by id")]
+    assert ids == list(range(1, 6))  # one row each, numbered in order
+
+
+def test_runs_read_back_whatever_columns_their_batch_leaves_empty(tmp_path):
+    """A batch's insert leaves out the columns that are NULL in all its rows: a figure held
+    by one run of a batch, by none, or by every run, reads back as written."""
+    gpu = make_run([make_measurement("decoder", {"batch": 8}, device="cuda", reserved=9 * MiB,
+                                     device_peak=12 * MiB)], env=GPU_ENV,
+                   ci=CIInfo(provider="github-actions", event="pull_request", pr_number=7))
+    cpus = [make_run([make_measurement("decoder", {"batch": b}) for b in (1, 8)])
+            for _ in range(2)]
+    with Store.open(tmp_path / "m.db") as store:
+        assert store.write_runs([cpus[0], gpu]) == (2, 0)  # columns held by one run of two
+        assert store.write_runs([cpus[1]]) == (1, 0)  # device columns held by none
+        for run in (*cpus, gpu):
+            assert store.get_run(run.run_id) == run
+        kinds = {r[0] for r in store.conn.execute("select kind from measurements")}
+    assert kinds == {"measured"}
