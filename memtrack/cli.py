@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from memtrack.commands import COMMANDS
 from memtrack.errors import MemtrackError
 
 
@@ -34,13 +35,9 @@ def _unexpected(exc: Exception) -> str:
 
 class _Group(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        from memtrack.commands import COMMANDS
-
         return sorted({*COMMANDS, *self.commands})
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        from memtrack.commands import COMMANDS
-
         if name not in self.commands and name in COMMANDS:
             module = importlib.import_module(f"memtrack.commands.{COMMANDS[name]}")
             self.add_command(getattr(module, name), name)
