@@ -44,6 +44,8 @@ from memtrack.records import (
 BUSY_TIMEOUT_S = 30.0
 _BATCH = 500
 """Records buffered before their rows are written with executemany (inside one transaction)."""
+_LOOKUP = 64
+"""Records whose run ids are looked up in the store by one query."""
 
 MEASURED_RUN = ("and exists (select 1 from measurements x where x.run_id = runs.run_id "
                 "and x.kind = 'measured')")
@@ -456,19 +458,21 @@ class Store:
         try:
             self.conn.execute("BEGIN IMMEDIATE")
             batch = _Batch(self.conn)
-            for chunk in _chunks(runs, _BATCH):
+            for chunk in _chunks(runs, _LOOKUP):
                 stored = self._stored([run.run_id for run in chunk])
                 for run in chunk:
                     if run.run_id in batch.run_ids:  # twice in one batch: compared as stored
                         batch.flush()
-                        stored.add(run.run_id)
                     if run.run_id in stored:
                         self._same_as_stored(run)
                         present += 1
                         continue
                     batch.add(run)
+                    stored.add(run.run_id)
                     added += 1
-                batch.flush()
+                    if len(batch.run_ids) >= _BATCH:
+                        batch.flush()
+            batch.flush()
             self._check_same_file()
             self.conn.execute("COMMIT")
         except sqlite3.Error as exc:

@@ -354,13 +354,16 @@ def test_a_database_from_before_the_estimate_index_gets_it_when_opened(tmp_path)
         assert store.get_run(runs[-2].run_id) == runs[-2]  # the rows are as they were
 
 
+@pytest.mark.parametrize("lookup", [2, 64])
 def test_a_run_twice_in_one_write_is_stored_once_and_other_content_refused(tmp_path,
-                                                                           monkeypatch):
-    """Stored runs are looked up a batch at a time: a run id seen again, in the same batch,
-    a later one or an earlier write, is compared with what was stored, never doubled."""
+                                                                           monkeypatch, lookup):
+    """Stored runs are looked up several at a time and written a batch at a time: a run id
+    seen again, in the same batch, a later one or an earlier write, is compared with what
+    was stored, never doubled."""
     import memtrack.store
 
-    monkeypatch.setattr(memtrack.store, "_BATCH", 2)  # batches of two runs
+    monkeypatch.setattr(memtrack.store, "_BATCH", 2)  # rows of two runs per executemany
+    monkeypatch.setattr(memtrack.store, "_LOOKUP", lookup)
     a, b, c, d, e = (make_run([make_measurement(peak=p * MiB)]) for p in range(1, 6))
     with Store.open(tmp_path / "m.db") as store:
         assert store.write_runs([a, a, b, c, b]) == (3, 2)
