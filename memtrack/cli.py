@@ -7,6 +7,7 @@ or MEMTRACK_DEBUG=1 adds the traceback."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -14,6 +15,7 @@ from typing import Any
 
 import click
 
+from memtrack.commands import COMMANDS
 from memtrack.errors import MemtrackError
 
 
@@ -32,6 +34,15 @@ def _unexpected(exc: Exception) -> str:
 
 
 class _Group(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*COMMANDS, *self.commands})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in COMMANDS:
+            module = importlib.import_module(f"memtrack.commands.{COMMANDS[name]}")
+            self.add_command(getattr(module, name), name)
+        return self.commands.get(name)
+
     def invoke(self, ctx: click.Context) -> Any:
         debug = ctx.params.get("debug") or os.environ.get("MEMTRACK_DEBUG", "") not in ("", "0")
         try:
@@ -60,16 +71,6 @@ class _Group(click.Group):
 @click.option("--debug", is_flag=True, help="Show the traceback of an error (or MEMTRACK_DEBUG=1).")
 def main(debug: bool) -> None:
     """Measure the peak memory of pinned workloads, record it per commit, gate regressions."""
-
-
-def _register() -> None:
-    from memtrack.commands import COMMANDS
-
-    for command in COMMANDS:
-        main.add_command(command)
-
-
-_register()
 
 
 if __name__ == "__main__":

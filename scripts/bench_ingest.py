@@ -7,9 +7,12 @@ kernel (ru_maxrss of the child). A smaller batch is ingested too: equal peaks me
 does not grow with the number of files. Goal: 10,000 records in under 3 s on a quiet machine.
 
     python scripts/bench_ingest.py [--records 10000] [--pythonpath OTHER_CHECKOUT]
+    python scripts/bench_ingest.py --against f37245f --tries 3
 
---pythonpath measures another checkout's memtrack on the same records (e.g. the base
-branch), for a before/after figure on one machine.
+--pythonpath measures another checkout's memtrack on the same records. --against REV also
+measures commit REV of this repository (its files unpacked in a temporary folder) beside
+this tree, try by try on the same records, and prints the medians and their ratio: a
+before/after figure from one run on one machine.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import copy
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +32,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 TEMPLATE = Path(__file__).with_name("example-run.json")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_records(folder: Path, n: int, template: dict) -> list[Path]:
@@ -77,26 +82,61 @@ def ingest(db: Path, paths: list[Path],
     return elapsed, cpu, rss / 1024, lines[-1] if lines else ""
 
 
+def _tree(work: Path, rev: str) -> tuple[str, Path]:
+    """The tracked files of commit `rev` of this repository, unpacked under `work`."""
+    sha = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT,
+                         check=True, capture_output=True, text=True).stdout.strip()
+    tree = work / f"tree-{sha[:12]}"
+    tree.mkdir()
+    archive = subprocess.run(["git", "archive", sha], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return sha[:7], tree
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=10_000)
     ap.add_argument("--pythonpath", help="measure the memtrack of this checkout instead")
+    ap.add_argument("--against", help="also measure this commit of the repository, beside")
+    ap.add_argument("--tries", type=int, default=1, help="ingests of each batch per tree")
     args = ap.parse_args()
     template = json.loads(TEMPLATE.read_text())
     with tempfile.TemporaryDirectory(prefix="memtrack-bench-") as tmp:
-        folder = Path(tmp) / "records"
+        work = Path(tmp)
+        folder = work / "records"
         folder.mkdir()
         t0 = time.perf_counter()
         paths = make_records(folder, args.records, template)
         print(f"{len(paths)} records of {len(template['measurements'])} cases "
               f"({sum(p.stat().st_size for p in paths) / 2**20:.1f} MiB of JSON) "
               f"made in {time.perf_counter() - t0:.1f} s")
+        trees = [("this tree", args.pythonpath or str(ROOT))]
+        if args.against:
+            label, tree = _tree(work, args.against)
+            trees.append((label, str(tree)))
         small = paths[: max(1, len(paths) // 10)]
-        for label, batch in ((f"{len(small)} records", small), (f"{len(paths)} records", paths)):
-            db = Path(tmp) / f"{len(batch)}.db"
-            report(label, len(batch), *ingest(db, batch, args.pythonpath))
-        again = ingest(Path(tmp) / f"{len(paths)}.db", paths, args.pythonpath)
-        report("again (all dup.)", len(paths), *again)
+        batches = [(f"{len(small)} records", small), (f"{len(paths)} records", paths),
+                   ("again (all dup.)", paths)]
+        figures: dict[tuple[str, str], list[tuple[float, float, float, str]]] = {}
+        for i in range(args.tries):
+            for name, pythonpath in trees:  # alternated: a busy moment falls on both alike
+                for label, batch in batches:
+                    db = work / f"{i}-{name.replace(' ', '_')}-{len(batch)}.db"
+                    figures.setdefault((name, label), []).append(ingest(db, batch, pythonpath))
+        for label, batch in batches:
+            for name, _ in trees:
+                runs = figures[(name, label)]
+                wall = statistics.median(r[0] for r in runs)
+                cpu = statistics.median(r[1] for r in runs)
+                rss = max(r[2] for r in runs)
+                tag = f"{label} ({name})" if len(trees) > 1 else label
+                report(tag, len(batch), wall, cpu, rss, runs[-1][3])
+            if len(trees) > 1:
+                (a, _), (b, _) = trees
+                wa, wb = (statistics.median(r[0] for r in figures[(n, label)]) for n in (a, b))
+                ca, cb = (statistics.median(r[1] for r in figures[(n, label)]) for n in (a, b))
+                print(f"{'':>16}  {a} / {b}: {wa / wb:.2f} wall, {ca / cb:.2f} CPU "
+                      f"(medians of {args.tries})")
 
 
 def report(label: str, n: int, seconds: float, cpu: float, rss: float, last: str) -> None:

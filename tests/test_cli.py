@@ -3,6 +3,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import click
 from click.testing import CliRunner
 
 import memtrack
@@ -17,11 +18,27 @@ def test_public_api_is_sorted_and_importable():
 
 def test_every_command_has_help():
     runner = CliRunner()
-    assert main.commands, "no commands registered"
-    for name, command in main.commands.items():
+    names = main.list_commands(click.Context(main))
+    assert names, "no commands registered"
+    for name in names:
         result = runner.invoke(main, [name, "--help"])
         assert result.exit_code == 0, name
-        assert command.help and len(command.help.strip()) > 20, f"{name} has no help text"
+        command = main.get_command(click.Context(main), name)
+        assert command and command.help and len(command.help.strip()) > 20, (
+            f"{name} has no help text")
+        assert name in runner.invoke(main, ["--help"]).output
+
+
+def test_a_command_imports_no_other_commands_module():
+    """`memtrack check` and `memtrack ingest` start without what `run` or `plan` import."""
+    code = ("import sys; from memtrack.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('memtrack.commands.')))")
+    for name in ("check", "ingest"):
+        out = subprocess.run([sys.executable, "-c", code, name, "--help"], capture_output=True,
+                             text=True, check=True)
+        loaded = out.stdout.strip().splitlines()[-1]
+        assert "memtrack.commands.run" not in loaded and f"memtrack.commands.{name}" in loaded
 
 
 def test_help_does_not_import_torch():

@@ -7,6 +7,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from click.testing import CliRunner
 from factories import commit_all, init_repo, make_measurement, make_run
 
 from memtrack.cli import main
-from memtrack.records import to_dict, write_json
+from memtrack.records import RankMeasurement, to_dict, write_json
 from memtrack.store.database import Store
 
 
@@ -236,3 +237,27 @@ def test_an_impossible_record_is_one_line_naming_file_and_key_and_writes_nothing
     assert words in line, line[:300]
     assert len(line) < 1000  # the value is quoted short, never whole
     assert _runs(db) == 1
+
+
+def test_a_token_in_a_quality_or_rank_message_is_redacted_as_run_redacts_it(tmp_path):
+    """`memtrack run` redacts the quality message (it may quote the workload's quality
+    function) and each rank's error; a record from another machine gets the same."""
+    token = "hf_" + "QwErTyUiOp" * 4
+    m = replace(make_measurement("decoder", {"batch": 1}),
+                quality_status="error", quality_message=f"reference fetch with {token} failed",
+                ranks=(RankMeasurement(0, "cpu", "ok"),
+                       RankMeasurement(1, "cpu", "error", message=f"401 for {token}")))
+    clean = make_measurement("decoder", {"batch": 8}, notes=("a plain note",))
+    run = make_run([m, clean])
+    path = tmp_path / "run.json"
+    write_json(run, path)
+    db = tmp_path / "m.db"
+    assert _ingest(db, path).exit_code == 0
+    with Store.open(db, readonly=True) as store:
+        stored = store.get_run(run.run_id)
+    assert token.encode() not in db.read_bytes() + b"".join(
+        p.read_bytes() for p in tmp_path.glob("m.db-*"))
+    got, kept = stored.measurements
+    assert got.quality_message == "reference fetch with [redacted] failed"
+    assert [r.message for r in got.ranks] == [None, "401 for [redacted]"]
+    assert kept == clean  # a measurement without a secret is stored as it was

@@ -205,3 +205,46 @@ def test_any_file_content_gives_a_record_or_a_one_line_error(tmp_path_factory, c
         read_json(path)
     except RecordError as exc:
         assert "\n" not in str(exc)
+
+
+def _outcome(data):
+    try:
+        return run_from_dict(copy.deepcopy(data), where="r.json")
+    except RecordError as exc:
+        return str(exc)
+
+
+def _replaced(path, value):
+    data = copy.deepcopy(_TEMPLATE)
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return data
+
+
+_EDGES = [None, -1, 0, 1, 2**62, 2**63, -(2**63) - 1, 10**30, 1.5, 1.0, -0.0, 1e308,
+          float("nan"), float("inf"), "", "ok", "fine", "ABC", "deadbeef",
+          "2026-01-01T00:00:00+00:00", True, False, [], [1], {}, {"a": 1}]
+
+
+def test_a_plain_value_tested_inline_is_judged_as_its_check_judges_it():
+    """The loader tests plain values (numbers in range, strings, flags) inline, for speed:
+    a record with any one value replaced by an edge case loads to the same record, or the
+    same error, as when each value is checked by its own call (the inline tests off)."""
+    from memtrack.records import model as records
+
+    cases = [_replaced(path, value) for path in _ALL_PATHS for value in _EDGES]
+    made = records._fast_values
+    records._fast_values = lambda cls, checks: lambda data, path: None
+    records._builder.cache_clear()
+    try:
+        by_checks = [_outcome(d) for d in cases]
+    finally:
+        records._fast_values = made
+        records._builder.cache_clear()
+    differ = [(path, value) for (path, value), d, want in zip(
+        ((p, v) for p in _ALL_PATHS for v in _EDGES), cases, by_checks, strict=True)
+        if _outcome(d) != want]
+    assert not differ
+    assert {type(x) for x in by_checks} == {str, records.RunRecord}  # both outcomes occur

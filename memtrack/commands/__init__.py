@@ -1,17 +1,20 @@
-"""One module per command; COMMANDS is what the CLI registers."""
+"""One module per command. COMMANDS names each command's module; the CLI imports a module
+only when its command runs (or help lists them all), so `memtrack check` and `memtrack
+ingest` start without importing what `run`, `plan` or `dashboard` need."""
 
-from memtrack.commands.backup import backup, export
-from memtrack.commands.check import check
-from memtrack.commands.dashboard import dashboard
-from memtrack.commands.doctor import doctor
-from memtrack.commands.estimate import estimate
-from memtrack.commands.history import history
-from memtrack.commands.ingest import ingest
-from memtrack.commands.plan import plan
-from memtrack.commands.reference import reference
-from memtrack.commands.run import run
-from memtrack.commands.show import show
-from memtrack.commands.snapshot import snapshot
-
-COMMANDS = [run, estimate, plan, reference, check, history, show, snapshot, ingest, doctor,
-            backup, export, dashboard]
+COMMANDS = {
+    "backup": "backup",
+    "check": "check",
+    "dashboard": "dashboard",
+    "doctor": "doctor",
+    "estimate": "estimate",
+    "export": "backup",
+    "history": "history",
+    "ingest": "ingest",
+    "plan": "plan",
+    "reference": "reference",
+    "run": "run",
+    "show": "show",
+    "snapshot": "snapshot",
+}
+"""Command name -> the module of memtrack/commands/ that defines it, under that name."""

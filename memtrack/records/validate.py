@@ -424,12 +424,70 @@ def _all_valid(hint: Any, rules: dict[str, Any]) -> typing.Callable[[Any], bool]
     return lambda v: False
 
 
+def _fast_test(hint: Any, rules: dict[str, Any], names: dict[str, Any]) -> str | None:
+    """A Python expression true of `v` only where the field's check would return `v` itself
+    (so a value it passes needs no call), or None for a field always checked by a call
+    (lists, mappings, records, patterns, times). The bounds it reads are put in `names`."""
+    nullable = False
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        inner = next(a for a in typing.get_args(hint) if a is not type(None))
+        if inner not in (int, float, str, bool):
+            return None
+        hint, nullable = inner, True
+    key = f"_{len(names)}"
+    if hint is int:
+        bounds = {"minimum": _INT_MIN, "maximum": _INT_MAX, **rules}
+        names[key] = (bounds["minimum"], bounds["maximum"])
+        test = f"type(v) is int and {key}[0] <= v <= {key}[1]"
+    elif hint is float:
+        names[key] = (rules.get("minimum", -math.inf), rules.get("maximum", math.inf))
+        test = f"type(v) is float and {key}[0] <= v < inf and v <= {key}[1]"  # False for NaN
+    elif hint is str and not set(rules) - {"enum", "minLength"}:
+        test = "type(v) is str"
+        if "enum" in rules:
+            names[key] = frozenset(rules["enum"])
+            test += f" and v in {key}"
+        if "minLength" in rules:
+            test += " and v != ''"
+    elif hint is bool:
+        test = "type(v) is bool"
+    else:
+        return None
+    return f"v is None or ({test})" if nullable else test
+
+
+def _fast_values(cls: type, checks: dict[str, Check]) -> typing.Callable[[dict, Path_], Any]:
+    """The checked values of a valid object of `cls`, by code made for its fields: a plain
+    field is tested inline, an empty list is (), the others are checked by their call. It
+    returns None at a value the test does not pass (the checks, in the object's own order,
+    then say what is wrong, or convert it). A call per value was most of loading a record:
+    most of its values are plain."""
+    names: dict[str, Any] = {"inf": math.inf}
+    lines = ["def fast(data, path):", "    values = {}"]
+    for i, (f, hint) in enumerate(_hints(cls)):
+        key, call = repr(f.name), f"check{i}(v, (path, {f.name!r}))"
+        names[f"check{i}"] = checks[f.name]
+        lines += [f"    if {key} in data:", f"        v = data[{key}]"]
+        test = _fast_test(hint, _rules(f.name), names)
+        if test is not None:
+            lines += [f"        if not ({test}):", "            return None",
+                      f"        values[{key}] = v"]
+        elif typing.get_origin(hint) is tuple:
+            lines.append(f"        values[{key}] = () if type(v) is list and not v else {call}")
+        else:
+            lines.append(f"        values[{key}] = {call}")
+    lines.append("    return values")
+    exec("\n".join(lines), names)  # the source is made above, of the field names
+    return names["fast"]  # type: ignore[no-any-return]
+
+
 @functools.cache
 def _builder(cls: type) -> Check:
     checks = {f.name: _compile(hint, _rules(f.name)) for f, hint in _hints(cls)}
     names = set(checks)
     required = [f.name for f, _ in _hints(cls) if _required(f)]
     make = _maker(cls)
+    fast = _fast_values(cls, checks)
 
     def build(data: Any, path: Path_) -> Any:
         if type(data) is not dict:
@@ -440,7 +498,13 @@ def _builder(cls: type) -> Check:
         for name in required:
             if name not in data:
                 _fail(path, f"missing key {name}")
-        return make({k: checks[k](v, (path, k)) for k, v in data.items()})
+        try:
+            values = fast(data, path)
+        except RecordError:
+            values = None  # the checks below, in the record's order, name the first error
+        if values is None:
+            values = {k: checks[k](v, (path, k)) for k, v in data.items()}
+        return make(values)
 
     return build
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
+import itertools
 import json
 import math
 import operator
@@ -53,6 +54,8 @@ VERDICT_COLUMNS = ("run_id", "case_id", "workload", "metric", "kind", "blocking"
 """The columns of table `verdicts` that `memtrack check` writes and the dashboard reads."""
 _BATCH = 500
 """Records buffered before their rows are written with executemany (inside one transaction)."""
+_LOOKUP = 64
+"""Records whose run ids are looked up in the store by one query."""
 
 MEASURED_RUN = ("and exists (select 1 from measurements x where x.run_id = runs.run_id "
                 "and x.kind = 'measured')")
@@ -76,21 +79,55 @@ def _json(value: Any) -> str:
     return _SORTED.encode(to_dict(value))
 
 
+def _numbers_json(value: Any) -> str:
+    if not value:
+        return "[]"
+    if set(map(type, value)) <= {int, float} and all(map(math.isfinite, value)):
+        # finite figures: their repr is their JSON text, without the encoder's overhead
+        return f"[{', '.join(map(repr, value))}]"
+    return json.dumps(value)
+
+
+def _texts_json(value: Any) -> str:
+    return json.dumps(value) if value else "[]"
+
+
+def _mapping_json(value: Any) -> str:
+    return _SORTED.encode(value) if value else "{}"  # records' mappings hold plain values
+
+
+def _records_json(value: Any) -> str:
+    return _SORTED.encode(to_dict(value))
+
+
 class _Columns:
-    """A dataclass's fields as table columns: lists and mappings stored as JSON text."""
+    """A dataclass's fields as table columns: lists and mappings stored as JSON text, each
+    by the converter its annotation calls for (as `_json` would, without asking each value
+    what it is: a row of a measurement has six of them)."""
 
     def __init__(self, cls: type, *, without: tuple[str, ...] = ()):
         fields = [f for f in dataclasses.fields(cls) if f.name not in without]
         self.names = [f.name for f in fields]
         self._get = operator.attrgetter(*self.names)
-        self._json = [i for i, f in enumerate(fields)
-                      if str(f.type).startswith(("tuple", "dict", "list"))]
+        self._json = []
+        for i, f in enumerate(fields):
+            hint = str(f.type)
+            if hint.startswith("dict"):
+                self._json.append((i, _mapping_json))
+            elif hint.startswith(("tuple[int", "tuple[float")):
+                self._json.append((i, _numbers_json))
+            elif hint.startswith("tuple[str"):
+                self._json.append((i, _texts_json))
+            elif hint.startswith(("tuple", "list")):
+                self._json.append((i, _records_json))
 
-    def values(self, obj: Any) -> list[Any]:
-        out = list(self._get(obj))
-        for i in self._json:
-            if out[i] is not None:
-                out[i] = _json(out[i])
+    def values(self, obj: Any, *head: Any) -> list[Any]:
+        """The row of `obj`, after the values `head`."""
+        out = [*head, *self._get(obj)]
+        n = len(head)
+        for i, convert in self._json:
+            if out[i + n] is not None:
+                out[i + n] = convert(out[i + n])
         return out
 
 
@@ -109,6 +146,13 @@ _GIT_JSON = {"notes"}
 _ENV_JSON = {"gpus", "torch_cuda_arch_list", "packages", "env_vars", "visible_uuids", "notes"}
 _MEASUREMENT_JSON = {"params", "allocated_samples", "categories", "iteration_times_s", "notes",
                      "quality_tolerance"}
+
+
+def _chunks(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
+    """`items` in lists of `n` (the last one shorter)."""
+    it = iter(items)
+    while chunk := list(itertools.islice(it, n)):
+        yield chunk
 
 
 def env_id(env: Environment) -> str:
@@ -533,17 +577,20 @@ class Store:
         try:
             self.conn.execute("BEGIN IMMEDIATE")
             batch = _Batch(self.conn)
-            for run in runs:
-                if run.run_id in batch.run_ids:
-                    batch.flush()
-                if self.has_run(run.run_id):
-                    self._same_as_stored(run)
-                    present += 1
-                    continue
-                batch.add(run)
-                added += 1
-                if len(batch.run_ids) >= _BATCH:
-                    batch.flush()
+            for chunk in _chunks(runs, _LOOKUP):
+                stored = self._stored([run.run_id for run in chunk])
+                for run in chunk:
+                    if run.run_id in batch.run_ids:  # twice in one batch: compared as stored
+                        batch.flush()
+                    if run.run_id in stored:
+                        self._same_as_stored(run)
+                        present += 1
+                        continue
+                    batch.add(run)
+                    stored.add(run.run_id)
+                    added += 1
+                    if len(batch.run_ids) >= _BATCH:
+                        batch.flush()
             batch.flush()
             self._check_same_file()
             self.conn.execute("COMMIT")
@@ -554,6 +601,12 @@ class Store:
             self._rollback()
             raise
         return added, present
+
+    def _stored(self, run_ids: list[str]) -> set[str]:
+        """Those of `run_ids` already stored, by one query."""
+        marks = ", ".join("?" for _ in run_ids)
+        rows = self.conn.execute(f"select run_id from runs where run_id in ({marks})", run_ids)
+        return {r[0] for r in rows}
 
     def _same_as_stored(self, run: RunRecord) -> None:
         # Compared as read, unchecked: a stored run that differs is refused either way.
@@ -690,18 +743,39 @@ class Store:
         """Per case id, its estimate (`memtrack estimate`) of `commit` if there is one, else
         its newest: run_id, git_commit, started_at, peak_allocated_bytes. Cases never
         estimated (successfully) are left out."""
-        out = {}
-        for case in case_ids:
-            row = self.conn.execute(
-                "select m.run_id, r.git_commit, r.started_at, m.peak_allocated_bytes "
-                "from measurements m join runs r on r.run_id = m.run_id "
-                "where m.case_id = ? and m.kind = 'estimate' and m.status = 'ok' "
-                "and m.peak_allocated_bytes is not null "
-                "order by coalesce(r.git_commit = ?, 0) desc, r.started_at desc, m.id desc "
-                "limit 1", [case, commit]).fetchone()
-            if row is not None:
-                out[case] = dict(row)
-        return out
+        conn, case_ids = self.conn, list(case_ids)
+        ok = "kind = 'estimate' and status = 'ok' and peak_allocated_bytes is not null"
+        wanted = {case for case in case_ids if conn.execute(
+            f"select 1 from measurements where case_id = ? and {ok} limit 1", [case]).fetchone()}
+        out: dict[str, dict[str, Any]] = {}
+        if not wanted:
+            return out
+        # Estimate runs in the order of preference, walked until every case has its estimate:
+        # a run estimates a whole suite, so the first one or two answer every case, however
+        # many estimates are stored (a lookup per case would join all of each case's).
+        runs = conn.execute(
+            "select run_id, git_commit, started_at from runs where run_id in "
+            "(select run_id from measurements where kind = 'estimate') "
+            "order by coalesce(git_commit = ?, 0) desc, started_at desc", [commit])
+
+        def rank(run: sqlite3.Row) -> tuple[bool, str]:  # that order, to group its ties
+            return commit is not None and run[1] == commit, run[2]
+
+        for _, tied in itertools.groupby(runs, key=rank):
+            found: dict[str, tuple[int, dict[str, Any]]] = {}
+            for run_id, git_commit, started_at in tied:
+                for case, peak, mid in conn.execute(
+                        "select case_id, peak_allocated_bytes, id from measurements "
+                        f"where run_id = ? and {ok}", [run_id]):
+                    # of runs started at one time, the one written last
+                    if case in wanted and case not in out and mid > found.get(case, (0,))[0]:
+                        found[case] = (mid, {"run_id": run_id, "git_commit": git_commit,
+                                             "started_at": started_at,
+                                             "peak_allocated_bytes": peak})
+            out.update((case, row) for case, (_, row) in found.items())
+            if len(out) == len(wanted):
+                break
+        return {case: out[case] for case in case_ids if case in out}
 
     def case_ids(self) -> list[str]:
         return [
@@ -725,15 +799,14 @@ class _Batch:
     _M, _D = _Columns(Measurement, without=("devices", "ranks")), _Columns(DeviceMeasurement)
     _R = _Columns(RankMeasurement)
     _RUN_COLUMNS = [*_RUN_OWN, *("git_" + n for n in _GIT.names), *("ci_" + n for n in _CI.names)]
-    _SQL = {
-        "environments": _insert_sql("environments", ["env_id", *_ENV.names], "insert or ignore"),
-        "runs": _insert_sql("runs", _RUN_COLUMNS),
+    _TABLES = {
+        "environments": ("insert or ignore", ["env_id", *_ENV.names]),
+        "runs": ("insert", _RUN_COLUMNS),
         # the derived metrics are stored beside the figures, so baselines read plain SQL
-        "measurements": _insert_sql("measurements", ["id", "run_id", "device_peak_bytes",
-                                                     "host_bytes", "host_step_bytes",
-                                                     "load_host_bytes", *_M.names]),
-        "device_measurements": _insert_sql("device_measurements", ["measurement_id", *_D.names]),
-        "rank_measurements": _insert_sql("rank_measurements", ["measurement_id", *_R.names]),
+        "measurements": ("insert", ["id", "run_id", "device_peak_bytes", "host_bytes",
+                                    "host_step_bytes", "load_host_bytes", *_M.names]),
+        "device_measurements": ("insert", ["measurement_id", *_D.names]),
+        "rank_measurements": ("insert", ["measurement_id", *_R.names]),
     }
 
     def __init__(self, conn: sqlite3.Connection):
@@ -749,6 +822,8 @@ class _Batch:
         self.recorded_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.last_env: Environment | None = None
         self.last_env_id = ""
+        self.defaults: dict[str, set[str]] = {}
+        """Per table, its columns with a default other than NULL, or NOT NULL."""
 
     def add(self, run: RunRecord) -> None:
         env = run.environment
@@ -756,7 +831,7 @@ class _Batch:
             self.last_env, self.last_env_id = env, env_id(env)
         eid = self.last_env_id
         if eid not in self.envs:
-            self.envs[eid] = [eid, *self._ENV.values(env)]
+            self.envs[eid] = self._ENV.values(env, eid)
         self.run_ids.add(run.run_id)
         own = [run.run_id, run.started_at, run.finished_at, self.recorded_at, run.suite_hash,
                run.config_path, run.shard, run.schema_version, eid, env.fingerprint]
@@ -764,23 +839,43 @@ class _Batch:
         for m in run.measurements:
             mid = self.next_id
             self.next_id += 1
-            self.measurements.append([mid, run.run_id, device_peak(m), host_peak(m),
-                                      host_step(m), load_host(m), *self._M.values(m)])
+            self.measurements.append(self._M.values(m, mid, run.run_id, device_peak(m),
+                                                    host_peak(m), host_step(m), load_host(m)))
             for d in m.devices:
-                self.devices.append([mid, *self._D.values(d)])
+                self.devices.append(self._D.values(d, mid))
             for r in m.ranks:
-                self.ranks.append([mid, *self._R.values(r)])
+                self.ranks.append(self._R.values(r, mid))
 
     def flush(self) -> None:
-        c = self.conn
-        c.executemany(self._SQL["environments"], self.envs.values())
-        c.executemany(self._SQL["runs"], self.runs)
-        c.executemany(self._SQL["measurements"], self.measurements)
-        c.executemany(self._SQL["device_measurements"], self.devices)
-        c.executemany(self._SQL["rank_measurements"], self.ranks)
+        self._insert("environments", list(self.envs.values()))
+        self._insert("runs", self.runs)
+        self._insert("measurements", self.measurements)
+        self._insert("device_measurements", self.devices)
+        self._insert("rank_measurements", self.ranks)
         self.run_ids.clear()
         self.envs.clear()
         self.runs.clear()
         self.measurements.clear()
         self.devices.clear()
         self.ranks.clear()
+
+    def _insert(self, table: str, rows: list[list[Any]]) -> None:
+        """The rows, with one executemany. sqlite3 spends as long binding a NULL as a value,
+        and most columns of a batch hold none (figures a CPU run has not, CI facts outside
+        CI): a column that is NULL in every row and whose default is NULL is left out."""
+        if not rows:
+            return
+        verb, columns = self._TABLES[table]
+        if table not in self.defaults:
+            self.defaults[table] = {r[1] for r in self.conn.execute(
+                f"pragma table_info({table})") if r[4] is not None or r[3]}
+        kept = self.defaults[table]
+        keep = [i for i, values in enumerate(zip(*rows, strict=True))
+                if values.count(None) < len(values) or columns[i] in kept]
+        sql = _insert_sql(table, [columns[i] for i in keep], verb)
+        if len(keep) == len(columns):
+            self.conn.executemany(sql, rows)
+        elif len(keep) > 1:
+            self.conn.executemany(sql, map(operator.itemgetter(*keep), rows))
+        else:
+            self.conn.executemany(sql, ([row[keep[0]]] for row in rows))
