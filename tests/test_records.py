@@ -232,7 +232,7 @@ def test_a_plain_value_tested_inline_is_judged_as_its_check_judges_it():
     """The loader tests plain values (numbers in range, strings, flags) inline, for speed:
     a record with any one value replaced by an edge case loads to the same record, or the
     same error, as when each value is checked by its own call (the inline tests off)."""
-    from memtrack.records import model as records
+    from memtrack.records import validate as records
 
     cases = [_replaced(path, value) for path in _ALL_PATHS for value in _EDGES]
     made = records._fast_values

@@ -360,10 +360,10 @@ def test_a_run_twice_in_one_write_is_stored_once_and_other_content_refused(tmp_p
     """Stored runs are looked up several at a time and written a batch at a time: a run id
     seen again, in the same batch, a later one or an earlier write, is compared with what
     was stored, never doubled."""
-    import memtrack.store
+    import memtrack.store.database
 
-    monkeypatch.setattr(memtrack.store, "_BATCH", 2)  # rows of two runs per executemany
-    monkeypatch.setattr(memtrack.store, "_LOOKUP", lookup)
+    monkeypatch.setattr(memtrack.store.database, "_BATCH", 2)  # rows of two runs per executemany
+    monkeypatch.setattr(memtrack.store.database, "_LOOKUP", lookup)
     a, b, c, d, e = (make_run([make_measurement(peak=p * MiB)]) for p in range(1, 6))
     with Store.open(tmp_path / "m.db") as store:
         assert store.write_runs([a, a, b, c, b]) == (3, 2)

@@ -443,7 +443,8 @@ def _fast_test(hint: Any, rules: dict[str, Any], names: dict[str, Any]) -> str |
         names[key] = (rules.get("minimum", -math.inf), rules.get("maximum", math.inf))
         test = f"type(v) is float and {key}[0] <= v < inf and v <= {key}[1]"  # False for NaN
     elif hint is str and not set(rules) - {"enum", "minLength"}:
-        test = "type(v) is str"
+        names["MAX_TEXT"] = MAX_TEXT
+        test = "type(v) is str and len(v) <= MAX_TEXT"
         if "enum" in rules:
             names[key] = frozenset(rules["enum"])
             test += f" and v in {key}"
