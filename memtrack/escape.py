@@ -29,8 +29,10 @@ _MD_SPECIAL = re.compile(r"[\\`*_\[\]~$&<>|]")
 """What starts a Markdown construct anywhere in a line: a backslash, code, emphasis,
 strikethrough, a link or image (`[`; its `(`, `!` and `{` mean nothing without it), math,
 an HTML element or entity, a table cell's end."""
-_MD_LINE_START = re.compile(r"^(?:[!-/:-@\[-`{-~]|\d+(?=[.)]))")
-"""What starts a block at the beginning of a line: a heading, quote, list, rule or fence."""
+_MD_LINE_START = re.compile(r"^(?:[!-/:-@\[-`{-~]|\d{1,9}(?=[.)](?:[ \t]|$)))")
+"""What starts a block at the beginning of a line: a heading, quote, list, rule or fence (an
+ordered list's number only with its `.` or `)` and a space or the end after it: `189.30` is
+no list)."""
 
 _HTML = str.maketrans({c: f"&#{ord(c)};" for c in "&<>\"'[]()*_!$`:~\\#|{}@"})
 """Characters that mean something to HTML, Markdown or math, as character references."""

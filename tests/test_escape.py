@@ -146,3 +146,11 @@ def test_each_output_kind_keeps_the_text_inert(text):
     assert _render(f"| a |\n|---|\n| {code} |\n").count("<td>") == 1
     assert "<" not in html_text(text) and "\x1b" not in terminal_text(text)
     assert json.dumps(terminal_text(text)).count("\\u001b") == 0
+
+
+def test_a_number_starts_a_list_only_as_a_list_marker():
+    from memtrack.escape import markdown_text
+
+    assert markdown_text("1. first") == "1\\. first"
+    assert markdown_text("2)") == "2\\)"
+    assert markdown_text("189.30 KiB (50.0%)") == "189.30 KiB (50.0%)"
