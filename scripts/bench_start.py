@@ -1,0 +1,190 @@
+"""What a case costs to start: `memtrack run` with the fork server against every case started as
+a fresh interpreter (MEMTRACK_SPAWN=1), side by side in one run, against a bare torch import.
+
+A suite of five trivial cases (a 16x16 linear layer) runs with one case and with all five,
+both ways, in interleaved rounds (so that the machine's load hits every side alike), beside
+`python -c "import torch"` and `python -c "import torch, <MemTracker>"` (what a CPU case
+cannot skip: MemTracker pulls in much of torch.distributed). Printed: the medians, the cost
+of each added case and of a one-case run, and their ratios to the torch import. Goals: an
+added case at most a quarter of a torch import; a one-case run at most a torch import and
+one second.
+
+With --figures, the shipped suite also runs once each way, and every case's figures are
+compared: allocated exact, host within its floor (records.metrics).
+
+    python scripts/bench_start.py [--rounds 3] [--figures]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TRIVIAL = """
+import torch
+import memtrack
+
+@memtrack.workload(params={"i": [0, 1, 2, 3, 4]})
+def tiny(ctx):
+    w = torch.nn.Linear(16, 16)
+    ctx.mark(w)
+    x = ctx.randn(4, 16)
+    return lambda: w(x)
+"""
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "bench",
+    "GIT_AUTHOR_EMAIL": "bench@example.com",
+    "GIT_COMMITTER_NAME": "bench",
+    "GIT_COMMITTER_EMAIL": "bench@example.com",
+}
+
+
+def _repo(root: Path, files: dict[str, str]) -> Path:
+    root.mkdir(parents=True)
+    for name, text in files.items():
+        (root / name).write_text(text)
+    env = {**os.environ, **GIT_ENV}
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "suite"]):
+        subprocess.run(["git", *args], cwd=root, env=env, check=True)
+    return root
+
+
+def _timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - t0
+    if res.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} exited {res.returncode}: {res.stderr.strip()[-2000:]}")
+    return elapsed
+
+
+def _run(out: Path, *patterns: str) -> list[str]:
+    k = [a for p in patterns for a in ("-k", p)]
+    return [sys.executable, "-m", "memtrack.cli", "run", "--no-db", "--json", str(out), *k]
+
+
+def _env(spawn: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "MEMTRACK_SPAWN"}
+    if spawn:
+        env["MEMTRACK_SPAWN"] = "1"
+    return env
+
+
+def _spawned(path: Path) -> int:
+    record = json.loads(path.read_text())
+    return sum(any("fresh interpreter" in n for n in m["notes"]) for m in record["measurements"])
+
+
+def starts(rounds: int, tmp: Path) -> None:
+    suite = _repo(
+        tmp / "trivial",
+        {"wl.py": TRIVIAL, "memtrack.toml": 'modules = ["wl.py"]\nwarmup = 1\nrepeats = 2\n'},
+    )
+    out = tmp / "run.json"
+    sides = {
+        "import torch": ([sys.executable, "-c", "import torch"], False),
+        "import torch + MemTracker": (
+            [sys.executable, "-c", "import torch, torch.distributed._tools.mem_tracker"],
+            False,
+        ),
+        "fork: 1 case": (_run(out, "i=0"), False),
+        "fork: 5 cases": (_run(out), False),
+        "spawn: 1 case": (_run(out, "i=0"), True),
+        "spawn: 5 cases": (_run(out), True),
+    }
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(rounds):
+        for name, (cmd, spawn) in sides.items():
+            times[name].append(_timed(cmd, suite, _env(spawn)))
+            if name.startswith(("fork", "spawn")):
+                want = 0 if name.startswith("fork") else (1 if "1 case" in name else 5)
+                if _spawned(out) != want:
+                    sys.exit(f"{name}: {_spawned(out)} case(s) spawned, expected {want}")
+        print(
+            f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {t[-1]:.2f}" for n, t in times.items()),
+            flush=True,
+        )
+    med = {n: statistics.median(t) for n, t in times.items()}
+    torch_s = med["import torch"]
+    print(
+        f"\nmedians of {rounds} rounds (s), load average {os.getloadavg()[0]:.1f} "
+        f"on {os.cpu_count()} CPUs:"
+    )
+    for name, value in med.items():
+        print(f"  {name:<28} {value:8.2f}")
+    print()
+    for way in ("fork", "spawn"):
+        one, five = med[f"{way}: 1 case"], med[f"{way}: 5 cases"]
+        added = (five - one) / 4
+        print(
+            f"{way:>5}: each added case {added:6.2f} s = {added / torch_s:5.2f} x torch import"
+            f" (goal <= 0.25); one-case run {one:6.2f} s = torch import + {one - torch_s:5.2f} s"
+            f" (goal <= +1 s), = torch+MemTracker import + "
+            f"{one - med['import torch + MemTracker']:5.2f} s"
+        )
+    added = {w: med[f"{w}: 5 cases"] - med[f"{w}: 1 case"] for w in ("fork", "spawn")}
+    print(
+        f"fork / spawn: one case {med['fork: 1 case'] / med['spawn: 1 case']:.2f}, "
+        f"five cases {med['fork: 5 cases'] / med['spawn: 5 cases']:.2f}, each added case "
+        f"{added['fork'] / max(1e-9, added['spawn']):.2f}"
+    )
+
+
+def figures(tmp: Path) -> None:
+    """The shipped suite forked and spawned: each case's figures compared."""
+    from memtrack.records import metrics, read_json
+
+    repo = _repo(tmp / "shipped", {"README.md": "the shipped suite\n"})
+    records = {}
+    for way, spawn in (("fork", False), ("spawn", True)):
+        out = tmp / f"{way}.json"
+        wall = _timed(_run(out), repo, _env(spawn))
+        records[way] = read_json(out)
+        print(f"shipped suite, {way}: {wall:.1f} s, {_spawned(out)} case(s) spawned")
+    bad = 0
+    print(
+        f"{'case':<58} {'allocated fork / spawn':>26} {'host fork / spawn (MiB)':>24} {'floor':>7}"
+    )
+    for f, s in zip(records["fork"].measurements, records["spawn"].measurements, strict=True):
+        assert f.case_id == s.case_id
+        hf, hs = metrics.value(f, "host"), metrics.value(s, "host")
+        floor = metrics.floor("host", hs or 0)
+        same = f.peak_allocated_bytes == s.peak_allocated_bytes and f.status == s.status == "ok"
+        near = hf is not None and hs is not None and abs(hf - hs) <= floor
+        bad += not (same and near)
+        mib = 2**20
+        print(
+            f"{f.case_id[:58]:<58} {f.peak_allocated_bytes:>12} / {s.peak_allocated_bytes:<12}"
+            f" {(hf or 0) / mib:>10.1f} / {(hs or 0) / mib:<10.1f} {floor / mib:>6.1f}"
+            f"  {'same' if same and near else 'DIFFERENT'}"
+        )
+    print(
+        f"{len(records['fork'].measurements) - bad} of {len(records['fork'].measurements)} "
+        "shipped cases: allocated exact, host within its floor"
+    )
+    if bad:
+        sys.exit(1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--figures", action="store_true", help="also compare the shipped suite")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="memtrack-bench-") as tmp:
+        starts(args.rounds, Path(tmp))
+        if args.figures:
+            print()
+            figures(Path(tmp))
+
+
+if __name__ == "__main__":
+    main()
