@@ -5,7 +5,8 @@ worker after every phase, read by the parent once the worker has ended).
 Both are frozen, typed records that both sides import: a misspelt field fails where it is
 written, not inside a subprocess. The parent treats a result file as untrusted (the workload
 runs in that process and can overwrite it): `read_result` checks every value's type and
-turns a damaged file into a crashed case, never a crash of the tool. This module does not
+turns a damaged file into a crashed case, never a crash of the tool. `Channel` is the
+socket between the runner and its fork server (memtrack.worker.server). This module does not
 import torch.
 """
 
