@@ -15,7 +15,7 @@ import pytest
 from memtrack.config import load_config
 from memtrack.measure.forkserver import SPAWN_VARIABLE, ForkServer
 from memtrack.measure.launcher import worker_env
-from memtrack.measure.suite import run_suite
+from memtrack.measure.suite import probe_environment, run_suite
 from memtrack.records import metrics
 from memtrack.workload.registry import discover, select_cases
 
@@ -169,7 +169,8 @@ def test_the_server_itself_never_initialises_cuda(tmp_path):
     with ForkServer.start(worker_env()) as server:
         assert server.ready(config)
         env = server.environment()
-        assert env is not None and env.torch
+        # the fingerprint baselines compare is the one a fresh interpreter's probe gives
+        assert env == probe_environment()
         before = server.status()
         device = "cuda" if env.cuda_available else "cpu"
         m = run_case(config, cases[-1], device, env.visible_uuids, server=server)
@@ -195,3 +196,33 @@ def test_a_cuda_case_is_forked_and_measured_with_the_server_untouched(tmp_path):
     assert m.status == "ok", m.message
     assert m.peak_allocated_bytes and m.peak_allocated_bytes >= 64 * 64 * 4
     assert status["unsafe"] is None and status["cuda_initialized"] is False
+
+
+KILLS_THE_SERVER = WORKLOADS + textwrap.dedent(
+    """
+    import signal
+
+    @memtrack.workload
+    def aaa_kills_its_server(ctx):
+        import time
+        server = os.getppid()
+        os.kill(server, signal.SIGKILL)
+        while os.getppid() == server:  # the server is still exiting
+            time.sleep(0.01)
+        time.sleep(60)  # its parent-death signal ends this case long before
+        return lambda: None
+    """
+)
+
+
+def test_a_case_that_kills_the_server_crashes_and_the_rest_are_spawned(tmp_path):
+    config, cases = _suite(tmp_path, KILLS_THE_SERVER)
+    cases = sorted((c for c in cases if c.workload != "big"), key=lambda c: c.case_id)
+    run = run_suite(config, cases)
+    first, *rest = run.measurements
+    assert first.workload == "aaa_kills_its_server"
+    # the server's death took its forked case with it (its parent-death signal)
+    assert first.status == "crashed" and "SIGKILL" in first.message
+    assert [m.status for m in rest] == ["ok", "ok"]
+    for m in rest:
+        assert any("not forked: the fork server exited (SIGKILL)" in n for n in m.notes), m.notes

@@ -129,6 +129,8 @@ def test_a_timeout_is_recorded_and_the_process_killed(failing_run):
 
 
 def test_the_run_goes_on_after_failures(failing_run):
+    # every failure kind above is that of a worker forked by the run's fork server
+    assert not [n for m in failing_run[0].measurements for n in m.notes if "fresh interp" in n]
     assert [m.workload for m in failing_run[0].measurements] == [
         "raises",
         "host_oom",
