@@ -249,6 +249,10 @@ class ForkServer:
             self.chan.close()
             self.chan = None
         if self.proc is not None:
+            if self.discovered is None and self.proc.poll() is None:
+                # Still importing (the run ended before its first case, an interrupt):
+                # nothing of its is worth waiting for.
+                self.proc.kill()
             try:
                 self.proc.wait(CLOSE_TIMEOUT_S)
             except subprocess.TimeoutExpired:

@@ -156,7 +156,7 @@ def launch(
                 assert not isinstance(proc, str)
                 procs.append(proc)
                 if tree is None:
-                    tree = ProcessTree(proc.pid)
+                    tree = ProcessTree(proc.pid, forked=isinstance(proc, ForkedWorker))
                 else:
                     tree.add(proc.pid)
                 if sampler is not None:

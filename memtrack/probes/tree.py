@@ -177,8 +177,12 @@ def _signal(pid: int, sig: int, *, group: bool = False) -> None:
 class ProcessTree:
     """The processes of one case, whose first is the worker `pid` (a session leader)."""
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, *, forked: bool = False):
         self.pid = pid
+        self.exact = not forked
+        """Whether a cgroup's `memory.peak` is the tree's peak: not for a worker forked by
+        the fork server, whose inherited pages stay charged to the server's cgroup (its
+        tree is sampled instead; the cgroup still holds and ends its processes)."""
         self.peak = 0
         self.known: dict[int, int] = {}
         """Every process of the case seen so far: pid -> start time (a reused pid differs)."""
@@ -211,7 +215,7 @@ class ProcessTree:
 
     @property
     def source(self) -> str:
-        return CGROUP if self.cgroup is not None else SAMPLED
+        return CGROUP if self.cgroup is not None and self.exact else SAMPLED
 
     def members(self) -> set[int]:
         """Living processes of the case: its group, the worker's descendants, the cgroup."""
@@ -240,7 +244,7 @@ class ProcessTree:
 
     def sample(self) -> None:
         """One look at the tree's RSS; the worker's own peak comes from the worker."""
-        if self.cgroup is not None:
+        if self.cgroup is not None and self.exact:
             return
         total = 0
         for pid in self.members():
@@ -327,7 +331,8 @@ class ProcessTree:
             if not self.members():
                 break
         if self.cgroup is not None:
-            self.peak = self.cgroup.peak() or 0
+            if self.exact:
+                self.peak = self.cgroup.peak() or 0
             self.cgroup.remove()
         self.reap_orphans()
 
