@@ -1,8 +1,9 @@
 """What a case costs to start: `memtrack run` with the fork server against every case started as
 a fresh interpreter (MEMTRACK_SPAWN=1), side by side in one run, against a bare torch import.
 
-A suite of five trivial cases (a 16x16 linear layer) runs with one case and with all five,
-both ways, in interleaved rounds (so that the machine's load hits every side alike), beside
+A suite of trivial cases (a 16x16 linear layer) runs with one case and with many (--cases
+forked, five spawned, which take long), both ways, in interleaved rounds (so that the
+machine's load hits every side alike), beside
 `python -c "import torch"` and `python -c "import torch, <MemTracker>"` (what a CPU case
 cannot skip: MemTracker pulls in much of torch.distributed). Printed: the medians, the cost
 of each added case and of a one-case run, and their ratios to the torch import. Goals: an
@@ -12,7 +13,7 @@ one second.
 With --figures, the shipped suite also runs forked once and spawned twice, and every case's
 figures are compared: allocated exact, host within its floor (records.metrics).
 
-    python scripts/bench_start.py [--rounds 3] [--figures]
+    python scripts/bench_start.py [--rounds 3] [--cases 21] [--figures]
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ TRIVIAL = """
 import torch
 import memtrack
 
-@memtrack.workload(params={"i": [0, 1, 2, 3, 4]})
+@memtrack.workload(params={"i": list(range(CASES))})
 def tiny(ctx):
     w = torch.nn.Linear(16, 16)
     ctx.mark(w)
@@ -99,24 +100,29 @@ def _spawned(path: Path) -> int:
     return sum(any("fresh interpreter" in n for n in m["notes"]) for m in record["measurements"])
 
 
-def starts(rounds: int, tmp: Path) -> None:
+def starts(rounds: int, cases: int, tmp: Path) -> None:
     suite = _repo(
         tmp / "trivial",
-        {"wl.py": TRIVIAL, "memtrack.toml": 'modules = ["wl.py"]\nwarmup = 1\nrepeats = 2\n'},
+        {
+            "wl.py": TRIVIAL.replace("CASES", str(cases)),
+            "memtrack.toml": 'modules = ["wl.py"]\nwarmup = 1\nrepeats = 2\n',
+        },
     )
     out = tmp / "run.json"
+    many = {"fork": cases, "spawn": 5}
     sides = {
         "import torch": ([sys.executable, "-c", "import torch"], False),
         "import torch + MemTracker": (
             [sys.executable, "-c", "import torch, torch.distributed._tools.mem_tracker"],
             False,
         ),
-        "fork: 1 case": (_run(out, "i=0"), False),
-        "fork: 5 cases": (_run(out), False),
-        "spawn: 1 case": (_run(out, "i=0"), True),
-        "spawn: 5 cases": (_run(out), True),
+        "fork: 1 case": (_run(out, "i=0]"), False),
+        f"fork: {many['fork']} cases": (_run(out), False),
+        "spawn: 1 case": (_run(out, "i=0]"), True),
+        f"spawn: {many['spawn']} cases": (_run(out, *(f"i={i}]" for i in range(5))), True),
     }
     times: dict[str, list[float]] = {name: [] for name in sides}
+    case_s: list[float] = []
     fixed: dict[str, list[float]] = {
         "environment probe, fresh interpreter (before)": [],
         "git facts": [],
@@ -125,9 +131,15 @@ def starts(rounds: int, tmp: Path) -> None:
         for name, (cmd, spawn) in sides.items():
             times[name].append(_timed(cmd, suite, _env(spawn)))
             if name.startswith(("fork", "spawn")):
-                want = 0 if name.startswith("fork") else (1 if "1 case" in name else 5)
-                if _spawned(out) != want:
-                    sys.exit(f"{name}: {_spawned(out)} case(s) spawned, expected {want}")
+                record = json.loads(out.read_text())
+                n = len(record["measurements"])
+                want = 0 if name.startswith("fork") else n
+                if _spawned(out) != want or not all(
+                    m["status"] == "ok" for m in record["measurements"]
+                ):
+                    sys.exit(f"{name}: {_spawned(out)} of {n} case(s) spawned, expected {want}")
+                if name == f"fork: {many['fork']} cases":
+                    case_s.extend(m["duration_s"] for m in record["measurements"])
         fixed["environment probe, fresh interpreter (before)"].append(_probe())
         fixed["git facts"].append(_git(suite))
         print(
@@ -143,26 +155,29 @@ def starts(rounds: int, tmp: Path) -> None:
     for name, value in med.items():
         print(f"  {name:<28} {value:8.2f}")
     print(
+        f"  {'a forked case, fork to end':<28} {statistics.median(case_s):8.2f}"
+        "   (its duration_s: the launcher's own view)"
+    )
+    print(
         "the run's fixed cost, medians (s): the probe now runs in a fork of the server, the "
         "git facts while the server imports"
     )
     for name, values in fixed.items():
         print(f"  {name:<48} {statistics.median(values):8.2f}")
     print()
+    added = {}
     for way in ("fork", "spawn"):
-        one, five = med[f"{way}: 1 case"], med[f"{way}: 5 cases"]
-        added = (five - one) / 4
+        one, lots = med[f"{way}: 1 case"], med[f"{way}: {many[way]} cases"]
+        added[way] = (lots - one) / (many[way] - 1)
         print(
-            f"{way:>5}: each added case {added:6.2f} s = {added / torch_s:5.2f} x torch import"
-            f" (goal <= 0.25); one-case run {one:6.2f} s = torch import + {one - torch_s:5.2f} s"
-            f" (goal <= +1 s), = torch+MemTracker import + "
-            f"{one - med['import torch + MemTracker']:5.2f} s"
+            f"{way:>5}: each added case {added[way]:6.2f} s = {added[way] / torch_s:5.2f} x torch"
+            f" import (goal <= 0.25); one-case run {one:6.2f} s = torch import"
+            f" + {one - torch_s:5.2f} s (goal <= +1 s), = torch+MemTracker import"
+            f" + {one - med['import torch + MemTracker']:5.2f} s"
         )
-    added = {w: med[f"{w}: 5 cases"] - med[f"{w}: 1 case"] for w in ("fork", "spawn")}
     print(
-        f"fork / spawn: one case {med['fork: 1 case'] / med['spawn: 1 case']:.2f}, "
-        f"five cases {med['fork: 5 cases'] / med['spawn: 5 cases']:.2f}, each added case "
-        f"{added['fork'] / max(1e-9, added['spawn']):.2f}"
+        f"fork / spawn: one-case run {med['fork: 1 case'] / med['spawn: 1 case']:.2f}, "
+        f"each added case {added['fork'] / max(1e-9, added['spawn']):.3f}"
     )
 
 
@@ -213,11 +228,12 @@ def figures(tmp: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3, help="0: the figures alone")
+    ap.add_argument("--cases", type=int, default=21, help="cases of the forked many-case run")
     ap.add_argument("--figures", action="store_true", help="also compare the shipped suite")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="memtrack-bench-") as tmp:
         if args.rounds > 0:
-            starts(args.rounds, Path(tmp))
+            starts(args.rounds, args.cases, Path(tmp))
         if args.figures:
             print()
             figures(Path(tmp))

@@ -50,6 +50,13 @@ WORKLOADS = textwrap.dedent(
         ctx.mark(w)
         x = ctx.randn(8, 64)
         return lambda: torch.relu(w(x)).sum()
+
+    @memtrack.workload
+    def exits(ctx):
+        where("exits")
+        def step():
+            raise SystemExit(3)
+        return step
     """
 )
 
@@ -90,10 +97,10 @@ def both_ways(tmp_path_factory):
 
 def test_each_case_is_a_process_of_its_own_forked_by_the_server(both_ways):
     _, (run, seen), _ = both_ways
-    assert [m.status for m in run.measurements] == ["ok"] * 3
+    assert [m.status for m in run.measurements] == ["ok", "ok", "ok", "crashed"]
     assert _spawn_notes(run) == []
     pids = {s["pid"] for s in seen.values()}
-    assert len(pids) == 3 and os.getpid() not in pids
+    assert len(pids) == 4 and os.getpid() not in pids
     for s in seen.values():
         # its own session and process group, as a spawned worker has
         assert s["sid"] == s["pgid"] == s["pid"]
@@ -114,17 +121,20 @@ def test_a_case_after_a_large_one_has_its_own_host_peak(both_ways):
 
 def test_spawned_cases_are_fresh_interpreters_and_say_so(both_ways):
     _, _, (run, seen) = both_ways
-    assert [m.status for m in run.measurements] == ["ok"] * 3
+    assert [m.status for m in run.measurements] == ["ok", "ok", "ok", "crashed"]
     for s in seen.values():
         assert s["ppid"] == os.getpid() and s["sid"] == s["pid"]
-    assert len(_spawn_notes(run)) == 3
+    assert len(_spawn_notes(run)) == 4
     assert all(n.endswith(f"{SPAWN_VARIABLE}=1") for n in _spawn_notes(run))
 
 
 def test_figures_are_the_same_forked_or_spawned(both_ways):
     _, (forked, _), (spawned, _) = both_ways
     for f, s in zip(forked.measurements, spawned.measurements, strict=True):
-        assert f.case_id == s.case_id
+        assert (f.case_id, f.status, f.message) == (s.case_id, s.status, s.message)
+        if f.status != "ok":  # `exits`: its step's SystemExit(3), as an interpreter exits
+            assert f.message == "exited with status 3 in phase 'warmup'"
+            continue
         for field in ("peak_allocated_bytes", "persistent_bytes", "weights_bytes"):
             assert getattr(f, field) == getattr(s, field), (f.case_id, field)
         host_f, host_s = metrics.value(f, "host"), metrics.value(s, "host")
@@ -173,7 +183,13 @@ def test_the_server_itself_never_initialises_cuda(tmp_path):
         assert env == probe_environment()
         before = server.status()
         device = "cuda" if env.cuda_available else "cpu"
-        m = run_case(config, cases[-1], device, env.visible_uuids, server=server)
+        m = run_case(
+            config,
+            next(c for c in cases if c.case_id == "small[i=1]"),
+            device,
+            env.visible_uuids,
+            server=server,
+        )
         after = server.status()
     assert m.status == "ok" and not [n for n in m.notes if "fresh interpreter" in n]
     for status in (before, after):
@@ -191,7 +207,13 @@ def test_a_cuda_case_is_forked_and_measured_with_the_server_untouched(tmp_path):
         assert env is not None and env.cuda_available
         from memtrack.measure.case import run_case
 
-        m = run_case(config, cases[-1], "cuda", env.visible_uuids, server=server)
+        m = run_case(
+            config,
+            next(c for c in cases if c.case_id == "small[i=1]"),
+            "cuda",
+            env.visible_uuids,
+            server=server,
+        )
         status = server.status()
     assert m.status == "ok", m.message
     assert m.peak_allocated_bytes and m.peak_allocated_bytes >= 64 * 64 * 4
@@ -217,7 +239,9 @@ KILLS_THE_SERVER = WORKLOADS + textwrap.dedent(
 
 def test_a_case_that_kills_the_server_crashes_and_the_rest_are_spawned(tmp_path):
     config, cases = _suite(tmp_path, KILLS_THE_SERVER)
-    cases = sorted((c for c in cases if c.workload != "big"), key=lambda c: c.case_id)
+    cases = sorted(
+        (c for c in cases if c.workload not in ("big", "exits")), key=lambda c: c.case_id
+    )
     run = run_suite(config, cases)
     first, *rest = run.measurements
     assert first.workload == "aaa_kills_its_server"

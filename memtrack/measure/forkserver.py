@@ -20,11 +20,13 @@ import tempfile
 from collections.abc import Mapping
 from typing import IO, Any
 
+from memtrack import errors
 from memtrack.config import Config
 from memtrack.errors import MemtrackError, WorkloadError
+from memtrack.machine import environment
 from memtrack.records import Environment
 from memtrack.worker.protocol import Channel, ChannelClosed
-from memtrack.workload.registry import Workload, from_data, modules_where
+from memtrack.workload.registry import Workload, discover, from_data, modules_where
 
 SERVER = "memtrack.worker.server"
 SPAWN_VARIABLE = "MEMTRACK_SPAWN"
@@ -134,8 +136,9 @@ class ForkServer:
             return self.discovered
         if self.discovery_error is not None:
             raise WorkloadError(self.discovery_error)
-        if self.chan is None:
-            raise WorkloadError(f"{modules_where(config)}: {self.note}")
+        if self.chan is None:  # no server to import it: here, then
+            self.discovered = discover(config)
+            return self.discovered
         importing: str | None = None
         try:
             self.chan.send({"op": "discover", "config": config})
@@ -177,8 +180,6 @@ class ForkServer:
     def environment(self) -> Environment | None:
         """The environment fingerprint from the probe the server forked at its start; None
         where it could not (the caller probes in a fresh interpreter then)."""
-        from memtrack.machine import environment
-
         if self.chan is None or self.note is not None:
             return None
         try:
@@ -290,8 +291,6 @@ class ForkServer:
 
 
 def _error_class(kind: str) -> type[MemtrackError]:
-    from memtrack import errors
-
     found = getattr(errors, kind, None)
     if isinstance(found, type) and issubclass(found, MemtrackError):
         return found

@@ -35,7 +35,7 @@ import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from memtrack.worker.process import die_with_parent
 from memtrack.worker.protocol import Channel, ChannelClosed
@@ -90,9 +90,8 @@ class Server:
     def fork(self, body: Callable[[], int]) -> int:
         """Fork a child that runs `body()` and exits with its status; returns its pid. The
         child never comes back into the server's loop, whatever it raises."""
-        saved = list(warnings.filters)
         parent = os.getpid()
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # the child leaves it too: its filters as they were
             # Python warns of fork in a process with threads: those are checked above.
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
@@ -101,7 +100,6 @@ class Server:
             return pid
         code = 1
         try:
-            cast(list[Any], warnings.filters)[:] = saved  # the same list object, refilled
             os.setsid()  # its own session and process group, as a spawned worker's
             self.chan.close()
             if self.environment is not None:
@@ -109,6 +107,12 @@ class Server:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             die_with_parent(parent)
             code = body()
+        except SystemExit as exc:  # as the interpreter of a spawned worker would exit
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:
+                with contextlib.suppress(Exception):
+                    print(exc.code, file=sys.stderr)
         except BaseException:
             with contextlib.suppress(Exception):
                 traceback.print_exc()
