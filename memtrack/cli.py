@@ -7,10 +7,14 @@ or MEMTRACK_DEBUG=1 adds the traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import signal
 import sys
 import traceback
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import click
@@ -33,6 +37,40 @@ def _unexpected(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM (what CI sends on cancel) or SIGHUP, raised where the program is, as ^C raises
+    KeyboardInterrupt: the same clean-up runs (every case's processes ended, nothing half
+    written) and the exit status is the shell's for that signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Interrupted, once: a second one while the first is being
+    cleaned up is ignored, so that the clean-up finishes. The previous handlers come back."""
+    raised: list[int] = []
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        if not raised:
+            raised.append(signum)
+            raise Interrupted(signum)
+
+    caught = (signal.SIGTERM, signal.SIGHUP)
+    try:
+        before = {sig: signal.signal(sig, handler) for sig in caught}
+    except ValueError:  # not the main thread: signals stay as they are
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, previous in before.items():
+            signal.signal(sig, previous)
+
+
 class _Group(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*COMMANDS, *self.commands})
@@ -46,13 +84,17 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         debug = ctx.params.get("debug") or os.environ.get("MEMTRACK_DEBUG", "") not in ("", "0")
         try:
-            return super().invoke(ctx)
+            with _interruptible():
+                return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit):
             raise
-        except (KeyboardInterrupt, click.Abort):
-            # Not exit 1 ("a verdict blocks"): the shell's status for an interrupt.
-            click.echo("memtrack: interrupted", err=True)
-            sys.exit(130)
+        except (KeyboardInterrupt, click.Abort) as exc:
+            # Not exit 1 ("a verdict blocks"): the shell's status for an interrupt, 128 + the
+            # signal's number (130 for ^C).
+            signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+            name = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
+            click.echo(f"memtrack: interrupted{name}", err=True)
+            sys.exit(128 + signum)
         except MemtrackError as exc:
             if debug:
                 traceback.print_exc()

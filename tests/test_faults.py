@@ -507,3 +507,62 @@ def test_a_stored_value_of_the_wrong_type_is_named_not_a_traceback(tmp_path, col
                  ["export", str(tmp_path / "out")]):
         line = _error_line(memtrack(*args, "--db", str(db), cwd=tmp_path))
         assert f"{db}: damaged database (" in line and run_id in line, (args, line)
+
+
+# -- signals to `memtrack run` ---------------------------------------------------------------
+
+SLOW = """
+import pathlib, subprocess, sys, time
+import memtrack
+
+@memtrack.workload
+def slow(ctx):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                               start_new_session=True)
+    (pathlib.Path(__file__).parent / "child.pid").write_text(str(sleeper.pid))
+    return lambda: time.sleep(60)
+"""
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signal_to_memtrack_run_mid_case_is_an_interrupt(tmp_path, sig):
+    """SIGTERM (what CI sends on cancel) and SIGHUP as ^C: the shell's status for the signal,
+    the case's processes ended (a child in a session of its own too), the database intact."""
+    db = tmp_path / "m.db"
+    _seed(db)
+    (tmp_path / "wl.py").write_text(SLOW)
+    (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 1\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memtrack.cli", "run", "--config", str(tmp_path / "memtrack.toml"),
+         "--db", str(db)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        assert proc.stderr is not None
+        while "running" not in (line := proc.stderr.readline()):  # the case has started
+            assert line, "memtrack run ended before its case"
+        child = tmp_path / "child.pid"
+        for _ in range(6000):  # the step is a 60 s sleep: its setup is done long before
+            if child.exists() and child.read_text():
+                break
+            proc.poll()
+            assert proc.returncode is None, "memtrack run ended before the case's setup"
+            time.sleep(0.05)
+        sleeper = int(child.read_text())
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + sig, err
+    assert "memtrack: interrupted" in err and "Traceback" not in err
+    assert _state(sleeper) in (None, "Z"), f"the case's child {sleeper} outlived the run"
+    _intact(db, 3)

@@ -129,6 +129,8 @@ def test_a_timeout_is_recorded_and_the_process_killed(failing_run):
 
 
 def test_the_run_goes_on_after_failures(failing_run):
+    # every failure kind above is that of a worker forked by the run's fork server
+    assert not [n for m in failing_run[0].measurements for n in m.notes if "fresh interp" in n]
     assert [m.workload for m in failing_run[0].measurements] == [
         "raises",
         "host_oom",
@@ -262,3 +264,66 @@ def test_auto_measures_on_the_cpu_when_torch_cannot_start_the_gpus_nvml_sees(tmp
     assert (m.status, m.device) == ("ok", "cpu")
     assert m.notes[0] == ("device auto: NVML sees 1 GPU(s) but torch cannot use CUDA (CUDA "
                           "driver initialization failed); measured on the CPU")
+
+
+ESCAPES = textwrap.dedent(
+    """
+    import os, pathlib, subprocess, sys
+    import memtrack
+
+    HERE = pathlib.Path(__file__).parent
+    SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+    def started(name, pid):
+        (HERE / f"{name}.pid").write_text(str(pid))
+
+    @memtrack.workload
+    def new_session(ctx):
+        started("new_session", subprocess.Popen(SLEEP, start_new_session=True).pid)
+        return lambda: None
+
+    @memtrack.workload
+    def daemon(ctx):
+        # the classic double fork: a grandchild in a session of its own, its parent gone
+        r, w = os.pipe()
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.write(w, str(os.getpid()).encode())
+                os.execv(sys.executable, SLEEP)
+            os._exit(0)
+        os.close(w)
+        started("daemon", int(os.read(r, 32)))
+        return lambda: None
+
+    @memtrack.workload(params={"session": [False, True]})
+    def exits_at_once(ctx):
+        child = subprocess.Popen(SLEEP, start_new_session=ctx["session"])
+        started(f"exits_at_once-{ctx['session']}", child.pid)
+        os._exit(9)
+    """
+)
+
+
+def test_no_process_a_case_started_outlives_memtrack_run(tmp_path):
+    """A child in a session of its own, a double-fork daemon, a child started just before the
+    worker's os._exit(9): each has left the case's tree (and its parent may be gone) before
+    the case ends; the runner, their subreaper, still ends every one."""
+    import subprocess
+    import sys
+
+    (tmp_path / "wl.py").write_text(ESCAPES)
+    (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 1\n')
+    res = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "run", "--config", str(tmp_path / "memtrack.toml"),
+         "--no-db", "--json", str(tmp_path / "run.json")],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    statuses = {m["case_id"]: m["status"]
+                for m in json.loads((tmp_path / "run.json").read_text())["measurements"]}
+    assert statuses["new_session"] == statuses["daemon"] == "ok"
+    assert statuses["exits_at_once[session=True]"] == "crashed"
+    pids = {p.stem: int(p.read_text()) for p in tmp_path.glob("*.pid")}
+    assert len(pids) == 4
+    for name, pid in pids.items():
+        assert _state(pid) in (None, "Z"), f"{name}: process {pid} outlived the run"

@@ -196,3 +196,31 @@ def test_a_module_that_exits_without_a_message_is_named_with_its_exit(tmp_path):
     config = _suite(tmp_path, {"wl.py": "raise SystemExit\n"})
     with pytest.raises(WorkloadError, match=r"cannot import 'wl.py': SystemExit$"):
         discover(config)
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("import os\nos._exit(0)\n",
+         r"cannot import 'wl.py': it ended the process \(exit status 0\)$"),
+        ("raise KeyboardInterrupt\n", r"cannot import 'wl.py': KeyboardInterrupt$"),
+    ],
+)
+def test_a_module_that_ends_or_interrupts_its_own_import_is_exit_2_naming_it(
+        tmp_path, source, message):
+    """Not exit 0 with nothing recorded, nor the 130 of a real ^C: the modules are imported in
+    the fork server, not in `memtrack run` itself."""
+    import re
+    import subprocess
+    import sys
+
+    _suite(tmp_path, {"wl.py": source})
+    db = tmp_path / "m.db"
+    res = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "run", "--config", str(tmp_path / "memtrack.toml"),
+         "--db", str(db)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search(message, lines[0]), res.stderr
+    assert lines[0].startswith("memtrack: error: ") and "Traceback" not in res.stderr
+    assert not db.exists()

@@ -15,11 +15,11 @@ from memtrack.commands.options import (
 )
 from memtrack.errors import ConfigError, StoreError
 from memtrack.judge.check import check_budget_targets
-from memtrack.measure.suite import run_suite
+from memtrack.measure.suite import run_suite, start_run
 from memtrack.records.redact import redact_run
 from memtrack.report.run import run_table
 from memtrack.store.database import Store
-from memtrack.workload.registry import discover, select_cases
+from memtrack.workload.registry import select_cases
 
 
 def _parse_shard(value: str | None) -> tuple[int, int] | None:
@@ -56,27 +56,28 @@ def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
     """Measure the suite, one fresh process per case, and record the run."""
     config, db = resolve(config_path, db_path)
     shard_t = _parse_shard(shard)
-    workloads = discover(config)
-    # A budget naming no workload or case guards nothing: refused before anything runs.
-    check_budget_targets(config, {x for w in workloads for c in w.cases()
-                                  for x in (w.name, c.case_id)})
-    cases = select_cases(workloads, patterns, shard_t)
-    if not cases:
-        raise ConfigError(f"no case matches {' or '.join(patterns) or 'the suite'}")
-    # The outputs are checked before the first case starts, not after an hour of measuring.
-    if json_path:
-        check_json_folder(json_path)
-    store = None if no_db else Store.open(db)
-    try:
-        if store:
-            store.check_writable()
-        # Secrets out of everything the run holds (subject, variables, messages) before it
-        # is stored, written or shown.
-        record = redact_run(_measure(config, cases, shard))
-        saved, failures = save_run(record, store, json_path)
-    finally:
-        if store:
-            store.close()
+    with start_run(config) as start:  # the fork server imports the suite meanwhile
+        workloads = start.workloads()
+        # A budget naming no workload or case guards nothing: refused before anything runs.
+        check_budget_targets(config, {x for w in workloads for c in w.cases()
+                                      for x in (w.name, c.case_id)})
+        cases = select_cases(workloads, patterns, shard_t)
+        if not cases:
+            raise ConfigError(f"no case matches {' or '.join(patterns) or 'the suite'}")
+        # The outputs are checked before the first case starts, not after an hour of measuring.
+        if json_path:
+            check_json_folder(json_path)
+        store = None if no_db else Store.open(db)
+        try:
+            if store:
+                store.check_writable()
+            # Secrets out of everything the run holds (subject, variables, messages) before
+            # it is stored, written or shown.
+            record = redact_run(_measure(config, cases, shard, start))
+            saved, failures = save_run(record, store, json_path)
+        finally:
+            if store:
+                store.close()
     rich_console().print(run_table(record))
     commit = (record.git.commit or "no commit")[:12]
     click.echo(f"run {record.run_id} of {commit} recorded in {', '.join(saved) or 'nothing'}")
@@ -84,7 +85,7 @@ def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
         raise StoreError("; ".join(failures))
 
 
-def _measure(config, cases, shard):
+def _measure(config, cases, shard, start):
     console = rich_console(stderr=True)
     plain = os.environ.get("CI") == "true" or not console.is_terminal
 
@@ -95,7 +96,7 @@ def _measure(config, cases, shard):
             click.echo(f"  {m.status:8} {case.case_id} ({m.duration_s:.1f} s)", err=True)
 
     if plain:
-        record = run_suite(config, cases, shard=shard, progress=progress)
+        record = run_suite(config, cases, shard=shard, progress=progress, start=start)
     else:
         with console.status("measuring ...") as status:
 
@@ -104,5 +105,5 @@ def _measure(config, cases, shard):
                     status.update(f"measuring {case.case_id} ...")
                 progress(event, case, m)
 
-            record = run_suite(config, cases, shard=shard, progress=live)
+            record = run_suite(config, cases, shard=shard, progress=live, start=start)
     return record

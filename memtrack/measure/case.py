@@ -1,6 +1,7 @@
-"""One case measured in a fresh worker process (or one per rank, see measure.ranks), with the
-NVML sampler beside it on CUDA. A failing case (exception, out of memory, signal, timeout)
-becomes a Measurement with that status and whatever figures it reached."""
+"""One case measured in a fresh worker process (forked by the run's fork server where there is
+one, or one per rank, see measure.ranks), with the NVML sampler beside it on CUDA. A failing
+case (exception, out of memory, signal, timeout) becomes a Measurement with that status and
+whatever figures it reached."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from memtrack.config import Config
+from memtrack.measure.forkserver import ForkServer
 from memtrack.measure.launcher import launch, new_spec
 from memtrack.measure.outcome import to_measurement
 from memtrack.measure.ranks import run_ranks
@@ -20,9 +22,11 @@ from memtrack.workload.registry import Case, ranks_of
 def run_case(
     config: Config, case: Case, device: str, visible_uuids: tuple[str, ...] = (), *,
     quality: QualitySpec | None = None, snapshot_path: Path | None = None,
+    server: ForkServer | None = None,
 ) -> Measurement:
     """One case in a fresh worker. `quality`: what the worker does with the step's output
-    (measure.references); `snapshot_path`: `memtrack snapshot` writes there instead."""
+    (measure.references); `snapshot_path`: `memtrack snapshot` writes there instead;
+    `server`: the run's fork server, which forks the worker (ranks are spawned)."""
     world = ranks_of(case.params)
     if world is not None:  # one process per rank, all at once
         return run_ranks(config, case, device, visible_uuids, world,
@@ -34,7 +38,7 @@ def run_case(
         spec = new_spec(config, case, device, warmup, repeats, Path(tmp) / "result.json",
                         scratch_dir=scratch, quality=quality, snapshot_path=snapshot_path)
         sampler = start_sampler(device, config.nvml_interval_s, visible_uuids)
-        (outcome,), _ = launch([spec], timeout_s, sampler=sampler)
+        (outcome,), _ = launch([spec], timeout_s, sampler=sampler, server=server)
     return to_measurement(case, spec, outcome, config.nvml_interval_s, timeout_s)
 
 

@@ -1,8 +1,14 @@
 """One launcher for a case's worker processes, one or several (the ranks of a multi-rank case):
 their spec, their environment, their process group, the wait with its timeout, and their end.
 
+A single measuring worker is forked by the run's fork server where there is one
+(measure.forkserver): the same worker, without its imports. The ranks of a multi-rank case,
+estimates, and any case the server cannot fork start as fresh interpreters
+(`python -m memtrack.worker SPEC RUNNER_PID`); the case then says why in its notes.
+
 Whatever happens (an exception, a timeout, a failing rank), nothing the case started outlives
-it: every process of the case's tree is ended before `launch` returns (probes.tree).
+it: every process of the case's tree is ended before `launch` returns (probes.tree), orphans
+that left it included, the runner being their subreaper meanwhile.
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from memtrack.config import Config
+from memtrack.measure.forkserver import ForkedWorker, ForkServer
 from memtrack.measure.sampler import NvmlSampler
-from memtrack.probes.tree import ProcessTree
+from memtrack.probes.tree import ProcessTree, subreaper
 from memtrack.worker.protocol import QualitySpec, Result, Spec, read_result
 from memtrack.workload.registry import Case
 
@@ -87,6 +94,8 @@ class CaseOutcome:
     tree_peak_bytes: int | None = None
     """Host peak of the case's whole process tree (see probes.tree), where measured."""
     tree_source: str | None = None
+    spawned: str | None = None
+    """Why a case that had a fork server was started as a fresh interpreter instead."""
 
 
 def _group(n: int, first_pid: int | None) -> dict[str, Any]:
@@ -109,42 +118,58 @@ def launch(
     worker: str = MEASURE,
     envs: list[dict[str, str]] | None = None,
     sampler: NvmlSampler | None = None,
+    server: ForkServer | None = None,
 ) -> tuple[list[CaseOutcome], dict[int, float]]:
     """Run one worker per spec, all at once, until every one has exited, one has failed (the
     others would wait for it in a collective), or the timeout. Returns each one's outcome and,
     by index, when each exited by itself (time.monotonic()); the rest were ended by memtrack
     or timed out. With `sampler` (CUDA), NVML watches every worker and their descendants (as
-    the process tree finds them), and the workers read its clock."""
+    the process tree finds them), and the workers read its clock. With `server`, a single
+    measuring worker is forked by it."""
     n = len(specs)
+    forking = server is not None and n == 1 and worker == MEASURE and envs is None
     envs = envs or [worker_env() for _ in specs]
     clock = sampler.clock_path if sampler is not None else None
     if clock is not None:
         specs = [dataclasses.replace(s, sampler_clock=str(clock)) for s in specs]
     watch = sampler.watch if sampler is not None else None
     t0 = time.perf_counter()
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[subprocess.Popen[bytes] | ForkedWorker] = []
     tree: ProcessTree | None = None
     in_time = False
     exited_pids: dict[int, float] = {}
+    spawned: str | None = None
     with tempfile.TemporaryDirectory(prefix="memtrack-spec-") as tmp, \
             contextlib.ExitStack() as stack:
         errs = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(n)]
+        stack.enter_context(subreaper())
         try:
             for i, spec in enumerate(specs):
                 spec_path = Path(tmp) / f"spec-{i}.json"
                 spec.write(spec_path)
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", worker, str(spec_path), str(os.getpid())],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errs[i],
-                    env=envs[i], **_group(n, procs[0].pid if procs else None),
-                )
+                proc: subprocess.Popen[bytes] | ForkedWorker | str | None = None
+                if forking:
+                    assert server is not None
+                    proc = server.fork([str(spec_path)], errs[i].fileno(), envs[i])
+                    if isinstance(proc, str):
+                        spawned, proc = proc, None
+                if proc is None:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-m", worker, str(spec_path), str(os.getpid())],
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errs[i],
+                        env=envs[i], **_group(n, procs[0].pid if procs else None),
+                    )
+                assert not isinstance(proc, str)
                 procs.append(proc)
                 if watch is not None:
                     watch(proc.pid)
                 if tree is None:
-                    tree = ProcessTree(proc.pid, on_member=watch)
+                    tree = ProcessTree(proc.pid, on_member=watch,
+                                       forked=isinstance(proc, ForkedWorker))
                 else:
                     tree.add(proc.pid)
+                if isinstance(proc, ForkedWorker):
+                    proc.start()  # in the cgroup and watched: it may run now
             by_pid = {p.pid: i for i, p in enumerate(procs)}
             assert tree is not None
             in_time, exited_pids = tree.wait_all(
@@ -167,7 +192,8 @@ def launch(
     outcomes = [
         CaseOutcome(results[i], procs[i].returncode if i < len(procs) else None,
                     not in_time and i not in exited, tails[i], duration, sampled,
-                    (tree.peak or None) if tree else None, tree.source if tree else None)
+                    (tree.peak or None) if tree else None, tree.source if tree else None,
+                    spawned)
         for i in range(n)
     ]
     return outcomes, exited

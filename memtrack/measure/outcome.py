@@ -23,6 +23,8 @@ def to_measurement(
 ) -> Measurement:
     r = outcome.result
     notes = list(r.notes)
+    if outcome.spawned:
+        notes.append(f"started as a fresh interpreter, not forked: {outcome.spawned}")
     status, message = case_status(outcome, timeout_s)
     devices, view, view_note = _device_view(r, outcome.sampler, spec.device, notes)
     fields = figures(r)

@@ -1,21 +1,28 @@
 """The suite loop that `memtrack run` and `memtrack estimate` share: every case measured in
 turn (each in a fresh process), then one `RunRecord` of them with the git facts and the
-environment fingerprint. The caller stores it."""
+environment fingerprint. The caller stores it.
+
+A measured run starts its fork server first (`start_run`): while the server imports torch and
+the suite, and probes the environment from a fork of itself, the runner takes the git facts;
+each case is then a fork of the server rather than a new interpreter (measure.forkserver).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 
 from memtrack.config import Config
 from memtrack.machine import environment, provenance
 from memtrack.measure import references
 from memtrack.measure.case import run_case
+from memtrack.measure.forkserver import ForkServer
 from memtrack.measure.launcher import worker_env
-from memtrack.records import Environment, Measurement, RunRecord
-from memtrack.workload.registry import Case, suite_hash
+from memtrack.records import Environment, GitInfo, Measurement, RunRecord
+from memtrack.workload.registry import Case, Workload, suite_hash
 
 ProgressFn = Callable[[str, Case, "Measurement | None"], None]
 """Called with ('start', case, None) and ('done', case, measurement)."""
@@ -29,6 +36,36 @@ def now() -> str:
 def probe_environment() -> Environment:
     """The environment fingerprint, as the workers see it (PINNED_ENV included)."""
     return environment.probe(env=worker_env())
+
+
+class RunStart:
+    """A measured run before its first case: its fork server, already importing, and the
+    git facts, taken meanwhile."""
+
+    def __init__(self, config: Config, server: ForkServer):
+        self.config = config
+        self.server = server
+        self.started_at = now()
+        self.git = provenance.git_info(config.root, config.base_branch)
+
+    def workloads(self) -> list[Workload]:
+        """The suite, discovered in the fork server: this process imports no workload module."""
+        return self.server.discover(self.config)
+
+    def environment(self) -> Environment:
+        """The fingerprint from the server's forked probe, else from a fresh interpreter."""
+        return self.server.environment() or probe_environment()
+
+
+@contextlib.contextmanager
+def start_run(config: Config) -> Iterator[RunStart]:
+    """Start a run's fork server (in the workers' environment) and gather the run's facts;
+    the server ends with the block."""
+    server = ForkServer.start(worker_env())
+    try:
+        yield RunStart(config, server)
+    finally:
+        server.close()
 
 
 def resolve_device(config: Config, env: Environment) -> str:
@@ -56,10 +93,13 @@ def each_case(
     shard: str | None = None,
     progress: ProgressFn | None = None,
     note: str | None = None,
+    git: GitInfo | None = None,
+    started: str | None = None,
 ) -> RunRecord:
-    """Measure every case with `measure` and return the run. `note` goes on every case."""
-    started = now()
-    git = provenance.git_info(config.root, config.base_branch)
+    """Measure every case with `measure` and return the run. `note` goes on every case;
+    `git` and `started`, where the caller took them already."""
+    started = started or now()
+    git = git or provenance.git_info(config.root, config.base_branch)
     measurements = []
     for case in cases:
         if progress:
@@ -91,20 +131,29 @@ def run_suite(
     shard: str | None = None,
     progress: ProgressFn | None = None,
     env: Environment | None = None,
+    start: RunStart | None = None,
 ) -> RunRecord:
-    """Measure every case and return the run (the caller stores it)."""
-    env = env or probe_environment()
+    """Measure every case and return the run (the caller stores it). `start`: the run's
+    start (`start_run`); without one, the run starts its own."""
+    if start is None:
+        with start_run(config) as own:
+            return run_suite(config, cases, shard=shard, progress=progress, env=env, start=own)
+    server = start.server
+    server.ready(config)  # the suite imported there, where the caller discovered it itself
+    env = env or start.environment()
     device = resolve_device(config, env)
     # a malformed manifest is refused before measuring
     manifest = references.load_manifest(config) if any(c.tolerance for c in cases) else {}
 
     def measure(case: Case) -> Measurement:
         quality = references.quality_spec(config, case, manifest)
-        return run_case(config, case, device, env.visible_uuids, quality=quality)
+        return run_case(config, case, device, env.visible_uuids, quality=quality,
+                        server=server)
 
     return each_case(config, cases, measure, env=env, shard=shard, progress=progress,
-                     note=device_note(config, env, device))
+                     note=device_note(config, env, device), git=start.git,
+                     started=start.started_at)
 
 
-__all__ = ["ProgressFn", "each_case", "now", "probe_environment", "resolve_device",
-           "run_suite"]
+__all__ = ["ProgressFn", "RunStart", "each_case", "now", "probe_environment", "resolve_device",
+           "run_suite", "start_run"]

@@ -6,16 +6,26 @@ created, the case also runs in a cgroup of its own: `memory.peak` is the tree's 
 (page cache charged to it included) and `cgroup.kill` ends every process in it. Elsewhere
 the runner samples the group and the worker's descendants: the largest sum of their RSS
 seen and each child's own high-water mark (exact for that child) give a lower bound.
+
+A process that leaves the tree (a new session, a double fork) and whose parent then exits
+would be adopted by init and lost to the case: while a case runs, the runner is the
+subreaper of its descendants (`subreaper()`), so such an orphan becomes the runner's child,
+in a process group not the runner's, and is still one of the case's processes.
+
+The worker may be the runner's child (spawned) or not (forked by the fork server): either
+way it is waited on through its pidfd, and it is never reaped here before its tree ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
+import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 SAMPLE_INTERVAL_S = 0.2
@@ -133,6 +143,30 @@ def _own_cgroup2_dir() -> Path | None:
     return None
 
 
+PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
+
+
+@contextlib.contextmanager
+def subreaper() -> Iterator[bool]:
+    """This process is the subreaper of its descendants meanwhile (Linux; yields whether it
+    is): an orphan of a case is re-parented here, not to init, and stays findable."""
+    if not sys.platform.startswith("linux"):
+        yield False
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    before = ctypes.c_int(0)
+    libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(before), 0, 0, 0)
+    ok = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    try:
+        yield ok
+    finally:
+        if ok and not before.value:
+            libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
 def _signal(pid: int, sig: int, *, group: bool = False) -> None:
     try:
         (os.killpg if group else os.kill)(pid, sig)
@@ -145,12 +179,24 @@ class ProcessTree:
     `on_member(pid)` is told of each process of the case when it is first seen (the NVML
     sampler watches them: a compile worker's device memory is the case's too)."""
 
-    def __init__(self, pid: int, on_member: Callable[[int], None] | None = None):
+    def __init__(self, pid: int, on_member: Callable[[int], None] | None = None, *,
+                 forked: bool = False):
         self.pid = pid
+        self.exact = not forked
+        """Whether a cgroup's `memory.peak` is the tree's peak: not for a worker forked by
+        the fork server, whose inherited pages stay charged to the server's cgroup (its
+        tree is sampled instead; the cgroup still holds and ends its processes)."""
         self.peak = 0
         self.on_member = on_member
         self.known: dict[int, int] = {}
         """Every process of the case seen so far: pid -> start time (a reused pid differs)."""
+        self.workers = {pid}
+        """The processes memtrack started (reaped by their owner, never here)."""
+        self.runner = os.getpid()
+        self.runner_group = os.getpgid(0)
+        st = _stat(pid)
+        self.started = st[3] if st is not None else 0
+        """The first worker's start time: an adopted orphan of the case started after it."""
         self.cgroup = _Cgroup.create()
         if self.cgroup is not None and not self.cgroup.add(pid):
             self.cgroup.remove()
@@ -161,13 +207,19 @@ class ProcessTree:
         case, in the first one's process group): into the cgroup with it, where there is one."""
         if self.cgroup is not None:
             self.cgroup.add(pid)
+        self.workers.add(pid)
         st = _stat(pid)
         if st is not None:
             self.known[pid] = st[3]
 
+    def _adopted(self, st: tuple[str, int, int, int]) -> bool:
+        """An orphan of the case, re-parented to the runner as its subreaper: the runner's
+        child, outside the runner's own process group, started since the case did."""
+        return st[1] == self.runner and st[2] != self.runner_group and st[3] >= self.started
+
     @property
     def source(self) -> str:
-        return CGROUP if self.cgroup is not None else SAMPLED
+        return CGROUP if self.cgroup is not None and self.exact else SAMPLED
 
     def members(self) -> set[int]:
         """Living processes of the case: its group, the worker's descendants, the cgroup."""
@@ -181,7 +233,7 @@ class ProcessTree:
                 st = _stat(int(entry))
                 if st is not None and st[0] not in ("Z", "X"):
                     procs[int(entry)] = st
-        found = {p for p, st in procs.items() if st[2] == self.pid}
+        found = {p for p, st in procs.items() if st[2] == self.pid or self._adopted(st)}
         found |= {p for p, start in self.known.items() if procs.get(p, ("", 0, 0, -1))[3] == start}
         if self.cgroup is not None:
             found |= self.cgroup.pids() & set(procs)
@@ -198,7 +250,7 @@ class ProcessTree:
 
     def sample(self) -> None:
         """One look at the tree's RSS; the worker's own peak comes from the worker."""
-        if self.cgroup is not None:
+        if self.cgroup is not None and self.exact:
             if self.on_member is not None:
                 self.members()  # the cgroup has the peak; the members are still told
             return
@@ -221,10 +273,7 @@ class ProcessTree:
         try:
             while True:
                 self.sample()
-                try:
-                    if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
-                        return True
-                except ChildProcessError:  # reaped already (SIGCHLD ignored)
+                if _exited(self.pid, pidfd):
                     return True
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -257,12 +306,7 @@ class ProcessTree:
                 for pid in pids:
                     if pid in exited:
                         continue
-                    try:
-                        done = os.waitid(os.P_PID, pid,
-                                         os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-                    except ChildProcessError:  # reaped already (SIGCHLD ignored)
-                        done = True
-                    if done:
+                    if _exited(pid, fds.get(pid)):
                         exited[pid] = time.monotonic()
                         if failed(pid):
                             return True, exited
@@ -295,5 +339,33 @@ class ProcessTree:
             if not self.members():
                 break
         if self.cgroup is not None:
-            self.peak = self.cgroup.peak() or 0
+            if self.exact:
+                self.peak = self.cgroup.peak() or 0
             self.cgroup.remove()
+        self.reap_orphans()
+
+    def reap_orphans(self) -> None:
+        """Reap the case's orphans that the runner adopted and that have exited: its own
+        workers are left to whoever started them."""
+        try:
+            entries = os.listdir("/proc")
+        except OSError:
+            return
+        for entry in entries:
+            if not entry.isdigit() or int(entry) in self.workers:
+                continue
+            st = _stat(int(entry))
+            if st is not None and st[0] in ("Z", "X") and self._adopted(st):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(int(entry), os.WNOHANG)
+
+
+def _exited(pid: int, pidfd: int | None) -> bool:
+    """Whether a process has exited (a zombie counts), without reaping it: its pidfd is
+    readable then, whoever its parent is; without one, only a child of this process can tell."""
+    if pidfd is not None:
+        return bool(select.select([pidfd], [], [], 0)[0])
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already (SIGCHLD ignored), or not a child
+        return True

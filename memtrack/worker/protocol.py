@@ -5,18 +5,25 @@ worker after every phase, read by the parent once the worker has ended).
 Both are frozen, typed records that both sides import: a misspelt field fails where it is
 written, not inside a subprocess. The parent treats a result file as untrusted (the workload
 runs in that process and can overwrite it): `read_result` checks every value's type and
-turns a damaged file into a crashed case, never a crash of the tool. This module does not
+turns a damaged file into a crashed case, never a crash of the tool. `Channel` is the
+socket between the runner and its fork server (memtrack.worker.server). This module does not
 import torch.
 """
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import json
 import os
+import pickle
+import select
+import socket
+import struct
 import time
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,6 +224,82 @@ def _damaged(why: str) -> Result:
     return Result(status="crashed", message=f"the worker's result was lost: {why}")
 
 
+# -- the fork server's channel -----------------------------------------------------------------
+
+
+class ChannelClosed(Exception):
+    """The other end of a channel has gone (its process exited) or did not answer in time."""
+
+
+class Channel:
+    """One end of the socket between the runner and its fork server (memtrack.worker.server):
+    length-prefixed pickled messages, each with the file descriptors that travel with it
+    (SCM_RIGHTS). Pickle is safe here: both ends are memtrack's own processes, started
+    together, and nothing else holds the socket."""
+
+    MAX_FDS = 4
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
+        data = pickle.dumps(message)
+        head = struct.pack("!I", len(data))
+        try:
+            if fds:
+                socket.send_fds(self.sock, [head], list(fds))
+            else:
+                self.sock.sendall(head)
+            self.sock.sendall(data)
+        except OSError as exc:  # EPIPE, ECONNRESET: the other side has exited
+            raise ChannelClosed(str(exc)) from None
+
+    def receive(self, timeout_s: float | None = None) -> tuple[dict[str, Any], list[int]]:
+        """The next message and its descriptors; ChannelClosed at end of file or timeout."""
+        head, fds = self._read(4, timeout_s, with_fds=True)
+        (size,) = struct.unpack("!I", head)
+        body, _ = self._read(size, timeout_s)
+        message: dict[str, Any] = pickle.loads(body)
+        return message, fds
+
+    def _read(self, n: int, timeout_s: float | None, *, with_fds: bool = False
+              ) -> tuple[bytes, list[int]]:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        chunks: list[bytes] = []
+        fds: list[int] = []
+        got = 0
+        while got < n:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.sock], [], [], left)[0]:
+                raise ChannelClosed(f"no answer within {timeout_s:g} s")
+            try:
+                if with_fds and not chunks:
+                    room = socket.CMSG_SPACE(self.MAX_FDS * array.array("i").itemsize)
+                    chunk, ancillary, _flags, _addr = self.sock.recvmsg(n - got, room)
+                    for level, kind, data in ancillary:
+                        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                            arr = array.array("i")
+                            arr.frombytes(data[: len(data) - len(data) % arr.itemsize])
+                            fds.extend(arr)
+                else:
+                    chunk = self.sock.recv(n - got)
+            except OSError as exc:
+                raise ChannelClosed(str(exc)) from None
+            if not chunk:
+                for fd in fds:
+                    os.close(fd)
+                raise ChannelClosed("the other end has exited")
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks), fds
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 # -- typed construction from JSON --------------------------------------------------------------
 
 
@@ -273,5 +356,5 @@ def _value(hint: Any, v: Any, where: str) -> Any:
     raise ProtocolError(f"{where}: no rule for {hint!r}")  # pragma: no cover
 
 
-__all__ = ["FIGURES", "OWN_FIELDS", "RESULT_FIELDS", "ProtocolError", "QualitySpec",
-           "Result", "ResultFile", "Spec", "read_result"]
+__all__ = ["FIGURES", "OWN_FIELDS", "RESULT_FIELDS", "Channel", "ChannelClosed", "ProtocolError",
+           "QualitySpec", "Result", "ResultFile", "Spec", "read_result"]

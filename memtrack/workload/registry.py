@@ -314,21 +314,34 @@ def import_workload_module(ref: str, root: Path) -> str:
     return name
 
 
-def discover(config: Config) -> list[Workload]:
-    """Import the configured modules; return their workloads, each tagged with its ref."""
-    where = f"{config.path}: modules" if config.path else "default config: modules"
+def modules_where(config: Config) -> str:
+    """Where the suite's modules are configured, as an error names it."""
+    return f"{config.path}: modules" if config.path else "default config: modules"
+
+
+def import_failure(where: str, ref: str, exc: BaseException) -> WorkloadError:
+    """The one-line error of a workload module whose import failed, naming the module."""
+    if isinstance(exc, ModuleNotFoundError):
+        return WorkloadError(f"{where}: cannot import {ref!r} ({exc})")
+    if isinstance(exc, WorkloadError):
+        return WorkloadError(f"{where}: {ref!r}: {exc}")
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    error = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return WorkloadError(f"{where}: cannot import {ref!r}: {error}")
+
+
+def discover(config: Config, importing: Callable[[str], None] | None = None) -> list[Workload]:
+    """Import the configured modules; return their workloads, each tagged with its ref.
+    `importing(ref)` is told of each module before its import starts."""
+    where = modules_where(config)
     found: dict[str, Workload] = {}
     for ref in config.modules:
+        if importing is not None:
+            importing(ref)
         try:
             name = import_workload_module(ref, config.root)
-        except ModuleNotFoundError as exc:
-            raise WorkloadError(f"{where}: cannot import {ref!r} ({exc})") from None
-        except WorkloadError as exc:
-            raise WorkloadError(f"{where}: {ref!r}: {exc}") from None
         except (Exception, SystemExit) as exc:  # the module's own code failed: say how
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            error = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-            raise WorkloadError(f"{where}: cannot import {ref!r}: {error}") from None
+            raise import_failure(where, ref, exc) from None
         for wl in _REGISTRY.values():
             if wl.module == name or wl.module.startswith(name + "."):
                 other = found.get(wl.name)
@@ -415,6 +428,25 @@ def suite_hash(cases: Iterable[Case], config: Config) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[
         :16
     ]
+
+
+def workload_data(wl: Workload) -> dict[str, Any]:
+    """A discovered workload as plain data, for a process that does not import its module:
+    all but its functions."""
+    return {"name": wl.name, "params": wl.params, "seed": wl.seed, "module": wl.module,
+            "tolerance": wl.tolerance, "precision": wl.precision}
+
+
+def imported_elsewhere(*_args: Any, **_kwargs: Any) -> Any:
+    """The function of a workload discovered in another process (the fork server, see
+    memtrack.worker.server): it runs there and in the case's worker, never here."""
+    raise WorkloadError("this workload was imported in another process and runs only there")
+
+
+def from_data(data: dict[str, Any]) -> Workload:
+    """A workload from `workload_data`: its grid, seed and checks, its function elsewhere."""
+    return Workload(data["name"], imported_elsewhere, data["params"], data["seed"],
+                    data["module"], data["tolerance"], None, data["precision"])
 
 
 def find(name: str) -> Workload:

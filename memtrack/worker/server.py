@@ -1,0 +1,305 @@
+"""`python -m memtrack.worker.server FD RUNNER_PID`: the fork server of one run.
+
+Started once per run by the runner (memtrack.measure.forkserver), it imports torch, the
+worker's modules and the suite's workload modules once, then forks one fresh process per
+case: the case's worker, which runs `memtrack.worker.measure` as `python -m memtrack.worker`
+would, without paying for the imports again. It also forks the environment probe.
+
+CUDA is initialised only after a fork, in the child. The server itself never calls into CUDA
+(nothing here does; torch initialises CUDA lazily, at first use), and before every fork it
+checks that nothing else did either: `torch.cuda.is_initialized()` is False, the CUDA driver
+is not initialised (`cuCtxGetCurrent` answers CUDA_ERROR_NOT_INITIALIZED where libcuda is
+loaded at all) and no other Python thread runs (a workload module's import may have started
+one). Otherwise it refuses, with the reason, and the runner starts its cases as fresh
+interpreters instead.
+
+Each forked case is still a process of its own: a new session and process group, a parent
+death signal, its own stderr, its host peak reset at its start (probes.host), its allocator
+and counters untouched by any earlier case. It waits for the runner's word (its `go` pipe)
+before it starts, so that the runner has it in the case's cgroup and under the NVML sampler
+first. The server reaps a case only when the runner asks, after the case's whole tree has
+ended: until then its pid, the case's process group id, cannot be reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from memtrack.worker.process import die_with_parent
+from memtrack.worker.protocol import Channel, ChannelClosed
+
+CUDA_ERROR_NOT_INITIALIZED = 3
+WORKER_MAIN = str(Path(__file__).with_name("__main__.py"))
+"""What sys.argv[0] is in a spawned worker (`python -m memtrack.worker`): a forked one says
+the same."""
+
+
+def cuda_driver_initialised() -> bool:
+    """Whether this process has initialised the CUDA driver (cuInit), asked without
+    initialising it: libcuda is looked up only if it is loaded already (RTLD_NOLOAD)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:  # not loaded: cuInit cannot have been called
+        return False
+    ctx = ctypes.c_void_p()
+    return int(lib.cuCtxGetCurrent(ctypes.byref(ctx))) != CUDA_ERROR_NOT_INITIALIZED
+
+
+def fork_unsafe() -> str | None:
+    """Why this process must not fork a case, or None: CUDA or another Python thread."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA is initialised in the fork server (a workload module used the GPU at import)"
+    if cuda_driver_initialised():
+        return (
+            "the CUDA driver is initialised in the fork server (a workload module called "
+            "into CUDA at import)"
+        )
+    threads = threading.active_count()
+    if threads > 1:
+        # Native threads of libraries that handle fork themselves (OpenBLAS's pool) are
+        # not counted; a Python thread may hold a lock the child would then wait on forever.
+        return (
+            f"{threads - 1} Python thread(s) run in the fork server (started by a workload "
+            "module at import)"
+        )
+    return None
+
+
+class Server:
+    """The server's state: its channel, the environment probe it forked, its children."""
+
+    def __init__(self, chan: Channel):
+        self.chan = chan
+        self.environment: tuple[int, int] | None = None
+        """(pid, read end of its pipe) of the forked environment probe, until collected."""
+        self.children: set[int] = set()
+
+    def fork(self, body: Callable[[], int]) -> int:
+        """Fork a child that runs `body()` and exits with its status; returns its pid. The
+        child never comes back into the server's loop, whatever it raises."""
+        parent = os.getpid()
+        with warnings.catch_warnings():  # the child leaves it too: its filters as they were
+            # Python warns of fork in a process with threads: those are checked above.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid:
+            self.children.add(pid)
+            return pid
+        code = 1
+        try:
+            os.setsid()  # its own session and process group, as a spawned worker's
+            self.chan.close()
+            if self.environment is not None:
+                os.close(self.environment[1])
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            die_with_parent(parent)
+            code = body()
+        except SystemExit as exc:  # as the interpreter of a spawned worker would exit
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:
+                with contextlib.suppress(Exception):
+                    print(exc.code, file=sys.stderr)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+
+    def start_environment_probe(self) -> None:
+        """Fork the environment probe (memtrack.machine.environment.collect) now, so that it
+        runs while the server imports the rest: its JSON comes back through a pipe."""
+        if fork_unsafe() is not None:
+            return
+        read, write = os.pipe()
+
+        def probe() -> int:
+            os.close(read)
+            from memtrack.machine import environment
+
+            data = json.dumps(environment.collect()).encode()
+            with os.fdopen(write, "wb") as out:
+                out.write(data)
+            return 0
+
+        pid = self.fork(probe)
+        os.close(write)
+        self.environment = (pid, read)
+
+    def collect_environment(self) -> dict[str, Any]:
+        if self.environment is None:
+            return {"op": "environment", "error": "no environment probe was forked"}
+        pid, read = self.environment
+        self.environment = None
+        with os.fdopen(read, "rb") as f:
+            data = f.read()
+        code = self.reap(pid)
+        try:
+            return {"op": "environment", "data": json.loads(data)}
+        except ValueError:
+            return {
+                "op": "environment",
+                "error": f"the forked environment probe exited with {code}",
+            }
+
+    def reap(self, pid: int) -> int:
+        self.children.discard(pid)
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            return -signal.SIGKILL
+        return os.waitstatus_to_exitcode(status)
+
+    def discover(self, config: Any) -> dict[str, Any]:
+        from memtrack.errors import MemtrackError
+        from memtrack.workload.registry import (
+            discover,
+            import_failure,
+            modules_where,
+            workload_data,
+        )
+
+        current: list[str] = []
+
+        def importing(ref: str) -> None:
+            current[:] = [ref]
+            self.chan.send({"op": "importing", "ref": ref})
+
+        try:
+            found = discover(config, importing)
+        except KeyboardInterrupt as exc:
+            # SIGINT is ignored here (the runner handles a terminal's ^C): this one was
+            # raised by the module's own code, and is that module's failure.
+            error: BaseException = import_failure(modules_where(config), current[0], exc)
+            return {"op": "error", "kind": type(error).__name__, "message": str(error)}
+        except MemtrackError as exc:
+            return {"op": "error", "kind": type(exc).__name__, "message": str(exc)}
+        except Exception as exc:  # a bug of memtrack's: still one line for the runner
+            return {
+                "op": "error",
+                "kind": "WorkloadError",
+                "message": f"discovery failed: {type(exc).__name__}: {exc}",
+            }
+        return {"op": "discovered", "workloads": [workload_data(w) for w in found]}
+
+    def fork_case(self, argv: list[str], fds: list[int]) -> dict[str, Any]:
+        stderr, go = fds
+        reason = fork_unsafe()
+        if reason is not None:
+            return {"op": "refused", "reason": reason}
+        server_pid = os.getpid()
+
+        def case() -> int:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            os.dup2(devnull, 0)
+            os.dup2(devnull, 1)
+            os.dup2(stderr, 2)
+            for fd in (devnull, stderr):
+                os.close(fd)
+            # The runner says when: the case is in its cgroup and watched by then.
+            started = os.read(go, 1)
+            os.close(go)
+            if started != b"g":  # the runner has gone
+                return 1
+            from memtrack.worker.measure import main
+
+            sys.argv = [WORKER_MAIN, *argv, str(server_pid)]
+            return main([*argv, str(server_pid)])
+
+        pid = self.fork(case)
+        return {"op": "forked", "pid": pid}
+
+    def loop(self) -> None:
+        while True:
+            try:
+                message, fds = self.chan.receive()
+            except ChannelClosed:  # the runner is done (or gone)
+                return
+            op = message.get("op")
+            try:
+                if op == "discover":
+                    reply = self.discover(message["config"])
+                elif op == "environment":
+                    reply = self.collect_environment()
+                elif op == "fork":
+                    reply = self.fork_case(message["argv"], fds)
+                elif op == "reap":
+                    reply = {"op": "reaped", "returncode": self.reap(message["pid"])}
+                elif op == "status":
+                    reply = {
+                        "op": "status",
+                        "unsafe": fork_unsafe(),
+                        "cuda_initialized": _cuda_initialized(),
+                        "pid": os.getpid(),
+                    }
+                else:
+                    reply = {"op": "error", "kind": "ProtocolError", "message": f"no op {op!r}"}
+            finally:
+                for fd in fds:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            try:
+                self.chan.send(reply)
+            except ChannelClosed:
+                return
+
+
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def warm_imports() -> None:
+    """What every case imports, imported once here: the worker, its probes, MemTracker (which
+    pulls in much of torch.distributed, as long again as torch itself), the context."""
+    import memtrack.probes.framework
+    import memtrack.probes.host
+    import memtrack.probes.loading
+    import memtrack.worker.distributed
+    import memtrack.worker.measure
+    import memtrack.workload.context
+    import memtrack.workload.sessions  # noqa: F401
+
+    with contextlib.suppress(ImportError):  # torch < 2.5: the CPU probe says why, per case
+        import torch.distributed._tools.mem_tracker  # noqa: F401
+
+
+def main(argv: list[str]) -> int:
+    fd, runner_pid = int(argv[0]), int(argv[1])
+    die_with_parent(runner_pid)
+    # A terminal's ^C reaches the whole foreground group: it is the runner's to handle, and
+    # it ends this server when it is done.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    server = Server(Channel(socket.socket(fileno=fd)))
+    import torch  # noqa: F401
+
+    server.start_environment_probe()
+    warm_imports()
+    server.loop()
+    for pid in list(server.children):  # none is left running: the runner ended each case
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        server.reap(pid)
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    os._exit(code)

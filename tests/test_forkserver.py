@@ -1,0 +1,252 @@
+"""The fork server: each case is still a process of its own (its own pid, session and process
+group, its own peaks), forked from a server that imported torch and the suite once, with the
+same figures as a case started as a fresh interpreter; where the server must not fork (CUDA or
+a thread started in it), cases are spawned and say why. Real subprocess workloads on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from memtrack.config import load_config
+from memtrack.measure.forkserver import SPAWN_VARIABLE, ForkServer
+from memtrack.measure.launcher import worker_env
+from memtrack.measure.suite import probe_environment, run_suite
+from memtrack.records import metrics
+from memtrack.workload.registry import discover, select_cases
+
+WORKLOADS = textwrap.dedent(
+    """
+    import json, os, pathlib
+    import torch
+    import memtrack
+
+    SEEN = pathlib.Path(__file__).parent / "seen"
+
+    def where(name):
+        SEEN.mkdir(exist_ok=True)
+        parent = pathlib.Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\\0")
+        (SEEN / f"{name}.json").write_text(json.dumps({
+            "pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0),
+            "pgid": os.getpgid(0), "parent": [a.decode() for a in parent if a],
+        }))
+
+    @memtrack.workload
+    def big(ctx):
+        where("big")
+        def step():
+            held = b"\\1" * (384 * 2**20)  # touched: resident while it lives
+            return len(held)
+        return step
+
+    @memtrack.workload(params={"i": [0, 1]})
+    def small(ctx):
+        where(f"small-{ctx['i']}")
+        w = torch.nn.Linear(64, 64)
+        ctx.mark(w)
+        x = ctx.randn(8, 64)
+        return lambda: torch.relu(w(x)).sum()
+
+    @memtrack.workload
+    def exits(ctx):
+        where("exits")
+        def step():
+            raise SystemExit(3)
+        return step
+    """
+)
+
+
+def _suite(root: Path, source: str = WORKLOADS):
+    (root / "wl.py").write_text(source)
+    (root / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 2\n')
+    config = load_config(root / "memtrack.toml")
+    return config, select_cases(discover(config))
+
+
+def _seen(root: Path) -> dict[str, dict]:
+    seen = {p.stem: json.loads(p.read_text()) for p in (root / "seen").glob("*.json")}
+    for p in (root / "seen").glob("*.json"):
+        p.unlink()
+    return seen
+
+
+def _spawn_notes(run) -> list[str]:
+    return [n for m in run.measurements for n in m.notes if "fresh interpreter" in n]
+
+
+@pytest.fixture(scope="module")
+def both_ways(tmp_path_factory):
+    """The same suite run twice: forked by the fork server, then with every case spawned."""
+    root = tmp_path_factory.mktemp("suite")
+    config, cases = _suite(root)
+    forked = run_suite(config, cases)
+    forked_seen = _seen(root)
+    mp = pytest.MonkeyPatch()
+    mp.setenv(SPAWN_VARIABLE, "1")
+    try:
+        spawned = run_suite(config, cases)
+    finally:
+        mp.undo()
+    return root, (forked, forked_seen), (spawned, _seen(root))
+
+
+def test_each_case_is_a_process_of_its_own_forked_by_the_server(both_ways):
+    _, (run, seen), _ = both_ways
+    assert [m.status for m in run.measurements] == ["ok", "ok", "ok", "crashed"]
+    assert _spawn_notes(run) == []
+    pids = {s["pid"] for s in seen.values()}
+    assert len(pids) == 4 and os.getpid() not in pids
+    for s in seen.values():
+        # its own session and process group, as a spawned worker has
+        assert s["sid"] == s["pgid"] == s["pid"]
+        # a child of the fork server, not of the runner
+        assert s["ppid"] != os.getpid()
+        assert "memtrack.worker.server" in s["parent"]
+    assert len({s["ppid"] for s in seen.values()}) == 1  # one server for the run
+
+
+def test_a_case_after_a_large_one_has_its_own_host_peak(both_ways):
+    _, (run, _), _ = both_ways
+    by_id = {m.case_id: m for m in run.measurements}
+    big, small = by_id["big"], by_id["small[i=0]"]
+    assert big.host_peak_source == small.host_peak_source == "vmhwm"
+    # each case starts from the server, not from the case before it, its peak reset
+    assert big.host_peak_rss_bytes - small.host_peak_rss_bytes > 300 * 2**20
+
+
+def test_spawned_cases_are_fresh_interpreters_and_say_so(both_ways):
+    _, _, (run, seen) = both_ways
+    assert [m.status for m in run.measurements] == ["ok", "ok", "ok", "crashed"]
+    for s in seen.values():
+        assert s["ppid"] == os.getpid() and s["sid"] == s["pid"]
+    assert len(_spawn_notes(run)) == 4
+    assert all(n.endswith(f"{SPAWN_VARIABLE}=1") for n in _spawn_notes(run))
+
+
+def test_figures_are_the_same_forked_or_spawned(both_ways):
+    _, (forked, _), (spawned, _) = both_ways
+    for f, s in zip(forked.measurements, spawned.measurements, strict=True):
+        assert (f.case_id, f.status, f.message) == (s.case_id, s.status, s.message)
+        if f.status != "ok":  # `exits`: its step's SystemExit(3), as an interpreter exits
+            assert f.message == "exited with status 3 in phase 'warmup'"
+            continue
+        for field in ("peak_allocated_bytes", "persistent_bytes", "weights_bytes"):
+            assert getattr(f, field) == getattr(s, field), (f.case_id, field)
+        host_f, host_s = metrics.value(f, "host"), metrics.value(s, "host")
+        assert host_f is not None and host_s is not None
+        assert abs(host_f - host_s) <= metrics.floor("host", host_s), (f.case_id, host_f, host_s)
+
+
+# A stand-in for a workload module that used the GPU at import (this machine has none): torch
+# says CUDA is initialised in the process that imported it.
+CUDA_AT_IMPORT = "import torch\ntorch.cuda.is_initialized = lambda: True\n" + WORKLOADS
+THREAD_AT_IMPORT = (
+    "import threading, time\n"
+    "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n" + WORKLOADS
+)
+
+
+@pytest.mark.parametrize(
+    "source, why",
+    [
+        (CUDA_AT_IMPORT, "CUDA is initialised in the fork server"),
+        (THREAD_AT_IMPORT, "1 Python thread(s) run in the fork server"),
+    ],
+)
+def test_a_server_that_must_not_fork_spawns_its_cases_and_says_why(tmp_path, source, why):
+    config, cases = _suite(tmp_path, source)
+    cases = [c for c in cases if c.workload == "small"]
+    run = run_suite(config, cases)
+    assert [m.status for m in run.measurements] == ["ok", "ok"]
+    for s in _seen(tmp_path).values():
+        assert s["ppid"] == os.getpid()  # spawned by the runner
+    notes = _spawn_notes(run)
+    assert len(notes) == 2 and all(why in n for n in notes), notes
+
+
+def test_the_server_itself_never_initialises_cuda(tmp_path):
+    """Before and after forking a case (and the environment probe, which starts CUDA in its
+    own fork), the server holds no CUDA: on a GPU machine this is the real check; here the
+    CPU build proves the wiring of the guard the server checks before each fork."""
+    from memtrack.measure.case import run_case
+
+    config, cases = _suite(tmp_path)
+    with ForkServer.start(worker_env()) as server:
+        assert server.ready(config)
+        env = server.environment()
+        # the fingerprint baselines compare is the one a fresh interpreter's probe gives
+        assert env == probe_environment()
+        before = server.status()
+        device = "cuda" if env.cuda_available else "cpu"
+        m = run_case(
+            config,
+            next(c for c in cases if c.case_id == "small[i=1]"),
+            device,
+            env.visible_uuids,
+            server=server,
+        )
+        after = server.status()
+    assert m.status == "ok" and not [n for n in m.notes if "fresh interpreter" in n]
+    for status in (before, after):
+        assert status["unsafe"] is None and status["cuda_initialized"] is False
+    assert _seen(tmp_path)["small-1"]["ppid"] == before["pid"]
+
+
+@pytest.mark.gpu
+def test_a_cuda_case_is_forked_and_measured_with_the_server_untouched(tmp_path):
+    source = WORKLOADS.replace("torch.nn.Linear(64, 64)", "torch.nn.Linear(64, 64).to(ctx.device)")
+    config, cases = _suite(tmp_path, source)
+    with ForkServer.start(worker_env()) as server:
+        assert server.ready(config)
+        env = server.environment()
+        assert env is not None and env.cuda_available
+        from memtrack.measure.case import run_case
+
+        m = run_case(
+            config,
+            next(c for c in cases if c.case_id == "small[i=1]"),
+            "cuda",
+            env.visible_uuids,
+            server=server,
+        )
+        status = server.status()
+    assert m.status == "ok", m.message
+    assert m.peak_allocated_bytes and m.peak_allocated_bytes >= 64 * 64 * 4
+    assert status["unsafe"] is None and status["cuda_initialized"] is False
+
+
+KILLS_THE_SERVER = WORKLOADS + textwrap.dedent(
+    """
+    import signal
+
+    @memtrack.workload
+    def aaa_kills_its_server(ctx):
+        import time
+        server = os.getppid()
+        os.kill(server, signal.SIGKILL)
+        while os.getppid() == server:  # the server is still exiting
+            time.sleep(0.01)
+        time.sleep(60)  # its parent-death signal ends this case long before
+        return lambda: None
+    """
+)
+
+
+def test_a_case_that_kills_the_server_crashes_and_the_rest_are_spawned(tmp_path):
+    config, cases = _suite(tmp_path, KILLS_THE_SERVER)
+    cases = sorted(
+        (c for c in cases if c.workload not in ("big", "exits")), key=lambda c: c.case_id
+    )
+    run = run_suite(config, cases)
+    first, *rest = run.measurements
+    assert first.workload == "aaa_kills_its_server"
+    # the server's death took its forked case with it (its parent-death signal)
+    assert first.status == "crashed" and "SIGKILL" in first.message
+    assert [m.status for m in rest] == ["ok", "ok"]
+    for m in rest:
+        assert any("not forked: the fork server exited (SIGKILL)" in n for n in m.notes), m.notes
