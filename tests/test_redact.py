@@ -119,7 +119,8 @@ JWT = "eyJhbGciOiJSUzI1NiIsInR5cCI6IkpXVCJ9.eyJpc3MiOiJhY3Rpb25zIn0.U2lnbmF0dXJl
 SLACK = "xoxb-" + "1234567890-0987654321-AbCdEfGhIjKlMnOpQrStUvWx"
 GOOGLE = "AIza" + "SyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q"
 GITLAB = "glpat-" + "Zx9Yw8Vu7Ts6Rq5Po4Nm"
-AZURE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+AZURE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/"
+             "KBHBeksoGMGw==")
 AZURE = (f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={AZURE_KEY};"
          "EndpointSuffix=core.windows.net")
 

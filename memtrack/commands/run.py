@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
 import click
 
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
+from memtrack.config import MAX_COUNT
 from memtrack.errors import ConfigError, MemtrackError, StoreError
+from memtrack.files import output_problem
 from memtrack.judge.check import check_budget_targets
 from memtrack.records import write_fallback, write_json
 from memtrack.redact import redact_run
@@ -20,12 +23,13 @@ from memtrack.workload import discover, select_cases
 def _parse_shard(value: str | None) -> tuple[int, int] | None:
     if value is None:
         return None
-    try:
-        i, n = (int(x) for x in value.split("/"))
-    except ValueError:
-        raise ConfigError(f"--shard: {value!r} is not of the form i/n (e.g. 1/4)") from None
-    if not 1 <= i <= n:
-        raise ConfigError(f"--shard: {value!r}: i must be between 1 and n")
+    if not re.fullmatch(r"[1-9][0-9]{0,6}/[1-9][0-9]{0,6}", value):
+        raise ConfigError(f"--shard: {value!r} is not of the form i/n (e.g. 1/4), each a "
+                          f"whole number from 1 to {MAX_COUNT:,}")
+    i, n = (int(x) for x in value.split("/"))
+    if not 1 <= i <= n <= MAX_COUNT:
+        raise ConfigError(f"--shard: {value!r}: i must be between 1 and n, n at most "
+                          f"{MAX_COUNT:,}")
     return i, n
 
 
@@ -49,6 +53,9 @@ def _parse_shard(value: str | None) -> tuple[int, int] | None:
 @click.option("--no-db", is_flag=True, help="Do not write the database (use with --json).")
 def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
     """Measure the suite, one fresh process per case, and record the run."""
+    if no_db and not json_path:
+        raise click.UsageError("--no-db without --json would measure the suite and keep "
+                               "nothing: give --json FILE, or drop --no-db")
     config, db = resolve(config_path, db_path)
     shard_t = _parse_shard(shard)
     workloads = discover(config)
@@ -80,14 +87,8 @@ def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
 
 
 def check_json_folder(json_path: Path) -> None:
-    folder = json_path.parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as exc:
-        raise ConfigError(f"--json {json_path}: its folder cannot be written "
-                          f"({describe_failure(exc, None)})") from None
-    problem = room_problem(json_path)
+    """Refuse now, not after measuring, a --json path that cannot be written or has no room."""
+    problem = output_problem(json_path) or room_problem(json_path)
     if problem:
         raise ConfigError(f"--json {json_path}: {problem}")
 
