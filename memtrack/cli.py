@@ -37,6 +37,13 @@ def _unexpected(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
+def _usage(exc: click.exceptions.UsageError) -> str:
+    """Click's Usage / Try / Error lines as the one line every other error is."""
+    text = " ".join(exc.format_message().split())
+    where = exc.ctx.command_path if exc.ctx is not None else "memtrack"
+    return f"{text} (see: {where} --help)"
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGTERM (what CI sends on cancel) or SIGHUP, raised where the program is, as ^C raises
     KeyboardInterrupt: the same clean-up runs (every case's processes ended, nothing half
@@ -80,6 +87,27 @@ class _Group(click.Group):
             module = importlib.import_module(f"memtrack.commands.{COMMANDS[name]}")
             self.add_command(getattr(module, name), name)
         return self.commands.get(name)
+
+    def main(self, args: Any = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # bare `memtrack`: the help
+                exc.show()
+                sys.exit(exc.exit_code)
+            click.echo(f"memtrack: error: {_usage(exc)}", err=True)
+            sys.exit(2)
+        except click.exceptions.ClickException as exc:
+            click.echo(f"memtrack: error: {' '.join(exc.format_message().split())}", err=True)
+            sys.exit(2)
+        except click.Abort:
+            click.echo("memtrack: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         debug = ctx.params.get("debug") or os.environ.get("MEMTRACK_DEBUG", "") not in ("", "0")

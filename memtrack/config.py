@@ -182,7 +182,7 @@ class _Checker:
     def branch(self, key: str, default: str) -> str:
         """A branch name as git accepts it, which git can never read as an option."""
         value = self.get(key, str, default)
-        if not _is_branch(value):
+        if not is_branch(value):
             raise self.fail(key, f"{value!r} is not a branch name")
         return value
 
@@ -244,15 +244,15 @@ def find_config(start: Path) -> Path | None:
     return None
 
 
-def _is_revision(text: str) -> bool:
+def is_revision(text: str) -> bool:
     """A revision (`v1.2`, `main~10`, a commit id) that git can never read as an option."""
     return bool(text) and not text.startswith("-") and text.isprintable() and " " not in text
 
 
-def _is_branch(text: str) -> bool:
+def is_branch(text: str) -> bool:
     """Close to `git check-ref-format --branch`."""
     return (
-        _is_revision(text)
+        is_revision(text)
         and not text.startswith(("/", "."))
         and not text.endswith(("/", ".", ".lock"))
         and ".." not in text
@@ -386,7 +386,7 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
         isinstance(anchor, bool)
         or not isinstance(anchor, (str, int))
         or (isinstance(anchor, int) and not 1 <= anchor <= MAX_COUNT)
-        or (isinstance(anchor, str) and not _is_revision(anchor.strip()))
+        or (isinstance(anchor, str) and not is_revision(anchor.strip()))
     ):
         raise c.fail(
             "creep_anchor",

@@ -53,14 +53,16 @@ def _cut(s: str, limit: int | None) -> str:
     return s if limit is None or len(s) <= limit else s[: max(limit - 1, 0)] + "…"
 
 
-def markdown_text(text: object, limit: int | None = None) -> str:
+def markdown_text(text: object, limit: int | None = None, *, inline: bool = False) -> str:
     """Recorded text for Markdown prose or a table cell (GitHub, and Streamlit's reader):
     one line, `limit` characters at most, every character that can start a construct
     escaped (no heading, list, emphasis, link, image, directive, math, HTML or cell end can
     form), and the shapes that readers turn into links or mentions broken by a word joiner.
-    Other punctuation stays as it is, so the Markdown source reads as the text."""
+    Other punctuation stays as it is, so the Markdown source reads as the text. With
+    `inline` (text that follows something on its line, or fills a table cell) what would
+    start a block at a line's beginning ('1.', '#', '-') is left as it is."""
     s = _LINKISH.sub(WORD_JOINER, _cut(one_line(text), limit))
-    start = _MD_LINE_START.match(s)
+    start = None if inline else _MD_LINE_START.match(s)
     lead = ""
     if start and not _MD_SPECIAL.match(s):  # those are escaped below, wherever they stand
         n = start.end()

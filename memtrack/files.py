@@ -1,11 +1,14 @@
-"""Reading a file someone named (a config, a GPU catalog, a run record): a regular file of
+"""Files someone named. Read (a config, a GPU catalog, a run record): a regular file of
 bounded size, opened without blocking, so that `--config /dev/zero`, a FIFO or a terminal
-is refused at once instead of reading forever or waiting for a writer."""
+is refused at once instead of reading forever or waiting for a writer. Written (a report,
+a record): checked before any work, in a folder that exists (none is made: a typo must
+not plant folders, as root, anywhere), never a device or a file that refuses writes."""
 
 from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from memtrack.units import format_size
@@ -46,3 +49,31 @@ def read_bytes(path: Path, limit: int) -> bytes:
 def read_text(path: Path, limit: int) -> str:
     """As `read_bytes`, decoded as UTF-8 (raises UnicodeDecodeError)."""
     return read_bytes(path, limit).decode("utf-8")
+
+
+def output_problem(path: Path) -> str | None:
+    """Why a file cannot be written at `path` (made anew, or replaced whole through a
+    temporary file beside it), in a few words; None when it can."""
+    folder = path.parent
+    if not folder.is_dir():
+        return f"no such folder {folder}" if not folder.exists() else f"{folder} is not a folder"
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        return f"cannot be written ({exc.strerror})"
+    if info is not None:
+        if stat.S_ISDIR(info.st_mode):
+            return "is a directory"
+        if not stat.S_ISREG(info.st_mode):
+            return "not a regular file (a device, FIFO or socket)"
+        try:  # append mode changes nothing; a file of /proc or /sys refuses it
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
+        except OSError as exc:
+            return f"cannot be written ({exc.strerror})"
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        return f"its folder cannot be written ({exc.strerror})"
+    return None

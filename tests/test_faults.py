@@ -175,6 +175,7 @@ def tiny_suite(tmp_path):
 @pytest.mark.slow
 def test_run_json_onto_a_full_disk_says_so_and_leaves_no_tmp(tmp_path, tiny_suite):
     out = tmp_path / "out"
+    out.mkdir()
     res = memtrack("run", "--config", str(tiny_suite), "--no-db", "--json",
                    str(out / "run.json"), fsize=1 * KiB, cwd=tmp_path)
     line = _error_line(res)

@@ -213,16 +213,44 @@ def test_every_remote_action_is_pinned_to_a_full_commit_sha() -> None:
         assert re.search(r"#\s*v\d+\.\d+\.\d+\b", value), f"{where}: no '# vX.Y.Z' comment"
 
 
+def _checkouts(job: dict[str, Any]) -> list[dict[str, Any]]:
+    return [step for step in job.get("steps", [])
+            if str(step.get("uses", "")).startswith("actions/checkout@")]
+
+
 def test_checkouts_persist_no_credentials_and_measure_the_pr_head() -> None:
     for wf, name, job in _jobs():
-        for step in job.get("steps", []):
-            if not str(step.get("uses", "")).startswith("actions/checkout@"):
-                continue
+        for step in _checkouts(job):
             assert step.get("with", {}).get("persist-credentials") is False, f"{wf}: {name}"
-            if _self_hosted(job):
+            if _self_hosted(job) and "path" not in step["with"]:
                 # The PR head, with the history that finds its merge-base with the base branch.
                 assert "github.event.pull_request.head.sha" in step["with"]["ref"], name
                 assert step["with"]["fetch-depth"] == 0, name
+
+
+def test_the_gate_judges_and_writes_the_history_with_the_base_branchs_memtrack() -> None:
+    """A same-repository pull request's code must not write the canonical history: the gate
+    (the one job that opens the database) checks out the base branch beside the pull
+    request and takes the action, and the memtrack it installs, from there."""
+    jobs = _load(GITHUB / "workflows" / "memtrack.yml")["jobs"]
+    gate = jobs["gate"]
+    assert "memtrack-db" in _labels(gate)
+    trusted = [s for s in _checkouts(gate) if "path" in s["with"]]
+    assert len(trusted) == 1, "the gate checks out the trusted memtrack once, in a folder"
+    (tool,) = trusted
+    assert tool["with"]["ref"] == "${{ github.event.pull_request.base.sha || github.sha }}"
+    folder = tool["with"]["path"].strip("/")
+    actions = [str(s["uses"]) for s in gate["steps"] if str(s.get("uses", "")).startswith("./")]
+    assert actions == [f"./{folder}/.github/actions/memtrack"], actions
+    # ...and the action installs the memtrack of the checkout it comes from.
+    install = _load(ACTION)["runs"]["steps"][0]["run"]
+    assert 'pip install --quiet "$GITHUB_ACTION_PATH/../../.."' in install
+    # The pull request's own code runs in the measuring jobs, which never learn where the
+    # history is: only the gate has MEMTRACK_DB.
+    workflow = _load(GITHUB / "workflows" / "memtrack.yml")
+    assert "MEMTRACK_DB" not in workflow.get("env", {})
+    for name, job in jobs.items():
+        assert ("MEMTRACK_DB" in job.get("env", {})) == (name == "gate"), name
 
 
 def _run_scripts() -> list[tuple[str, str]]:

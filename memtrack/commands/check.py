@@ -9,13 +9,30 @@ from pathlib import Path
 import click
 
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
+from memtrack.config import MAX_COUNT, is_branch, is_revision
 from memtrack.errors import ConfigError, StoreError
+from memtrack.files import output_problem
 
 
 def _anchor(value: str | None) -> str | int | None:
+    """--anchor: N (the run N commits ago, 1 to MAX_COUNT) or a git revision, which git can
+    never read as an option."""
     if value is None:
         return None
-    return int(value) if value.isdigit() else value
+    if value.isdigit() and 1 <= int(value) <= MAX_COUNT:
+        return int(value)
+    if value.isdigit() or not is_revision(value):
+        raise ConfigError(f"--anchor: {value!r} is not a tag, a commit or a number of commits "
+                          f"from 1 to {MAX_COUNT:,}")
+    return value
+
+
+def _output(option: str, path: Path | None) -> None:
+    """Refuse before judging (and recording verdicts) an output that cannot be written."""
+    if path is not None:
+        problem = output_problem(path)
+        if problem:
+            raise ConfigError(f"{option} {path}: {problem}")
 
 
 def _write(path: Path, text: str, *, append: bool = False) -> None:
@@ -27,7 +44,6 @@ def _write(path: Path, text: str, *, append: bool = False) -> None:
             with open(path, "a", encoding="utf-8") as f:
                 f.write(text)
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
     except OSError as exc:
@@ -64,17 +80,24 @@ def check(config_path, db_path, run_id, commit, base_branch, markdown_path, json
     from memtrack.store.database import Store
 
     config, db = resolve(config_path, db_path)
-    if not db.is_file():
-        raise StoreError(f"{db}: no such database (record a run with `memtrack run`)")
     if history and (run_id or commit):
         raise ConfigError("--history looks at the base branch: it takes no --run or --commit")
+    if not history and (anchor is not None or patterns):
+        raise ConfigError("--anchor and -k/--workload go with --history")
+    if base_branch is not None and not is_branch(base_branch):
+        raise ConfigError(f"--base: {base_branch!r} is not a branch name")
+    history_anchor = _anchor(anchor)
+    _output("--markdown", markdown_path)
+    _output("--json", json_path)
+    if not db.is_file():
+        raise StoreError(f"{db}: no such database (record a run with `memtrack run`)")
     console = rich_console()
     with Store.open(db, readonly=history or no_record, create=False) as store:
         if history:
             from memtrack.judge.history import analyze_history
 
             h = analyze_history(store, config, base_branch=base_branch,
-                                patterns=tuple(patterns), anchor=_anchor(anchor))
+                                patterns=tuple(patterns), anchor=history_anchor)
             md = report.history_markdown(h, dashboard_url=config.dashboard_url)
             renderables, code = report.history_terminal(h), h.exit_code
             data = dataclasses.asdict(h)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import click
 
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
+from memtrack.config import MAX_COUNT
 from memtrack.errors import StoreError
 from memtrack.report.run import history_table
 from memtrack.store.database import Store
@@ -12,8 +13,8 @@ from memtrack.store.database import Store
 @click.argument("case")
 @config_option
 @db_option
-@click.option("-n", "--limit", default=20, show_default=True, type=click.IntRange(min=1),
-              help="How many rows.")
+@click.option("-n", "--limit", default=20, show_default=True,
+              type=click.IntRange(min=1, max=MAX_COUNT), help="How many rows.")
 @click.option("--branch", help="Only runs on this branch.")
 def history(case, config_path, db_path, limit, branch) -> None:
     """Show a workload's (or one case's) series, newest first.

@@ -10,6 +10,7 @@ import click
 
 from memtrack.config import Config, load_config
 from memtrack.errors import ConfigError, MemtrackError
+from memtrack.files import output_problem
 from memtrack.records import RunRecord, write_fallback, write_json
 from memtrack.store.database import Store, describe_failure, room_problem
 
@@ -46,15 +47,8 @@ def rich_console(**kwargs: Any) -> Any:
 
 
 def check_json_folder(json_path: Path) -> None:
-    """Refuse, before measuring, a --json path whose folder cannot be written or has no room."""
-    folder = json_path.parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as exc:
-        raise ConfigError(f"--json {json_path}: its folder cannot be written "
-                          f"({describe_failure(exc, None)})") from None
-    problem = room_problem(json_path)
+    """Refuse now, not after measuring, a --json path that cannot be written or has no room."""
+    problem = output_problem(json_path) or room_problem(json_path)
     if problem:
         raise ConfigError(f"--json {json_path}: {problem}")
 

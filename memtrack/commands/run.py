@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import click
@@ -13,6 +14,7 @@ from memtrack.commands.options import (
     rich_console,
     save_run,
 )
+from memtrack.config import MAX_COUNT
 from memtrack.errors import ConfigError, StoreError
 from memtrack.judge.check import check_budget_targets
 from memtrack.measure.suite import run_suite, start_run
@@ -25,12 +27,13 @@ from memtrack.workload.registry import select_cases
 def _parse_shard(value: str | None) -> tuple[int, int] | None:
     if value is None:
         return None
-    try:
-        i, n = (int(x) for x in value.split("/"))
-    except ValueError:
-        raise ConfigError(f"--shard: {value!r} is not of the form i/n (e.g. 1/4)") from None
-    if not 1 <= i <= n:
-        raise ConfigError(f"--shard: {value!r}: i must be between 1 and n")
+    if not re.fullmatch(r"[1-9][0-9]{0,6}/[1-9][0-9]{0,6}", value):
+        raise ConfigError(f"--shard: {value!r} is not of the form i/n (e.g. 1/4), each a "
+                          f"whole number from 1 to {MAX_COUNT:,}")
+    i, n = (int(x) for x in value.split("/"))
+    if not 1 <= i <= n <= MAX_COUNT:
+        raise ConfigError(f"--shard: {value!r}: i must be between 1 and n, n at most "
+                          f"{MAX_COUNT:,}")
     return i, n
 
 
@@ -54,6 +57,9 @@ def _parse_shard(value: str | None) -> tuple[int, int] | None:
 @click.option("--no-db", is_flag=True, help="Do not write the database (use with --json).")
 def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
     """Measure the suite, one fresh process per case, and record the run."""
+    if no_db and not json_path:
+        raise click.UsageError("--no-db without --json would measure the suite and keep "
+                               "nothing: give --json FILE, or drop --no-db")
     config, db = resolve(config_path, db_path)
     shard_t = _parse_shard(shard)
     with start_run(config) as start:  # the fork server imports the suite meanwhile

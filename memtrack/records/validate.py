@@ -547,8 +547,8 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
 
 
 def write_json(run: RunRecord, path: Path) -> None:
-    """Write atomically: a reader never sees half a record, and a failed write leaves nothing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write atomically: a reader never sees half a record, and a failed write leaves nothing.
+    The folder must exist: none is made."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.write_text(json.dumps(to_dict(run), indent=2, sort_keys=True) + "\n")

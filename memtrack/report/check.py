@@ -231,8 +231,8 @@ def quality_rows(result: CheckResult) -> list[tuple[Verdict, tuple[str, ...]]]:
 
 
 def _cell(text: object) -> str:
-    """Text of a Markdown line or table cell, recorded or not: it shows as itself."""
-    return markdown_text(text)
+    """Text within a Markdown line or a table cell, recorded or not: it shows as itself."""
+    return markdown_text(text, inline=True)
 
 
 def history_link(dashboard_url: str, case_id: str) -> str:
@@ -279,7 +279,7 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT,
     others = [v for v in verdicts if not v.blocking and v.kind in ("improvement", "new")]
     icon = "❌" if blocking else "✅"
     head = [f"## {icon} memtrack check: {_cell(summary_line(result))}", "",
-            f"{_cell(_where(result))} against {markdown_code(result.base_branch)}. "
+            f"{markdown_text(_where(result))} against {markdown_code(result.base_branch)}. "
             f"{_cell(_baseline_line(result))}.", ""]
     if dashboard_url:
         head += [f"Each case links to its history on the [dashboard]({dashboard_url}/).", ""]

@@ -67,7 +67,9 @@ def terminal(p: Plan) -> list[Any]:
 
 
 def markdown(p: Plan) -> str:
-    md = markdown_text
+    def md(text: object) -> str:
+        return markdown_text(text, inline=True)
+
     lines = [f"### Will it fit? {markdown_code(p.case)} over {markdown_code(p.param)}", ""]
     lines += [f"- {md(line)}" for line in _header(p)[1:]]
     lines += ["", f"| {md(p.param)} | measured peak |", "|---:|---:|"]

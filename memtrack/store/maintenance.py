@@ -139,7 +139,9 @@ def export_runs(store: Store, directory: Path, *, since: datetime | None = None)
             raise StoreError(f"{store.path}: run id {run_id!r} cannot be a file name")
         selected.append(run_id)
     written = []
-    directory.mkdir(parents=True, exist_ok=True)
+    if not directory.parent.is_dir():  # the export's own folder is made, never its parents
+        raise StoreError(f"{directory.parent}: no such directory")
+    directory.mkdir(exist_ok=True)
     for run_id in selected:
         path = directory / f"{run_id}.json"
         write_json(store.get_run(run_id), path)

@@ -169,13 +169,23 @@ def workload(
             grid[key] = values
         tol, precision = _check_quality(wname, grid, tolerance, quality, precision_params)
         previous = _REGISTRY.get((f.__module__, wname))
-        if previous is not None and previous.fn.__qualname__ != f.__qualname__:
-            raise WorkloadError(f"workload {wname!r} is declared twice in {_where(f.__module__)}")
+        if previous is not None and _place(previous.fn) != _place(f):
+            raise WorkloadError(f"workload {wname!r} is declared twice in {_where(f.__module__)}"
+                                f" (lines {_place(previous.fn)[2]} and {_place(f)[2]})")
         _REGISTRY[(f.__module__, wname)] = Workload(
             wname, f, grid, seed, f.__module__, tol, quality, precision)
         return f
 
     return register(fn) if fn is not None else register
+
+
+def _place(fn: Callable[..., Any]) -> tuple[str, str, int]:
+    """Where a function is defined: the same workload seen again (its module imported once
+    more) is at the same place; a second declaration of the name is not, even under the
+    same function name."""
+    code = getattr(fn, "__code__", None)
+    return (fn.__qualname__, getattr(code, "co_filename", ""),
+            getattr(code, "co_firstlineno", 0))
 
 
 def check_ranks(where: str, values: Iterable[Any]) -> None:
