@@ -12,7 +12,7 @@ from factories import commit_all, init_repo, make_measurement, make_run
 
 import memtrack
 from memtrack.cli import main
-from memtrack.store import Store
+from memtrack.store.database import Store
 
 
 def test_public_api_is_sorted_and_importable():
