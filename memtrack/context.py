@@ -44,7 +44,7 @@ class Context:
     """
 
     def __init__(self, params: dict[str, Any], seed: int, device: str, data_dir: Path,
-                 scratch_dir: Path | None = None):
+                 scratch_dir: Path | None = None, *, fake: bool = False):
         import torch
 
         self.params = dict(params)
@@ -60,6 +60,8 @@ class Context:
         self.concurrency = concurrency(params)
         """Sessions of the step that run at once (the `concurrency` param; 1 without it)."""
         self.data_dir = data_dir
+        self.fake = fake
+        """Under fake tensors (`memtrack estimate`): no values, so no device generator."""
         self.marked_objects: tuple[Any, ...] | None = None
         self._cache_storages: dict[int, tuple[weakref.ref[Any], int]] = {}
         self._cache_lock = threading.Lock()  # concurrent sessions tag from their threads
@@ -129,10 +131,14 @@ class Context:
             self._cache_storages.clear()
 
     def generator(self, offset: int = 0) -> torch.Generator:
-        """A generator seeded from the case's seed (plus `offset`), on the case's device."""
+        """A generator seeded from the case's seed (plus `offset`), on the case's device.
+
+        Under fake tensors it is a CPU generator: fake tensors hold no values to draw, fake
+        ops accept it for any device, and a CUDA generator needs a driver, which an estimate
+        for CUDA on a machine without a GPU does not have."""
         import torch
 
-        g = torch.Generator(device=self.device)
+        g = torch.Generator(device="cpu" if self.fake else self.device)
         g.manual_seed(self.seed + offset)
         return g
 

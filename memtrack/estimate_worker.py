@@ -160,7 +160,7 @@ def estimate_case(spec: dict[str, Any], result: _Result) -> None:
     # Tensors a workload module made at import are real: they enter as fake constants.
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode, _fake_module_support(mode):
-        ctx = Context(spec["params"], spec["seed"], device, Path(spec["data_dir"]))
+        ctx = Context(spec["params"], spec["seed"], device, Path(spec["data_dir"]), fake=True)
         probe = MemTrackerProbe(ctx.device)
         # Tags go to the tracker; outside the measured step they are dropped (the context's
         # own bookkeeping reads data pointers, which fake storages do not have).

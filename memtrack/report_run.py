@@ -7,7 +7,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from memtrack.records import Measurement, RunRecord, device_peak
+from memtrack.records import Measurement, RunRecord, device_peak, host_peak, host_step
 from memtrack.units import format_seconds, format_size
 from memtrack.workload import short_case_labels
 
@@ -212,8 +212,7 @@ def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = Non
         ):
             t.add_row(label, format_size(value))
         if m.kind != "estimate":
-            source = f" ({m.host_peak_source})" if m.host_peak_source else ""
-            t.add_row("host peak", f"{format_size(m.host_peak_rss_bytes)}{source}")
+            t.add_row("host peak", escape(host_line(m)))
             if m.load_duration_s is not None:
                 t.add_row("loading", escape(loading_line(m)))
             t.add_row("device view", escape(
@@ -227,6 +226,21 @@ def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = Non
         if m.ranks:
             blocks.append(rank_table(m))
     return blocks
+
+
+def host_line(m: Measurement) -> str:
+    """The host peak RSS, and how the gated `host` and `host_step` figures come from it, so
+    that the figure `check` names can be found in the one `show` prints."""
+    source = f" ({m.host_peak_source})" if m.host_peak_source else ""
+    line = f"{format_size(m.host_peak_rss_bytes)}{source}"
+    gated = host_peak(m)
+    if gated is not None:
+        line += (f" = {format_size(m.host_file_rss_bytes)} file-backed (shared libraries) + "
+                 f"{format_size(gated)} gated as `host`")
+    step = host_step(m)
+    if step is not None:
+        line += f"; the step's growth {format_size(step)}, gated as `host_step`"
+    return line
 
 
 def rank_table(m: Measurement) -> Table:

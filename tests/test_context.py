@@ -43,3 +43,12 @@ def test_tagged_caches_count_each_storage_once_per_iteration(tmp_path):
 def test_an_unknown_dtype_is_named():
     with pytest.raises(WorkloadError, match="param dtype='float13'"):
         Context({"dtype": "float13"}, 0, "cpu", None)
+
+
+def test_under_fake_tensors_inputs_are_seeded_on_the_cpu_whatever_the_device(tmp_path):
+    # A CUDA generator needs a driver: an estimate for CUDA on a machine without a GPU
+    # (a CUDA build of torch) must not make one. Fake tensors hold no values anyway.
+    ctx = Context({}, 3, "cuda:0", tmp_path, fake=True)
+    g = ctx.generator()
+    assert g.device == torch.device("cpu") and g.initial_seed() == 3
+    assert Context({}, 3, "cpu", tmp_path).generator(offset=2).initial_seed() == 5

@@ -15,7 +15,9 @@ INSTALL_HINT = "pip install 'memtrack[dashboard]'"
 
 
 def app_path() -> Path:
-    """dashboard/app.py of this checkout: the app lives beside the package, not in it."""
+    """dashboard/app.py beside the memtrack package: in a checkout (editable install) and in
+    an installed wheel alike, which ships `dashboard` as a top-level package next to it.
+    Found beside memtrack, not by import: a repository's own `dashboard` must not win."""
     return Path(memtrack.__file__).resolve().parent.parent / "dashboard" / "app.py"
 
 
@@ -48,7 +50,7 @@ def dashboard(config_path, db_path, port, address) -> None:
     app = app_path()
     if not app.is_file():
         _fail(f"the dashboard app is not part of this installation ({app} is missing); "
-              "install memtrack from its repository: pip install -e '.[dashboard]'")
+              f"reinstall memtrack with it: {INSTALL_HINT}")
     problem = streamlit_problem()
     if problem:
         _fail(problem)
