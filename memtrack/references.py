@@ -22,6 +22,7 @@ from typing import Any
 
 from memtrack.config import Config
 from memtrack.errors import ConfigError, WorkloadError
+from memtrack.provenance import git_ignore_rule
 from memtrack.workload import Case
 
 MANIFEST = "manifest.json"
@@ -136,6 +137,11 @@ def record_references(
                             "for workloads declared with tolerance={...}")
     manifest = load_manifest(config)  # a malformed manifest is refused before measuring
     target = folder(config)
+    rule = git_ignore_rule(config.root, target / MANIFEST)
+    if rule:
+        where = f"set `references` in {config.path}" if config.path else "set `references`"
+        raise ConfigError(f"{target}: git ignores it ({rule}), and references must be "
+                          f"committed: {where} to a folder git keeps, or un-ignore it")
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
