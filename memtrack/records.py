@@ -217,7 +217,9 @@ class Measurement:
     """The error's message (last traceback line, signal name, or timeout)."""
     traceback: str | None = None
     framework: str | None = None
-    """Which framework view: 'cuda-caching-allocator' or 'memtracker' (CPU)."""
+    """Which framework view: 'cuda-caching-allocator', 'cpu-allocator' (the CPU allocator's
+    peak from torch's profiler, MemTracker's categories), or 'memtracker' (CPU: the tensor
+    tracker alone, as with concurrent sessions and before this figure was the allocator's)."""
     peak_allocated_bytes: int | None = None
     """Framework peak of live tensor memory during the measured iterations. Of a multi-rank
     case: the largest per-device peak over its ranks (devices do not pool)."""

@@ -92,7 +92,7 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
     is_cuda = ctx.device.type == "cuda"
     sessions = ctx.concurrency
     probe = (CudaAllocatorProbe(ctx.device) if is_cuda
-             else MemTrackerProbe(ctx.device, sessions))
+             else MemTrackerProbe(ctx.device, sessions, allocator=True))
 
     step = wl.fn(ctx)
     if not callable(step):
@@ -141,6 +141,9 @@ def run_case(spec: dict[str, Any], result: _Result) -> None:
         **_time_summary(times),
     )
 
+    if not is_cuda:
+        ctx.new_iteration()
+        probe.prime(step)  # one more step, unmeasured, for the CPU allocator's view
     ctx.cache_peak_bytes = 0
     distributed.barrier(rank)
     start = time.monotonic()  # system-wide: the NVML sampler's clock too
