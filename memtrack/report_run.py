@@ -203,13 +203,22 @@ def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = Non
             t.add_row("estimate", f"{format_size(est['peak_allocated_bytes'])} (estimate run "
                                   f"{est['run_id'][:12]} of {commit}); measured framework peak "
                                   f"{format_size(m.peak_allocated_bytes)}{ratio}")
+        # On a GPU the gap is the device's beyond the allocator (context, libraries); on
+        # the CPU it is the process's RSS beyond live tensors: the interpreter and the
+        # libraries, not a workspace of the model's.
+        gap = ("workspace/runtime" if m.device.startswith("cuda") else
+               "host RSS beyond tensors (interpreter, libraries)")
         for label, value in (
             ("weights", m.weights_bytes),
             ("intermediates", m.intermediates_bytes),
             ("caches", m.caches_bytes),
-            ("training state", m.training_state_bytes),
-            ("workspace/runtime", m.workspace_bytes),
+            ("gradients", m.gradients_bytes),
+            ("optimizer state", m.optimizer_state_bytes),
+            ("unattributed", m.unattributed_bytes),
+            (gap, m.workspace_bytes),
         ):
+            if label == "unattributed" and not value:
+                continue  # only where the allocator held more than the tracker saw
             t.add_row(label, format_size(value))
         if m.kind != "estimate":
             t.add_row("host peak", escape(host_line(m)))

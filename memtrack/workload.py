@@ -93,7 +93,7 @@ def case_id(workload: str, params: dict[str, Any]) -> str:
     return f"{workload}[{inner}]"
 
 
-def _split_case(case_id: str) -> tuple[str, dict[str, str]] | None:
+def split_case_id(case_id: str) -> tuple[str, dict[str, str]] | None:
     """'name[k=v,...]' -> (name, {k: v}); None when the id does not parse that way."""
     name, bracket, rest = case_id.partition("[")
     if not bracket:
@@ -112,7 +112,7 @@ def _split_case(case_id: str) -> tuple[str, dict[str, str]] | None:
 def short_case_labels(case_ids: Iterable[str]) -> dict[str, str]:
     """Each case id shortened to its workload and the params that tell it apart from the
     other cases of that workload shown with it: 'decoder[sessions=4]'."""
-    parsed = {c: _split_case(c) for c in case_ids}
+    parsed = {c: split_case_id(c) for c in case_ids}
     varying: dict[str, set[str]] = {}
     values: dict[tuple[str, str], set[str]] = {}
     for p in parsed.values():

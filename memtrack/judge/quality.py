@@ -17,13 +17,13 @@ from typing import Any
 from memtrack.judge.verdict import Verdict
 from memtrack.records import Measurement
 from memtrack.units import format_size
-from memtrack.workload import _split_case
+from memtrack.workload import split_case_id
 
 
 def precision_change(case_id: str, reference: str) -> str | None:
     """'dtype bfloat16 (reference float32)' for the params in which a case differs from its
     reference; None where it is at the reference's own precision."""
-    mine, ref = _split_case(case_id), _split_case(reference)
+    mine, ref = split_case_id(case_id), split_case_id(reference)
     if mine is None or ref is None:  # a value holding ',' or '=': the ids still tell
         return None if case_id == reference else f"params differ from {reference}"
     if mine == ref:
