@@ -10,7 +10,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import sysconfig
 import textwrap
 import time
 import urllib.request
@@ -240,6 +239,18 @@ def forward(ctx: memtrack.Context):
 '''
 
 
+def _builder() -> str:
+    """An interpreter whose setuptools builds a wheel offline (without build isolation):
+    this one, else the one its venv was made from (a Python 3.11 venv's own setuptools 65
+    cannot build a wheel without the `wheel` package)."""
+    probe = ("import setuptools, sys; v = tuple(int(p) for p in setuptools.__version__"
+             ".split('.')[:2]); sys.exit(0 if v >= (70, 1) else 1)")
+    for exe in dict.fromkeys([sys.executable, getattr(sys, "_base_executable", sys.executable)]):
+        if subprocess.run([exe, "-c", probe], capture_output=True).returncode == 0:
+            return exe
+    pytest.skip("no setuptools >= 70.1 here to build a wheel offline")
+
+
 def _wheel(tmp_path: Path) -> Path:
     """A wheel built from this tree as it is (a copy: the checkout gains no build files)."""
     src = tmp_path / "src"
@@ -250,7 +261,7 @@ def _wheel(tmp_path: Path) -> Path:
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
     out = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+    subprocess.run([_builder(), "-m", "pip", "wheel", "--quiet", "--no-deps",
                     "--no-build-isolation", "--wheel-dir", str(out), str(src)],
                    check=True, capture_output=True, text=True)
     (wheel,) = out.glob("memtrack-*.whl")
@@ -319,6 +330,10 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
     (repo / "perf" / "workloads.py").write_text(ADAPTED)  # the adopter adapts it
     commit_all(repo, "memtrack")
 
+    builder = _builder()
+    purelib = subprocess.run([builder, "-c", "import sysconfig; print(sysconfig.get_paths()"
+                              "['purelib'])"], capture_output=True, text=True,
+                             check=True).stdout.strip()
     runner = tmp_path / "runner"
     db = runner / "memtrack.db"
     ci = {**env, "RUNNER_TEMP": str(runner), "MEMTRACK_PYTHON": sys.executable}
@@ -333,7 +348,7 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
                   **github}
         # Offline, pip builds the package without isolation, and a Python 3.11 venv's own
         # setuptools (65) cannot build a wheel: the Install step gets this machine's.
-        offline = {"Install": {"PYTHONPATH": sysconfig.get_paths()["purelib"]}}
+        offline = {"Install": {"PYTHONPATH": purelib}}
         return run_job(repo / WORKFLOW, "gate", github={"event_name": event, "sha": head},
                        env=jobenv, cwd=repo, workdir=runner / "steps", variables=variables,
                        steps=steps, step_env=offline), summary
