@@ -95,8 +95,9 @@ class Config:
     dashboard_url: str | None = None
     """Where the team's dashboard is served (http or https), for links from the PR comment
     to a case's History; None: no links."""
-    references: Path = Path("data/references")
-    """The folder of reference outputs and their manifest (see memtrack.measure.references)."""
+    references: Path = Path("perf/references")
+    """The folder of reference outputs and their manifest (see memtrack.measure.references). Not
+    under data/ by default: many repositories ignore data/, and references are committed."""
 
     def settings_for(self, workload: str) -> tuple[int, int, float]:
         """(warmup, repeats, timeout_s) for a workload, overrides applied."""
@@ -293,7 +294,7 @@ def load_config(path: Path | None = None, *, cwd: Path | None = None) -> Config:
         path = find_config(cwd)
         if path is None:
             return Config(path=None, root=cwd, database=cwd / "data" / "memtrack.db",
-                          references=cwd / "data" / "references")
+                          references=cwd / "perf" / "references")
     path = path.resolve()
     data = read_toml(path)
     if path.name == "pyproject.toml":
@@ -340,7 +341,7 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
     if not database_text.strip() or "\0" in database_text:
         raise c.fail("database", f"expected a file path, got {database_text!r}")
     database = Path(database_text)
-    references_text = c.get("references", str, "data/references")
+    references_text = c.get("references", str, "perf/references")
     if not references_text.strip() or "\0" in references_text:
         raise c.fail("references", f"expected a folder path, got {references_text!r}")
     references = Path(references_text)

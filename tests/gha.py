@@ -233,3 +233,53 @@ def run_composite(
         if proc.returncode != 0 and result.failed_step is None:
             result.failed_step, result.returncode = name, proc.returncode
     return result
+
+
+def run_job(
+    workflow: Path,
+    job: str,
+    *,
+    github: dict[str, Any],
+    env: dict[str, str],
+    cwd: Path,
+    workdir: Path,
+    steps: set[str] | None = None,
+    variables: dict[str, str] | None = None,
+    step_env: dict[str, dict[str, str]] | None = None,
+) -> ActionRun:
+    """Run the `run:` steps of one job of `workflow` as a runner would, with the workflow's
+    and the job's `env:` substituted. `steps`: only the steps of these names (all if None);
+    `step_env`: more variables for the step of that name (what this machine lacks).
+    `uses:` steps (a checkout) are skipped, and listed."""
+    spec = load_yaml(workflow)
+    result = ActionRun()
+    context: dict[str, Any] = {"github": github, "steps": result.steps, "vars": variables or {},
+                               "runner": {"temp": env.get("RUNNER_TEMP", "")}}
+    base = dict(env)
+    for table in (spec.get("env") or {}, spec["jobs"][job].get("env") or {}):
+        for key, value in table.items():
+            base[key] = substitute(str(value), context)
+    context["env"] = base
+    workdir.mkdir(parents=True, exist_ok=True)
+    for n, step in enumerate(spec["jobs"][job]["steps"]):
+        name = step.get("name") or step.get("uses") or f"step {n}"
+        if "uses" in step:
+            result.skipped_uses.append(str(step["uses"]))
+            continue
+        if steps is not None and name not in steps:
+            continue
+        if result.failed_step is not None:
+            break
+        script = workdir / f"{job}-step-{n}.sh"
+        script.write_text(step["run"])
+        env_of_step = dict(base)
+        for key, value in (step.get("env") or {}).items():
+            env_of_step[key] = substitute(str(value), context)
+        env_of_step.update((step_env or {}).get(name, {}))
+        proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
+                              env=env_of_step, cwd=cwd, capture_output=True, text=True)
+        result.ran.append(name)
+        result.log += f"--- {name} (exit {proc.returncode})\n{proc.stdout}{proc.stderr}"
+        if proc.returncode != 0:
+            result.failed_step, result.returncode = name, proc.returncode
+    return result

@@ -41,8 +41,10 @@ def test_examples_record_a_row_per_case_with_figures_commit_and_versions(example
         "train_step",
         "image_classify",
         "load_checkpoint",
+        "gpt_generate",
     }
-    assert len(run.measurements) == 6  # decoder: 1 and 4 sessions; serving 4 at once; loading
+    # decoder and gpt: 1 and 4 sessions each; serving 4 at once; training; vision; loading
+    assert len(run.measurements) == 8
     for m in run.measurements:
         assert m.status == "ok", m.message
         assert m.peak_allocated_bytes > 0 and m.host_peak_rss_bytes > m.peak_allocated_bytes
@@ -71,6 +73,12 @@ def test_the_breakdown_shows_caches_and_training_state(example_run):
     serve = next(m for m in run.measurements if m.workload == "decoder_serve")
     assert serve.params["concurrency"] == 4
     assert serve.caches_bytes == 4 * one.caches_bytes and serve.weights_bytes == one.weights_bytes
+    # A cache the model builds inside its forward (GPT-2 style), tagged after the peak, in
+    # prefill: 2 (k, v) x layers x sessions x prompt (256 - 16) x d_model x 4 bytes
+    gpt1, gpt4 = sorted((m for m in run.measurements if m.workload == "gpt_generate"),
+                        key=lambda m: m.params["sessions"])
+    assert gpt1.caches_bytes == 2 * 2 * 1 * 240 * 128 * 4
+    assert gpt4.caches_bytes == 2 * 2 * 4 * 240 * 128 * 4
     train = next(m for m in by_case.values() if m.workload == "train_step")
     assert train.training_state_bytes >= 2 * train.weights_bytes  # AdamW's two moments at least
     assert train.categories["Optstate"] == pytest.approx(2 * train.weights_bytes, rel=0.01)

@@ -1,11 +1,15 @@
 """The environment: collected in a real child process; NVML is the stand-in in fakenvml/ where
-a test needs GPUs (this machine has none), and torch is this machine's CPU build."""
+a test needs GPUs (this machine has none), and torch is this machine's build (CPU or CUDA)."""
 
 from __future__ import annotations
 
 import dataclasses
 import sqlite3
+import subprocess
+import sys
 
+import pytest
+import torch
 from factories import GPU_ENV, GiB, MiB, make_measurement, make_run
 
 from memtrack.machine import environment
@@ -13,12 +17,29 @@ from memtrack.records import DeviceMeasurement, run_from_dict, to_dict
 from memtrack.store.database import Store
 
 
+def _torch_says() -> str | None:
+    """torch's own first line on why it cannot start CUDA here, None where it can (asked in
+    a child process: a failed CUDA start is not undone in this one)."""
+    out = subprocess.run([sys.executable, "-c", (
+        "import torch\n"
+        "try:\n    torch.cuda.init(); print('ok')\n"
+        "except Exception as e:\n    print(str(e).strip().splitlines()[0])\n")],
+        capture_output=True, text=True, check=True)
+    line = out.stdout.strip()
+    return None if line == "ok" else line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where CUDA cannot start")
 def test_the_environment_records_whether_torch_can_start_cuda_and_why_not():
     env = environment.probe()
-    # this machine's torch is a CPU build: the reason is torch's situation, said plainly
     assert env.cuda_available is False and env.cuda_device_count == 0
-    assert env.cuda_unavailable_reason == "torch is a CPU build"
     assert env.visible_uuids == ()
+    if torch.version.cuda is None:
+        # a CPU build: the reason is torch's situation, said plainly
+        assert env.cuda_unavailable_reason == "torch is a CPU build"
+    else:  # a CUDA build without a GPU or driver: torch's own words
+        assert env.cuda_unavailable_reason == _torch_says()
+        assert env.cuda_unavailable_reason
 
 
 def test_one_failing_nvml_query_leaves_none_and_a_note_with_fake_nvml(nvml_with_a_failing_query):

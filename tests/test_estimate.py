@@ -103,8 +103,10 @@ def test_the_shipped_examples_are_estimated_within_ten_percent(suite, workload, 
     assert e.case_id == m.case_id and e.kind == "estimate" and m.kind == "measured"
     assert e.status == "ok", e.message
     assert e.framework == "fake-tensor-estimate" and e.device == "cpu"
-    assert abs(e.peak_allocated_bytes / m.peak_allocated_bytes - 1) <= 0.10, (
-        e.peak_allocated_bytes, m.peak_allocated_bytes)
+    # Fake tensors are tensor memory: the measured CPU figure is the allocator's, which
+    # also holds scratch that kernels allocate inside themselves (unattributed)
+    tensors = m.peak_allocated_bytes - (m.unattributed_bytes or 0)
+    assert abs(e.peak_allocated_bytes / tensors - 1) <= 0.10, (e.peak_allocated_bytes, tensors)
     # The parts have the measured breakdown's names, and add up to the estimate.
     assert e.weights_bytes == m.weights_bytes
     parts = (e.weights_bytes, e.caches_bytes, e.gradients_bytes, e.optimizer_state_bytes,
@@ -134,7 +136,13 @@ def test_a_data_dependent_op_is_an_error_naming_it_and_the_rest_still_estimate(s
     assert item.status == "error"
     assert item.message.startswith("cannot be faked: aten._local_scalar_dense.default reads "
                                    "a tensor's value (e.g. .item()"), item.message
-    assert sum(m.status == "ok" for m in estimate.measurements) == 5  # shipped, less the checkpoint
+    # ...and where, in the workload's own code (not torch's or memtrack's)
+    for m, code in ((item, "return lambda: torch.zeros(int(x.sum().item()) + 1)"),
+                    (nonzero, "return lambda: x[torch.nonzero(x > 0).squeeze(1)].sum()")):
+        line = WORKLOADS.splitlines().index(f"    {code}") + 1
+        assert m.message.endswith(f" at workloads.py:{line}: {code}"), m.message
+    # the shipped cases, less the checkpoint
+    assert sum(m.status == "ok" for m in estimate.measurements) == 7
     assert "cannot be faked: aten.nonzero.default" in output
     # The shipped loading example writes a real checkpoint: fake tensors have no bytes.
     checkpoint = _case(estimate, "load_checkpoint")
@@ -174,7 +182,7 @@ def test_check_shows_the_estimate_beside_the_measured_figure_and_never_judges_it
     res = _invoke(repo, "check", "--db", db, "--run", estimate.run_id, "--no-record")
     assert res.exit_code == 0, res.output
     assert "is an estimate run" in res.output and "nothing is judged" in res.output
-    assert "estimate run: nothing measured, nothing judged (5 case(s) estimated)" in res.output
+    assert "estimate run: nothing measured, nothing judged (7 case(s) estimated)" in res.output
     with Store.open(repo / "memtrack.db", readonly=True) as store:
         history = store.history("image_classify")
     assert [r["run_id"] for r in history] == [measured.run_id]
@@ -306,8 +314,11 @@ def test_bf16_halves_the_weights_of_a_float32_model_and_cuda_says_what_it_lacks(
     (m,) = cuda.measurements
     assert m.case_id.endswith("dtype=bfloat16,resolution=96,width=16]") and m.device == "cuda"
     if torch.backends.cuda.is_built():
+        # A CUDA build without a GPU (no driver) estimates too: inputs are seeded on the CPU.
         assert m.status == "ok", m.message
-        assert m.categories["Parameter"] == 2 * params
+        # On CUDA the tracker rounds each storage up to the allocator's 512 B, as it does.
+        rounded = sum(-(-p.numel() * 2 // 512) * 512 for p in _convnet(16, 1000).parameters())
+        assert m.categories["Parameter"] == rounded
     else:
         assert m.status == "error"
         assert m.message.startswith(f"this torch build has no CUDA support: torch "

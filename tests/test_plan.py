@@ -15,6 +15,7 @@ from memtrack.plan.fit import (
     fit,
     fits_on,
     load_catalog,
+    need,
     parse_sweep,
     plan,
     select_gpus,
@@ -216,3 +217,59 @@ def test_a_sweep_on_a_gpu_fits_the_device_view_and_adds_the_runners_own_memory()
     assert (runner.largest, runner.first_over) == (30, 31)
     # 1.1 x (6 + 4x) GiB <= 80e9 B (74.51 GiB) -> x <= 15.43: 15
     assert (h100.largest, h100.first_over) == (15, 16)
+
+
+def test_a_plan_starts_from_a_workload_whose_other_params_are_pinned_in_brackets():
+    from memtrack.plan.sweep import find_case
+    from memtrack.workload.registry import Workload
+
+    unet = Workload("unet_denoise", lambda ctx: None,
+                    {"batch": (1, 2), "dtype": ("float32", "bfloat16"), "steps": (4,)})
+    wl, params = find_case([unet], "unet_denoise[dtype=float32]", "batch")
+    assert wl is unet and params == {"batch": 1, "dtype": "float32", "steps": 4}
+    with pytest.raises(ConfigError, match=r"unet_denoise: has several cases \(dtype vary\)"):
+        find_case([unet], "unet_denoise", "batch")  # which dtype? the pins say
+    # a grid that varies another param than the swept one, pinned: the sweep goes ahead
+    wl, params = find_case([unet], "unet_denoise[dtype=bfloat16,steps=4]", "batch")
+    assert params["dtype"] == "bfloat16"
+    with pytest.raises(ConfigError, match=r"dtype=fp8 is not one of the declared values "
+                                          r"\(float32, bfloat16\)"):
+        find_case([unet], "unet_denoise[dtype=fp8]", "batch")
+    with pytest.raises(ConfigError, match=r"unet_denoise has no param 'size'"):
+        find_case([unet], "unet_denoise[size=3]", "batch")
+
+
+def test_an_extrapolations_need_includes_the_fits_own_error():
+    import math
+    import statistics
+
+    from memtrack.plan.fit import FIT_ERROR_FACTOR
+
+    # Four batches on the CPU, near-linear with a few KiB of scatter (the allocator's
+    # choices): the headroom alone would be the 0.01 % of a deterministic baseline.
+    points = [(1, 10_000_000), (2, 10_990_000), (4, 13_030_000), (8, 16_980_000)]
+    f = fit(points)
+    xs = [x for x, _ in points]
+    res = [y - float(f.peak(x)) for x, y in points]
+    s = math.sqrt(sum(r * r for r in res) / (len(points) - 2))
+    assert f.residual_se == pytest.approx(s)
+    mean = statistics.fmean(xs)
+    sxx = sum((x - mean) ** 2 for x in xs)
+    for x in (8, 600 * 8):  # at the points, and 600 times past them
+        expected = FIT_ERROR_FACTOR * s * math.sqrt(1 + 1 / len(xs) + (x - mean) ** 2 / sxx)
+        assert float(f.error(x)) == pytest.approx(expected, rel=1e-9)
+    tiny = Headroom(0.0001, "judge", "the 512 B floor")
+    p = plan(points, [Gpu("G", 80 * GB, "80 GB")], tiny, case="c", param="batch",
+             metric="allocated", metric_note="", integer=True, params={})
+    (row,) = p.gpus
+    # the largest batch whose peak, headroom and error fit: fewer than without the error
+    assert need(f, row.largest, tiny) <= 80 * GB < need(f, row.first_over, tiny)
+    without = math.floor((80 * GB / 1.0001 - f.a) / f.b)
+    assert row.largest < without
+    assert any(n.startswith(f"each need includes the fit's own error: {FIT_ERROR_FACTOR} x")
+               for n in p.notes)
+    # two values: a line through both, whose error cannot be estimated, and says so
+    two = plan(points[:2], [Gpu("G", 80 * GB, "80 GB")], tiny, case="c", param="batch",
+               metric="allocated", metric_note="", integer=True, params={})
+    assert two.fit.residual_se is None
+    assert any("its own error cannot be estimated" in n for n in two.notes)

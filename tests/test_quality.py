@@ -132,12 +132,12 @@ def test_reference_pins_the_full_precision_output_by_its_checksum(project):
     manifest = load_manifest(load_config(repo / "memtrack.toml"))
     assert set(manifest) == {F32, NONE}  # the int8 and bf16 cases have no file of their own
     for entry in manifest.values():
-        data = (repo / "data" / "references" / entry["file"]).read_bytes()
+        data = (repo / "perf" / "references" / entry["file"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == entry["sha256"]
         assert entry["torch"] and entry["outputs"]["output"]["dtype"] == "float32"
     assert manifest[F32]["outputs"]["output"]["shape"] == [4, 100]
     assert f"the reference of {BF16}" in project["recorded"].stdout
-    assert not list((repo / "data" / "references").glob(".*"))  # no temporary files left
+    assert not list((repo / "perf" / "references").glob(".*"))  # no temporary files left
 
 
 def test_bf16_within_tolerance_passes_and_the_report_shows_its_saving(project):
@@ -194,7 +194,7 @@ def test_a_reference_changed_after_recording_is_refused_by_its_checksum(project,
     repo = tmp_path / "copy"
     shutil.copytree(project["repo"], repo)
     config = load_config(repo / "memtrack.toml")
-    path = repo / "data" / "references" / load_manifest(config)[NONE]["file"]
+    path = repo / "perf" / "references" / load_manifest(config)[NONE]["file"]
     tensors = torch.load(path, weights_only=True)
     tensors["output"] = tensors["output"] * 0.999  # a plausible, quiet edit
     torch.save(tensors, path)
@@ -242,14 +242,14 @@ def project_message(project, case: str) -> str:
 
 def test_reference_refuses_a_step_without_tensor_output(project):
     repo = project["repo"]
-    manifest = (repo / "data" / "references" / "manifest.json").read_bytes()
+    manifest = (repo / "perf" / "references" / "manifest.json").read_bytes()
     result = cli(repo, "reference", "no_output")
     assert result.returncode == 2
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("memtrack: error")]
     assert line == ("memtrack: error: no_output: no reference recorded: the step returned "
                     "None, not a tensor, or a tuple, list or dict of tensors")
-    assert (repo / "data" / "references" / "manifest.json").read_bytes() == manifest
-    assert not list((repo / "data" / "references").glob(".*"))
+    assert (repo / "perf" / "references" / "manifest.json").read_bytes() == manifest
+    assert not list((repo / "perf" / "references").glob(".*"))
 
 
 def test_comparing_the_output_leaves_the_measured_peak_unchanged(project):

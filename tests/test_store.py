@@ -10,12 +10,13 @@ from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
-from factories import GPU_ENV, MiB, make_measurement, make_run
+from factories import GPU_ENV, HOST_FILE, MiB, make_measurement, make_run
 
 from memtrack.cli import main
 from memtrack.errors import StoreError
 from memtrack.records import CIInfo, read_json, write_json
 from memtrack.store.database import Store
+from memtrack.units import format_size
 
 
 def test_a_run_reads_back_as_written(tmp_path):
@@ -279,6 +280,42 @@ def test_show_says_none_for_missing_versions_and_formats_cudnn(tmp_path):
     assert "580.65 / 13.0 / 9.24.0" in res.output
     res = cli.invoke(main, ["show", cpu.run_id, "--db", str(db)])
     assert "none / none / none" in res.output and "None" not in res.output
+
+
+def test_show_connects_the_host_peak_with_the_host_figures_check_gates(tmp_path):
+    db = tmp_path / "m.db"
+    run = make_run([make_measurement(host=360 * MiB, host_step=12 * MiB)])
+    with Store.open(db) as store:
+        store.write_run(run)
+    res = CliRunner().invoke(main, ["show", run.run_id, "--db", str(db)], terminal_width=240)
+    # `check` says "host 360.00 MiB": `show` says which part of the peak RSS that is
+    line = next(x for x in res.output.splitlines() if "(vmhwm)" in x)
+    assert (f"{format_size(360 * MiB + HOST_FILE)} (vmhwm) = {format_size(HOST_FILE)} "
+            "file-backed (shared libraries) + 360.00 MiB gated as `host`") in line
+    assert "the step's growth 12.00 MiB, gated as `host_step`" in line
+
+
+def test_show_splits_training_state_and_names_the_cpu_gap_for_what_it_is(tmp_path):
+    db = tmp_path / "m.db"
+    cpu = make_measurement("train", gradients_bytes=3 * MiB, optimizer_state_bytes=6 * MiB,
+                           training_state_bytes=9 * MiB, workspace_bytes=300 * MiB)
+    gpu = make_measurement("serve", device="cuda", workspace_bytes=500 * MiB)
+    runs = make_run([cpu]), make_run([gpu], env=GPU_ENV)
+    with Store.open(db) as store:
+        store.write_runs(list(runs))
+
+    def rows(run) -> dict[str, str]:
+        out = CliRunner().invoke(main, ["show", run.run_id, "--db", str(db)],
+                                 terminal_width=240).output
+        assert "training state" not in out
+        return {line.split("│")[1].strip(): line.split("│")[2].strip()
+                for line in out.splitlines() if line.count("│") == 3}
+
+    on_cpu, on_gpu = rows(runs[0]), rows(runs[1])
+    assert on_cpu["gradients"] == "3.00 MiB" and on_cpu["optimizer state"] == "6.00 MiB"
+    assert on_cpu["host RSS beyond tensors (interpreter, libraries)"] == "300.00 MiB"
+    assert "workspace/runtime" not in on_cpu
+    assert on_gpu["workspace/runtime"] == "500.00 MiB"  # the GPU's: beyond the allocator
 
 
 def test_a_replaced_database_file_is_not_written(tmp_path):

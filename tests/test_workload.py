@@ -62,7 +62,7 @@ def test_a_module_that_cannot_be_imported_names_the_file_and_key(tmp_path):
 def test_the_shipped_examples_are_the_default_suite(tmp_path):
     found = discover(load_config(cwd=tmp_path))
     assert {w.name for w in found} == {"decoder_generate", "decoder_serve", "train_step",
-                                       "image_classify", "load_checkpoint"}
+                                       "image_classify", "load_checkpoint", "gpt_generate"}
 
 
 def test_config_params_scale_a_workload_without_editing_it(tmp_path):

@@ -11,6 +11,7 @@ COMMANDS = {
     "export": "backup",
     "history": "history",
     "ingest": "ingest",
+    "init": "init",
     "plan": "plan",
     "reference": "reference",
     "run": "run",

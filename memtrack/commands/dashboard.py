@@ -52,7 +52,7 @@ def dashboard(config_path, db_path, port, address) -> None:
     app = app_path()
     if not app.is_file():
         _fail(f"the dashboard app is not part of this installation ({app} is missing); "
-              "reinstall memtrack: pip install 'memtrack[dashboard]'")
+              f"reinstall memtrack with it: {INSTALL_HINT}")
     problem = streamlit_problem()
     if problem:
         _fail(problem)

@@ -143,6 +143,22 @@ def _allocator_check(env: Environment) -> Check | None:
         "runs are compared only with runs of the same PYTORCH_ALLOC_CONF")
 
 
+def _build_check(env: Environment) -> Check | None:
+    """A CUDA build of torch where no GPU is: every worker still loads the CUDA libraries."""
+    if not env.cuda_runtime or env.gpus or env.cuda_available:
+        return None
+    version = (env.torch or "").split("+")[0] or "VERSION"
+    return Check(
+        "torch build",
+        "warn",
+        f"a CUDA build (CUDA {env.cuda_runtime}) on a machine without a GPU: every worker "
+        "loads the CUDA libraries, which about doubles each case's host peak RSS and raises "
+        "the gated `host` figure, and its runs are never compared with a CPU build's; to "
+        f"measure on the CPU: pip install 'torch=={version}' "
+        "--index-url https://download.pytorch.org/whl/cpu",
+    )
+
+
 def checks(env: Environment, db_path: Path, nvml_error: str | None,
            cases: Sequence[Case] = (), shm: int | None = None,
            container: bool = False) -> list[Check]:
@@ -166,6 +182,9 @@ def checks(env: Environment, db_path: Path, nvml_error: str | None,
     cuda = _cuda_check(env)
     if cuda:
         out.append(cuda)
+    build = _build_check(env)
+    if build:
+        out.append(build)
     for g in env.gpus:
         cc = g.compute_capability
         detail = f"{g.name} {g.uuid} VRAM {format_size(g.total_bytes)} cc {cc}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from collections.abc import Mapping
 from datetime import timezone
 from pathlib import Path
@@ -114,3 +115,16 @@ def ci_info(env: Mapping[str, str] | None = None) -> CIInfo:
         run_url=f"{server}/{repo}/actions/runs/{run}" if server and repo and run else None,
         runner_name=env.get("RUNNER_NAME"),
     )
+
+
+def git_ignore_rule(root: Path, path: Path) -> str | None:
+    """The rule by which git ignores `path` in the work tree at `root` ('.gitignore:3:data/'),
+    or None: not ignored, already tracked, outside a work tree, or no git."""
+    try:
+        out = subprocess.run(["git", "check-ignore", "--verbose", str(path)], cwd=root,
+                             capture_output=True, text=True)
+    except OSError:
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.split("\t", 1)[0].strip() or "an ignore rule"

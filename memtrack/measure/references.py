@@ -24,6 +24,7 @@ from typing import Any
 from memtrack.config import MAX_CONFIG_BYTES, Config
 from memtrack.errors import ConfigError, WorkloadError
 from memtrack.files import NotReadable, read_text
+from memtrack.machine.provenance import git_ignore_rule
 from memtrack.measure.case import run_case
 from memtrack.worker.protocol import QualitySpec
 from memtrack.workload.registry import Case
@@ -136,6 +137,11 @@ def record_references(
                             "for workloads declared with tolerance={...}")
     manifest = load_manifest(config)  # a malformed manifest is refused before measuring
     target = folder(config)
+    rule = git_ignore_rule(config.root, target / MANIFEST)
+    if rule:
+        where = f"set `references` in {config.path}" if config.path else "set `references`"
+        raise ConfigError(f"{target}: git ignores it ({rule}), and references must be "
+                          f"committed: {where} to a folder git keeps, or un-ignore it")
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -9,13 +9,18 @@ come from (a measured sweep, or an estimate) is the caller's business.
               4 distinct values, c > 0 (growth faster than linear, as attention without a
               fused kernel) and a residual sum of squares at most a quarter of the linear
               fit's (QUADRATIC_GAIN)
-    need(x)   = peak(x) x (1 + headroom fraction)
+    error(x)  = FIT_ERROR_FACTOR x s x sqrt(1 + v(x)' (X'X)^-1 v(x)): the fit's own error at
+              x, from its residual standard error s = sqrt(SSR / (n - terms)) and the
+              leverage of x (v(x) = (1, x[, x^2])), which grows with the distance from the
+              values measured: an extrapolation is as uncertain as the fit says
+    need(x)   = peak(x) x (1 + headroom fraction) + error(x)
     fits      need(x) <= the GPU's memory (nominal, per device: devices do not pool)
     largest   the largest x >= the lowest value (1 for a count) that fits; x + 1 does not
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +36,8 @@ QUADRATIC_MIN_POINTS = 4
 """Distinct swept values before a quadratic term is considered: with 3, it fits any curve."""
 QUADRATIC_GAIN = Fraction(1, 4)
 """The quadratic is kept only where its residuals are at most this share of the linear's."""
+FIT_ERROR_FACTOR = 3
+"""Standard errors of the fit kept free, as the gate keeps 3 x the observed spread."""
 FAR_BEYOND = 4
 """An answer past this multiple of the largest measured value is flagged as a long
 extrapolation."""
@@ -68,11 +75,25 @@ class Fit:
     exact: tuple[Fraction, Fraction, Fraction] = field(repr=False, compare=False,
                                                        default=(Fraction(0),) * 3)
     """(a, b, c) as exact fractions, for the arithmetic of what fits."""
+    residual_se: float | None = None
+    """The residual standard error s (bytes); None where the fit has no point to spare
+    (as many distinct values as terms), so that its error cannot be estimated."""
+    inverse: tuple[tuple[Fraction, ...], ...] = field(repr=False, compare=False, default=())
+    """(X'X)^-1 of the chosen model, for the leverage of a value."""
 
     def peak(self, x: Number) -> Fraction:
         a, b, c = self.exact
         fx = Fraction(x)
         return a + b * fx + c * fx * fx
+
+    def error(self, x: Number) -> Fraction:
+        """The fit's own error at x (see the module's arithmetic); 0 where not estimable."""
+        if not self.residual_se or not self.inverse:
+            return Fraction(0)
+        v = [Fraction(x) ** p for p in range(len(self.inverse))]
+        leverage = sum((v[i] * self.inverse[i][j] * v[j] for i in range(len(v))
+                        for j in range(len(v))), Fraction(0))
+        return Fraction(FIT_ERROR_FACTOR * self.residual_se * math.sqrt(1 + float(leverage)))
 
     def formula(self) -> str:
         terms = [format_size(round(self.a)), f"{format_size(round(self.b))} x"]
@@ -115,6 +136,24 @@ def _least_squares(xs: list[Fraction], ys: list[Fraction], degree: int
     return coef, ssr
 
 
+def _inverse(xs: list[Fraction], terms: int) -> tuple[tuple[Fraction, ...], ...]:
+    """(X'X)^-1 for the polynomial of `terms` terms over `xs`, exactly."""
+    normal = [[sum((x ** (i + j) for x in xs), Fraction(0)) for j in range(terms)]
+              for i in range(terms)]
+    cols = []
+    for k in range(terms):
+        col = _solve(normal, [Fraction(int(i == k)) for i in range(terms)])
+        assert col is not None  # the fit was determined by the same matrix
+        cols.append(col)
+    return tuple(tuple(cols[j][i] for j in range(terms)) for i in range(terms))
+
+
+def _with_error(f: Fit, xs: list[Fraction], ssr: Fraction, terms: int) -> Fit:
+    spare = len(xs) - terms
+    se = math.sqrt(float(ssr) / spare) if spare > 0 else None
+    return dataclasses.replace(f, residual_se=se, inverse=_inverse(xs, terms))
+
+
 def fit(points: Sequence[tuple[Number, int]]) -> Fit:
     """The model of how the peak grows, from (swept value, peak bytes) points (at least two
     distinct values; a value may repeat)."""
@@ -131,20 +170,22 @@ def fit(points: Sequence[tuple[Number, int]]) -> Fit:
     if quad is None:
         why = (f"constant + linear: {distinct} distinct values (a quadratic term needs "
                f"{QUADRATIC_MIN_POINTS} or more)")
-        return Fit("constant + linear", float(a), float(b), 0.0, why, float(ssr_lin), None,
-                   (a, b, Fraction(0)))
+        return _with_error(Fit("constant + linear", float(a), float(b), 0.0, why,
+                               float(ssr_lin), None, (a, b, Fraction(0))), xs, ssr_lin, 2)
     (qa, qb, qc), ssr_quad = quad
     share = f"{float(ssr_quad / ssr_lin):.1%}" if ssr_lin else "n/a"
     if qc > 0 and ssr_quad <= QUADRATIC_GAIN * ssr_lin:
         why = (f"constant + linear + quadratic: x^2 term positive and residuals {share} of "
                f"the linear fit's (kept at {float(QUADRATIC_GAIN):.0%} or less)")
-        return Fit("constant + linear + quadratic", float(qa), float(qb), float(qc), why,
-                   float(ssr_lin), float(ssr_quad), (qa, qb, qc))
+        return _with_error(Fit("constant + linear + quadratic", float(qa), float(qb),
+                               float(qc), why, float(ssr_lin), float(ssr_quad), (qa, qb, qc)),
+                           xs, ssr_quad, 3)
     reason = ("the x^2 term is not positive" if qc <= 0 else
               f"a quadratic leaves {share} of the linear fit's residuals "
               f"(kept only at {float(QUADRATIC_GAIN):.0%} or less)")
-    return Fit("constant + linear", float(a), float(b), 0.0, f"constant + linear: {reason}",
-               float(ssr_lin), float(ssr_quad), (a, b, Fraction(0)))
+    return _with_error(Fit("constant + linear", float(a), float(b), 0.0,
+                           f"constant + linear: {reason}", float(ssr_lin), float(ssr_quad),
+                           (a, b, Fraction(0))), xs, ssr_lin, 2)
 
 
 # -- GPUs ----------------------------------------------------------------------------------
@@ -270,8 +311,25 @@ class Plan:
 
 
 def need(fit_: Fit, x: Number, headroom: Headroom) -> Fraction:
-    """Predicted peak at x, plus the headroom: what a device must hold."""
-    return fit_.peak(x) * (1 + Fraction(str(headroom.fraction)))
+    """Predicted peak at x, plus the headroom and the fit's own error there: what a device
+    must hold."""
+    return fit_.peak(x) * (1 + Fraction(str(headroom.fraction))) + fit_.error(x)
+
+
+def _largest_fitting(fit_: Fit, headroom: Headroom, cap: Fraction, lowest: Number,
+                     guide: float) -> float:
+    """The largest x in [lowest, guide] whose need fits (need(lowest) does; the guide, the
+    root without the fit's error, is an upper bound), by bisection."""
+    lo, hi = float(lowest), max(float(lowest), guide)
+    if need(fit_, hi, headroom) <= cap:
+        return hi
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if need(fit_, mid, headroom) <= cap:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _largest_root(fit_: Fit, budget: Fraction) -> float | None:
@@ -301,8 +359,9 @@ def fits_on(fit_: Fit, gpu: Gpu, headroom: Headroom, *, lowest: Number, integer:
     if c == 0 and b <= 0 or c < 0:
         # Does not grow (a negative x^2 term is never chosen, but the rule may change).
         return GpuFit(gpu, None, None, True, False, measured_largest)
-    root = _largest_root(fit_, cap / factor)
-    assert root is not None and root >= lowest  # need(lowest) fits and peak grows
+    guide = _largest_root(fit_, cap / factor)
+    assert guide is not None and guide >= lowest  # need(lowest) fits and peak grows
+    root = _largest_fitting(fit_, headroom, cap, lowest, guide)
     if not integer:
         return GpuFit(gpu, root, None, False, root > top, measured_largest)
     k = max(int(lowest), math.floor(root))
@@ -378,13 +437,27 @@ def plan(points: Sequence[tuple[Number, int]], catalog: Sequence[Gpu], headroom:
         rows.append(row)
     top = max(x for x, _ in points)
     far = [r for r in rows if r.largest is not None and r.largest > FAR_BEYOND * top]
-    extra = []
+    extra = [fit_error_note(f, param, top, rows)]
     if far:
         extra.append(f"{len(far)} answer(s) lie more than {FAR_BEYOND}x beyond the largest "
                      f"value measured ({param}={show_value(top)}): the model is extrapolated "
                      "that far; measure near the answer to confirm it")
     return Plan(case, param, metric, metric_note, tuple(points), f, headroom, lowest,
                 tuple(rows), (*notes, *extra, NOMINAL_NOTE))
+
+
+def fit_error_note(f: Fit, param: str, top: Number, rows: Sequence[GpuFit]) -> str:
+    """How much of each need is the fit's own error, in words."""
+    if f.residual_se is None:
+        return ("the fit passes through every point (as many values as its terms): its own "
+                "error cannot be estimated and is not in the need; measure another value")
+    answers = [r.largest for r in rows if r.largest is not None]
+    far = max(answers, default=top)
+    return (f"each need includes the fit's own error: {FIT_ERROR_FACTOR} x its residual "
+            f"standard error ({format_size(round(f.residual_se))}), widened with the "
+            f"distance from the values measured: {format_size(math.ceil(f.error(top)))} at "
+            f"{param}={show_value(top)}, {format_size(math.ceil(f.error(far)))} at "
+            f"{param}={show_value(far)}")
 
 
 def describe(row: GpuFit, param: str) -> str:

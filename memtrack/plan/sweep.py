@@ -14,7 +14,7 @@ from memtrack.plan.fit import Gpu, Headroom, Number, Plan, plan
 from memtrack.records import Measurement, RunRecord, metrics
 from memtrack.store.database import Store
 from memtrack.units import format_size
-from memtrack.workload.registry import Case, Workload, case_id
+from memtrack.workload.registry import Case, Workload, case_id, split_case_id
 
 PACKAGED_CATALOG = Path(__file__).parent / "gpus.toml"
 """The GPU catalog shipped with memtrack (the repository's data/gpus.toml is the same file)."""
@@ -30,24 +30,43 @@ def default_catalog(config: Config) -> Path:
 def find_case(workloads: Sequence[Workload], name: str, param: str | None = None
               ) -> tuple[Workload, dict[str, Any]]:
     """The workload and params a plan starts from: a case id, or a workload name whose grid
-    has one case once the swept `param` is set aside."""
+    has one case once the swept `param` and the params pinned in brackets are set aside
+    (`unet[dtype=float32]`: every other param has one value)."""
     for wl in workloads:
         for c in wl.cases():
             if c.case_id == name:
                 return wl, dict(c.params)
+    base, pins = split_case_id(name) or (name, {})
     for wl in workloads:
-        if wl.name != name:
+        if wl.name != base:
             continue
-        others = {k: v for k, v in wl.params.items() if k != param}
+        pinned = _pinned(wl, name, pins)
+        others = {k: v for k, v in wl.params.items() if k != param and k not in pinned}
         grid = [k for k, v in others.items() if len(v) > 1]
         if grid:
             ids = sorted({case_id(wl.name, {**c.params, **({param: "..."} if param else {})})
                           for c in wl.cases()})
             raise ConfigError(f"{name}: has several cases ({', '.join(grid)} vary); name one "
                               f"of: {', '.join(ids[:6])}{' ...' if len(ids) > 6 else ''}")
-        return wl, {k: v[0] for k, v in wl.params.items()}
+        return wl, {k: pinned.get(k, v[0]) for k, v in wl.params.items()}
     known = sorted({w.name for w in workloads})
     raise ConfigError(f"{name}: no such workload or case (workloads: {', '.join(known)})")
+
+
+def _pinned(wl: Workload, name: str, pins: dict[str, str]) -> dict[str, Any]:
+    """The declared values that `name`'s bracketed params pin, by their spelling in a case
+    id; ConfigError for a param the workload lacks or a value it does not declare."""
+    out: dict[str, Any] = {}
+    for key, text in pins.items():
+        if key not in wl.params:
+            raise ConfigError(f"{name}: {wl.name} has no param {key!r} (params: "
+                              f"{', '.join(sorted(wl.params))})")
+        match = [v for v in wl.params[key] if str(v) == text]
+        if not match:
+            raise ConfigError(f"{name}: {key}={text} is not one of the declared values "
+                              f"({', '.join(str(v) for v in wl.params[key])})")
+        out[key] = match[0]
+    return out
 
 
 def sweep_cases(wl: Workload, params: dict[str, Any], param: str,

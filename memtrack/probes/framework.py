@@ -8,6 +8,7 @@ keeps its peak, `summary()` returns the figures for the Measurement.
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import weakref
 from collections.abc import Iterator
@@ -26,6 +27,8 @@ class FrameworkProbe(Protocol):
     def summary(self) -> dict[str, Any]: ...
 
     def session_scope(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def prime(self, step: Any) -> None: ...
 
 
 def _category_tracker(sessions: int = 1) -> Any:
@@ -56,6 +59,61 @@ def category_tracker_class() -> type:
         ) from exc
 
     class CategoryTracker(MemTracker):
+        """Also keeps, for the tags' sake, when each storage was counted and dropped and
+        when the peak was reached, in one sequence of the tracker's own updates."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.seq = 0
+            self.peak_seq: dict[Any, int] = {}
+            self.tags: dict[int, tuple[Any, int, Any]] = {}
+            """id(winfo) -> (winfo, the update at its first tag, its category before it)."""
+
+        def _update_snap(self, u_type: Any, winfo: Any, *args: Any, **kwargs: Any) -> None:
+            self.seq += 1
+            name = getattr(u_type, "name", str(u_type))
+            if name == "ADD":
+                winfo.memtrack_born = self.seq
+            elif name == "DEL":
+                winfo.memtrack_died = self.seq
+            super()._update_snap(u_type, winfo, *args, **kwargs)
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            before = dict(self._peak_mem)
+            super()._update_peak_stats(peak_state)
+            for dev, peak in self._peak_mem.items():
+                if peak > before.get(dev, -1):
+                    self.peak_seq[dev] = self.seq
+
+        def tag(self, tensor: torch.Tensor, category: Any) -> None:
+            """Count `tensor`'s storages as `category` from now on, and remember the first
+            tag of each, so that a storage tagged after the peak can count at the peak."""
+            from torch.distributed._tools.common_utils import get_untyped_storages
+
+            storages = get_untyped_storages(tensor)
+            before = {id(st): (self._WINFO[st][0].reftype if st in self._WINFO else None)
+                      for st in storages}
+            self._update_and_maybe_create_winfos(tensor, category)
+            for st in storages:
+                winfo = self._WINFO[st][0]
+                self.tags.setdefault(id(winfo), (winfo, self.seq, before[id(st)]))
+
+        def tagged_at_peak(self, device: Any, category: Any) -> dict[Any, int]:
+            """Bytes to move to `category` in the peak snapshot of `device`, by the category
+            they had there: storages tagged after the peak that were alive at it."""
+            at = self.peak_seq.get(device)
+            moves: dict[Any, int] = {}
+            if at is None:
+                return moves
+            for winfo, tagged, before in self.tags.values():
+                born = getattr(winfo, "memtrack_born", None)
+                died = getattr(winfo, "memtrack_died", None)
+                alive = born is not None and born <= at and (died is None or died > at)
+                if (alive and tagged > at and before is not None and before != category
+                        and winfo.device == device):
+                    moves[before] = moves.get(before, 0) + winfo.mem_consumed
+            return moves
+
         def _pre_fw_hook(self, module: Any, inputs: Any) -> None:
             try:
                 super()._pre_fw_hook(module, inputs)
@@ -150,34 +208,60 @@ class _SharedModules:
 
 
 def trackable(objects: tuple[Any, ...]) -> list[Any]:
-    return [o for o in objects if isinstance(o, (torch.nn.Module, torch.optim.Optimizer))]
+    """What the tracker counts of what `ctx.mark` was given: modules, optimizers, and
+    tensors built in setup (the persistent set, as the CUDA allocator counts it)."""
+    return [o for o in objects
+            if isinstance(o, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor))]
 
 
 class MemTrackerProbe:
-    """CPU framework view: MemTracker's exact accounting of live tensor memory by category.
+    """CPU framework view: live memory at each iteration's peak, by category.
+
+    The peak is the CPU allocator's (`allocator=True`, the measured CPU view): the level at
+    the iteration's start plus the highest running sum of the allocations and frees that
+    torch's profiler reports within it, so that scratch a kernel allocates inside itself
+    (SDPA's buffers) is counted, which no tensor tracker sees. The breakdown by category is
+    MemTracker's, at its own peak; what the allocator held beyond it is unattributed.
+    Without `allocator` (estimates under fake tensors, and the CUDA breakdown) the figure
+    is the tracker's.
 
     Tensors the workload tags as caches are counted under MemTracker's 'Other' category
-    (nothing else is registered as Other), so the peak snapshot holds the caches alive at
-    the peak, each storage once, however the cache grows.
+    (nothing else is registered as Other), each storage once, however the cache grows; a
+    storage tagged at any time during the iteration that was alive at the peak counts as
+    cache at the peak (a cache built inside the model's forward is tagged after it).
     """
 
     name = "memtracker"
 
-    def __init__(self, device: torch.device, sessions: int = 1):
+    def __init__(self, device: torch.device, sessions: int = 1, *, allocator: bool = False):
         self.device = device
         self.sessions = sessions
         self.tracker = _category_tracker(sessions)
+        # The profiler follows the thread that starts it: concurrent sessions run in
+        # threads of their own, where only the tracker sees what they allocate.
+        self.allocator = allocator and sessions == 1
         self.samples: list[int] = []
+        self.tracker_samples: list[int] = []
         self.peak_snapshot: dict[str, int] = {}
         self.tracked: list[Any] = []
         self.active = False
+        self.primed = False
 
     def mark(self, objects: tuple[Any, ...]) -> int:
         self.tracked = trackable(objects)
-        if self.tracked:
-            self.tracker.track_external(*self.tracked)
+        self._track_marked()
         snap = self.tracker.get_tracker_snapshot("current").get(self.device, {})
         return int(snap.get("Total", 0))
+
+    def _track_marked(self) -> None:
+        from torch.distributed._tools.mem_tracker import _MemRefType
+
+        others = [o for o in self.tracked if not isinstance(o, torch.Tensor)]
+        if others:
+            self.tracker.track_external(*others)
+        for t in self.tracked:
+            if isinstance(t, torch.Tensor):  # persistent, with the weights (not 'Other')
+                self.tracker._update_and_maybe_create_winfos(t, _MemRefType.BUFFER)
 
     def tag(self, tensors: tuple[torch.Tensor, ...]) -> bool:
         """Count these tensors' storages as caches; False when no iteration is tracked."""
@@ -186,32 +270,64 @@ class MemTrackerProbe:
         try:
             from torch.distributed._tools.mem_tracker import _MemRefType
 
-            for t in tensors:
-                self.tracker._update_and_maybe_create_winfos(t, _MemRefType.OTH)
+            lock = getattr(self.tracker, "lock", None) or contextlib.nullcontext()
+            with lock:
+                for t in tensors:
+                    self.tracker.tag(t, _MemRefType.OTH)
         except (ImportError, AttributeError):  # a tracker without it: count them apart
             return False
         return True
 
+    def prime(self, step: Any) -> None:
+        """One unmeasured iteration under the profiler before the first measured one. The
+        profiler knows the size of a block only if it saw it allocated: a block made in the
+        uninstrumented timing pass and freed in a measured iteration (last step's gradients)
+        would be missed, and the running sum read high after it."""
+        if not self.allocator or self.primed:
+            return
+        with _allocator_events():
+            step()
+        self.primed = True
+
     @contextlib.contextmanager
     def iteration(self) -> Iterator[None]:
+        # The tracker's module hooks hold each graph that autograd records in a reference
+        # cycle, freed only when the collector runs: without this, a forward with autograd
+        # on read one more graph in every repeat.
+        gc.collect()
         self.tracker.reset_mod_stats()
+        self.tracker.tags.clear()
         # Again before every iteration: an optimizer's state is created lazily by its first
         # step (in the warm-up, after the mark), and tensors created outside the tracker are
         # otherwise never counted: the first measured iteration then read 8-27 % low.
-        if self.tracked:
-            self.tracker.track_external(*self.tracked)
+        self._track_marked()
+        level = int(self.tracker.get_tracker_snapshot("current").get(self.device, {})
+                    .get("Total", 0))
+        events = _allocator_events() if self.allocator else contextlib.nullcontext(None)
         with self.tracker:  # entering resets the peak to the current total
-            self.active = True
-            try:
-                yield
-            finally:
-                self.active = False
+            with events as recorded:
+                self.active = True
+                try:
+                    yield
+                finally:
+                    self.active = False
         snap = self.tracker.get_tracker_snapshot("peak")
-        by_device = snap.get(self.device) or (next(iter(snap.values())) if snap else {})
-        total = int(by_device.get("Total", 0))
+        device = self.device if self.device in snap else next(iter(snap), self.device)
+        by_device = dict(snap.get(device, {}))
+        from torch.distributed._tools.mem_tracker import _MemRefType
+
+        for before, nbytes in self.tracker.tagged_at_peak(device, _MemRefType.OTH).items():
+            by_device[before] = by_device.get(before, 0) - nbytes
+            by_device[_MemRefType.OTH] = by_device.get(_MemRefType.OTH, 0) + nbytes
+        tracked = int(by_device.get("Total", 0))
+        total = tracked
+        if recorded is not None:
+            total = max(tracked, level + _highest_running_sum(recorded))
+        self.tracker_samples.append(tracked)
         self.samples.append(total)
         if total >= max(self.samples):
             self.peak_snapshot = {str(getattr(k, "value", k)): int(v) for k, v in by_device.items()}
+            self.peak_snapshot["Total"] = total
 
     @contextlib.contextmanager
     def session_scope(self) -> Iterator[None]:
@@ -237,12 +353,38 @@ class MemTrackerProbe:
         if state is not None and cats.get("Optstate", 0) > state:
             cats["Temp"] = cats.get("Temp", 0) + cats["Optstate"] - state
             cats["Optstate"] = state
-        return {
-            "framework": self.name,
+        out = {
+            "framework": "cpu-allocator" if self.allocator else self.name,
             "peak_allocated_bytes": max(self.samples) if self.samples else None,
             "allocated_samples": list(self.samples),
             "categories": cats,
         }
+        return out
+
+
+@contextlib.contextmanager
+def _allocator_events() -> Iterator[list[int]]:
+    """The CPU allocator's allocations (+bytes) and frees (-bytes) in this thread, in order,
+    from torch's profiler (`profile_memory`): filled in when the block ends."""
+    from torch.profiler import ProfilerActivity, profile
+
+    recorded: list[int] = []
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with prof:
+        yield recorded
+    events = [e for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+              if e.name() == "[memory]" and str(e.device_type()) == "DeviceType.CPU"]
+    events.sort(key=lambda e: e.start_ns())
+    recorded.extend(int(e.nbytes()) for e in events)  # type: ignore[union-attr]
+
+
+def _highest_running_sum(deltas: list[int]) -> int:
+    """The most the allocations and frees, in order, ever added to the starting level."""
+    running = highest = 0
+    for d in deltas:
+        running += d
+        highest = max(highest, running)
+    return highest
 
 
 def _optimizer_state_bytes(objects: list[Any]) -> int | None:
@@ -349,6 +491,9 @@ class CudaAllocatorProbe:
     def session_scope(self) -> contextlib.AbstractContextManager[None]:
         """The allocator's counters are process-wide: sessions need nothing of their own."""
         return contextlib.nullcontext()
+
+    def prime(self, step: Any) -> None:
+        """Nothing to prime: the allocator's counters are exact from the process's start."""
 
     @contextlib.contextmanager
     def iteration(self) -> Iterator[None]:

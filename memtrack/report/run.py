@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from memtrack.escape import terminal_text
-from memtrack.records import Measurement, RunRecord, device_peak
+from memtrack.records import Measurement, RunRecord, device_peak, host_peak, host_step
 from memtrack.units import format_seconds, format_size
 from memtrack.workload.registry import short_case_labels
 
@@ -210,17 +210,25 @@ def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = Non
             t.add_row("estimate", f"{format_size(est['peak_allocated_bytes'])} (estimate run "
                                   f"{est['run_id'][:12]} of {commit}); measured framework peak "
                                   f"{format_size(m.peak_allocated_bytes)}{ratio}")
+        # On a GPU the gap is the device's beyond the allocator (context, libraries); on
+        # the CPU it is the process's RSS beyond live tensors: the interpreter and the
+        # libraries, not a workspace of the model's.
+        gap = ("workspace/runtime" if m.device.startswith("cuda") else
+               "host RSS beyond tensors (interpreter, libraries)")
         for label, value in (
             ("weights", m.weights_bytes),
             ("intermediates", m.intermediates_bytes),
             ("caches", m.caches_bytes),
-            ("training state", m.training_state_bytes),
-            ("workspace/runtime", m.workspace_bytes),
+            ("gradients", m.gradients_bytes),
+            ("optimizer state", m.optimizer_state_bytes),
+            ("unattributed", m.unattributed_bytes),
+            (gap, m.workspace_bytes),
         ):
+            if label == "unattributed" and not value:
+                continue  # only where the allocator held more than the tracker saw
             t.add_row(label, format_size(value))
         if m.kind != "estimate":
-            source = f" ({m.host_peak_source})" if m.host_peak_source else ""
-            t.add_row("host peak", _t(f"{format_size(m.host_peak_rss_bytes)}{source}"))
+            t.add_row("host peak", _t(host_line(m)))
             if m.load_duration_s is not None:
                 t.add_row("loading", _t(loading_line(m)))
             t.add_row("device view", _t(
@@ -234,6 +242,21 @@ def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = Non
         if m.ranks:
             blocks.append(rank_table(m))
     return blocks
+
+
+def host_line(m: Measurement) -> str:
+    """The host peak RSS, and how the gated `host` and `host_step` figures come from it, so
+    that the figure `check` names can be found in the one `show` prints."""
+    source = f" ({m.host_peak_source})" if m.host_peak_source else ""
+    line = f"{format_size(m.host_peak_rss_bytes)}{source}"
+    gated = host_peak(m)
+    if gated is not None:
+        line += (f" = {format_size(m.host_file_rss_bytes)} file-backed (shared libraries) + "
+                 f"{format_size(gated)} gated as `host`")
+    step = host_step(m)
+    if step is not None:
+        line += f"; the step's growth {format_size(step)}, gated as `host_step`"
+    return line
 
 
 def rank_table(m: Measurement) -> Table:

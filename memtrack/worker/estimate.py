@@ -51,8 +51,40 @@ def _cuda_support() -> str | None:
             "build of torch")
 
 
-def describe(exc: BaseException) -> str:
-    """One line saying what could not be faked."""
+def describe(exc: BaseException, root: Path | None = None) -> str:
+    """One line saying what could not be faked, and where in the workload's code."""
+    text = _what(exc)
+    where = workload_line(exc, root)
+    return f"{text} at {where}"[:2000] if where else text
+
+
+def workload_line(exc: BaseException, root: Path | None = None) -> str | None:
+    """'perf/workloads.py:42: if t > 0:', the innermost frame outside torch and memtrack
+    (the shipped examples aside) where `exc` was raised: the workload's line, or that of a
+    library it calls (a diffusers scheduler reading a tensor timestep)."""
+    import torch
+
+    import memtrack
+
+    skip = (Path(torch.__file__).parent, Path(memtrack.__file__).parent)
+    examples = Path(memtrack.__file__).parent / "examples"
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = Path(frame.filename)
+        if not path.is_absolute() or (any(path.is_relative_to(d) for d in skip)
+                                      and not path.is_relative_to(examples)):
+            continue
+        found = frame
+    if found is None:
+        return None
+    path = Path(found.filename)
+    if root is not None and path.is_relative_to(root):
+        path = path.relative_to(root)
+    code = (found.line or "").strip()
+    return f"{path}:{found.lineno}" + (f": {code}" if code else "")
+
+
+def _what(exc: BaseException) -> str:
     from torch._subclasses import fake_tensor as ft
 
     fake_errors = (ft.DynamicOutputShapeException, ft.DataDependentOutputException,
@@ -220,9 +252,10 @@ def _all_sessions_at_peak(summary: dict[str, Any], persistent: int, sessions: in
     return out
 
 
-def failure(exc: Exception) -> dict[str, Any]:
-    """A case that raised: what could not be faked, in one line."""
-    message = str(exc) if isinstance(exc, NotFakeable) else describe(exc)
+def failure(exc: Exception, spec: Spec) -> dict[str, Any]:
+    """A case that raised: what could not be faked, in one line, naming the workload's line."""
+    message = (str(exc) if isinstance(exc, NotFakeable)
+               else describe(exc, Path(spec.root).resolve()))
     return {"status": "error", "message": message.splitlines()[0][:2000]}
 
 

@@ -76,7 +76,7 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     is_cuda = ctx.device.type == "cuda"
     sessions = ctx.concurrency
     probe = (CudaAllocatorProbe(ctx.device) if is_cuda
-             else MemTrackerProbe(ctx.device, sessions))
+             else MemTrackerProbe(ctx.device, sessions, allocator=True))
 
     step = wl.fn(ctx)
     if not callable(step):
@@ -127,6 +127,9 @@ def run_case(spec: Spec, result: ResultFile) -> None:
         **_time_summary(times),
     )
 
+    if not is_cuda:
+        ctx.new_iteration()
+        probe.prime(step)  # one more step, unmeasured, for the CPU allocator's view
     ctx.cache_peak_bytes = 0
     distributed.barrier(rank)
     start = time.monotonic()  # system-wide: the NVML sampler's clock too
@@ -244,7 +247,7 @@ def is_oom(exc: BaseException) -> bool:
     return False
 
 
-def failure(exc: Exception) -> dict[str, Any]:
+def failure(exc: Exception, spec: Spec | None = None) -> dict[str, Any]:
     """A case that raised: out of memory where torch (CUDA or CPU) or NCCL says so, else an
     error."""
     kind = type(exc).__name__

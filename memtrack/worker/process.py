@@ -28,9 +28,9 @@ def die_with_parent(runner_pid: int) -> None:
 
 
 def serve(argv: list[str], run: Callable[[Spec, ResultFile], None],
-          failure: Callable[[Exception], dict[str, Any]]) -> int:
-    """`argv` is SPEC_PATH RUNNER_PID. Runs the case; `failure(exc)` gives the result fields
-    of a case that raised (its status and message)."""
+          failure: Callable[[Exception, Spec], dict[str, Any]]) -> int:
+    """`argv` is SPEC_PATH RUNNER_PID. Runs the case; `failure(exc, spec)` gives the result
+    fields of a case that raised (its status and message)."""
     die_with_parent(int(argv[1]))
     spec = Spec.read(Path(argv[0]))
     result = ResultFile(Path(spec.result_path))
@@ -40,7 +40,7 @@ def serve(argv: list[str], run: Callable[[Spec, ResultFile], None],
         result.update(status="oom", message=f"MemoryError: {exc}", traceback=traceback.format_exc())
         return 0
     except Exception as exc:
-        result.update(**failure(exc), traceback=traceback.format_exc()[-20000:])
+        result.update(**failure(exc, spec), traceback=traceback.format_exc()[-20000:])
         return 0
     result.update(status="ok")
     return 0
