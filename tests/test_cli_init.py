@@ -280,8 +280,8 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert {"dashboard/app.py", "dashboard/views/history.py", "memtrack/templates/workflow.yml",
-            "memtrack/templates/workloads.py"} <= names
+    assert {"memtrack/dashboard/app.py", "memtrack/dashboard/views/history.py",
+            "memtrack/templates/workflow.yml", "memtrack/templates/workloads.py"} <= names
     # torch warns "Failed to initialize NumPy" on every import without it
     assert any(line.startswith("Requires-Dist: numpy") for line in meta.splitlines())
 
@@ -382,8 +382,8 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
     # The dashboard from the wheel serves that history
     app = sh(venv / "bin/python", "-c",
              "from memtrack.commands.dashboard import app_path; print(app_path())", cwd=repo)
-    assert app.stdout.strip() == str(next(venv.glob("lib/python*/site-packages/dashboard"))
-                                     / "app.py")
+    site = next(venv.glob("lib/python*/site-packages"))
+    assert app.stdout.strip() == str(site / "memtrack" / "dashboard" / "app.py")
     port = _free_port()
     server = subprocess.Popen([venv / "bin/memtrack", "dashboard", "--db", str(db),
                                "--port", str(port)], cwd=repo, env=env,
