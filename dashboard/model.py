@@ -15,7 +15,7 @@ from memtrack.config import Budget
 
 # The gate's step finder, imported here only: where the gate's history analysis lives is a
 # one-line change for the dashboard.
-from memtrack.judge.levels import find_steps, noise
+from memtrack.judge.levels import segment
 from memtrack.units import format_size
 from memtrack.workload import short_case_labels  # noqa: F401 (the views use it from here)
 
@@ -225,10 +225,8 @@ def _steps(rows_newest_first: Sequence[dict[str, Any]], metric: str,
     values = [float(v) for _, v in points]
     if len(values) < 2:
         return []
-    sigma = noise(values)
-    room = max(factor * sigma, metrics.floor(metric, statistics.median(values)))
     out: list[Step] = []
-    starts = _without_outliers(values, find_steps(values, room, sigma), room)
+    starts, room = segment(values, factor, metrics.floor(metric, statistics.median(values)))
     bounds = [0, *starts, len(values)]
     for k, i in enumerate(starts, start=1):
         # Each level is its own segment: a step and a later fix are two steps.
@@ -242,24 +240,6 @@ def _steps(rows_newest_first: Sequence[dict[str, Any]], metric: str,
         fixed.append(s if fix is None else Step(s.row, s.previous, s.metric, s.before,
                                                 s.after, s.room, fix.row))
     return fixed
-
-
-def _without_outliers(values: list[float], starts: list[int], room: float) -> list[int]:
-    """Step starts less lone outliers: one point away and straight back (within the
-    headroom) reads as a step and its return, but the level never changed."""
-    kept: list[int] = []
-    k = 0
-    while k < len(starts):
-        i = starts[k]
-        if k + 1 < len(starts) and starts[k + 1] == i + 1:
-            level = statistics.median(values[(kept[-1] if kept else 0):i])
-            end = starts[k + 2] if k + 2 < len(starts) else len(values)
-            if abs(statistics.median(values[i + 1:end]) - level) <= room:
-                k += 2
-                continue
-        kept.append(i)
-        k += 1
-    return kept
 
 
 def open_regressions(rows_newest_first: Sequence[dict[str, Any]],

@@ -1,27 +1,31 @@
 """How sharp and how fast is `memtrack check`? Prints three figures:
 
-1. false blocks: the example suite is re-run (real subprocess runs on this machine) at
-   least 30 times on one unchanged commit, with the page cache dropped before every other
-   run where this process may (root). Each run is judged, per metric, against baselines
-   drawn from many subsets of the other runs (every size from 1 to 20, many draws each).
-   Goal: 0 blocked.
-2. detection: into copies of those real runs, a growth is injected per metric (allocated:
-   every iteration's peak; host: the whole case's peak; host_step: the step's peak above
-   its starting level) and the smallest one that blocks is searched for, per case, against
-   baselines of the other runs. Goals: any growth past 512 B (allocated), past 2 MiB
-   (host_step), past the larger of 1 % and 4 MiB (host) blocks.
+1. false blocks: real runs of every shipped case (concurrency included) on one unchanged
+   commit, either re-run here (`--reruns N`) or read from recorded reruns (`--records
+   FILE`, by default tests/data/reruns.json.gz). From them, hundreds of histories of the
+   base branch are resampled per case (each a draw with replacement, of every length from
+   1 to 20 runs: a young project as well as a mature one), and one more draw is judged
+   against each, per metric, as the gate judges a pull request. Goal: 0 blocked.
+2. detection: into the candidate of such histories (20 runs each) a growth is injected per
+   metric (allocated: every iteration's peak; host: the whole case's peak; host_step: the
+   step's peak above its starting level; load_host, disk: their figure) and the smallest
+   one that blocks is searched for, per case and metric: the median and the worst over the
+   histories. Goals: any growth past 512 B (allocated), past 2 MiB (host_step), past the
+   larger of 1 % and 4 MiB (host) blocks, on a case whose figures allow it.
 3. speed: a database with 1,000,000 measurement rows (20,000 recorded commits of a
    50-case suite, on a real 20,000-commit git history) is made here, and `memtrack check`
    is timed as a user runs it (a fresh process, default options). Goal: under 0.5 s.
 
-    python scripts/bench_check.py                  # everything (~6 min on 2 CPU cores)
-    python scripts/bench_check.py --reruns 30 -k decoder_generate
-    python scripts/bench_check.py --skip-reruns    # only the 1,000,000-row timing
+    python scripts/bench_check.py                    # the recorded reruns, then the timing
+    python scripts/bench_check.py --reruns 30 --save reruns.json.gz   # re-run, keep them
+    python scripts/bench_check.py --histories 1000 -k decoder_serve
+    python scripts/bench_check.py --skip-reruns      # only the 1,000,000-row timing
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
@@ -34,21 +38,23 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
 
 from factories import CPU_ENV, GIT_ENV, make_measurement, make_run  # noqa: E402
 
 from memtrack import metrics  # noqa: E402
-from memtrack.config import load_config  # noqa: E402
+from memtrack.config import Config, load_config  # noqa: E402
 from memtrack.judge.baseline import COMPONENTS, Point  # noqa: E402
 from memtrack.judge.check import check  # noqa: E402
 from memtrack.judge.memory import Case, verdict  # noqa: E402
-from memtrack.records import Measurement, read_json  # noqa: E402
+from memtrack.records import Measurement, RunRecord, read_json, run_from_dict, to_dict  # noqa: E402
 from memtrack.store import Store  # noqa: E402
 from memtrack.units import format_size  # noqa: E402
 
 MiB = 2**20
 MEMTRACK = [sys.executable, "-c", "from memtrack.cli import main; main()"]
+RECORDS = ROOT / "tests" / "data" / "reruns.json.gz"
 
 
 def _git(repo: Path, *args: str, **kw) -> str:
@@ -57,9 +63,10 @@ def _git(repo: Path, *args: str, **kw) -> str:
     return out.stdout.strip()
 
 
-# -- 1 and 2: real re-runs --------------------------------------------------------------
+# -- 1 and 2: real re-runs ------------------------------------------------------------
 
-GATED = ("allocated", "host", "host_step")
+GROWN = {"allocated", "host", "host_step", "load_host", "disk"}
+"""Metrics a growth can be injected into (the CPU measures no reserved or device view)."""
 
 
 def _drop_page_cache() -> bool:
@@ -71,118 +78,187 @@ def _drop_page_cache() -> bool:
         return False
 
 
-def rerun_suite(work: Path, reruns: int, patterns: list[str]) -> tuple[Path, list, int]:
+def rerun_suite(work: Path, reruns: int, patterns: list[str], drop: bool) -> list[RunRecord]:
     """One run after another (a dropped cache must not hit a run half-way)."""
     repo = work / "suite"
     repo.mkdir()
     _git(repo, "init", "-q", "-b", "main")
-    (repo / "memtrack.toml").write_text(
-        'modules = ["memtrack.examples"]\nwarmup = 1\nrepeats = 3\n')
+    (repo / "memtrack.toml").write_text('modules = ["memtrack.examples"]\n')
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "the unchanged commit")
     records = work / "records"
     records.mkdir()
     k = [a for p in patterns for a in ("-k", p)]
-    dropped = 0
     t0 = time.perf_counter()
     for i in range(reruns):
-        if i % 2 and _drop_page_cache():
-            dropped += 1
+        if drop and i % 2:
+            _drop_page_cache()
         subprocess.run([*MEMTRACK, "run", "--no-db", "--json", str(records / f"{i:03d}.json"),
                         *k], cwd=repo, check=True, capture_output=True)
         if (i + 1) % 5 == 0:
             print(f"  {i + 1}/{reruns} runs ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-    runs = [read_json(p) for p in sorted(records.glob("*.json"))]
-    return repo, runs, dropped
+    return [read_json(p) for p in sorted(records.glob("*.json"))]
 
 
-def _point(run, m: Measurement) -> Point:
-    values = {name: v for name in metrics.NAMES if (v := metrics.value(m, name)) is not None}
-    parts = {name: getattr(m, col) for name, col in COMPONENTS.items()
-             if getattr(m, col, None) is not None}
-    return Point(run.run_id, run.git.commit, run.started_at, None, m.status, values,
-                 m.iteration_times_s, parts)
+def load_records(path: Path) -> tuple[list[RunRecord], str]:
+    """Recorded reruns: a gzipped JSON object {"how": ..., "records": [run records]}."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        data = json.load(f)
+    return [run_from_dict(r, where=f"{path}: record {i}")
+            for i, r in enumerate(data["records"])], data.get("how", "")
 
 
-def _judge(config, m: Measurement, base: list[tuple]) -> dict:
-    """Verdicts per gated metric of `m` against the baseline (run, measurement) pairs."""
-    points = [_point(r, b) for r, b in reversed(base)]  # newest first, as the finder gives
-    c = Case(m, points, {}, len(points) < config.min_baseline_runs)
-    return {metric: verdict(c, metric, config) for metric in GATED}
+def save_records(path: Path, runs: list[RunRecord], how: str) -> None:
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        json.dump({"how": how, "records": [to_dict(r) for r in runs]}, f, sort_keys=True)
 
 
-def _subsets(others: list, rng: random.Random, draws: int) -> list[list]:
-    out = []
-    for size in range(1, min(20, len(others)) + 1):
-        for _ in range(draws):
-            out.append(sorted(rng.sample(others, size), key=lambda rm: rm[0].started_at))
+def by_case(runs: list[RunRecord], patterns: list[str]) -> dict[str, list[tuple]]:
+    """Case id -> its (run, measurement) pairs, ok ones only, in recording order."""
+    out: dict[str, list[tuple]] = {}
+    for r in runs:
+        for m in r.measurements:
+            if m.status == "ok" and (not patterns or any(p in m.case_id for p in patterns)):
+                out.setdefault(m.case_id, []).append((r, m))
     return out
 
 
-def false_blocks(repo: Path, runs: list, draws: int, seed: int) -> tuple[dict, dict, list]:
-    config = load_config(repo / "memtrack.toml")
+def _point(run, m: Measurement, i: int) -> Point:
+    values = {name: v for name in metrics.NAMES if (v := metrics.value(m, name)) is not None}
+    parts = {name: getattr(m, col) for name, col in COMPONENTS.items()
+             if getattr(m, col, None) is not None}
+    # Each draw is a run of its own: a run id and a time of its own, in history order.
+    return Point(f"{run.run_id}-{i}", run.git.commit, f"2026-01-01T00:00:{i:02d}", None,
+                 m.status, values, m.iteration_times_s, parts, m.allocated_samples)
+
+
+def _judge(config: Config, m: Measurement, base: list[tuple]) -> dict:
+    """Verdicts per measured metric of `m` against the baseline (run, measurement) pairs,
+    oldest first."""
+    points = [_point(r, b, i) for i, (r, b) in enumerate(base)][::-1]  # newest first
+    c = Case(m, points, {}, len(points) < config.min_baseline_runs)
+    return {metric: verdict(c, metric, config) for metric in metrics.NAMES
+            if metrics.value(m, metric) is not None}
+
+
+def _histories(pairs: list, rng: random.Random, count: int, size: int | None = None):
+    """`count` (baseline, candidate) draws: each an ordered sample of distinct real runs
+    (sizes 1..20 in turn, capped by the runs there are), the candidate another one. A
+    sample with replacement would repeat one run's exact figures, which two real runs of
+    a noisy figure never do."""
+    for h in range(count):
+        n = min(size or 1 + h % 20, len(pairs) - 1)
+        drawn = rng.sample(pairs, n + 1)
+        yield drawn[:-1], drawn[-1][1]
+
+
+def false_blocks(config: Config, cases: dict[str, list], histories: int,
+                 seed: int) -> tuple[list[dict], list[str]]:
     rng = random.Random(seed)
-    judged = dict.fromkeys(GATED, 0)
-    blocked = dict.fromkeys(GATED, 0)
-    noisy = dict.fromkeys(GATED, 0)
-    reasons = []
-    case_ids = [m.case_id for m in runs[0].measurements]
-    for case_id in case_ids:
-        pairs = [(r, next(m for m in r.measurements if m.case_id == case_id)) for r in runs]
-        for i, (_, m) in enumerate(pairs):
-            others = pairs[:i] + pairs[i + 1:]
-            for base in _subsets(others, rng, draws):
-                for metric, v in _judge(config, m, base).items():
-                    if v is None:
-                        continue
-                    judged[metric] += 1
-                    noisy[metric] += v.kind == "noisy"
-                    if v.blocking:
-                        blocked[metric] += 1
-                        if len(reasons) < 10:
-                            reasons.append(f"{case_id} {metric}: {v.message}")
-    return judged, blocked | {f"{k} noisy": n for k, n in noisy.items()}, reasons
+    rows: list[dict] = []
+    reasons: list[str] = []
+    for case_id, pairs in cases.items():
+        counts: dict[str, dict[str, int]] = {}
+        for base, m in _histories(pairs, rng, histories):
+            for metric, v in _judge(config, m, base).items():
+                if v is None:
+                    continue
+                c = counts.setdefault(metric, {"judged": 0, "blocked": 0, "noisy": 0})
+                c["judged"] += 1
+                c["noisy"] += v.kind == "noisy"
+                if v.blocking:
+                    c["blocked"] += 1
+                    if len(reasons) < 12:
+                        shown = ", ".join(f"{(metrics.value(b, metric) or 0) / MiB:.2f}"
+                                          for _, b in base)
+                        reasons.append(f"{case_id} {metric} ({len(base)} runs: {shown} MiB, "
+                                       f"oldest first): {v.message}")
+        rows += [{"case": case_id, "metric": k, **c} for k, c in counts.items()]
+    return rows, reasons
 
 
 def _inject(m: Measurement, metric: str, delta: int) -> Measurement:
     if metric == "allocated":
-        return replace(m, peak_allocated_bytes=m.peak_allocated_bytes + delta,
+        return replace(m, peak_allocated_bytes=(m.peak_allocated_bytes or 0) + delta,
                        allocated_samples=tuple(s + delta for s in m.allocated_samples))
     if metric == "host":
-        return replace(m, host_peak_rss_bytes=m.host_peak_rss_bytes + delta)
-    return replace(m, host_step_peak_rss_bytes=m.host_step_peak_rss_bytes + delta)
+        return replace(m, host_peak_rss_bytes=(m.host_peak_rss_bytes or 0) + delta)
+    if metric == "host_step":
+        return replace(m, host_step_peak_rss_bytes=(m.host_step_peak_rss_bytes or 0) + delta)
+    if metric == "load_host":
+        return replace(m, load_host_peak_rss_bytes=(m.load_host_peak_rss_bytes or 0) + delta)
+    return replace(m, disk_bytes=(m.disk_bytes or 0) + delta)
 
 
-def detection(repo: Path, runs: list, bases: int) -> list[dict]:
-    """Per case and metric: the smallest injected growth that blocks, worst over `bases`
-    candidates, each judged against all the other runs as its baseline (up to 20)."""
-    config = load_config(repo / "memtrack.toml")
+def detection(config: Config, cases: dict[str, list], histories: int,
+              seed: int) -> list[dict]:
+    """Per case and metric: the smallest injected growth that blocks, over `histories`
+    resampled baselines of 20 runs (median and worst)."""
+    rng = random.Random(seed + 1)
     out = []
-    for case_id in [m.case_id for m in runs[0].measurements]:
-        pairs = [(r, next(m for m in r.measurements if m.case_id == case_id)) for r in runs]
-        for metric in GATED:
-            worst: int | None = 0
-            for i, (_, m) in enumerate(pairs[:bases]):
-                base = (pairs[:i] + pairs[i + 1:])[-20:]
-
+    for case_id, pairs in cases.items():
+        drawn = list(_histories(pairs, rng, histories, size=20))
+        for metric in sorted(GROWN):
+            if metrics.value(pairs[0][1], metric) is None:
+                continue
+            found: list[int | None] = []
+            for base, m in drawn:
                 def blocks(delta: int, m=m, base=base, metric=metric) -> bool:
                     v = _judge(config, _inject(m, metric, delta), base)[metric]
                     return v is not None and v.blocking
 
                 lo, hi = 0, 1 << 30  # lo never blocks, hi does
                 if not blocks(hi):
-                    worst = None
-                    break
+                    found.append(None)
+                    continue
                 while hi - lo > 1:
                     mid = (lo + hi) // 2
                     lo, hi = (lo, mid) if blocks(mid) else (mid, hi)
-                worst = max(worst or 0, hi)
+                found.append(hi)
             value = statistics.median(metrics.value(m, metric) or 0 for _, m in pairs)
-            goal = {"allocated": 512, "host_step": 2 * MiB}.get(
+            goal = {"allocated": 512, "host_step": 2 * MiB, "disk": 4096}.get(
                 metric, max(int(value) // 100, 4 * MiB))
-            out.append({"case": case_id, "metric": metric, "value": value, "smallest": worst,
+            caught = [f for f in found if f is not None]
+            out.append({"case": case_id, "metric": metric, "value": value,
+                        "median": statistics.median(caught) if caught else None,
+                        "worst": None if len(caught) < len(found) else max(caught),
                         "goal": goal})
     return out
+
+
+def _label(case_id: str, labels: dict[str, str]) -> str:
+    return labels.get(case_id, case_id)[:34]
+
+
+def report_reruns(config: Config, runs: list[RunRecord], how: str, args) -> None:
+    from memtrack.workload import short_case_labels
+
+    cases = by_case(runs, args.patterns)
+    labels = short_case_labels(cases)
+    sizes = ", ".join(f"{_label(c, labels)} {len(p)}" for c, p in cases.items())
+    print(f"real runs: {how} ({sizes} runs per case)")
+    rows, reasons = false_blocks(config, cases, args.histories, args.seed)
+    total = sum(r["blocked"] for r in rows)
+    print(f"1. false blocks: {args.histories} resampled histories per case (1-20 distinct "
+          f"real runs each, in random order), one more run judged against each "
+          f"(goal 0): {total} blocked of {sum(r['judged'] for r in rows):,} verdicts")
+    for r in rows:
+        print(f"  {_label(r['case'], labels):34} {r['metric']:9} {r['blocked']:4} blocked of "
+              f"{r['judged']:5} ({r['noisy']} said noisy)")
+    for line in reasons:
+        print(f"    {line}")
+    print(f"2. detection: the smallest injected growth that blocks, over {args.bases} "
+          "resampled 20-run baselines per case (median, worst)")
+    for r in detection(config, cases, args.bases, args.seed):
+        def shown(x):
+            return "not caught" if x is None else f"{format_size(int(x))}"
+        worst = r["worst"]
+        met = ("met" if worst is not None and worst <= r["goal"] + 1 else
+               "within 25%" if worst is not None and worst <= 1.25 * r["goal"] else "NOT met")
+        print(f"  {_label(r['case'], labels):34} {r['metric']:9} figure "
+              f"{format_size(int(r['value'])):>11}: median {shown(r['median']):>11}, worst "
+              f"{shown(worst):>11} ({100 * (worst or 0) / max(r['value'], 1):.2f}%)  goal "
+              f"{format_size(r['goal'])}: {met}")
 
 
 # -- 3: the 1,000,000-row database -----------------------------------------------------
@@ -286,46 +362,46 @@ def time_check(repo: Path, db: Path, run_id: str, tries: int) -> tuple[list[floa
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reruns", type=int, default=32, help="re-runs of the unchanged commit")
+    ap.add_argument("--reruns", type=int, default=0,
+                    help="re-run the shipped suite this many times here (default: read the "
+                         "recorded reruns)")
+    ap.add_argument("--records", type=Path, default=RECORDS,
+                    help="recorded reruns to read (a .json.gz written by --save)")
+    ap.add_argument("--save", type=Path, help="with --reruns: write the reruns here")
+    ap.add_argument("--drop-cache", action="store_true",
+                    help="with --reruns: drop the page cache before every other run (root)")
     ap.add_argument("-k", dest="patterns", action="append", default=[],
                     help="only cases whose id contains this (repeatable)")
-    ap.add_argument("--draws", type=int, default=5,
-                    help="baseline subsets drawn per size (1..20) for each re-run")
-    ap.add_argument("--bases", type=int, default=8,
-                    help="re-runs used as the candidate of each injected growth")
+    ap.add_argument("--histories", type=int, default=400,
+                    help="resampled histories per case for the false blocks")
+    ap.add_argument("--bases", type=int, default=40,
+                    help="resampled 20-run baselines per case for the detection")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--commits", type=int, default=20_000)
     ap.add_argument("--cases", type=int, default=50)
     ap.add_argument("--skip-reruns", action="store_true")
+    ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="memtrack-bench-"))
     try:
         if not args.skip_reruns:
-            print(f"re-running the example suite {args.reruns} times on one commit ...",
-                  file=sys.stderr)
-            repo, runs, dropped = rerun_suite(work, args.reruns, args.patterns)
-            judged, blocked, reasons = false_blocks(repo, runs, args.draws, args.seed)
-            print(f"false blocks over {len(runs)} re-runs of an unchanged commit (page cache "
-                  f"dropped before {dropped} of them), each judged against baselines from "
-                  f"{args.draws} random subsets of every size 1-20 of the others (goal 0):")
-            for metric in GATED:
-                print(f"  {metric:9}: {blocked[metric]} blocked of {judged[metric]:,} verdicts "
-                      f"({blocked[metric + ' noisy']} said noisy)")
-            for r in reasons:
-                print(f"    {r}")
-            print("detection: smallest injected growth that blocks, worst over "
-                  f"{args.bases} candidates against the other runs as baseline")
-            rows = detection(repo, runs, args.bases)
-            for r in rows:
-                small = r["smallest"]
-                shown = ("not caught below 1 GiB" if small is None else
-                         f"{format_size(small)} ({small:,} B, "
-                         f"{100 * small / max(r['value'], 1):.3f}%)")
-                met = small is not None and small <= r["goal"] + 1  # past the goal blocks
-                print(f"  {r['metric']:9} {r['case'][:56]:56} figure "
-                      f"{format_size(int(r['value'])):>11}: {shown:>34}  goal "
-                      f"{format_size(r['goal'])}: {'met' if met else 'NOT met'}")
+            config = Config(path=None, root=work)
+            if args.reruns:
+                print(f"re-running the shipped suite {args.reruns} times on one commit ...",
+                      file=sys.stderr)
+                runs = rerun_suite(work, args.reruns, args.patterns, args.drop_cache)
+                how = (f"{len(runs)} runs of the shipped suite on one commit, here, one after "
+                       "another" + (", the page cache dropped before every other run"
+                                    if args.drop_cache else ""))
+                if args.save:
+                    save_records(args.save, runs, how)
+            else:
+                runs, how = load_records(args.records)
+                how = f"{args.records.name}: {how}"
+            report_reruns(config, runs, how, args)
+        if args.skip_speed:
+            return 0
         print(f"building a history of {args.commits} commits and {args.commits * args.cases:,} "
               "measurement rows ...", file=sys.stderr)
         t = time.perf_counter()

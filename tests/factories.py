@@ -190,3 +190,22 @@ def commit_all(repo: Path, message: str) -> str:
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", message)
     return git(repo, "rev-parse", "HEAD")
+
+
+# -- a realistic history, from real reruns of the shipped suite -----------------------------
+
+RERUNS = Path(__file__).parent / "data" / "reruns.json.gz"
+"""Real runs of the shipped example suite on one unchanged commit (how they were made:
+its "how" field; scripts/bench_check.py --reruns N --save FILE makes another)."""
+
+
+def read_reruns(path: Path = RERUNS) -> list[RunRecord]:
+    import gzip
+    import json
+
+    from memtrack.records import run_from_dict
+
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        data = json.load(f)
+    return [run_from_dict(r, where=f"{path}: record {i}") for i, r in enumerate(data["records"])]
+

@@ -110,11 +110,13 @@ class Point:
     values: dict[str, int]
     times: tuple[float, ...]
     components: dict[str, int] = field(default_factory=dict)
+    samples: tuple[int, ...] = ()
+    """The framework's allocated peak of each measured iteration."""
 
 
 _POINT_SQL = f"""
 select r.run_id, r.git_commit, r.started_at, r.git_committed_at, r.env_id, r.fingerprint,
-       m.status, m.iteration_times_s,
+       m.status, m.iteration_times_s, m.allocated_samples,
        {", ".join("m." + c for c in (*metrics.COLUMNS.values(), *COMPONENTS.values()))}
 from runs r cross join measurements m
 where r.git_branch = :branch and r.run_id != :candidate {{fingerprint}}
@@ -286,5 +288,7 @@ def _point(row: Any) -> Point:
         return {name: int(row[col]) for name, col in columns.items() if row[col] is not None}
 
     times = tuple(json.loads(row["iteration_times_s"]) or ()) if row["iteration_times_s"] else ()
+    raw = row["allocated_samples"]
+    samples = tuple(int(x) for x in json.loads(raw) or ()) if raw else ()
     return Point(row["run_id"], row["git_commit"], row["started_at"], row["env_id"],
-                 row["status"], figures(metrics.COLUMNS), times, figures(COMPONENTS))
+                 row["status"], figures(metrics.COLUMNS), times, figures(COMPONENTS), samples)
