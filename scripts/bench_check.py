@@ -1,4 +1,4 @@
-"""How sharp and how fast is `memtrack check`? Prints three figures:
+"""How sharp and how fast is `memtrack check`? Prints four figures:
 
 1. false blocks: real runs of every shipped case (concurrency included) on one unchanged
    commit, either re-run here (`--reruns N`) or read from recorded reruns (`--records
@@ -12,7 +12,9 @@
    one that blocks is searched for, per case and metric: the median and the worst over the
    histories. Goals: any growth past 512 B (allocated), past 2 MiB (host_step), past the
    larger of 1 % and 4 MiB (host) blocks, on a case whose figures allow it.
-3. speed: a database with 1,000,000 measurement rows (20,000 recorded commits of a
+3. history: `check --history` on resampled histories of 150 commits of unchanged code, per
+   case and metric: steps found and creeps flagged (goal 0 each).
+4. speed: a database with 1,000,000 measurement rows (20,000 recorded commits of a
    50-case suite, on a real 20,000-commit git history) is made here, and `memtrack check`
    is timed as a user runs it (a fresh process, default options). Goal: under 0.5 s.
 
@@ -47,6 +49,7 @@ from memtrack import metrics  # noqa: E402
 from memtrack.config import Config, load_config  # noqa: E402
 from memtrack.judge.baseline import COMPONENTS, Point  # noqa: E402
 from memtrack.judge.check import check  # noqa: E402
+from memtrack.judge.history import judge_series  # noqa: E402
 from memtrack.judge.memory import Case, verdict  # noqa: E402
 from memtrack.records import Measurement, RunRecord, read_json, run_from_dict, to_dict  # noqa: E402
 from memtrack.store import Store  # noqa: E402
@@ -63,7 +66,7 @@ def _git(repo: Path, *args: str, **kw) -> str:
     return out.stdout.strip()
 
 
-# -- 1 and 2: real re-runs ------------------------------------------------------------
+# -- 1, 2 and 3: real re-runs ------------------------------------------------------------
 
 GROWN = {"allocated", "host", "host_step", "load_host", "disk"}
 """Metrics a growth can be injected into (the CPU measures no reserved or device view)."""
@@ -226,6 +229,35 @@ def detection(config: Config, cases: dict[str, list], histories: int,
     return out
 
 
+def history_false(config: Config, cases: dict[str, list], histories: int, commits: int,
+                  seed: int) -> list[dict]:
+    """Steps and flagged creeps that `check --history` reports on resampled histories of
+    unchanged code (`commits` runs each), per case and metric."""
+    rng = random.Random(seed + 2)
+    out = []
+    for case_id, pairs in cases.items():
+        counts: dict[str, list[int]] = {}
+        for _ in range(histories):
+            # 150 commits from fewer real runs: whole shuffles of them, end to end.
+            draws: list[Measurement] = []
+            while len(draws) < commits:
+                draws += [m for _, m in rng.sample(pairs, len(pairs))]
+            draws = draws[:commits]
+            for metric in metrics.NAMES:
+                values = [metrics.value(m, metric) for m in draws]
+                if any(v is None for v in values):
+                    continue
+                found = judge_series([float(v or 0) for v in values], metric, config,
+                                     anchor_index=max(0, commits - 1 - 50))
+                c = counts.setdefault(metric, [0, 0, 0])
+                c[0] += 1
+                c[1] += len(found.starts)
+                c[2] += int(found.flagged)
+        out += [{"case": case_id, "metric": k, "histories": c[0], "steps": c[1],
+                 "creeps": c[2]} for k, c in counts.items()]
+    return out
+
+
 def _label(case_id: str, labels: dict[str, str]) -> str:
     return labels.get(case_id, case_id)[:34]
 
@@ -259,6 +291,119 @@ def report_reruns(config: Config, runs: list[RunRecord], how: str, args) -> None
               f"{format_size(int(r['value'])):>11}: median {shown(r['median']):>11}, worst "
               f"{shown(worst):>11} ({100 * (worst or 0) / max(r['value'], 1):.2f}%)  goal "
               f"{format_size(r['goal'])}: {met}")
+    rows = history_false(config, cases, args.history_runs, 150, args.seed)
+    print(f"3. history: `check --history` on {args.history_runs} resampled histories of 150 "
+          "commits of unchanged code per case: steps found and creeps flagged (goal 0)")
+    for r in rows:
+        print(f"  {_label(r['case'], labels):34} {r['metric']:9} {r['steps']:3} steps, "
+              f"{r['creeps']:3} creeps over {r['histories']} histories")
+
+
+# -- 5: the PR comment ---------------------------------------------------------------------
+
+GITHUB_CSS = """
+body { width: 760px; margin: 0; font-family: -apple-system, "Segoe UI", "Noto Sans",
+       Helvetica, Arial, sans-serif; font-size: 14px; line-height: 1.5; }
+table { border-spacing: 0; border-collapse: collapse; display: block; width: max-content;
+        max-width: 100%; overflow: auto; }
+td, th { padding: 6px 13px; border: 1px solid #d1d9e0; }
+h3 { font-size: 1.25em; } code { font-size: 85%; padding: .2em .4em; }
+"""
+"""GitHub's Markdown styles that set a comment's width (its tables scroll past the body,
+which is about 760 px wide in a pull request's conversation on a laptop screen)."""
+
+
+def comment_result(runs: list[RunRecord], work: Path, cases: int | None = None):
+    """`memtrack check` of a pull request that grows one case's KV cache by 2 MiB, against
+    20 real runs of the shipped suite on main (or, with `cases`, a made-up suite of that
+    many cases, each with host and time figures)."""
+    db = work / f"comment-{cases or 'shipped'}.db"
+    config = Config(path=None, root=work, dashboard_url="https://memtrack.example.org")
+    if cases is None:
+        base = runs[:20]
+    else:
+        names = [(f"w{c // 5:02d}", {"batch": 2 ** (c % 5), "dtype": "float32"})
+                 for c in range(cases)]
+        base = [make_run([make_measurement(w, p, peak=(c + 1) * 10 * MiB,
+                                           host=400 * MiB + ((i * 7 + c) % 5) * 256 * 1024)
+                          for c, (w, p) in enumerate(names)]) for i in range(20)]
+    with Store.open(db) as store:
+        for i, r in enumerate(base):
+            store.write_run(replace(r, run_id=f"base{i:04d}",
+                                    started_at=f"2026-01-01T00:{i:02d}:00+00:00",
+                                    git=replace(r.git, commit=f"{i:02d}" + "a" * 38,
+                                                branch="main", subject=f"main {i}")))
+        cand = base[-1]
+        grown = list(cand.measurements)
+        m = grown[1] if cases is None else grown[len(grown) // 2]
+        grown[grown.index(m)] = replace(
+            m, peak_allocated_bytes=(m.peak_allocated_bytes or 0) + 2 * MiB,
+            allocated_samples=tuple(x + 2 * MiB for x in m.allocated_samples),
+            caches_bytes=(m.caches_bytes or 0) + 2 * MiB)
+        store.write_run(replace(cand, run_id="pr" + "0" * 30,
+                                started_at="2026-01-01T01:00:00+00:00",
+                                measurements=tuple(grown),
+                                git=replace(cand.git, commit="f" * 40, branch="feature",
+                                            merge_base="19" + "a" * 38,
+                                            subject="grow the cache")))
+        result = check(store, config, run_id="pr" + "0" * 30, root=work)
+    from memtrack import report
+
+    return result, report.markdown(result, dashboard_url=config.dashboard_url)
+
+
+def rendered(md: str) -> dict | None:
+    """The comment drawn in Chromium with GitHub's widths: the widest table's width and
+    the height above the first folded section, px; None without a browser here."""
+    try:
+        import markdown as mdlib
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return None
+    if not Path("/usr/bin/chromium").exists():
+        return None
+    html = mdlib.markdown(md, extensions=["tables"])
+    page_html = (f"<!DOCTYPE html><html><head><style>{GITHUB_CSS}</style></head>"
+                 f"<body>{html}</body></html>")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium",
+                                    args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_content(page_html)
+        out = page.evaluate("""() => {
+            const tables = [...document.querySelectorAll('table')];
+            const natural = tables.map(t => {
+                t.style.maxWidth = 'none';
+                const w = t.scrollWidth;
+                t.style.maxWidth = '';
+                return w;
+            });
+            const line = parseFloat(getComputedStyle(document.body).lineHeight);
+            const wrapped = tables.flatMap(t => [...t.querySelectorAll('tbody tr')])
+                .filter(r => r.getBoundingClientRect().height > 2 * line).length;
+            const d = document.querySelector('details');
+            return {table: Math.max(0, ...natural), wrapped: wrapped,
+                    fold: d ? d.getBoundingClientRect().top : document.body.scrollHeight,
+                    body: document.body.clientWidth};
+        }""")
+        browser.close()
+    return out
+
+
+def comment_size(runs: list[RunRecord], work: Path) -> None:
+    print("5. the PR comment of a pull request that grows one case by 2 MiB (one block): "
+          "size, and what shows above the first folded section")
+    for what, cases in (("shipped suite", None), ("50-case suite", 50)):
+        result, md = comment_result(runs, work, cases)
+        top = md.split("<details>", 1)[0]
+        rows = sum(1 for line in top.splitlines() if line.startswith("| ") and "---" not in line)
+        drawn = rendered(md)
+        shown = (f"; drawn: widest table {drawn['table']} px unwrapped, in a {drawn['body']} "
+                 f"px comment {drawn['wrapped']} of its rows wrap; {drawn['fold']:.0f} px "
+                 "above the fold" if drawn else "")
+        print(f"  {what}: {len(result.verdicts)} verdicts, {len(md.encode()):,} bytes, "
+              f"{len(top.splitlines())} Markdown lines and {rows} table rows (1 header) "
+              f"above the fold{shown}")
 
 
 # -- 3: the 1,000,000-row database -----------------------------------------------------
@@ -376,6 +521,8 @@ def main() -> int:
                     help="resampled histories per case for the false blocks")
     ap.add_argument("--bases", type=int, default=40,
                     help="resampled 20-run baselines per case for the detection")
+    ap.add_argument("--history-runs", type=int, default=20,
+                    help="resampled 150-commit histories per case for `check --history`")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--commits", type=int, default=20_000)
     ap.add_argument("--cases", type=int, default=50)
@@ -400,6 +547,7 @@ def main() -> int:
                 runs, how = load_records(args.records)
                 how = f"{args.records.name}: {how}"
             report_reruns(config, runs, how, args)
+            comment_size(runs, work)
         if args.skip_speed:
             return 0
         print(f"building a history of {args.commits} commits and {args.commits * args.cases:,} "

@@ -272,6 +272,74 @@ def test_a_base_branch_run_is_judged_against_its_previous_level_never_blocking(s
     assert tuple(row) == ("base", "regression")
 
 
+def test_on_main_a_missing_quality_reference_is_a_warning_not_a_regression(store, tmp_path):
+    from memtrack import report
+
+    kw = dict(quality_status="none", quality_reference="decoder[batch=1]",
+              quality_message="no reference output recorded yet: record one")
+    _baseline(store, [BASE] * 3)
+    pushed = _record(store, [make_measurement(peak=BASE, **kw)], 10)  # on main, a push
+    result = check(store, _config(tmp_path), run_id=pushed)
+    v = _verdict(result, "quality")
+    assert (result.context, v.kind, v.blocking) == ("base", "quality", False)
+    assert report.label(v) == "warn quality"
+    assert report.summary_line(result).startswith("base branch: no new regression (")
+
+
+def test_a_fifty_case_comment_shows_its_one_block_and_counts_the_rest(store, tmp_path):
+    from memtrack import report
+
+    names = [(f"w{c // 5:02d}", {"batch": 2 ** (c % 5)}) for c in range(50)]
+    for i in range(20):
+        _record(store, [make_measurement(w, p, peak=(c + 1) * MiB) for c, (w, p) in
+                        enumerate(names)], i)
+    grown = [make_measurement(w, p, peak=(c + 1) * MiB + (2 * MiB if c == 17 else 0))
+             for c, (w, p) in enumerate(names)]
+    result = check(store, _config(tmp_path, dashboard_url="https://m.example"),
+                   run_id=_candidate(store, grown, 40))
+    md = report.markdown(result, dashboard_url="https://m.example")
+    above = md.split("<details>", 1)[0]
+    header, row = [line for line in above.splitlines() if line.startswith("| ")]
+    assert header.startswith("| | case | metric | baseline | candidate | delta | threshold |")
+    assert row.startswith("| 🔺 | [w03\\[batch=4\\]](https://m.example/?page=History&case=")
+    assert f"Not listed: ✅ {len(result.verdicts) - 1} ok." in above
+    assert len(md.encode()) < 3000 and "w00" not in md
+
+
+def test_the_quality_title_says_what_its_rows_say():
+    from memtrack import report
+    from memtrack.judge.check import CheckResult
+    from memtrack.judge.verdict import Verdict
+
+    def q(kind: str, message: str, blocking: bool) -> Verdict:
+        return Verdict(case_id=f"c[dtype={message[:4]}]", workload="c", metric="quality",
+                       kind=kind, blocking=blocking, message=message, reference="c[dtype=f32]")
+
+    def title(*vs: Verdict) -> str:
+        return report.quality_title(CheckResult(
+            run_id="r", commit=None, branch="pr", started_at="", fingerprint="f",
+            base_branch="main", merge_base=None, baseline_mode="ancestry", verdicts=vs))
+
+    broken = q("quality", "the result changed: max_rel 0.2 > 0.05", True)
+    assert title(broken, broken) == "Quality after a precision change: 2 beyond tolerance"
+    kept = q("ok", "quality kept, dtype bf16: saves 1 MiB", False)
+    assert title(kept) == "Quality after a precision change: memory saved and quality kept"
+    missing = q("quality", "not compared: no reference recorded yet", False)
+    assert title(broken, missing, kept) == ("Quality after a precision change: 1 beyond "
+                                            "tolerance, 1 without a reference yet, 1 kept")
+
+
+def test_an_estimate_of_another_commit_names_that_commit():
+    from memtrack.judge.check import Estimate
+
+    mine = Estimate("c", 5 * MiB, "e1", "a" * 40, measured_bytes=5 * MiB,
+                    candidate_commit="a" * 40)
+    assert mine.describe().startswith("estimate 5.00 MiB (measured 5.00 MiB")
+    older = Estimate("c", 5 * MiB, "e1", "b" * 40, measured_bytes=5 * MiB,
+                     candidate_commit="a" * 40)
+    assert older.describe().startswith(f"estimate of commit {'b' * 12} (not the one checked)")
+
+
 def test_a_budget_that_names_no_workload_is_refused_with_the_nearest_names(store, tmp_path):
     run_id = _candidate(store, [make_measurement(workload="decoder_generate")], 1)
     typo = Budget("decoder_genrate", 64 * MiB, "fits", metric="allocated")
