@@ -23,11 +23,20 @@ VIEW_COLORS = {
     "host_step": "#8c564b",
 }
 MARKER_COLORS = {
-    "regression": "#d62728", "over_budget": "#d62728", "failed": "#d62728",
-    "time_regression": "#ff9896", "improvement": "#2ca02c", "accepted": "#e377c2",
+    "failed": "#7f1d1d", "over_budget": "#d62728", "regression": "#ff7f0e",
+    "time_regression": "#bc6c25", "improvement": "#2ca02c", "accepted": "#e377c2",
     "noisy": "#bcbd22", "environment_changed": "#8c564b", "new": "#17becf",
     "estimate": "#9467bd",
 }
+"""Each kind of mark its own colour (and, on History, its own shape): a failure, a budget
+broken and a regression are three different things."""
+MARKER_NAMES = {
+    "failed": "failed", "over_budget": "over budget", "regression": "regression",
+    "time_regression": "time regression", "improvement": "improvement",
+    "accepted": "accepted", "noisy": "noisy", "environment_changed": "environment changed",
+    "new": "new", "estimate": "estimate (not measured)",
+}
+"""Marks as legends and tooltips name them."""
 OTHER_BRANCHES = "other branches"
 SVG = {"embedOptions": {"renderer": "svg"}}
 """Drawn as SVG: axes stay text in the page (readable by tests and screen readers)."""
@@ -120,11 +129,17 @@ def plan_chart(param: str, points: Sequence[tuple[float, int]],
     if gpus:
         rules = [{"gpu": name, "gib": memory / gib, "memory": f"{memory:,} B"}
                  for name, memory in gpus]
+        # GPUs of equal memory share one rule's height: one label names them all, or
+        # their labels would be drawn over each other.
+        same: dict[int, list[str]] = {}
+        for name, memory in gpus:
+            same.setdefault(memory, []).append(name)
+        names = [{"gpu": " · ".join(ns), "gib": memory / gib} for memory, ns in same.items()]
         layers += [
             {"data": {"values": rules}, "mark": {"type": "rule", "color": "#d62728",
                                                  "strokeDash": [6, 4]},
              "encoding": {"y": y_enc, "tooltip": [_tip("gpu"), _tip("memory")]}},
-            {"data": {"values": rules},
+            {"data": {"values": names},
              "mark": {"type": "text", "align": "left", "dx": 4, "dy": -6, "color": "#d62728",
                       "x": 0},
              "encoding": {"y": y_enc, "text": {"field": "gpu"}}},

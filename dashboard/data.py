@@ -14,6 +14,7 @@ from typing import Any
 import streamlit as st
 from memtrack.dashboard import model, queries
 
+from memtrack.judge.baseline import open_regressions
 from memtrack.store.database import Store
 
 TTL_S = 600
@@ -59,12 +60,13 @@ def choices(db: str, key: Stamp) -> dict[str, Any]:
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def latest_by_case(
     db: str, key: Stamp, branch: str | None, fingerprint: str | None, points: int,
-    factor: float,
+    factor: float, base_branch: str = "main",
 ) -> list[dict[str, Any]]:
     """Per case, its newest `points` measurements under the filters (cases without any are
     left out), the verdicts recorded about them ('window_verdicts') and about its newest run
-    ('verdicts'), its newest verdict per metric that carries a budget or a threshold, and
-    the steps of each view ('steps')."""
+    ('verdicts'), its newest verdict per metric that carries a budget or a threshold, the
+    steps of each view ('steps'), and the base branch's regressions of the case still open,
+    whatever their age ('open', on its newest run's environment)."""
     with _open(db) as s:
         out: list[dict[str, Any]] = []
         for case in queries.case_ids(s.conn):
@@ -81,6 +83,8 @@ def latest_by_case(
             latest = c["rows"][0]
             c["window_verdicts"] = [v for v in verdicts if v["case_id"] == c["case_id"]]
             c["verdicts"] = [v for v in c["window_verdicts"] if v["run_id"] == latest["run_id"]]
+            c["open"] = model.open_dicts(open_regressions(
+                s.conn, base_branch, [c["case_id"]], fingerprint=latest.get("fingerprint")))
     for c in out:
         c["steps"] = {m: model.steps(c["rows"], m, factor) for m in model.METRIC_COLUMNS}
     return out
@@ -97,7 +101,8 @@ def base_series(db: str, key: Stamp, base_branch: str, points: int,
             rows = queries.series(s.conn, case, branches=[base_branch], limit=points)
             if rows:
                 out.append({"case_id": case, "rows": rows, "verdicts": queries.verdicts_for_runs(
-                    s.conn, [r["run_id"] for r in rows], case_id=case)})
+                    s.conn, [r["run_id"] for r in rows], case_id=case),
+                    "open": model.open_dicts(open_regressions(s.conn, base_branch, [case]))})
     for c in out:
         c["steps"] = {m: model.steps(c["rows"], m, factor) for m in model.CHART_METRICS}
     return out
@@ -122,16 +127,33 @@ def history(
         estimates = queries.series(s.conn, case_id, branches=branches,
                                    fingerprints=fingerprints, since=since, until=until,
                                    limit=limit, kind="estimate")
+        still = model.open_dicts(open_regressions(s.conn, base_branch, [case_id]))
     for r in estimates:
         r["x"] = r["started_at"]
     for r in rows:
         on_base = r["git_branch"] == base_branch
         r["x"] = (r.get("git_committed_at") or r["started_at"]) if on_base else r["started_at"]
     line = [r for r in rows if r["git_branch"] == base_branch] or rows
-    return {"rows": rows, "verdicts": verdicts, "latest_verdicts": latest,
+    return {"rows": rows, "verdicts": verdicts, "latest_verdicts": latest, "open": still,
             "estimates": [r for r in estimates if r["status"] == "ok"],
             "on_base": line is not rows,
             "steps": {m: model.steps(line, m, factor) for m in model.CHART_METRICS}}
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def pull_requests(db: str, key: Stamp, base_branch: str,
+                  limit: int = 200) -> list[dict[str, Any]]:
+    """The newest run of each branch other than the base branch among the newest `limit`
+    runs, newest first, each with its recorded verdicts ('verdicts')."""
+    with _open(db) as s:
+        seen: dict[str, dict[str, Any]] = {}
+        for r in queries.recent_runs(s.conn, limit=limit):
+            branch = r.get("git_branch")
+            if branch and branch != base_branch and branch not in seen:
+                seen[branch] = r
+        for r in seen.values():
+            r["verdicts"] = queries.verdicts_for_runs(s.conn, [r["run_id"]])
+        return list(seen.values())
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -5,6 +5,7 @@ Pure functions over the plain rows that `queries` returns; no Streamlit, no SQL.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from memtrack.judge.budgets import choose_budgets
 
 # The gate's step finder, imported here only: where the gate's history analysis lives is a
 # one-line change for the dashboard.
-from memtrack.judge.levels import find_steps, noise
+from memtrack.judge.levels import segment
 from memtrack.records import metrics
 from memtrack.units import format_size
 from memtrack.workload.registry import short_case_labels  # noqa: F401 (the views use it from here)
@@ -121,7 +122,8 @@ def case_status(
 ) -> CaseStatus:
     """Status of one measurement: failed > over budget > regression > near budget > ok.
     `verdicts` are about this run; `still_open` are the base branch's regressions not yet
-    fixed (see open_regressions), which keep the case a regression on later runs."""
+    fixed or accepted (see open_dicts), which keep the case a regression on later runs,
+    shown on the view that regressed."""
     chosen: CaseBudget | None = None
     used: float | None = None
     metric = default_metric(row)
@@ -147,14 +149,19 @@ def case_status(
             used = value / chosen.limit_bytes if value is not None and chosen.limit_bytes else None
         note = v.get("message") if v else ""
         return CaseStatus("over budget", metric, value, chosen, used, note or "")
-    if "regression" in kinds:
+    if "regression" in kinds or still_open:
+        # The view that regressed, not the one nearest its budget.
+        v = kinds.get("regression") or still_open[0]
+        if v.get("metric") in METRIC_COLUMNS:
+            metric = v["metric"]
+            value = metric_value(row, metric)
+            chosen = next((b for b in budgets if b.metric == metric), None)
+            used = (value / chosen.limit_bytes if chosen is not None and value is not None
+                    and chosen.limit_bytes > 0 else None)
+        if "regression" in kinds:
+            return CaseStatus("regression", metric, value, chosen, used, v.get("message") or "")
         return CaseStatus("regression", metric, value, chosen, used,
-                          kinds["regression"].get("message") or "")
-    if still_open:
-        v = still_open[0]
-        return CaseStatus("regression", metric, value, chosen, used,
-                          f"since {(v.get('commit') or '-')[:10]}, not fixed: "
-                          f"{v.get('message') or ''}".rstrip(": "))
+                          f"not fixed or accepted: {v.get('message') or ''}".rstrip(": "))
     notes = "; ".join(f"{k}: {kinds[k].get('accepted_reason') or kinds[k].get('message') or ''}"
                       for k in ("accepted", "noisy") if k in kinds)
     if used is not None and used >= NEAR_BUDGET:
@@ -213,10 +220,8 @@ def _steps(rows_newest_first: Sequence[dict[str, Any]], metric: str,
     values = [float(v) for _, v in points]
     if len(values) < 2:
         return []
-    sigma = noise(values)
-    room = max(factor * sigma, metrics.floor(metric, statistics.median(values)))
     out: list[Step] = []
-    starts = _without_outliers(values, find_steps(values, room, sigma), room)
+    starts, room = segment(values, factor, metrics.floor(metric, statistics.median(values)))
     bounds = [0, *starts, len(values)]
     for k, i in enumerate(starts, start=1):
         # Each level is its own segment: a step and a later fix are two steps.
@@ -232,46 +237,14 @@ def _steps(rows_newest_first: Sequence[dict[str, Any]], metric: str,
     return fixed
 
 
-def _without_outliers(values: list[float], starts: list[int], room: float) -> list[int]:
-    """Step starts less lone outliers: one point away and straight back (within the
-    headroom) reads as a step and its return, but the level never changed."""
-    kept: list[int] = []
-    k = 0
-    while k < len(starts):
-        i = starts[k]
-        if k + 1 < len(starts) and starts[k + 1] == i + 1:
-            level = statistics.median(values[(kept[-1] if kept else 0):i])
-            end = starts[k + 2] if k + 2 < len(starts) else len(values)
-            if abs(statistics.median(values[i + 1:end]) - level) <= room:
-                k += 2
-                continue
-        kept.append(i)
-        k += 1
-    return kept
-
-
-def open_regressions(rows_newest_first: Sequence[dict[str, Any]],
-                     verdicts: Iterable[dict[str, Any]], base_branch: str) -> list[dict[str, Any]]:
-    """Regressions the gate found on the base branch that still hold: a base-context
-    `regression` verdict stays open until a later run of the base branch (same environment)
-    is back within the verdict's threshold. Accepted ones are recorded as `accepted`."""
-    by_run = {r["run_id"]: r for r in rows_newest_first}
+def open_dicts(found: Iterable[Any]) -> list[dict[str, Any]]:
+    """The gate's open regressions of the base branch (memtrack.judge.baseline's
+    OpenRegression, whatever their age) as plain dicts for the views, each with its line."""
     out = []
-    for v in verdicts:
-        r = by_run.get(v.get("run_id"))
-        if (r is None or v.get("kind") != "regression" or v.get("context") != "base"
-                or v.get("metric") not in METRIC_COLUMNS or r.get("git_branch") != base_branch):
-            continue
-        limit = v.get("threshold")
-        later = [x for x in rows_newest_first
-                 if (x.get("started_at") or "") > (r.get("started_at") or "")
-                 and x.get("git_branch") == base_branch
-                 and x.get("fingerprint") == r.get("fingerprint")
-                 and metric_value(x, v["metric"]) is not None]
-        if limit is not None and any(metric_value(x, v["metric"]) <= limit for x in later):
-            continue
-        out.append({**v, "commit": r.get("git_commit"), "started_at": r.get("started_at")})
-    out.sort(key=lambda v: v["started_at"] or "", reverse=True)
+    for o in found:
+        d = dataclasses.asdict(o)
+        d["message"] = o.describe()
+        out.append(d)
     return out
 
 

@@ -17,7 +17,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from memtrack.dashboard import model
-from memtrack.dashboard.charts import MARKER_COLORS, OTHER_BRANCHES, VIEW_COLORS, unit_for
+from memtrack.dashboard.charts import (
+    MARKER_COLORS,
+    MARKER_NAMES,
+    OTHER_BRANCHES,
+    VIEW_COLORS,
+    unit_for,
+)
 
 from memtrack.escape import html_text
 from memtrack.units import format_seconds, format_size
@@ -115,21 +121,59 @@ def _diamond(x: float, y: float, tip: str, figure: float) -> str:
             f'stroke-width="1.5" data-bytes="{figure:.0f}"><title>{_a(tip)}</title></path>')
 
 
-def _triangle(x: float, y: float, tip: str, kind: str, figure: float) -> str:
-    d = 7
+SHAPES = {"failed": "cross", "over_budget": "square", "regression": "up",
+          "time_regression": "up-open", "improvement": "down", "accepted": "diamond",
+          "noisy": "ring", "environment_changed": "bar", "estimate": "plus", "new": "dot"}
+"""The shape of each kind of mark: told apart without colour too."""
+
+
+def _shape(kind: str, x: float, y: float, d: float = 6.0) -> str:
+    """An SVG element of the kind's shape centred at (x, y), without its closing tag."""
     color = MARKER_COLORS.get(kind, "#444")
-    return (f'<path class="mark" data-kind="{_a(kind)}" data-bytes="{figure:.0f}" '
-            f'd="M{x - d:.1f},{y - d:.1f} L{x + d:.1f},{y - d:.1f} L{x:.1f},{y + 3:.1f} Z" '
-            f'fill="{color}" fill-opacity="0.9"><title>{_a(tip)}</title></path>')
+    shape = SHAPES.get(kind, "up")
+    fill = f'fill="{color}" fill-opacity="0.9"'
+    line = f'fill="none" stroke="{color}" stroke-width="2.2"'
+    if shape == "square":
+        return (f'<rect x="{x - d:.1f}" y="{y - d:.1f}" width="{2 * d:.1f}" '
+                f'height="{2 * d:.1f}" {fill}')
+    if shape in ("ring", "dot"):
+        return (f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{d:.1f}" '
+                + (line if shape == "ring" else fill))
+    if shape in ("cross", "plus"):
+        a, b = ((d, d), (d, -d)) if shape == "cross" else ((d, 0), (0, d))
+        return (f'<path d="M{x - a[0]:.1f},{y - a[1]:.1f} L{x + a[0]:.1f},{y + a[1]:.1f} '
+                f'M{x - b[0]:.1f},{y - b[1]:.1f} L{x + b[0]:.1f},{y + b[1]:.1f}" {line}')
+    if shape == "diamond":
+        return (f'<path d="M{x:.1f},{y - d:.1f} L{x + d:.1f},{y:.1f} L{x:.1f},{y + d:.1f} '
+                f'L{x - d:.1f},{y:.1f} Z" {fill}')
+    if shape == "bar":
+        return f'<path d="M{x:.1f},{y - d:.1f} L{x:.1f},{y + d:.1f}" {line}'
+    if shape == "down":
+        return (f'<path d="M{x - d:.1f},{y - d:.1f} L{x + d:.1f},{y - d:.1f} L{x:.1f},'
+                f'{y + d:.1f} Z" {fill}')
+    style = line if shape == "up-open" else fill
+    return (f'<path d="M{x - d:.1f},{y + d:.1f} L{x + d:.1f},{y + d:.1f} L{x:.1f},'
+            f'{y - d:.1f} Z" {style}')
+
+
+def _mark(x: float, y: float, tip: str, kind: str, figure: float) -> str:
+    return (f'{_shape(kind, x, y)} class="mark" data-kind="{_a(kind)}" '
+            f'data-bytes="{figure:.0f}"><title>{_a(tip)}</title></{_tag(kind)}>')
+
+
+def _tag(kind: str) -> str:
+    shape = SHAPES.get(kind, "up")
+    return {"square": "rect", "ring": "circle", "dot": "circle"}.get(shape, "path")
 
 
 def _legend(kinds: Sequence[str]) -> list[str]:
-    out, x = [], WIDTH - RIGHT
+    out: list[str] = []
+    x = float(WIDTH - RIGHT)
     for kind in reversed(kinds):
-        x -= 14 + 7 * len(kind)
-        color = MARKER_COLORS.get(kind, "#444")
-        out.append(f'<path d="M{x:.0f},10 L{x + 10:.0f},10 L{x + 5:.0f},18 Z" fill="{color}"/>'
-                   f'<text x="{x + 13:.0f}" y="18">{_a(kind)}</text>')
+        name = MARKER_NAMES.get(kind, kind.replace("_", " "))
+        x -= 22 + 6.2 * len(name)
+        out.append(f'<g class="legend" data-kind="{_a(kind)}">{_shape(kind, x + 6, 13, 5)}/>'
+                   f'<text x="{x + 15:.0f}" y="17">{_a(name)}</text></g>')
     return out
 
 
@@ -152,10 +196,16 @@ def view_panel(
     env_changes: Sequence[dict[str, Any]],
     times: Sequence[str],
     height: int = 210,
+    scale: str = "data",
 ) -> str:
     """One view of a case on its own y-scale: the base branch as a line per environment,
     other branches as separate points, the budget line, the headroom band over the current
     level, and marks (failures where they were seen, verdicts at their figure).
+
+    The scale follows the data (`scale` 'data'): a budget within a span of the data is a
+    line, a budget far from it a marker at the panel's edge that says how far, so that a
+    creep of a few MiB under a 1 GiB budget is not a flat line. 'budget' takes the budget
+    into the scale whatever its distance; 'zero' starts it at 0.
 
     points: dicts with x (ISO time), bytes, line ('base' or OTHER_BRANCHES), environment,
     commit, subject, branch; budget: (label, bytes); band: (label, x from, x to, low,
@@ -163,10 +213,25 @@ def view_panel(
     """
     label = model.METRIC_LABELS[metric]
     figures = [p["bytes"] for p in points] + [m["bytes"] for m in marks]
-    figures += [budget[1]] if budget else []
     figures += [band[3], band[4]] if band else []
+    edge = None
+    if budget is not None:
+        low, high = min(figures), max(figures)
+        span = max(high - low, 0.02 * high, 1.0)
+        if scale == "budget" or low - span <= budget[1] <= high + span:
+            figures.append(budget[1])
+        else:
+            edge = "above" if budget[1] > high else "below"
+    if scale == "zero":
+        figures.append(0)
+    low, high = min(figures), max(figures)
+    if high - low < 0.01 * high:
+        # A flat (deterministic) series: a span of 1 % around it, so that its ticks read
+        # apart and a change of a few KiB does not fill the panel.
+        mid = (high + low) / 2
+        low, high = mid - 0.005 * high, mid + 0.005 * high
     unit, factor = unit_for(max(figures + [1]))
-    frame = _Frame(times, min(figures) / factor, max(figures) / factor, height)
+    frame = _Frame(times, low / factor, high / factor, height)
     color = VIEW_COLORS.get(metric, "#1f77b4")
     body = frame.axes(fmt, label, unit)
     if band is not None:
@@ -183,7 +248,18 @@ def view_panel(
                     f'y2="{height - BOTTOM}" stroke="#8c564b" stroke-dasharray="2 3" '
                     f'stroke-width="1.5"><title>{_a("environment: " + e["change"])}</title>'
                     f'</line>')
-    if budget is not None:
+    if budget is not None and edge is not None:
+        text, limit = budget
+        highest = max(p["bytes"] for p in points)
+        y = float(TOP + 4 if edge == "above" else height - BOTTOM - 4)
+        far = (f"budget {format_size(limit)} {'↑ above' if edge == 'above' else '↓ below'} "
+               f"the scale: the highest point is {100 * highest / limit:.0f}% of it")
+        body.append(f'<line class="budget edge" x1="{WIDTH - RIGHT - 260}" x2="{WIDTH - RIGHT}" '
+                    f'y1="{y:.1f}" y2="{y:.1f}" stroke="#d62728" stroke-dasharray="6 4" '
+                    f'stroke-width="2" data-bytes="{limit}"><title>{_a(far + text)}</title>'
+                    f'</line><text x="{WIDTH - RIGHT - 262}" y="{y + 4:.1f}" fill="#d62728" '
+                    f'text-anchor="end" font-weight="bold">{_a(far)}</text>')
+    elif budget is not None:
         text, limit = budget
         y = frame.y(limit / factor)
         body.append(f'<line class="budget" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" '
@@ -211,8 +287,9 @@ def view_panel(
     body += [_diamond(frame.x(p["x"]), frame.y(p["bytes"] / factor), tip(p), p["bytes"])
              for p in points if p["line"] == OTHER_BRANCHES]
     kinds = sorted({m["kind"] for m in marks})
-    body += [_triangle(frame.x(m["x"]), frame.y(m["bytes"] / factor),
-                       f"{m['kind']} · {m['commit']} · {m['message']}", m["kind"], m["bytes"])
+    body += [_mark(frame.x(m["x"]), frame.y(m["bytes"] / factor),
+                   f"{MARKER_NAMES.get(m['kind'], m['kind'])} · {m['commit']} · {m['message']}",
+                   m["kind"], m["bytes"])
              for m in marks]
     body += _legend(kinds)
     return _svg(frame, body, label, unit, metric)

@@ -243,7 +243,7 @@ def recent_runs(
     """The newest runs with their case and failure counts (measurements(run_id) index)."""
     cols = (
         "r.run_id, r.started_at, r.git_commit, r.git_branch, r.git_subject, r.git_dirty, "
-        "r.fingerprint, r.env_id, "
+        "r.fingerprint, r.env_id, r.git_merge_base, "
         "(select count(*) from measurements m where m.run_id = r.run_id) as cases, "
         "(select count(*) from measurements m where m.run_id = r.run_id "
         " and m.status != 'ok') as failed"

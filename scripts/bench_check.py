@@ -1,38 +1,37 @@
-"""How sharp and how fast is `memtrack check`? Prints three figures:
+"""How sharp and how fast is `memtrack check`? Prints four figures:
 
-1. false blocks: the example suite is re-run (real subprocess runs on this machine) at
-   least 30 times on one unchanged commit, with the page cache dropped before every other
-   run where this process may (root). Each run is judged, per metric, against baselines
-   drawn from many subsets of the other runs (every size from 1 to 20, many draws each).
-   Goal: 0 blocked.
-2. detection: into copies of those real runs, a growth is injected per metric (allocated:
-   every iteration's peak; host: the whole case's peak; host_step: the step's peak above
-   its starting level) and the smallest one that blocks is searched for, per case, against
-   baselines of the other runs. Goals: any growth past 512 B (allocated), past 2 MiB
-   (host_step), past the larger of 1 % and 4 MiB (host) blocks.
-3. speed: a database with 1,000,000 measurement rows (20,000 recorded commits of a
-   50-case suite, on a real 20,000-commit git history, with 200 estimate runs spread over
-   it) is made here, and `memtrack check` is timed as a user runs it (a fresh process,
-   default options). The same check of an older commit (--against, default f7e0af2, the
-   last before estimates) is timed beside it, alternated try by try, on the same measured
-   history in that commit's own schema, and the ratio printed; then each tree's check in
-   process, and its slowest query, named by caller and SQL (scripts/query_profile.py).
-   Goals: under 0.5 s, and no slower than the older commit.
+1. false blocks: real runs of every shipped case (concurrency included) on one unchanged
+   commit, either re-run here (`--reruns N`) or read from recorded reruns (`--records
+   FILE`, by default tests/data/reruns.json.gz). From them, hundreds of histories of the
+   base branch are resampled per case (each a draw with replacement, of every length from
+   1 to 20 runs: a young project as well as a mature one), and one more draw is judged
+   against each, per metric, as the gate judges a pull request. Goal: 0 blocked.
+2. detection: into the candidate of such histories (20 runs each) a growth is injected per
+   metric (allocated: every iteration's peak; host: the whole case's peak; host_step: the
+   step's peak above its starting level; load_host, disk: their figure) and the smallest
+   one that blocks is searched for, per case and metric: the median and the worst over the
+   histories. Goals: any growth past 512 B (allocated), past 2 MiB (host_step), past the
+   larger of 1 % and 4 MiB (host) blocks, on a case whose figures allow it.
+3. history: `check --history` on resampled histories of 150 commits of unchanged code, per
+   case and metric: steps found and creeps flagged (goal 0 each).
+4. speed: a database with 1,000,000 measurement rows (20,000 recorded commits of a
+   50-case suite, on a real 20,000-commit git history) is made here, and `memtrack check`
+   is timed as a user runs it (a fresh process, default options). Goal: under 0.5 s.
 
-    python scripts/bench_check.py                  # everything (~6 min on 2 CPU cores)
-    python scripts/bench_check.py --reruns 30 -k decoder_generate
-    python scripts/bench_check.py --skip-reruns    # only the 1,000,000-row timing
-    python scripts/bench_check.py --skip-reruns --cache /tmp/bench  # built once, reused
+    python scripts/bench_check.py                    # the recorded reruns, then the timing
+    python scripts/bench_check.py --reruns 30 --save reruns.json.gz   # re-run, keep them
+    python scripts/bench_check.py --histories 1000 -k decoder_serve
+    python scripts/bench_check.py --skip-reruns      # only the 1,000,000-row timing
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -41,24 +40,30 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
 
 from factories import CPU_ENV, GIT_ENV, make_measurement, make_run  # noqa: E402
 
-from memtrack.config import load_config  # noqa: E402
+from memtrack.config import Config, load_config  # noqa: E402
 from memtrack.judge.baseline import COMPONENTS, Point  # noqa: E402
+from memtrack.judge.check import check  # noqa: E402
+from memtrack.judge.history import judge_series  # noqa: E402
 from memtrack.judge.memory import Case, verdict  # noqa: E402
 from memtrack.records import (  # noqa: E402
     Measurement,
+    RunRecord,
     metrics,  # noqa: E402
     read_json,
+    run_from_dict,
+    to_dict,
 )
 from memtrack.store.database import Store  # noqa: E402
 from memtrack.units import format_size  # noqa: E402
 
 MiB = 2**20
-ROOT = Path(__file__).resolve().parents[1]
 MEMTRACK = [sys.executable, "-c", "from memtrack.cli import main; main()"]
+RECORDS = ROOT / "tests" / "data" / "reruns.json.gz"
 
 
 def _git(repo: Path, *args: str, **kw) -> str:
@@ -67,9 +72,10 @@ def _git(repo: Path, *args: str, **kw) -> str:
     return out.stdout.strip()
 
 
-# -- 1 and 2: real re-runs --------------------------------------------------------------
+# -- 1, 2 and 3: real re-runs ------------------------------------------------------------
 
-GATED = ("allocated", "host", "host_step")
+GROWN = {"allocated", "host", "host_step", "load_host", "disk"}
+"""Metrics a growth can be injected into (the CPU measures no reserved or device view)."""
 
 
 def _drop_page_cache() -> bool:
@@ -81,118 +87,329 @@ def _drop_page_cache() -> bool:
         return False
 
 
-def rerun_suite(work: Path, reruns: int, patterns: list[str]) -> tuple[Path, list, int]:
+def rerun_suite(work: Path, reruns: int, patterns: list[str], drop: bool) -> list[RunRecord]:
     """One run after another (a dropped cache must not hit a run half-way)."""
     repo = work / "suite"
     repo.mkdir()
     _git(repo, "init", "-q", "-b", "main")
-    (repo / "memtrack.toml").write_text(
-        'modules = ["memtrack.examples"]\nwarmup = 1\nrepeats = 3\n')
+    (repo / "memtrack.toml").write_text('modules = ["memtrack.examples"]\n')
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "the unchanged commit")
     records = work / "records"
     records.mkdir()
     k = [a for p in patterns for a in ("-k", p)]
-    dropped = 0
     t0 = time.perf_counter()
     for i in range(reruns):
-        if i % 2 and _drop_page_cache():
-            dropped += 1
+        if drop and i % 2:
+            _drop_page_cache()
         subprocess.run([*MEMTRACK, "run", "--no-db", "--json", str(records / f"{i:03d}.json"),
                         *k], cwd=repo, check=True, capture_output=True)
         if (i + 1) % 5 == 0:
             print(f"  {i + 1}/{reruns} runs ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-    runs = [read_json(p) for p in sorted(records.glob("*.json"))]
-    return repo, runs, dropped
+    return [read_json(p) for p in sorted(records.glob("*.json"))]
 
 
-def _point(run, m: Measurement) -> Point:
-    values = {name: v for name in metrics.NAMES if (v := metrics.value(m, name)) is not None}
-    parts = {name: getattr(m, col) for name, col in COMPONENTS.items()
-             if getattr(m, col, None) is not None}
-    return Point(run.run_id, run.git.commit, run.started_at, None, m.status, values,
-                 m.iteration_times_s, parts)
+def load_records(path: Path) -> tuple[list[RunRecord], str]:
+    """Recorded reruns: a gzipped JSON object {"how": ..., "records": [run records]}."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        data = json.load(f)
+    return [run_from_dict(r, where=f"{path}: record {i}")
+            for i, r in enumerate(data["records"])], data.get("how", "")
 
 
-def _judge(config, m: Measurement, base: list[tuple]) -> dict:
-    """Verdicts per gated metric of `m` against the baseline (run, measurement) pairs."""
-    points = [_point(r, b) for r, b in reversed(base)]  # newest first, as the finder gives
-    c = Case(m, points, {}, len(points) < config.min_baseline_runs)
-    return {metric: verdict(c, metric, config) for metric in GATED}
+def save_records(path: Path, runs: list[RunRecord], how: str) -> None:
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        json.dump({"how": how, "records": [to_dict(r) for r in runs]}, f, sort_keys=True)
 
 
-def _subsets(others: list, rng: random.Random, draws: int) -> list[list]:
-    out = []
-    for size in range(1, min(20, len(others)) + 1):
-        for _ in range(draws):
-            out.append(sorted(rng.sample(others, size), key=lambda rm: rm[0].started_at))
+def by_case(runs: list[RunRecord], patterns: list[str]) -> dict[str, list[tuple]]:
+    """Case id -> its (run, measurement) pairs, ok ones only, in recording order."""
+    out: dict[str, list[tuple]] = {}
+    for r in runs:
+        for m in r.measurements:
+            if m.status == "ok" and (not patterns or any(p in m.case_id for p in patterns)):
+                out.setdefault(m.case_id, []).append((r, m))
     return out
 
 
-def false_blocks(repo: Path, runs: list, draws: int, seed: int) -> tuple[dict, dict, list]:
-    config = load_config(repo / "memtrack.toml")
+def _point(run, m: Measurement, i: int) -> Point:
+    values = {name: v for name in metrics.NAMES if (v := metrics.value(m, name)) is not None}
+    parts = {name: getattr(m, col) for name, col in COMPONENTS.items()
+             if getattr(m, col, None) is not None}
+    # Each draw is a run of its own: a run id and a time of its own, in history order.
+    return Point(f"{run.run_id}-{i}", run.git.commit, f"2026-01-01T00:00:{i:02d}", None,
+                 m.status, values, m.iteration_times_s, parts, m.allocated_samples)
+
+
+def _judge(config: Config, m: Measurement, base: list[tuple]) -> dict:
+    """Verdicts per measured metric of `m` against the baseline (run, measurement) pairs,
+    oldest first."""
+    points = [_point(r, b, i) for i, (r, b) in enumerate(base)][::-1]  # newest first
+    c = Case(m, points, {}, len(points) < config.min_baseline_runs)
+    return {metric: verdict(c, metric, config) for metric in metrics.NAMES
+            if metrics.value(m, metric) is not None}
+
+
+def _histories(pairs: list, rng: random.Random, count: int, size: int | None = None):
+    """`count` (baseline, candidate) draws: each an ordered sample of distinct real runs
+    (sizes 1..20 in turn, capped by the runs there are), the candidate another one. A
+    sample with replacement would repeat one run's exact figures, which two real runs of
+    a noisy figure never do."""
+    for h in range(count):
+        n = min(size or 1 + h % 20, len(pairs) - 1)
+        drawn = rng.sample(pairs, n + 1)
+        yield drawn[:-1], drawn[-1][1]
+
+
+def false_blocks(config: Config, cases: dict[str, list], histories: int,
+                 seed: int) -> tuple[list[dict], list[str]]:
     rng = random.Random(seed)
-    judged = dict.fromkeys(GATED, 0)
-    blocked = dict.fromkeys(GATED, 0)
-    noisy = dict.fromkeys(GATED, 0)
-    reasons = []
-    case_ids = [m.case_id for m in runs[0].measurements]
-    for case_id in case_ids:
-        pairs = [(r, next(m for m in r.measurements if m.case_id == case_id)) for r in runs]
-        for i, (_, m) in enumerate(pairs):
-            others = pairs[:i] + pairs[i + 1:]
-            for base in _subsets(others, rng, draws):
-                for metric, v in _judge(config, m, base).items():
-                    if v is None:
-                        continue
-                    judged[metric] += 1
-                    noisy[metric] += v.kind == "noisy"
-                    if v.blocking:
-                        blocked[metric] += 1
-                        if len(reasons) < 10:
-                            reasons.append(f"{case_id} {metric}: {v.message}")
-    return judged, blocked | {f"{k} noisy": n for k, n in noisy.items()}, reasons
+    rows: list[dict] = []
+    reasons: list[str] = []
+    for case_id, pairs in cases.items():
+        counts: dict[str, dict[str, int]] = {}
+        for base, m in _histories(pairs, rng, histories):
+            for metric, v in _judge(config, m, base).items():
+                if v is None:
+                    continue
+                c = counts.setdefault(metric, {"judged": 0, "blocked": 0, "noisy": 0})
+                c["judged"] += 1
+                c["noisy"] += v.kind == "noisy"
+                if v.blocking:
+                    c["blocked"] += 1
+                    if len(reasons) < 12:
+                        shown = ", ".join(f"{(metrics.value(b, metric) or 0) / MiB:.2f}"
+                                          for _, b in base)
+                        reasons.append(f"{case_id} {metric} ({len(base)} runs: {shown} MiB, "
+                                       f"oldest first): {v.message}")
+        rows += [{"case": case_id, "metric": k, **c} for k, c in counts.items()]
+    return rows, reasons
 
 
 def _inject(m: Measurement, metric: str, delta: int) -> Measurement:
     if metric == "allocated":
-        return replace(m, peak_allocated_bytes=m.peak_allocated_bytes + delta,
+        return replace(m, peak_allocated_bytes=(m.peak_allocated_bytes or 0) + delta,
                        allocated_samples=tuple(s + delta for s in m.allocated_samples))
     if metric == "host":
-        return replace(m, host_peak_rss_bytes=m.host_peak_rss_bytes + delta)
-    return replace(m, host_step_peak_rss_bytes=m.host_step_peak_rss_bytes + delta)
+        return replace(m, host_peak_rss_bytes=(m.host_peak_rss_bytes or 0) + delta)
+    if metric == "host_step":
+        return replace(m, host_step_peak_rss_bytes=(m.host_step_peak_rss_bytes or 0) + delta)
+    if metric == "load_host":
+        return replace(m, load_host_peak_rss_bytes=(m.load_host_peak_rss_bytes or 0) + delta)
+    return replace(m, disk_bytes=(m.disk_bytes or 0) + delta)
 
 
-def detection(repo: Path, runs: list, bases: int) -> list[dict]:
-    """Per case and metric: the smallest injected growth that blocks, worst over `bases`
-    candidates, each judged against all the other runs as its baseline (up to 20)."""
-    config = load_config(repo / "memtrack.toml")
+def detection(config: Config, cases: dict[str, list], histories: int,
+              seed: int) -> list[dict]:
+    """Per case and metric: the smallest injected growth that blocks, over `histories`
+    resampled baselines of 20 runs (median and worst)."""
+    rng = random.Random(seed + 1)
     out = []
-    for case_id in [m.case_id for m in runs[0].measurements]:
-        pairs = [(r, next(m for m in r.measurements if m.case_id == case_id)) for r in runs]
-        for metric in GATED:
-            worst: int | None = 0
-            for i, (_, m) in enumerate(pairs[:bases]):
-                base = (pairs[:i] + pairs[i + 1:])[-20:]
-
+    for case_id, pairs in cases.items():
+        drawn = list(_histories(pairs, rng, histories, size=20))
+        for metric in sorted(GROWN):
+            if metrics.value(pairs[0][1], metric) is None:
+                continue
+            found: list[int | None] = []
+            for base, m in drawn:
                 def blocks(delta: int, m=m, base=base, metric=metric) -> bool:
                     v = _judge(config, _inject(m, metric, delta), base)[metric]
                     return v is not None and v.blocking
 
                 lo, hi = 0, 1 << 30  # lo never blocks, hi does
                 if not blocks(hi):
-                    worst = None
-                    break
+                    found.append(None)
+                    continue
                 while hi - lo > 1:
                     mid = (lo + hi) // 2
                     lo, hi = (lo, mid) if blocks(mid) else (mid, hi)
-                worst = max(worst or 0, hi)
+                found.append(hi)
             value = statistics.median(metrics.value(m, metric) or 0 for _, m in pairs)
-            goal = {"allocated": 512, "host_step": 2 * MiB}.get(
+            goal = {"allocated": 512, "host_step": 2 * MiB, "disk": 4096}.get(
                 metric, max(int(value) // 100, 4 * MiB))
-            out.append({"case": case_id, "metric": metric, "value": value, "smallest": worst,
+            caught = [f for f in found if f is not None]
+            out.append({"case": case_id, "metric": metric, "value": value,
+                        "median": statistics.median(caught) if caught else None,
+                        "worst": None if len(caught) < len(found) else max(caught),
                         "goal": goal})
     return out
+
+
+def history_false(config: Config, cases: dict[str, list], histories: int, commits: int,
+                  seed: int) -> list[dict]:
+    """Steps and flagged creeps that `check --history` reports on resampled histories of
+    unchanged code (`commits` runs each), per case and metric."""
+    rng = random.Random(seed + 2)
+    out = []
+    for case_id, pairs in cases.items():
+        counts: dict[str, list[int]] = {}
+        for _ in range(histories):
+            # 150 commits from fewer real runs: whole shuffles of them, end to end.
+            draws: list[Measurement] = []
+            while len(draws) < commits:
+                draws += [m for _, m in rng.sample(pairs, len(pairs))]
+            draws = draws[:commits]
+            for metric in metrics.NAMES:
+                values = [metrics.value(m, metric) for m in draws]
+                if any(v is None for v in values):
+                    continue
+                found = judge_series([float(v or 0) for v in values], metric, config,
+                                     anchor_index=max(0, commits - 1 - 50))
+                c = counts.setdefault(metric, [0, 0, 0])
+                c[0] += 1
+                c[1] += len(found.starts)
+                c[2] += int(found.flagged)
+        out += [{"case": case_id, "metric": k, "histories": c[0], "steps": c[1],
+                 "creeps": c[2]} for k, c in counts.items()]
+    return out
+
+
+def _label(case_id: str, labels: dict[str, str]) -> str:
+    return labels.get(case_id, case_id)[:34]
+
+
+def report_reruns(config: Config, runs: list[RunRecord], how: str, args) -> None:
+    from memtrack.workload.registry import short_case_labels
+
+    cases = by_case(runs, args.patterns)
+    labels = short_case_labels(cases)
+    sizes = ", ".join(f"{_label(c, labels)} {len(p)}" for c, p in cases.items())
+    print(f"real runs: {how} ({sizes} runs per case)")
+    rows, reasons = false_blocks(config, cases, args.histories, args.seed)
+    total = sum(r["blocked"] for r in rows)
+    print(f"1. false blocks: {args.histories} resampled histories per case (1-20 distinct "
+          f"real runs each, in random order), one more run judged against each "
+          f"(goal 0): {total} blocked of {sum(r['judged'] for r in rows):,} verdicts")
+    for r in rows:
+        print(f"  {_label(r['case'], labels):34} {r['metric']:9} {r['blocked']:4} blocked of "
+              f"{r['judged']:5} ({r['noisy']} said noisy)")
+    for line in reasons:
+        print(f"    {line}")
+    print(f"2. detection: the smallest injected growth that blocks, over {args.bases} "
+          "resampled 20-run baselines per case (median, worst)")
+    for r in detection(config, cases, args.bases, args.seed):
+        def shown(x):
+            return "not caught" if x is None else f"{format_size(int(x))}"
+        worst = r["worst"]
+        met = ("met" if worst is not None and worst <= r["goal"] + 1 else
+               "within 25%" if worst is not None and worst <= 1.25 * r["goal"] else "NOT met")
+        print(f"  {_label(r['case'], labels):34} {r['metric']:9} figure "
+              f"{format_size(int(r['value'])):>11}: median {shown(r['median']):>11}, worst "
+              f"{shown(worst):>11} ({100 * (worst or 0) / max(r['value'], 1):.2f}%)  goal "
+              f"{format_size(r['goal'])}: {met}")
+    rows = history_false(config, cases, args.history_runs, 150, args.seed)
+    print(f"3. history: `check --history` on {args.history_runs} resampled histories of 150 "
+          "commits of unchanged code per case: steps found and creeps flagged (goal 0)")
+    for r in rows:
+        print(f"  {_label(r['case'], labels):34} {r['metric']:9} {r['steps']:3} steps, "
+              f"{r['creeps']:3} creeps over {r['histories']} histories")
+
+
+# -- 5: the PR comment ---------------------------------------------------------------------
+
+GITHUB_CSS = """
+body { width: 760px; margin: 0; font-family: -apple-system, "Segoe UI", "Noto Sans",
+       Helvetica, Arial, sans-serif; font-size: 14px; line-height: 1.5; }
+table { border-spacing: 0; border-collapse: collapse; display: block; width: max-content;
+        max-width: 100%; overflow: auto; }
+td, th { padding: 6px 13px; border: 1px solid #d1d9e0; }
+h3 { font-size: 1.25em; } code { font-size: 85%; padding: .2em .4em; }
+"""
+"""GitHub's Markdown styles that set a comment's width (its tables scroll past the body,
+which is about 760 px wide in a pull request's conversation on a laptop screen)."""
+
+
+def comment_result(runs: list[RunRecord], work: Path, cases: int | None = None):
+    """`memtrack check` of a pull request that grows one case's KV cache by 2 MiB, against
+    20 real runs of the shipped suite on main (or, with `cases`, a made-up suite of that
+    many cases, each with host and time figures)."""
+    db = work / f"comment-{cases or 'shipped'}.db"
+    config = Config(path=None, root=work, dashboard_url="https://memtrack.example.org")
+    if cases is None:
+        base = runs[:20]
+    else:
+        names = [(f"w{c // 5:02d}", {"batch": 2 ** (c % 5), "dtype": "float32"})
+                 for c in range(cases)]
+        base = [make_run([make_measurement(w, p, peak=(c + 1) * 10 * MiB,
+                                           host=400 * MiB + ((i * 7 + c) % 5) * 256 * 1024)
+                          for c, (w, p) in enumerate(names)]) for i in range(20)]
+    with Store.open(db) as store:
+        for i, r in enumerate(base):
+            store.write_run(replace(r, run_id=f"base{i:04d}",
+                                    started_at=f"2026-01-01T00:{i:02d}:00+00:00",
+                                    git=replace(r.git, commit=f"{i:02d}" + "a" * 38,
+                                                branch="main", subject=f"main {i}")))
+        cand = base[-1]
+        grown = list(cand.measurements)
+        m = grown[1] if cases is None else grown[len(grown) // 2]
+        grown[grown.index(m)] = replace(
+            m, peak_allocated_bytes=(m.peak_allocated_bytes or 0) + 2 * MiB,
+            allocated_samples=tuple(x + 2 * MiB for x in m.allocated_samples),
+            caches_bytes=(m.caches_bytes or 0) + 2 * MiB)
+        store.write_run(replace(cand, run_id="pr" + "0" * 30,
+                                started_at="2026-01-01T01:00:00+00:00",
+                                measurements=tuple(grown),
+                                git=replace(cand.git, commit="f" * 40, branch="feature",
+                                            merge_base="19" + "a" * 38,
+                                            subject="grow the cache")))
+        result = check(store, config, run_id="pr" + "0" * 30, root=work)
+    from memtrack.report import check as report
+
+    return result, report.markdown(result, dashboard_url=config.dashboard_url)
+
+
+def rendered(md: str) -> dict | None:
+    """The comment drawn in Chromium with GitHub's widths: the widest table's width and
+    the height above the first folded section, px; None without a browser here."""
+    try:
+        import markdown as mdlib
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return None
+    if not Path("/usr/bin/chromium").exists():
+        return None
+    html = mdlib.markdown(md, extensions=["tables"])
+    page_html = (f"<!DOCTYPE html><html><head><style>{GITHUB_CSS}</style></head>"
+                 f"<body>{html}</body></html>")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium",
+                                    args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_content(page_html)
+        out = page.evaluate("""() => {
+            const tables = [...document.querySelectorAll('table')];
+            const natural = tables.map(t => {
+                t.style.maxWidth = 'none';
+                const w = t.scrollWidth;
+                t.style.maxWidth = '';
+                return w;
+            });
+            const line = parseFloat(getComputedStyle(document.body).lineHeight);
+            const wrapped = tables.flatMap(t => [...t.querySelectorAll('tbody tr')])
+                .filter(r => r.getBoundingClientRect().height > 2 * line).length;
+            const d = document.querySelector('details');
+            return {table: Math.max(0, ...natural), wrapped: wrapped,
+                    fold: d ? d.getBoundingClientRect().top : document.body.scrollHeight,
+                    body: document.body.clientWidth};
+        }""")
+        browser.close()
+    return out
+
+
+def comment_size(runs: list[RunRecord], work: Path) -> None:
+    print("5. the PR comment of a pull request that grows one case by 2 MiB (one block): "
+          "size, and what shows above the first folded section")
+    for what, cases in (("shipped suite", None), ("50-case suite", 50)):
+        result, md = comment_result(runs, work, cases)
+        top = md.split("<details>", 1)[0]
+        rows = sum(1 for line in top.splitlines() if line.startswith("| ") and "---" not in line)
+        drawn = rendered(md)
+        shown = (f"; drawn: widest table {drawn['table']} px unwrapped, in a {drawn['body']} "
+                 f"px comment {drawn['wrapped']} of its rows wrap; {drawn['fold']:.0f} px "
+                 "above the fold" if drawn else "")
+        print(f"  {what}: {len(result.verdicts)} verdicts, {len(md.encode()):,} bytes, "
+              f"{len(top.splitlines())} Markdown lines and {rows} table rows (1 header) "
+              f"above the fold{shown}")
 
 
 # -- 3: the 1,000,000-row database -----------------------------------------------------
@@ -228,11 +445,7 @@ def big_history(work: Path, commits: int) -> tuple[Path, list[str], str]:
     return repo, [sha[i] for i in range(1, commits + 1)], sha[commits + 1]
 
 
-def big_database(work: Path, shas: list[str], pr: str, cases: int,
-                 estimates: int) -> tuple[Path, str]:
-    """The history's measured runs, `estimates` estimate runs (`memtrack estimate`, every
-    case) spread over it, and a candidate run of the PR commit, all through this tree's
-    schema. Returns the database and the candidate's run id."""
+def big_database(work: Path, shas: list[str], pr: str, cases: int) -> tuple[Path, str, int]:
     db = work / "big.db"
     with Store.open(db) as store:  # the real schema, through the migrations
         store.write_run(make_run([make_measurement()], branch="seed"))  # the environment row
@@ -244,27 +457,20 @@ def big_database(work: Path, shas: list[str], pr: str, cases: int,
         case_ids = [f"{w}[batch={p['batch']}]" for w, p in names]
         run_rows, m_rows = [], []
         t0 = 1_767_225_600
-        estimated = {round((k + 1) * len(shas) / (estimates + 1)) for k in range(estimates)}
-
-        def add_run(run_id: str, i: int, sha: str, kind: str, seconds: int) -> None:
+        for i, sha in enumerate(shas, 1):
+            run_id = f"run{i:06d}"
             iso = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(t0 + 60 * i))
-            started = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(t0 + 60 * i + seconds))
+            started = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(t0 + 60 * i + 30))
             run_rows.append((run_id, started, started, started, "suite", 1, env_id,
                              CPU_ENV.fingerprint, sha, "main", f"commit {i}", iso, 0, "main",
                              sha, 0, "[]"))
-            framework = "memtracker" if kind == "measured" else "fake-tensor-estimate"
             for c, ((w, params), cid) in enumerate(zip(names, case_ids, strict=True)):
                 peak = (c + 1) * 10 * MiB
                 host = 400 * MiB + ((i * 7 + c) % 5) * 256 * 1024
                 m_rows.append((run_id, w, cid, json.dumps(params), 0, "cpu", "float32", 1, 3,
-                               "ok", framework, peak, f"[{peak}, {peak}, {peak}]", host,
+                               "ok", "memtracker", peak, f"[{peak}, {peak}, {peak}]", host,
                                host, host - 90 * MiB, 10 * MiB, "[0.01, 0.0101, 0.0099]",
-                               0.01, kind))
-
-        for i, sha in enumerate(shas, 1):
-            add_run(f"run{i:06d}", i, sha, "measured", 30)
-            if i in estimated:  # its id sorts beside its commit's, as random ids spread
-                add_run(f"run{i:06d}e", i, sha, "estimate", 45)
+                               0.01))
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(
             "insert into runs (run_id, started_at, finished_at, recorded_at, suite_hash, "
@@ -275,8 +481,8 @@ def big_database(work: Path, shas: list[str], pr: str, cases: int,
             "insert into measurements (run_id, workload, case_id, params, seed, device, dtype, "
             "warmup, repeats, status, framework, peak_allocated_bytes, allocated_samples, "
             "host_peak_rss_bytes, host_step_peak_rss_bytes, host_bytes, host_step_bytes, "
-            "iteration_times_s, time_median_s, kind) "
-            "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", m_rows)
+            "iteration_times_s, time_median_s) "
+            "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", m_rows)
         conn.execute("COMMIT")
         candidate = make_run(
             [make_measurement(w, p, peak=(c + 1) * 10 * MiB, host=400 * MiB,
@@ -286,208 +492,87 @@ def big_database(work: Path, shas: list[str], pr: str, cases: int,
             started_at=time.strftime("%Y-%m-%dT%H:%M:%S+00:00",
                                      time.gmtime(t0 + 60 * (len(shas) + 6))))
         store.write_run(candidate)
+        rows = conn.execute("select count(*) from measurements").fetchone()[0]
         conn.execute("ANALYZE")
-    return db, candidate.run_id
+    return db, candidate.run_id, rows
 
 
-def _rows(db: Path) -> dict[str, int]:
-    conn = sqlite3.connect(db)
-    try:
-        columns = {r[1] for r in conn.execute("pragma table_info(measurements)")}
-        if "kind" not in columns:
-            return {"measured": conn.execute("select count(*) from measurements").fetchone()[0]}
-        return dict(conn.execute("select kind, count(*) from measurements group by kind"))
-    finally:
-        conn.close()
-
-
-def history(cache: Path, commits: int, cases: int, estimates: int) -> tuple[Path, Path, str]:
-    """The git history and this tree's database, built in `cache` unless already there."""
-    meta = cache / "meta.json"
-    if meta.exists():
-        print(f"reusing the history and database in {cache}", file=sys.stderr)
-        return cache / "big", cache / "big.db", json.loads(meta.read_text())["run_id"]
-    shutil.rmtree(cache, ignore_errors=True)
-    cache.mkdir(parents=True)
-    print(f"building a history of {commits:,} commits and {commits * cases:,} measurement rows "
-          f"(and {estimates * cases:,} estimate rows) in {cache} ...", file=sys.stderr)
-    t = time.perf_counter()
-    repo, shas, pr = big_history(cache, commits)
-    db, run_id = big_database(cache, shas, pr, cases, estimates)
+def time_check(repo: Path, db: Path, run_id: str, tries: int) -> tuple[list[float], int, str]:
     (repo / "memtrack.toml").write_text('base_branch = "main"\n')
-    meta.write_text(json.dumps({"run_id": run_id}))
-    print(f"  built in {time.perf_counter() - t:.1f} s", file=sys.stderr)
-    return repo, db, run_id
-
-
-def older_tree(work: Path, rev: str) -> tuple[Path, str] | None:
-    """The tracked files of `rev` of this repository, unpacked under `work`."""
-    try:
-        sha = _git(ROOT, "rev-parse", "--verify", f"{rev}^{{commit}}")
-    except subprocess.CalledProcessError:
-        return None
-    tree = work / f"tree-{sha[:12]}"
-    tree.mkdir()
-    archive = subprocess.run(["git", "archive", sha], cwd=ROOT, check=True, capture_output=True)
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
-    return tree, sha
-
-
-def older_database(cache: Path, db: Path, tree: Path, sha: str) -> Path:
-    """The same measured history in the older tree's own schema: the database is made by
-    that tree's migrations, then filled with the columns both schemas have (estimates are
-    left out: an older tree would read them as measured figures)."""
-    old = cache / f"big-{sha[:12]}.db"
-    if old.exists():
-        return old
-    part = old.with_name(old.name + ".part")
-    part.unlink(missing_ok=True)
-    subprocess.run([sys.executable, "-c", "import sys; from memtrack.store import Store; "
-                    "Store.open(sys.argv[1]).close()", str(part)], check=True,
-                   env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree)
-    conn = sqlite3.connect(part, isolation_level=None)
-    conn.execute("attach database ? as src", [f"{db.resolve().as_uri()}?mode=ro"])
-    measured = "exists (select 1 from src.measurements x where x.run_id = runs.run_id " \
-               "and x.kind = 'measured')"
-    where = {"runs": measured, "measurements": "kind = 'measured'",
-             "device_measurements": "measurement_id in (select id from src.measurements "
-                                    "where kind = 'measured')"}
-    conn.execute("BEGIN")
-    for table in ("environments", "runs", "measurements", "device_measurements"):
-        cols = [r[1] for r in conn.execute(f"pragma main.table_info({table})")]
-        have = {r[1] for r in conn.execute(f"pragma src.table_info({table})")}
-        names = ", ".join(f'"{c}"' for c in cols if c in have)
-        conn.execute(f"insert into main.{table} ({names}) select {names} from src.{table} "
-                     f"where {where.get(table, '1')}")
-    conn.execute("COMMIT")
-    conn.execute("detach database src")
-    conn.execute("ANALYZE")
-    conn.close()
-    part.rename(old)
-    return old
-
-
-def _check_command(tree: Path, repo: Path, db: Path, run_id: str) -> tuple[list[str], dict]:
-    """`memtrack check` as a user runs it (default options), with `tree`'s memtrack."""
-    return ([sys.executable, "-c", "from memtrack.cli import main; main()", "check", "--config",
-             str(repo / "memtrack.toml"), "--db", str(db), "--run", run_id],
-            {**os.environ, "PYTHONPATH": str(tree)})
-
-
-def time_checks(subjects: list[tuple[str, Path, Path]], repo: Path, run_id: str,
-                tries: int) -> dict[str, tuple[list[float], int, str]]:
-    """Fresh-process walls per subject (label, tree, database), the subjects alternated
-    round by round so that a busy moment of the machine falls on all of them alike."""
-    out: dict[str, tuple[list[float], int, str]] = {label: ([], 0, "") for label, _, _ in subjects}
+    walls = []
+    out = None
     for _ in range(tries):
-        for label, tree, db in subjects:
-            args, env = _check_command(tree, repo, db, run_id)
-            t = time.perf_counter()
-            proc = subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True)
-            wall = time.perf_counter() - t
-            if proc.returncode not in (0, 1):
-                raise SystemExit(f"{label}: memtrack check failed: {proc.stderr.strip()}")
-            walls, _, _ = out[label]
-            walls.append(wall)
-            out[label] = (walls, proc.returncode, proc.stdout.strip().splitlines()[-1])
-    return out
-
-
-def query_profile(tree: Path, repo: Path, db: Path, run_id: str) -> dict:
-    """The check in process under `tree`'s memtrack, and its time per query."""
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("query_profile.py")), str(db), run_id,
-         str(repo / "memtrack.toml")], cwd=repo, env={**os.environ, "PYTHONPATH": str(tree)},
-        check=True, capture_output=True, text=True)
-    return json.loads(proc.stdout)
-
-
-def speed(work: Path, args: argparse.Namespace) -> None:
-    cache = (args.cache or work) / f"history-{args.commits}x{args.cases}-e{args.estimates}"
-    repo, db, run_id = history(cache, args.commits, args.cases, args.estimates)
-    Store.open(db).close()  # this tree's pending migrations, if any, before the clock starts
-    subjects = [("this tree", ROOT, db)]
-    if args.against:
-        older = older_tree(work, args.against)
-        if older is None:
-            print(f"{args.against}: not a commit of this repository; timed alone",
-                  file=sys.stderr)
-        else:
-            tree, sha = older
-            subjects.append((sha[:7], tree, older_database(cache, db, tree, sha)))
-    timed = time_checks(subjects, repo, run_id, args.tries)
-    rows = _rows(db)
-    extra = f" and {rows['estimate']:,} estimate rows" if rows.get("estimate") else ""
-    print(f"speed: `memtrack check` against {rows['measured']:,} measured rows "
-          f"({args.commits:,} commits x {args.cases} cases){extra}, each a fresh process, "
-          f"{args.tries} alternated tries (goal < 0.5 s, and no slower than {args.against}):")
-    medians = {}
-    for label, tree, path in subjects:
-        walls, code, last = timed[label]
-        medians[label] = statistics.median(walls)
-        profile = query_profile(tree, repo, path, run_id)
-        slowest = profile["queries"][0]
-        shown = slowest["sql"] if len(slowest["sql"]) <= 100 else slowest["sql"][:97] + "..."
-        print(f"  {label:9}: median {medians[label]:.3f} s, best {min(walls):.3f} s; in process "
-              f"{profile['check_s']:.3f} s; exit {code}: {last}")
-        print(f"  {'':9}  slowest query: {slowest['seconds']:.3f} s in {slowest['calls']} "
-              f"call(s), {slowest['caller']}: {shown}")
-    if len(subjects) == 2:
-        (a, _, _), (b, _, _) = subjects
-        print(f"  ratio {a} / {b}: {medians[a] / medians[b]:.2f} (medians of fresh processes)")
+        t = time.perf_counter()
+        out = subprocess.run(["memtrack", "check", "--config", str(repo / "memtrack.toml"),
+                              "--db", str(db), "--run", run_id], cwd=repo, capture_output=True,
+                             text=True)
+        walls.append(time.perf_counter() - t)
+    assert out is not None
+    return walls, out.returncode, out.stdout.strip().splitlines()[-1]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reruns", type=int, default=32, help="re-runs of the unchanged commit")
+    ap.add_argument("--reruns", type=int, default=0,
+                    help="re-run the shipped suite this many times here (default: read the "
+                         "recorded reruns)")
+    ap.add_argument("--records", type=Path, default=RECORDS,
+                    help="recorded reruns to read (a .json.gz written by --save)")
+    ap.add_argument("--save", type=Path, help="with --reruns: write the reruns here")
+    ap.add_argument("--drop-cache", action="store_true",
+                    help="with --reruns: drop the page cache before every other run (root)")
     ap.add_argument("-k", dest="patterns", action="append", default=[],
                     help="only cases whose id contains this (repeatable)")
-    ap.add_argument("--draws", type=int, default=5,
-                    help="baseline subsets drawn per size (1..20) for each re-run")
-    ap.add_argument("--bases", type=int, default=8,
-                    help="re-runs used as the candidate of each injected growth")
+    ap.add_argument("--histories", type=int, default=400,
+                    help="resampled histories per case for the false blocks")
+    ap.add_argument("--bases", type=int, default=40,
+                    help="resampled 20-run baselines per case for the detection")
+    ap.add_argument("--history-runs", type=int, default=20,
+                    help="resampled 150-commit histories per case for `check --history`")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--commits", type=int, default=20_000)
     ap.add_argument("--cases", type=int, default=50)
-    ap.add_argument("--estimates", type=int, default=200,
-                    help="estimate runs of the whole suite spread over the history")
-    ap.add_argument("--against", default="f7e0af2",
-                    help="also time the check of this commit of the repository, side by side "
-                         "('' for none); default: the last one before estimates existed")
-    ap.add_argument("--tries", type=int, default=7, help="fresh processes per tree")
-    ap.add_argument("--cache", type=Path,
-                    help="build the history and databases in this folder once, and reuse them")
     ap.add_argument("--skip-reruns", action="store_true")
+    ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="memtrack-bench-"))
     try:
         if not args.skip_reruns:
-            print(f"re-running the example suite {args.reruns} times on one commit ...",
-                  file=sys.stderr)
-            repo, runs, dropped = rerun_suite(work, args.reruns, args.patterns)
-            judged, blocked, reasons = false_blocks(repo, runs, args.draws, args.seed)
-            print(f"false blocks over {len(runs)} re-runs of an unchanged commit (page cache "
-                  f"dropped before {dropped} of them), each judged against baselines from "
-                  f"{args.draws} random subsets of every size 1-20 of the others (goal 0):")
-            for metric in GATED:
-                print(f"  {metric:9}: {blocked[metric]} blocked of {judged[metric]:,} verdicts "
-                      f"({blocked[metric + ' noisy']} said noisy)")
-            for r in reasons:
-                print(f"    {r}")
-            print("detection: smallest injected growth that blocks, worst over "
-                  f"{args.bases} candidates against the other runs as baseline")
-            rows = detection(repo, runs, args.bases)
-            for r in rows:
-                small = r["smallest"]
-                shown = ("not caught below 1 GiB" if small is None else
-                         f"{format_size(small)} ({small:,} B, "
-                         f"{100 * small / max(r['value'], 1):.3f}%)")
-                met = small is not None and small <= r["goal"] + 1  # past the goal blocks
-                print(f"  {r['metric']:9} {r['case'][:56]:56} figure "
-                      f"{format_size(int(r['value'])):>11}: {shown:>34}  goal "
-                      f"{format_size(r['goal'])}: {'met' if met else 'NOT met'}")
-        speed(work, args)
+            config = Config(path=None, root=work)
+            if args.reruns:
+                print(f"re-running the shipped suite {args.reruns} times on one commit ...",
+                      file=sys.stderr)
+                runs = rerun_suite(work, args.reruns, args.patterns, args.drop_cache)
+                how = (f"{len(runs)} runs of the shipped suite on one commit, here, one after "
+                       "another" + (", the page cache dropped before every other run"
+                                    if args.drop_cache else ""))
+                if args.save:
+                    save_records(args.save, runs, how)
+            else:
+                runs, how = load_records(args.records)
+                how = f"{args.records.name}: {how}"
+            report_reruns(config, runs, how, args)
+            comment_size(runs, work)
+        if args.skip_speed:
+            return 0
+        print(f"building a history of {args.commits} commits and {args.commits * args.cases:,} "
+              "measurement rows ...", file=sys.stderr)
+        t = time.perf_counter()
+        repo, shas, pr = big_history(work, args.commits)
+        db, run_id, rows = big_database(work, shas, pr, args.cases)
+        print(f"  built in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        walls, code, last = time_check(repo, db, run_id, tries=7)
+        with Store.open(db) as store:
+            t = time.perf_counter()
+            result = check(store, load_config(repo / "memtrack.toml"), run_id=run_id, root=repo)
+            inproc = time.perf_counter() - t
+        print(f"speed: `memtrack check` against {rows:,} measurement rows "
+              f"({args.commits:,} commits x {args.cases} cases): median "
+              f"{statistics.median(walls):.3f} s, best {min(walls):.3f} s wall as a fresh process "
+              f"(goal < 0.5 s); the check itself {inproc:.3f} s in process; exit {code}, "
+              f"{len(result.verdicts)} verdicts, baseline {result.baseline_mode} "
+              f"({result.verdicts[0].baseline_runs} runs per case); last line: {last}")
     finally:
         if args.keep:
             print(f"kept {work}", file=sys.stderr)

@@ -190,3 +190,141 @@ def commit_all(repo: Path, message: str) -> str:
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", message)
     return git(repo, "rev-parse", "HEAD")
+
+
+# -- a realistic history, from real reruns of the shipped suite -----------------------------
+
+RERUNS = Path(__file__).parent / "data" / "reruns.json.gz"
+"""Real runs of the shipped example suite on one unchanged commit (how they were made:
+its "how" field; scripts/bench_check.py --reruns N --save FILE makes another)."""
+
+
+def read_reruns(path: Path = RERUNS) -> list[RunRecord]:
+    import gzip
+    import json
+
+    from memtrack.records import run_from_dict
+
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        data = json.load(f)
+    return [run_from_dict(r, where=f"{path}: record {i}") for i, r in enumerate(data["records"])]
+
+
+HISTORY_COMMITS = 150
+STEP_AT, STEP_CASE, STEP = 90, "train_step", 0.12
+"""From commit 90 on, train_step's allocated peak is 12 % higher (its intermediates)."""
+CREEP_FROM, CREEP_CASE, CREEP = 100, "image_classify", 3 * MiB
+"""From commit 100 to 150, image_classify's host peak creeps up by 3 MiB in all."""
+OOM_AT, OOM_CASE = 120, "decoder_generate"
+UPGRADE_AT = 60
+"""torch 2.13.0 -> 2.14.0 at commit 60: another environment, its host peak 6 MiB up."""
+GROW_PR, GROW_CASE = 7, "sessions=4"
+"""Of the ten pull requests the eighth grows decoder_generate[sessions=4]'s KV cache by
+2 MiB; the others change nothing."""
+
+
+def history_commit(i: int) -> str:
+    return f"{i:04d}" + "c" * 36
+
+
+def pr_commit(k: int) -> str:
+    return f"{k:04d}" + "f" * 36
+
+
+def _grow(m: Measurement, delta: int, part: str) -> Measurement:
+    return replace(m, peak_allocated_bytes=m.peak_allocated_bytes + delta,
+                   allocated_samples=tuple(s + delta for s in m.allocated_samples),
+                   **{part: (getattr(m, part) or 0) + delta})
+
+
+def realistic_history(store_path: Path, reruns: list[RunRecord] | None = None,
+                      check: bool = True) -> dict[str, Any]:
+    """150 main commits, each a real rerun of the shipped suite (drawn in turn from the
+    recorded ones, so the noise is real), with what a team's history holds: a +12 %
+    allocated step from commit 90 (train_step), a +3 MiB host creep over 100-150
+    (image_classify), one OOM (decoder_generate at 120), a torch upgrade at 60, and ten pull
+    requests off the newest commits, one growing a KV cache by 2 MiB. Each main commit is
+    checked as CI checks a push (base context, verdicts recorded), each pull request as a
+    pull request. Without git (the baseline is chosen by commit time, as in a shallow clone).
+    Returns the pull requests' run ids and the commits."""
+    import random
+
+    from memtrack.config import Config
+    from memtrack.judge.check import check as run_check
+    from memtrack.judge.check import save_verdicts
+    from memtrack.store.database import Store
+
+    runs = reruns or read_reruns()
+    suite = [r for r in runs if len(r.measurements) > 1]
+    rng = random.Random(19)
+    order: list[RunRecord] = []
+    while len(order) < HISTORY_COMMITS + 10:
+        order += rng.sample(suite, len(suite))
+    config = Config(path=None, root=store_path.parent)
+    upgraded = replace(suite[0].environment,
+                       fingerprint=suite[0].environment.fingerprint + "-torch2.14",
+                       torch="2.14.0+cpu")
+
+    def figures(i: int, src: RunRecord) -> list[Measurement]:
+        out = []
+        for m in src.measurements:
+            if m.workload == STEP_CASE and i >= STEP_AT:
+                m = _grow(m, int(m.peak_allocated_bytes * STEP), "intermediates_bytes")
+            if i >= UPGRADE_AT:
+                m = replace(m, host_peak_rss_bytes=m.host_peak_rss_bytes + 6 * MiB)
+            if m.workload == CREEP_CASE and i >= CREEP_FROM:
+                m = replace(m, host_peak_rss_bytes=m.host_peak_rss_bytes
+                            + CREEP * (i - CREEP_FROM) // (HISTORY_COMMITS - CREEP_FROM))
+            if m.workload == OOM_CASE and i == OOM_AT and "sessions=1" in m.case_id:
+                m = replace(m, status="oom", peak_allocated_bytes=None, allocated_samples=(),
+                            message="CUDA out of memory. Tried to allocate 64.00 MiB",
+                            traceback="Traceback (most recent call last):\n  ...\n"
+                            "torch.OutOfMemoryError: out of memory")
+            out.append(m)
+        return out
+
+    def at(i: int, minutes: int = 0) -> str:
+        day, minute = divmod(i * 60 + minutes, 24 * 60)
+        return (f"2026-{1 + day // 28:02d}-{1 + day % 28:02d}T{minute // 60:02d}:"
+                f"{minute % 60:02d}:00+00:00")
+
+    prs: list[str] = []
+    with Store.open(store_path) as store:
+        for i in range(1, HISTORY_COMMITS + 1):
+            src = order[i - 1]
+            sha = history_commit(i)
+            run = replace(src, run_id=f"{i:04d}" + "d" * 28, started_at=at(i, 5),
+                          finished_at=at(i, 6),
+                          environment=upgraded if i >= UPGRADE_AT else src.environment,
+                          git=replace(src.git, commit=sha, branch="main",
+                                      subject=f"main commit {i}", committed_at=at(i),
+                                      merge_base=sha, base_branch="main", dirty=False),
+                          ci=CIInfo(provider="github-actions", event="push",
+                                    run_url=f"https://github.com/acme/model/actions/runs/{i}"),
+                          measurements=tuple(figures(i, src)))
+            store.write_run(run)
+            if check:
+                save_verdicts(store, run_check(store, config, run_id=run.run_id))
+        for k in range(10):
+            base = HISTORY_COMMITS - 9 + k
+            src = order[HISTORY_COMMITS + k]
+            ms = figures(base, src)
+            if k == GROW_PR:
+                ms = [_grow(m, 2 * MiB, "caches_bytes") if GROW_CASE in m.case_id
+                      and m.workload == "decoder_generate" else m for m in ms]
+            run = replace(src, run_id=f"{k:04d}" + "e" * 28, started_at=at(base, 30 + k),
+                          finished_at=at(base, 31 + k), environment=upgraded,
+                          git=replace(src.git, commit=pr_commit(k), branch=f"feature/pr-{k}",
+                                      subject=("grow the KV cache" if k == GROW_PR
+                                               else f"a change that keeps memory ({k})"),
+                                      committed_at=at(base, 20 + k),
+                                      merge_base=history_commit(base), base_branch="main",
+                                      dirty=False),
+                          ci=CIInfo(provider="github-actions", event="pull_request",
+                                    pr_number=100 + k),
+                          measurements=tuple(ms))
+            store.write_run(run)
+            if check:
+                save_verdicts(store, run_check(store, config, run_id=run.run_id))
+            prs.append(run.run_id)
+    return {"prs": prs, "grow": prs[GROW_PR], "config": config}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -110,28 +111,23 @@ def test_two_percent_growth_in_one_case_blocks_and_names_it(project, tmp_path, m
         (SMALL_ID, "allocated", "regression")]
     md = summary.read_text()
     assert md == (tmp_path / "v.md").read_text() + "\n"
-    assert md.index("### Blocking") < md.index("<details>") and SMALL_ID in md
+    outcome, *rest = md.splitlines()
+    # one line of outcome, then the table of what blocks, the arithmetic folded
+    assert outcome == ("### ❌ memtrack: blocked by `decoder[batch=1]` allocated +2.00 MiB "
+                       "(+2.0%), intermediates grew")
+    row = ("| 🔺 | decoder\\[batch=1\\] | allocated | 100.00 MiB | 102.00 MiB | "
+           "+2.00 MiB (+2.0%) | +512 B |")
+    assert md.index(row) < md.index("🔺 regression: blocks") < md.index("<details>")
+    assert "Not listed: ✅ 7 ok." in md and "batch=8" not in md  # ok verdicts: counted
+    assert "**BLOCK regression** `decoder[batch=1]`: allocated: baseline 100.00 MiB" in md
     with Store.open(db, readonly=True) as store:
         rows = store.conn.execute(
             "select case_id, kind, blocking from verdicts where blocking = 1").fetchall()
     assert [tuple(r) for r in rows] == [(SMALL_ID, "regression", 1)]
 
 
-def test_the_pr_comment_links_each_case_to_its_history_on_the_dashboard(
-        project, tmp_path, monkeypatch):
-    repo, db, shas, pr = project
-    cfg = repo / "memtrack.toml"
-    cfg.write_text('dashboard_url = "https://mem.example/team/"\n' + CONFIG.format(limit="1 GiB"))
-    _record(db, repo, pr, _cases(small=int(100 * MiB * 1.02)), branch="feature", minute=11,
-            merge_base=shas[-1])
-    res = _check(repo, db, "--markdown", str(tmp_path / "v.md"))
-    assert res.exit_code == 1, res.output
-    md = (tmp_path / "v.md").read_text()
-    link = "https://mem.example/team/?page=History&case=decoder%5Bbatch%3D1%5D"
-    assert f"[`{SMALL_ID}`]({link})" in md
-    assert "[dashboard](https://mem.example/team/)" in md
-
-    # The link's query is a deep link the dashboard opens on that case's History.
+def _follow(link: str, db: Path, cfg: Path, monkeypatch: pytest.MonkeyPatch):
+    """The dashboard as the link opens it: its query string, in the real app (AppTest)."""
     from urllib.parse import parse_qsl, urlsplit
 
     from streamlit.testing.v1 import AppTest
@@ -143,6 +139,38 @@ def test_the_pr_comment_links_each_case_to_its_history_on_the_dashboard(
         at.query_params[k] = v
     at.run()
     assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def test_the_pr_comment_links_the_run_its_compare_with_the_merge_base_and_the_case(
+        project, tmp_path, monkeypatch):
+    repo, db, shas, pr = project
+    cfg = repo / "memtrack.toml"
+    cfg.write_text('dashboard_url = "https://mem.example/team/"\n' + CONFIG.format(limit="1 GiB"))
+    run_id = _record(db, repo, pr, _cases(small=int(100 * MiB * 1.02)), branch="feature",
+                     minute=11, merge_base=shas[-1])
+    res = _check(repo, db, "--markdown", str(tmp_path / "v.md"))
+    assert res.exit_code == 1, res.output
+    md = (tmp_path / "v.md").read_text()
+    links = re.findall(r"\[([^\]]*(?:\\\][^\]]*)*)\]\((https://mem\.example/team/\?[^)]+)\)", md)
+    by_text = {text: url for text, url in links}
+    assert set(by_text) == {"run detail", f"compare with the merge-base {shas[-1][:10]}",
+                            "decoder\\[batch=1\\]"}, links
+    assert md.index("run detail") < md.index("| 🔺 |")  # above the table
+
+    at = _follow(by_text["run detail"], db, cfg, monkeypatch)
+    assert at.radio(key="page").value == "Run detail"
+    assert at.text_input(key="run").value == run_id
+    assert "a comment only" in " ".join(m.value for m in at.markdown)
+
+    at = _follow(by_text[f"compare with the merge-base {shas[-1][:10]}"], db, cfg, monkeypatch)
+    assert at.radio(key="page").value == "Compare"
+    table = at.dataframe[0].value
+    row = table[(table["case id"] == SMALL_ID) & (table["view"] == "allocated")].iloc[0]
+    assert (row["A"], row["B"], row["delta"]) == ("100.00 MiB", "102.00 MiB", "+2.00 MiB")
+    assert row["verdict"] == "regression"
+
+    at = _follow(by_text["decoder\\[batch=1\\]"], db, cfg, monkeypatch)
     assert at.radio(key="page").value == "History"
     assert at.selectbox(key="case").value == SMALL_ID
 
@@ -154,6 +182,72 @@ def test_without_a_dashboard_url_the_comment_has_no_links(project, tmp_path):
     res = _check(repo, db, "--markdown", str(tmp_path / "v.md"))
     md = (tmp_path / "v.md").read_text()
     assert res.exit_code == 1 and f"`{SMALL_ID}`" in md and "](http" not in md
+
+
+def _checked(repo: Path, db: Path, tmp_path: Path, run_id: str) -> tuple[int, dict, str]:
+    out = tmp_path / f"{run_id}.json"
+    res = _check(repo, db, "--run", run_id, "--json", str(out))
+    assert res.exit_code in (0, 1), res.output
+    return res.exit_code, json.loads(out.read_text()), res.output
+
+
+def test_a_regression_on_main_stays_in_every_check_until_fixed_or_accepted(
+        project, tmp_path, monkeypatch):
+    repo, db, shas, pr = project
+    later = git(repo, "rev-parse", "main")
+    (first,) = [r for (r,) in Store.open(db, readonly=True).conn.execute(
+        "select run_id from runs where git_commit = ?", [later])]
+    code, data, _ = _checked(repo, db, tmp_path, first)  # main's push: +50 %, reported
+    assert (code, data["context"]) == (0, "base") and data["open_regressions"] == []
+    assert "2 regressions reported" in data["summary"]
+
+    git(repo, "checkout", "-q", "main")
+    (repo / "model.py").write_text("LAYERS = 3\nVERSION = 6\n")
+    sha = _commit(repo, monkeypatch, 21, "main again")
+    again = _record(db, repo, sha, _cases(small=150 * MiB, big=450 * MiB), branch="main",
+                    minute=21, merge_base=sha)
+    code, data, out = _checked(repo, db, tmp_path, again)  # the next push: the new level
+    kinds = {v["case_id"]: v["kind"] for v in data["verdicts"] if v["metric"] == "allocated"}
+    assert code == 0 and kinds == {SMALL_ID: "ok", BIG_ID: "ok"}
+    opened = {(o["case_id"], o["metric"], o["commit"]) for o in data["open_regressions"]}
+    assert opened == {(SMALL_ID, "allocated", later), (BIG_ID, "allocated", later)}
+    assert data["summary"].startswith("base branch: no new regression, 2 still open")
+    assert f"OPEN on main · {SMALL_ID} · allocated +50.00 MiB (+50.00%) since {later[:12]}" \
+        in out
+
+    git(repo, "checkout", "-q", "-b", "feature-2")
+    (repo / "model.py").write_text("# docs\nLAYERS = 3\nVERSION = 6\n")
+    pr2 = _commit(repo, monkeypatch, 22, "docs")
+    run = _record(db, repo, pr2, _cases(small=150 * MiB, big=450 * MiB), branch="feature-2",
+                  minute=22, merge_base=sha)
+    code, data, _ = _checked(repo, db, tmp_path, run)  # a pull request: said, not blocking
+    assert code == 0 and len(data["open_regressions"]) == 2
+    md = (tmp_path / "pr.md")
+    _check(repo, db, "--run", run, "--markdown", str(md), "--no-record")
+    assert "**Open on main, not caused here** (until fixed or accepted):" in md.read_text()
+
+    git(repo, "checkout", "-q", "main")
+    (repo / "model.py").write_text("LAYERS = 2\nVERSION = 7\n")
+    fix = _commit(repo, monkeypatch, 23, "restore the small case\n\nMemtrack-Accept: "
+                  "decoder[batch=8] allocated +60% the big case needs the longer context")
+    run = _record(db, repo, fix, _cases(small=100 * MiB, big=450 * MiB), branch="main",
+                  minute=23, merge_base=fix)
+    code, data, _ = _checked(repo, db, tmp_path, run)
+    assert data["open_regressions"] == []
+    notes = " ".join(data["notes"])
+    assert f"{SMALL_ID}: allocated is back within the threshold of the regression" in notes
+    (big,) = [v for v in data["verdicts"] if v["case_id"] == BIG_ID and v["metric"] ==
+              "allocated"]
+    assert (big["kind"], big["accepted_reason"]) == ("accepted",
+                                                     "the big case needs the longer context")
+
+    (repo / "model.py").write_text("LAYERS = 2\nVERSION = 8\n")
+    sha = _commit(repo, monkeypatch, 24, "main once more")
+    run = _record(db, repo, sha, _cases(small=100 * MiB, big=450 * MiB), branch="main",
+                  minute=24, merge_base=sha)
+    code, data, _ = _checked(repo, db, tmp_path, run)
+    assert data["open_regressions"] == [] and data["summary"].startswith(
+        "base branch: no new regression")
 
 
 def test_a_comment_only_change_passes(project, tmp_path):
@@ -265,6 +359,53 @@ def test_history_finds_the_step_and_the_creep(tmp_path, monkeypatch):
     assert f"CREEP · {SMALL_ID} · host:" in out and "no single step: slow creep" in out
     assert f"GROWTH · {BIG_ID} · allocated:" in out and "1 step(s) between" in out
     assert "creep against v1 (" in out
+
+
+def _main_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, figures) -> tuple[Path, Path]:
+    """A real repository with one recorded commit on main per (small peak, small host)."""
+    repo = init_repo(tmp_path / "repo")
+    db = tmp_path / "memtrack.db"
+    (repo / "memtrack.toml").write_text('base_branch = "main"\n')
+    for i, (peak, host) in enumerate(figures):
+        (repo / "f.txt").write_text(str(i))
+        sha = _commit(repo, monkeypatch, i, f"change {i}")
+        _record(db, repo, sha, [make_measurement(params=SMALL, peak=peak, host=host)],
+                branch="main", minute=i, merge_base=sha)
+    return repo, db
+
+
+def test_history_measures_a_young_project_from_its_first_run(tmp_path, monkeypatch):
+    # 12 commits, fewer than the default anchor (50 commits back): a +703 % step at 8
+    figures = [(10 * MiB if i < 8 else int(80.3 * MiB), 400 * MiB) for i in range(12)]
+    repo, db = _main_history(tmp_path, monkeypatch, figures)
+    res = CliRunner().invoke(main, ["check", "--config", str(repo / "memtrack.toml"), "--db",
+                                    str(db), "--history"])
+    assert res.exit_code == 1, res.output
+    assert f"GROWTH · {SMALL_ID} · allocated: fitted 80.30 MiB" in res.output
+    assert "(the series starts after the anchor)" in res.output and "+703.00%" in res.output
+
+
+def test_history_judges_creep_on_a_fitted_trend_not_two_noisy_runs(tmp_path, monkeypatch):
+    # host RSS with run-to-run noise of about a MiB and nothing added; the newest run is
+    # the noisiest of all, 5 MiB above the anchor run (beyond 1 %, from two endpoints)
+    noise = [0, 1, -1, 0, 2, -1, 0, 1, -2, 0] * 6
+    figures = [(10 * MiB, 400 * MiB + d * MiB) for d in noise[:59]] + [(10 * MiB, 405 * MiB)]
+    figures[9] = (10 * MiB, 400 * MiB)  # the anchor run, 50 commits back
+    repo, db = _main_history(tmp_path, monkeypatch, figures)
+    res = CliRunner().invoke(main, ["check", "--config", str(repo / "memtrack.toml"), "--db",
+                                    str(db), "--history", "--anchor", "50"])
+    assert res.exit_code == 0, res.output
+    assert "0 step(s), 0 series grown past the tolerance" in res.output
+    # a real creep: +6 MiB (1.5 %) over the 50 commits, under the same noise, the newest
+    # run at the trend
+    creep = [(p, h + (i - 9) * 6 * MiB // 50 if i > 9 else h) for i, (p, h) in
+             enumerate(figures[:59])] + [(10 * MiB, 406 * MiB)]
+    repo, db = _main_history(tmp_path / "creep", monkeypatch, creep)
+    res = CliRunner().invoke(main, ["check", "--config", str(repo / "memtrack.toml"), "--db",
+                                    str(db), "--history", "--anchor", "50"])
+    assert res.exit_code == 1, res.output
+    assert f"CREEP · {SMALL_ID} · host: fitted" in res.output
+    assert "no single step: slow creep" in res.output
 
 
 def test_check_does_not_import_torch(project):

@@ -120,7 +120,8 @@ def test_a_reviewer_finds_the_regression(chromium: Path, server: str, tmp_path: 
             _settled(page)
             body = page.inner_text("body")
             # The regression that reached main is flagged, with the commit it came in at.
-            assert f"regression · {D8}" in body and "since 09aaaaaaaa, not fixed" in body
+            assert f"regression · {D8} · allocated +64.00 MiB since 09aaaaaaaa" in body
+            assert "not fixed or accepted" in body
             assert "failed · vision" in body
             _shot(page, "dashboard-overview.png")
 

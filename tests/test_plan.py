@@ -199,7 +199,21 @@ def test_the_judges_headroom_is_used_where_the_case_has_a_baseline(tmp_path):
     p = make_plan(candidate, config, None, case="serve", param="concurrency",
                   params={"concurrency": 1}, integer=True, catalog=CATALOG, gpus=(T4,))
     assert p.headroom.source == "config" and p.headroom.fraction == 0.10
-    assert "plan_headroom (default) = 10% (no database" in p.headroom.detail
+    assert "plan_headroom (the default) = 10% (no database" in p.headroom.detail
+
+
+def test_the_plans_headroom_names_the_config_file_only_where_it_sets_it(tmp_path: Path):
+    run = make_run([make_measurement("serve", {"concurrency": c}, peak=p * MiB)
+                    for c, p in ((1, 100), (2, 150))])
+    cfg = tmp_path / "memtrack.toml"
+    cfg.write_text('base_branch = "main"\n')
+    p = make_plan(run, load_config(cfg), None, case="serve", param="concurrency",
+                  params={"concurrency": 1}, integer=True, catalog=CATALOG, gpus=(T4,))
+    assert "plan_headroom (the default, not set in memtrack.toml) = 10%" in p.headroom.detail
+    cfg.write_text('plan_headroom = "20%"\n')
+    p = make_plan(run, load_config(cfg), None, case="serve", param="concurrency",
+                  params={"concurrency": 1}, integer=True, catalog=CATALOG, gpus=(T4,))
+    assert f"{cfg.resolve()}: plan_headroom = 20%" in p.headroom.detail
 
 
 def test_a_sweep_on_a_gpu_fits_the_device_view_and_adds_the_runners_own_memory():

@@ -167,7 +167,8 @@ def test_bf16_within_tolerance_passes_and_the_report_shows_its_saving(project):
     text = check.stdout
     assert "quality after a precision change" in text and shown in text
     md = (repo / "bf16.md").read_text()
-    assert "### Quality after a precision change" in md
+    assert ("<summary>Quality after a precision change: memory saved and quality kept"
+            "</summary>") in md
     (row,) = [line for line in md.splitlines() if line.startswith("| ✅ ok | `convnet[dtype=bf")]
     assert shown in row and "within tolerance" in row and "`convnet[dtype=float32]`" in row
 

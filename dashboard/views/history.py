@@ -10,12 +10,15 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 from memtrack.dashboard import data, model, panels
+from memtrack.dashboard.charts import MARKER_NAMES
 from memtrack.dashboard.views import Context, badge, esc, goto, resolve_case, short, when
 
 from memtrack.units import format_seconds, format_size
 
 MARKED_KINDS = ("regression", "over_budget", "time_regression", "improvement", "accepted",
                 "noisy", "environment_changed")
+SCALES = {"data": "fit the data", "budget": "with the budget", "zero": "from zero"}
+ZOOMS = {"all": "all", "100": "newest 100", "30": "newest 30"}
 
 
 def _day(iso: str | None) -> date | None:
@@ -182,7 +185,8 @@ def render(ctx: Context) -> None:
     latest = line_rows[0]
     latest_verdicts = [v for v in hist["verdicts"] if v["run_id"] == latest["run_id"]]
     budgets = ctx.budgets(latest, hist["latest_verdicts"])
-    still_open = model.open_regressions(rows, hist["verdicts"], base)
+    still_open = [o for o in hist.get("open", [])
+                  if o.get("fingerprint") == latest.get("fingerprint")]
     status = model.case_status(latest, budgets, latest_verdicts, still_open)
     st.markdown(f"{badge(status.status)} latest run on {esc(latest['git_branch'] or '-')} "
                 f"at {esc(short(latest['git_commit']))}, {esc(when(latest['started_at']))} · "
@@ -196,14 +200,29 @@ def render(ctx: Context) -> None:
     # that moved in this window; the others are a click away.
     shown = [m for m in available if m == status.metric or m in budgeted
              or hist["steps"].get(m)] or available[:1]
-    views = st.pills("Views", available, selection_mode="multi", default=shown,
-                     format_func=lambda m: model.METRIC_LABELS[m], key="h_views")
+    left, mid, right = st.columns([3, 2, 2])
+    with left:
+        views = st.pills("Views", available, selection_mode="multi", default=shown,
+                         format_func=lambda m: model.METRIC_LABELS[m], key="h_views")
+    scale = mid.segmented_control(
+        "Scale", list(SCALES), default="data", key="h_scale", bind="query-params",
+        format_func=SCALES.__getitem__,
+        help="Fit the data (a far budget is a marker at the edge), take the budget in, or "
+             "start at zero") or "data"
+    zoom = right.segmented_control(
+        "Zoom", list(ZOOMS), default="all", key="h_zoom", bind="query-params",
+        format_func=ZOOMS.__getitem__, help="The newest runs only, on every panel") or "all"
     old_first = sorted(rows, key=lambda r: (r["x"], r["started_at"]))
+    if zoom != "all":
+        old_first = old_first[-int(zoom):]
     line_old_first = [r for r in old_first if not on_base or r["git_branch"] == base]
     by_run = {r["run_id"]: r for r in rows}
     env_changes = _env_changes(ctx, line_old_first)
     estimates = hist.get("estimates", [])
-    times = [r["x"] for r in rows] + [e["x"] for e in estimates]
+    if zoom != "all" and old_first:
+        estimates = [e for e in estimates if e["x"] >= old_first[0]["x"]]
+        env_changes = [e for e in env_changes if e["x"] >= old_first[0]["x"]]
+    times = [r["x"] for r in old_first] + [e["x"] for e in estimates]
     fmt = panels.time_format(times)
     moved_by_view: dict[str, list[model.Step]] = {}
     envs = {e: model.env_short(ctx.env(e)) for e in {r["env_id"] for r in rows}}
@@ -222,20 +241,25 @@ def render(ctx: Context) -> None:
         budget = (f" ({b.reason})" if b.reason else "", b.limit_bytes) if b else None
         line = [p for p in points if p["line"] == "base"]
         band = _band(ctx, hist["latest_verdicts"], metric, line, moved)
+        shown_runs = {r["run_id"] for r in old_first}
         marks = (_failure_marks(old_first, metric)
-                 + _verdict_marks(by_run, hist["verdicts"], metric)
+                 + _verdict_marks({k: r for k, r in by_run.items() if k in shown_runs},
+                                  hist["verdicts"], metric)
                  + _estimate_marks(estimates, metric))
         st.markdown(panels.view_panel(metric, points, fmt, budget, band, marks,
                                       [{"x": e["x"], "change": e["change"]}
-                                       for e in env_changes], times), unsafe_allow_html=True)
-    captions = [f"{len(rows)} runs; {esc(base)} as a line in commit order"
+                                       for e in env_changes], times, scale=scale),
+                    unsafe_allow_html=True)
+    captions = [f"{len(old_first)} runs; {esc(base)} as a line in commit order"
                 + (", other branches as separate ◇ points" if len(on_base) < len(rows) else "")]
     if budgeted:
-        captions.append("dashed red: the budget")
+        captions.append("dashed red: the budget (a marker at the edge where it is far from "
+                        "the data, unless the scale takes it in)")
     captions.append("green band: the justified headroom of the latest verdict, over the "
                     "current level")
-    captions.append("▼ failures (at the level last seen) and verdicts"
-                    + (", estimates (fake tensors, not measured) on the framework view"
+    captions.append("✕ failures (at the level last seen), ■ over budget, ▲ regressions, "
+                    "▼ improvements, ◆ accepted, ○ noisy"
+                    + (", ✚ estimates (fake tensors, not measured) on the framework view"
                        if estimates else ""))
     if env_changes:
         captions.append("brown rules: environment changes")
@@ -296,7 +320,7 @@ def _events(ctx: Context, rows: list[dict[str, Any]], verdicts: list[dict[str, A
     out += [event(e["row"], "environment", e["change"]) for e in env_changes]
     out += [event(r, "failed", f"{r['status']}: {r.get('message') or ''}")
             for r in rows if r["status"] != "ok"]
-    out += [event(by_run[v["run_id"]], v["kind"],
+    out += [event(by_run[v["run_id"]], MARKER_NAMES.get(v["kind"], v["kind"]),
                   f"{v.get('metric')}: {v.get('accepted_reason') or v.get('message') or ''}")
             for v in verdicts if v.get("kind") in MARKED_KINDS and v["run_id"] in by_run]
     return out

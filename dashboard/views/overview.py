@@ -1,4 +1,6 @@
-"""Overview: every case's status, its peak against its budget, a trend, every step."""
+"""Overview: every case's status, its peak against its budget, a trend, every step, every
+open regression of the base branch whatever its age, each case's noise, and the pull
+requests with their latest verdict."""
 
 from __future__ import annotations
 
@@ -33,11 +35,27 @@ def _changes(moved: list[model.Step]) -> str:
         for s in moved if (s.row["run_id"], s.metric) not in fixes)
 
 
+def _noise(verdicts: list[dict[str, Any]]) -> str:
+    """A case's noise, a property of the case: each view whose newest verdict found its
+    headroom too wide to judge, with that headroom ('allocated ±2.09 MiB (20%)')."""
+    out = []
+    for v in sorted(verdicts, key=lambda v: v.get("metric") or ""):
+        base, threshold = v.get("baseline_value"), v.get("threshold")
+        if v.get("kind") == "noisy" and base and threshold is not None:
+            room = threshold - base
+            out.append(f"{model.SHORT_LABELS.get(v['metric'], v['metric'])} "
+                       f"±{format_size(int(room))} ({room / base:.0%})")
+    return ", ".join(out)
+
+
+def _runs(n: int) -> str:
+    return f"{n} run{'s' * (n != 1)}"
+
+
 def _row(ctx: Context, case: dict[str, Any], branch: str) -> tuple[model.CaseStatus, dict]:
     rows, latest = case["rows"], case["rows"][0]
     budgets = ctx.budgets(latest, case["budget_verdicts"])
-    still_open = (model.open_regressions(rows, case["window_verdicts"], ctx.base_branch)
-                  if branch == ctx.base_branch else [])
+    still_open = case.get("open", []) if branch == ctx.base_branch else []
     status = model.case_status(latest, budgets, case["verdicts"], still_open)
     trend = [model.metric_value(r, status.metric) for r in reversed(rows)]
     moved = case["steps"][status.metric]
@@ -48,11 +66,13 @@ def _row(ctx: Context, case: dict[str, Any], branch: str) -> tuple[model.CaseSta
         "view": model.SHORT_LABELS.get(status.metric, status.metric),
         "peak": format_size(status.value),
         "budget": format_size(status.budget.limit_bytes) if status.budget else "none",
-        "used": None if status.used is None else round(status.used * 100, 1),
+        "used": "-" if status.used is None else f"{status.used * 100:.1f}%",
         "margin": "" if margin is None else (
             f"{format_size(-margin)} over" if margin < 0 else f"{format_size(margin)} left"),
         "trend": [v / 2**20 for v in trend if v is not None],
-        "last change": _changes(moved) or f"none in {len(rows)} runs",
+        "last change": _changes(moved) or f"none in {_runs(len(rows))}",
+        "noise": _noise(case["budget_verdicts"]),
+        "open": still_open[0] if still_open else None,
         "latest run": when(latest["started_at"]),
         "commit": short(latest["git_commit"]),
         "branch": latest["git_branch"] or "-",
@@ -61,8 +81,13 @@ def _row(ctx: Context, case: dict[str, Any], branch: str) -> tuple[model.CaseSta
     }
 
 
-def _used_style(used: float | None) -> str:
-    """Red past 100 %, amber from the near-budget share."""
+def _used_style(used: float | str | None) -> str:
+    """Red past 100 %, amber from the near-budget share ('91.4%' or 91.4)."""
+    if isinstance(used, str):
+        try:
+            used = float(used.rstrip("%"))
+        except ValueError:
+            return ""
     if used is None or used != used:
         return ""
     if used > 100:
@@ -79,11 +104,25 @@ def _open_history(table_key: str, cases: list[str]) -> None:
 
 
 def _callout(s: model.CaseStatus, row: dict[str, Any]) -> str:
-    what = (f"{row['peak']} {model.SHORT_LABELS.get(s.metric, s.metric)}"
-            + (f" of {row['budget']} ({row['used']:.0f}%, {row['margin']})"
-               if s.budget is not None and row["used"] is not None else ""))
+    view = model.SHORT_LABELS.get(s.metric, s.metric)
     where = f"{esc(row['branch'])} at {esc(row['commit'])}"
-    note = f" · {esc(s.note, 160)}" if s.note and s.status != "near budget" else ""
+    o = row.get("open")
+    if s.status == "regression" and o is not None:
+        # What regressed, by how much and since when, before anything long.
+        delta = o.get("delta")
+        size = "" if delta is None else (f" {'+' if delta >= 0 else '-'}"
+                                         f"{format_size(abs(int(delta)))}")
+        pct = "" if o.get("delta_pct") is None else f" ({o['delta_pct']:+.1f}%)"
+        grew = f", {esc(o['component'])} grew" if o.get("component") else ""
+        subject = f" ({esc(o['subject'], 60)})" if o.get("subject") else ""
+        return (f"**regression** · {esc(row['case'])} · {esc(view + size + pct)} since "
+                f"{esc(short(o.get('commit')))}{subject}{grew}, not fixed or accepted · now "
+                f"{row['peak']}, fixed when back within {format_size(int(o['threshold']))} · "
+                f"{where}")
+    what = (f"{row['peak']} {esc(view)}"
+            + (f" of {row['budget']} ({row['used']}, {row['margin']})"
+               if s.budget is not None and s.used is not None else ""))
+    note = f" · {esc(s.note, 300)}" if s.note and s.status != "near budget" else ""
     return f"**{s.status}** · {esc(row['case'])} · {what} · {where}{note}"
 
 
@@ -101,7 +140,7 @@ def render(ctx: Context) -> None:
     fp = right.selectbox("Environment", [ALL, *fps], key="ov_env", bind="query-params",
                          format_func=lambda f: fps.get(f, "all environments"))
     cases = data.latest_by_case(ctx.db, ctx.key, branch or None, fp or None, TREND_POINTS,
-                                ctx.headroom_factor)
+                                ctx.headroom_factor, ctx.base_branch)
     if not cases:
         st.info("No measurements match these filters. Choose *all branches* or another "
                 "environment.")
@@ -132,7 +171,7 @@ def render(ctx: Context) -> None:
     if len(attention) > 8:
         st.caption(f"... and {len(attention) - 8} more in the table below.")
 
-    df = pd.DataFrame([row for _, row in pairs])
+    df = pd.DataFrame([{k: v for k, v in row.items() if k != "open"} for _, row in pairs])
     st.dataframe(
         df.style.map(status_cell_style, subset=["status"]).map(_used_style, subset=["used"]),
         hide_index=True,
@@ -140,8 +179,8 @@ def render(ctx: Context) -> None:
         on_select=lambda: _open_history("overview_table", list(df["case id"])),
         selection_mode="single-row",
         column_order=["status", "case", "view", "peak", "budget", "used", "margin", "trend",
-                      "last change", "commit", "branch", "latest run", "environment", "note",
-                      "case id"],
+                      "noise", "last change", "commit", "branch", "latest run", "environment",
+                      "note", "case id"],
         column_config={
             "status": st.column_config.TextColumn(width=95),
             "case": st.column_config.TextColumn(
@@ -152,9 +191,8 @@ def render(ctx: Context) -> None:
                                 "budget"),
             "peak": st.column_config.TextColumn(width=80),
             "budget": st.column_config.TextColumn(width=80),
-            "used": st.column_config.NumberColumn(
-                "used", format="%.0f%%", width=60,
-                help="Peak as a share of the budget; red past 100%"),
+            "used": st.column_config.TextColumn(
+                "used", width=60, help="Peak as a share of the budget; red past 100%"),
             "margin": st.column_config.TextColumn(width=105),
             "trend": st.column_config.LineChartColumn(f"trend ({TREND_POINTS} runs)",
                                                       width=110),
@@ -162,8 +200,87 @@ def render(ctx: Context) -> None:
                 width=420, help="Every step in the trend's window, newest first: a shift of "
                                 "the series' level past its headroom, at the first commit of "
                                 "the new level"),
+            "noise": st.column_config.TextColumn(
+                width=170, help="A property of the case: the views whose headroom its noise "
+                                "makes too wide to judge a small growth (the gate's newest "
+                                "verdict), and how wide"),
         },
     )
     st.caption(f"Latest run of each case {scope}, most urgent first. A regression the gate "
-               "found on the base branch holds until a later run is back within its threshold "
-               "or it is accepted. Select a row to open its history.")
+               "found on the base branch holds, whatever its age, until a later run is back "
+               "within its threshold or it is accepted. Select a row to open its history.")
+    _pull_requests(ctx)
+
+
+def _verdict_of(run: dict[str, Any], labels: dict[str, str]) -> tuple[str, str]:
+    """(outcome, what blocks first) of a run's recorded verdicts."""
+    vs = run["verdicts"]
+    if not vs:
+        return "not checked", ""
+    blocking = [v for v in vs if v.get("blocking")]
+    if not blocking:
+        warned = [v for v in vs if v.get("kind") in ("time_regression", "environment_changed",
+                                                    "quality")]
+        return ("passes" + (f", {len(warned)} warning{'s' * (len(warned) != 1)}"
+                            if warned else "")), ""
+    v = blocking[0]
+    name = f"{labels.get(v['case_id'], v['case_id'])} {v.get('metric')}"
+    delta = v.get("delta")
+    if v.get("kind") == "over_budget" and v.get("budget_bytes") and v.get("candidate_value"):
+        what = (f"{name} {format_size(int(v['candidate_value']))} over its "
+                f"{format_size(int(v['budget_bytes']))} budget")
+    else:
+        size = "" if delta is None else (f" {'+' if delta >= 0 else '-'}"
+                                         f"{format_size(abs(int(delta)))}")
+        what = f"{name}{size} ({(v.get('kind') or '').replace('_', ' ')})"
+    return f"BLOCKS ({len(blocking)})", what
+
+
+def _open_run(table_key: str, run_ids: list[str]) -> None:
+    rows = st.session_state[table_key].selection.rows
+    if rows:
+        goto("Run detail", run=run_ids[rows[0]])
+
+
+def _pull_requests(ctx: Context) -> None:
+    """The other branches' newest runs with their verdict: a blocking pull request is one
+    click from here (its Run detail), and its Compare with its merge-base another."""
+    runs = data.pull_requests(ctx.db, ctx.key, ctx.base_branch)
+    if not runs:
+        return
+    st.subheader("Pull requests and branches")
+    labels = model.short_case_labels({v["case_id"] for r in runs for v in r["verdicts"]})
+    rows = []
+    for r in runs:
+        outcome, what = _verdict_of(r, labels)
+        mb = r.get("git_merge_base")
+        rows.append({
+            "verdict": outcome, "branch": r["git_branch"], "what blocks": what,
+            "commit": short(r["git_commit"]), "subject": r.get("git_subject") or "",
+            "latest run": when(r["started_at"]), "run_id": r["run_id"],
+            "run": f"?page=Run+detail&run={r['run_id']}",
+            "compare": (f"?page=Compare&a={mb}&b={r['run_id']}"
+                        if mb and mb != r["git_commit"] else f"?page=Compare&b={r['run_id']}"),
+        })
+    rows.sort(key=lambda x: (not x["verdict"].startswith("BLOCKS"), x["verdict"] == "not checked"))
+    df = pd.DataFrame(rows)
+    st.dataframe(
+        df.style.map(lambda v: status_cell_style("failed") if v.startswith("BLOCKS") else "",
+                     subset=["verdict"]),
+        hide_index=True, key="ov_prs", selection_mode="single-row",
+        on_select=lambda: _open_run("ov_prs", list(df["run_id"])),
+        column_order=["verdict", "branch", "what blocks", "run", "compare", "commit",
+                      "subject", "latest run"],
+        column_config={
+            "verdict": st.column_config.TextColumn(width=110),
+            "run": st.column_config.LinkColumn(display_text="its run",
+                                               help="The run's detail: what blocks and why"),
+            "what blocks": st.column_config.TextColumn(width=300),
+            "compare": st.column_config.LinkColumn(
+                display_text="with its merge-base",
+                help="Compare of the run with the base-branch commit it branched from"),
+        },
+    )
+    st.caption(f"The newest run of each branch other than {esc(ctx.base_branch)} among the "
+               "newest 200 runs, blocking first, with what the gate recorded. Select a row "
+               "to open its run.")

@@ -82,6 +82,32 @@ def _rows(ctx: Context) -> list[dict[str, Any]]:
                 if linkable and _SHA.match(prev) else None,
                 "up": s.delta > 0,
             })
+        # What the gate found on the base branch and is still open, where no step of the
+        # window tells it (a change within the views' headroom, or older than the window).
+        told = {(r["commit"], r["view"]) for r in out if r["case id"] == c["case_id"]}
+        for o in c.get("open", []):
+            sha = o.get("commit") or ""
+            view = model.SHORT_LABELS.get(o["metric"], o["metric"])
+            if (short(sha), view) in told:
+                continue
+            delta = o.get("delta")
+            out.append({
+                "time": o["started_at"], "when": (o["started_at"] or "")[:16].replace("T", " "),
+                "case": labels[c["case_id"]], "case id": c["case_id"], "view": view,
+                "change": "" if delta is None else
+                          f"{'+' if delta >= 0 else '-'}{format_size(abs(int(delta)))}"
+                          + (f" ({o['delta_pct']:+.1f}%)" if o.get("delta_pct") is not None
+                             else ""),
+                "level": (f"{format_size(int(o['baseline_value']))} → "
+                          f"{format_size(int(o['candidate_value']))}"
+                          if o.get("baseline_value") is not None
+                          and o.get("candidate_value") is not None else ""),
+                "also moved": "", "commit": short(sha), "subject": o.get("subject") or "",
+                "component": o.get("component") or "", "verdict": "regression",
+                "fixed by": "not yet",
+                "on forge": f"{repo}/commit/{sha}" if repo and _SHA.match(sha) else None,
+                "compare": None, "up": True,
+            })
     out.sort(key=lambda r: r["time"], reverse=True)
     return out
 

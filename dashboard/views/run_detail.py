@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 from memtrack.dashboard import charts, data, model
+from memtrack.dashboard.charts import MARKER_NAMES
 from memtrack.dashboard.views import Context, esc, goto, resolve_run, run_label, short, when
 
 from memtrack.units import format_seconds, format_size
@@ -98,6 +99,49 @@ def _device_gap(ms: list[dict[str, Any]]) -> None:
                                                    if notes else " (a CPU run)."))
 
 
+def _delta(v: dict[str, Any]) -> str:
+    d = v.get("delta")
+    if d is None or v.get("metric") in ("time", "status", "quality"):
+        return ""
+    pct = f" ({v['delta_pct']:+.1f}%)" if v.get("delta_pct") is not None else ""
+    return f" {'+' if d >= 0 else '-'}{format_size(abs(int(d)))}{pct}"
+
+
+def _banner(ctx: Context, run: dict[str, Any], labels: dict[str, str]) -> None:
+    """What the gate said about this run, first: a run that blocks says so and why; a run
+    of the base branch says what it reported."""
+    vs = run["verdicts"]
+    blocking = [v for v in vs if v["blocking"]]
+    reported = [v for v in vs if v.get("context") == "base" and v.get("kind") in (
+        "regression", "over_budget", "failed")]
+    shown = blocking or reported
+    if not shown:
+        if vs:
+            st.success(f"The gate passed this run: {len(vs)} verdicts, none blocks.",
+                       icon=":material/check_circle:")
+        return
+    lines = []
+    for v in shown[:6]:
+        what = MARKER_NAMES.get(v["kind"], v["kind"])
+        grew = (f", {esc(v['component'])} grew" if v.get("component") else "")
+        lines.append(f"- {esc(labels[v['case_id']])} · {esc(v['metric'] + _delta(v))}: "
+                     f"**{esc(what)}**{grew}")
+    if len(shown) > 6:
+        lines.append(f"- and {len(shown) - 6} more in the verdicts below")
+    if blocking:
+        st.error(f"**This run blocks**: {len(blocking)} blocking verdict"
+                 f"{'s' * (len(blocking) != 1)}\n" + "\n".join(lines), icon=":material/block:")
+    else:
+        st.warning(f"**Reported on {esc(ctx.base_branch)}** (never blocking): {len(shown)} "
+                   "regression(s)\n" + "\n".join(lines), icon=":material/trending_up:")
+    mb = run.get("git_merge_base")
+    if mb and mb != run.get("git_commit"):
+        st.button("Compare with its merge-base", key="rd_compare", on_click=goto,
+                  args=("Compare",), kwargs={"a": mb, "b": run["run_id"]},
+                  help=f"Every figure of this run beside the base-branch commit {short(mb)} "
+                       "it branched from")
+
+
 def render(ctx: Context) -> None:
     st.title("Run detail")
     recent = data.recent_runs(ctx.db, ctx.key)
@@ -126,6 +170,10 @@ def render(ctx: Context) -> None:
         f"{len(ms)} case{'s' * (len(ms) != 1)}"
         + (f" · **{len(failed)} failed**" if failed else "")
     )
+    # Case ids cut to a common prefix cannot be told apart: the params that differ.
+    case_labels = model.short_case_labels({m["case_id"] for m in ms}
+                                          | {v["case_id"] for v in run["verdicts"]})
+    _banner(ctx, run, case_labels)
     if ms and all(m.get("kind") == "estimate" for m in ms):
         st.info("An estimate run (`memtrack estimate`, fake tensors): its figures are "
                 "predicted tensor memory, not measured, and never judged.")
@@ -144,13 +192,14 @@ def render(ctx: Context) -> None:
 
     st.subheader("Cases")
     st.dataframe(pd.DataFrame([{
-        "case": m["case_id"], "status": m["status"], "device": m["device"],
+        "case": case_labels[m["case_id"]], "status": m["status"], "device": m["device"],
         **{model.SHORT_LABELS[k]: format_size(model.metric_value(m, k))
            for k in model.METRIC_COLUMNS},
         "weights": format_size(m.get("weights_bytes")),
         "alloc retries": _count(m.get("num_alloc_retries")), "OOMs": _count(m.get("num_ooms")),
         "median time": format_seconds(m.get("time_median_s")),
         "p95 time": format_seconds(m.get("time_p95_s")),
+        "case id": m["case_id"],
     } for m in ms]), hide_index=True)
 
     st.subheader("Breakdown")
@@ -169,12 +218,15 @@ def render(ctx: Context) -> None:
 
     if run["verdicts"]:
         st.subheader("Verdicts")
+        order = sorted(run["verdicts"], key=lambda v: (not v["blocking"],
+                                                       v.get("kind") == "ok", v["case_id"]))
         st.dataframe(pd.DataFrame([{
-            "case": v["case_id"], "metric": v["metric"], "kind": v["kind"],
+            "case": case_labels[v["case_id"]], "metric": v["metric"],
+            "kind": MARKER_NAMES.get(v["kind"], v["kind"]),
             "context": v.get("context") or "pull_request",
             "blocking": bool(v["blocking"]), "provisional": bool(v["provisional"]),
-            "message": v.get("accepted_reason") or v.get("message"),
-        } for v in run["verdicts"]]), hide_index=True)
+            "message": v.get("accepted_reason") or v.get("message"), "case id": v["case_id"],
+        } for v in order]), hide_index=True)
 
     st.subheader("Exact parameters")
     for m in ms:

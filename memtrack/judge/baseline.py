@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -109,11 +109,13 @@ class Point:
     values: dict[str, int]
     times: tuple[float, ...]
     components: dict[str, int] = field(default_factory=dict)
+    samples: tuple[int, ...] = ()
+    """The framework's allocated peak of each measured iteration."""
 
 
 _POINT_SQL = f"""
 select r.run_id, r.git_commit, r.started_at, r.git_committed_at, r.env_id, r.fingerprint,
-       m.status, m.iteration_times_s,
+       m.status, m.iteration_times_s, m.allocated_samples,
        {", ".join("m." + c for c in (*metrics.COLUMNS.values(), *COMPONENTS.values()))}
 from runs r cross join measurements m
 where r.git_branch = :branch and r.run_id != :candidate {{fingerprint}}
@@ -285,5 +287,111 @@ def _point(row: Any) -> Point:
         return {name: int(row[col]) for name, col in columns.items() if row[col] is not None}
 
     times = tuple(json.loads(row["iteration_times_s"]) or ()) if row["iteration_times_s"] else ()
+    raw = row["allocated_samples"]
+    samples = tuple(int(x) for x in json.loads(raw) or ()) if raw else ()
     return Point(row["run_id"], row["git_commit"], row["started_at"], row["env_id"],
-                 row["status"], figures(metrics.COLUMNS), times, figures(COMPONENTS))
+                 row["status"], figures(metrics.COLUMNS), times, figures(COMPONENTS), samples)
+
+
+# -- regressions of the base branch still open ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpenRegression:
+    """A regression the gate found on the base branch (a base-context verdict) that no later
+    run of the base branch, on the same environment, brought back within its threshold, and
+    that no later check of the base branch accepted."""
+
+    case_id: str
+    metric: str
+    run_id: str
+    """The base-branch run the regression was found on."""
+    commit: str | None
+    """Its commit: the first at the regressed level."""
+    subject: str | None
+    started_at: str
+    fingerprint: str | None
+    baseline_value: float | None
+    threshold: float
+    candidate_value: float | None
+    delta: float | None
+    delta_pct: float | None
+    component: str | None = None
+    component_delta: float | None = None
+    fixed_here: bool = False
+    """The run being checked is back within the threshold (a fix, on a pull request)."""
+
+    def describe(self) -> str:
+        """'allocated +4.55 MiB (+12.00%) since 1a2b3c4d5e6f (subject)'."""
+        from memtrack.units import format_size
+
+        size = ""
+        if self.delta is not None:
+            size = f" {'+' if self.delta >= 0 else '-'}{format_size(abs(int(self.delta)))}"
+            if self.delta_pct is not None:
+                size += f" ({self.delta_pct:+.2f}%)"
+        grew = (f", {self.component} grew" if self.component else "")
+        subject = f" ({' '.join(self.subject.split())[:60]})" if self.subject else ""
+        return (f"{self.metric}{size} since {(self.commit or '?')[:12]}{subject}{grew}; "
+                f"fixed when back within {format_size(int(self.threshold))}")
+
+
+_OPEN_SQL = """
+select v.run_id, v.case_id, v.metric, v.baseline_value, v.threshold, v.candidate_value,
+       v.delta, v.delta_pct, v.component, v.component_delta,
+       r.git_commit, r.git_subject, r.started_at, r.fingerprint
+from verdicts v cross join runs r on r.run_id = v.run_id
+where v.context = 'base' and v.kind = 'regression' and v.case_id = :case
+  and r.git_branch = :branch and v.threshold is not null {more}
+order by r.started_at desc
+"""
+
+
+def open_regressions(conn: Any, base_branch: str, case_ids: Iterable[str], *,
+                     fingerprint: str | None = None, until: str | None = None,
+                     limit: int = 50) -> list[OpenRegression]:
+    """The base branch's regressions still open, whatever their age, newest first: each
+    case's base-context `regression` verdicts (their own index), each closed by a later
+    base run of its environment within its threshold, or by a later `accepted` verdict of
+    the same case and metric on the base branch. With `until`, as they stood before that
+    time (runs started before it). Read-only; [] without a verdicts table."""
+    if not conn.execute("select 1 from sqlite_master where type = 'table' "
+                        "and name = 'verdicts'").fetchone():
+        return []
+    out: list[OpenRegression] = []
+    more = " and r.fingerprint = :fp" if fingerprint else ""
+    later = " and r.started_at < :until" if until else ""
+    for case in case_ids:
+        rows = conn.execute(_OPEN_SQL.format(more=more + later), {
+            "case": case, "branch": base_branch, "fp": fingerprint, "until": until,
+        }).fetchmany(limit)
+        for row in rows:
+            column = metrics.COLUMNS.get(row["metric"])
+            if column is None:
+                continue
+            fixed = conn.execute(
+                f"select 1 from runs r cross join measurements m on m.run_id = r.run_id "
+                f"and m.case_id = :case where r.git_branch = :branch and r.started_at > :t "
+                f"and r.fingerprint is :fp and m.kind = 'measured' and m.status = 'ok' "
+                f"and m.{column} <= :threshold{later} limit 1",
+                {"case": case, "branch": base_branch, "t": row["started_at"],
+                 "fp": row["fingerprint"], "threshold": row["threshold"],
+                 "until": until}).fetchone()
+            if fixed:
+                continue
+            accepted = conn.execute(
+                "select 1 from verdicts v cross join runs r on r.run_id = v.run_id "
+                "where v.context = 'base' and v.case_id = :case and v.metric = :metric "
+                f"and v.kind = 'accepted' and r.git_branch = :branch and r.started_at > :t"
+                f"{later} limit 1",
+                {"case": case, "metric": row["metric"], "branch": base_branch,
+                 "t": row["started_at"], "until": until}).fetchone()
+            if accepted:
+                continue
+            out.append(OpenRegression(
+                case, row["metric"], row["run_id"], row["git_commit"], row["git_subject"],
+                row["started_at"], row["fingerprint"], row["baseline_value"],
+                float(row["threshold"]), row["candidate_value"], row["delta"],
+                row["delta_pct"], row["component"], row["component_delta"]))
+    out.sort(key=lambda o: o.started_at, reverse=True)
+    return out

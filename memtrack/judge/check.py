@@ -18,7 +18,13 @@ from pathlib import Path
 from memtrack.config import Config
 from memtrack.errors import ConfigError, StoreError
 from memtrack.judge import accept, memory, quality, timing
-from memtrack.judge.baseline import BaselineFinder, Point, git_output
+from memtrack.judge.baseline import (
+    BaselineFinder,
+    OpenRegression,
+    Point,
+    git_output,
+    open_regressions,
+)
 from memtrack.judge.budgets import (
     BudgetChange,
     budget_changes,
@@ -49,10 +55,16 @@ class Estimate:
     budget_bytes: int | None = None
     """A budget of the case, where one applies (shown for an estimate run)."""
     budget_metric: str | None = None
+    candidate_commit: str | None = None
+    """The commit checked, where the estimate is of another one (the newest estimate)."""
 
     def describe(self) -> str:
-        """'estimate 4.90 MiB (measured 4.90 MiB, +0.0%)'."""
+        """'estimate 4.90 MiB (measured 4.90 MiB, +0.0%)'; 'estimate of commit 1a2b3c4d5e6f
+        4.90 MiB ...' where it was made for another commit than the one checked."""
         text = f"estimate {format_size(self.estimate_bytes)}"
+        if self.candidate_commit is not None and self.commit != self.candidate_commit:
+            text = (f"estimate of commit {(self.commit or 'unknown')[:12]} (not the one "
+                    f"checked) {format_size(self.estimate_bytes)}")
         if self.measured_bytes:
             pct = 100.0 * (self.estimate_bytes / self.measured_bytes - 1)
             text += f" (measured {format_size(self.measured_bytes)}, {pct:+.2f}%)"
@@ -92,6 +104,10 @@ class CheckResult:
     """Estimates of the candidate's cases (the same commit's, else the newest)."""
     estimate_only: bool = False
     """The candidate is an estimate run: nothing was measured, nothing is judged."""
+    open_regressions: tuple[OpenRegression, ...] = ()
+    """Regressions of the base branch still open (not fixed or accepted), whatever their
+    age, on the candidate's cases and environment: reported by every check, never
+    blocking."""
 
     @property
     def blocking(self) -> tuple[Verdict, ...]:
@@ -347,6 +363,8 @@ def check(store: Store, config: Config, *, run_id: str | None = None,
                 notes.append(f"{m.case_id}: budget on {metric} ({format_size(b.limit_bytes)}) "
                              f"not checked: {metric} was not measured on this run")
         verdicts.extend(_judge_case(c, config, base, other, time_on))
+    opened, open_notes = _still_open(store, run, base, context, verdicts, acceptances)
+    notes += open_notes
     verdicts.extend(quality.verdicts(run.measurements, context))
     missing = sorted((finder.newest_cases() or set()) - {m.case_id for m in run.measurements})
     if missing:
@@ -357,7 +375,7 @@ def check(store: Store, config: Config, *, run_id: str | None = None,
     found = store.latest_estimates([m.case_id for m in run.measurements], run.git.commit)
     estimates = tuple(
         Estimate(m.case_id, e["peak_allocated_bytes"], e["run_id"], e["git_commit"],
-                 measured_bytes=m.peak_allocated_bytes)
+                 measured_bytes=m.peak_allocated_bytes, candidate_commit=run.git.commit)
         for m in run.measurements if (e := found.get(m.case_id)) and m.status == "ok")
     return CheckResult(
         case_runs=owners,
@@ -366,8 +384,45 @@ def check(store: Store, config: Config, *, run_id: str | None = None,
         merge_base=finder.merge_base, baseline_mode=finder.mode, verdicts=tuple(verdicts),
         budget_changes=tuple(changes), notes=tuple(notes),
         checked_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), context=context,
-        acceptances=tuple(acceptances), estimates=estimates,
+        acceptances=tuple(acceptances), estimates=estimates, open_regressions=tuple(opened),
     )
+
+
+def _still_open(store: Store, run: RunRecord, base: str, context: str,
+                verdicts: list[Verdict], acceptances: list[accept.Acceptance]
+                ) -> tuple[list[OpenRegression], list[str]]:
+    """The base branch's open regressions on this run's cases, as this run leaves them. A
+    run of the base branch back within a threshold fixes that regression (said in a note);
+    an acceptance of this change that allows the regression's growth accepts it: the
+    case's verdict on that metric becomes `accepted`, which closes it for later checks.
+    Everything else stays open, in this check's report as in every later one."""
+    by_case = {m.case_id: m for m in run.measurements}
+    found = open_regressions(store.conn, base, list(by_case),
+                             fingerprint=run.environment.fingerprint, until=run.started_at)
+    index = {(v.case_id, v.metric): i for i, v in enumerate(verdicts)}
+    still, notes = [], []
+    for o in found:
+        m = by_case[o.case_id]
+        value = metrics.value(m, o.metric) if m.status == "ok" else None
+        a = accept.find(acceptances, m.workload, o.case_id, o.metric, o.delta or 0.0,
+                        o.delta_pct)
+        i = index.get((o.case_id, o.metric))
+        if (a is not None and a.allows(o.delta or 0.0, o.delta_pct) and i is not None
+                and verdicts[i].kind in ("ok", "noisy", "improvement")):
+            v = verdicts[i]
+            verdicts[i] = replace(
+                v, kind="accepted", blocking=False, accepted_reason=a.reason,
+                message=f"{v.message}; accepted: the regression on {base} {o.describe()} is "
+                        f"within the {a.amount()} accepted in commit {a.commit[:12]}: "
+                        f"{a.reason}")
+            continue
+        fixed = value is not None and value <= o.threshold
+        if fixed and context == "base":
+            notes.append(f"{o.case_id}: {o.metric} is back within the threshold of the "
+                         f"regression {o.describe()}: fixed by this run")
+            continue
+        still.append(replace(o, fixed_here=fixed))
+    return still, notes
 
 
 def _estimate_run(store: Store, config: Config, run: RunRecord, base: str) -> CheckResult:

@@ -2,9 +2,17 @@
 
 A per-PR threshold sees one change at a time; it misses ten changes that each stay inside
 the headroom. `analyze_history` finds the steps of every memory series along the base
-branch (change points of a least-squares segmentation, kept only where the move exceeds
-the same justified headroom as a verdict) and measures each series' growth since an
-anchor (a tag, or the run N commits ago) against a tolerance. Nothing here prints.
+branch (the levels of memtrack.judge.levels, as the gate finds them) and measures each
+series' growth since an anchor (a tag, or the run N commits ago; a series that starts
+after it, from its first run) against a tolerance. The growth is read off a fitted trend,
+never two single runs:
+
+    fitted(x) = level(x) + slope x x      levels: the series' steps; slope: the median of
+                                          the slopes of every pair of runs in one level
+    growth    = fitted(latest) - fitted(anchor)
+    allowed   = max(creep_tolerance x fitted(anchor), factor x the growth's standard error)
+
+so a noisy run at either end moves neither. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from typing import Any
 
 from memtrack.config import Config
 from memtrack.judge.baseline import git_output, iso_epoch
-from memtrack.judge.levels import find_steps, noise
+from memtrack.judge.levels import noise, segment
 from memtrack.records import metrics
 from memtrack.store.database import MEASURED_RUN, Store
 from memtrack.units import format_size
@@ -56,11 +64,15 @@ class Creep:
     delta: float
     delta_pct: float
     allowed: float
-    """max(headroom, tolerance x anchor value)."""
+    """max(tolerance x anchor value, factor x the growth's standard error)."""
     flagged: bool
     steps_between: int
     """Steps found between the anchor and the latest point; 0 with a flag: slow creep."""
     message: str
+    trend: float = 0.0
+    """The part of the growth the slope within levels makes (the rest is steps)."""
+    runs: int = 0
+    """Runs from the anchor to the latest, the fit's points."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +188,86 @@ def _anchor_position(root: Path, anchor: str | int, base_branch: str,
     return order[sha], f"{anchor} ({sha[:12]})"
 
 
+@dataclass(frozen=True)
+class SeriesFit:
+    """One series judged: its steps, and its growth since an anchor on a fitted trend."""
+
+    starts: tuple[int, ...]
+    """Indexes where a new level starts (the steps)."""
+    room: float
+    """max(factor x noise, floor): the smallest step reported."""
+    anchor_index: int | None = None
+    anchor_value: float = 0.0
+    """The fitted value at the anchor."""
+    latest_value: float = 0.0
+    growth: float = 0.0
+    trend: float = 0.0
+    error: float = 0.0
+    """The growth's standard error."""
+    allowed: float = 0.0
+    flagged: bool = False
+    steps_between: int = 0
+    runs: int = 0
+
+
+_MAX_LAGS = 24
+"""A long window's slope is the median over pairs at this many lags, not over all pairs."""
+
+
+def _slope(xs: list[float], ys: list[float], levels: list[int]) -> float:
+    """Theil-Sen within levels: the median slope of pairs of runs in one level."""
+    n = len(xs)
+    if n > 2 * _MAX_LAGS:
+        lags = sorted({max(1, round(n * k / (_MAX_LAGS + 1))) for k in range(1, _MAX_LAGS + 1)}
+                      | {1, 2, 3})
+        pairs = ((i, i + g) for g in lags for i in range(n - g))
+    else:
+        pairs = ((i, j) for i in range(n) for j in range(i + 1, n))
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i, j in pairs
+              if levels[i] == levels[j] and xs[j] != xs[i]]
+    return statistics.median(slopes) if slopes else 0.0
+
+
+def judge_series(values: list[float], metric: str, config: Config, *,
+                 anchor_index: int | None = None,
+                 positions: list[float] | None = None) -> SeriesFit:
+    """Steps of one series (oldest first) and, from `anchor_index`, its growth on a fitted
+    trend: levels at the steps plus one slope within them (see the module)."""
+    factor = config.headroom_factor
+    floor = metrics.floor(metric, statistics.median(values))
+    found, room = segment(values, factor, floor)
+    if anchor_index is None or anchor_index >= len(values) - 1:
+        return SeriesFit(tuple(found), room, anchor_index)
+    xs = positions or [float(i) for i in range(len(values))]
+    xs, ys = xs[anchor_index:], values[anchor_index:]
+    level = [sum(i >= s for s in found) for i in range(anchor_index, len(values))]
+    slope = _slope(xs, ys, level)
+    # each level's intercept: the median of its runs less the trend
+    intercept: dict[int, float] = {}
+    for k in set(level):
+        intercept[k] = statistics.median(y - slope * x for x, y, lv in zip(xs, ys, level,
+                                                                          strict=True)
+                                         if lv == k)
+    first, last = intercept[level[0]] + slope * xs[0], intercept[level[-1]] + slope * xs[-1]
+    growth, trend = last - first, slope * (xs[-1] - xs[0])
+    # The growth's standard error: the slope's over the spread of positions within levels,
+    # and the two levels' medians where the anchor and the latest are in different ones.
+    sigma = noise(ys)
+    centred = 0.0
+    for k in set(level):
+        mine = [x for x, lv in zip(xs, level, strict=True) if lv == k]
+        mean = statistics.fmean(mine)
+        centred += sum((x - mean) ** 2 for x in mine)
+    err2 = (sigma * (xs[-1] - xs[0])) ** 2 / centred if centred else sigma**2
+    if level[0] != level[-1]:
+        for k in (level[0], level[-1]):
+            err2 += 1.57 * sigma**2 / level.count(k)
+    error = err2**0.5
+    allowed = max(config.creep_tolerance * abs(first), factor * error)
+    return SeriesFit(tuple(found), room, anchor_index, first, last, growth, trend, error,
+                     allowed, growth > allowed, level[-1] - level[0], len(ys))
+
+
 def analyze_history(store: Store, config: Config, *, root: Path | None = None,
                     base_branch: str | None = None, patterns: tuple[str, ...] = (),
                     anchor: str | int | None = None, limit: int = 2000) -> HistoryResult:
@@ -202,46 +294,49 @@ def analyze_history(store: Store, config: Config, *, root: Path | None = None,
                 continue
             count += 1
             values = [p.values[metric] for p in pts]
-            sigma = noise(values)
-            floor = metrics.floor(metric, statistics.median(values))
-            room = max(config.headroom_factor * sigma, floor)
+            anchor_i = None
+            if anchor_pos is not None:
+                at = [i for i, p in enumerate(pts) if p.position <= anchor_pos]
+                # A series younger than the anchor is measured from its first run.
+                anchor_i = at[-1] if at else 0
+            fit = judge_series(values, metric, config, anchor_index=anchor_i,
+                               positions=[float(p.position) for p in pts])
+            bounds = [0, *fit.starts, len(values)]
             case_steps = []
-            for i in find_steps(values, room, sigma):
-                before = statistics.median(values[:i][-20:])
-                after = statistics.median(values[i:][:20])
+            for k, i in enumerate(fit.starts, start=1):
+                before = statistics.median(values[bounds[k - 1]:i][-20:])
+                after = statistics.median(values[i:bounds[k + 1]][:20])
                 delta = after - before
                 case_steps.append(Step(case_id, metric, pts[i].commit, pts[i - 1].commit,
                                        pts[i].subject, before, after, delta,
-                                       100 * delta / before if before else 0.0, room))
+                                       100 * delta / before if before else 0.0, fit.room))
             steps.extend(case_steps)
-            if anchor_pos is None:
+            if fit.anchor_index is None or fit.anchor_index >= len(pts) - 1:
                 continue
-            at = [p for p in pts if p.position <= anchor_pos]
-            if not at or at[-1] is pts[-1]:
-                continue
-            a, latest = at[-1], pts[-1]
-            a_value, l_value = a.values[metric], latest.values[metric]
-            delta = l_value - a_value
-            allowed = max(room, config.creep_tolerance * a_value)
-            between = [s for s in case_steps
-                       if a.position < next(p.position for p in pts if p.commit == s.commit)
-                       <= latest.position]
-            pct = 100 * delta / a_value if a_value else 0.0
-            flagged = delta > allowed
+            a, latest = pts[fit.anchor_index], pts[-1]
+            young = not any(p.position <= (anchor_pos or 0) for p in pts)
+            pct = 100 * fit.growth / fit.anchor_value if fit.anchor_value else 0.0
+            between = [st for i, st in zip(fit.starts, case_steps, strict=True)
+                       if i > fit.anchor_index]
             if between:
-                biggest = max(between, key=lambda s: s.delta)
+                biggest = max(between, key=lambda st: abs(st.delta))
                 how = (f"{len(between)} step(s) between, the largest "
                        f"{_signed(biggest.delta)} at {biggest.commit[:12]}")
             else:
-                how = "no single step: slow creep" if flagged else "no step between"
+                how = "no single step: slow creep" if fit.flagged else "no step between"
+            since = (f"its first run {a.commit[:12]} (the series starts after the anchor)"
+                     if young else f"anchor {a.commit[:12]}")
             message = (
-                f"{metric}: {format_size(int(l_value))} at {latest.commit[:12]} vs "
-                f"{format_size(int(a_value))} at anchor {a.commit[:12]}: "
-                f"{_signed(delta)} ({pct:+.2f}%) "
-                f"{'>' if flagged else '<='} allowed {format_size(int(allowed))} = max(headroom "
-                f"{format_size(int(room))}, tolerance {config.creep_tolerance:.1%}); {how}")
-            creeps.append(Creep(case_id, metric, a.commit, a_value, latest.commit, l_value,
-                                delta, pct, allowed, flagged, len(between), message))
+                f"{metric}: fitted {format_size(int(fit.latest_value))} at "
+                f"{latest.commit[:12]} vs {format_size(int(fit.anchor_value))} at {since}, "
+                f"{fit.runs} runs: {_signed(fit.growth)} ({pct:+.2f}%; trend "
+                f"{_signed(fit.trend)}) {'>' if fit.flagged else '<='} allowed "
+                f"{format_size(int(fit.allowed))} = max(tolerance "
+                f"{config.creep_tolerance:.1%}, factor x standard error "
+                f"{format_size(int(fit.error))}); {how}")
+            creeps.append(Creep(case_id, metric, a.commit, fit.anchor_value, latest.commit,
+                                fit.latest_value, fit.growth, pct, fit.allowed, fit.flagged,
+                                len(between), message, fit.trend, fit.runs))
     commits = len({p.commit for points in series.values() for p in points})
     steps.sort(key=lambda s: (s.case_id, s.metric))
     creeps.sort(key=lambda c: (not c.flagged, c.case_id, c.metric))
@@ -253,4 +348,4 @@ def _signed(x: float) -> str:
     return ("+" if x >= 0 else "-") + format_size(abs(int(round(x))))
 
 
-__all__ = ["Creep", "HistoryResult", "Step", "analyze_history"]
+__all__ = ["Creep", "HistoryResult", "SeriesFit", "Step", "analyze_history", "judge_series"]

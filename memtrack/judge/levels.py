@@ -20,14 +20,29 @@ _D2 = (1.128, 1.693, 2.059, 2.326, 2.534, 2.704, 2.847, 2.970, 3.078, 3.173, 3.2
        3.407, 3.472, 3.532, 3.588, 3.640, 3.689, 3.735)
 
 
+NEW_LEVEL_RUNS = 3
+"""Runs a newest level of a noisy series needs before it is a level of its own (fewer do
+where they are beyond twice the room)."""
+
+
 def noise(values: Sequence[float]) -> float:
     """Robust noise of a series from its successive differences (a step moves one
-    difference only): 1.4826 x MAD(diff) / sqrt(2)."""
+    difference only): the larger of 1.4826 x MAD(diff) / sqrt(2) and the mean of the
+    smallest four fifths of |diff| / 0.790 (the same sigma for normal noise).
+
+    The second estimate is there for a figure that takes a few discrete values (a peak set
+    by how concurrent sessions interleave, in steps of one allocation): most successive
+    differences are then exactly 0 and the MAD is 0, yet the figure moves by whole steps.
+    The largest fifth of the differences is left out, so a few steps do not count as noise;
+    a deterministic figure keeps a noise of 0."""
     if len(values) < 3:
         return 0.0
     diffs = [b - a for a, b in zip(values[:-1], values[1:], strict=True)]
     med = statistics.median(diffs)
-    return 1.4826 * statistics.median(abs(d - med) for d in diffs) / 2**0.5
+    mad = 1.4826 * statistics.median(abs(d - med) for d in diffs) / 2**0.5
+    small = sorted(abs(d) for d in diffs)[:max(1, int(0.8 * len(diffs)))]
+    # E[|d| | |d| below its 80th percentile] = 0.790 sigma for d ~ N(0, 2 sigma^2)
+    return max(mad, statistics.fmean(small) / 0.790)
 
 
 def spread(values: Sequence[float]) -> float:
@@ -83,8 +98,25 @@ def _pelt(signal: Sequence[float], penalty: float) -> list[int]:
     return sorted(ends)
 
 
-def find_steps(values: Sequence[float], room: float, sigma: float) -> list[int]:
-    """Indexes where a new level starts, moved by more than `room` (bytes)."""
+def apart(before: Sequence[float], after: Sequence[float]) -> bool:
+    """Two neighbouring levels told apart by their values, not only by their medians: at
+    most a tenth of either's values (none of a short one's) lie within the range the other
+    produced. A level that repeats values its neighbour already produced (a figure that
+    takes a few discrete values, split into short constant runs) is the same level."""
+    lo, hi = min(before), max(before)
+    inside_after = sum(lo <= v <= hi for v in after)
+    lo, hi = min(after), max(after)
+    inside_before = sum(lo <= v <= hi for v in before)
+    return inside_after <= len(after) // 10 and inside_before <= len(before) // 10
+
+
+def find_steps(values: Sequence[float], room: float, sigma: float,
+               lows: Sequence[float] | None = None) -> list[int]:
+    """Indexes where a new level starts: moved by more than `room` (bytes), and told apart
+    from the values the level before it produced (see `apart`). `lows`: each run's lowest
+    iteration, where the figure is the peak of several: a level below the one before must
+    also be below every iteration of the runs before it (a run that peaks only where
+    another run's iterations already went is no improvement)."""
     if len(values) < 2 or room <= 0:
         return []
     center = statistics.median(values)
@@ -95,21 +127,71 @@ def find_steps(values: Sequence[float], room: float, sigma: float) -> list[int]:
     sigma_n = sigma / room
     penalty = max(2 * sigma_n**2 * math.log(len(values)), 0.25)
     ends = _pelt(signal, penalty)
-    segments = [list(values[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
-    # A step is kept only where the levels on either side differ by more than the room:
-    # merge the closest neighbours until every boundary left is such a step.
-    while len(segments) > 1:
-        gaps = [abs(statistics.median(b) - statistics.median(a))
-                for a, b in zip(segments[:-1], segments[1:], strict=True)]
-        i = min(range(len(gaps)), key=gaps.__getitem__)
-        if gaps[i] > room:
-            break
-        segments[i:i + 2] = [segments[i] + segments[i + 1]]
-    starts, at = [], 0
-    for seg in segments[:-1]:
-        at += len(seg)
-        starts.append(at)
-    return starts
+    # Levels as index ranges [start, end).
+    segments = [(a, b) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+    def vals(seg: tuple[int, int]) -> list[float]:
+        return list(values[seg[0]:seg[1]])
+
+    def gap(a: tuple[int, int], b: tuple[int, int]) -> float:
+        return abs(statistics.median(vals(b)) - statistics.median(vals(a)))
+
+    def is_step(a: tuple[int, int], b: tuple[int, int]) -> bool:
+        if gap(a, b) <= room or not apart(vals(a), vals(b)):
+            return False
+        if lows is not None and statistics.median(vals(b)) < statistics.median(vals(a)):
+            return max(vals(b)) < min(lows[a[0]:a[1]])
+        return True
+
+    while True:
+        # A step is kept only where the levels on either side differ by more than the
+        # room and are told apart by their values: merge the closest neighbours that are
+        # not such a step until every boundary left is one.
+        while len(segments) > 1:
+            pairs = list(zip(segments[:-1], segments[1:], strict=True))
+            weak = [i for i, (a, b) in enumerate(pairs) if not is_step(a, b)]
+            if not weak:
+                break
+            i = min(weak, key=lambda k: gap(*pairs[k]))
+            segments[i:i + 2] = [(segments[i][0], segments[i + 1][1])]
+        # One run away and straight back (its neighbours not a step apart) is an outlier of
+        # the level, not a step and its return.
+        lone = next((i for i in range(1, len(segments) - 1)
+                     if segments[i][1] - segments[i][0] == 1
+                     and not is_step(segments[i - 1], segments[i + 1])), None)
+        if lone is not None:
+            segments[lone - 1:lone + 2] = [(segments[lone - 1][0], segments[lone + 1][1])]
+            continue
+        # A level stands on one run only in a series whose levels are flat (a deterministic
+        # figure, where one run is proof). In a noisy one, a run or two apart cannot be told
+        # from outliers of a neighbouring level, unless they are beyond twice the room: a
+        # level takes NEW_LEVEL_RUNS, the newest as the oldest; a short one joins the
+        # nearer of its neighbours.
+        noisy = sigma > 0 or pooled_spread([vals(x) for x in segments]) > 0
+        short = next((i for i, seg in enumerate(segments)
+                      if noisy and len(segments) > 1 and seg[1] - seg[0] < NEW_LEVEL_RUNS
+                      and min(gap(segments[j], seg) for j in (i - 1, i + 1)
+                              if 0 <= j < len(segments)) <= 2 * room), None)
+        if short is not None:
+            near = [j for j in (short - 1, short + 1) if 0 <= j < len(segments)]
+            j = min(near, key=lambda k: gap(segments[k], segments[short]))
+            a, b = sorted((short, j))
+            segments[a:b + 1] = [(segments[a][0], segments[b][1])]
+            continue
+        break
+    return [seg[0] for seg in segments[1:]]
+
+
+def segment(values: Sequence[float], factor: float, floor: float,
+            sigma_floor: float = 0.0,
+            lows: Sequence[float] | None = None) -> tuple[list[int], float]:
+    """The starts of a series' levels (its steps), and the room a step had to exceed:
+    max(factor x noise, floor). One rule for the gate, `check --history` and the
+    dashboard. `sigma_floor`: noise known from elsewhere (another view of the same runs);
+    `lows`: each run's lowest iteration (see find_steps)."""
+    sigma = max(noise(values), sigma_floor)
+    room = max(factor * sigma, floor)
+    return find_steps(values, room, sigma, lows), room
 
 
 @dataclass(frozen=True)
@@ -130,23 +212,31 @@ class Level:
         return float(statistics.median(self.values))
 
 
-def current_level(values: Sequence[float], factor: float, floor: float) -> Level:
+def whole_level(values: Sequence[float]) -> Level:
+    """A window too short to split: all of it is the level."""
+    values = list(values)
+    if not values:
+        raise ValueError("an empty series has no level")
+    return Level(start=0, values=tuple(values), spread=pooled_spread([values]), steps=0)
+
+
+def current_level(values: Sequence[float], factor: float, floor: float,
+                  sigma_floor: float = 0.0, lows: Sequence[float] | None = None) -> Level:
     """Split a window at its steps; the current level is the newest segment.
 
     A newest segment of a single run is a level of its own only where it is beyond the
-    headroom of the level before it, that is, where it can be told apart from noise (for a
-    deterministic figure any change past the floor). Otherwise it is noise of that level.
+    headroom of the levels before it, that is, where it can be told apart from noise (for
+    a deterministic figure any change past the floor). Otherwise it is noise of that level.
     """
     values = list(values)
     if not values:
         raise ValueError("an empty series has no level")
-    sigma = noise(values)
-    room = max(factor * sigma, floor)
-    starts = [0, *find_steps(values, room, sigma)]
+    found, _ = segment(values, factor, floor, sigma_floor, lows)
+    starts = [0, *found]
     segments = [values[a:b] for a, b in zip(starts, [*starts[1:], len(values)], strict=True)]
     if len(segments) > 1 and len(segments[-1]) == 1:
         before = segments[-2]
-        margin = max(factor * spread(before), floor)
+        margin = max(factor * max(spread(before), pooled_spread(segments[:-1])), floor)
         if abs(segments[-1][0] - statistics.median(before)) <= margin:
             segments[-2:] = [before + segments[-1]]
             starts.pop()
@@ -154,4 +244,5 @@ def current_level(values: Sequence[float], factor: float, floor: float) -> Level
                  spread=pooled_spread(segments), steps=len(segments) - 1)
 
 
-__all__ = ["Level", "current_level", "find_steps", "noise", "pooled_spread", "spread"]
+__all__ = ["NEW_LEVEL_RUNS", "Level", "apart", "current_level", "find_steps", "noise",
+           "pooled_spread", "segment", "spread", "whole_level"]

@@ -2,14 +2,17 @@
 
     level     = the baseline runs since the newest step of the series (see levels)
     baseline  = median of the level
-    spread    = max(noise within the window's levels, candidate's repeat spread)
+    spread    = max(max(noise within the window's levels, noise of the runs' median
+                        iteration (allocated)) x t(0.99, n-1) / z(0.99) for n < 20 runs,
+                    candidate's repeat spread)
     headroom  = max(factor x spread, floor)
     threshold = baseline + headroom
 
 A candidate above the threshold is a regression, unless a reviewed acceptance covers the
 growth. Where the headroom is too wide to judge (above `noisy_above` of the baseline), a
-growth within it is `noisy`: a warning that says how wide, and what would sharpen it.
-Every verdict carries its arithmetic in its message.
+growth within it is `noisy`: a property of the case (how wide, and what would sharpen it)
+that the report says once, not a warning about the change. Every verdict carries its
+arithmetic in its message.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from memtrack.judge.budgets import (
     default_budget_metric,
     device_memory,
 )
-from memtrack.judge.levels import current_level
+from memtrack.judge.levels import current_level, noise, whole_level
 from memtrack.judge.verdict import Verdict
 from memtrack.records import Measurement, metrics
 from memtrack.units import format_size
@@ -37,8 +40,16 @@ from memtrack.units import format_size
 MiB = 2**20
 
 PROVISIONAL_BLOCK_FRACTION = 0.10
-"""With fewer baseline runs than `min_baseline_runs` the spread is not known yet: a
-regression then blocks only past this jump (10 %); smaller ones warn. Budgets always block."""
+"""Up to twice `min_baseline_runs` runs of a figure that has shown noise its spread is still
+uncertain: the window is one level, the allocated view's spread is at least half the range
+of one run's iterations, and a regression blocks only past this jump (10 %) and past factor
+x the metric's floor (a small figure, such as a step's host growth, jumps by a tenth within
+one huge page or two). Budgets always block."""
+YOUNG_BLOCK_FRACTION = 0.25
+"""With fewer baseline runs than `min_baseline_runs` nothing is known of the noise: a
+regression blocks only past this jump (25 %) and past twice factor x the floor, a jump no
+shipped case's noise makes (decoder_serve's concurrent peak moves by up to 17 % run to
+run); smaller ones are reported."""
 
 
 @dataclass
@@ -91,6 +102,34 @@ def repeat_spread(m: Measurement, metric: str) -> int:
     return int(round(1.4826 * statistics.median(abs(s - med) for s in samples)))
 
 
+def iteration_noise(points: Sequence[Point]) -> float:
+    """The noise of the runs' median iteration (oldest first), for the allocated view: a
+    second view of the same step, which one odd iteration (high or low) never moves. It
+    sees a figure that takes a few discrete values move where a short window of peaks
+    happens to repeat one value; a peak that is deterministic has a deterministic median
+    iteration too. 0 below three runs with three or more iterations each."""
+    medians = [float(statistics.median(p.samples)) for p in points if len(p.samples) >= 3]
+    return noise(medians) if len(medians) >= 3 else 0.0
+
+
+# Student's t at 0.99 (one-sided) for 2..19 degrees of freedom, over the normal's 2.326.
+_T99 = (6.965, 4.541, 3.747, 3.365, 3.143, 2.998, 2.896, 2.821, 2.764, 2.718, 2.681, 2.650,
+        2.624, 2.602, 2.583, 2.567, 2.552, 2.539)
+
+
+def small_sample(n: int) -> float:
+    """How much wider a spread from n runs must be to bound the next run as the true one
+    would: t(0.99, n - 1) / z(0.99); 1 from 20 runs on (below 3 runs nothing blocks)."""
+    if n >= 20:
+        return 1.0
+    return _T99[max(n, 3) - 3] / 2.326
+
+
+def iteration_range(samples: Sequence[int]) -> float:
+    """Half the range of one run's iteration peaks: how far one run already moves."""
+    return (max(samples) - min(samples)) / 2 if len(samples) >= 2 else 0.0
+
+
 def headroom(spread: float, factor: float, floor: float) -> float:
     return max(factor * spread, float(floor))
 
@@ -134,14 +173,18 @@ def what_grew(m: Measurement, level: Sequence[Point], metric: str) -> tuple[str,
     return (name, float(delta)) if delta > 0 else None
 
 
-def _sharpen(metric: str, n_window: int, repeats: int, config: Config) -> str:
+def _sharpen(m: Measurement, metric: str, n_window: int, config: Config) -> str:
+    """What would narrow a headroom too wide to judge. A steadier metric is suggested only
+    where this run measured it (the CPU records no `requested`)."""
     tips = []
-    if metric == "allocated" and repeats < 5:
-        tips.append(f"more repeats (now {repeats})")
+    if metric == "allocated" and m.repeats < 5:
+        tips.append(f"more repeats (now {m.repeats})")
     if n_window < config.baseline_runs:
         tips.append(f"more baseline runs (now {n_window} of {config.baseline_runs})")
-    tips.append("a budget on this metric, or gating on a steadier one ("
-                + ("allocated" if metric != "allocated" else "requested") + ")")
+    steadier = next((x for x in ({"allocated": ("requested",)}.get(metric, ("allocated",)))
+                     if x != metric and metrics.value(m, x) is not None), None)
+    tips.append("a budget on this metric" + (f", or gating on a steadier one ({steadier})"
+                                              if steadier else ""))
     return ", ".join(tips)
 
 
@@ -167,24 +210,47 @@ def verdict(c: Case, metric: str, config: Config) -> Verdict | None:
     values = [float(p.values[metric]) for p in window]
     factor = config.headroom_factor
     floor = metrics.floor(metric, statistics.median(values))
-    level = current_level(values, factor, floor)
+    s_iter = iteration_noise(window) if metric == "allocated" else 0.0
+    n_window = len(values)
+    young = n_window < config.min_baseline_runs
+    lows = ([float(min(p.samples)) if p.samples else v for p, v in zip(window, values,
+                                                                       strict=True)]
+            if metric == "allocated" else None)
+    level = current_level(values, factor, floor, s_iter, lows)
+    # A noisy figure's spread is not known from a few runs (three can fall close by chance):
+    # its verdicts stay provisional for twice as many runs as a deterministic one's.
+    provisional = young or (n_window < 2 * config.min_baseline_runs
+                            and max(level.spread, s_iter) > 0)
+    if provisional:
+        # Too few runs to tell a step from noise: the whole window is the level, and the
+        # iterations of one run show how far the allocated view moves.
+        level = whole_level(values)
+        if metric == "allocated":
+            s_iter = max([s_iter, *(iteration_range(p.samples) for p in window),
+                          iteration_range(m.allocated_samples)])
     level_points = window[level.start:]
-    n, n_window = len(level.values), len(values)
+    n = len(level.values)
     base = level.median
     floor = metrics.floor(metric, base)
     s_rep = repeat_spread(m, metric)
-    spread = max(level.spread, float(s_rep))
+    # A spread estimated from n runs bounds the next run less tightly than the true one
+    # would: widened as Student's t widens a prediction from n samples.
+    widen = small_sample(n_window)
+    spread = max(max(level.spread, s_iter) * widen, float(s_rep))
     room = headroom(spread, factor, floor)
     threshold = base + room
     delta = value - base
     delta_pct = pct(delta, base)
-    provisional = n_window < config.min_baseline_runs
     # Too wide to judge: the observed noise, not the granularity floor, has pushed the
     # headroom past `noisy_above` of the baseline.
     too_wide = room > floor and room > config.noisy_above * base
     grew = what_grew(m, level_points, metric) if delta > 0 else None
     acceptance = accept.find(c.acceptances, m.workload, m.case_id, metric, delta, delta_pct)
     suggested, accepted_reason = None, None
+    # Below min_baseline_runs nothing is known of the noise: only a jump beyond any noise
+    # blocks (YOUNG_BLOCK_FRACTION and twice factor x floor).
+    jump, past = ((YOUNG_BLOCK_FRACTION, 2 * factor * floor) if young
+                  else (PROVISIONAL_BLOCK_FRACTION, factor * floor))
     if over:
         kind, blocking = "over_budget", True
     elif value > threshold:
@@ -192,8 +258,8 @@ def verdict(c: Case, metric: str, config: Config) -> Verdict | None:
             kind, blocking, accepted_reason = "accepted", False, acceptance.reason
         else:
             kind = "regression"
-            blocking = not provisional or (delta_pct is not None
-                                           and delta_pct >= 100 * PROVISIONAL_BLOCK_FRACTION)
+            blocking = not provisional or (delta_pct is not None and delta_pct >= 100 * jump
+                                           and delta > past)
     elif too_wide:
         kind, blocking = "noisy", False
     elif delta < -room:
@@ -207,8 +273,8 @@ def verdict(c: Case, metric: str, config: Config) -> Verdict | None:
         blocking = False  # the base branch is reported and recorded, never blocked
     words = {
         "regression": "regression" + ("" if blocking or c.context == "base" else
-                                      f" (provisional: blocks only past a "
-                                      f"{PROVISIONAL_BLOCK_FRACTION:.0%} jump)"),
+                                      f" (provisional: blocks only past a {jump:.0%} jump and "
+                                      f"past {format_size(int(past))})"),
         "accepted": "accepted",
         "over_budget": "over budget",
         "improvement": "improvement" + (f"; a budget of {format_size(suggested)} would hold it"
@@ -216,7 +282,7 @@ def verdict(c: Case, metric: str, config: Config) -> Verdict | None:
         "noisy": (f"noisy: the headroom is {fmt_pct(pct(room, base))[1:]} of the baseline, "
                   f"wider than {config.noisy_above:.0%}, so a growth up to "
                   f"{format_size(int(room))} would pass unseen; to sharpen it: "
-                  + _sharpen(metric, n_window, m.repeats, config)),
+                  + _sharpen(m, metric, n_window, config)),
         "ok": "ok",
     }[kind]
     if acceptance is not None and kind in ("accepted", "regression"):
@@ -234,8 +300,12 @@ def verdict(c: Case, metric: str, config: Config) -> Verdict | None:
            else "within ±headroom")
     message = (
         f"{metric}: baseline {format_size(int(base))} ({at_level}), spread "
-        f"{format_size(int(spread))} (levels {format_size(int(level.spread))}, repeats "
-        f"{format_size(s_rep)}) x factor {factor:g}, floor {format_size(int(floor))} -> "
+        f"{format_size(int(spread))} (levels {format_size(int(level.spread))}"
+        + (f", iterations {format_size(int(s_iter))}" if s_iter else "")
+        + (f", x {widen:.2f} for {n_window} runs" if widen > 1 and max(level.spread, s_iter)
+           else "")
+        + f", repeats {format_size(s_rep)}) x factor {factor:g}, floor "
+        f"{format_size(int(floor))} -> "
         f"headroom {format_size(int(room))}, threshold {format_size(int(threshold))}; "
         f"candidate {format_size(value)}, delta {fmt_delta(delta)} {fmt_pct(delta_pct)} "
         f"{cmp}: {words}{c.budget_part(metric, value, budget)}"
@@ -250,5 +320,6 @@ def verdict(c: Case, metric: str, config: Config) -> Verdict | None:
                    level_commit=level_points[0].commit if level.steps else None, **common)
 
 
-__all__ = ["PROVISIONAL_BLOCK_FRACTION", "Case", "headroom", "repeat_spread", "suggest_budget",
-           "verdict", "what_grew"]
+__all__ = ["PROVISIONAL_BLOCK_FRACTION", "YOUNG_BLOCK_FRACTION", "Case", "headroom",
+           "iteration_noise", "iteration_range", "repeat_spread", "small_sample",
+           "suggest_budget", "verdict", "what_grew"]

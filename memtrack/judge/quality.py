@@ -19,6 +19,15 @@ from memtrack.records import Measurement
 from memtrack.units import format_size
 from memtrack.workload.registry import split_case_id
 
+NOT_COMPARED = "not compared"
+"""How a quality verdict without a reference recorded yet begins: a warning, anywhere."""
+
+
+def missing_reference(v: Verdict) -> bool:
+    """A quality verdict that only says no reference is recorded yet: on the base branch
+    as on a pull request a warning, never a regression."""
+    return v.kind == "quality" and v.message.startswith(NOT_COMPARED + ":")
+
 
 def precision_change(case_id: str, reference: str) -> str | None:
     """'dtype bfloat16 (reference float32)' for the params in which a case differs from its
@@ -86,7 +95,7 @@ def verdict(m: Measurement, sibling: Measurement | None, context: str = "pull_re
                        **figures)
     if status == "none":
         return Verdict(**base, kind="quality", blocking=False,
-                       message=f"not compared: {m.quality_message}", **figures)
+                       message=f"{NOT_COMPARED}: {m.quality_message}", **figures)
     what = ("the precision change breaks its tolerance" if changed
             else "the result changed")
     if status == "error":
@@ -109,4 +118,5 @@ def verdicts(measurements: Iterable[Measurement], context: str = "pull_request"
     return out
 
 
-__all__ = ["precision_change", "saving", "saving_text", "verdict", "verdicts"]
+__all__ = ["NOT_COMPARED", "missing_reference", "precision_change", "saving", "saving_text",
+           "verdict", "verdicts"]

@@ -142,8 +142,28 @@ def judge_headroom(store: Store, run: RunRecord, config: Config, metric: str,
     return Headroom(best[0], "judge", detail)
 
 
+def _set_in(config: Config, key: str) -> bool:
+    """Whether the config file itself sets `key` (else the value is the default)."""
+    if config.path is None:
+        return False
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(config.path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    table = (data.get("tool", {}).get("memtrack", {}) if config.path.name == "pyproject.toml"
+             else data)
+    return isinstance(table, dict) and key in table
+
+
 def config_headroom(config: Config, why: str) -> Headroom:
-    where = f"{config.path}: plan_headroom" if config.path else "plan_headroom (default)"
+    """plan_headroom, named where it comes from: the config file only where it sets it."""
+    where = (f"{config.path}: plan_headroom" if _set_in(config, "plan_headroom")
+             else "plan_headroom (the default"
+             + (f", not set in {config.path.name})" if config.path else ")"))
     return Headroom(config.plan_headroom, "config",
                     f"{where} = {config.plan_headroom:.0%} ({why})")
 

@@ -33,8 +33,9 @@ _STYLE = {"failed": "bold red", "over_budget": "bold red", "regression": "bold r
 _EMOJI = {"failed": "💥", "over_budget": "⛔", "regression": "🔺", "quality": "🎯", "noisy": "〰️",
           "time_regression": "🐢", "environment_changed": "🔀", "accepted": "☑️", "new": "🆕",
           "improvement": "🔻", "ok": "✅"}
-_QUIET = ("ok", "improvement", "new", "accepted")
-"""Kinds that are neither blocking nor a warning."""
+_QUIET = ("ok", "improvement", "new", "accepted", "noisy")
+"""Kinds that are neither blocking nor a warning: counted, not listed. `noisy` is a property
+of the case (its headroom too wide to judge a small growth), said once."""
 SNAPSHOT_METRICS = ("allocated", "reserved", "requested", "device", "host", "host_step")
 """Metrics of the measured step, which `memtrack snapshot` captures (not the loading's)."""
 
@@ -68,7 +69,7 @@ def label(v: Verdict) -> str:
         return f"BLOCK {words}"
     if v.kind in _QUIET:
         return words + (" (provisional)" if v.provisional and v.kind != "new" else "")
-    if v.context == "base" and v.kind in ("regression", "over_budget", "failed", "quality"):
+    if v.context == "base" and _reported(v):
         return f"REPORT {words}"  # on the base branch: recorded, never blocking
     return f"warn {words}"
 
@@ -110,10 +111,13 @@ def summary_line(result: CheckResult) -> str:
         return (f"estimate run: nothing measured, nothing judged "
                 f"({len(result.estimates)} case(s) estimated)")
     if result.context == "base":
-        regressed = sum(v.kind in ("regression", "over_budget", "failed", "quality")
-                        for v in result.verdicts)
-        head = (f"base branch: {regressed} regression{'s' * (regressed != 1)} reported "
-                "(never blocking)" if regressed else "base branch: no regression")
+        regressed = sum(_reported(v) for v in result.verdicts)
+        opened = len(result.open_regressions)
+        head = (f"base branch: {regressed} regression{'s' * (regressed != 1)} reported"
+                if regressed else "base branch: no new regression")
+        if opened:
+            head += f", {opened} still open (not fixed or accepted)"
+        head += " (never blocking)" if regressed or opened else ""
     else:
         head = (f"BLOCKED: {len(blocking)} blocking verdict{'s' * (len(blocking) != 1)}"
                 if blocking else "passed: nothing blocks")
@@ -178,9 +182,20 @@ def terminal(result: CheckResult) -> list[Any]:
             out.append(shown(f"    {line}", style="dim"))
         if i in hinted:
             out.append(shown(f"    {snapshot_hint(v.case_id)}"))
+    for o in result.open_regressions:
+        fixed = "; this run is back within it" if o.fixed_here else ""
+        out.append(shown(f"OPEN on {result.base_branch} · {o.case_id} · {o.describe()}: not "
+                         f"fixed or accepted, reported until it is (never blocking){fixed}",
+                         style="yellow"))
+    noisy = [v for v in verdicts if v.kind == "noisy" and not v.blocking]
+    if noisy:
+        out.append(shown("noisy, a property of the case and not of this change: a growth "
+                        + ", ".join(f"under {format_size(int(_room(v)))} of "
+                                    f"{labels[v.case_id]} {v.metric}" for v in noisy)
+                        + " cannot be told from its noise", style="dim"))
     rows = quality_rows(result)
     if rows:
-        q = Table(title="quality after a precision change: memory saved and quality kept",
+        q = Table(title=quality_title(result).lower()[:1] + quality_title(result)[1:],
                   title_justify="left")
         for col in _QUALITY_COLUMNS:
             q.add_column(col, justify="right" if col in ("framework peak", "full precision",
@@ -198,6 +213,24 @@ def terminal(result: CheckResult) -> list[Any]:
 
 _QUALITY_COLUMNS = ("verdict", "case", "against", "framework peak", "full precision", "saved",
                     "quality")
+
+
+def quality_title(result: CheckResult) -> str:
+    """The quality table's title, as its rows read: kept, broken, or not compared yet."""
+    from memtrack.judge.quality import missing_reference
+
+    vs = [v for v in result.verdicts if v.metric == "quality"]
+    broken = sum(v.kind == "quality" and not missing_reference(v) for v in vs)
+    missing = sum(missing_reference(v) for v in vs)
+    kept = len(vs) - broken - missing
+    if not broken and not missing:
+        words = "memory saved and quality kept"
+    else:
+        parts = [f"{broken} beyond tolerance" if broken else "",
+                 f"{missing} without a reference yet" if missing else "",
+                 f"{kept} kept" if kept else ""]
+        words = ", ".join(p for p in parts if p)
+    return f"Quality after a precision change: {words}"
 
 
 def quality_rows(result: CheckResult) -> list[tuple[Verdict, tuple[str, ...]]]:
@@ -229,37 +262,95 @@ def quality_rows(result: CheckResult) -> list[tuple[Verdict, tuple[str, ...]]]:
 
 # -- Markdown -------------------------------------------------------------------------------
 
+TABLE_ROWS = 12
+"""Rows of what blocks or warns shown above the fold; the rest are counted there, listed in
+the folded arithmetic."""
+_WORD = {"regression": "regression", "over_budget": "over budget", "failed": "failed",
+         "quality": "quality", "time_regression": "slower", "environment_changed": "env. changed",
+         "noisy": "noisy", "accepted": "accepted", "new": "new", "improvement": "improvement",
+         "ok": "ok"}
+
 
 def _cell(text: object) -> str:
     """Text within a Markdown line or a table cell, recorded or not: it shows as itself."""
     return markdown_text(text, inline=True)
 
 
+def _link_text(text: str) -> str:
+    """Text for inside a Markdown link: brackets and what ends a table cell escaped."""
+    return _cell(text).replace("[", "\\[").replace("]", "\\]")
+
+
+def _page(dashboard_url: str, **query: str) -> str:
+    return f"{dashboard_url}/?{urllib.parse.urlencode(query, quote_via=urllib.parse.quote)}"
+
+
 def history_link(dashboard_url: str, case_id: str) -> str:
     """The dashboard's History of one case (the config's `dashboard_url` is validated)."""
-    return f"{dashboard_url}/?page=History&case={urllib.parse.quote(case_id, safe='')}"
+    return _page(dashboard_url, page="History", case=case_id)
 
 
-def _md_case(case_id: str, dashboard_url: str | None, *, in_table: bool = False) -> str:
-    code = markdown_code(case_id, in_table=in_table)
-    return f"[{code}]({history_link(dashboard_url, case_id)})" if dashboard_url else code
+def run_link(dashboard_url: str, run_id: str) -> str:
+    """The dashboard's Run detail of one run: its verdicts, and a banner where it blocks."""
+    return _page(dashboard_url, page="Run detail", run=run_id)
 
 
-def _md_row(v: Verdict, dashboard_url: str | None = None) -> str:
-    cells = [f"{_EMOJI.get(v.kind, '')} {_cell(label(v))}",
-             _md_case(v.case_id, dashboard_url, in_table=True),
-             *(_cell(c) for c in (v.metric, _value(v, v.baseline_value), _value(v, v.threshold),
-                                  _value(v, v.candidate_value), _delta(v), _budget(v)))]
+def compare_link(dashboard_url: str, b: str, a: str | None = None) -> str:
+    """The dashboard's Compare of run `b` against `a` (a run id or commit; without it, the
+    newest base-branch run before b)."""
+    return _page(dashboard_url, page="Compare", **({"a": a} if a else {}), b=b)
+
+
+def _md_case(case_id: str, dashboard_url: str | None,
+             labels: dict[str, str] | None = None) -> str:
+    """A case as its short label (its full id without `labels`), linked to its History."""
+    text = (labels or {}).get(case_id, case_id)
+    if dashboard_url:
+        return f"[{_link_text(text)}]({history_link(dashboard_url, case_id)})"
+    return markdown_code(text, in_table=True) if labels is None else _link_text(text)
+
+
+def _short_delta(v: Verdict) -> str:
+    """'+2.00 MiB (+17.1%)': one decimal, to keep the table narrow."""
+    if v.delta is None:
+        return "-"
+    sign = "+" if v.delta >= 0 else "-"
+    magnitude = (format_seconds(abs(v.delta)) if v.metric == "time"
+                 else format_size(abs(int(round(v.delta)))))
+    pct = f" ({v.delta_pct:+.1f}%)" if v.delta_pct is not None else ""
+    return f"{sign}{magnitude}{pct}"
+
+
+def _limit(v: Verdict) -> str:
+    """What a candidate had to stay under: the budget it broke, else the threshold as the
+    headroom above the baseline ('+512 B': two sizes that round alike never hide it)."""
+    if v.kind == "over_budget" and v.budget_bytes is not None:
+        return f"{format_size(v.budget_bytes)} budget"
+    if v.threshold is None or v.baseline_value is None:
+        return _value(v, v.threshold)
+    room = v.threshold - v.baseline_value
+    return "+" + (format_seconds(room) if v.metric == "time" else format_size(int(room)))
+
+
+def _md_row(v: Verdict, dashboard_url: str | None, labels: dict[str, str]) -> str:
+    candidate = (_value(v, v.candidate_value) if v.candidate_value is not None
+                 else v.message.split(":", 1)[1].split(";")[0].strip()[:24]
+                 if v.kind == "failed" else "-")
+    # the case is escaped by _md_case, the figures are memtrack's own; the rest is recorded
+    cells = [_EMOJI.get(v.kind, v.kind), _md_case(v.case_id, dashboard_url, labels),
+             _cell(v.metric), _value(v, v.baseline_value), _cell(candidate), _short_delta(v),
+             _limit(v)]
     return "| " + " | ".join(cells) + " |"
 
 
-_MD_HEAD = ("| verdict | case | metric | baseline | threshold | candidate | delta | budget |\n"
-            "|---|---|---|--:|--:|--:|--:|--:|")
+_MD_HEAD = ("| | case | metric | baseline | candidate | delta | threshold |\n"
+            "|---|---|---|--:|--:|--:|--:|")
 
 
-def _md_item(v: Verdict, dashboard_url: str | None = None, hint: bool = False) -> str:
-    lines = [f"- **{_cell(label(v))}** {_md_case(v.case_id, dashboard_url)}: "
-             f"{_cell(v.message)}"]
+def _md_item(v: Verdict, labels: dict[str, str], hint: bool = False) -> str:
+    name = labels.get(v.case_id, v.case_id)
+    full = f" ({markdown_code(v.case_id)})" if name != v.case_id else ""
+    lines = [f"- **{_cell(label(v))}** {markdown_code(name)}{full}: {_cell(v.message)}"]
     lines += [f"  - {_cell(d)}" for d in v.details]
     if hint:
         words, _, command = snapshot_hint(v.case_id).partition(": ")
@@ -267,83 +358,172 @@ def _md_item(v: Verdict, dashboard_url: str | None = None, hint: bool = False) -
     return "\n".join(lines)
 
 
+def _what(v: Verdict, labels: dict[str, str]) -> str:
+    """One blocking item in words: 'decoder[sessions=4] allocated +2.00 MiB (+17.1%),
+    caches grew'."""
+    name = markdown_code(labels.get(v.case_id, v.case_id))
+    if v.kind == "failed":
+        return f"{name} failed ({_cell(v.message.split(':', 1)[1].split(';')[0].strip()[:40])})"
+    if v.kind == "over_budget" and v.budget_bytes is not None:
+        return (f"{name} {v.metric} {_value(v, v.candidate_value)} over its "
+                f"{format_size(v.budget_bytes)} budget")
+    if v.kind == "quality":
+        return f"{name} quality beyond its tolerance"
+    grew = f", {v.component} grew" if v.component else ""
+    return f"{name} {v.metric} {_short_delta(v)}{grew}"
+
+
+def _outcome(result: CheckResult, shown: list[Verdict], labels: dict[str, str]) -> str:
+    blocking = [v for v in shown if v.blocking]
+    warnings = [v for v in shown if not v.blocking]
+    if result.estimate_only:
+        return f"ℹ️ memtrack: {summary_line(result)}"
+    if result.context == "base":
+        found = [v for v in shown if _reported(v)]
+        opened = len(result.open_regressions)
+        parts = ([f"{len(found)} regression{'s' * (len(found) != 1)} found here: "
+                  + "; ".join(_what(v, labels) for v in found[:2])
+                  + (f" and {len(found) - 2} more" if len(found) > 2 else "")]
+                 if found else ["no new regression"])
+        if opened:
+            parts.append(f"{opened} still open")
+        icon = "📌" if found or opened else "✅"
+        return (f"{icon} memtrack on {markdown_code(result.base_branch)}: {'; '.join(parts)} "
+                "(never blocking)")
+    if blocking:
+        more = f" and {len(blocking) - 1} more" if len(blocking) > 1 else ""
+        return f"❌ memtrack: blocked by {_what(blocking[0], labels)}{more}"
+    tail = f"; {len(warnings)} warning{'s' * (len(warnings) != 1)}" if warnings else ""
+    return f"✅ memtrack: nothing blocks{tail}"
+
+
+def _reported(v: Verdict) -> bool:
+    """On the base branch: what would have blocked a pull request."""
+    from memtrack.judge.quality import missing_reference
+
+    return (v.kind in ("regression", "over_budget", "failed", "quality")
+            and not missing_reference(v))
+
+
+def _counts(verdicts: list[Verdict]) -> str:
+    counts: dict[str, int] = {}
+    for v in verdicts:
+        counts[v.kind] = counts.get(v.kind, 0) + 1
+    return " · ".join(f"{_EMOJI.get(k, '')} {n} {_WORD.get(k, k)}"
+                      for k, n in sorted(counts.items(), key=lambda kv: _ORDER.get(kv[0], 9)))
+
+
+def _room(v: Verdict) -> float:
+    """The headroom a verdict allowed: threshold less baseline."""
+    return (v.threshold or 0.0) - (v.baseline_value or 0.0)
+
+
+def _noisy_line(v: Verdict, labels: dict[str, str]) -> str:
+    room = _room(v)
+    pct = f" ({100 * room / v.baseline_value:.0f}% of it)" if v.baseline_value else ""
+    tip = v.message.split("to sharpen it: ", 1)[-1] if "to sharpen it: " in v.message else ""
+    tip = tip.split("; budget ", 1)[0]  # the budget's own part is the arithmetic's
+    return (f"- {markdown_code(labels.get(v.case_id, v.case_id))} {v.metric}: a growth under "
+            f"{format_size(int(room))}{pct} cannot be told from its noise"
+            + (f"; to sharpen it: {_cell(tip)}" if tip else ""))
+
+
+def _folded(summary: str, lines: list[str]) -> list[str]:
+    return [f"<details><summary>{summary}</summary>", "", *lines, "", "</details>", ""]
+
+
 def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT,
              dashboard_url: str | None = None) -> str:
-    """A compact summary: outcome, blocking items with their arithmetic, warnings, and the
-    full table folded in <details>; cut to stay under `limit` bytes. With `dashboard_url`,
-    each case links to its History there."""
+    """What a reviewer reads in ten seconds: one line of outcome, links to the run and to a
+    Compare with its merge-base (with `dashboard_url`), a short table of what blocks or
+    warns, every other verdict counted, the base branch's open regressions, and the rest
+    folded: noise (a property of a case, said once), the arithmetic, notes, quality and
+    estimates. Cut to stay under `limit` bytes."""
     verdicts = ordered(result.verdicts)
-    blocking = [v for v in verdicts if v.blocking]
-    warnings = [v for v in verdicts if not v.blocking and v.kind not in _QUIET]
-    accepted = [v for v in verdicts if v.kind == "accepted"]
-    others = [v for v in verdicts if not v.blocking and v.kind in ("improvement", "new")]
-    icon = "❌" if blocking else "✅"
-    head = [f"## {icon} memtrack check: {_cell(summary_line(result))}", "",
-            f"{markdown_text(_where(result))} against {markdown_code(result.base_branch)}. "
-            f"{_cell(_baseline_line(result))}.", ""]
+    shown = [v for v in verdicts if v.blocking or v.kind not in _QUIET
+             or (result.context == "base" and _reported(v))]
+    quiet = [v for v in verdicts if v not in shown]
+    noisy = [v for v in quiet if v.kind == "noisy"]
+    labels = short_case_labels([*(v.case_id for v in verdicts),
+                                *(o.case_id for o in result.open_regressions)])
+    head = [f"### {_outcome(result, shown, labels)}", ""]
+    where = f"{_cell(_where(result))} against {markdown_code(result.base_branch)}"
     if dashboard_url:
-        head += [f"Each case links to its history on the [dashboard]({dashboard_url}/).", ""]
-    for note in result.notes:
-        head += [f"> **Note:** {_cell(note)}", ""]
-    if result.budget_changes:
-        head.append("**Budget changes in this revision:**")
-        head += [f"- {_cell(c.describe())}" for c in result.budget_changes]
-        head.append("")
+        links = [f"[run detail]({run_link(dashboard_url, result.run_id)})"]
+        if result.context != "base" and result.merge_base:
+            links.append(f"[compare with the merge-base {result.merge_base[:10]}]"
+                         f"({compare_link(dashboard_url, result.run_id, result.merge_base)})")
+        elif result.context == "base":
+            links.append(f"[compare with the previous run]"
+                         f"({compare_link(dashboard_url, result.run_id)})")
+        where += " · " + " · ".join(links)
+    head += [where, ""]
     body: list[str] = []
-    hinted = _hinted(blocking)  # under the blocking items only, not again in the full list
-    for title, items in (("Blocking", blocking), ("Warnings", warnings),
-                         ("Accepted (reviewed in this change)", accepted),
-                         ("Improvements and new cases", others)):
-        if items:
-            body += [f"### {title}", "", _MD_HEAD,
-                     *(_md_row(v, dashboard_url) for v in items), ""]
-            body += [_md_item(v, dashboard_url, items is blocking and i in hinted)
-                     for i, v in enumerate(items)]
-            body.append("")
+    if shown:
+        body += [_MD_HEAD, *(_md_row(v, dashboard_url, labels) for v in shown[:TABLE_ROWS])]
+        if len(shown) > TABLE_ROWS:
+            body.append(f"| | _{len(shown) - TABLE_ROWS} more in the arithmetic below_ "
+                        "| | | | | |")
+        # The first column is an emoji, which keeps the table within a comment's width
+        # (760 px unwrapped for the shipped suite); this line says what each one is.
+        kinds = dict.fromkeys(v.kind for v in shown[:TABLE_ROWS])
+
+        def said(k: str) -> str:
+            if result.context == "base":
+                return "reported"
+            return "blocks" if any(v.blocking for v in shown if v.kind == k) else "warns"
+
+        body += ["", " · ".join(f"{_EMOJI.get(k, k)} {_WORD.get(k, k)}: {said(k)}"
+                                for k in kinds), ""]
+    if quiet:
+        body += [f"Not listed: {_counts(quiet)}.", ""]
+    if result.open_regressions:
+        where_open = ("" if result.context == "base" else ", not caused here")
+        body.append(f"**Open on {markdown_code(result.base_branch)}{where_open}** (until "
+                    "fixed or accepted):")
+        for o in result.open_regressions[:3]:
+            fixed = " — this change is back within it" if o.fixed_here else ""
+            body.append(f"- {markdown_code(labels.get(o.case_id, o.case_id))} "
+                        f"{_cell(o.describe())}{fixed}")
+        if len(result.open_regressions) > 3:
+            body.append(f"- and {len(result.open_regressions) - 3} more (see the JSON report)")
+        body.append("")
+    if result.budget_changes:
+        body.append("**Budget changes in this revision:**")
+        body += [f"- {_cell(c.describe())}" for c in result.budget_changes]
+        body.append("")
+    if noisy:
+        body += _folded(f"〰️ {len(noisy)} figure{'s' * (len(noisy) != 1)} too noisy to judge "
+                        "a small growth: a property of the case, not of this change",
+                        [_noisy_line(v, labels) for v in noisy])
+    hinted = _hinted(shown)
+    items = [_md_item(v, labels, i in hinted) for i, v in enumerate(shown)]
+    if items:
+        what = "blocks or warns" if result.context != "base" else "is reported"
+        body += _folded(f"The arithmetic of what {what} ({len(items)})",
+                        [f"{_baseline_line(result)}.", "", *items])
+    if result.notes:
+        body += _folded(f"Notes ({len(result.notes)})", [f"- {_cell(n)}" for n in result.notes])
     quality = quality_rows(result)
     if quality:
-        body += ["### Quality after a precision change", "",
-                 "| " + " | ".join(_QUALITY_COLUMNS) + " |", "|---|---|---|--:|--:|--:|---|"]
+        rows = ["| " + " | ".join(_QUALITY_COLUMNS) + " |", "|---|---|---|--:|--:|--:|---|"]
         for v, (case, against, *rest) in quality:
             cells = (f"{_EMOJI.get(v.kind, '')} {_cell(label(v))}",
                      markdown_code(case, in_table=True),
                      against if against == "itself" else markdown_code(against, in_table=True),
                      *(_cell(c) for c in rest))
-            body.append("| " + " | ".join(cells) + " |")
-        body.append("")
+            rows.append("| " + " | ".join(cells) + " |")
+        body += _folded(quality_title(result), rows)
     if result.estimates:
-        # Small: one line per estimated case, information only.
-        body += ["**Estimates** (fake tensors, `memtrack estimate`; not judged):", ""]
-        body += [f"- {markdown_code(e.case_id)}: {_cell(e.describe())}"
-                 for e in result.estimates[:50]]
+        est = [f"- {markdown_code(e.case_id)}: {_cell(e.describe())}"
+               for e in result.estimates[:50]]
         if len(result.estimates) > 50:
-            body.append(f"- _{len(result.estimates) - 50} more in the JSON report_")
-        body.append("")
-    fixed = "\n".join(head + body)
-    tail = "</details>\n"
-    opening = (f"<details><summary>All {len(verdicts)} verdicts with their arithmetic"
-               f"</summary>\n\n{_MD_HEAD}")
-    budget = limit - len(fixed.encode()) - len(opening.encode()) - len(tail.encode()) - 200
-    rows: list[str] = []
-    lines: list[str] = []
-    used = 0
-    n_shown = 0
-    for v in verdicts:
-        row, item = _md_row(v, dashboard_url), _md_item(v, dashboard_url)
-        size = len(row.encode()) + len(item.encode()) + 2
-        if used + size > budget:
-            break
-        rows.append(row)
-        lines.append(item)
-        used += size
-        n_shown += 1
-    details = [opening, *rows, "", *lines, ""]
-    if n_shown < len(verdicts):
-        details.append(f"_{len(verdicts) - n_shown} more verdicts not shown (size limit); "
-                       "see the JSON report or the dashboard._\n")
-    text = fixed + "\n" + "\n".join(details) + tail
-    if len(text.encode()) > limit:  # the fixed part alone is too big: keep the outcome
-        text = "\n".join(head[:3]) + "\n\n_(report cut to the size limit; see the JSON report)_\n"
+            est.append(f"- _{len(result.estimates) - 50} more in the JSON report_")
+        body += _folded(f"Estimates ({len(result.estimates)}, fake tensors, not judged)", est)
+    text = "\n".join(head + body).rstrip() + "\n"
+    if len(text.encode()) > limit:  # keep the outcome and the table, cut the folded rest
+        kept = "\n".join(head + body[:body.index("") + 1] if shown else head)
+        text = kept + "\n_(report cut to the size limit; see the JSON report)_\n"
     return text
 
 
@@ -434,7 +614,7 @@ def history_markdown(h: HistoryResult, *, limit: int = MARKDOWN_LIMIT,
                   "| case | metric | commit | subject | before | after | delta |",
                   "|---|---|---|---|--:|--:|--:|"]
         for s in h.steps:
-            lines.append(f"| {_md_case(s.case_id, dashboard_url, in_table=True)} | "
+            lines.append(f"| {_md_case(s.case_id, dashboard_url)} | "
                          f"{_cell(s.metric)} | {markdown_code(s.commit[:12], in_table=True)} | "
                          f"{_cell((s.subject or '')[:60])} | {format_size(int(s.before))} | "
                          f"{format_size(int(s.after))} | {_signed(s.delta)} "
