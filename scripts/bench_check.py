@@ -49,7 +49,7 @@ from memtrack.config import Config, load_config  # noqa: E402
 from memtrack.judge.baseline import COMPONENTS, Point  # noqa: E402
 from memtrack.judge.check import check  # noqa: E402
 from memtrack.judge.history import judge_series  # noqa: E402
-from memtrack.judge.memory import Case, verdict  # noqa: E402
+from memtrack.judge.memory import Candidate, verdict  # noqa: E402
 from memtrack.records import (  # noqa: E402
     Measurement,
     RunRecord,
@@ -145,7 +145,7 @@ def _judge(config: Config, m: Measurement, base: list[tuple]) -> dict:
     """Verdicts per measured metric of `m` against the baseline (run, measurement) pairs,
     oldest first."""
     points = [_point(r, b, i) for i, (r, b) in enumerate(base)][::-1]  # newest first
-    c = Case(m, points, {}, len(points) < config.min_baseline_runs)
+    c = Candidate(m, points, {}, len(points) < config.min_baseline_runs)
     return {metric: verdict(c, metric, config) for metric in metrics.NAMES
             if metrics.value(m, metric) is not None}
 

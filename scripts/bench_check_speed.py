@@ -49,7 +49,7 @@ from factories import CPU_ENV, GIT_ENV, make_measurement, make_run  # noqa: E402
 
 from memtrack.config import load_config  # noqa: E402
 from memtrack.judge.baseline import COMPONENTS, Point  # noqa: E402
-from memtrack.judge.memory import Case, verdict  # noqa: E402
+from memtrack.judge.memory import Candidate, verdict  # noqa: E402
 from memtrack.records import (  # noqa: E402
     Measurement,
     metrics,  # noqa: E402
@@ -119,7 +119,7 @@ def _point(run, m: Measurement) -> Point:
 def _judge(config, m: Measurement, base: list[tuple]) -> dict:
     """Verdicts per gated metric of `m` against the baseline (run, measurement) pairs."""
     points = [_point(r, b) for r, b in reversed(base)]  # newest first, as the finder gives
-    c = Case(m, points, {}, len(points) < config.min_baseline_runs)
+    c = Candidate(m, points, {}, len(points) < config.min_baseline_runs)
     return {metric: verdict(c, metric, config) for metric in GATED}
 
 

@@ -181,7 +181,7 @@ def test_no_shipped_case_blocks_against_baselines_drawn_from_its_own_real_reruns
     import random
 
     from memtrack.judge.baseline import Point
-    from memtrack.judge.memory import Case, verdict
+    from memtrack.judge.memory import Candidate, verdict
     from memtrack.records import metrics
 
     cases: dict[str, list] = {}
@@ -198,7 +198,7 @@ def test_no_shipped_case_blocks_against_baselines_drawn_from_its_own_real_reruns
                             {k: x for k in metrics.NAMES if (x := metrics.value(b, k)) is not None},
                             b.iteration_times_s, {}, b.allocated_samples)
                       for i, b in enumerate(base)][::-1]
-            c = Case(m, points, {}, n < config.min_baseline_runs)
+            c = Candidate(m, points, {}, n < config.min_baseline_runs)
             for metric in metrics.NAMES:
                 v = verdict(c, metric, config)
                 if v is not None and v.blocking:

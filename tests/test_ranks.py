@@ -20,7 +20,7 @@ from memtrack.cli import main
 from memtrack.config import Budget, load_config
 from memtrack.errors import RecordError, WorkloadError
 from memtrack.judge.budgets import device_memory
-from memtrack.judge.memory import Case as JudgedCase
+from memtrack.judge.memory import Candidate as JudgedCase
 from memtrack.measure.case import run_case
 from memtrack.records import (
     DeviceMeasurement,

@@ -32,7 +32,7 @@ from memtrack.judge.budgets import (
     rank_part,
     vram_verdict,
 )
-from memtrack.judge.memory import Case
+from memtrack.judge.memory import Candidate
 from memtrack.judge.verdict import Verdict
 from memtrack.records import Environment, RunRecord, metrics
 from memtrack.store.database import VERDICT_COLUMNS, Store
@@ -141,7 +141,7 @@ def environment_diff(old: Environment, new: Environment) -> list[str]:
     return out
 
 
-def _unbased_verdict(c: Case, metric: str, base_branch: str,
+def _unbased_verdict(c: Candidate, metric: str, base_branch: str,
                      other_env: tuple[Point, list[str]] | None) -> Verdict | None:
     """No baseline on this environment: 'new' or 'environment changed', budgets still hold."""
     m = c.m
@@ -168,7 +168,7 @@ def _unbased_verdict(c: Case, metric: str, base_branch: str,
         message=f"{metric} {format_size(value)}: {text}{c.budget_part(metric, value, budget)}")
 
 
-def _failed_verdict(c: Case) -> Verdict:
+def _failed_verdict(c: Candidate) -> Verdict:
     m = c.m
     same_env_status = [p.status for p in c.points]
     passed = sum(s == "ok" for s in same_env_status)
@@ -187,7 +187,7 @@ def _failed_verdict(c: Case) -> Verdict:
                    message=f"status: {m.status}{text}; {why}")
 
 
-def _judge_case(c: Case, config: Config, base_branch: str,
+def _judge_case(c: Candidate, config: Config, base_branch: str,
                 other_env: tuple[Point, list[str]] | None, time_on: bool) -> list[Verdict]:
     m = c.m
     if m.status != "ok":
@@ -348,7 +348,7 @@ def check(store: Store, config: Config, *, run_id: str | None = None,
         budgets = budgets_for(config.budgets, m, run.environment)
         touched = [ch for ch in changes if ch.workload in (m.workload, m.case_id)]
         ok_runs = sum(p.status == "ok" for p in case_points)
-        c = Case(m, case_points, budgets, ok_runs < config.min_baseline_runs, touched,
+        c = Candidate(m, case_points, budgets, ok_runs < config.min_baseline_runs, touched,
                  acceptances, context)
         other = None
         if not case_points and finder.seen_anywhere(m.case_id):

@@ -53,7 +53,7 @@ run); smaller ones are reported."""
 
 
 @dataclass
-class Case:
+class Candidate:
     """What is known about one candidate case while judging it."""
 
     m: Measurement
@@ -188,7 +188,7 @@ def _sharpen(m: Measurement, metric: str, n_window: int, config: Config) -> str:
     return ", ".join(tips)
 
 
-def verdict(c: Case, metric: str, config: Config) -> Verdict | None:
+def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
     """Headroom arithmetic against the baseline's current level, and the budget."""
     m = c.m
     figure = c.figure(metric)
@@ -320,6 +320,6 @@ def verdict(c: Case, metric: str, config: Config) -> Verdict | None:
                    level_commit=level_points[0].commit if level.steps else None, **common)
 
 
-__all__ = ["PROVISIONAL_BLOCK_FRACTION", "YOUNG_BLOCK_FRACTION", "Case", "headroom",
+__all__ = ["PROVISIONAL_BLOCK_FRACTION", "YOUNG_BLOCK_FRACTION", "Candidate", "headroom",
            "iteration_noise", "iteration_range", "repeat_spread", "small_sample",
            "suggest_budget", "verdict", "what_grew"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 
 from memtrack.config import Config
-from memtrack.judge.memory import Case, fmt_pct, pct
+from memtrack.judge.memory import Candidate, fmt_pct, pct
 from memtrack.judge.verdict import Verdict
 from memtrack.units import format_seconds
 
@@ -21,7 +21,7 @@ TIME_MIN_EFFECT = 0.05
 the factor) is not a finding."""
 
 
-def verdict(c: Case, config: Config) -> Verdict | None:
+def verdict(c: Candidate, config: Config) -> Verdict | None:
     m = c.m
     cand = [t for t in m.iteration_times_s if t is not None]
     medians = [statistics.median(p.times) for p in c.points if p.status == "ok" and p.times]
