@@ -277,8 +277,9 @@ def _cell(text: object) -> str:
 
 
 def _link_text(text: str) -> str:
-    """Text for inside a Markdown link: brackets and what ends a table cell escaped."""
-    return _cell(text).replace("[", "\\[").replace("]", "\\]")
+    """Text for inside a Markdown link: brackets and what ends a table cell escaped (as
+    markdown_text escapes them everywhere)."""
+    return _cell(text)
 
 
 def _page(dashboard_url: str, **query: str) -> str:
@@ -388,7 +389,7 @@ def _outcome(result: CheckResult, shown: list[Verdict], labels: dict[str, str]) 
         if opened:
             parts.append(f"{opened} still open")
         icon = "📌" if found or opened else "✅"
-        return (f"{icon} memtrack on {markdown_code(result.base_branch)}: {'; '.join(parts)} "
+        return (f"{icon} memtrack on {_cell(result.base_branch)}: {'; '.join(parts)} "
                 "(never blocking)")
     if blocking:
         more = f" and {len(blocking) - 1} more" if len(blocking) > 1 else ""
@@ -479,7 +480,7 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT,
         body += [f"Not listed: {_counts(quiet)}.", ""]
     if result.open_regressions:
         where_open = ("" if result.context == "base" else ", not caused here")
-        body.append(f"**Open on {markdown_code(result.base_branch)}{where_open}** (until "
+        body.append(f"**Open on {_cell(result.base_branch)}{where_open}** (until "
                     "fixed or accepted):")
         for o in result.open_regressions[:3]:
             fixed = " — this change is back within it" if o.fixed_here else ""
