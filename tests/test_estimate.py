@@ -222,7 +222,9 @@ def test_an_estimate_on_main_is_never_a_baseline(tmp_path, monkeypatch):
     res = _invoke(repo, "check", "--db", str(db))
     assert res.exit_code == 0, res.output
     assert "new: no baseline on main" in res.output and "regression" not in res.output
-    assert "estimate 100.00 MiB (measured 200.00 MiB, -50.00%)" in res.output
+    # the estimate is of the merge-base, not of the commit checked: said so
+    assert (f"estimate of commit {base[:12]} (not the one checked) 100.00 MiB (measured "
+            "200.00 MiB, -50.00%)") in res.output
     from memtrack.dashboard import queries
 
     with Store.open(db, readonly=True) as store:
