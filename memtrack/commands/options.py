@@ -47,7 +47,8 @@ def rich_console(**kwargs: Any) -> Any:
 
 
 def check_json_folder(json_path: Path) -> None:
-    """Refuse now, not after measuring, a --json path that cannot be written or has no room."""
+    """Refuse, before measuring, a --json path that cannot be written (a missing folder is
+    not made: a typo must not plant folders anywhere) or has no room."""
     problem = output_problem(json_path) or room_problem(json_path)
     if problem:
         raise ConfigError(f"--json {json_path}: {problem}")
