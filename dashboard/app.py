@@ -33,8 +33,20 @@ from memtrack.dashboard.views import (
 from memtrack.config import Config, load_config
 from memtrack.errors import MemtrackError, StoreError
 
-RENDER = dict(zip(PAGES, (overview.render, history.render, regressions.render,
-                          run_detail.render, compare.render, plan.render), strict=True))
+RENDER = dict(
+    zip(
+        PAGES,
+        (
+            overview.render,
+            history.render,
+            regressions.render,
+            run_detail.render,
+            compare.render,
+            plan.render,
+        ),
+        strict=True,
+    )
+)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -80,8 +92,9 @@ def empty_state(db: Path, why: str) -> None:
 def open_database(db: Path) -> dict | None:
     """The store's summary, or None after showing why it cannot be shown."""
     if not db.is_file() or db.stat().st_size == 0 or _has_no_tables(db):
-        empty_state(db, "the database does not exist yet" if not db.is_file()
-                    else "the database is empty")
+        empty_state(
+            db, "the database does not exist yet" if not db.is_file() else "the database is empty"
+        )
         return None
     try:
         queries.open_readonly(db).close()  # checks the schema version
@@ -106,10 +119,15 @@ def choose_page() -> str:
             st.rerun()
         else:
             del st.query_params["page"]
-            st.warning(f"There is no page {esc(asked, 40)}: the pages are "
-                       f"{', '.join(PAGES)}.")
-    page = st.radio("Page", PAGES, key="page", bind="query-params", horizontal=True,
-                    label_visibility="collapsed")
+            st.warning(f"There is no page {esc(asked, 40)}: the pages are {', '.join(PAGES)}.")
+    page = st.radio(
+        "Page",
+        PAGES,
+        key="page",
+        bind="query-params",
+        horizontal=True,
+        label_visibility="collapsed",
+    )
     return page or PAGES[0]
 
 
@@ -118,40 +136,48 @@ def show(db: Path, config: Config | None, config_error: str | None) -> None:
     if summary is None:
         return
     key = data.stamp(str(db))
-    ctx = Context(db=str(db), key=key, config=config, summary=summary,
-                  choices=data.choices(str(db), key))
+    ctx = Context(
+        db=str(db), key=key, config=config, summary=summary, choices=data.choices(str(db), key)
+    )
     page = choose_page()
     with st.sidebar:
         st.header("memtrack")
-        st.caption(f"Database {esc(db)} (read-only) · {summary['runs']:,} runs, newest "
-                   f"{esc((summary['last'] or '-')[:16].replace('T', ' '))}")
+        st.caption(
+            f"Database {esc(db)} (read-only) · {summary['runs']:,} runs, newest "
+            f"{esc((summary['last'] or '-')[:16].replace('T', ' '))}"
+        )
         if config_error:
             st.warning(f"Budgets not loaded: {esc(config_error)}")
         elif config is not None:
             where = esc(config.path) if config.path else "the embedded default"
-            st.caption(f"Config {where} · base branch {esc(config.base_branch)} · "
-                       f"{len(config.budgets)} budget rule(s) in the config; a case without "
-                       "one shows the budget its latest verdict recorded.")
+            st.caption(
+                f"Config {where} · base branch {esc(config.base_branch)} · "
+                f"{len(config.budgets)} budget rule(s) in the config; a case without "
+                "one shows the budget its latest verdict recorded."
+            )
         if not summary["has_verdicts"]:
-            st.caption("No verdicts recorded yet: regressions show once `memtrack check` "
-                       "records them.")
+            st.caption(
+                "No verdicts recorded yet: regressions show once `memtrack check` records them."
+            )
     RENDER[page](ctx)
 
 
 def main() -> None:
-    st.set_page_config(page_title="memtrack", page_icon="📈", layout="wide",
-                       initial_sidebar_state="collapsed")
+    st.set_page_config(
+        page_title="memtrack", page_icon="📈", layout="wide", initial_sidebar_state="collapsed"
+    )
     args = parse_args(sys.argv[1:])
-    config, config_error = load_settings(str(args.config) if args.config else None,
-                                         str(Path.cwd()))
+    config, config_error = load_settings(str(args.config) if args.config else None, str(Path.cwd()))
     db = args.db or (config.database if config else Path("data/memtrack.db"))
     db = db.resolve()
     try:
         show(db, config, config_error)
     except (sqlite3.DatabaseError, StoreError) as exc:
         # A damaged file (or one replaced while open): one line, not a traceback.
-        st.error(f"The database {esc(db)} cannot be read: {esc(exc)}. Restore it from a "
-                 "backup (`memtrack backup`) or point --db at another file.")
+        st.error(
+            f"The database {esc(db)} cannot be read: {esc(exc)}. Restore it from a "
+            "backup (`memtrack backup`) or point --db at another file."
+        )
 
 
 main()

@@ -23,18 +23,30 @@ VIEW_COLORS = {
     "host_step": "#8c564b",
 }
 MARKER_COLORS = {
-    "failed": "#7f1d1d", "over_budget": "#d62728", "regression": "#ff7f0e",
-    "time_regression": "#bc6c25", "improvement": "#2ca02c", "accepted": "#e377c2",
-    "noisy": "#bcbd22", "environment_changed": "#8c564b", "new": "#17becf",
+    "failed": "#7f1d1d",
+    "over_budget": "#d62728",
+    "regression": "#ff7f0e",
+    "time_regression": "#bc6c25",
+    "improvement": "#2ca02c",
+    "accepted": "#e377c2",
+    "noisy": "#bcbd22",
+    "environment_changed": "#8c564b",
+    "new": "#17becf",
     "estimate": "#9467bd",
 }
 """Each kind of mark its own colour (and, on History, its own shape): a failure, a budget
 broken and a regression are three different things."""
 MARKER_NAMES = {
-    "failed": "failed", "over_budget": "over budget", "regression": "regression",
-    "time_regression": "time regression", "improvement": "improvement",
-    "accepted": "accepted", "noisy": "noisy", "environment_changed": "environment changed",
-    "new": "new", "estimate": "estimate (not measured)",
+    "failed": "failed",
+    "over_budget": "over budget",
+    "regression": "regression",
+    "time_regression": "time regression",
+    "improvement": "improvement",
+    "accepted": "accepted",
+    "noisy": "noisy",
+    "environment_changed": "environment changed",
+    "new": "new",
+    "estimate": "estimate (not measured)",
 }
 """Marks as legends and tooltips name them."""
 OTHER_BRANCHES = "other branches"
@@ -60,8 +72,7 @@ def unit_for(largest: float) -> tuple[str, int]:
 
 
 def _tip(field: str, title: str | None = None, **more: Any) -> dict[str, Any]:
-    return {"field": field, "type": more.pop("type", "nominal"), "title": title or field,
-            **more}
+    return {"field": field, "type": more.pop("type", "nominal"), "title": title or field, **more}
 
 
 def breakdown_chart(measurements: Sequence[dict[str, Any]]) -> alt.Chart | None:
@@ -77,8 +88,14 @@ def breakdown_chart(measurements: Sequence[dict[str, Any]]) -> alt.Chart | None:
                 continue
             value = m.get(col)
             if value:
-                records.append({"case": m["case_id"], "part": label, "bytes": value,
-                                "size": format_size(value)})
+                records.append(
+                    {
+                        "case": m["case_id"],
+                        "part": label,
+                        "bytes": value,
+                        "size": format_size(value),
+                    }
+                )
     if not records:
         return None
     df = pd.DataFrame(records)
@@ -86,13 +103,18 @@ def breakdown_chart(measurements: Sequence[dict[str, Any]]) -> alt.Chart | None:
     df["value"] = df["bytes"] / factor
     order = [label for _, label in BREAKDOWN]
     return (
-        alt.Chart(df).mark_bar()
+        alt.Chart(df)
+        .mark_bar()
         .encode(
             y=alt.Y("case:N", title=None, axis=alt.Axis(labelLimit=420)),
             x=alt.X("value:Q", title=f"memory ({unit})", stack="zero"),
-            color=alt.Color("part:N", title=None, sort=order,
-                            scale=alt.Scale(domain=order, scheme="tableau10"),
-                            legend=alt.Legend(orient="top")),
+            color=alt.Color(
+                "part:N",
+                title=None,
+                sort=order,
+                scale=alt.Scale(domain=order, scheme="tableau10"),
+                legend=alt.Legend(orient="top"),
+            ),
             order=alt.Order("order:Q"),
             tooltip=["case:N", "part:N", alt.Tooltip("size:N", title="size")],
         )
@@ -102,33 +124,56 @@ def breakdown_chart(measurements: Sequence[dict[str, Any]]) -> alt.Chart | None:
     )
 
 
-def plan_chart(param: str, points: Sequence[tuple[float, int]],
-               curve: Sequence[tuple[float, float]],
-               gpus: Sequence[tuple[str, int]]) -> dict[str, Any]:
+def plan_chart(
+    param: str,
+    points: Sequence[tuple[float, int]],
+    curve: Sequence[tuple[float, float]],
+    gpus: Sequence[tuple[str, int]],
+) -> dict[str, Any]:
     """The Plan page: measured peaks against the swept value, the fitted curve, and a
     horizontal rule at each GPU's memory. Both axes are logarithmic where the values allow
     (a sweep doubles; GPU memory is orders of magnitude above a small case)."""
     log_x = all(x > 0 for x, _ in points)
-    x_enc = {"field": "x", "type": "quantitative", "title": param,
-             "scale": {"type": "log" if log_x else "linear"},
-             "axis": {"format": ",.4~g"}}
-    y_enc = {"field": "gib", "type": "quantitative", "title": "peak (GiB)",
-             "scale": {"type": "log"}, "axis": {"format": ",.4~g"}}
+    x_enc = {
+        "field": "x",
+        "type": "quantitative",
+        "title": param,
+        "scale": {"type": "log" if log_x else "linear"},
+        "axis": {"format": ",.4~g"},
+    }
+    y_enc = {
+        "field": "gib",
+        "type": "quantitative",
+        "title": "peak (GiB)",
+        "scale": {"type": "log"},
+        "axis": {"format": ",.4~g"},
+    }
     gib = float(2**30)
     layers: list[dict[str, Any]] = [
-        {"data": {"values": [{"x": x, "gib": y / gib} for x, y in curve if y > 0]},
-         "mark": {"type": "line", "color": "#1f77b4", "strokeDash": [4, 3]},
-         "encoding": {"x": x_enc, "y": y_enc}},
-        {"data": {"values": [{"x": x, "gib": y / gib, "peak": format_size(y),
-                              "bytes": f"{y:,} B"} for x, y in points]},
-         "mark": {"type": "point", "filled": True, "size": 70, "color": "#1f77b4"},
-         "encoding": {"x": x_enc, "y": y_enc,
-                      "tooltip": [_tip("x", param, type="quantitative"), _tip("peak"),
-                                  _tip("bytes")]}},
+        {
+            "data": {"values": [{"x": x, "gib": y / gib} for x, y in curve if y > 0]},
+            "mark": {"type": "line", "color": "#1f77b4", "strokeDash": [4, 3]},
+            "encoding": {"x": x_enc, "y": y_enc},
+        },
+        {
+            "data": {
+                "values": [
+                    {"x": x, "gib": y / gib, "peak": format_size(y), "bytes": f"{y:,} B"}
+                    for x, y in points
+                ]
+            },
+            "mark": {"type": "point", "filled": True, "size": 70, "color": "#1f77b4"},
+            "encoding": {
+                "x": x_enc,
+                "y": y_enc,
+                "tooltip": [_tip("x", param, type="quantitative"), _tip("peak"), _tip("bytes")],
+            },
+        },
     ]
     if gpus:
-        rules = [{"gpu": name, "gib": memory / gib, "memory": f"{memory:,} B"}
-                 for name, memory in gpus]
+        rules = [
+            {"gpu": name, "gib": memory / gib, "memory": f"{memory:,} B"} for name, memory in gpus
+        ]
         # GPUs of equal memory share one rule's height: one label names them all, or
         # their labels would be drawn over each other.
         same: dict[int, list[str]] = {}
@@ -136,12 +181,22 @@ def plan_chart(param: str, points: Sequence[tuple[float, int]],
             same.setdefault(memory, []).append(name)
         names = [{"gpu": " · ".join(ns), "gib": memory / gib} for memory, ns in same.items()]
         layers += [
-            {"data": {"values": rules}, "mark": {"type": "rule", "color": "#d62728",
-                                                 "strokeDash": [6, 4]},
-             "encoding": {"y": y_enc, "tooltip": [_tip("gpu"), _tip("memory")]}},
-            {"data": {"values": names},
-             "mark": {"type": "text", "align": "left", "dx": 4, "dy": -6, "color": "#d62728",
-                      "x": 0},
-             "encoding": {"y": y_enc, "text": {"field": "gpu"}}},
+            {
+                "data": {"values": rules},
+                "mark": {"type": "rule", "color": "#d62728", "strokeDash": [6, 4]},
+                "encoding": {"y": y_enc, "tooltip": [_tip("gpu"), _tip("memory")]},
+            },
+            {
+                "data": {"values": names},
+                "mark": {
+                    "type": "text",
+                    "align": "left",
+                    "dx": 4,
+                    "dy": -6,
+                    "color": "#d62728",
+                    "x": 0,
+                },
+                "encoding": {"y": y_enc, "text": {"field": "gpu"}},
+            },
         ]
     return {"layer": layers, "height": 420, "width": "container", "usermeta": SVG}

@@ -59,8 +59,13 @@ def choices(db: str, key: Stamp) -> dict[str, Any]:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def latest_by_case(
-    db: str, key: Stamp, branch: str | None, fingerprint: str | None, points: int,
-    factor: float, base_branch: str = "main",
+    db: str,
+    key: Stamp,
+    branch: str | None,
+    fingerprint: str | None,
+    points: int,
+    factor: float,
+    base_branch: str = "main",
 ) -> list[dict[str, Any]]:
     """Per case, its newest `points` measurements under the filters (cases without any are
     left out), the verdicts recorded about them ('window_verdicts') and about its newest run
@@ -71,28 +76,39 @@ def latest_by_case(
         out: list[dict[str, Any]] = []
         for case in queries.case_ids(s.conn):
             rows = queries.series(
-                s.conn, case, branches=[branch] if branch else [],
-                fingerprints=[fingerprint] if fingerprint else [], limit=points,
+                s.conn,
+                case,
+                branches=[branch] if branch else [],
+                fingerprints=[fingerprint] if fingerprint else [],
+                limit=points,
             )
             if rows:
-                out.append({"case_id": case, "rows": rows,
-                            "budget_verdicts": queries.latest_verdicts(s.conn, case)})
-        verdicts = queries.verdicts_for_runs(
-            s.conn, [r["run_id"] for c in out for r in c["rows"]])
+                out.append(
+                    {
+                        "case_id": case,
+                        "rows": rows,
+                        "budget_verdicts": queries.latest_verdicts(s.conn, case),
+                    }
+                )
+        verdicts = queries.verdicts_for_runs(s.conn, [r["run_id"] for c in out for r in c["rows"]])
         for c in out:
             latest = c["rows"][0]
             c["window_verdicts"] = [v for v in verdicts if v["case_id"] == c["case_id"]]
             c["verdicts"] = [v for v in c["window_verdicts"] if v["run_id"] == latest["run_id"]]
-            c["open"] = model.open_dicts(open_regressions(
-                s.conn, base_branch, [c["case_id"]], fingerprint=latest.get("fingerprint")))
+            c["open"] = model.open_dicts(
+                open_regressions(
+                    s.conn, base_branch, [c["case_id"]], fingerprint=latest.get("fingerprint")
+                )
+            )
     for c in out:
         c["steps"] = {m: model.steps(c["rows"], m, factor) for m in model.METRIC_COLUMNS}
     return out
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def base_series(db: str, key: Stamp, base_branch: str, points: int,
-                factor: float) -> list[dict[str, Any]]:
+def base_series(
+    db: str, key: Stamp, base_branch: str, points: int, factor: float
+) -> list[dict[str, Any]]:
     """Per case, its newest `points` runs on the base branch, their verdicts and the steps
     of each view."""
     with _open(db) as s:
@@ -100,9 +116,16 @@ def base_series(db: str, key: Stamp, base_branch: str, points: int,
         for case in queries.case_ids(s.conn):
             rows = queries.series(s.conn, case, branches=[base_branch], limit=points)
             if rows:
-                out.append({"case_id": case, "rows": rows, "verdicts": queries.verdicts_for_runs(
-                    s.conn, [r["run_id"] for r in rows], case_id=case),
-                    "open": model.open_dicts(open_regressions(s.conn, base_branch, [case]))})
+                out.append(
+                    {
+                        "case_id": case,
+                        "rows": rows,
+                        "verdicts": queries.verdicts_for_runs(
+                            s.conn, [r["run_id"] for r in rows], case_id=case
+                        ),
+                        "open": model.open_dicts(open_regressions(s.conn, base_branch, [case])),
+                    }
+                )
     for c in out:
         c["steps"] = {m: model.steps(c["rows"], m, factor) for m in model.CHART_METRICS}
     return out
@@ -110,23 +133,43 @@ def base_series(db: str, key: Stamp, base_branch: str, points: int,
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def history(
-    db: str, key: Stamp, case_id: str, branches: tuple[str, ...],
-    fingerprints: tuple[str, ...], since: str | None, until: str | None, limit: int,
-    base_branch: str, factor: float,
+    db: str,
+    key: Stamp,
+    case_id: str,
+    branches: tuple[str, ...],
+    fingerprints: tuple[str, ...],
+    since: str | None,
+    until: str | None,
+    limit: int,
+    base_branch: str,
+    factor: float,
 ) -> dict[str, Any]:
     """A case's rows under the filters (each with its place 'x' on the time axis: commit
     time on the base branch, run time elsewhere), their verdicts, and the steps of each
     view along the base branch (along the rows shown, without it). Cached: finding steps
     is the costly part of a page."""
     with _open(db) as s:
-        rows = queries.series(s.conn, case_id, branches=branches, fingerprints=fingerprints,
-                              since=since, until=until, limit=limit)
-        verdicts = queries.verdicts_for_runs(s.conn, [r["run_id"] for r in rows],
-                                             case_id=case_id)
+        rows = queries.series(
+            s.conn,
+            case_id,
+            branches=branches,
+            fingerprints=fingerprints,
+            since=since,
+            until=until,
+            limit=limit,
+        )
+        verdicts = queries.verdicts_for_runs(s.conn, [r["run_id"] for r in rows], case_id=case_id)
         latest = queries.latest_verdicts(s.conn, case_id)
-        estimates = queries.series(s.conn, case_id, branches=branches,
-                                   fingerprints=fingerprints, since=since, until=until,
-                                   limit=limit, kind="estimate")
+        estimates = queries.series(
+            s.conn,
+            case_id,
+            branches=branches,
+            fingerprints=fingerprints,
+            since=since,
+            until=until,
+            limit=limit,
+            kind="estimate",
+        )
         still = model.open_dicts(open_regressions(s.conn, base_branch, [case_id]))
     for r in estimates:
         r["x"] = r["started_at"]
@@ -134,15 +177,19 @@ def history(
         on_base = r["git_branch"] == base_branch
         r["x"] = (r.get("git_committed_at") or r["started_at"]) if on_base else r["started_at"]
     line = [r for r in rows if r["git_branch"] == base_branch] or rows
-    return {"rows": rows, "verdicts": verdicts, "latest_verdicts": latest, "open": still,
-            "estimates": [r for r in estimates if r["status"] == "ok"],
-            "on_base": line is not rows,
-            "steps": {m: model.steps(line, m, factor) for m in model.CHART_METRICS}}
+    return {
+        "rows": rows,
+        "verdicts": verdicts,
+        "latest_verdicts": latest,
+        "open": still,
+        "estimates": [r for r in estimates if r["status"] == "ok"],
+        "on_base": line is not rows,
+        "steps": {m: model.steps(line, m, factor) for m in model.CHART_METRICS},
+    }
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def pull_requests(db: str, key: Stamp, base_branch: str,
-                  limit: int = 200) -> list[dict[str, Any]]:
+def pull_requests(db: str, key: Stamp, base_branch: str, limit: int = 200) -> list[dict[str, Any]]:
     """The newest run of each branch other than the base branch among the newest `limit`
     runs, newest first, each with its recorded verdicts ('verdicts')."""
     with _open(db) as s:
@@ -180,10 +227,14 @@ def run_detail(db: str, key: Stamp, run_id: str) -> dict[str, Any] | None:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def plan_rows(db: str, key: Stamp, workload: str, param: str,
-              limit: int = 200) -> list[dict[str, Any]]:
+def plan_rows(
+    db: str, key: Stamp, workload: str, param: str, limit: int = 200
+) -> list[dict[str, Any]]:
     """The newest `limit` measurements of each case of a workload that sets `param`."""
     with _open(db) as s:
-        cases = [c for c in queries.case_ids(s.conn)
-                 if model.case_params(c)[0] == workload and param in model.case_params(c)[1]]
+        cases = [
+            c
+            for c in queries.case_ids(s.conn)
+            if model.case_params(c)[0] == workload and param in model.case_params(c)[1]
+        ]
         return [r for c in cases for r in queries.series(s.conn, c, limit=limit)]

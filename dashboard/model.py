@@ -25,9 +25,16 @@ MiB = 2**20
 
 METRIC_COLUMNS = metrics.COLUMNS
 METRIC_LABELS = {name: m.label for name, m in metrics.METRICS.items()}
-SHORT_LABELS = {"allocated": "allocated", "reserved": "reserved", "requested": "requested",
-                "device": "device (NVML)", "host": "host RSS", "host_step": "host step",
-                "load_host": "loading host RSS", "disk": "disk"}
+SHORT_LABELS = {
+    "allocated": "allocated",
+    "reserved": "reserved",
+    "requested": "requested",
+    "device": "device (NVML)",
+    "host": "host RSS",
+    "host_step": "host step",
+    "load_host": "loading host RSS",
+    "disk": "disk",
+}
 """Names for narrow table columns; METRIC_LABELS says what each one is."""
 CHART_METRICS = ("allocated", "reserved", "device", "host", "host_step")
 """The views drawn on a history chart (requested sits within a few KiB of allocated)."""
@@ -79,8 +86,14 @@ def budgets_for(
 ) -> list[CaseBudget]:
     """The config budgets that apply to a measurement, one per view, chosen by the gate's own
     rule (memtrack.judge.budgets.choose_budgets)."""
-    chosen = choose_budgets(budgets, row["workload"], row["case_id"],
-                            row.get("device") == "cpu", gpus, default_metric(row))
+    chosen = choose_budgets(
+        budgets,
+        row["workload"],
+        row["case_id"],
+        row.get("device") == "cpu",
+        gpus,
+        default_metric(row),
+    )
     return [CaseBudget(metric, b.limit_bytes, b.reason, "config") for metric, b in chosen.items()]
 
 
@@ -89,8 +102,9 @@ def verdict_budgets(verdicts: Iterable[dict[str, Any]]) -> list[CaseBudget]:
     out: dict[str, CaseBudget] = {}
     for v in verdicts:
         if v.get("budget_bytes") is not None and v.get("metric") in METRIC_COLUMNS:
-            out[v["metric"]] = CaseBudget(v["metric"], int(v["budget_bytes"]),
-                                          v.get("budget_reason"), "verdict")
+            out[v["metric"]] = CaseBudget(
+                v["metric"], int(v["budget_bytes"]), v.get("budget_reason"), "verdict"
+            )
     return list(out.values())
 
 
@@ -117,7 +131,9 @@ class CaseStatus:
 
 
 def case_status(
-    row: dict[str, Any], budgets: Sequence[CaseBudget], verdicts: Sequence[dict[str, Any]],
+    row: dict[str, Any],
+    budgets: Sequence[CaseBudget],
+    verdicts: Sequence[dict[str, Any]],
     still_open: Sequence[dict[str, Any]] = (),
 ) -> CaseStatus:
     """Status of one measurement: failed > over budget > regression > near budget > ok.
@@ -137,8 +153,9 @@ def case_status(
     kinds = {v.get("kind"): v for v in verdicts}
     if row.get("status") != "ok" or "failed" in kinds:
         note = row.get("message") or (kinds.get("failed") or {}).get("message") or ""
-        return CaseStatus("failed", metric, value, chosen, used,
-                          f"{row.get('status')}: {note}".rstrip(": "))
+        return CaseStatus(
+            "failed", metric, value, chosen, used, f"{row.get('status')}: {note}".rstrip(": ")
+        )
     if (used is not None and used > 1) or "over_budget" in kinds:
         v = kinds.get("over_budget")
         if v is not None and chosen is None and v.get("budget_bytes"):
@@ -156,14 +173,26 @@ def case_status(
             metric = v["metric"]
             value = metric_value(row, metric)
             chosen = next((b for b in budgets if b.metric == metric), None)
-            used = (value / chosen.limit_bytes if chosen is not None and value is not None
-                    and chosen.limit_bytes > 0 else None)
+            used = (
+                value / chosen.limit_bytes
+                if chosen is not None and value is not None and chosen.limit_bytes > 0
+                else None
+            )
         if "regression" in kinds:
             return CaseStatus("regression", metric, value, chosen, used, v.get("message") or "")
-        return CaseStatus("regression", metric, value, chosen, used,
-                          f"not fixed or accepted: {v.get('message') or ''}".rstrip(": "))
-    notes = "; ".join(f"{k}: {kinds[k].get('accepted_reason') or kinds[k].get('message') or ''}"
-                      for k in ("accepted", "noisy") if k in kinds)
+        return CaseStatus(
+            "regression",
+            metric,
+            value,
+            chosen,
+            used,
+            f"not fixed or accepted: {v.get('message') or ''}".rstrip(": "),
+        )
+    notes = "; ".join(
+        f"{k}: {kinds[k].get('accepted_reason') or kinds[k].get('message') or ''}"
+        for k in ("accepted", "noisy")
+        if k in kinds
+    )
     if used is not None and used >= NEAR_BUDGET:
         return CaseStatus("near budget", metric, value, chosen, used, notes)
     return CaseStatus("ok", metric, value, chosen, used, notes)
@@ -199,8 +228,9 @@ class Step:
         return f"{'+' if self.delta > 0 else ''}{format_size(self.delta)}{pct}"
 
 
-def steps(rows_newest_first: Sequence[dict[str, Any]], metric: str,
-          factor: float = HEADROOM_FACTOR) -> list[Step]:
+def steps(
+    rows_newest_first: Sequence[dict[str, Any]], metric: str, factor: float = HEADROOM_FACTOR
+) -> list[Step]:
     """Where the series moved, newest first, found as the gate finds steps on the base
     branch (memtrack.judge.levels). Each environment is its own series: a move between
     environments is an environment change, not a step. Points without the figure (failed
@@ -213,10 +243,10 @@ def steps(rows_newest_first: Sequence[dict[str, Any]], metric: str,
     return found
 
 
-def _steps(rows_newest_first: Sequence[dict[str, Any]], metric: str,
-           factor: float) -> list[Step]:
-    points = [(r, v) for r in reversed(rows_newest_first)
-              if (v := metric_value(r, metric)) is not None]
+def _steps(rows_newest_first: Sequence[dict[str, Any]], metric: str, factor: float) -> list[Step]:
+    points = [
+        (r, v) for r in reversed(rows_newest_first) if (v := metric_value(r, metric)) is not None
+    ]
     values = [float(v) for _, v in points]
     if len(values) < 2:
         return []
@@ -225,15 +255,24 @@ def _steps(rows_newest_first: Sequence[dict[str, Any]], metric: str,
     bounds = [0, *starts, len(values)]
     for k, i in enumerate(starts, start=1):
         # Each level is its own segment: a step and a later fix are two steps.
-        before = int(statistics.median(values[bounds[k - 1]:i]))
-        after = int(statistics.median(values[i:bounds[k + 1]]))
+        before = int(statistics.median(values[bounds[k - 1] : i]))
+        after = int(statistics.median(values[i : bounds[k + 1]]))
         out.append(Step(points[i][0], points[i - 1][0], metric, before, after, int(room)))
     fixed: list[Step] = []
     for k, s in enumerate(out):
-        fix = next((d for d in out[k + 1:] if s.delta > 0 and d.delta < 0
-                    and d.after <= s.before + s.room), None)
-        fixed.append(s if fix is None else Step(s.row, s.previous, s.metric, s.before,
-                                                s.after, s.room, fix.row))
+        fix = next(
+            (
+                d
+                for d in out[k + 1 :]
+                if s.delta > 0 and d.delta < 0 and d.after <= s.before + s.room
+            ),
+            None,
+        )
+        fixed.append(
+            s
+            if fix is None
+            else Step(s.row, s.previous, s.metric, s.before, s.after, s.room, fix.row)
+        )
     return fixed
 
 
@@ -248,8 +287,15 @@ def open_dicts(found: Iterable[Any]) -> list[dict[str, Any]]:
     return out
 
 
-_VERSION_KEYS = (("gpu", "GPU"), ("driver", "driver"), ("cuda_runtime", "CUDA"),
-                 ("cudnn", "cuDNN"), ("nccl", "NCCL"), ("torch", "torch"), ("python", "Python"))
+_VERSION_KEYS = (
+    ("gpu", "GPU"),
+    ("driver", "driver"),
+    ("cuda_runtime", "CUDA"),
+    ("cudnn", "cuDNN"),
+    ("nccl", "NCCL"),
+    ("torch", "torch"),
+    ("python", "Python"),
+)
 
 
 def _env_fields(env: dict[str, Any] | None) -> dict[str, Any]:
@@ -270,16 +316,26 @@ def env_label(env: dict[str, Any] | None) -> str:
 def env_short(env: dict[str, Any] | None) -> str:
     """'NVIDIA H200 · torch 2.14.1' : enough to tell the environments of one chart apart."""
     e = _env_fields(env)
-    return " · ".join(x for x in (e["gpu"], f"torch {e['torch']}" if e.get("torch") else "",
-                                  f"driver {e['driver']}" if e.get("driver") else "") if x)
+    return " · ".join(
+        x
+        for x in (
+            e["gpu"],
+            f"torch {e['torch']}" if e.get("torch") else "",
+            f"driver {e['driver']}" if e.get("driver") else "",
+        )
+        if x
+    )
 
 
 def env_changes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[str]:
     """The versions that differ, as 'torch 2.13.0 → 2.14.1'; the fingerprint if nothing
     listed differs (a memory-relevant variable, say)."""
     a, b = _env_fields(old), _env_fields(new)
-    out = [f"{name} {a.get(key) or '-'} → {b.get(key) or '-'}"
-           for key, name in _VERSION_KEYS if a.get(key) != b.get(key)]
+    out = [
+        f"{name} {a.get(key) or '-'} → {b.get(key) or '-'}"
+        for key, name in _VERSION_KEYS
+        if a.get(key) != b.get(key)
+    ]
     if not out and a.get("env_vars") != b.get("env_vars"):
         out.append("memory-relevant variables changed")
     if not out:
@@ -304,8 +360,10 @@ def describe_status(s: CaseStatus) -> str:
     if s.budget is not None and s.value is not None:
         margin = s.margin or 0
         where = f"{format_size(-margin)} over" if margin < 0 else f"{format_size(margin)} left"
-        line = (f"{format_size(s.value)} of {format_size(s.budget.limit_bytes)} {label} "
-                f"({s.used:.0%}, {where})")
+        line = (
+            f"{format_size(s.value)} of {format_size(s.budget.limit_bytes)} {label} "
+            f"({s.used:.0%}, {where})"
+        )
     else:
         line = f"{format_size(s.value)} {label}, no budget"
     return f"{line}; {s.note}" if s.note else line
@@ -351,8 +409,9 @@ def sweepable(cases: Iterable[str]) -> dict[str, list[str]]:
             seen.setdefault(name, {}).setdefault(k, set()).add(v)
     out: dict[str, list[str]] = {}
     for name, values in sorted(seen.items()):
-        found = [k for k, vs in values.items()
-                 if len(vs) >= 2 and all(number(v) is not None for v in vs)]
+        found = [
+            k for k, vs in values.items() if len(vs) >= 2 and all(number(v) is not None for v in vs)
+        ]
         if found:
             out[name] = sorted(found)
     return out
@@ -380,14 +439,27 @@ def newest_sweep(rows: Iterable[dict[str, Any]], param: str) -> dict[str, Any] |
         if len(g["rows"]) < 2:
             continue
         chosen = list(g["rows"].values())
-        metric = next((m for m in ("device", "reserved", "allocated")
-                       if all(metric_value(r, m) is not None for r in chosen)), None)
+        metric = next(
+            (
+                m
+                for m in ("device", "reserved", "allocated")
+                if all(metric_value(r, m) is not None for r in chosen)
+            ),
+            None,
+        )
         if metric is None:
             continue
         points = sorted((x, metric_value(r, metric) or 0) for x, r in g["rows"].items())
         newest = max(chosen, key=lambda r: r.get("started_at") or "")
-        return {"commit": key[0], "fingerprint": key[1], "others": g["others"],
-                "metric": metric, "points": points, "device": newest.get("device"),
-                "subject": newest.get("git_subject"), "branch": newest.get("git_branch"),
-                "started_at": g["newest"]}
+        return {
+            "commit": key[0],
+            "fingerprint": key[1],
+            "others": g["others"],
+            "metric": metric,
+            "points": points,
+            "device": newest.get("device"),
+            "subject": newest.get("git_subject"),
+            "branch": newest.get("git_branch"),
+            "started_at": g["newest"],
+        }
     return None

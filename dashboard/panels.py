@@ -31,8 +31,20 @@ from memtrack.units import format_seconds, format_size
 WIDTH = 1000
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 40, 26
 """Margins of the plot area inside the panel's viewBox (it scales to the page's width)."""
-_STEPS = (3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400, 14 * 86400,
-          30 * 86400, 91 * 86400, 182 * 86400, 365 * 86400)
+_STEPS = (
+    3600,
+    3 * 3600,
+    6 * 3600,
+    12 * 3600,
+    86400,
+    2 * 86400,
+    7 * 86400,
+    14 * 86400,
+    30 * 86400,
+    91 * 86400,
+    182 * 86400,
+    365 * 86400,
+)
 """Time-axis tick spacings, seconds: the smallest that gives at most 8 ticks is taken."""
 
 
@@ -76,21 +88,27 @@ class _Frame:
         for i in range(n + 1):
             v = self.low + i * self.step
             y = self.y(v)
-            out.append(f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" '
-                       f'y2="{y:.1f}" stroke="#e6e6e6"/>'
-                       f'<text class="ytick" x="{LEFT - 6}" y="{y + 4:.1f}" '
-                       f'text-anchor="end">{_a(_tick(v))}</text>')
+            out.append(
+                f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" '
+                f'y2="{y:.1f}" stroke="#e6e6e6"/>'
+                f'<text class="ytick" x="{LEFT - 6}" y="{y + 4:.1f}" '
+                f'text-anchor="end">{_a(_tick(v))}</text>'
+            )
         span = self.t1 - self.t0
         step = next((s for s in _STEPS if span / s <= 8), _STEPS[-1])
         t = math.ceil(self.t0 / step) * step
         while t <= self.t1:
             x = LEFT + (t - self.t0) / span * (WIDTH - LEFT - RIGHT)
             label = datetime.fromtimestamp(t, timezone.utc).strftime(fmt)
-            out.append(f'<text class="xtick" x="{x:.1f}" y="{self.height - 6}" '
-                       f'text-anchor="middle">{_a(label)}</text>')
+            out.append(
+                f'<text class="xtick" x="{x:.1f}" y="{self.height - 6}" '
+                f'text-anchor="middle">{_a(label)}</text>'
+            )
             t += step
-        out.append(f'<text class="title" x="{LEFT - 56}" y="16" font-weight="bold" '
-                   f'fill="#333">{_a(title)} ({_a(unit_label)})</text>')
+        out.append(
+            f'<text class="title" x="{LEFT - 56}" y="16" font-weight="bold" '
+            f'fill="#333">{_a(title)} ({_a(unit_label)})</text>'
+        )
         return out
 
 
@@ -110,20 +128,33 @@ def _tick(v: float) -> str:
 
 
 def _point(x: float, y: float, tip: str, cls: str, color: str, figure: float) -> str:
-    return (f'<circle class="{cls}" cx="{x:.1f}" cy="{y:.1f}" r="3.2" fill="{color}" '
-            f'data-bytes="{figure:.0f}"><title>{_a(tip)}</title></circle>')
+    return (
+        f'<circle class="{cls}" cx="{x:.1f}" cy="{y:.1f}" r="3.2" fill="{color}" '
+        f'data-bytes="{figure:.0f}"><title>{_a(tip)}</title></circle>'
+    )
 
 
 def _diamond(x: float, y: float, tip: str, figure: float) -> str:
     d = 5.5
-    return (f'<path class="point other" d="M{x:.1f},{y - d:.1f} L{x + d:.1f},{y:.1f} '
-            f'L{x:.1f},{y + d:.1f} L{x - d:.1f},{y:.1f} Z" fill="none" stroke="#555" '
-            f'stroke-width="1.5" data-bytes="{figure:.0f}"><title>{_a(tip)}</title></path>')
+    return (
+        f'<path class="point other" d="M{x:.1f},{y - d:.1f} L{x + d:.1f},{y:.1f} '
+        f'L{x:.1f},{y + d:.1f} L{x - d:.1f},{y:.1f} Z" fill="none" stroke="#555" '
+        f'stroke-width="1.5" data-bytes="{figure:.0f}"><title>{_a(tip)}</title></path>'
+    )
 
 
-SHAPES = {"failed": "cross", "over_budget": "square", "regression": "up",
-          "time_regression": "up-open", "improvement": "down", "accepted": "diamond",
-          "noisy": "ring", "environment_changed": "bar", "estimate": "plus", "new": "dot"}
+SHAPES = {
+    "failed": "cross",
+    "over_budget": "square",
+    "regression": "up",
+    "time_regression": "up-open",
+    "improvement": "down",
+    "accepted": "diamond",
+    "noisy": "ring",
+    "environment_changed": "bar",
+    "estimate": "plus",
+    "new": "dot",
+}
 """The shape of each kind of mark: told apart without colour too."""
 
 
@@ -134,31 +165,43 @@ def _shape(kind: str, x: float, y: float, d: float = 6.0) -> str:
     fill = f'fill="{color}" fill-opacity="0.9"'
     line = f'fill="none" stroke="{color}" stroke-width="2.2"'
     if shape == "square":
-        return (f'<rect x="{x - d:.1f}" y="{y - d:.1f}" width="{2 * d:.1f}" '
-                f'height="{2 * d:.1f}" {fill}')
+        return (
+            f'<rect x="{x - d:.1f}" y="{y - d:.1f}" width="{2 * d:.1f}" height="{2 * d:.1f}" {fill}'
+        )
     if shape in ("ring", "dot"):
-        return (f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{d:.1f}" '
-                + (line if shape == "ring" else fill))
+        return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{d:.1f}" ' + (
+            line if shape == "ring" else fill
+        )
     if shape in ("cross", "plus"):
         a, b = ((d, d), (d, -d)) if shape == "cross" else ((d, 0), (0, d))
-        return (f'<path d="M{x - a[0]:.1f},{y - a[1]:.1f} L{x + a[0]:.1f},{y + a[1]:.1f} '
-                f'M{x - b[0]:.1f},{y - b[1]:.1f} L{x + b[0]:.1f},{y + b[1]:.1f}" {line}')
+        return (
+            f'<path d="M{x - a[0]:.1f},{y - a[1]:.1f} L{x + a[0]:.1f},{y + a[1]:.1f} '
+            f'M{x - b[0]:.1f},{y - b[1]:.1f} L{x + b[0]:.1f},{y + b[1]:.1f}" {line}'
+        )
     if shape == "diamond":
-        return (f'<path d="M{x:.1f},{y - d:.1f} L{x + d:.1f},{y:.1f} L{x:.1f},{y + d:.1f} '
-                f'L{x - d:.1f},{y:.1f} Z" {fill}')
+        return (
+            f'<path d="M{x:.1f},{y - d:.1f} L{x + d:.1f},{y:.1f} L{x:.1f},{y + d:.1f} '
+            f'L{x - d:.1f},{y:.1f} Z" {fill}'
+        )
     if shape == "bar":
         return f'<path d="M{x:.1f},{y - d:.1f} L{x:.1f},{y + d:.1f}" {line}'
     if shape == "down":
-        return (f'<path d="M{x - d:.1f},{y - d:.1f} L{x + d:.1f},{y - d:.1f} L{x:.1f},'
-                f'{y + d:.1f} Z" {fill}')
+        return (
+            f'<path d="M{x - d:.1f},{y - d:.1f} L{x + d:.1f},{y - d:.1f} L{x:.1f},'
+            f'{y + d:.1f} Z" {fill}'
+        )
     style = line if shape == "up-open" else fill
-    return (f'<path d="M{x - d:.1f},{y + d:.1f} L{x + d:.1f},{y + d:.1f} L{x:.1f},'
-            f'{y - d:.1f} Z" {style}')
+    return (
+        f'<path d="M{x - d:.1f},{y + d:.1f} L{x + d:.1f},{y + d:.1f} L{x:.1f},'
+        f'{y - d:.1f} Z" {style}'
+    )
 
 
 def _mark(x: float, y: float, tip: str, kind: str, figure: float) -> str:
-    return (f'{_shape(kind, x, y)} class="mark" data-kind="{_a(kind)}" '
-            f'data-bytes="{figure:.0f}"><title>{_a(tip)}</title></{_tag(kind)}>')
+    return (
+        f'{_shape(kind, x, y)} class="mark" data-kind="{_a(kind)}" '
+        f'data-bytes="{figure:.0f}"><title>{_a(tip)}</title></{_tag(kind)}>'
+    )
 
 
 def _tag(kind: str) -> str:
@@ -172,18 +215,24 @@ def _legend(kinds: Sequence[str]) -> list[str]:
     for kind in reversed(kinds):
         name = MARKER_NAMES.get(kind, kind.replace("_", " "))
         x -= 22 + 6.2 * len(name)
-        out.append(f'<g class="legend" data-kind="{_a(kind)}">{_shape(kind, x + 6, 13, 5)}/>'
-                   f'<text x="{x + 15:.0f}" y="17">{_a(name)}</text></g>')
+        out.append(
+            f'<g class="legend" data-kind="{_a(kind)}">{_shape(kind, x + 6, 13, 5)}/>'
+            f'<text x="{x + 15:.0f}" y="17">{_a(name)}</text></g>'
+        )
     return out
 
 
 def _svg(frame: _Frame, body: list[str], label: str, unit_label: str, metric: str) -> str:
-    aria = (f"{label}: Y-axis titled '{label} ({unit_label})' for a linear scale with values "
-            f"from {_tick(frame.low)} to {_tick(frame.high)}")
-    return (f'<svg class="panel" data-metric="{_a(metric)}" viewBox="0 0 {WIDTH} '
-            f'{frame.height}" width="100%" role="img" aria-label="{_a(aria)}" '
-            f'font-family="sans-serif" font-size="11" fill="#555" '
-            f'xmlns="http://www.w3.org/2000/svg">\n' + "\n".join(body) + "\n</svg>")
+    aria = (
+        f"{label}: Y-axis titled '{label} ({unit_label})' for a linear scale with values "
+        f"from {_tick(frame.low)} to {_tick(frame.high)}"
+    )
+    return (
+        f'<svg class="panel" data-metric="{_a(metric)}" viewBox="0 0 {WIDTH} '
+        f'{frame.height}" width="100%" role="img" aria-label="{_a(aria)}" '
+        f'font-family="sans-serif" font-size="11" fill="#555" '
+        f'xmlns="http://www.w3.org/2000/svg">\n' + "\n".join(body) + "\n</svg>"
+    )
 
 
 def view_panel(
@@ -237,41 +286,53 @@ def view_panel(
     if band is not None:
         what, x0, x1, low, high = band
         top, bottom = frame.y(high / factor), frame.y(low / factor)
-        body.append(f'<rect class="band" x="{frame.x(x0):.1f}" y="{top:.1f}" '
-                    f'width="{max(1.0, frame.x(x1) - frame.x(x0)):.1f}" '
-                    f'height="{max(1.0, bottom - top):.1f}" fill="#2ca02c" fill-opacity="0.18">'
-                    f'<title>{_a(f"headroom ({what}): {format_size(low)} – {format_size(high)}")}'
-                    f'</title></rect>')
+        body.append(
+            f'<rect class="band" x="{frame.x(x0):.1f}" y="{top:.1f}" '
+            f'width="{max(1.0, frame.x(x1) - frame.x(x0)):.1f}" '
+            f'height="{max(1.0, bottom - top):.1f}" fill="#2ca02c" fill-opacity="0.18">'
+            f"<title>{_a(f'headroom ({what}): {format_size(low)} – {format_size(high)}')}"
+            f"</title></rect>"
+        )
     for e in env_changes:
         x = frame.x(e["x"])
-        body.append(f'<line class="environment" x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" '
-                    f'y2="{height - BOTTOM}" stroke="#8c564b" stroke-dasharray="2 3" '
-                    f'stroke-width="1.5"><title>{_a("environment: " + e["change"])}</title>'
-                    f'</line>')
+        body.append(
+            f'<line class="environment" x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" '
+            f'y2="{height - BOTTOM}" stroke="#8c564b" stroke-dasharray="2 3" '
+            f'stroke-width="1.5"><title>{_a("environment: " + e["change"])}</title>'
+            f"</line>"
+        )
     if budget is not None and edge is not None:
         text, limit = budget
         highest = max(p["bytes"] for p in points)
         y = float(TOP + 4 if edge == "above" else height - BOTTOM - 4)
-        far = (f"budget {format_size(limit)} {'↑ above' if edge == 'above' else '↓ below'} "
-               f"the scale: the highest point is {100 * highest / limit:.0f}% of it")
-        body.append(f'<line class="budget edge" x1="{WIDTH - RIGHT - 260}" x2="{WIDTH - RIGHT}" '
-                    f'y1="{y:.1f}" y2="{y:.1f}" stroke="#d62728" stroke-dasharray="6 4" '
-                    f'stroke-width="2" data-bytes="{limit}"><title>{_a(far + text)}</title>'
-                    f'</line><text x="{WIDTH - RIGHT - 262}" y="{y + 4:.1f}" fill="#d62728" '
-                    f'text-anchor="end" font-weight="bold">{_a(far)}</text>')
+        far = (
+            f"budget {format_size(limit)} {'↑ above' if edge == 'above' else '↓ below'} "
+            f"the scale: the highest point is {100 * highest / limit:.0f}% of it"
+        )
+        body.append(
+            f'<line class="budget edge" x1="{WIDTH - RIGHT - 260}" x2="{WIDTH - RIGHT}" '
+            f'y1="{y:.1f}" y2="{y:.1f}" stroke="#d62728" stroke-dasharray="6 4" '
+            f'stroke-width="2" data-bytes="{limit}"><title>{_a(far + text)}</title>'
+            f'</line><text x="{WIDTH - RIGHT - 262}" y="{y + 4:.1f}" fill="#d62728" '
+            f'text-anchor="end" font-weight="bold">{_a(far)}</text>'
+        )
     elif budget is not None:
         text, limit = budget
         y = frame.y(limit / factor)
-        body.append(f'<line class="budget" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" '
-                    f'y2="{y:.1f}" stroke="#d62728" stroke-dasharray="6 4" stroke-width="2" '
-                    f'data-bytes="{limit}"><title>{_a(f"budget {format_size(limit)}{text}")}'
-                    f'</title></line><text x="{LEFT + 4}" y="{y - 4:.1f}" fill="#d62728" '
-                    f'font-weight="bold">{_a(f"budget {format_size(limit)}{text}"[:120])}'
-                    f'</text>')
+        body.append(
+            f'<line class="budget" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" '
+            f'y2="{y:.1f}" stroke="#d62728" stroke-dasharray="6 4" stroke-width="2" '
+            f'data-bytes="{limit}"><title>{_a(f"budget {format_size(limit)}{text}")}'
+            f'</title></line><text x="{LEFT + 4}" y="{y - 4:.1f}" fill="#d62728" '
+            f'font-weight="bold">{_a(f"budget {format_size(limit)}{text}"[:120])}'
+            f"</text>"
+        )
 
     def tip(p: dict[str, Any]) -> str:
-        return (f"{format_size(p['bytes'])} · {p['commit']} {p['subject']} · {p['branch']} · "
-                f"{p['x'][:16].replace('T', ' ')} · {p['environment']}")
+        return (
+            f"{format_size(p['bytes'])} · {p['commit']} {p['subject']} · {p['branch']} · "
+            f"{p['x'][:16].replace('T', ' ')} · {p['environment']}"
+        )
 
     # One line per environment: figures of two software stacks are never joined.
     by_env: dict[str, list[dict[str, Any]]] = {}
@@ -280,26 +341,49 @@ def view_panel(
             by_env.setdefault(p["environment"], []).append(p)
     for line in by_env.values():
         xy = " ".join(f"{frame.x(p['x']):.1f},{frame.y(p['bytes'] / factor):.1f}" for p in line)
-        body.append(f'<polyline class="line base" points="{xy}" fill="none" stroke="{color}" '
-                    f'stroke-width="1.6"/>')
-        body += [_point(frame.x(p["x"]), frame.y(p["bytes"] / factor), tip(p), "point base",
-                        color, p["bytes"]) for p in line]
-    body += [_diamond(frame.x(p["x"]), frame.y(p["bytes"] / factor), tip(p), p["bytes"])
-             for p in points if p["line"] == OTHER_BRANCHES]
+        body.append(
+            f'<polyline class="line base" points="{xy}" fill="none" stroke="{color}" '
+            f'stroke-width="1.6"/>'
+        )
+        body += [
+            _point(
+                frame.x(p["x"]),
+                frame.y(p["bytes"] / factor),
+                tip(p),
+                "point base",
+                color,
+                p["bytes"],
+            )
+            for p in line
+        ]
+    body += [
+        _diamond(frame.x(p["x"]), frame.y(p["bytes"] / factor), tip(p), p["bytes"])
+        for p in points
+        if p["line"] == OTHER_BRANCHES
+    ]
     kinds = sorted({m["kind"] for m in marks})
-    body += [_mark(frame.x(m["x"]), frame.y(m["bytes"] / factor),
-                   f"{MARKER_NAMES.get(m['kind'], m['kind'])} · {m['commit']} · {m['message']}",
-                   m["kind"], m["bytes"])
-             for m in marks]
+    body += [
+        _mark(
+            frame.x(m["x"]),
+            frame.y(m["bytes"] / factor),
+            f"{MARKER_NAMES.get(m['kind'], m['kind'])} · {m['commit']} · {m['message']}",
+            m["kind"],
+            m["bytes"],
+        )
+        for m in marks
+    ]
     body += _legend(kinds)
     return _svg(frame, body, label, unit, metric)
 
 
-def time_panel(rows: Sequence[dict[str, Any]], fmt: str, times: Sequence[str],
-               height: int = 180) -> str | None:
+def time_panel(
+    rows: Sequence[dict[str, Any]], fmt: str, times: Sequence[str], height: int = 180
+) -> str | None:
     """Median (solid) and p95 (dashed) iteration time per run (rows carry their x)."""
-    series = {stat: [(r["x"], r[col], r) for r in rows if r.get(col) is not None]
-              for col, stat in (("time_median_s", "median"), ("time_p95_s", "p95"))}
+    series = {
+        stat: [(r["x"], r[col], r) for r in rows if r.get(col) is not None]
+        for col, stat in (("time_median_s", "median"), ("time_p95_s", "p95"))
+    }
     seconds = [s for pts in series.values() for _, s, _ in pts]
     if not seconds:
         return None
@@ -309,14 +393,19 @@ def time_panel(rows: Sequence[dict[str, Any]], fmt: str, times: Sequence[str],
     for stat, color, dash in (("median", "#1f77b4", ""), ("p95", "#6baed6", "5 3")):
         pts = series[stat]
         xy = " ".join(f"{frame.x(x):.1f},{frame.y(s * scale):.1f}" for x, s, _ in pts)
-        body.append(f'<polyline class="line {stat}" points="{xy}" fill="none" '
-                    f'stroke="{color}" stroke-width="1.4" stroke-dasharray="{dash}"/>')
+        body.append(
+            f'<polyline class="line {stat}" points="{xy}" fill="none" '
+            f'stroke="{color}" stroke-width="1.4" stroke-dasharray="{dash}"/>'
+        )
         for x, s, r in pts:
-            tip = (f"{stat} {format_seconds(s)} · {(r.get('git_commit') or '-')[:10]} "
-                   f"{(r.get('git_subject') or '')[:60]} · {x[:16].replace('T', ' ')}")
-            body.append(f'<circle class="point {stat}" cx="{frame.x(x):.1f}" '
-                        f'cy="{frame.y(s * scale):.1f}" r="2.4" fill="{color}">'
-                        f'<title>{_a(tip)}</title></circle>')
+            tip = (
+                f"{stat} {format_seconds(s)} · {(r.get('git_commit') or '-')[:10]} "
+                f"{(r.get('git_subject') or '')[:60]} · {x[:16].replace('T', ' ')}"
+            )
+            body.append(
+                f'<circle class="point {stat}" cx="{frame.x(x):.1f}" '
+                f'cy="{frame.y(s * scale):.1f}" r="2.4" fill="{color}">'
+                f"<title>{_a(tip)}</title></circle>"
+            )
     body.append(f'<text x="{WIDTH - RIGHT - 150}" y="18">— median   - - p95</text>')
     return _svg(frame, body, "iteration time", unit, "time")
-

@@ -28,14 +28,38 @@ RARE_CASE_ROWS = 2000
 """Below this many measurements, a case's series is read from its own index entries."""
 
 _MEASUREMENT_COLUMNS = (
-    "id", "run_id", "case_id", "workload", "status", "message", "device",
-    "peak_allocated_bytes", "peak_reserved_bytes", "peak_requested_bytes",
-    "device_peak_bytes", "host_peak_rss_bytes", "host_bytes", "host_step_bytes",
-    "load_host_bytes", "disk_bytes",
-    "time_median_s", "time_p95_s", "time_min_s", "kind",
+    "id",
+    "run_id",
+    "case_id",
+    "workload",
+    "status",
+    "message",
+    "device",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "peak_requested_bytes",
+    "device_peak_bytes",
+    "host_peak_rss_bytes",
+    "host_bytes",
+    "host_step_bytes",
+    "load_host_bytes",
+    "disk_bytes",
+    "time_median_s",
+    "time_p95_s",
+    "time_min_s",
+    "kind",
 )
-_RUN_COLUMNS = ("started_at", "git_commit", "git_branch", "git_subject", "git_dirty",
-                "git_committed_at", "fingerprint", "env_id", "ci_run_url")
+_RUN_COLUMNS = (
+    "started_at",
+    "git_commit",
+    "git_branch",
+    "git_subject",
+    "git_dirty",
+    "git_committed_at",
+    "fingerprint",
+    "env_id",
+    "ci_run_url",
+)
 
 
 def _series_columns(conn: sqlite3.Connection) -> str:
@@ -43,7 +67,9 @@ def _series_columns(conn: sqlite3.Connection) -> str:
     have_m, have_r = table_columns(conn, "measurements"), table_columns(conn, "runs")
     return ", ".join(
         [f"m.{c}" if c in have_m else f"null as {c}" for c in _MEASUREMENT_COLUMNS]
-        + [f"r.{c}" if c in have_r else f"null as {c}" for c in _RUN_COLUMNS])
+        + [f"r.{c}" if c in have_r else f"null as {c}" for c in _RUN_COLUMNS]
+    )
+
 
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
 
@@ -58,9 +84,13 @@ def open_readonly(path: Path) -> Store:
     except StoreError as refused:
         if not path.is_file():
             raise
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
-                               timeout=BUSY_TIMEOUT_S,
-                               isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(
+            f"{path.resolve().as_uri()}?mode=ro",
+            uri=True,
+            timeout=BUSY_TIMEOUT_S,
+            isolation_level=None,
+            check_same_thread=False,
+        )
         conn.row_factory = sqlite3.Row
         store = Store(conn, path, readonly=True)
         try:
@@ -210,7 +240,7 @@ def verdicts_for_runs(
         return []
     out: list[dict[str, Any]] = []
     for start in range(0, len(ids), 500):  # stay under SQLite's variable limit
-        chunk = ids[start:start + 500]
+        chunk = ids[start : start + 500]
         sql = f"select * from verdicts where run_id in ({', '.join('?' for _ in chunk)})"
         args: list[Any] = list(chunk)
         if case_id is not None:
@@ -226,11 +256,14 @@ def latest_verdicts(conn: sqlite3.Connection, case_id: str) -> list[dict[str, An
         return []
     # Verdicts are written as they are checked, so id order is check order, and the
     # case_id index (whose entries end in the rowid) walks it newest first without sorting.
-    rows = _dicts(conn.execute(
-        "select * from verdicts where case_id = ? and "
-        "(threshold is not null or budget_bytes is not null) "
-        "order by id desc limit 200", [case_id],
-    ))
+    rows = _dicts(
+        conn.execute(
+            "select * from verdicts where case_id = ? and "
+            "(threshold is not null or budget_bytes is not null) "
+            "order by id desc limit 200",
+            [case_id],
+        )
+    )
     seen: dict[str, dict[str, Any]] = {}
     for row in rows:
         seen.setdefault(row["metric"], row)
@@ -250,13 +283,11 @@ def recent_runs(
     )
     if branch:
         cur = conn.execute(
-            f"select {cols} from runs r where r.git_branch = ? "
-            "order by r.started_at desc limit ?", [branch, limit],
+            f"select {cols} from runs r where r.git_branch = ? order by r.started_at desc limit ?",
+            [branch, limit],
         )
     else:
-        cur = conn.execute(
-            f"select {cols} from runs r order by r.started_at desc limit ?", [limit]
-        )
+        cur = conn.execute(f"select {cols} from runs r order by r.started_at desc limit ?", [limit])
     return _dicts(cur)
 
 
@@ -267,13 +298,15 @@ def find_runs(conn: sqlite3.Connection, text: str, *, limit: int = 20) -> list[d
         return []
     # GLOB is case-sensitive, so SQLite answers a prefix GLOB from the index.
     pattern = text.lower() + "*"
-    return _dicts(conn.execute(
-        "select run_id, started_at, git_commit, git_branch, git_subject, fingerprint from ("
-        " select * from runs where run_id glob :p"
-        " union select * from runs where git_commit glob :p"
-        ") order by started_at desc limit :n",
-        {"p": pattern, "n": limit},
-    ))
+    return _dicts(
+        conn.execute(
+            "select run_id, started_at, git_commit, git_branch, git_subject, fingerprint from ("
+            " select * from runs where run_id glob :p"
+            " union select * from runs where git_commit glob :p"
+            ") order by started_at desc limit :n",
+            {"p": pattern, "n": limit},
+        )
+    )
 
 
 def run(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
@@ -295,15 +328,17 @@ def run(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
 
 def measurements(conn: sqlite3.Connection, run_id: str) -> list[dict[str, Any]]:
     """A run's measurements, each with its per-device rows under 'devices'."""
-    rows = _dicts(conn.execute(
-        "select * from measurements where run_id = ? order by case_id, id", [run_id]
-    ))
+    rows = _dicts(
+        conn.execute("select * from measurements where run_id = ? order by case_id, id", [run_id])
+    )
     for row in rows:
         for key in ("params", "categories", "notes"):
             if isinstance(row.get(key), str):
                 row[key] = json.loads(row[key])
-        row["devices"] = _dicts(conn.execute(
-            'select * from device_measurements where measurement_id = ? order by "index"',
-            [row["id"]],
-        ))
+        row["devices"] = _dicts(
+            conn.execute(
+                'select * from device_measurements where measurement_id = ? order by "index"',
+                [row["id"]],
+            )
+        )
     return rows

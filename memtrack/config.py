@@ -26,8 +26,7 @@ else:  # pragma: no cover
 DEFAULT_MODULES = ("memtrack.examples",)
 MAX_COUNT = 1_000_000
 """The largest count a key takes (repeats, runs, cases): a bound against typos."""
-METRICS = ("allocated", "reserved", "requested", "device", "host", "host_step", "load_host",
-           "disk")
+METRICS = ("allocated", "reserved", "requested", "device", "host", "host_step", "load_host", "disk")
 """Memory metrics a budget or a verdict can name (see compare.metric_value)."""
 
 
@@ -205,8 +204,10 @@ class _Checker:
         if value is None:
             return None
         text = value.strip()
-        why = (f"expected an http(s) address without credentials, query, fragment, spaces or "
-               f"brackets, got {value!r}")
+        why = (
+            f"expected an http(s) address without credentials, query, fragment, spaces or "
+            f"brackets, got {value!r}"
+        )
         if any(ch in _NOT_IN_URL or ord(ch) < 32 for ch in text):
             raise self.fail(key, why)
         try:
@@ -214,9 +215,14 @@ class _Checker:
             parts.port  # noqa: B018 (raises on a port out of range)
         except ValueError as exc:
             raise self.fail(key, f"{exc}, got {value!r}") from None
-        if (parts.scheme not in ("http", "https") or not parts.hostname
-                or parts.username is not None or parts.password is not None
-                or parts.query or parts.fragment):
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or parts.username is not None
+            or parts.password is not None
+            or parts.query
+            or parts.fragment
+        ):
             raise self.fail(key, why)
         return text.rstrip("/")
 
@@ -277,8 +283,7 @@ def read_toml(path: Path) -> dict[str, Any]:
     except NotReadable as exc:
         raise ConfigError(f"{label}: {exc}") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{label}: not UTF-8 text (byte {exc.start}), as TOML must be") \
-            from None
+        raise ConfigError(f"{label}: not UTF-8 text (byte {exc.start}), as TOML must be") from None
     except OSError as exc:
         raise ConfigError(f"{label}: cannot read ({exc.strerror or exc})") from None
     except tomllib.TOMLDecodeError as exc:
@@ -293,8 +298,12 @@ def load_config(path: Path | None = None, *, cwd: Path | None = None) -> Config:
     if path is None:
         path = find_config(cwd)
         if path is None:
-            return Config(path=None, root=cwd, database=cwd / "data" / "memtrack.db",
-                          references=cwd / "perf" / "references")
+            return Config(
+                path=None,
+                root=cwd,
+                database=cwd / "data" / "memtrack.db",
+                references=cwd / "perf" / "references",
+            )
     path = path.resolve()
     data = read_toml(path)
     if path.name == "pyproject.toml":

@@ -110,5 +110,11 @@ def terminal_text(text: object) -> str:
     return "".join(out)
 
 
-__all__ = ["WORD_JOINER", "html_text", "markdown_code", "markdown_text", "one_line",
-           "terminal_text"]
+__all__ = [
+    "WORD_JOINER",
+    "html_text",
+    "markdown_code",
+    "markdown_text",
+    "one_line",
+    "terminal_text",
+]

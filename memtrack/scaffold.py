@@ -36,10 +36,13 @@ REFERENCES = "perf/references"
 """Beside the workloads, never under data/: many repositories ignore data/, and reference
 outputs must be committed."""
 
-IGNORE_DATABASE = ("# memtrack's database and its journal files: CI keeps the history on "
-                   "its runner\nmemtrack.db*\n")
+IGNORE_DATABASE = (
+    "# memtrack's database and its journal files: CI keeps the history on "
+    "its runner\nmemtrack.db*\n"
+)
 _PINNED = re.compile(
-    r"^memtrack(==[0-9][0-9A-Za-z.+!-]*|\s*@\s*git\+https://[^\s@\"'#]+@[0-9a-f]{40})$")
+    r"^memtrack(==[0-9][0-9A-Za-z.+!-]*|\s*@\s*git\+https://[^\s@\"'#]+@[0-9a-f]{40})$"
+)
 
 
 @dataclass(frozen=True)
@@ -66,13 +69,20 @@ class Missing:
 def repository_root(cwd: Path) -> Path:
     """The root of the git work tree around `cwd`; ConfigError outside one."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd,
-                             capture_output=True, text=True, check=False)
+        out = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     except OSError as exc:
         raise ConfigError(f"git cannot be run ({exc.strerror}): memtrack needs git") from None
     if out.returncode != 0:
-        raise ConfigError(f"{cwd}: not inside a git repository (memtrack records every run's "
-                          "commit: `git init` first)")
+        raise ConfigError(
+            f"{cwd}: not inside a git repository (memtrack records every run's "
+            "commit: `git init` first)"
+        )
     return Path(out.stdout.strip()).resolve()
 
 
@@ -87,8 +97,11 @@ def pinned_requirement() -> str:
     vcs = direct.get("vcs_info") or {}
     url = str(direct.get("url", ""))
     commit = str(vcs.get("commit_id", ""))
-    if vcs.get("vcs") == "git" and url.startswith("https://") and re.fullmatch(
-            r"[0-9a-f]{40}", commit):
+    if (
+        vcs.get("vcs") == "git"
+        and url.startswith("https://")
+        and re.fullmatch(r"[0-9a-f]{40}", commit)
+    ):
         return f"memtrack @ git+{url}@{commit}"
     return f"memtrack=={dist.version}"
 
@@ -97,16 +110,20 @@ def check_requirement(requirement: str) -> str:
     """A requirement that pins one memtrack, or ConfigError saying how to write one."""
     text = requirement.strip()
     if not _PINNED.match(text):
-        raise ConfigError(f"--requirement: {requirement!r} does not pin memtrack (write "
-                          "memtrack==VERSION, or memtrack @ git+https://HOST/OWNER/REPO@COMMIT "
-                          "with the full 40-digit commit)")
+        raise ConfigError(
+            f"--requirement: {requirement!r} does not pin memtrack (write "
+            "memtrack==VERSION, or memtrack @ git+https://HOST/OWNER/REPO@COMMIT "
+            "with the full 40-digit commit)"
+        )
     return text
 
 
 def _base_branch(root: Path) -> str:
     """origin's default branch where known, else the branch checked out, else main."""
-    for args in (["symbolic-ref", "--quiet", "--short", "refs/remotes/origin/HEAD"],
-                 ["symbolic-ref", "--quiet", "--short", "HEAD"]):
+    for args in (
+        ["symbolic-ref", "--quiet", "--short", "refs/remotes/origin/HEAD"],
+        ["symbolic-ref", "--quiet", "--short", "HEAD"],
+    ):
         out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
         name = out.stdout.strip().removeprefix("origin/")
         if out.returncode == 0 and name:
@@ -145,8 +162,12 @@ def flat_discovery(root: Path) -> bool:
         return False
     backend = str((data.get("build-system") or {}).get("build-backend", "setuptools"))
     tool = (data.get("tool") or {}).get("setuptools") or {}
-    return ("project" in data and backend.startswith("setuptools") and not (root / "src").is_dir()
-            and not any(k in tool for k in ("packages", "py-modules")))
+    return (
+        "project" in data
+        and backend.startswith("setuptools")
+        and not (root / "src").is_dir()
+        and not any(k in tool for k in ("packages", "py-modules"))
+    )
 
 
 def config_table(base_branch: str, pyproject: bool) -> str:
@@ -174,15 +195,22 @@ def _template(name: str) -> str:
 
 
 def workflow_text(base_branch: str, requirement: str, install_project: bool) -> str:
-    project = ('"$venv/bin/python" -m pip install --quiet -e .  # this repository\'s package'
-               if install_project else
-               "# this repository is not a pip project: the workloads import it from its root")
-    return (_template("workflow.yml").replace("@@BASE_BRANCH@@", base_branch)
-            .replace("@@REQUIREMENT@@", requirement).replace("@@INSTALL_PROJECT@@", project))
+    project = (
+        '"$venv/bin/python" -m pip install --quiet -e .  # this repository\'s package'
+        if install_project
+        else "# this repository is not a pip project: the workloads import it from its root"
+    )
+    return (
+        _template("workflow.yml")
+        .replace("@@BASE_BRANCH@@", base_branch)
+        .replace("@@REQUIREMENT@@", requirement)
+        .replace("@@INSTALL_PROJECT@@", project)
+    )
 
 
-def plan_files(root: Path, *, requirement: str | None = None,
-               base_branch: str | None = None) -> list[Planned]:
+def plan_files(
+    root: Path, *, requirement: str | None = None, base_branch: str | None = None
+) -> list[Planned]:
     """What `memtrack init` would write in the repository at `root`, nothing written yet."""
     requirement = check_requirement(requirement or pinned_requirement())
     branch = base_branch or _base_branch(root)
@@ -193,17 +221,25 @@ def plan_files(root: Path, *, requirement: str | None = None,
     if existing is not None and existing.parent == root:
         out.append(Planned(existing.relative_to(root), "configuration", "exists", ""))
     elif pyproject.is_file():
-        out.append(Planned(Path("pyproject.toml"), "configuration", "append",
-                           config_table(branch, True)))
+        out.append(
+            Planned(Path("pyproject.toml"), "configuration", "append", config_table(branch, True))
+        )
     else:
-        out.append(Planned(Path("memtrack.toml"), "configuration", "create",
-                           config_table(branch, False)))
+        out.append(
+            Planned(Path("memtrack.toml"), "configuration", "create", config_table(branch, False))
+        )
     database = root / "data" / "memtrack.db"
     if not git_ignore_rule(root, database):  # a new file of its own: no .gitignore is edited
         ignore = Path("data/.gitignore")
         exists = (root / ignore).exists()
-        out.append(Planned(ignore, "git-ignores the database", "exists" if exists else "create",
-                           "" if exists else IGNORE_DATABASE))
+        out.append(
+            Planned(
+                ignore,
+                "git-ignores the database",
+                "exists" if exists else "create",
+                "" if exists else IGNORE_DATABASE,
+            )
+        )
     module = package.replace("-", "_") if package else "your_package"
     for path, what, text in (
         (WORKLOADS, "workloads to adapt", _template("workloads.py").replace("@@PACKAGE@@", module)),
@@ -223,15 +259,20 @@ def write_files(root: Path, planned: list[Planned]) -> list[Planned]:
         path = root / item.path
         if item.action == "append":
             current = path.read_text(encoding="utf-8")
-            joined = current + ("" if current.endswith("\n") or not current else "\n") + (
-                "\n" + item.text)
+            joined = (
+                current
+                + ("" if current.endswith("\n") or not current else "\n")
+                + ("\n" + item.text)
+            )
             try:
                 tomllib.loads(joined)
             except tomllib.TOMLDecodeError as exc:
-                raise ConfigError(f"{path}: a [tool.memtrack] table cannot be added to it as "
-                                  f"it is ({exc}); write memtrack.toml instead") from None
+                raise ConfigError(
+                    f"{path}: a [tool.memtrack] table cannot be added to it as "
+                    f"it is ({exc}); write memtrack.toml instead"
+                ) from None
             with path.open("a", encoding="utf-8") as f:
-                f.write(joined[len(current):])
+                f.write(joined[len(current) :])
             done.append(item)
         elif item.action == "create":
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -268,8 +309,9 @@ def missing(root: Path) -> list[Missing]:
             out.append(Missing(rel, f"modules: no module {ref} under {config.root}"))
     workflows = sorted((root / ".github" / "workflows").glob("*.y*ml"))
     runs_check = re.compile(r"memtrack[\"']?\s+check\b")
-    if not any(runs_check.search(w.read_text(encoding="utf-8", errors="replace"))
-               for w in workflows):
+    if not any(
+        runs_check.search(w.read_text(encoding="utf-8", errors="replace")) for w in workflows
+    ):
         out.append(Missing(WORKFLOW, "no workflow under .github/workflows runs `memtrack check`"))
     hook = root / HOOK
     if not hook.is_file():
@@ -280,13 +322,20 @@ def missing(root: Path) -> list[Missing]:
     if references.is_relative_to(root):
         rule = git_ignore_rule(root, references / "manifest.json")
         if rule:
-            out.append(Missing(references.relative_to(root),
-                               f"git ignores the references folder ({rule}), and references "
-                               "must be committed: set `references` to a folder git keeps"))
+            out.append(
+                Missing(
+                    references.relative_to(root),
+                    f"git ignores the references folder ({rule}), and references "
+                    "must be committed: set `references` to a folder git keeps",
+                )
+            )
     database = config.database
     if database.is_relative_to(root) and not git_ignore_rule(root, database):
-        out.append(Missing(database.relative_to(root),
-                           "the database is not git-ignored: add it to .gitignore"))
+        out.append(
+            Missing(
+                database.relative_to(root), "the database is not git-ignored: add it to .gitignore"
+            )
+        )
     return out
 
 
@@ -319,18 +368,38 @@ def next_steps(root: Path, done: list[Planned]) -> list[str]:
         "`memtrack init --check` tells what is still missing",
     ]
     if flat_discovery(root):
-        steps.insert(1, "pyproject.toml: setuptools finds your packages automatically in a "
-                        "flat layout, and refuses to build beside the new top-level folders "
-                        "(perf/, data/): name them, e.g. [tool.setuptools] packages = "
-                        '["your_package"]')
+        steps.insert(
+            1,
+            "pyproject.toml: setuptools finds your packages automatically in a "
+            "flat layout, and refuses to build beside the new top-level folders "
+            "(perf/, data/): name them, e.g. [tool.setuptools] packages = "
+            '["your_package"]',
+        )
     if versioned:
-        steps.insert(2, f"{WORKFLOW} installs memtrack by its version from your package "
-                        "index: point MEMTRACK_REQUIREMENT at your team's copy "
-                        "(memtrack @ git+https://.../memtrack@COMMIT) unless it is there")
+        steps.insert(
+            2,
+            f"{WORKFLOW} installs memtrack by its version from your package "
+            "index: point MEMTRACK_REQUIREMENT at your team's copy "
+            "(memtrack @ git+https://.../memtrack@COMMIT) unless it is there",
+        )
     return steps
 
 
-__all__ = ["HOOK", "REFERENCES", "WORKFLOW", "WORKLOADS", "Missing", "Planned",
-           "check_requirement", "config_table", "flat_discovery", "missing", "next_steps",
-           "pinned_requirement", "plan_files", "repository_root", "workflow_text",
-           "write_files"]
+__all__ = [
+    "HOOK",
+    "REFERENCES",
+    "WORKFLOW",
+    "WORKLOADS",
+    "Missing",
+    "Planned",
+    "check_requirement",
+    "config_table",
+    "flat_discovery",
+    "missing",
+    "next_steps",
+    "pinned_requirement",
+    "plan_files",
+    "repository_root",
+    "workflow_text",
+    "write_files",
+]

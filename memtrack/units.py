@@ -91,9 +91,7 @@ def parse_fraction(value: str | int | float, *, what: str = "fraction") -> float
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         number = value if isinstance(value, float) else float(max(-1, min(value, 2**53)))
     if number is None or not math.isfinite(number):
-        raise ConfigError(
-            f"{what}: expected a percentage such as '1%' or 0.01, got {_show(value)}"
-        )
+        raise ConfigError(f"{what}: expected a percentage such as '1%' or 0.01, got {_show(value)}")
     if number < 0:
         raise ConfigError(f"{what}: cannot be negative, got {_show(value)}")
     return number

@@ -72,8 +72,15 @@ RECORDS = ROOT / "tests" / "data" / "reruns.json.gz"
 
 
 def _git(repo: Path, *args: str, **kw) -> str:
-    out = subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True,
-                         env={**os.environ, **GIT_ENV}, **kw)
+    out = subprocess.run(
+        ["git", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **GIT_ENV},
+        **kw,
+    )
     return out.stdout.strip()
 
 
@@ -107,8 +114,12 @@ def rerun_suite(work: Path, reruns: int, patterns: list[str], drop: bool) -> lis
     for i in range(reruns):
         if drop and i % 2:
             _drop_page_cache()
-        subprocess.run([*MEMTRACK, "run", "--no-db", "--json", str(records / f"{i:03d}.json"),
-                        *k], cwd=repo, check=True, capture_output=True)
+        subprocess.run(
+            [*MEMTRACK, "run", "--no-db", "--json", str(records / f"{i:03d}.json"), *k],
+            cwd=repo,
+            check=True,
+            capture_output=True,
+        )
         if (i + 1) % 5 == 0:
             print(f"  {i + 1}/{reruns} runs ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     return [read_json(p) for p in sorted(records.glob("*.json"))]
@@ -118,8 +129,9 @@ def load_records(path: Path) -> tuple[list[RunRecord], str]:
     """Recorded reruns: a gzipped JSON object {"how": ..., "records": [run records]}."""
     with gzip.open(path, "rt", encoding="utf-8") as f:
         data = json.load(f)
-    return [run_from_dict(r, where=f"{path}: record {i}")
-            for i, r in enumerate(data["records"])], data.get("how", "")
+    return [
+        run_from_dict(r, where=f"{path}: record {i}") for i, r in enumerate(data["records"])
+    ], data.get("how", "")
 
 
 def save_records(path: Path, runs: list[RunRecord], how: str) -> None:
@@ -139,11 +151,23 @@ def by_case(runs: list[RunRecord], patterns: list[str]) -> dict[str, list[tuple]
 
 def _point(run, m: Measurement, i: int) -> Point:
     values = {name: v for name in metrics.NAMES if (v := metrics.value(m, name)) is not None}
-    parts = {name: getattr(m, col) for name, col in COMPONENTS.items()
-             if getattr(m, col, None) is not None}
+    parts = {
+        name: getattr(m, col)
+        for name, col in COMPONENTS.items()
+        if getattr(m, col, None) is not None
+    }
     # Each draw is a run of its own: a run id and a time of its own, in history order.
-    return Point(f"{run.run_id}-{i}", run.git.commit, f"2026-01-01T00:00:{i:02d}", None,
-                 m.status, values, m.iteration_times_s, parts, m.allocated_samples)
+    return Point(
+        f"{run.run_id}-{i}",
+        run.git.commit,
+        f"2026-01-01T00:00:{i:02d}",
+        None,
+        m.status,
+        values,
+        m.iteration_times_s,
+        parts,
+        m.allocated_samples,
+    )
 
 
 def _judge(config: Config, m: Measurement, base: list[tuple]) -> dict:
@@ -151,8 +175,11 @@ def _judge(config: Config, m: Measurement, base: list[tuple]) -> dict:
     oldest first."""
     points = [_point(r, b, i) for i, (r, b) in enumerate(base)][::-1]  # newest first
     c = Candidate(m, points, {}, len(points) < config.min_baseline_runs)
-    return {metric: verdict(c, metric, config) for metric in metrics.NAMES
-            if metrics.value(m, metric) is not None}
+    return {
+        metric: verdict(c, metric, config)
+        for metric in metrics.NAMES
+        if metrics.value(m, metric) is not None
+    }
 
 
 def _histories(pairs: list, rng: random.Random, count: int, size: int | None = None):
@@ -166,8 +193,9 @@ def _histories(pairs: list, rng: random.Random, count: int, size: int | None = N
         yield drawn[:-1], drawn[-1][1]
 
 
-def false_blocks(config: Config, cases: dict[str, list], histories: int,
-                 seed: int) -> tuple[list[dict], list[str]]:
+def false_blocks(
+    config: Config, cases: dict[str, list], histories: int, seed: int
+) -> tuple[list[dict], list[str]]:
     rng = random.Random(seed)
     rows: list[dict] = []
     reasons: list[str] = []
@@ -183,18 +211,24 @@ def false_blocks(config: Config, cases: dict[str, list], histories: int,
                 if v.blocking:
                     c["blocked"] += 1
                     if len(reasons) < 12:
-                        shown = ", ".join(f"{(metrics.value(b, metric) or 0) / MiB:.2f}"
-                                          for _, b in base)
-                        reasons.append(f"{case_id} {metric} ({len(base)} runs: {shown} MiB, "
-                                       f"oldest first): {v.message}")
+                        shown = ", ".join(
+                            f"{(metrics.value(b, metric) or 0) / MiB:.2f}" for _, b in base
+                        )
+                        reasons.append(
+                            f"{case_id} {metric} ({len(base)} runs: {shown} MiB, "
+                            f"oldest first): {v.message}"
+                        )
         rows += [{"case": case_id, "metric": k, **c} for k, c in counts.items()]
     return rows, reasons
 
 
 def _inject(m: Measurement, metric: str, delta: int) -> Measurement:
     if metric == "allocated":
-        return replace(m, peak_allocated_bytes=(m.peak_allocated_bytes or 0) + delta,
-                       allocated_samples=tuple(s + delta for s in m.allocated_samples))
+        return replace(
+            m,
+            peak_allocated_bytes=(m.peak_allocated_bytes or 0) + delta,
+            allocated_samples=tuple(s + delta for s in m.allocated_samples),
+        )
     if metric == "host":
         return replace(m, host_peak_rss_bytes=(m.host_peak_rss_bytes or 0) + delta)
     if metric == "host_step":
@@ -204,8 +238,7 @@ def _inject(m: Measurement, metric: str, delta: int) -> Measurement:
     return replace(m, disk_bytes=(m.disk_bytes or 0) + delta)
 
 
-def detection(config: Config, cases: dict[str, list], histories: int,
-              seed: int) -> list[dict]:
+def detection(config: Config, cases: dict[str, list], histories: int, seed: int) -> list[dict]:
     """Per case and metric: the smallest injected growth that blocks, over `histories`
     resampled baselines of 20 runs (median and worst)."""
     rng = random.Random(seed + 1)
@@ -217,6 +250,7 @@ def detection(config: Config, cases: dict[str, list], histories: int,
                 continue
             found: list[int | None] = []
             for base, m in drawn:
+
                 def blocks(delta: int, m=m, base=base, metric=metric) -> bool:
                     v = _judge(config, _inject(m, metric, delta), base)[metric]
                     return v is not None and v.blocking
@@ -231,17 +265,25 @@ def detection(config: Config, cases: dict[str, list], histories: int,
                 found.append(hi)
             value = statistics.median(metrics.value(m, metric) or 0 for _, m in pairs)
             goal = {"allocated": 512, "host_step": 2 * MiB, "disk": 4096}.get(
-                metric, max(int(value) // 100, 4 * MiB))
+                metric, max(int(value) // 100, 4 * MiB)
+            )
             caught = [f for f in found if f is not None]
-            out.append({"case": case_id, "metric": metric, "value": value,
-                        "median": statistics.median(caught) if caught else None,
-                        "worst": None if len(caught) < len(found) else max(caught),
-                        "goal": goal})
+            out.append(
+                {
+                    "case": case_id,
+                    "metric": metric,
+                    "value": value,
+                    "median": statistics.median(caught) if caught else None,
+                    "worst": None if len(caught) < len(found) else max(caught),
+                    "goal": goal,
+                }
+            )
     return out
 
 
-def history_false(config: Config, cases: dict[str, list], histories: int, commits: int,
-                  seed: int) -> list[dict]:
+def history_false(
+    config: Config, cases: dict[str, list], histories: int, commits: int, seed: int
+) -> list[dict]:
     """Steps and flagged creeps that `check --history` reports on resampled histories of
     unchanged code (`commits` runs each), per case and metric."""
     rng = random.Random(seed + 2)
@@ -258,14 +300,20 @@ def history_false(config: Config, cases: dict[str, list], histories: int, commit
                 values = [metrics.value(m, metric) for m in draws]
                 if any(v is None for v in values):
                     continue
-                found = judge_series([float(v or 0) for v in values], metric, config,
-                                     anchor_index=max(0, commits - 1 - 50))
+                found = judge_series(
+                    [float(v or 0) for v in values],
+                    metric,
+                    config,
+                    anchor_index=max(0, commits - 1 - 50),
+                )
                 c = counts.setdefault(metric, [0, 0, 0])
                 c[0] += 1
                 c[1] += len(found.starts)
                 c[2] += int(found.flagged)
-        out += [{"case": case_id, "metric": k, "histories": c[0], "steps": c[1],
-                 "creeps": c[2]} for k, c in counts.items()]
+        out += [
+            {"case": case_id, "metric": k, "histories": c[0], "steps": c[1], "creeps": c[2]}
+            for k, c in counts.items()
+        ]
     return out
 
 
@@ -282,32 +330,51 @@ def report_reruns(config: Config, runs: list[RunRecord], how: str, args) -> None
     print(f"real runs: {how} ({sizes} runs per case)")
     rows, reasons = false_blocks(config, cases, args.histories, args.seed)
     total = sum(r["blocked"] for r in rows)
-    print(f"1. false blocks: {args.histories} resampled histories per case (1-20 distinct "
-          f"real runs each, in random order), one more run judged against each "
-          f"(goal 0): {total} blocked of {sum(r['judged'] for r in rows):,} verdicts")
+    print(
+        f"1. false blocks: {args.histories} resampled histories per case (1-20 distinct "
+        f"real runs each, in random order), one more run judged against each "
+        f"(goal 0): {total} blocked of {sum(r['judged'] for r in rows):,} verdicts"
+    )
     for r in rows:
-        print(f"  {_label(r['case'], labels):34} {r['metric']:9} {r['blocked']:4} blocked of "
-              f"{r['judged']:5} ({r['noisy']} said noisy)")
+        print(
+            f"  {_label(r['case'], labels):34} {r['metric']:9} {r['blocked']:4} blocked of "
+            f"{r['judged']:5} ({r['noisy']} said noisy)"
+        )
     for line in reasons:
         print(f"    {line}")
-    print(f"2. detection: the smallest injected growth that blocks, over {args.bases} "
-          "resampled 20-run baselines per case (median, worst)")
+    print(
+        f"2. detection: the smallest injected growth that blocks, over {args.bases} "
+        "resampled 20-run baselines per case (median, worst)"
+    )
     for r in detection(config, cases, args.bases, args.seed):
+
         def shown(x):
             return "not caught" if x is None else f"{format_size(int(x))}"
+
         worst = r["worst"]
-        met = ("met" if worst is not None and worst <= r["goal"] + 1 else
-               "within 25%" if worst is not None and worst <= 1.25 * r["goal"] else "NOT met")
-        print(f"  {_label(r['case'], labels):34} {r['metric']:9} figure "
-              f"{format_size(int(r['value'])):>11}: median {shown(r['median']):>11}, worst "
-              f"{shown(worst):>11} ({100 * (worst or 0) / max(r['value'], 1):.2f}%)  goal "
-              f"{format_size(r['goal'])}: {met}")
+        met = (
+            "met"
+            if worst is not None and worst <= r["goal"] + 1
+            else "within 25%"
+            if worst is not None and worst <= 1.25 * r["goal"]
+            else "NOT met"
+        )
+        print(
+            f"  {_label(r['case'], labels):34} {r['metric']:9} figure "
+            f"{format_size(int(r['value'])):>11}: median {shown(r['median']):>11}, worst "
+            f"{shown(worst):>11} ({100 * (worst or 0) / max(r['value'], 1):.2f}%)  goal "
+            f"{format_size(r['goal'])}: {met}"
+        )
     rows = history_false(config, cases, args.history_runs, 150, args.seed)
-    print(f"3. history: `check --history` on {args.history_runs} resampled histories of 150 "
-          "commits of unchanged code per case: steps found and creeps flagged (goal 0)")
+    print(
+        f"3. history: `check --history` on {args.history_runs} resampled histories of 150 "
+        "commits of unchanged code per case: steps found and creeps flagged (goal 0)"
+    )
     for r in rows:
-        print(f"  {_label(r['case'], labels):34} {r['metric']:9} {r['steps']:3} steps, "
-              f"{r['creeps']:3} creeps over {r['histories']} histories")
+        print(
+            f"  {_label(r['case'], labels):34} {r['metric']:9} {r['steps']:3} steps, "
+            f"{r['creeps']:3} creeps over {r['histories']} histories"
+        )
 
 
 # -- 4: the PR comment ---------------------------------------------------------------------
@@ -333,31 +400,63 @@ def comment_result(runs: list[RunRecord], work: Path, cases: int | None = None):
     if cases is None:
         base = runs[:20]
     else:
-        names = [(f"w{c // 5:02d}", {"batch": 2 ** (c % 5), "dtype": "float32"})
-                 for c in range(cases)]
-        base = [make_run([make_measurement(w, p, peak=(c + 1) * 10 * MiB,
-                                           host=400 * MiB + ((i * 7 + c) % 5) * 256 * 1024)
-                          for c, (w, p) in enumerate(names)]) for i in range(20)]
+        names = [
+            (f"w{c // 5:02d}", {"batch": 2 ** (c % 5), "dtype": "float32"}) for c in range(cases)
+        ]
+        base = [
+            make_run(
+                [
+                    make_measurement(
+                        w,
+                        p,
+                        peak=(c + 1) * 10 * MiB,
+                        host=400 * MiB + ((i * 7 + c) % 5) * 256 * 1024,
+                    )
+                    for c, (w, p) in enumerate(names)
+                ]
+            )
+            for i in range(20)
+        ]
     with Store.open(db) as store:
         for i, r in enumerate(base):
-            store.write_run(replace(r, run_id=f"base{i:04d}",
-                                    started_at=f"2026-01-01T00:{i:02d}:00+00:00",
-                                    git=replace(r.git, commit=f"{i:02d}" + "a" * 38,
-                                                branch="main", subject=f"main {i}")))
+            store.write_run(
+                replace(
+                    r,
+                    run_id=f"base{i:04d}",
+                    started_at=f"2026-01-01T00:{i:02d}:00+00:00",
+                    git=replace(
+                        r.git, commit=f"{i:02d}" + "a" * 38, branch="main", subject=f"main {i}"
+                    ),
+                )
+            )
         cand = base[-1]
         grown = list(cand.measurements)
-        m = (next((x for x in grown if "sessions=4" in x.case_id), grown[0]) if cases is None
-             else grown[len(grown) // 2])
+        m = (
+            next((x for x in grown if "sessions=4" in x.case_id), grown[0])
+            if cases is None
+            else grown[len(grown) // 2]
+        )
         grown[grown.index(m)] = replace(
-            m, peak_allocated_bytes=(m.peak_allocated_bytes or 0) + 2 * MiB,
+            m,
+            peak_allocated_bytes=(m.peak_allocated_bytes or 0) + 2 * MiB,
             allocated_samples=tuple(x + 2 * MiB for x in m.allocated_samples),
-            caches_bytes=(m.caches_bytes or 0) + 2 * MiB)
-        store.write_run(replace(cand, run_id="pr" + "0" * 30,
-                                started_at="2026-01-01T01:00:00+00:00",
-                                measurements=tuple(grown),
-                                git=replace(cand.git, commit="f" * 40, branch="feature",
-                                            merge_base="19" + "a" * 38,
-                                            subject="grow the cache")))
+            caches_bytes=(m.caches_bytes or 0) + 2 * MiB,
+        )
+        store.write_run(
+            replace(
+                cand,
+                run_id="pr" + "0" * 30,
+                started_at="2026-01-01T01:00:00+00:00",
+                measurements=tuple(grown),
+                git=replace(
+                    cand.git,
+                    commit="f" * 40,
+                    branch="feature",
+                    merge_base="19" + "a" * 38,
+                    subject="grow the cache",
+                ),
+            )
+        )
         result = check(store, config, run_id="pr" + "0" * 30, root=work)
     from memtrack.report import check as report
 
@@ -375,11 +474,13 @@ def rendered(md: str) -> dict | None:
     if not Path("/usr/bin/chromium").exists():
         return None
     html = mdlib.markdown(md, extensions=["tables"])
-    page_html = (f"<!DOCTYPE html><html><head><style>{GITHUB_CSS}</style></head>"
-                 f"<body>{html}</body></html>")
+    page_html = (
+        f"<!DOCTYPE html><html><head><style>{GITHUB_CSS}</style></head><body>{html}</body></html>"
+    )
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                    args=["--no-sandbox", "--disable-gpu"])
+        browser = p.chromium.launch(
+            executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"]
+        )
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.set_content(page_html)
         out = page.evaluate("""() => {
@@ -403,19 +504,27 @@ def rendered(md: str) -> dict | None:
 
 
 def comment_size(runs: list[RunRecord], work: Path) -> None:
-    print("4. the PR comment of a pull request that grows one case by 2 MiB (one block): "
-          "size, and what shows above the first folded section")
+    print(
+        "4. the PR comment of a pull request that grows one case by 2 MiB (one block): "
+        "size, and what shows above the first folded section"
+    )
     for what, cases in (("shipped suite", None), ("50-case suite", 50)):
         result, md = comment_result(runs, work, cases)
         top = md.split("<details>", 1)[0]
         rows = sum(1 for line in top.splitlines() if line.startswith("| ") and "---" not in line)
         drawn = rendered(md)
-        shown = (f"; drawn: widest table {drawn['table']} px unwrapped, in a {drawn['body']} "
-                 f"px comment {drawn['wrapped']} of its rows wrap; {drawn['fold']:.0f} px "
-                 "above the fold" if drawn else "")
-        print(f"  {what}: {len(result.verdicts)} verdicts, {len(md.encode()):,} bytes, "
-              f"{len(top.splitlines())} Markdown lines and {rows} table rows (1 header) "
-              f"above the fold{shown}")
+        shown = (
+            f"; drawn: widest table {drawn['table']} px unwrapped, in a {drawn['body']} "
+            f"px comment {drawn['wrapped']} of its rows wrap; {drawn['fold']:.0f} px "
+            "above the fold"
+            if drawn
+            else ""
+        )
+        print(
+            f"  {what}: {len(result.verdicts)} verdicts, {len(md.encode()):,} bytes, "
+            f"{len(top.splitlines())} Markdown lines and {rows} table rows (1 header) "
+            f"above the fold{shown}"
+        )
 
 
 # -- 5: the 1,000,000-row database -----------------------------------------------------
@@ -431,22 +540,39 @@ def big_history(work: Path, commits: int) -> tuple[Path, list[str], str]:
     lines = []
     for i in range(1, commits + 1):
         body = f"{i}\n"
-        lines += ["commit refs/heads/main", f"mark :{i}",
-                  f"committer Bench <bench@example.com> {t0 + 60 * i} +0000",
-                  f"data {len(f'commit {i}')}", f"commit {i}"]
+        lines += [
+            "commit refs/heads/main",
+            f"mark :{i}",
+            f"committer Bench <bench@example.com> {t0 + 60 * i} +0000",
+            f"data {len(f'commit {i}')}",
+            f"commit {i}",
+        ]
         if i > 1:
             lines.append(f"from :{i - 1}")
         lines += ["M 644 inline f.txt", f"data {len(body)}", body.rstrip("\n"), ""]
     fork = commits - 10
     body = "pr\n"
-    lines += ["commit refs/heads/feature", f"mark :{commits + 1}",
-              f"committer Bench <bench@example.com> {t0 + 60 * (commits + 5)} +0000",
-              "data 9", "a comment", f"from :{fork}",
-              "M 644 inline f.txt", f"data {len(body)}", body.rstrip("\n"), ""]
+    lines += [
+        "commit refs/heads/feature",
+        f"mark :{commits + 1}",
+        f"committer Bench <bench@example.com> {t0 + 60 * (commits + 5)} +0000",
+        "data 9",
+        "a comment",
+        f"from :{fork}",
+        "M 644 inline f.txt",
+        f"data {len(body)}",
+        body.rstrip("\n"),
+        "",
+    ]
     marks = work / "marks"
-    subprocess.run(["git", "fast-import", "--quiet", f"--export-marks={marks}"], cwd=repo,
-                   input="\n".join(lines) + "\n", text=True, check=True,
-                   env={**os.environ, **GIT_ENV})
+    subprocess.run(
+        ["git", "fast-import", "--quiet", f"--export-marks={marks}"],
+        cwd=repo,
+        input="\n".join(lines) + "\n",
+        text=True,
+        check=True,
+        env={**os.environ, **GIT_ENV},
+    )
     sha = {int(m.split()[0][1:]): m.split()[1] for m in marks.read_text().splitlines()}
     return repo, [sha[i] for i in range(1, commits + 1)], sha[commits + 1]
 
@@ -467,36 +593,84 @@ def big_database(work: Path, shas: list[str], pr: str, cases: int) -> tuple[Path
             run_id = f"run{i:06d}"
             iso = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(t0 + 60 * i))
             started = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(t0 + 60 * i + 30))
-            run_rows.append((run_id, started, started, started, "suite", 1, env_id,
-                             CPU_ENV.fingerprint, sha, "main", f"commit {i}", iso, 0, "main",
-                             sha, 0, "[]"))
+            run_rows.append(
+                (
+                    run_id,
+                    started,
+                    started,
+                    started,
+                    "suite",
+                    1,
+                    env_id,
+                    CPU_ENV.fingerprint,
+                    sha,
+                    "main",
+                    f"commit {i}",
+                    iso,
+                    0,
+                    "main",
+                    sha,
+                    0,
+                    "[]",
+                )
+            )
             for c, ((w, params), cid) in enumerate(zip(names, case_ids, strict=True)):
                 peak = (c + 1) * 10 * MiB
                 host = 400 * MiB + ((i * 7 + c) % 5) * 256 * 1024
-                m_rows.append((run_id, w, cid, json.dumps(params), 0, "cpu", "float32", 1, 3,
-                               "ok", "memtracker", peak, f"[{peak}, {peak}, {peak}]", host,
-                               host, host - 90 * MiB, 10 * MiB, "[0.01, 0.0101, 0.0099]",
-                               0.01))
+                m_rows.append(
+                    (
+                        run_id,
+                        w,
+                        cid,
+                        json.dumps(params),
+                        0,
+                        "cpu",
+                        "float32",
+                        1,
+                        3,
+                        "ok",
+                        "memtracker",
+                        peak,
+                        f"[{peak}, {peak}, {peak}]",
+                        host,
+                        host,
+                        host - 90 * MiB,
+                        10 * MiB,
+                        "[0.01, 0.0101, 0.0099]",
+                        0.01,
+                    )
+                )
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(
             "insert into runs (run_id, started_at, finished_at, recorded_at, suite_hash, "
             "schema_version, env_id, fingerprint, git_commit, git_branch, git_subject, "
             "git_committed_at, git_dirty, git_base_branch, git_merge_base, git_shallow, "
-            "git_notes) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", run_rows)
+            "git_notes) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            run_rows,
+        )
         conn.executemany(
             "insert into measurements (run_id, workload, case_id, params, seed, device, dtype, "
             "warmup, repeats, status, framework, peak_allocated_bytes, allocated_samples, "
             "host_peak_rss_bytes, host_step_peak_rss_bytes, host_bytes, host_step_bytes, "
             "iteration_times_s, time_median_s) "
-            "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", m_rows)
+            "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            m_rows,
+        )
         conn.execute("COMMIT")
         candidate = make_run(
-            [make_measurement(w, p, peak=(c + 1) * 10 * MiB, host=400 * MiB,
-                              times=(0.01, 0.0101, 0.0099))
-             for c, (w, p) in enumerate(names)],
-            commit=pr, branch="feature", merge_base=shas[-11],
-            started_at=time.strftime("%Y-%m-%dT%H:%M:%S+00:00",
-                                     time.gmtime(t0 + 60 * (len(shas) + 6))))
+            [
+                make_measurement(
+                    w, p, peak=(c + 1) * 10 * MiB, host=400 * MiB, times=(0.01, 0.0101, 0.0099)
+                )
+                for c, (w, p) in enumerate(names)
+            ],
+            commit=pr,
+            branch="feature",
+            merge_base=shas[-11],
+            started_at=time.strftime(
+                "%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(t0 + 60 * (len(shas) + 6))
+            ),
+        )
         store.write_run(candidate)
         rows = conn.execute("select count(*) from measurements").fetchone()[0]
         conn.execute("ANALYZE")
@@ -509,9 +683,21 @@ def time_check(repo: Path, db: Path, run_id: str, tries: int) -> tuple[list[floa
     out = None
     for _ in range(tries):
         t = time.perf_counter()
-        out = subprocess.run(["memtrack", "check", "--config", str(repo / "memtrack.toml"),
-                              "--db", str(db), "--run", run_id], cwd=repo, capture_output=True,
-                             text=True)
+        out = subprocess.run(
+            [
+                "memtrack",
+                "check",
+                "--config",
+                str(repo / "memtrack.toml"),
+                "--db",
+                str(db),
+                "--run",
+                run_id,
+            ],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+        )
         walls.append(time.perf_counter() - t)
     assert out is not None
     return walls, out.returncode, out.stdout.strip().splitlines()[-1]
@@ -519,22 +705,49 @@ def time_check(repo: Path, db: Path, run_id: str, tries: int) -> tuple[list[floa
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reruns", type=int, default=0,
-                    help="re-run the shipped suite this many times here (default: read the "
-                         "recorded reruns)")
-    ap.add_argument("--records", type=Path, default=RECORDS,
-                    help="recorded reruns to read (a .json.gz written by --save)")
+    ap.add_argument(
+        "--reruns",
+        type=int,
+        default=0,
+        help="re-run the shipped suite this many times here (default: read the recorded reruns)",
+    )
+    ap.add_argument(
+        "--records",
+        type=Path,
+        default=RECORDS,
+        help="recorded reruns to read (a .json.gz written by --save)",
+    )
     ap.add_argument("--save", type=Path, help="with --reruns: write the reruns here")
-    ap.add_argument("--drop-cache", action="store_true",
-                    help="with --reruns: drop the page cache before every other run (root)")
-    ap.add_argument("-k", dest="patterns", action="append", default=[],
-                    help="only cases whose id contains this (repeatable)")
-    ap.add_argument("--histories", type=int, default=1000,
-                    help="resampled histories per case for the false blocks")
-    ap.add_argument("--bases", type=int, default=40,
-                    help="resampled 20-run baselines per case for the detection")
-    ap.add_argument("--history-runs", type=int, default=20,
-                    help="resampled 150-commit histories per case for `check --history`")
+    ap.add_argument(
+        "--drop-cache",
+        action="store_true",
+        help="with --reruns: drop the page cache before every other run (root)",
+    )
+    ap.add_argument(
+        "-k",
+        dest="patterns",
+        action="append",
+        default=[],
+        help="only cases whose id contains this (repeatable)",
+    )
+    ap.add_argument(
+        "--histories",
+        type=int,
+        default=1000,
+        help="resampled histories per case for the false blocks",
+    )
+    ap.add_argument(
+        "--bases",
+        type=int,
+        default=40,
+        help="resampled 20-run baselines per case for the detection",
+    )
+    ap.add_argument(
+        "--history-runs",
+        type=int,
+        default=20,
+        help="resampled 150-commit histories per case for `check --history`",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--commits", type=int, default=20_000)
     ap.add_argument("--cases", type=int, default=50)
@@ -547,12 +760,16 @@ def main() -> int:
         if not args.skip_reruns:
             config = Config(path=None, root=work)
             if args.reruns:
-                print(f"re-running the shipped suite {args.reruns} times on one commit ...",
-                      file=sys.stderr)
+                print(
+                    f"re-running the shipped suite {args.reruns} times on one commit ...",
+                    file=sys.stderr,
+                )
                 runs = rerun_suite(work, args.reruns, args.patterns, args.drop_cache)
-                how = (f"{len(runs)} runs of the shipped suite on one commit, here, one after "
-                       "another" + (", the page cache dropped before every other run"
-                                    if args.drop_cache else ""))
+                how = (
+                    f"{len(runs)} runs of the shipped suite on one commit, here, one after "
+                    "another"
+                    + (", the page cache dropped before every other run" if args.drop_cache else "")
+                )
                 if args.save:
                     save_records(args.save, runs, how)
             else:
@@ -562,8 +779,11 @@ def main() -> int:
             comment_size(runs, work)
         if args.skip_speed:
             return 0
-        print(f"building a history of {args.commits} commits and {args.commits * args.cases:,} "
-              "measurement rows ...", file=sys.stderr)
+        print(
+            f"building a history of {args.commits} commits and {args.commits * args.cases:,} "
+            "measurement rows ...",
+            file=sys.stderr,
+        )
         t = time.perf_counter()
         repo, shas, pr = big_history(work, args.commits)
         db, run_id, rows = big_database(work, shas, pr, args.cases)
@@ -573,12 +793,14 @@ def main() -> int:
             t = time.perf_counter()
             result = check(store, load_config(repo / "memtrack.toml"), run_id=run_id, root=repo)
             inproc = time.perf_counter() - t
-        print(f"speed: `memtrack check` against {rows:,} measurement rows "
-              f"({args.commits:,} commits x {args.cases} cases): median "
-              f"{statistics.median(walls):.3f} s, best {min(walls):.3f} s wall as a fresh process "
-              f"(goal < 0.5 s); the check itself {inproc:.3f} s in process; exit {code}, "
-              f"{len(result.verdicts)} verdicts, baseline {result.baseline_mode} "
-              f"({result.verdicts[0].baseline_runs} runs per case); last line: {last}")
+        print(
+            f"speed: `memtrack check` against {rows:,} measurement rows "
+            f"({args.commits:,} commits x {args.cases} cases): median "
+            f"{statistics.median(walls):.3f} s, best {min(walls):.3f} s wall as a fresh process "
+            f"(goal < 0.5 s); the check itself {inproc:.3f} s in process; exit {code}, "
+            f"{len(result.verdicts)} verdicts, baseline {result.baseline_mode} "
+            f"({result.verdicts[0].baseline_runs} runs per case); last line: {last}"
+        )
     finally:
         if args.keep:
             print(f"kept {work}", file=sys.stderr)

@@ -64,8 +64,15 @@ MEMTRACK = [sys.executable, "-c", "from memtrack.cli import main; main()"]
 
 
 def _git(repo: Path, *args: str, **kw) -> str:
-    out = subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True,
-                         env={**os.environ, **GIT_ENV}, **kw)
+    out = subprocess.run(
+        ["git", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **GIT_ENV},
+        **kw,
+    )
     return out.stdout.strip()
 
 
@@ -89,7 +96,8 @@ def rerun_suite(work: Path, reruns: int, patterns: list[str]) -> tuple[Path, lis
     repo.mkdir()
     _git(repo, "init", "-q", "-b", "main")
     (repo / "memtrack.toml").write_text(
-        'modules = ["memtrack.examples"]\nwarmup = 1\nrepeats = 3\n')
+        'modules = ["memtrack.examples"]\nwarmup = 1\nrepeats = 3\n'
+    )
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "the unchanged commit")
     records = work / "records"
@@ -100,8 +108,12 @@ def rerun_suite(work: Path, reruns: int, patterns: list[str]) -> tuple[Path, lis
     for i in range(reruns):
         if i % 2 and _drop_page_cache():
             dropped += 1
-        subprocess.run([*MEMTRACK, "run", "--no-db", "--json", str(records / f"{i:03d}.json"),
-                        *k], cwd=repo, check=True, capture_output=True)
+        subprocess.run(
+            [*MEMTRACK, "run", "--no-db", "--json", str(records / f"{i:03d}.json"), *k],
+            cwd=repo,
+            check=True,
+            capture_output=True,
+        )
         if (i + 1) % 5 == 0:
             print(f"  {i + 1}/{reruns} runs ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     runs = [read_json(p) for p in sorted(records.glob("*.json"))]
@@ -110,10 +122,21 @@ def rerun_suite(work: Path, reruns: int, patterns: list[str]) -> tuple[Path, lis
 
 def _point(run, m: Measurement) -> Point:
     values = {name: v for name in metrics.NAMES if (v := metrics.value(m, name)) is not None}
-    parts = {name: getattr(m, col) for name, col in COMPONENTS.items()
-             if getattr(m, col, None) is not None}
-    return Point(run.run_id, run.git.commit, run.started_at, None, m.status, values,
-                 m.iteration_times_s, parts)
+    parts = {
+        name: getattr(m, col)
+        for name, col in COMPONENTS.items()
+        if getattr(m, col, None) is not None
+    }
+    return Point(
+        run.run_id,
+        run.git.commit,
+        run.started_at,
+        None,
+        m.status,
+        values,
+        m.iteration_times_s,
+        parts,
+    )
 
 
 def _judge(config, m: Measurement, base: list[tuple]) -> dict:
@@ -142,7 +165,7 @@ def false_blocks(repo: Path, runs: list, draws: int, seed: int) -> tuple[dict, d
     for case_id in case_ids:
         pairs = [(r, next(m for m in r.measurements if m.case_id == case_id)) for r in runs]
         for i, (_, m) in enumerate(pairs):
-            others = pairs[:i] + pairs[i + 1:]
+            others = pairs[:i] + pairs[i + 1 :]
             for base in _subsets(others, rng, draws):
                 for metric, v in _judge(config, m, base).items():
                     if v is None:
@@ -158,8 +181,11 @@ def false_blocks(repo: Path, runs: list, draws: int, seed: int) -> tuple[dict, d
 
 def _inject(m: Measurement, metric: str, delta: int) -> Measurement:
     if metric == "allocated":
-        return replace(m, peak_allocated_bytes=m.peak_allocated_bytes + delta,
-                       allocated_samples=tuple(s + delta for s in m.allocated_samples))
+        return replace(
+            m,
+            peak_allocated_bytes=m.peak_allocated_bytes + delta,
+            allocated_samples=tuple(s + delta for s in m.allocated_samples),
+        )
     if metric == "host":
         return replace(m, host_peak_rss_bytes=m.host_peak_rss_bytes + delta)
     return replace(m, host_step_peak_rss_bytes=m.host_step_peak_rss_bytes + delta)
@@ -175,7 +201,7 @@ def detection(repo: Path, runs: list, bases: int) -> list[dict]:
         for metric in GATED:
             worst: int | None = 0
             for i, (_, m) in enumerate(pairs[:bases]):
-                base = (pairs[:i] + pairs[i + 1:])[-20:]
+                base = (pairs[:i] + pairs[i + 1 :])[-20:]
 
                 def blocks(delta: int, m=m, base=base, metric=metric) -> bool:
                     v = _judge(config, _inject(m, metric, delta), base)[metric]
@@ -191,9 +217,11 @@ def detection(repo: Path, runs: list, bases: int) -> list[dict]:
                 worst = max(worst or 0, hi)
             value = statistics.median(metrics.value(m, metric) or 0 for _, m in pairs)
             goal = {"allocated": 512, "host_step": 2 * MiB}.get(
-                metric, max(int(value) // 100, 4 * MiB))
-            out.append({"case": case_id, "metric": metric, "value": value, "smallest": worst,
-                        "goal": goal})
+                metric, max(int(value) // 100, 4 * MiB)
+            )
+            out.append(
+                {"case": case_id, "metric": metric, "value": value, "smallest": worst, "goal": goal}
+            )
     return out
 
 
@@ -210,28 +238,46 @@ def big_history(work: Path, commits: int) -> tuple[Path, list[str], str]:
     lines = []
     for i in range(1, commits + 1):
         body = f"{i}\n"
-        lines += ["commit refs/heads/main", f"mark :{i}",
-                  f"committer Bench <bench@example.com> {t0 + 60 * i} +0000",
-                  f"data {len(f'commit {i}')}", f"commit {i}"]
+        lines += [
+            "commit refs/heads/main",
+            f"mark :{i}",
+            f"committer Bench <bench@example.com> {t0 + 60 * i} +0000",
+            f"data {len(f'commit {i}')}",
+            f"commit {i}",
+        ]
         if i > 1:
             lines.append(f"from :{i - 1}")
         lines += ["M 644 inline f.txt", f"data {len(body)}", body.rstrip("\n"), ""]
     fork = commits - 10
     body = "pr\n"
-    lines += ["commit refs/heads/feature", f"mark :{commits + 1}",
-              f"committer Bench <bench@example.com> {t0 + 60 * (commits + 5)} +0000",
-              "data 9", "a comment", f"from :{fork}",
-              "M 644 inline f.txt", f"data {len(body)}", body.rstrip("\n"), ""]
+    lines += [
+        "commit refs/heads/feature",
+        f"mark :{commits + 1}",
+        f"committer Bench <bench@example.com> {t0 + 60 * (commits + 5)} +0000",
+        "data 9",
+        "a comment",
+        f"from :{fork}",
+        "M 644 inline f.txt",
+        f"data {len(body)}",
+        body.rstrip("\n"),
+        "",
+    ]
     marks = work / "marks"
-    subprocess.run(["git", "fast-import", "--quiet", f"--export-marks={marks}"], cwd=repo,
-                   input="\n".join(lines) + "\n", text=True, check=True,
-                   env={**os.environ, **GIT_ENV})
+    subprocess.run(
+        ["git", "fast-import", "--quiet", f"--export-marks={marks}"],
+        cwd=repo,
+        input="\n".join(lines) + "\n",
+        text=True,
+        check=True,
+        env={**os.environ, **GIT_ENV},
+    )
     sha = {int(m.split()[0][1:]): m.split()[1] for m in marks.read_text().splitlines()}
     return repo, [sha[i] for i in range(1, commits + 1)], sha[commits + 1]
 
 
-def big_database(work: Path, shas: list[str], pr: str, cases: int,
-                 estimates: int) -> tuple[Path, str]:
+def big_database(
+    work: Path, shas: list[str], pr: str, cases: int, estimates: int
+) -> tuple[Path, str]:
     """The history's measured runs, `estimates` estimate runs (`memtrack estimate`, every
     case) spread over it, and a candidate run of the PR commit, all through this tree's
     schema. Returns the database and the candidate's run id."""
@@ -251,17 +297,55 @@ def big_database(work: Path, shas: list[str], pr: str, cases: int,
         def add_run(run_id: str, i: int, sha: str, kind: str, seconds: int) -> None:
             iso = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(t0 + 60 * i))
             started = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(t0 + 60 * i + seconds))
-            run_rows.append((run_id, started, started, started, "suite", 1, env_id,
-                             CPU_ENV.fingerprint, sha, "main", f"commit {i}", iso, 0, "main",
-                             sha, 0, "[]"))
+            run_rows.append(
+                (
+                    run_id,
+                    started,
+                    started,
+                    started,
+                    "suite",
+                    1,
+                    env_id,
+                    CPU_ENV.fingerprint,
+                    sha,
+                    "main",
+                    f"commit {i}",
+                    iso,
+                    0,
+                    "main",
+                    sha,
+                    0,
+                    "[]",
+                )
+            )
             framework = "memtracker" if kind == "measured" else "fake-tensor-estimate"
             for c, ((w, params), cid) in enumerate(zip(names, case_ids, strict=True)):
                 peak = (c + 1) * 10 * MiB
                 host = 400 * MiB + ((i * 7 + c) % 5) * 256 * 1024
-                m_rows.append((run_id, w, cid, json.dumps(params), 0, "cpu", "float32", 1, 3,
-                               "ok", framework, peak, f"[{peak}, {peak}, {peak}]", host,
-                               host, host - 90 * MiB, 10 * MiB, "[0.01, 0.0101, 0.0099]",
-                               0.01, kind))
+                m_rows.append(
+                    (
+                        run_id,
+                        w,
+                        cid,
+                        json.dumps(params),
+                        0,
+                        "cpu",
+                        "float32",
+                        1,
+                        3,
+                        "ok",
+                        framework,
+                        peak,
+                        f"[{peak}, {peak}, {peak}]",
+                        host,
+                        host,
+                        host - 90 * MiB,
+                        10 * MiB,
+                        "[0.01, 0.0101, 0.0099]",
+                        0.01,
+                        kind,
+                    )
+                )
 
         for i, sha in enumerate(shas, 1):
             add_run(f"run{i:06d}", i, sha, "measured", 30)
@@ -272,21 +356,32 @@ def big_database(work: Path, shas: list[str], pr: str, cases: int,
             "insert into runs (run_id, started_at, finished_at, recorded_at, suite_hash, "
             "schema_version, env_id, fingerprint, git_commit, git_branch, git_subject, "
             "git_committed_at, git_dirty, git_base_branch, git_merge_base, git_shallow, "
-            "git_notes) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", run_rows)
+            "git_notes) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            run_rows,
+        )
         conn.executemany(
             "insert into measurements (run_id, workload, case_id, params, seed, device, dtype, "
             "warmup, repeats, status, framework, peak_allocated_bytes, allocated_samples, "
             "host_peak_rss_bytes, host_step_peak_rss_bytes, host_bytes, host_step_bytes, "
             "iteration_times_s, time_median_s, kind) "
-            "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", m_rows)
+            "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            m_rows,
+        )
         conn.execute("COMMIT")
         candidate = make_run(
-            [make_measurement(w, p, peak=(c + 1) * 10 * MiB, host=400 * MiB,
-                              times=(0.01, 0.0101, 0.0099))
-             for c, (w, p) in enumerate(names)],
-            commit=pr, branch="feature", merge_base=shas[-11],
-            started_at=time.strftime("%Y-%m-%dT%H:%M:%S+00:00",
-                                     time.gmtime(t0 + 60 * (len(shas) + 6))))
+            [
+                make_measurement(
+                    w, p, peak=(c + 1) * 10 * MiB, host=400 * MiB, times=(0.01, 0.0101, 0.0099)
+                )
+                for c, (w, p) in enumerate(names)
+            ],
+            commit=pr,
+            branch="feature",
+            merge_base=shas[-11],
+            started_at=time.strftime(
+                "%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(t0 + 60 * (len(shas) + 6))
+            ),
+        )
         store.write_run(candidate)
         conn.execute("ANALYZE")
     return db, candidate.run_id
@@ -311,8 +406,11 @@ def history(cache: Path, commits: int, cases: int, estimates: int) -> tuple[Path
         return cache / "big", cache / "big.db", json.loads(meta.read_text())["run_id"]
     shutil.rmtree(cache, ignore_errors=True)
     cache.mkdir(parents=True)
-    print(f"building a history of {commits:,} commits and {commits * cases:,} measurement rows "
-          f"(and {estimates * cases:,} estimate rows) in {cache} ...", file=sys.stderr)
+    print(
+        f"building a history of {commits:,} commits and {commits * cases:,} measurement rows "
+        f"(and {estimates * cases:,} estimate rows) in {cache} ...",
+        file=sys.stderr,
+    )
     t = time.perf_counter()
     repo, shas, pr = big_history(cache, commits)
     db, run_id = big_database(cache, shas, pr, cases, estimates)
@@ -344,23 +442,38 @@ def older_database(cache: Path, db: Path, tree: Path, sha: str) -> Path:
         return old
     part = old.with_name(old.name + ".part")
     part.unlink(missing_ok=True)
-    subprocess.run([sys.executable, "-c", "import sys; from memtrack.store import Store; "
-                    "Store.open(sys.argv[1]).close()", str(part)], check=True,
-                   env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from memtrack.store import Store; Store.open(sys.argv[1]).close()",
+            str(part),
+        ],
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        cwd=tree,
+    )
     conn = sqlite3.connect(part, isolation_level=None)
     conn.execute("attach database ? as src", [f"{db.resolve().as_uri()}?mode=ro"])
-    measured = "exists (select 1 from src.measurements x where x.run_id = runs.run_id " \
-               "and x.kind = 'measured')"
-    where = {"runs": measured, "measurements": "kind = 'measured'",
-             "device_measurements": "measurement_id in (select id from src.measurements "
-                                    "where kind = 'measured')"}
+    measured = (
+        "exists (select 1 from src.measurements x where x.run_id = runs.run_id "
+        "and x.kind = 'measured')"
+    )
+    where = {
+        "runs": measured,
+        "measurements": "kind = 'measured'",
+        "device_measurements": "measurement_id in (select id from src.measurements "
+        "where kind = 'measured')",
+    }
     conn.execute("BEGIN")
     for table in ("environments", "runs", "measurements", "device_measurements"):
         cols = [r[1] for r in conn.execute(f"pragma main.table_info({table})")]
         have = {r[1] for r in conn.execute(f"pragma src.table_info({table})")}
         names = ", ".join(f'"{c}"' for c in cols if c in have)
-        conn.execute(f"insert into main.{table} ({names}) select {names} from src.{table} "
-                     f"where {where.get(table, '1')}")
+        conn.execute(
+            f"insert into main.{table} ({names}) select {names} from src.{table} "
+            f"where {where.get(table, '1')}"
+        )
     conn.execute("COMMIT")
     conn.execute("detach database src")
     conn.execute("ANALYZE")
@@ -371,13 +484,26 @@ def older_database(cache: Path, db: Path, tree: Path, sha: str) -> Path:
 
 def _check_command(tree: Path, repo: Path, db: Path, run_id: str) -> tuple[list[str], dict]:
     """`memtrack check` as a user runs it (default options), with `tree`'s memtrack."""
-    return ([sys.executable, "-c", "from memtrack.cli import main; main()", "check", "--config",
-             str(repo / "memtrack.toml"), "--db", str(db), "--run", run_id],
-            {**os.environ, "PYTHONPATH": str(tree)})
+    return (
+        [
+            sys.executable,
+            "-c",
+            "from memtrack.cli import main; main()",
+            "check",
+            "--config",
+            str(repo / "memtrack.toml"),
+            "--db",
+            str(db),
+            "--run",
+            run_id,
+        ],
+        {**os.environ, "PYTHONPATH": str(tree)},
+    )
 
 
-def time_checks(subjects: list[tuple[str, Path, Path]], repo: Path, run_id: str,
-                tries: int) -> dict[str, tuple[list[float], int, str]]:
+def time_checks(
+    subjects: list[tuple[str, Path, Path]], repo: Path, run_id: str, tries: int
+) -> dict[str, tuple[list[float], int, str]]:
     """Fresh-process walls per subject (label, tree, database), the subjects alternated
     round by round so that a busy moment of the machine falls on all of them alike."""
     out: dict[str, tuple[list[float], int, str]] = {label: ([], 0, "") for label, _, _ in subjects}
@@ -398,9 +524,19 @@ def time_checks(subjects: list[tuple[str, Path, Path]], repo: Path, run_id: str,
 def query_profile(tree: Path, repo: Path, db: Path, run_id: str) -> dict:
     """The check in process under `tree`'s memtrack, and its time per query."""
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("query_profile.py")), str(db), run_id,
-         str(repo / "memtrack.toml")], cwd=repo, env={**os.environ, "PYTHONPATH": str(tree)},
-        check=True, capture_output=True, text=True)
+        [
+            sys.executable,
+            str(Path(__file__).with_name("query_profile.py")),
+            str(db),
+            run_id,
+            str(repo / "memtrack.toml"),
+        ],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(proc.stdout)
 
 
@@ -412,17 +548,18 @@ def speed(work: Path, args: argparse.Namespace) -> None:
     if args.against:
         older = older_tree(work, args.against)
         if older is None:
-            print(f"{args.against}: not a commit of this repository; timed alone",
-                  file=sys.stderr)
+            print(f"{args.against}: not a commit of this repository; timed alone", file=sys.stderr)
         else:
             tree, sha = older
             subjects.append((sha[:7], tree, older_database(cache, db, tree, sha)))
     timed = time_checks(subjects, repo, run_id, args.tries)
     rows = _rows(db)
     extra = f" and {rows['estimate']:,} estimate rows" if rows.get("estimate") else ""
-    print(f"speed: `memtrack check` against {rows['measured']:,} measured rows "
-          f"({args.commits:,} commits x {args.cases} cases){extra}, each a fresh process, "
-          f"{args.tries} alternated tries (goal < 0.5 s, and no slower than {args.against}):")
+    print(
+        f"speed: `memtrack check` against {rows['measured']:,} measured rows "
+        f"({args.commits:,} commits x {args.cases} cases){extra}, each a fresh process, "
+        f"{args.tries} alternated tries (goal < 0.5 s, and no slower than {args.against}):"
+    )
     medians = {}
     for label, tree, path in subjects:
         walls, code, last = timed[label]
@@ -430,10 +567,14 @@ def speed(work: Path, args: argparse.Namespace) -> None:
         profile = query_profile(tree, repo, path, run_id)
         slowest = profile["queries"][0]
         shown = slowest["sql"] if len(slowest["sql"]) <= 100 else slowest["sql"][:97] + "..."
-        print(f"  {label:9}: median {medians[label]:.3f} s, best {min(walls):.3f} s; in process "
-              f"{profile['check_s']:.3f} s; exit {code}: {last}")
-        print(f"  {'':9}  slowest query: {slowest['seconds']:.3f} s in {slowest['calls']} "
-              f"call(s), {slowest['caller']}: {shown}")
+        print(
+            f"  {label:9}: median {medians[label]:.3f} s, best {min(walls):.3f} s; in process "
+            f"{profile['check_s']:.3f} s; exit {code}: {last}"
+        )
+        print(
+            f"  {'':9}  slowest query: {slowest['seconds']:.3f} s in {slowest['calls']} "
+            f"call(s), {slowest['caller']}: {shown}"
+        )
     if len(subjects) == 2:
         (a, _, _), (b, _, _) = subjects
         print(f"  ratio {a} / {b}: {medians[a] / medians[b]:.2f} (medians of fresh processes)")
@@ -442,53 +583,86 @@ def speed(work: Path, args: argparse.Namespace) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reruns", type=int, default=32, help="re-runs of the unchanged commit")
-    ap.add_argument("-k", dest="patterns", action="append", default=[],
-                    help="only cases whose id contains this (repeatable)")
-    ap.add_argument("--draws", type=int, default=5,
-                    help="baseline subsets drawn per size (1..20) for each re-run")
-    ap.add_argument("--bases", type=int, default=8,
-                    help="re-runs used as the candidate of each injected growth")
+    ap.add_argument(
+        "-k",
+        dest="patterns",
+        action="append",
+        default=[],
+        help="only cases whose id contains this (repeatable)",
+    )
+    ap.add_argument(
+        "--draws",
+        type=int,
+        default=5,
+        help="baseline subsets drawn per size (1..20) for each re-run",
+    )
+    ap.add_argument(
+        "--bases", type=int, default=8, help="re-runs used as the candidate of each injected growth"
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--commits", type=int, default=20_000)
     ap.add_argument("--cases", type=int, default=50)
-    ap.add_argument("--estimates", type=int, default=200,
-                    help="estimate runs of the whole suite spread over the history")
-    ap.add_argument("--against", default="f7e0af2",
-                    help="also time the check of this commit of the repository, side by side "
-                         "('' for none); default: the last one before estimates existed")
+    ap.add_argument(
+        "--estimates",
+        type=int,
+        default=200,
+        help="estimate runs of the whole suite spread over the history",
+    )
+    ap.add_argument(
+        "--against",
+        default="f7e0af2",
+        help="also time the check of this commit of the repository, side by side "
+        "('' for none); default: the last one before estimates existed",
+    )
     ap.add_argument("--tries", type=int, default=7, help="fresh processes per tree")
-    ap.add_argument("--cache", type=Path,
-                    help="build the history and databases in this folder once, and reuse them")
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        help="build the history and databases in this folder once, and reuse them",
+    )
     ap.add_argument("--skip-reruns", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="memtrack-bench-"))
     try:
         if not args.skip_reruns:
-            print(f"re-running the example suite {args.reruns} times on one commit ...",
-                  file=sys.stderr)
+            print(
+                f"re-running the example suite {args.reruns} times on one commit ...",
+                file=sys.stderr,
+            )
             repo, runs, dropped = rerun_suite(work, args.reruns, args.patterns)
             judged, blocked, reasons = false_blocks(repo, runs, args.draws, args.seed)
-            print(f"false blocks over {len(runs)} re-runs of an unchanged commit (page cache "
-                  f"dropped before {dropped} of them), each judged against baselines from "
-                  f"{args.draws} random subsets of every size 1-20 of the others (goal 0):")
+            print(
+                f"false blocks over {len(runs)} re-runs of an unchanged commit (page cache "
+                f"dropped before {dropped} of them), each judged against baselines from "
+                f"{args.draws} random subsets of every size 1-20 of the others (goal 0):"
+            )
             for metric in GATED:
-                print(f"  {metric:9}: {blocked[metric]} blocked of {judged[metric]:,} verdicts "
-                      f"({blocked[metric + ' noisy']} said noisy)")
+                print(
+                    f"  {metric:9}: {blocked[metric]} blocked of {judged[metric]:,} verdicts "
+                    f"({blocked[metric + ' noisy']} said noisy)"
+                )
             for r in reasons:
                 print(f"    {r}")
-            print("detection: smallest injected growth that blocks, worst over "
-                  f"{args.bases} candidates against the other runs as baseline")
+            print(
+                "detection: smallest injected growth that blocks, worst over "
+                f"{args.bases} candidates against the other runs as baseline"
+            )
             rows = detection(repo, runs, args.bases)
             for r in rows:
                 small = r["smallest"]
-                shown = ("not caught below 1 GiB" if small is None else
-                         f"{format_size(small)} ({small:,} B, "
-                         f"{100 * small / max(r['value'], 1):.3f}%)")
+                shown = (
+                    "not caught below 1 GiB"
+                    if small is None
+                    else f"{format_size(small)} ({small:,} B, "
+                    f"{100 * small / max(r['value'], 1):.3f}%)"
+                )
                 met = small is not None and small <= r["goal"] + 1  # past the goal blocks
-                print(f"  {r['metric']:9} {r['case'][:56]:56} figure "
-                      f"{format_size(int(r['value'])):>11}: {shown:>34}  goal "
-                      f"{format_size(r['goal'])}: {'met' if met else 'NOT met'}")
+                print(
+                    f"  {r['metric']:9} {r['case'][:56]:56} figure "
+                    f"{format_size(int(r['value'])):>11}: {shown:>34}  goal "
+                    f"{format_size(r['goal'])}: {'met' if met else 'NOT met'}"
+                )
         speed(work, args)
     finally:
         if args.keep:

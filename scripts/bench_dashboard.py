@@ -70,15 +70,40 @@ def seed(path: Path, n_runs: int, rng: random.Random) -> int:
     conn.execute("PRAGMA synchronous=off")
     conn.execute("BEGIN")
     for env_id, fp, gpu_name, driver, torch in ENVS:
-        gpus = [] if gpu_name is None else [{"index": 0, "name": gpu_name, "uuid": "GPU-0",
-                                             "total_bytes": 141 * GiB,
-                                             "compute_capability": "9.0", "mig_mode": None}]
+        gpus = (
+            []
+            if gpu_name is None
+            else [
+                {
+                    "index": 0,
+                    "name": gpu_name,
+                    "uuid": "GPU-0",
+                    "total_bytes": 141 * GiB,
+                    "compute_capability": "9.0",
+                    "mig_mode": None,
+                }
+            ]
+        )
         conn.execute(
             "insert into environments (env_id, fingerprint, gpus, driver, cuda_runtime, torch, "
             "python, os, cpu, cpu_count, host_ram_bytes, packages, env_vars, "
             "torch_cuda_arch_list) values (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            [env_id, fp, json.dumps(gpus), driver, None if gpu_name is None else "13.0", torch,
-             "3.11.7", "Linux", "bench cpu", 16, 128 * GiB, "{}", "{}", "[]"],
+            [
+                env_id,
+                fp,
+                json.dumps(gpus),
+                driver,
+                None if gpu_name is None else "13.0",
+                torch,
+                "3.11.7",
+                "Linux",
+                "bench cpu",
+                16,
+                128 * GiB,
+                "{}",
+                "{}",
+                "[]",
+            ],
         )
     start = datetime(2024, 1, 1, tzinfo=timezone.utc)
     runs, meas = [], []
@@ -94,8 +119,30 @@ def seed(path: Path, n_runs: int, rng: random.Random) -> int:
             env = ENVS[1] if i < n_runs * 0.7 else ENVS[2]
         commit = f"{rng.getrandbits(160):040x}"
         run_id = f"{rng.getrandbits(128):032x}"
-        runs.append((run_id, at, at, at, "suite", None, None, 1, env[0], env[1], commit, branch,
-                     None, f"commit {i}: change something", at, 0, "main", commit, 0, "[]"))
+        runs.append(
+            (
+                run_id,
+                at,
+                at,
+                at,
+                "suite",
+                None,
+                None,
+                1,
+                env[0],
+                env[1],
+                commit,
+                branch,
+                None,
+                f"commit {i}: change something",
+                at,
+                0,
+                "main",
+                commit,
+                0,
+                "[]",
+            )
+        )
         if branch == "main" and rng.random() < 0.002:  # an occasional real step on main
             k = rng.randrange(len(CASES))
             drift[k] += rng.choice((1, -1)) * rng.randrange(1, 64) * MiB
@@ -109,33 +156,88 @@ def seed(path: Path, n_runs: int, rng: random.Random) -> int:
             status = rng.choice(("oom", "error", "timeout")) if failed else "ok"
             t = 0.05 * (k + 1) * (1 + rng.random() * 0.05)
             host = 2 * GiB + rng.randrange(0, 64) * MiB
-            meas.append((
-                next_mid, run_id, workload, case_id(workload, params), json.dumps(params), 0,
-                "cuda" if gpu else "cpu", params.get("dtype"), 1, 3, status,
-                f"{status}: synthetic" if failed else None,
-                None if failed else alloc, reserved if seen else None,
-                device if seen else None, host, 300 * MiB, host - 300 * MiB,
-                rng.randrange(0, 16) * MiB, weights, None if failed else alloc - weights,
-                device - reserved if seen else None,
-                t, t * 1.1, t * 0.95, 2.0 + t * 6,
-            ))
+            meas.append(
+                (
+                    next_mid,
+                    run_id,
+                    workload,
+                    case_id(workload, params),
+                    json.dumps(params),
+                    0,
+                    "cuda" if gpu else "cpu",
+                    params.get("dtype"),
+                    1,
+                    3,
+                    status,
+                    f"{status}: synthetic" if failed else None,
+                    None if failed else alloc,
+                    reserved if seen else None,
+                    device if seen else None,
+                    host,
+                    300 * MiB,
+                    host - 300 * MiB,
+                    rng.randrange(0, 16) * MiB,
+                    weights,
+                    None if failed else alloc - weights,
+                    device - reserved if seen else None,
+                    t,
+                    t * 1.1,
+                    t * 0.95,
+                    2.0 + t * 6,
+                )
+            )
             if i % 10 == 0 and not failed:  # the gate checked every tenth run
                 budget = int(peak * 1.15)
-                verdicts.append((run_id, case_id(workload, params), workload, "allocated",
-                                 "over_budget" if alloc > budget else "ok", int(alloc > budget),
-                                 0, alloc, 0.0, 3.0, 512.0, alloc + 4 * MiB, alloc, 0.0, 0.0,
-                                 budget, "fits the serving GPU", 20, "ok", at,
-                                 "base" if branch == "main" else "pull_request"))
+                verdicts.append(
+                    (
+                        run_id,
+                        case_id(workload, params),
+                        workload,
+                        "allocated",
+                        "over_budget" if alloc > budget else "ok",
+                        int(alloc > budget),
+                        0,
+                        alloc,
+                        0.0,
+                        3.0,
+                        512.0,
+                        alloc + 4 * MiB,
+                        alloc,
+                        0.0,
+                        0.0,
+                        budget,
+                        "fits the serving GPU",
+                        20,
+                        "ok",
+                        at,
+                        "base" if branch == "main" else "pull_request",
+                    )
+                )
             if seen:
-                device_rows.append((next_mid, 0, "GPU-0", env[2], 141 * GiB, 600 * MiB,
-                                    device + 600 * MiB, device, "pid", alloc, reserved, 100))
+                device_rows.append(
+                    (
+                        next_mid,
+                        0,
+                        "GPU-0",
+                        env[2],
+                        141 * GiB,
+                        600 * MiB,
+                        device + 600 * MiB,
+                        device,
+                        "pid",
+                        alloc,
+                        reserved,
+                        100,
+                    )
+                )
             next_mid += 1
     conn.executemany(
         "insert into runs (run_id, started_at, finished_at, recorded_at, suite_hash, "
         "config_path, shard, schema_version, env_id, fingerprint, git_commit, git_branch, "
         "git_parent, git_subject, git_committed_at, git_dirty, git_base_branch, "
         "git_merge_base, git_shallow, git_notes) values "
-        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", runs,
+        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        runs,
     )
     conn.executemany(
         "insert into measurements (id, run_id, workload, case_id, params, seed, device, dtype, "
@@ -143,7 +245,8 @@ def seed(path: Path, n_runs: int, rng: random.Random) -> int:
         "device_peak_bytes, host_peak_rss_bytes, host_file_rss_bytes, host_bytes, "
         "host_step_bytes, weights_bytes, intermediates_bytes, "
         "workspace_bytes, time_median_s, time_p95_s, time_min_s, duration_s) values "
-        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", meas,
+        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        meas,
     )
     conn.executemany(
         'insert into device_measurements (measurement_id, "index", uuid, name, total_bytes, '
@@ -155,7 +258,8 @@ def seed(path: Path, n_runs: int, rng: random.Random) -> int:
         "insert into verdicts (run_id, case_id, workload, metric, kind, blocking, provisional, "
         "baseline_value, spread, factor, floor, threshold, candidate_value, delta, delta_pct, "
         "budget_bytes, budget_reason, baseline_runs, message, checked_at, context) values "
-        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", verdicts,
+        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        verdicts,
     )
     conn.execute("COMMIT")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -187,11 +291,19 @@ EMPTY_APP = 'import streamlit as st\nst.title("Empty")\n'
 
 
 def serve(app: Path, args: list[str], port: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "STREAMLIT_SERVER_HEADLESS": "true",
-           "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false",
-           "STREAMLIT_SERVER_ADDRESS": "127.0.0.1", "STREAMLIT_SERVER_PORT": str(port)}
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(app), "--", *args],
-                            env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    env = {
+        **os.environ,
+        "STREAMLIT_SERVER_HEADLESS": "true",
+        "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false",
+        "STREAMLIT_SERVER_ADDRESS": "127.0.0.1",
+        "STREAMLIT_SERVER_PORT": str(port),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(app), "--", *args],
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -211,8 +323,7 @@ def visit(browser: Any, url: str, done: str, charts: int) -> tuple[float, int]:
     received = [0]
 
     def on_ws(ws: Any) -> None:
-        ws.on("framereceived", lambda payload: received.__setitem__(
-            0, received[0] + len(payload)))
+        ws.on("framereceived", lambda payload: received.__setitem__(0, received[0] + len(payload)))
 
     page.on("websocket", on_ws)
     t0 = time.perf_counter()
@@ -223,11 +334,13 @@ def visit(browser: Any, url: str, done: str, charts: int) -> tuple[float, int]:
     page.wait_for_function(
         "() => !document.querySelector(\"[data-testid='stStatusWidget'] "
         "[data-testid='stStatusWidgetRunningIcon'], [data-testid='stSkeleton']\")",
-        timeout=120_000)
+        timeout=120_000,
+    )
     took = time.perf_counter() - t0
     if page.locator("[data-testid='stException']").count():
-        raise SystemExit(f"{url}: the app raised: "
-                         f"{page.locator('[data-testid=stException]').first.inner_text()}")
+        raise SystemExit(
+            f"{url}: the app raised: {page.locator('[data-testid=stException]').first.inner_text()}"
+        )
     context.close()
     return took, received[0]
 
@@ -245,8 +358,10 @@ def main() -> None:
         db.unlink(missing_ok=True)
         t0 = time.perf_counter()
         n = seed(db, args.runs, random.Random(0))
-        print(f"seeded {args.runs:,} runs, {n:,} measurements in "
-              f"{time.perf_counter() - t0:.1f} s ({db.stat().st_size / 2**20:.0f} MiB)")
+        print(
+            f"seeded {args.runs:,} runs, {n:,} measurements in "
+            f"{time.perf_counter() - t0:.1f} s ({db.stat().st_size / 2**20:.0f} MiB)"
+        )
     case = case_id(CASES[1][0], CASES[1][1])
     pages = [  # name, query, text of the page's last element, charts drawn
         ("overview", {}, "Select a row to open its history", 0),
@@ -263,17 +378,25 @@ def main() -> None:
     empty.write_text(EMPTY_APP)
     log = Path(tmp.name) / "streamlit.log"
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--no-first-run"])
+        browser = p.chromium.launch(
+            executable_path="/usr/bin/chromium",
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--no-first-run",
+            ],
+        )
         port = free_port()
         proc = serve(empty, [], port, log)
         try:
             url = f"http://127.0.0.1:{port}/"
             visit(browser, url, "Empty", 0)
             floor = [visit(browser, url, "Empty", 0)[0] for _ in range(args.repeat)]
-            print(f"floor   : an empty Streamlit page, a new visitor "
-                  f"{statistics.median(floor):.2f} s (median of {len(floor)})")
+            print(
+                f"floor   : an empty Streamlit page, a new visitor "
+                f"{statistics.median(floor):.2f} s (median of {len(floor)})"
+            )
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -284,10 +407,12 @@ def main() -> None:
                 url = f"http://127.0.0.1:{port}/?{urllib.parse.urlencode(qp)}"
                 first, sent = visit(browser, url, done, charts)  # the server's caches cold
                 times = [visit(browser, url, done, charts)[0] for _ in range(args.repeat)]
-                print(f"{name:8}: in Chromium, first visitor after start {first:.2f} s; "
-                      f"a new visitor {statistics.median(times):.2f} s (median of "
-                      f"{len(times)}, worst {max(times):.2f} s; goal < 2 s); "
-                      f"{sent / 1024:.0f} KiB over the websocket")
+                print(
+                    f"{name:8}: in Chromium, first visitor after start {first:.2f} s; "
+                    f"a new visitor {statistics.median(times):.2f} s (median of "
+                    f"{len(times)}, worst {max(times):.2f} s; goal < 2 s); "
+                    f"{sent / 1024:.0f} KiB over the websocket"
+                )
         finally:
             proc.terminate()
             proc.wait(timeout=30)

@@ -59,8 +59,7 @@ def make_records(folder: Path, n: int, template: dict) -> list[Path]:
     return paths
 
 
-def ingest(db: Path, paths: list[Path],
-           pythonpath: str | None) -> tuple[float, float, float, str]:
+def ingest(db: Path, paths: list[Path], pythonpath: str | None) -> tuple[float, float, float, str]:
     """Wall seconds, CPU seconds, peak RSS in MiB, and the command's last line."""
     env = dict(os.environ)
     if pythonpath:
@@ -70,8 +69,9 @@ def ingest(db: Path, paths: list[Path],
     t0 = time.perf_counter()
     # cwd: the database's folder, so `python -c` imports memtrack from PYTHONPATH, not from
     # the folder this script was started in
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=db.parent)
+    proc = subprocess.Popen(
+        args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=db.parent
+    )
     assert proc.stdout is not None
     out = proc.stdout.read()
     _, _, usage = os.wait4(proc.pid, 0)  # reap it ourselves: its own peak RSS, in KiB
@@ -84,8 +84,13 @@ def ingest(db: Path, paths: list[Path],
 
 def _tree(work: Path, rev: str) -> tuple[str, Path]:
     """The tracked files of commit `rev` of this repository, unpacked under `work`."""
-    sha = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT,
-                         check=True, capture_output=True, text=True).stdout.strip()
+    sha = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     tree = work / f"tree-{sha[:12]}"
     tree.mkdir()
     archive = subprocess.run(["git", "archive", sha], cwd=ROOT, check=True, capture_output=True)
@@ -107,16 +112,21 @@ def main() -> None:
         folder.mkdir()
         t0 = time.perf_counter()
         paths = make_records(folder, args.records, template)
-        print(f"{len(paths)} records of {len(template['measurements'])} cases "
-              f"({sum(p.stat().st_size for p in paths) / 2**20:.1f} MiB of JSON) "
-              f"made in {time.perf_counter() - t0:.1f} s")
+        print(
+            f"{len(paths)} records of {len(template['measurements'])} cases "
+            f"({sum(p.stat().st_size for p in paths) / 2**20:.1f} MiB of JSON) "
+            f"made in {time.perf_counter() - t0:.1f} s"
+        )
         trees = [("this tree", args.pythonpath or str(ROOT))]
         if args.against:
             label, tree = _tree(work, args.against)
             trees.append((label, str(tree)))
         small = paths[: max(1, len(paths) // 10)]
-        batches = [(f"{len(small)} records", small), (f"{len(paths)} records", paths),
-                   ("again (all dup.)", paths)]
+        batches = [
+            (f"{len(small)} records", small),
+            (f"{len(paths)} records", paths),
+            ("again (all dup.)", paths),
+        ]
         figures: dict[tuple[str, str], list[tuple[float, float, float, str]]] = {}
         for i in range(args.tries):
             for name, pythonpath in trees:  # alternated: a busy moment falls on both alike
@@ -135,14 +145,18 @@ def main() -> None:
                 (a, _), (b, _) = trees
                 wa, wb = (statistics.median(r[0] for r in figures[(n, label)]) for n in (a, b))
                 ca, cb = (statistics.median(r[1] for r in figures[(n, label)]) for n in (a, b))
-                print(f"{'':>16}  {a} / {b}: {wa / wb:.2f} wall, {ca / cb:.2f} CPU "
-                      f"(medians of {args.tries})")
+                print(
+                    f"{'':>16}  {a} / {b}: {wa / wb:.2f} wall, {ca / cb:.2f} CPU "
+                    f"(medians of {args.tries})"
+                )
 
 
 def report(label: str, n: int, seconds: float, cpu: float, rss: float, last: str) -> None:
     # CPU seconds beside wall seconds: on a busy machine the wall clock also counts waiting.
-    print(f"{label:>16}: {seconds:6.2f} s wall, {cpu:6.2f} s CPU  {n / seconds:6.0f} records/s  "
-          f"peak RSS {rss:6.1f} MiB  ({last})")
+    print(
+        f"{label:>16}: {seconds:6.2f} s wall, {cpu:6.2f} s CPU  {n / seconds:6.0f} records/s  "
+        f"peak RSS {rss:6.1f} MiB  ({last})"
+    )
 
 
 if __name__ == "__main__":

@@ -57,8 +57,10 @@ def main() -> None:
         f"device={device} torch={torch.__version__} threads={torch.get_num_threads()} "
         f"rounds={args.rounds} iters/round={args.iters}"
     )
-    print(f"{'case':<60} {'bare s':>9} {'tracked s':>10} {'ratio':>7} {'min ratio':>10} "
-          f"{'memory pass x':>14}")
+    print(
+        f"{'case':<60} {'bare s':>9} {'tracked s':>10} {'ratio':>7} {'min ratio':>10} "
+        f"{'memory pass x':>14}"
+    )
     total_bare = total_tracked = min_bare = min_tracked = 0.0
     for case in cases:
         ctx = Context(case.params, case.seed, device, Path("data"))

@@ -114,8 +114,10 @@ def main() -> int:
         store.conn = timed  # type: ignore[assignment]
         check(store, config, run_id=args.run_id, root=args.config.parent)
         store.conn = timed._conn
-    queries = [{"caller": caller, "sql": sql, "calls": calls, "seconds": seconds}
-               for (caller, sql), (calls, seconds) in timed.stats.items()]
+    queries = [
+        {"caller": caller, "sql": sql, "calls": calls, "seconds": seconds}
+        for (caller, sql), (calls, seconds) in timed.stats.items()
+    ]
     queries.sort(key=lambda q: -q["seconds"])
     print(json.dumps({"check_s": statistics.median(walls), "queries": queries}))
     return 0

@@ -28,8 +28,11 @@ class Structure:
     @property
     def flat(self) -> list[str]:
         top = next(iter(self.modules)).split(".")[0]
-        return sorted(m for m, p in self.modules.items()
-                      if m.count(".") == 1 and p.name != "__init__.py" and m != top)
+        return sorted(
+            m
+            for m, p in self.modules.items()
+            if m.count(".") == 1 and p.name != "__init__.py" and m != top
+        )
 
     def cycles(self) -> list[list[str]]:
         """The strongly connected components of more than one module (Tarjan)."""
@@ -125,8 +128,10 @@ def _known(name: str, modules: dict[str, Path]) -> str | None:
 def main(argv: list[str]) -> int:
     package = Path(argv[0] if argv else Path(__file__).resolve().parents[1] / "memtrack")
     s = measure(package)
-    sizes = sorted(((len(p.read_text(encoding="utf-8").splitlines()), m)
-                    for m, p in s.modules.items()), reverse=True)
+    sizes = sorted(
+        ((len(p.read_text(encoding="utf-8").splitlines()), m) for m, p in s.modules.items()),
+        reverse=True,
+    )
     packages = sorted(m for m, p in s.modules.items() if p.name == "__init__.py")
     print(f"modules: {len(s.modules)} in {len(packages)} packages")
     print(f"flat modules at the top: {len(s.flat)} ({', '.join(s.flat)})")

@@ -48,11 +48,19 @@ def nvml_with_a_failing_query(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     """NVML's stand-in (this machine has no GPU), for this process and its children: two
     H200s; the second refuses memory info (a MIG GPU in a container, unprivileged)."""
     gib = 2**30
-    scenario = {"devices": [
-        {"uuid": "GPU-a", "name": "NVIDIA H200", "total": 141 * gib, "used": gib},
-        {"uuid": "GPU-b", "name": "NVIDIA H200", "total": 141 * gib, "used": gib,
-         "mig": "enabled", "fail": ["memory"]},
-    ]}
+    scenario = {
+        "devices": [
+            {"uuid": "GPU-a", "name": "NVIDIA H200", "total": 141 * gib, "used": gib},
+            {
+                "uuid": "GPU-b",
+                "name": "NVIDIA H200",
+                "total": 141 * gib,
+                "used": gib,
+                "mig": "enabled",
+                "fail": ["memory"],
+            },
+        ]
+    }
     (tmp_path / "nvml.json").write_text(json.dumps(scenario))
     monkeypatch.setenv("FAKE_NVML", str(tmp_path / "nvml.json"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKE_NVML_DIR), *sys.path]))

@@ -232,13 +232,17 @@ def pr_commit(k: int) -> str:
 
 
 def _grow(m: Measurement, delta: int, part: str) -> Measurement:
-    return replace(m, peak_allocated_bytes=m.peak_allocated_bytes + delta,
-                   allocated_samples=tuple(s + delta for s in m.allocated_samples),
-                   **{part: (getattr(m, part) or 0) + delta})
+    return replace(
+        m,
+        peak_allocated_bytes=m.peak_allocated_bytes + delta,
+        allocated_samples=tuple(s + delta for s in m.allocated_samples),
+        **{part: (getattr(m, part) or 0) + delta},
+    )
 
 
-def realistic_history(store_path: Path, reruns: list[RunRecord] | None = None,
-                      check: bool = True) -> dict[str, Any]:
+def realistic_history(
+    store_path: Path, reruns: list[RunRecord] | None = None, check: bool = True
+) -> dict[str, Any]:
     """150 main commits, each a real rerun of the shipped suite (drawn in turn from the
     recorded ones, so the noise is real), with what a team's history holds: a +12 %
     allocated step from commit 90 (train_step), a +3 MiB host creep over 100-150
@@ -261,9 +265,11 @@ def realistic_history(store_path: Path, reruns: list[RunRecord] | None = None,
     while len(order) < HISTORY_COMMITS + 10:
         order += rng.sample(suite, len(suite))
     config = Config(path=None, root=store_path.parent)
-    upgraded = replace(suite[0].environment,
-                       fingerprint=suite[0].environment.fingerprint + "-torch2.14",
-                       torch="2.14.0+cpu")
+    upgraded = replace(
+        suite[0].environment,
+        fingerprint=suite[0].environment.fingerprint + "-torch2.14",
+        torch="2.14.0+cpu",
+    )
 
     def figures(i: int, src: RunRecord) -> list[Measurement]:
         out = []
@@ -273,35 +279,59 @@ def realistic_history(store_path: Path, reruns: list[RunRecord] | None = None,
             if i >= UPGRADE_AT:
                 m = replace(m, host_peak_rss_bytes=m.host_peak_rss_bytes + 6 * MiB)
             if m.workload == CREEP_CASE and i >= CREEP_FROM:
-                m = replace(m, host_peak_rss_bytes=m.host_peak_rss_bytes
-                            + CREEP * (i - CREEP_FROM) // (HISTORY_COMMITS - CREEP_FROM))
+                m = replace(
+                    m,
+                    host_peak_rss_bytes=m.host_peak_rss_bytes
+                    + CREEP * (i - CREEP_FROM) // (HISTORY_COMMITS - CREEP_FROM),
+                )
             if m.workload == OOM_CASE and i == OOM_AT and "sessions=1" in m.case_id:
-                m = replace(m, status="oom", peak_allocated_bytes=None, allocated_samples=(),
-                            message="CUDA out of memory. Tried to allocate 64.00 MiB",
-                            traceback="Traceback (most recent call last):\n  ...\n"
-                            "torch.OutOfMemoryError: out of memory")
+                m = replace(
+                    m,
+                    status="oom",
+                    peak_allocated_bytes=None,
+                    allocated_samples=(),
+                    message="CUDA out of memory. Tried to allocate 64.00 MiB",
+                    traceback="Traceback (most recent call last):\n  ...\n"
+                    "torch.OutOfMemoryError: out of memory",
+                )
             out.append(m)
         return out
 
     def at(i: int, minutes: int = 0) -> str:
         day, minute = divmod(i * 60 + minutes, 24 * 60)
-        return (f"2026-{1 + day // 28:02d}-{1 + day % 28:02d}T{minute // 60:02d}:"
-                f"{minute % 60:02d}:00+00:00")
+        return (
+            f"2026-{1 + day // 28:02d}-{1 + day % 28:02d}T{minute // 60:02d}:"
+            f"{minute % 60:02d}:00+00:00"
+        )
 
     prs: list[str] = []
     with Store.open(store_path) as store:
         for i in range(1, HISTORY_COMMITS + 1):
             src = order[i - 1]
             sha = history_commit(i)
-            run = replace(src, run_id=f"{i:04d}" + "d" * 28, started_at=at(i, 5),
-                          finished_at=at(i, 6),
-                          environment=upgraded if i >= UPGRADE_AT else src.environment,
-                          git=replace(src.git, commit=sha, branch="main",
-                                      subject=f"main commit {i}", committed_at=at(i),
-                                      merge_base=sha, base_branch="main", dirty=False),
-                          ci=CIInfo(provider="github-actions", event="push",
-                                    run_url=f"https://github.com/acme/model/actions/runs/{i}"),
-                          measurements=tuple(figures(i, src)))
+            run = replace(
+                src,
+                run_id=f"{i:04d}" + "d" * 28,
+                started_at=at(i, 5),
+                finished_at=at(i, 6),
+                environment=upgraded if i >= UPGRADE_AT else src.environment,
+                git=replace(
+                    src.git,
+                    commit=sha,
+                    branch="main",
+                    subject=f"main commit {i}",
+                    committed_at=at(i),
+                    merge_base=sha,
+                    base_branch="main",
+                    dirty=False,
+                ),
+                ci=CIInfo(
+                    provider="github-actions",
+                    event="push",
+                    run_url=f"https://github.com/acme/model/actions/runs/{i}",
+                ),
+                measurements=tuple(figures(i, src)),
+            )
             store.write_run(run)
             if check:
                 save_verdicts(store, run_check(store, config, run_id=run.run_id))
@@ -310,19 +340,33 @@ def realistic_history(store_path: Path, reruns: list[RunRecord] | None = None,
             src = order[HISTORY_COMMITS + k]
             ms = figures(base, src)
             if k == GROW_PR:
-                ms = [_grow(m, 2 * MiB, "caches_bytes") if GROW_CASE in m.case_id
-                      and m.workload == "decoder_generate" else m for m in ms]
-            run = replace(src, run_id=f"{k:04d}" + "e" * 28, started_at=at(base, 30 + k),
-                          finished_at=at(base, 31 + k), environment=upgraded,
-                          git=replace(src.git, commit=pr_commit(k), branch=f"feature/pr-{k}",
-                                      subject=("grow the KV cache" if k == GROW_PR
-                                               else f"a change that keeps memory ({k})"),
-                                      committed_at=at(base, 20 + k),
-                                      merge_base=history_commit(base), base_branch="main",
-                                      dirty=False),
-                          ci=CIInfo(provider="github-actions", event="pull_request",
-                                    pr_number=100 + k),
-                          measurements=tuple(ms))
+                ms = [
+                    _grow(m, 2 * MiB, "caches_bytes")
+                    if GROW_CASE in m.case_id and m.workload == "decoder_generate"
+                    else m
+                    for m in ms
+                ]
+            run = replace(
+                src,
+                run_id=f"{k:04d}" + "e" * 28,
+                started_at=at(base, 30 + k),
+                finished_at=at(base, 31 + k),
+                environment=upgraded,
+                git=replace(
+                    src.git,
+                    commit=pr_commit(k),
+                    branch=f"feature/pr-{k}",
+                    subject=(
+                        "grow the KV cache" if k == GROW_PR else f"a change that keeps memory ({k})"
+                    ),
+                    committed_at=at(base, 20 + k),
+                    merge_base=history_commit(base),
+                    base_branch="main",
+                    dirty=False,
+                ),
+                ci=CIInfo(provider="github-actions", event="pull_request", pr_number=100 + k),
+                measurements=tuple(ms),
+            )
             store.write_run(run)
             if check:
                 save_verdicts(store, run_check(store, config, run_id=run.run_id))

@@ -187,8 +187,12 @@ def run_composite(
     spec = load_yaml(action)
     given = given or {}
     result = ActionRun()
-    context: dict[str, Any] = {"github": github, "steps": result.steps, "env": env,
-                               "runner": {"temp": env.get("RUNNER_TEMP", "")}}
+    context: dict[str, Any] = {
+        "github": github,
+        "steps": result.steps,
+        "env": env,
+        "runner": {"temp": env.get("RUNNER_TEMP", "")},
+    }
     all_inputs = {name: str(meta.get("default", "")) for name, meta in spec["inputs"].items()}
     all_inputs = {k: substitute(v, context) for k, v in all_inputs.items()}
     unknown = set(inputs) - set(all_inputs)
@@ -220,16 +224,23 @@ def run_composite(
         step_env = {**env, "GITHUB_OUTPUT": str(output), "GITHUB_ACTION_PATH": str(action.parent)}
         for key, value in (step.get("env") or {}).items():
             step_env[key] = substitute(str(value), context)
-        proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
-                              env=step_env, cwd=cwd, capture_output=True, text=True)
+        proc = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
+            env=step_env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+        )
         result.ran.append(name)
         result.log += f"--- {name} (exit {proc.returncode})\n{proc.stdout}{proc.stderr}"
         outputs = {}
         for line in output.read_text().splitlines():
             key, _, value = line.partition("=")
             outputs[key] = value
-        result.steps[sid] = {"outputs": outputs,
-                             "outcome": "success" if proc.returncode == 0 else "failure"}
+        result.steps[sid] = {
+            "outputs": outputs,
+            "outcome": "success" if proc.returncode == 0 else "failure",
+        }
         if proc.returncode != 0 and result.failed_step is None:
             result.failed_step, result.returncode = name, proc.returncode
     return result
@@ -253,8 +264,12 @@ def run_job(
     `uses:` steps (a checkout) are skipped, and listed."""
     spec = load_yaml(workflow)
     result = ActionRun()
-    context: dict[str, Any] = {"github": github, "steps": result.steps, "vars": variables or {},
-                               "runner": {"temp": env.get("RUNNER_TEMP", "")}}
+    context: dict[str, Any] = {
+        "github": github,
+        "steps": result.steps,
+        "vars": variables or {},
+        "runner": {"temp": env.get("RUNNER_TEMP", "")},
+    }
     base = dict(env)
     for table in (spec.get("env") or {}, spec["jobs"][job].get("env") or {}):
         for key, value in table.items():
@@ -276,8 +291,13 @@ def run_job(
         for key, value in (step.get("env") or {}).items():
             env_of_step[key] = substitute(str(value), context)
         env_of_step.update((step_env or {}).get(name, {}))
-        proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
-                              env=env_of_step, cwd=cwd, capture_output=True, text=True)
+        proc = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
+            env=env_of_step,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+        )
         result.ran.append(name)
         result.log += f"--- {name} (exit {proc.returncode})\n{proc.stdout}{proc.stderr}"
         if proc.returncode != 0:

@@ -75,8 +75,14 @@ def test_an_fp32_adamw_step_breaks_down_into_weights_gradients_and_optimizer_sta
     assert m.weights_bytes == pytest.approx(4 * params, rel=0.01)
     assert m.gradients_bytes == pytest.approx(4 * params, rel=0.01)
     assert m.optimizer_state_bytes == pytest.approx(8 * params, rel=0.01)
-    parts = (m.weights_bytes, m.caches_bytes, m.gradients_bytes, m.optimizer_state_bytes,
-             m.intermediates_bytes, m.unattributed_bytes)
+    parts = (
+        m.weights_bytes,
+        m.caches_bytes,
+        m.gradients_bytes,
+        m.optimizer_state_bytes,
+        m.intermediates_bytes,
+        m.unattributed_bytes,
+    )
     assert sum(parts) == m.peak_allocated_bytes  # the parts add up to the peak
 
 
@@ -93,8 +99,15 @@ def test_a_kv_cache_counts_what_is_alive_at_the_peak_each_storage_once(suite, gr
         # before) and the 200-position ones that replace them (tagged just after the peak)
         # are both alive, both the cache; each storage counts once.
         assert m.caches_bytes == 2 * 2 * 2 * (199 + 200) * 4 * 32 * 4
-    assert m.weights_bytes + m.caches_bytes + m.intermediates_bytes + m.unattributed_bytes \
-        + m.gradients_bytes + m.optimizer_state_bytes == m.peak_allocated_bytes
+    assert (
+        m.weights_bytes
+        + m.caches_bytes
+        + m.intermediates_bytes
+        + m.unattributed_bytes
+        + m.gradients_bytes
+        + m.optimizer_state_bytes
+        == m.peak_allocated_bytes
+    )
 
 
 def test_a_training_step_reads_the_same_peak_with_one_two_or_three_repeats(tmp_path):

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 ACTION = Path(__file__).resolve().parents[1] / ".github" / "actions" / "memtrack" / "action.yml"
 REPOSITORY = "octo/app"
 
-WORKLOADS = '''\
+WORKLOADS = """\
 import torch
 
 import memtrack
@@ -61,7 +61,7 @@ def embed(ctx):
     ctx.mark(table)
     idx = ctx.randint(256, ctx["batch"], 8)
     return lambda: table(idx).sum()
-'''
+"""
 
 CONFIG = """\
 modules = ["workloads.py"]
@@ -85,9 +85,14 @@ def _ci_env(tmp: Path, job: str, **github: str) -> dict[str, str]:
     (job_dir / "temp").mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")}
     env.update(
-        CI="true", GITHUB_ACTIONS="true", GITHUB_REPOSITORY=REPOSITORY,
-        GITHUB_SERVER_URL="https://github.com", GITHUB_RUN_ID="4242", GITHUB_JOB=job,
-        RUNNER_NAME="gpu-runner-1", RUNNER_TEMP=str(job_dir / "temp"),
+        CI="true",
+        GITHUB_ACTIONS="true",
+        GITHUB_REPOSITORY=REPOSITORY,
+        GITHUB_SERVER_URL="https://github.com",
+        GITHUB_RUN_ID="4242",
+        GITHUB_JOB=job,
+        RUNNER_NAME="gpu-runner-1",
+        RUNNER_TEMP=str(job_dir / "temp"),
         GITHUB_STEP_SUMMARY=str(job_dir / "summary.md"),
     )
     env.update(github)
@@ -95,21 +100,40 @@ def _ci_env(tmp: Path, job: str, **github: str) -> dict[str, str]:
 
 
 def _push_env(tmp: Path, job: str, sha: str) -> dict[str, str]:
-    return _ci_env(tmp, job, GITHUB_EVENT_NAME="push", GITHUB_REF="refs/heads/main",
-                   GITHUB_REF_NAME="main", GITHUB_SHA=sha)
+    return _ci_env(
+        tmp,
+        job,
+        GITHUB_EVENT_NAME="push",
+        GITHUB_REF="refs/heads/main",
+        GITHUB_REF_NAME="main",
+        GITHUB_SHA=sha,
+    )
 
 
 def _pr_env(tmp: Path, job: str, number: int, branch: str) -> dict[str, str]:
     # GITHUB_SHA of a pull_request event is the merge commit GitHub makes; the workflow
     # checks out (and memtrack measures) the head instead.
-    return _ci_env(tmp, job, GITHUB_EVENT_NAME="pull_request",
-                   GITHUB_REF=f"refs/pull/{number}/merge", GITHUB_REF_NAME=f"{number}/merge",
-                   GITHUB_SHA="e" * 40, GITHUB_HEAD_REF=branch, GITHUB_BASE_REF="main")
+    return _ci_env(
+        tmp,
+        job,
+        GITHUB_EVENT_NAME="pull_request",
+        GITHUB_REF=f"refs/pull/{number}/merge",
+        GITHUB_REF_NAME=f"{number}/merge",
+        GITHUB_SHA="e" * 40,
+        GITHUB_HEAD_REF=branch,
+        GITHUB_BASE_REF="main",
+    )
 
 
 def _memtrack(repo: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "memtrack.cli", *args], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", *args],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def _checkout(repo: Path, sha: str) -> None:
@@ -131,8 +155,15 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     db = tmp / "runner" / "memtrack.db"  # the persistent path on the runner, outside the checkout
     for n, sha in enumerate([first, second]):
         _checkout(repo, sha)
-        out = _memtrack(repo, _push_env(tmp, f"push-{n}", sha), "run", "--db", str(db),
-                        "--json", str(tmp / f"push-{n}.json"))
+        out = _memtrack(
+            repo,
+            _push_env(tmp, f"push-{n}", sha),
+            "run",
+            "--db",
+            str(db),
+            "--json",
+            str(tmp / f"push-{n}.json"),
+        )
         assert out.returncode == 0, out.stdout + out.stderr
     git(repo, "checkout", "-q", "main")
     return {"tmp": tmp, "repo": repo, "db": db, "main": second}
@@ -160,14 +191,14 @@ def test_a_regressing_pull_request_is_blocked(baseline: dict[str, Any]) -> None:
 
     recorded = _memtrack(repo, env, "run", "--db", str(db))
     assert recorded.returncode == 0, recorded.stdout + recorded.stderr
-    checked = _memtrack(repo, env, "check", "--db", str(db), "--base", "main",
-                        "--json", str(tmp / "pr-7.json"))
+    checked = _memtrack(
+        repo, env, "check", "--db", str(db), "--base", "main", "--json", str(tmp / "pr-7.json")
+    )
     assert checked.returncode == 1, checked.stdout + checked.stderr
 
     summary = Path(env["GITHUB_STEP_SUMMARY"]).read_text()
     assert "BLOCK" in summary and MLP in summary
-    blocking = [v for v in json.loads((tmp / "pr-7.json").read_text())["verdicts"]
-                if v["blocking"]]
+    blocking = [v for v in json.loads((tmp / "pr-7.json").read_text())["verdicts"] if v["blocking"]]
     assert {v["case_id"] for v in blocking} == {MLP}, "only the grown case blocks"
     assert any(v["metric"] == "allocated" and v["kind"] == "regression" for v in blocking)
     with Store.open(db, readonly=True) as store:
@@ -197,10 +228,20 @@ def _action(tmp: Path, repo: Path, env: dict[str, str], event: str, **inputs: st
     out = Path(env["RUNNER_TEMP"]) / "memtrack-out"
     out.mkdir()
     setup = {"bin": str(_bin_dir(tmp)), "out": str(out), "artifact": f"memtrack-{job}"}
-    github = {"event_name": event, "base_ref": env.get("GITHUB_BASE_REF", ""),
-              "event": {"pull_request": {"number": 8}}}
-    return run_composite(ACTION, inputs=inputs, github=github, env=env, cwd=repo,
-                         workdir=tmp / "jobs" / job / "steps", given={"setup": setup})
+    github = {
+        "event_name": event,
+        "base_ref": env.get("GITHUB_BASE_REF", ""),
+        "event": {"pull_request": {"number": 8}},
+    }
+    return run_composite(
+        ACTION,
+        inputs=inputs,
+        github=github,
+        env=env,
+        cwd=repo,
+        workdir=tmp / "jobs" / job / "steps",
+        given={"setup": setup},
+    )
 
 
 def test_shards_on_two_runners_are_collected_and_checked_together(
@@ -246,12 +287,23 @@ def test_shards_on_two_runners_are_collected_and_checked_together(
     for text in (summary, verdict):
         assert text.count("### ✅ memtrack: nothing blocks") == 2, text
         assert all(r.run_id[:12] in text for r in runs) and "BLOCK" not in text
-    judged = {v["case_id"] for r in runs for v in json.loads(
-        (Path(check["verdict"]).parent / f"verdict-{r.run_id}.json").read_text())["verdicts"]}
+    judged = {
+        v["case_id"]
+        for r in runs
+        for v in json.loads(
+            (Path(check["verdict"]).parent / f"verdict-{r.run_id}.json").read_text()
+        )["verdicts"]
+    }
     assert judged == {MLP, EMBED}
     # Ingesting the same records again (a re-run of the job) adds nothing.
-    again = _action(tmp, repo, _pr_env(tmp, "gate-rerun", 8, "tidy") | {"MEMTRACK_DB": str(db)},
-                    "pull_request", records=str(records), check="false")
+    again = _action(
+        tmp,
+        repo,
+        _pr_env(tmp, "gate-rerun", 8, "tidy") | {"MEMTRACK_DB": str(db)},
+        "pull_request",
+        records=str(records),
+        check="false",
+    )
     assert again.failed_step is None and "0 run(s) added" in again.log
     git(repo, "checkout", "-q", "main")
 
@@ -273,7 +325,10 @@ def test_a_regression_pushed_to_main_is_reported_and_recorded_not_blocked(
     assert "REPORT regression" in Path(check["verdict"]).read_text()
     with Store.open(db, readonly=True) as store:
         (run_id,) = store.run_ids(commit=head)
-        rows = store.conn.execute("select case_id, kind, context, blocking from verdicts where "
-                                  "run_id = ? and metric = 'allocated'", [run_id]).fetchall()
+        rows = store.conn.execute(
+            "select case_id, kind, context, blocking from verdicts where "
+            "run_id = ? and metric = 'allocated'",
+            [run_id],
+        ).fetchall()
     assert {tuple(r) for r in rows} == {(MLP, "regression", "base", 0), (EMBED, "ok", "base", 0)}
     git(repo, "checkout", "-q", "main")

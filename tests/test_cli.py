@@ -30,18 +30,22 @@ def test_every_command_has_help():
         assert result.exit_code == 0, name
         command = main.get_command(click.Context(main), name)
         assert command and command.help and len(command.help.strip()) > 20, (
-            f"{name} has no help text")
+            f"{name} has no help text"
+        )
         assert name in runner.invoke(main, ["--help"]).output
 
 
 def test_a_command_imports_no_other_commands_module():
     """`memtrack check` and `memtrack ingest` start without what `run` or `plan` import."""
-    code = ("import sys; from memtrack.cli import main\n"
-            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in sys.modules if m.startswith('memtrack.commands.')))")
+    code = (
+        "import sys; from memtrack.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('memtrack.commands.')))"
+    )
     for name in ("check", "ingest"):
-        out = subprocess.run([sys.executable, "-c", code, name, "--help"], capture_output=True,
-                             text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code, name, "--help"], capture_output=True, text=True, check=True
+        )
         loaded = out.stdout.strip().splitlines()[-1]
         assert "memtrack.commands.run" not in loaded and f"memtrack.commands.{name}" in loaded
 
@@ -67,10 +71,16 @@ def test_doctor_reports_plainly_without_a_gpu(tmp_path):
 
 # -- edges of the command line: each one line, exit 2, nothing written --------------------
 
+
 def _memtrack(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memtrack.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
 
 
 def _one_line_error(res: subprocess.CompletedProcess[str]) -> str:
@@ -101,19 +111,23 @@ def _verdicts(db: Path) -> int:
         conn.close()
 
 
-@pytest.mark.parametrize("args, words", [
-    (["check", "--base", "--output=X"], "--base: '--output=X' is not a branch name"),
-    (["check", "--history", "--anchor", "--output=X"], "--anchor: '--output=X' is not a tag"),
-    (["check", "--history", "--anchor", "-5"], "--anchor: '-5' is not a tag"),
-    (["check", "--history", "--anchor", "0"], "--anchor: '0' is not a tag"),
-    (["check", "--anchor", "3"], "--anchor and -k/--workload go with --history"),
-    (["check", "--json", "/proc/version"], "--json /proc/version: "),
-    (["check", "--markdown", "missing/folder/v.md"], "no such folder missing/folder"),
-    (["history", "decoder", "-n", "99999999999999999999999"],
-     "Invalid value for '-n' / '--limit'"),
-])
-def test_a_bad_option_of_check_or_history_is_one_line_and_records_nothing(project, args,
-                                                                         words):
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["check", "--base", "--output=X"], "--base: '--output=X' is not a branch name"),
+        (["check", "--history", "--anchor", "--output=X"], "--anchor: '--output=X' is not a tag"),
+        (["check", "--history", "--anchor", "-5"], "--anchor: '-5' is not a tag"),
+        (["check", "--history", "--anchor", "0"], "--anchor: '0' is not a tag"),
+        (["check", "--anchor", "3"], "--anchor and -k/--workload go with --history"),
+        (["check", "--json", "/proc/version"], "--json /proc/version: "),
+        (["check", "--markdown", "missing/folder/v.md"], "no such folder missing/folder"),
+        (
+            ["history", "decoder", "-n", "99999999999999999999999"],
+            "Invalid value for '-n' / '--limit'",
+        ),
+    ],
+)
+def test_a_bad_option_of_check_or_history_is_one_line_and_records_nothing(project, args, words):
     repo, db, _ = project
     res = _memtrack(*args, "--db", str(db), cwd=repo)
     assert words in _one_line_error(res)
@@ -130,15 +144,18 @@ def tiny(ctx):
 """
 
 
-@pytest.mark.parametrize("args, words", [
-    (["run", "--no-db"], "--no-db without --json would measure the suite and keep nothing"),
-    (["run", "--shard", "1/9999999999999999999"], "--shard: '1/9999999999999999999' is not"),
-    (["run", "--shard", "+1/2"], "--shard: '+1/2' is not of the form i/n"),
-    (["run", "--json", "missing/folder/run.json"], "no such folder missing/folder"),
-    (["run", "--config", "."], "Invalid value for '--config'"),
-    (["run", "--no-such-option"], "No such option '--no-such-option'"),
-    (["hisotry", "x"], "No such command 'hisotry'"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["run", "--no-db"], "--no-db without --json would measure the suite and keep nothing"),
+        (["run", "--shard", "1/9999999999999999999"], "--shard: '1/9999999999999999999' is not"),
+        (["run", "--shard", "+1/2"], "--shard: '+1/2' is not of the form i/n"),
+        (["run", "--json", "missing/folder/run.json"], "no such folder missing/folder"),
+        (["run", "--config", "."], "Invalid value for '--config'"),
+        (["run", "--no-such-option"], "No such option '--no-such-option'"),
+        (["hisotry", "x"], "No such command 'hisotry'"),
+    ],
+)
 def test_run_refuses_a_bad_option_before_measuring(tmp_path, args, words):
     (tmp_path / "wl.py").write_text(WORKLOAD)
     (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\n')
@@ -150,8 +167,9 @@ def test_run_refuses_a_bad_option_before_measuring(tmp_path, args, words):
 
 
 def test_two_workloads_of_one_name_in_a_module_are_refused(tmp_path):
-    (tmp_path / "wl.py").write_text(WORKLOAD + "\n\n@memtrack.workload\ndef tiny(ctx):\n"
-                                    "    return lambda: 1\n")
+    (tmp_path / "wl.py").write_text(
+        WORKLOAD + "\n\n@memtrack.workload\ndef tiny(ctx):\n    return lambda: 1\n"
+    )
     (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\n')
     line = _one_line_error(_memtrack("run", cwd=tmp_path))
     assert "workload 'tiny' is declared twice" in line and "wl.py" in line

@@ -159,8 +159,9 @@ def test_export_since_selects_by_start_time(tmp_path: Path) -> None:
     result = _invoke("export", str(out), "--db", str(db), "--since", "2026-01-02")
     assert result.exit_code == 0 and "2 run(s)" in result.output
     assert sorted(f.stem for f in out.glob("*.json")) == sorted(ids[1:])
-    late = _invoke("export", str(tmp_path / "late"), "--db", str(db), "--since",
-                   "2026-01-03T13:00:00+01:00")  # 12:00 UTC: the third run, inclusive
+    late = _invoke(
+        "export", str(tmp_path / "late"), "--db", str(db), "--since", "2026-01-03T13:00:00+01:00"
+    )  # 12:00 UTC: the third run, inclusive
     assert "1 run(s)" in late.output
     bad = _invoke("export", str(out), "--db", str(db), "--since", "last tuesday")
     assert bad.exit_code == 2 and "--since" in bad.output

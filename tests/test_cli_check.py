@@ -44,17 +44,39 @@ def _commit(repo: Path, monkeypatch: pytest.MonkeyPatch, minute: int, message: s
 
 
 def _cases(small: int = 100 * MiB, big: int = 300 * MiB, host: int = 0, **kw):
-    return [make_measurement(params=SMALL, peak=small, host=400 * MiB + host, **kw),
-            make_measurement(params=BIG, peak=big, host=500 * MiB + host)]
+    return [
+        make_measurement(params=SMALL, peak=small, host=400 * MiB + host, **kw),
+        make_measurement(params=BIG, peak=big, host=500 * MiB + host),
+    ]
 
 
-def _record(db: Path, repo: Path, sha: str, measurements, *, branch: str, minute: int,
-            merge_base: str | None = None, env=CPU_ENV, shallow: bool = False) -> str:
-    run = make_run(measurements, commit=sha, branch=branch, env=env,
-                   started_at=f"2026-01-01T00:{minute:02d}:30+00:00", merge_base=merge_base)
+def _record(
+    db: Path,
+    repo: Path,
+    sha: str,
+    measurements,
+    *,
+    branch: str,
+    minute: int,
+    merge_base: str | None = None,
+    env=CPU_ENV,
+    shallow: bool = False,
+) -> str:
+    run = make_run(
+        measurements,
+        commit=sha,
+        branch=branch,
+        env=env,
+        started_at=f"2026-01-01T00:{minute:02d}:30+00:00",
+        merge_base=merge_base,
+    )
     committed, subject = git(repo, "show", "-s", "--format=%cI%n%s", sha).splitlines()
-    run = replace(run, git=replace(run.git, committed_at=committed, shallow=shallow,
-                                   merge_base=merge_base, subject=subject))
+    run = replace(
+        run,
+        git=replace(
+            run.git, committed_at=committed, shallow=shallow, merge_base=merge_base, subject=subject
+        ),
+    )
     with Store.open(db) as store:
         store.write_run(run)
     return run.run_id
@@ -80,8 +102,15 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     git(repo, "checkout", "-q", "main")
     (repo / "model.py").write_text("LAYERS = 3\nVERSION = 5\n")
     later = _commit(repo, monkeypatch, 20, "main moves on")
-    _record(db, repo, later, _cases(small=150 * MiB, big=450 * MiB), branch="main", minute=20,
-            merge_base=later)
+    _record(
+        db,
+        repo,
+        later,
+        _cases(small=150 * MiB, big=450 * MiB),
+        branch="main",
+        minute=20,
+        merge_base=later,
+    )
     git(repo, "checkout", "-q", "feature")
     monkeypatch.chdir(repo)
     return repo, db, shas, pr
@@ -89,40 +118,55 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 def _check(repo: Path, db: Path, *args: str):
     return CliRunner().invoke(
-        main, ["check", "--config", str(repo / "memtrack.toml"), "--db", str(db), *args])
+        main, ["check", "--config", str(repo / "memtrack.toml"), "--db", str(db), *args]
+    )
 
 
 def test_two_percent_growth_in_one_case_blocks_and_names_it(project, tmp_path, monkeypatch):
     repo, db, shas, pr = project
-    _record(db, repo, pr, _cases(small=int(100 * MiB * 1.02)), branch="feature", minute=11,
-            merge_base=shas[-1])
+    _record(
+        db,
+        repo,
+        pr,
+        _cases(small=int(100 * MiB * 1.02)),
+        branch="feature",
+        minute=11,
+        merge_base=shas[-1],
+    )
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    res = _check(repo, db, "--json", str(tmp_path / "v.json"), "--markdown",
-                 str(tmp_path / "v.md"))
+    res = _check(repo, db, "--json", str(tmp_path / "v.json"), "--markdown", str(tmp_path / "v.md"))
     assert res.exit_code == 1, res.output
-    assert f"BLOCK regression · {SMALL_ID} · allocated: baseline 100.00 MiB (median of 5 runs)" \
+    assert (
+        f"BLOCK regression · {SMALL_ID} · allocated: baseline 100.00 MiB (median of 5 runs)"
         in res.output
+    )
     assert "+2.00%" in res.output and f"at or before merge-base {shas[-1][:12]}" in res.output
     data = json.loads((tmp_path / "v.json").read_text())
     assert data["exit_code"] == 1
     blocking = [v for v in data["verdicts"] if v["blocking"]]
     assert [(v["case_id"], v["metric"], v["kind"]) for v in blocking] == [
-        (SMALL_ID, "allocated", "regression")]
+        (SMALL_ID, "allocated", "regression")
+    ]
     md = summary.read_text()
     assert md == (tmp_path / "v.md").read_text() + "\n"
     outcome, *rest = md.splitlines()
     # one line of outcome, then the table of what blocks, the arithmetic folded
-    assert outcome == ("### ❌ memtrack: blocked by `decoder[batch=1]` allocated +2.00 MiB "
-                       "(+2.0%), intermediates grew")
-    row = ("| 🔺 | decoder\\[batch=1\\] | allocated | 100.00 MiB | 102.00 MiB | "
-           "+2.00 MiB (+2.0%) | +512 B |")
+    assert outcome == (
+        "### ❌ memtrack: blocked by `decoder[batch=1]` allocated +2.00 MiB "
+        "(+2.0%), intermediates grew"
+    )
+    row = (
+        "| 🔺 | decoder\\[batch=1\\] | allocated | 100.00 MiB | 102.00 MiB | "
+        "+2.00 MiB (+2.0%) | +512 B |"
+    )
     assert md.index(row) < md.index("🔺 regression: blocks") < md.index("<details>")
     assert "Not listed: ✅ 7 ok." in md and "batch=8" not in md  # ok verdicts: counted
     assert "**BLOCK regression** `decoder[batch=1]`: allocated: baseline 100.00 MiB" in md
     with Store.open(db, readonly=True) as store:
         rows = store.conn.execute(
-            "select case_id, kind, blocking from verdicts where blocking = 1").fetchall()
+            "select case_id, kind, blocking from verdicts where blocking = 1"
+        ).fetchall()
     assert [tuple(r) for r in rows] == [(SMALL_ID, "regression", 1)]
 
 
@@ -143,19 +187,30 @@ def _follow(link: str, db: Path, cfg: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_the_pr_comment_links_the_run_its_compare_with_the_merge_base_and_the_case(
-        project, tmp_path, monkeypatch):
+    project, tmp_path, monkeypatch
+):
     repo, db, shas, pr = project
     cfg = repo / "memtrack.toml"
     cfg.write_text('dashboard_url = "https://mem.example/team/"\n' + CONFIG.format(limit="1 GiB"))
-    run_id = _record(db, repo, pr, _cases(small=int(100 * MiB * 1.02)), branch="feature",
-                     minute=11, merge_base=shas[-1])
+    run_id = _record(
+        db,
+        repo,
+        pr,
+        _cases(small=int(100 * MiB * 1.02)),
+        branch="feature",
+        minute=11,
+        merge_base=shas[-1],
+    )
     res = _check(repo, db, "--markdown", str(tmp_path / "v.md"))
     assert res.exit_code == 1, res.output
     md = (tmp_path / "v.md").read_text()
     links = re.findall(r"\[([^\]]*(?:\\\][^\]]*)*)\]\((https://mem\.example/team/\?[^)]+)\)", md)
     by_text = {text: url for text, url in links}
-    assert set(by_text) == {"run detail", f"compare with the merge-base {shas[-1][:10]}",
-                            "decoder\\[batch=1\\]"}, links
+    assert set(by_text) == {
+        "run detail",
+        f"compare with the merge-base {shas[-1][:10]}",
+        "decoder\\[batch=1\\]",
+    }, links
     assert md.index("run detail") < md.index("| 🔺 |")  # above the table
 
     at = _follow(by_text["run detail"], db, cfg, monkeypatch)
@@ -177,8 +232,15 @@ def test_the_pr_comment_links_the_run_its_compare_with_the_merge_base_and_the_ca
 
 def test_without_a_dashboard_url_the_comment_has_no_links(project, tmp_path):
     repo, db, shas, pr = project
-    _record(db, repo, pr, _cases(small=int(100 * MiB * 1.02)), branch="feature", minute=11,
-            merge_base=shas[-1])
+    _record(
+        db,
+        repo,
+        pr,
+        _cases(small=int(100 * MiB * 1.02)),
+        branch="feature",
+        minute=11,
+        merge_base=shas[-1],
+    )
     res = _check(repo, db, "--markdown", str(tmp_path / "v.md"))
     md = (tmp_path / "v.md").read_text()
     assert res.exit_code == 1 and f"`{SMALL_ID}`" in md and "](http" not in md
@@ -192,11 +254,16 @@ def _checked(repo: Path, db: Path, tmp_path: Path, run_id: str) -> tuple[int, di
 
 
 def test_a_regression_on_main_stays_in_every_check_until_fixed_or_accepted(
-        project, tmp_path, monkeypatch):
+    project, tmp_path, monkeypatch
+):
     repo, db, shas, pr = project
     later = git(repo, "rev-parse", "main")
-    (first,) = [r for (r,) in Store.open(db, readonly=True).conn.execute(
-        "select run_id from runs where git_commit = ?", [later])]
+    (first,) = [
+        r
+        for (r,) in Store.open(db, readonly=True).conn.execute(
+            "select run_id from runs where git_commit = ?", [later]
+        )
+    ]
     code, data, _ = _checked(repo, db, tmp_path, first)  # main's push: +50 %, reported
     assert (code, data["context"]) == (0, "base") and data["open_regressions"] == []
     assert "2 regressions reported" in data["summary"]
@@ -204,50 +271,84 @@ def test_a_regression_on_main_stays_in_every_check_until_fixed_or_accepted(
     git(repo, "checkout", "-q", "main")
     (repo / "model.py").write_text("LAYERS = 3\nVERSION = 6\n")
     sha = _commit(repo, monkeypatch, 21, "main again")
-    again = _record(db, repo, sha, _cases(small=150 * MiB, big=450 * MiB), branch="main",
-                    minute=21, merge_base=sha)
+    again = _record(
+        db,
+        repo,
+        sha,
+        _cases(small=150 * MiB, big=450 * MiB),
+        branch="main",
+        minute=21,
+        merge_base=sha,
+    )
     code, data, out = _checked(repo, db, tmp_path, again)  # the next push: the new level
     kinds = {v["case_id"]: v["kind"] for v in data["verdicts"] if v["metric"] == "allocated"}
     assert code == 0 and kinds == {SMALL_ID: "ok", BIG_ID: "ok"}
     opened = {(o["case_id"], o["metric"], o["commit"]) for o in data["open_regressions"]}
     assert opened == {(SMALL_ID, "allocated", later), (BIG_ID, "allocated", later)}
     assert data["summary"].startswith("base branch: no new regression, 2 still open")
-    assert f"OPEN on main · {SMALL_ID} · allocated +50.00 MiB (+50.00%) since {later[:12]}" \
-        in out
+    assert f"OPEN on main · {SMALL_ID} · allocated +50.00 MiB (+50.00%) since {later[:12]}" in out
 
     git(repo, "checkout", "-q", "-b", "feature-2")
     (repo / "model.py").write_text("# docs\nLAYERS = 3\nVERSION = 6\n")
     pr2 = _commit(repo, monkeypatch, 22, "docs")
-    run = _record(db, repo, pr2, _cases(small=150 * MiB, big=450 * MiB), branch="feature-2",
-                  minute=22, merge_base=sha)
+    run = _record(
+        db,
+        repo,
+        pr2,
+        _cases(small=150 * MiB, big=450 * MiB),
+        branch="feature-2",
+        minute=22,
+        merge_base=sha,
+    )
     code, data, _ = _checked(repo, db, tmp_path, run)  # a pull request: said, not blocking
     assert code == 0 and len(data["open_regressions"]) == 2
-    md = (tmp_path / "pr.md")
+    md = tmp_path / "pr.md"
     _check(repo, db, "--run", run, "--markdown", str(md), "--no-record")
     assert "**Open on main, not caused here** (until fixed or accepted):" in md.read_text()
 
     git(repo, "checkout", "-q", "main")
     (repo / "model.py").write_text("LAYERS = 2\nVERSION = 7\n")
-    fix = _commit(repo, monkeypatch, 23, "restore the small case\n\nMemtrack-Accept: "
-                  "decoder[batch=8] allocated +60% the big case needs the longer context")
-    run = _record(db, repo, fix, _cases(small=100 * MiB, big=450 * MiB), branch="main",
-                  minute=23, merge_base=fix)
+    fix = _commit(
+        repo,
+        monkeypatch,
+        23,
+        "restore the small case\n\nMemtrack-Accept: "
+        "decoder[batch=8] allocated +60% the big case needs the longer context",
+    )
+    run = _record(
+        db,
+        repo,
+        fix,
+        _cases(small=100 * MiB, big=450 * MiB),
+        branch="main",
+        minute=23,
+        merge_base=fix,
+    )
     code, data, _ = _checked(repo, db, tmp_path, run)
     assert data["open_regressions"] == []
     notes = " ".join(data["notes"])
     assert f"{SMALL_ID}: allocated is back within the threshold of the regression" in notes
-    (big,) = [v for v in data["verdicts"] if v["case_id"] == BIG_ID and v["metric"] ==
-              "allocated"]
-    assert (big["kind"], big["accepted_reason"]) == ("accepted",
-                                                     "the big case needs the longer context")
+    (big,) = [v for v in data["verdicts"] if v["case_id"] == BIG_ID and v["metric"] == "allocated"]
+    assert (big["kind"], big["accepted_reason"]) == (
+        "accepted",
+        "the big case needs the longer context",
+    )
 
     (repo / "model.py").write_text("LAYERS = 2\nVERSION = 8\n")
     sha = _commit(repo, monkeypatch, 24, "main once more")
-    run = _record(db, repo, sha, _cases(small=100 * MiB, big=450 * MiB), branch="main",
-                  minute=24, merge_base=sha)
+    run = _record(
+        db,
+        repo,
+        sha,
+        _cases(small=100 * MiB, big=450 * MiB),
+        branch="main",
+        minute=24,
+        merge_base=sha,
+    )
     code, data, _ = _checked(repo, db, tmp_path, run)
     assert data["open_regressions"] == [] and data["summary"].startswith(
-        "base branch: no new regression")
+        "base branch: no new regression"
+    )
 
 
 def test_a_comment_only_change_passes(project, tmp_path):
@@ -264,8 +365,10 @@ def test_a_case_left_out_of_the_candidate_is_named(project):
     _record(db, repo, pr, _cases()[:1], branch="feature", minute=11, merge_base=shas[-1])
     res = _check(repo, db)
     assert res.exit_code == 0, res.output
-    assert (f"note: 1 case(s) of the newest baseline run are not in this run (removed, or left "
-            f"out with -k/--shard), so not checked: {BIG_ID}") in res.output
+    assert (
+        f"note: 1 case(s) of the newest baseline run are not in this run (removed, or left "
+        f"out with -k/--shard), so not checked: {BIG_ID}"
+    ) in res.output
 
 
 def test_a_budget_breach_blocks_without_a_baseline(project, tmp_path, monkeypatch):
@@ -274,49 +377,67 @@ def test_a_budget_breach_blocks_without_a_baseline(project, tmp_path, monkeypatc
     git(repo, "add", "-A")
     sha = _commit(repo, monkeypatch, 12, "raise the budget, add a case")
     new_case = make_measurement(params={"batch": 64}, peak=3 * 2**30)
-    _record(db, repo, sha, _cases() + [new_case], branch="feature", minute=13,
-            merge_base=shas[-1])
+    _record(db, repo, sha, _cases() + [new_case], branch="feature", minute=13, merge_base=shas[-1])
     res = _check(repo, db)
     assert res.exit_code == 1, res.output
-    assert "BLOCK over budget · decoder[batch=64] · allocated 3.00 GiB: new: no baseline on main" \
+    assert (
+        "BLOCK over budget · decoder[batch=64] · allocated 3.00 GiB: new: no baseline on main"
         in res.output
+    )
     assert "OVER by 1.00 GiB" in res.output
-    assert ("budget raised: decoder (allocated) 1.00 GiB -> 2.00 GiB (two sessions must fit "
-            "a 24 GiB card)") in res.output
+    assert (
+        "budget raised: decoder (allocated) 1.00 GiB -> 2.00 GiB (two sessions must fit "
+        "a 24 GiB card)"
+    ) in res.output
 
 
 def test_an_environment_change_is_reported_not_compared(project):
     repo, db, shas, pr = project
     env = replace(CPU_ENV, fingerprint="cpu-env-2", torch="2.14.0+cpu", python="3.12.1")
-    _record(db, repo, pr, _cases(small=200 * MiB), branch="feature", minute=11,
-            merge_base=shas[-1], env=env)
+    _record(
+        db,
+        repo,
+        pr,
+        _cases(small=200 * MiB),
+        branch="feature",
+        minute=11,
+        merge_base=shas[-1],
+        env=env,
+    )
     res = _check(repo, db)
     assert res.exit_code == 0, res.output
     assert "warn environment changed" in res.output
-    assert "torch: 2.13.0+cpu -> 2.14.0+cpu" in res.output and "Python: 3.11.7 -> 3.12.1" \
-        in res.output
+    assert (
+        "torch: 2.13.0+cpu -> 2.14.0+cpu" in res.output and "Python: 3.11.7 -> 3.12.1" in res.output
+    )
     assert "not compared" in res.output and "regression" not in res.output
 
 
 def test_a_failed_candidate_blocks(project):
     repo, db, shas, pr = project
     crashed = make_measurement(params=SMALL, status="crashed", message="killed by SIGSEGV")
-    _record(db, repo, pr, [crashed, *_cases()[1:]], branch="feature", minute=11,
-            merge_base=shas[-1])
+    _record(
+        db, repo, pr, [crashed, *_cases()[1:]], branch="feature", minute=11, merge_base=shas[-1]
+    )
     res = _check(repo, db)
     assert res.exit_code == 1, res.output
-    assert (f"BLOCK failed · {SMALL_ID} · status: crashed (killed by SIGSEGV); the baseline "
-            "passed (5 of 5 runs ok)") in res.output
+    assert (
+        f"BLOCK failed · {SMALL_ID} · status: crashed (killed by SIGSEGV); the baseline "
+        "passed (5 of 5 runs ok)"
+    ) in res.output
 
 
 def test_a_shallow_clone_degrades_to_time_with_a_note(project, tmp_path):
     repo, db, shas, pr = project
     clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "-q", "--depth", "1", "--branch", "feature",
-                    f"file://{repo}", str(clone)], check=True)
+    subprocess.run(
+        ["git", "clone", "-q", "--depth", "1", "--branch", "feature", f"file://{repo}", str(clone)],
+        check=True,
+    )
     _record(db, repo, pr, _cases(host=MiB), branch="feature", minute=11, shallow=True)
-    res = CliRunner().invoke(main, ["check", "--config", str(clone / "memtrack.toml"),
-                                    "--db", str(db), "--commit", pr])
+    res = CliRunner().invoke(
+        main, ["check", "--config", str(clone / "memtrack.toml"), "--db", str(db), "--commit", pr]
+    )
     assert res.exit_code == 0, res.output
     assert "note: shallow clone: baseline chosen by time, not ancestry" in res.output
     assert "fetch-depth: 0" in res.output
@@ -347,11 +468,14 @@ def test_history_finds_the_step_and_the_creep(tmp_path, monkeypatch):
         # The small case's host peak creeps +200 KiB a commit under +-1 MiB of noise: no
         # commit is out of line, 30 of them are.
         host = 200 * 1024 * i + ((i * 7) % 5 - 2) * 512 * 1024
-        ms = [make_measurement(params=SMALL, host=400 * MiB + host),
-              make_measurement(params=BIG, peak=level)]
+        ms = [
+            make_measurement(params=SMALL, host=400 * MiB + host),
+            make_measurement(params=BIG, peak=level),
+        ]
         _record(db, repo, sha, ms, branch="main", minute=i, merge_base=sha)
-    res = CliRunner().invoke(main, ["check", "--config", str(repo / "memtrack.toml"), "--db",
-                                    str(db), "--history"])
+    res = CliRunner().invoke(
+        main, ["check", "--config", str(repo / "memtrack.toml"), "--db", str(db), "--history"]
+    )
     assert res.exit_code == 1, res.output
     out = res.output
     assert "1 step(s), 2 series grown past the tolerance since the anchor" in out
@@ -369,8 +493,15 @@ def _main_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, figures) -> t
     for i, (peak, host) in enumerate(figures):
         (repo / "f.txt").write_text(str(i))
         sha = _commit(repo, monkeypatch, i, f"change {i}")
-        _record(db, repo, sha, [make_measurement(params=SMALL, peak=peak, host=host)],
-                branch="main", minute=i, merge_base=sha)
+        _record(
+            db,
+            repo,
+            sha,
+            [make_measurement(params=SMALL, peak=peak, host=host)],
+            branch="main",
+            minute=i,
+            merge_base=sha,
+        )
     return repo, db
 
 
@@ -378,8 +509,9 @@ def test_history_measures_a_young_project_from_its_first_run(tmp_path, monkeypat
     # 12 commits, fewer than the default anchor (50 commits back): a +703 % step at 8
     figures = [(10 * MiB if i < 8 else int(80.3 * MiB), 400 * MiB) for i in range(12)]
     repo, db = _main_history(tmp_path, monkeypatch, figures)
-    res = CliRunner().invoke(main, ["check", "--config", str(repo / "memtrack.toml"), "--db",
-                                    str(db), "--history"])
+    res = CliRunner().invoke(
+        main, ["check", "--config", str(repo / "memtrack.toml"), "--db", str(db), "--history"]
+    )
     assert res.exit_code == 1, res.output
     assert f"GROWTH · {SMALL_ID} · allocated: fitted 80.30 MiB" in res.output
     assert "(the series starts after the anchor)" in res.output and "+703.00%" in res.output
@@ -392,17 +524,40 @@ def test_history_judges_creep_on_a_fitted_trend_not_two_noisy_runs(tmp_path, mon
     figures = [(10 * MiB, 400 * MiB + d * MiB) for d in noise[:59]] + [(10 * MiB, 405 * MiB)]
     figures[9] = (10 * MiB, 400 * MiB)  # the anchor run, 50 commits back
     repo, db = _main_history(tmp_path, monkeypatch, figures)
-    res = CliRunner().invoke(main, ["check", "--config", str(repo / "memtrack.toml"), "--db",
-                                    str(db), "--history", "--anchor", "50"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "check",
+            "--config",
+            str(repo / "memtrack.toml"),
+            "--db",
+            str(db),
+            "--history",
+            "--anchor",
+            "50",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "0 step(s), 0 series grown past the tolerance" in res.output
     # a real creep: +6 MiB (1.5 %) over the 50 commits, under the same noise, the newest
     # run at the trend
-    creep = [(p, h + (i - 9) * 6 * MiB // 50 if i > 9 else h) for i, (p, h) in
-             enumerate(figures[:59])] + [(10 * MiB, 406 * MiB)]
+    creep = [
+        (p, h + (i - 9) * 6 * MiB // 50 if i > 9 else h) for i, (p, h) in enumerate(figures[:59])
+    ] + [(10 * MiB, 406 * MiB)]
     repo, db = _main_history(tmp_path / "creep", monkeypatch, creep)
-    res = CliRunner().invoke(main, ["check", "--config", str(repo / "memtrack.toml"), "--db",
-                                    str(db), "--history", "--anchor", "50"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "check",
+            "--config",
+            str(repo / "memtrack.toml"),
+            "--db",
+            str(db),
+            "--history",
+            "--anchor",
+            "50",
+        ],
+    )
     assert res.exit_code == 1, res.output
     assert f"CREEP · {SMALL_ID} · host: fitted" in res.output
     assert "no single step: slow creep" in res.output
@@ -420,8 +575,9 @@ def test_check_does_not_import_torch(project):
             heavy = [m for m in ("torch", "sqlite_utils", "pandas") if m in sys.modules]
             print("exit", exc.code, "heavy", heavy)
     """)
-    out = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True,
-                         env={**os.environ})
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, env={**os.environ}
+    )
     assert out.stdout.strip().splitlines()[-1] == "exit 0 heavy []", out.stdout + out.stderr
 
 
@@ -449,7 +605,8 @@ def test_end_to_end_a_real_run_of_a_grown_workload_is_blocked(tmp_path, monkeypa
     repo = init_repo(tmp_path / "proj")
     (repo / "memtrack.toml").write_text(
         'modules = ["workloads.py"]\nwarmup = 1\nrepeats = 2\nmin_baseline_runs = 2\n'
-        'time_regression = "off"\n')
+        'time_regression = "off"\n'
+    )
     (repo / ".gitignore").write_text("data/\n__pycache__/\n")
     (repo / "workloads.py").write_text(WORKLOAD.format(floats=64 * 1024))
     commit_all(repo, "a tiny workload")
@@ -470,14 +627,20 @@ def test_end_to_end_a_real_run_of_a_grown_workload_is_blocked(tmp_path, monkeypa
     assert "median of 2 runs" in out.stdout
 
 
-@pytest.mark.parametrize("line, key", [('creep_tolerance = "lots"', "memtrack.creep_tolerance"),
-                                       ("creep_anchor = 0", "memtrack.creep_anchor")])
+@pytest.mark.parametrize(
+    "line, key",
+    [
+        ('creep_tolerance = "lots"', "memtrack.creep_tolerance"),
+        ("creep_anchor = 0", "memtrack.creep_anchor"),
+    ],
+)
 def test_a_bad_history_setting_is_a_config_error_naming_file_and_key(tmp_path, line, key):
     cfg = tmp_path / "memtrack.toml"
     cfg.write_text(line + "\n")
     (tmp_path / "m.db").write_bytes(b"")
-    res = CliRunner().invoke(main, ["check", "--config", str(cfg), "--db",
-                                    str(tmp_path / "m.db"), "--history"])
+    res = CliRunner().invoke(
+        main, ["check", "--config", str(cfg), "--db", str(tmp_path / "m.db"), "--history"]
+    )
     assert res.exit_code == 2
     assert f"{cfg}: {key}:" in res.output
 
@@ -489,8 +652,7 @@ def test_shards_of_one_commit_are_checked_together(project, tmp_path):
     small, big = _cases(big=int(300 * MiB * 1.05))
     ids = []
     for i, m in enumerate((small, big), start=1):
-        ids.append(_record(db, repo, pr, [m], branch="feature", minute=10 + i,
-                           merge_base=shas[-1]))
+        ids.append(_record(db, repo, pr, [m], branch="feature", minute=10 + i, merge_base=shas[-1]))
         with Store.open(db) as store:
             store.conn.execute("update runs set shard = ? where run_id = ?", [f"{i}/2", ids[-1]])
     res = _check(repo, db)
@@ -500,18 +662,21 @@ def test_shards_of_one_commit_are_checked_together(project, tmp_path):
     assert "checked together with the newest run of each other shard" in res.output
     with Store.open(db, readonly=True) as store:
         rows = store.conn.execute(
-            "select distinct run_id, case_id from verdicts order by case_id").fetchall()
+            "select distinct run_id, case_id from verdicts order by case_id"
+        ).fetchall()
     assert sorted(tuple(r) for r in rows) == sorted([(ids[1], BIG_ID), (ids[0], SMALL_ID)])
 
 
 def test_a_budget_of_a_workload_a_partial_run_left_out_is_noted_and_a_typo_refused(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     """`memtrack run -k decoder` into a new database, then `memtrack check`: the budget of
     a workload that was never recorded is not checked (and says so), not an error; a name
     close to a recorded one is a typo and still refused."""
     repo = init_repo(tmp_path / "repo")
     budgets = CONFIG.format(limit="1 GiB") + (
-        '\n[[budgets]]\nworkload = "{name}"\nlimit = "1 GiB"\nreason = "fits a T4"\n')
+        '\n[[budgets]]\nworkload = "{name}"\nlimit = "1 GiB"\nreason = "fits a T4"\n'
+    )
     (repo / "memtrack.toml").write_text(budgets.format(name="vision_forward"))
     sha = _commit(repo, monkeypatch, 1, "first")
     db = tmp_path / "m.db"
@@ -519,11 +684,14 @@ def test_a_budget_of_a_workload_a_partial_run_left_out_is_noted_and_a_typo_refus
     monkeypatch.chdir(repo)
     res = _check(repo, db, "--no-record")
     assert res.exit_code == 0, res.output
-    assert ("budgets[1].workload: 'vision_forward': no measurement of it is recorded yet "
-            "(a run that left it out with -k or --shard): its budget is not checked"
-            ) in res.output.replace("\n", " ")
+    assert (
+        "budgets[1].workload: 'vision_forward': no measurement of it is recorded yet "
+        "(a run that left it out with -k or --shard): its budget is not checked"
+    ) in res.output.replace("\n", " ")
     (repo / "memtrack.toml").write_text(budgets.format(name="decodr"))
     res = _check(repo, db, "--no-record")
     assert res.exit_code == 2
-    assert "budgets[1].workload: 'decodr' names no known workload or case; nearest: decoder" \
+    assert (
+        "budgets[1].workload: 'decodr' names no known workload or case; nearest: decoder"
         in res.output
+    )

@@ -96,11 +96,16 @@ def test_a_merge_base_that_is_an_option_is_refused_and_never_reaches_git(tmp_pat
     _ingest(db, *_records(tmp_path / "in", 1))
     with Store.open(db) as store:
         store.write_run(run)
-        store.conn.execute("update runs set git_merge_base = ? where run_id = ?",
-                           [f"--output={victim}", run.run_id])
+        store.conn.execute(
+            "update runs set git_merge_base = ? where run_id = ?",
+            [f"--output={victim}", run.run_id],
+        )
     res = subprocess.run(
         [sys.executable, "-m", "memtrack.cli", "check", "--db", str(db), "--run", run.run_id],
-        cwd=repo, capture_output=True, text=True, timeout=120,
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert res.returncode == 2 and f"{db}: damaged database" in res.stderr, res.stderr
     assert "git.merge_base" in res.stderr
@@ -116,9 +121,18 @@ def test_eight_processes_ingesting_into_a_new_database_lose_nothing(tmp_path):
     code = "import sys; from memtrack.cli import main; main(sys.argv[1:])"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", code, "ingest", "--db", str(db),
-             *map(str, sorted(f.glob("*.json")))],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-c",
+                code,
+                "ingest",
+                "--db",
+                str(db),
+                *map(str, sorted(f.glob("*.json"))),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for f in folders
     ]
@@ -148,11 +162,16 @@ def test_an_interrupt_is_not_exit_1(tmp_path):
 
     (tmp_path / "w.py").write_text(
         "import time, memtrack\n\n@memtrack.workload\ndef slow(ctx):\n"
-        "    return lambda: time.sleep(60)\n")
+        "    return lambda: time.sleep(60)\n"
+    )
     (tmp_path / "memtrack.toml").write_text('modules = ["w.py"]\n')
-    proc = subprocess.Popen([sys.executable, "-m", "memtrack.cli", "run", "--db",
-                             str(tmp_path / "m.db")], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memtrack.cli", "run", "--db", str(tmp_path / "m.db")],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while "running" not in (line := proc.stderr.readline()):  # the first case has started
         assert line, "memtrack run ended before its first case"
     time.sleep(0.5)
@@ -164,15 +183,20 @@ def test_an_interrupt_is_not_exit_1(tmp_path):
 
 def test_a_token_in_a_record_from_another_machine_is_redacted_before_it_is_stored(tmp_path):
     token = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2"
-    failed = make_measurement("decoder", {"batch": 1}, status="error",
-                              message=f"ValueError: clone https://x:{token}@git.example failed")
+    failed = make_measurement(
+        "decoder",
+        {"batch": 1},
+        status="error",
+        message=f"ValueError: clone https://x:{token}@git.example failed",
+    )
     path = tmp_path / "run.json"
     write_json(make_run([failed]), path)
     db = tmp_path / "m.db"
     res = _ingest(db, path)
     assert res.exit_code == 0, res.output
     assert token.encode() not in db.read_bytes() + b"".join(
-        p.read_bytes() for p in tmp_path.glob("m.db-*"))
+        p.read_bytes() for p in tmp_path.glob("m.db-*")
+    )
     with Store.open(db, readonly=True) as store:
         [m] = store.get_run(json.loads(path.read_text())["run_id"]).measurements
     assert m.message == "ValueError: clone https://x:[redacted]@git.example failed"
@@ -182,37 +206,52 @@ def test_a_token_in_a_record_from_another_machine_is_redacted_before_it_is_store
 # -- impossible records ------------------------------------------------------------------
 
 IMPOSSIBLE = {
-    "a run id that is not hex": (lambda d: {**d, "run_id": "run-2026-01-01-nightly"},
-                                 "run_id: 'run-2026-01-01-nightly' does not match"),
-    "a commit of 8 characters": (lambda d: {**d, "git": {**d["git"], "commit": "0123abcd"}},
-                                 "git.commit: '0123abcd' does not match"),
+    "a run id that is not hex": (
+        lambda d: {**d, "run_id": "run-2026-01-01-nightly"},
+        "run_id: 'run-2026-01-01-nightly' does not match",
+    ),
+    "a commit of 8 characters": (
+        lambda d: {**d, "git": {**d["git"], "commit": "0123abcd"}},
+        "git.commit: '0123abcd' does not match",
+    ),
     "a merge base of 12 characters": (
         lambda d: {**d, "git": {**d["git"], "merge_base": "0123456789ab"}},
-        "git.merge_base: '0123456789ab' does not match"),
+        "git.merge_base: '0123456789ab' does not match",
+    ),
     "finished before it started": (
-        lambda d: {**d, "started_at": "2026-01-02T00:00:00+00:00",
-                   "finished_at": "2026-01-01T23:59:00+00:00"},
-        "finished_at: 2026-01-01T23:59:00+00:00 is before started_at"),
+        lambda d: {
+            **d,
+            "started_at": "2026-01-02T00:00:00+00:00",
+            "finished_at": "2026-01-01T23:59:00+00:00",
+        },
+        "finished_at: 2026-01-01T23:59:00+00:00 is before started_at",
+    ),
     "a case id of other params": (
         lambda d: _first(d, case_id="decoder[batch=64]"),
         "measurements[0].case_id: 'decoder[batch=64]' does not match its workload and params "
-        "(they make 'decoder[batch=1]')"),
+        "(they make 'decoder[batch=1]')",
+    ),
     "a case id of another workload": (
         lambda d: _first(d, workload="encoder"),
-        "measurements[0].case_id: 'decoder[batch=1]' does not match its workload"),
+        "measurements[0].case_id: 'decoder[batch=1]' does not match its workload",
+    ),
     "a message of 50 MB": (
         lambda d: _first(d, status="error", message="x" * 50_000_000),
         "measurements[0].message: 50,000,000 characters, more than the 10,000 a record's "
-        "text may hold"),
+        "text may hold",
+    ),
     "a subject of 20,000 characters": (
         lambda d: {**d, "git": {**d["git"], "subject": "s" * 20_000}},
-        "git.subject: 20,000 characters, more than the 10,000"),
+        "git.subject: 20,000 characters, more than the 10,000",
+    ),
     "a param's text of 20,000 characters": (
         lambda d: _first(d, params={"batch": 1, "note": "n" * 20_000}),
-        "measurements[0].params['note']: 20,000 characters, more than the 10,000"),
+        "measurements[0].params['note']: 20,000 characters, more than the 10,000",
+    ),
     "a variable's name of 20,000 characters": (
         lambda d: {**d, "environment": {**d["environment"], "env_vars": {"V" * 20_000: "1"}}},
-        "environment.env_vars['VVVVVVVVVVVVVVVVVVVV']: 20,000 characters"),
+        "environment.env_vars['VVVVVVVVVVVVVVVVVVVV']: 20,000 characters",
+    ),
 }
 
 
@@ -222,8 +261,7 @@ def _first(data: dict, **changes) -> dict:
 
 
 @pytest.mark.parametrize("name", sorted(IMPOSSIBLE))
-def test_an_impossible_record_is_one_line_naming_file_and_key_and_writes_nothing(
-        tmp_path, name):
+def test_an_impossible_record_is_one_line_naming_file_and_key_and_writes_nothing(tmp_path, name):
     change, words = IMPOSSIBLE[name]
     good, other = _records(tmp_path / "in", 2)
     db = tmp_path / "m.db"
@@ -243,10 +281,15 @@ def test_a_token_in_a_quality_or_rank_message_is_redacted_as_run_redacts_it(tmp_
     """`memtrack run` redacts the quality message (it may quote the workload's quality
     function) and each rank's error; a record from another machine gets the same."""
     token = "hf_" + "QwErTyUiOp" * 4
-    m = replace(make_measurement("decoder", {"batch": 1}),
-                quality_status="error", quality_message=f"reference fetch with {token} failed",
-                ranks=(RankMeasurement(0, "cpu", "ok"),
-                       RankMeasurement(1, "cpu", "error", message=f"401 for {token}")))
+    m = replace(
+        make_measurement("decoder", {"batch": 1}),
+        quality_status="error",
+        quality_message=f"reference fetch with {token} failed",
+        ranks=(
+            RankMeasurement(0, "cpu", "ok"),
+            RankMeasurement(1, "cpu", "error", message=f"401 for {token}"),
+        ),
+    )
     clean = make_measurement("decoder", {"batch": 8}, notes=("a plain note",))
     run = make_run([m, clean])
     path = tmp_path / "run.json"
@@ -256,7 +299,8 @@ def test_a_token_in_a_quality_or_rank_message_is_redacted_as_run_redacts_it(tmp_
     with Store.open(db, readonly=True) as store:
         stored = store.get_run(run.run_id)
     assert token.encode() not in db.read_bytes() + b"".join(
-        p.read_bytes() for p in tmp_path.glob("m.db-*"))
+        p.read_bytes() for p in tmp_path.glob("m.db-*")
+    )
     got, kept = stored.measurements
     assert got.quality_message == "reference fetch with [redacted] failed"
     assert [r.message for r in got.ranks] == [None, "401 for [redacted]"]

@@ -39,8 +39,11 @@ def _init(repo: Path, *args: str):
 
 
 def _files(repo: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(repo)): p.read_bytes() for p in sorted(repo.rglob("*"))
-            if p.is_file() and ".git" not in p.relative_to(repo).parts}
+    return {
+        str(p.relative_to(repo)): p.read_bytes()
+        for p in sorted(repo.rglob("*"))
+        if p.is_file() and ".git" not in p.relative_to(repo).parts
+    }
 
 
 def test_init_writes_the_table_workloads_workflow_and_hook_then_nothing_more(tmp_path):
@@ -96,9 +99,10 @@ def test_the_generated_workflow_is_valid_audited_clean_and_keeps_forks_off_the_r
     sha = "0123456789abcdef" * 2 + "01234567"
     req = f"memtrack @ git+https://github.com/acme/memtrack@{sha}"
     assert _init(repo, "--requirement", req).exit_code == 0
-    for tool, args in (("check-jsonschema", ["--builtin-schema", "vendor.github-workflows",
-                                             str(repo / WORKFLOW)]),
-                       ("zizmor", ["--offline", "--no-progress", str(repo / ".github")])):
+    for tool, args in (
+        ("check-jsonschema", ["--builtin-schema", "vendor.github-workflows", str(repo / WORKFLOW)]),
+        ("zizmor", ["--offline", "--no-progress", str(repo / ".github")]),
+    ):
         exe = shutil.which(tool, path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
         assert exe, f"{tool} is not installed: pip install -e '.[test]'"
         out = subprocess.run([exe, *args], capture_output=True, text=True)
@@ -110,8 +114,13 @@ def test_the_generated_workflow_is_valid_audited_clean_and_keeps_forks_off_the_r
 
     def github(event: str, head: str | None) -> dict:
         payload = {"pull_request": {"head": {"repo": {"full_name": head} if head else None}}}
-        return {"github": {"event_name": event, "repository": "acme/app",
-                           "event": payload if event == "pull_request" else {}}}
+        return {
+            "github": {
+                "event_name": event,
+                "repository": "acme/app",
+                "event": payload if event == "pull_request" else {},
+            }
+        }
 
     assert evaluate(gate["if"], github("push", None)) is True
     assert evaluate(gate["if"], github("pull_request", "acme/app")) is True
@@ -124,9 +133,15 @@ def test_the_generated_workflow_is_valid_audited_clean_and_keeps_forks_off_the_r
     assert "pip install --quiet ." not in install
 
 
-@pytest.mark.parametrize("requirement", ["memtrack", "memtrack>=0.1",
-                                         "memtrack @ git+https://github.com/acme/memtrack@main",
-                                         "memtrack==0.1; rm -rf /"])
+@pytest.mark.parametrize(
+    "requirement",
+    [
+        "memtrack",
+        "memtrack>=0.1",
+        "memtrack @ git+https://github.com/acme/memtrack@main",
+        "memtrack==0.1; rm -rf /",
+    ],
+)
 def test_an_unpinned_requirement_is_refused_and_nothing_is_written(tmp_path, requirement):
     repo = init_repo(tmp_path / "app")
     res = _init(repo, "--requirement", requirement)
@@ -134,43 +149,48 @@ def test_an_unpinned_requirement_is_refused_and_nothing_is_written(tmp_path, req
     assert res.output.strip().splitlines() == [
         f"memtrack: error: --requirement: {requirement!r} does not pin memtrack (write "
         "memtrack==VERSION, or memtrack @ git+https://HOST/OWNER/REPO@COMMIT with the full "
-        "40-digit commit)"]
+        "40-digit commit)"
+    ]
     assert _files(repo) == {}
 
 
 def test_a_pyproject_the_table_cannot_join_is_refused_whole(tmp_path):
     repo = init_repo(tmp_path / "app")
-    (repo / "pyproject.toml").write_text('tool = { ruff = { line-length = 99 } }\n')
+    (repo / "pyproject.toml").write_text("tool = { ruff = { line-length = 99 } }\n")
     res = _init(repo)
     assert res.exit_code == 2
     assert "pyproject.toml: a [tool.memtrack] table cannot be added to it as it is" in res.output
     assert "write memtrack.toml instead" in res.output
-    assert _files(repo) == {"pyproject.toml": b'tool = { ruff = { line-length = 99 } }\n'}
+    assert _files(repo) == {"pyproject.toml": b"tool = { ruff = { line-length = 99 } }\n"}
 
 
 def test_init_outside_a_git_repository_is_one_line_exit_2(tmp_path):
     res = _init(tmp_path)
     assert res.exit_code == 2
-    assert res.output.strip() == (f"memtrack: error: {tmp_path.resolve()}: not inside a git "
-                                  "repository (memtrack records every run's commit: `git init` "
-                                  "first)")
+    assert res.output.strip() == (
+        f"memtrack: error: {tmp_path.resolve()}: not inside a git "
+        "repository (memtrack records every run's commit: `git init` "
+        "first)"
+    )
 
 
 def test_check_lists_what_is_missing_and_exits_2(tmp_path):
     repo = init_repo(tmp_path / "app")
     res = _init(repo, "--check")
     assert res.exit_code == 2
-    assert res.output.splitlines()[0] == ("missing  pyproject.toml: no [tool.memtrack] table "
-                                          "(nor a memtrack.toml)")
+    assert res.output.splitlines()[0] == (
+        "missing  pyproject.toml: no [tool.memtrack] table (nor a memtrack.toml)"
+    )
     # a hand-written config that keeps references and the database where this repository
     # ignores and keeps them
     (repo / ".gitignore").write_text("data/\n")
     (repo / "memtrack.toml").write_text(
-        'modules = ["perf.workloads"]\nreferences = "data/references"\ndatabase = "memtrack.db"\n')
+        'modules = ["perf.workloads"]\nreferences = "data/references"\ndatabase = "memtrack.db"\n'
+    )
     res = _init(repo, "--check")
     assert res.exit_code == 2
     assert res.output.splitlines()[:-1] == [
-        "missing  memtrack.toml: modules: no module perf.workloads under " f"{repo.resolve()}",
+        f"missing  memtrack.toml: modules: no module perf.workloads under {repo.resolve()}",
         f"missing  {WORKFLOW}: no workflow under .github/workflows runs `memtrack check`",
         f"missing  {HOOK}: the GPU runner's pre-job hook is missing",
         "missing  data/references: git ignores the references folder (.gitignore:1:data/), "
@@ -183,21 +203,29 @@ def test_check_lists_what_is_missing_and_exits_2(tmp_path):
 def test_reference_refuses_a_folder_git_ignores_before_running_anything(tmp_path):
     repo = init_repo(tmp_path / "app")
     (repo / ".gitignore").write_text("data/\n")
-    (repo / "wl.py").write_text(textwrap.dedent("""
+    (repo / "wl.py").write_text(
+        textwrap.dedent("""
         import memtrack
 
         @memtrack.workload(tolerance={"cosine": 0.99})
         def one(ctx):
             raise AssertionError("never run: the references could not be committed")
-        """))
+        """)
+    )
     (repo / "memtrack.toml").write_text('modules = ["wl.py"]\nreferences = "data/references"\n')
-    out = subprocess.run([sys.executable, "-m", "memtrack.cli", "reference"], cwd=repo,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "reference"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip() == (
         f"memtrack: error: {repo.resolve()}/data/references: git ignores it "
         f"(.gitignore:1:data/), and references must be committed: set `references` in "
-        f"{repo.resolve()}/memtrack.toml to a folder git keeps, or un-ignore it")
+        f"{repo.resolve()}/memtrack.toml to a folder git keeps, or un-ignore it"
+    )
     assert not (repo / "data" / "references").exists()
 
 
@@ -218,7 +246,7 @@ def build_model(width: int) -> torch.nn.Module:
 HIDDEN = 4
 '''
 
-ADAPTED = '''
+ADAPTED = """
 import torch
 
 import memtrack
@@ -236,15 +264,17 @@ def forward(ctx: memtrack.Context):
         return model(x)
 
     return step
-'''
+"""
 
 
 def _builder() -> str:
     """An interpreter whose setuptools builds a wheel offline (without build isolation):
     this one, else the one its venv was made from (a Python 3.11 venv's own setuptools 65
     cannot build a wheel without the `wheel` package)."""
-    probe = ("import setuptools, sys; v = tuple(int(p) for p in setuptools.__version__"
-             ".split('.')[:2]); sys.exit(0 if v >= (70, 1) else 1)")
+    probe = (
+        "import setuptools, sys; v = tuple(int(p) for p in setuptools.__version__"
+        ".split('.')[:2]); sys.exit(0 if v >= (70, 1) else 1)"
+    )
     for exe in dict.fromkeys([sys.executable, getattr(sys, "_base_executable", sys.executable)]):
         if subprocess.run([exe, "-c", probe], capture_output=True).returncode == 0:
             return exe
@@ -254,16 +284,35 @@ def _builder() -> str:
 def _wheel(tmp_path: Path) -> Path:
     """A wheel built from this tree as it is (a copy: the checkout gains no build files)."""
     src = tmp_path / "src"
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     for name in filter(None, listed.split("\0")):
         if (ROOT / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
     out = tmp_path / "wheels"
-    subprocess.run([_builder(), "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--wheel-dir", str(out), str(src)],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            _builder(),
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(out),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     (wheel,) = out.glob("memtrack-*.whl")
     return wheel
 
@@ -280,26 +329,50 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert {"memtrack/dashboard/app.py", "memtrack/dashboard/views/history.py",
-            "memtrack/templates/workflow.yml", "memtrack/templates/workloads.py"} <= names
+    assert {
+        "memtrack/dashboard/app.py",
+        "memtrack/dashboard/views/history.py",
+        "memtrack/templates/workflow.yml",
+        "memtrack/templates/workloads.py",
+    } <= names
     # torch warns "Failed to initialize NumPy" on every import without it
     assert any(line.startswith("Requires-Dist: numpy") for line in meta.splitlines())
 
     # The adopter's machine: a fresh venv that reuses the installed torch, memtrack from the
     # wheel, offline; no PYTHONPATH to this checkout.
-    env = {k: v for k, v in os.environ.items()
-           if k != "PYTHONPATH" and not k.startswith(("GITHUB_", "MEMTRACK_"))}
-    env.update(GIT_ENV, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheel.parent),
-               PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_BUILD_ISOLATION="0")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k != "PYTHONPATH" and not k.startswith(("GITHUB_", "MEMTRACK_"))
+    }
+    env.update(
+        GIT_ENV,
+        PIP_NO_INDEX="1",
+        PIP_FIND_LINKS=str(wheel.parent),
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PIP_NO_BUILD_ISOLATION="0",
+    )
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
-                   check=True)
-    subprocess.run([venv / "bin/python", "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--force-reinstall", str(wheel)], check=True, env=env)
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run(
+        [
+            venv / "bin/python",
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--force-reinstall",
+            str(wheel),
+        ],
+        check=True,
+        env=env,
+    )
 
     def sh(*args: str | Path, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-        out = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True,
-                             text=True, timeout=900)
+        out = subprocess.run(
+            [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
+        )
         assert not check or out.returncode == 0, out.stdout + out.stderr
         return out
 
@@ -307,7 +380,8 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
     assert where.stdout.startswith(str(venv)), where.stdout
 
     repo = init_repo(tmp_path / "tiny-llm")
-    (repo / "pyproject.toml").write_text(textwrap.dedent("""
+    (repo / "pyproject.toml").write_text(
+        textwrap.dedent("""
         [build-system]
         requires = ["setuptools>=64"]
         build-backend = "setuptools.build_meta"
@@ -315,7 +389,8 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
         [project]
         name = "tiny-llm"
         version = "0.1"
-        """))
+        """)
+    )
     (repo / "tiny_llm").mkdir()
     (repo / "tiny_llm" / "__init__.py").write_text(PACKAGE)
     (repo / "README.md").write_text("tiny-llm\n")
@@ -331,9 +406,12 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
     commit_all(repo, "memtrack")
 
     builder = _builder()
-    purelib = subprocess.run([builder, "-c", "import sysconfig; print(sysconfig.get_paths()"
-                              "['purelib'])"], capture_output=True, text=True,
-                             check=True).stdout.strip()
+    purelib = subprocess.run(
+        [builder, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     runner = tmp_path / "runner"
     db = runner / "memtrack.db"
     ci = {**env, "RUNNER_TEMP": str(runner), "MEMTRACK_PYTHON": sys.executable}
@@ -343,15 +421,28 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
         summary = runner / f"summary-{event}.md"
         summary.unlink(missing_ok=True)
         head = git(repo, "rev-parse", "HEAD")
-        jobenv = {**ci, "GITHUB_EVENT_NAME": event, "GITHUB_SHA": head,
-                  "GITHUB_REPOSITORY": "acme/tiny-llm", "GITHUB_STEP_SUMMARY": str(summary),
-                  **github}
+        jobenv = {
+            **ci,
+            "GITHUB_EVENT_NAME": event,
+            "GITHUB_SHA": head,
+            "GITHUB_REPOSITORY": "acme/tiny-llm",
+            "GITHUB_STEP_SUMMARY": str(summary),
+            **github,
+        }
         # Offline, pip builds the package without isolation, and a Python 3.11 venv's own
         # setuptools (65) cannot build a wheel: the Install step gets this machine's.
         offline = {"Install": {"PYTHONPATH": purelib}}
-        return run_job(repo / WORKFLOW, "gate", github={"event_name": event, "sha": head},
-                       env=jobenv, cwd=repo, workdir=runner / "steps", variables=variables,
-                       steps=steps, step_env=offline), summary
+        return run_job(
+            repo / WORKFLOW,
+            "gate",
+            github={"event_name": event, "sha": head},
+            env=jobenv,
+            cwd=repo,
+            workdir=runner / "steps",
+            variables=variables,
+            steps=steps,
+            step_env=offline,
+        ), summary
 
     # Three pushes to main, each measured and checked as the workflow does (installed once)
     runner.mkdir()
@@ -370,8 +461,13 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
     pkg = repo / "tiny_llm" / "__init__.py"
     pkg.write_text(pkg.read_text().replace("HIDDEN = 4", "HIDDEN = 6"))
     commit_all(repo, "a wider hidden layer")
-    result, summary = job("pull_request", {"Record", "Check"}, GITHUB_HEAD_REF="wider",
-                          GITHUB_BASE_REF="main", GITHUB_REF="refs/pull/1/merge")
+    result, summary = job(
+        "pull_request",
+        {"Record", "Check"},
+        GITHUB_HEAD_REF="wider",
+        GITHUB_BASE_REF="main",
+        GITHUB_REF="refs/pull/1/merge",
+    )
     assert (result.failed_step, result.returncode) == ("Check", 1), result.log
     verdict = (runner / "memtrack-verdict.md").read_text()
     case = "forward[batch=64,dtype=float32,width=256]"
@@ -380,14 +476,23 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
     assert case in summary.read_text()
 
     # The dashboard from the wheel serves that history
-    app = sh(venv / "bin/python", "-c",
-             "from memtrack.commands.dashboard import app_path; print(app_path())", cwd=repo)
+    app = sh(
+        venv / "bin/python",
+        "-c",
+        "from memtrack.commands.dashboard import app_path; print(app_path())",
+        cwd=repo,
+    )
     site = next(venv.glob("lib/python*/site-packages"))
     assert app.stdout.strip() == str(site / "memtrack" / "dashboard" / "app.py")
     port = _free_port()
-    server = subprocess.Popen([venv / "bin/memtrack", "dashboard", "--db", str(db),
-                               "--port", str(port)], cwd=repo, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(
+        [venv / "bin/memtrack", "dashboard", "--db", str(db), "--port", str(port)],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         health = ""
@@ -407,7 +512,10 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
         server.terminate()
         server.wait(timeout=60)
     # ...and what it shows of it: the installed app, run over the same database
-    shown = sh(venv / "bin/python", "-c", textwrap.dedent(f"""
+    shown = sh(
+        venv / "bin/python",
+        "-c",
+        textwrap.dedent(f"""
         import sys
         from streamlit.testing.v1 import AppTest
         sys.argv = [{str(app.stdout.strip())!r}, "--db", {str(db)!r}]
@@ -415,5 +523,7 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
         assert not at.exception, at.exception
         row = at.dataframe[0].value.set_index("case id").loc[{case!r}]
         print(row["status"], len(row["trend"]))
-        """), cwd=repo)
+        """),
+        cwd=repo,
+    )
     assert shown.stdout.split() == ["ok", "3"], shown.stdout  # main's three runs, the series

@@ -42,8 +42,13 @@ CONFIG = 'modules = ["wl.py"]\nwarmup = 1\nrepeats = 2\n'
 
 
 def _plan(repo, *args):
-    return subprocess.run([sys.executable, "-m", "memtrack.cli", "plan", *args], cwd=repo,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "plan", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +59,9 @@ def swept(tmp_path_factory):
     (repo / ".gitignore").write_text("data/\n__pycache__/\n")
     commit = commit_all(repo, "a serving workload")
     first = _plan(repo, "serve", "--sweep", "concurrency=1,2", "--json")
-    second = _plan(repo, "serve", "--sweep", "concurrency=1,2", "--markdown", "--no-record",
-                   "--gpu", "T4")
+    second = _plan(
+        repo, "serve", "--sweep", "concurrency=1,2", "--markdown", "--no-record", "--gpu", "T4"
+    )
     return repo, commit, first, second
 
 
@@ -83,9 +89,10 @@ def test_a_sweep_is_measured_fitted_and_recorded(swept):
         run = store.get_run(run_id)
     assert run.git.commit == commit
     assert sorted(m.params["concurrency"] for m in run.measurements) == [1, 2]
-    assert [m.peak_allocated_bytes for m in sorted(
-        run.measurements, key=lambda m: m.params["concurrency"])] == [
-        p1["peak_bytes"], p2["peak_bytes"]]
+    assert [
+        m.peak_allocated_bytes
+        for m in sorted(run.measurements, key=lambda m: m.params["concurrency"])
+    ] == [p1["peak_bytes"], p2["peak_bytes"]]
     assert f"run {run_id} (2 cases) recorded in" in first.stderr
 
 
@@ -108,21 +115,27 @@ def suite(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("args, message", [
-    (["serve", "--sweep", "batch=1,2"], "--sweep 'batch=1,2': serve has no param 'batch'"),
-    (["serve", "--sweep", "concurrency=1,two"], "value 'two' of 'concurrency' is not a whole"),
-    (["serve", "--sweep", "dtype=1,2"], "param 'dtype' is not numeric"),
-    (["served", "--sweep", "concurrency=1,2"], "served: no such workload or case"),
-    (["serve", "--sweep", "concurrency=1,2", "--gpu", "B200"], "--gpu 'B200': no such GPU"),
-    (["serve", "--sweep", "concurrency=1,2", "--catalog", "{root}/gpus.toml"],
-     "{root}/gpus.toml: gpu[0].memory: '24 GX' is not a size"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["serve", "--sweep", "batch=1,2"], "--sweep 'batch=1,2': serve has no param 'batch'"),
+        (["serve", "--sweep", "concurrency=1,two"], "value 'two' of 'concurrency' is not a whole"),
+        (["serve", "--sweep", "dtype=1,2"], "param 'dtype' is not numeric"),
+        (["served", "--sweep", "concurrency=1,2"], "served: no such workload or case"),
+        (["serve", "--sweep", "concurrency=1,2", "--gpu", "B200"], "--gpu 'B200': no such GPU"),
+        (
+            ["serve", "--sweep", "concurrency=1,2", "--catalog", "{root}/gpus.toml"],
+            "{root}/gpus.toml: gpu[0].memory: '24 GX' is not a size",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(suite, args, message):
     (suite / "gpus.toml").write_text('[[gpu]]\nname = "X"\nmemory = "24 GX"\n')
     args = [a.replace("{root}", str(suite)) for a in args]
     db = suite / "m.db"
-    res = CliRunner().invoke(main, ["plan", *args, "--config", str(suite / "memtrack.toml"),
-                                    "--db", str(db)])
+    res = CliRunner().invoke(
+        main, ["plan", *args, "--config", str(suite / "memtrack.toml"), "--db", str(db)]
+    )
     assert res.exit_code == 2, res.output
     assert message.replace("{root}", str(suite)) in res.output
     assert len(res.output.strip().splitlines()) == 1
@@ -136,8 +149,7 @@ def test_plan_has_help():
 
 def test_an_estimated_sweep_needs_no_gpu_and_says_what_its_figure_leaves_out(swept):
     repo = swept[0]
-    res = _plan(repo, "serve", "--sweep", "kib=256,512,1024", "--estimate", "--json",
-                "--no-record")
+    res = _plan(repo, "serve", "--sweep", "kib=256,512,1024", "--estimate", "--json", "--no-record")
     assert res.returncode == 0, res.stderr
     plan = json.loads(res.stdout)
     peaks = [p["peak_bytes"] for p in plan["points"]]

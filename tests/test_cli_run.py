@@ -75,8 +75,10 @@ def test_the_breakdown_shows_caches_and_training_state(example_run):
     assert serve.caches_bytes == 4 * one.caches_bytes and serve.weights_bytes == one.weights_bytes
     # A cache the model builds inside its forward (GPT-2 style), tagged after the peak, in
     # prefill: 2 (k, v) x layers x sessions x prompt (256 - 16) x d_model x 4 bytes
-    gpt1, gpt4 = sorted((m for m in run.measurements if m.workload == "gpt_generate"),
-                        key=lambda m: m.params["sessions"])
+    gpt1, gpt4 = sorted(
+        (m for m in run.measurements if m.workload == "gpt_generate"),
+        key=lambda m: m.params["sessions"],
+    )
     assert gpt1.caches_bytes == 2 * 2 * 1 * 240 * 128 * 4
     assert gpt4.caches_bytes == 2 * 2 * 4 * 240 * 128 * 4
     train = next(m for m in by_case.values() if m.workload == "train_step")

@@ -145,15 +145,21 @@ def test_missing_module_exits_2_and_writes_nothing(tmp_path):
     assert not db.exists()
 
 
-@pytest.mark.parametrize("body, message", [
-    ('[[budgets]]\nworkload = "decoder_genrate"\nlimit = "1 GiB"\nreason = "r"\n',
-     "budgets[0].workload: 'decoder_genrate' names no known workload or case; nearest: "
-     "decoder_generate"),
-    ('[workloads.train_stp]\nrepeats = 2\n',
-     "workloads.train_stp: no such workload (nearest: train_step)"),
-])
-def test_settings_that_name_no_workload_are_refused_before_anything_runs(tmp_path, body,
-                                                                         message):
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (
+            '[[budgets]]\nworkload = "decoder_genrate"\nlimit = "1 GiB"\nreason = "r"\n',
+            "budgets[0].workload: 'decoder_genrate' names no known workload or case; nearest: "
+            "decoder_generate",
+        ),
+        (
+            "[workloads.train_stp]\nrepeats = 2\n",
+            "workloads.train_stp: no such workload (nearest: train_step)",
+        ),
+    ],
+)
+def test_settings_that_name_no_workload_are_refused_before_anything_runs(tmp_path, body, message):
     cfg = tmp_path / "memtrack.toml"
     cfg.write_text('modules = ["memtrack.examples"]\n' + body)
     db = tmp_path / "m.db"
@@ -176,8 +182,18 @@ def _toml(value):
     return repr(value)
 
 
-_KEYS = ["timeout", "nvml_interval", "headroom_factor", "creep_tolerance", "max_cases",
-         "repeats", "base_branch", "creep_anchor", "database", "budgets"]
+_KEYS = [
+    "timeout",
+    "nvml_interval",
+    "headroom_factor",
+    "creep_tolerance",
+    "max_cases",
+    "repeats",
+    "base_branch",
+    "creep_anchor",
+    "database",
+    "budgets",
+]
 
 
 @settings(max_examples=300, deadline=None)
@@ -217,9 +233,14 @@ def _memtrack(*args: str, cwd=None):
     import sys
 
     # A hang is the failure these guard against: the bound is far above any real start.
-    return subprocess.run([sys.executable, "-m", "memtrack.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("kind", ["device", "fifo", "huge"])
@@ -240,8 +261,11 @@ def test_a_config_that_is_no_regular_file_is_refused_at_once(tmp_path, kind):
     assert res.returncode == 2, res.stderr
     line = res.stderr.strip()
     assert line.startswith(f"memtrack: error: {path}") and "\n" not in line, line
-    assert {"device": "not a regular file", "fifo": "not a regular file",
-            "huge": "larger than 4.00 MiB"}[kind] in line
+    assert {
+        "device": "not a regular file",
+        "fifo": "not a regular file",
+        "huge": "larger than 4.00 MiB",
+    }[kind] in line
     assert not (tmp_path / "m.db").exists()
 
 

@@ -80,18 +80,38 @@ def _suite(i: int, gpu: bool) -> list:
     train = (708 if i >= 12 else 700) * MiB
     vision_failed = i in (11, MAIN)
     return [
-        make_measurement("decoder", {"batch": 1}, peak=d1, **kw, **figures(d1),
-                         caches_bytes=(34 if 6 <= i < 10 else 32) * MiB),
+        make_measurement(
+            "decoder",
+            {"batch": 1},
+            peak=d1,
+            **kw,
+            **figures(d1),
+            caches_bytes=(34 if 6 <= i < 10 else 32) * MiB,
+        ),
         make_measurement("decoder", {"batch": 8}, peak=d8, **kw, **figures(d8)),
-        make_measurement("training", {"batch": 4}, peak=train, **kw, **figures(train),
-                         gradients_bytes=100 * MiB,
-                         optimizer_state_bytes=(208 if i >= 12 else 200) * MiB, time_s=0.02),
-        make_measurement("vision", {"res": 512}, peak=90 * MiB, **kw, **figures(90 * MiB),
-                         status="oom" if vision_failed else "ok",
-                         message="CUDA out of memory. Tried to allocate 2.00 GiB"
-                         if vision_failed else None,
-                         traceback="Traceback (most recent call last):\n  ...\n"
-                         "torch.OutOfMemoryError: CUDA out of memory" if vision_failed else None),
+        make_measurement(
+            "training",
+            {"batch": 4},
+            peak=train,
+            **kw,
+            **figures(train),
+            gradients_bytes=100 * MiB,
+            optimizer_state_bytes=(208 if i >= 12 else 200) * MiB,
+            time_s=0.02,
+        ),
+        make_measurement(
+            "vision",
+            {"res": 512},
+            peak=90 * MiB,
+            **kw,
+            **figures(90 * MiB),
+            status="oom" if vision_failed else "ok",
+            message="CUDA out of memory. Tried to allocate 2.00 GiB" if vision_failed else None,
+            traceback="Traceback (most recent call last):\n  ...\n"
+            "torch.OutOfMemoryError: CUDA out of memory"
+            if vision_failed
+            else None,
+        ),
     ]
 
 
@@ -101,14 +121,22 @@ def seeded(tmp_path: Path) -> dict:
 
 
 def _verdict(store: Store, run_id: str, case: str, kind: str, context: str, **fields) -> None:
-    row = {"run_id": run_id, "case_id": case, "workload": case.split("[")[0],
-           "metric": "allocated", "kind": kind, "blocking": int(kind in ("regression",
-                                                                         "over_budget")
-                                                                and context != "base"),
-           "provisional": 0, "context": context, "checked_at": "2026-01-15T00:00:00+00:00",
-           **fields}
-    store.conn.execute(f"insert into verdicts ({', '.join(row)}) "
-                       f"values ({', '.join('?' for _ in row)})", list(row.values()))
+    row = {
+        "run_id": run_id,
+        "case_id": case,
+        "workload": case.split("[")[0],
+        "metric": "allocated",
+        "kind": kind,
+        "blocking": int(kind in ("regression", "over_budget") and context != "base"),
+        "provisional": 0,
+        "context": context,
+        "checked_at": "2026-01-15T00:00:00+00:00",
+        **fields,
+    }
+    store.conn.execute(
+        f"insert into verdicts ({', '.join(row)}) values ({', '.join('?' for _ in row)})",
+        list(row.values()),
+    )
 
 
 def seed_store(tmp_path: Path) -> dict:
@@ -120,44 +148,122 @@ def seed_store(tmp_path: Path) -> dict:
     runs = []
     for i in range(1, MAIN + 1):
         gpu = i >= 3
-        runs.append(make_run(
-            _suite(i, gpu), commit=commit(i), branch="main", subject=f"main commit {i}",
-            started_at=f"2026-01-{i:02d}T12:00:00+00:00", env=GPU_ENV if gpu else CPU_ENV,
-            ci=CIInfo(provider="github-actions", event="push",
-                      run_url=f"{REPO}/actions/runs/{1000 + i}"),
-        ))
+        runs.append(
+            make_run(
+                _suite(i, gpu),
+                commit=commit(i),
+                branch="main",
+                subject=f"main commit {i}",
+                started_at=f"2026-01-{i:02d}T12:00:00+00:00",
+                env=GPU_ENV if gpu else CPU_ENV,
+                ci=CIInfo(
+                    provider="github-actions",
+                    event="push",
+                    run_url=f"{REPO}/actions/runs/{1000 + i}",
+                ),
+            )
+        )
     slim = make_run(
-        [make_measurement("decoder", {"batch": 1}, peak=150 * MiB, device="cuda",
-                          reserved=170 * MiB, device_peak=690 * MiB)],
-        commit="f" * 40, branch="feature/slim", subject="slimmer decoder cache",
-        started_at="2026-01-15T12:00:00+00:00", env=GPU_ENV,
+        [
+            make_measurement(
+                "decoder",
+                {"batch": 1},
+                peak=150 * MiB,
+                device="cuda",
+                reserved=170 * MiB,
+                device_peak=690 * MiB,
+            )
+        ],
+        commit="f" * 40,
+        branch="feature/slim",
+        subject="slimmer decoder cache",
+        started_at="2026-01-15T12:00:00+00:00",
+        env=GPU_ENV,
     )
     big = make_run(
-        [make_measurement("decoder", {"batch": 8}, peak=400 * MiB, device="cuda",
-                          reserved=420 * MiB, device_peak=920 * MiB)],
-        commit="e" * 40, branch="feature/long-context", subject="longer context",
-        started_at="2026-01-15T13:00:00+00:00", env=GPU_ENV,
+        [
+            make_measurement(
+                "decoder",
+                {"batch": 8},
+                peak=400 * MiB,
+                device="cuda",
+                reserved=420 * MiB,
+                device_peak=920 * MiB,
+            )
+        ],
+        commit="e" * 40,
+        branch="feature/long-context",
+        subject="longer context",
+        started_at="2026-01-15T13:00:00+00:00",
+        env=GPU_ENV,
     )
     with Store.open(db) as store:
         for r in [*runs, slim, big]:
             store.write_run(r)
-        _verdict(store, runs[5].run_id, D1, "regression", "base", baseline_value=180 * MiB,
-                 threshold=181 * MiB, candidate_value=182 * MiB, delta=2 * MiB,
-                 component="caches", component_delta=2 * MiB,
-                 message="regression: decoder[batch=1] allocated +2.00 MiB (+1.1%)")
-        _verdict(store, runs[8].run_id, D8, "regression", "base", baseline_value=256 * MiB,
-                 threshold=258 * MiB, candidate_value=320 * MiB, delta=64 * MiB,
-                 message="regression: decoder[batch=8] allocated +64.00 MiB (+25.0%)")
-        _verdict(store, runs[13].run_id, D8, "ok", "base", baseline_value=320 * MiB,
-                 threshold=322 * MiB, candidate_value=320 * MiB, budget_bytes=350 * MiB)
-        _verdict(store, runs[11].run_id, TRAIN, "accepted", "base", baseline_value=700 * MiB,
-                 threshold=702 * MiB, candidate_value=708 * MiB, component="optimizer state",
-                 component_delta=8 * MiB, accepted_reason="AdamW state in fp32, reviewed",
-                 message="accepted: training[batch=4] allocated +8.00 MiB")
-        _verdict(store, big.run_id, D8, "over_budget", "pull_request", baseline_value=320 * MiB,
-                 threshold=322 * MiB, candidate_value=400 * MiB, budget_bytes=350 * MiB,
-                 budget_reason="one serving slice",
-                 message="over budget: decoder[batch=8] allocated 400.00 MiB > 350.00 MiB")
+        _verdict(
+            store,
+            runs[5].run_id,
+            D1,
+            "regression",
+            "base",
+            baseline_value=180 * MiB,
+            threshold=181 * MiB,
+            candidate_value=182 * MiB,
+            delta=2 * MiB,
+            component="caches",
+            component_delta=2 * MiB,
+            message="regression: decoder[batch=1] allocated +2.00 MiB (+1.1%)",
+        )
+        _verdict(
+            store,
+            runs[8].run_id,
+            D8,
+            "regression",
+            "base",
+            baseline_value=256 * MiB,
+            threshold=258 * MiB,
+            candidate_value=320 * MiB,
+            delta=64 * MiB,
+            message="regression: decoder[batch=8] allocated +64.00 MiB (+25.0%)",
+        )
+        _verdict(
+            store,
+            runs[13].run_id,
+            D8,
+            "ok",
+            "base",
+            baseline_value=320 * MiB,
+            threshold=322 * MiB,
+            candidate_value=320 * MiB,
+            budget_bytes=350 * MiB,
+        )
+        _verdict(
+            store,
+            runs[11].run_id,
+            TRAIN,
+            "accepted",
+            "base",
+            baseline_value=700 * MiB,
+            threshold=702 * MiB,
+            candidate_value=708 * MiB,
+            component="optimizer state",
+            component_delta=8 * MiB,
+            accepted_reason="AdamW state in fp32, reviewed",
+            message="accepted: training[batch=4] allocated +8.00 MiB",
+        )
+        _verdict(
+            store,
+            big.run_id,
+            D8,
+            "over_budget",
+            "pull_request",
+            baseline_value=320 * MiB,
+            threshold=322 * MiB,
+            candidate_value=400 * MiB,
+            budget_bytes=350 * MiB,
+            budget_reason="one serving slice",
+            message="over budget: decoder[batch=8] allocated 400.00 MiB > 350.00 MiB",
+        )
     config = tmp_path / "memtrack.toml"
     config.write_text(CONFIG)
     return {"db": db, "config": config, "runs": runs, "slim": slim, "big": big}
@@ -168,8 +274,11 @@ def app(monkeypatch: pytest.MonkeyPatch, seeded: dict):
     """An AppTest factory over the seeded store; query parameters make deep links."""
 
     def make(db: Path | None = None, **query: str) -> AppTest:
-        monkeypatch.setattr(sys, "argv", [str(APP), "--db", str(db or seeded["db"]),
-                                          "--config", str(seeded["config"])])
+        monkeypatch.setattr(
+            sys,
+            "argv",
+            [str(APP), "--db", str(db or seeded["db"]), "--config", str(seeded["config"])],
+        )
         at = AppTest.from_file(str(APP), default_timeout=60)
         for k, v in query.items():
             at.query_params[k] = v
@@ -211,8 +320,9 @@ def _panels(at: AppTest) -> list[ET.Element]:
 
 def _drawn(panel: ET.Element, cls: str) -> list[ET.Element]:
     """The panel's elements of a class ('point other', 'mark', 'budget', ...)."""
-    return [e for e in panel.iter() if cls in (e.get("class") or "").split(" ") or
-            e.get("class") == cls]
+    return [
+        e for e in panel.iter() if cls in (e.get("class") or "").split(" ") or e.get("class") == cls
+    ]
 
 
 def _domain(panel: ET.Element) -> tuple[float, float]:
@@ -231,31 +341,52 @@ def test_overview_shows_every_case_most_urgent_first(app) -> None:
     assert list(table["case"]) == ["vision", D8, D1, "training"]
     row = table.set_index("case id").loc[D8]
     assert (row["view"], row["peak"], row["budget"], row["margin"]) == (
-        "allocated", "320.00 MiB", "350.00 MiB", "30.00 MiB left")
+        "allocated",
+        "320.00 MiB",
+        "350.00 MiB",
+        "30.00 MiB left",
+    )
     assert row["used"] == "91.4%"
     assert row["last change"] == "+64.00 MiB (+25.0%) at 09aaaaaaaa"
     assert len(row["trend"]) == MAIN
     # Every step of the window, not only the newest: the regression and its fix.
     assert table.set_index("case id").loc[D1, "last change"] == (
-        "+2.00 MiB (+1.1%) at 06aaaaaaaa, fixed at 10aaaaaaaa")
+        "+2.00 MiB (+1.1%) at 06aaaaaaaa, fixed at 10aaaaaaaa"
+    )
     assert "CUDA out of memory" in _texts(at.error)
     warned = _texts(at.warning).replace("\\", "")
-    assert ("decoder[batch=8] · allocated +64.00 MiB since 09aaaaaaaa (main commit 9), not "
-            "fixed or accepted · now 320.00 MiB, fixed when back within 258.00 MiB") in warned
+    assert (
+        "decoder[batch=8] · allocated +64.00 MiB since 09aaaaaaaa (main commit 9), not "
+        "fixed or accepted · now 320.00 MiB, fixed when back within 258.00 MiB"
+    ) in warned
     assert "main at 14aaaaaaaa" in warned
 
 
 def test_a_regression_on_main_holds_until_a_run_is_back_within_its_threshold(
-        app, seeded: dict) -> None:
+    app, seeded: dict
+) -> None:
     # The newest run on main has an `ok` verdict of its own, yet the step at 09 was never
     # fixed: the case stays a regression. decoder[batch=1]'s regression at 06 was fixed at 10.
     table = _table(_ok(app())).set_index("case id")
     assert table.loc[D8, "status"] == "regression" and table.loc[D1, "status"] != "regression"
-    fix = make_run(_suite(MAIN + 1, True)[:1] + [
-        make_measurement("decoder", {"batch": 8}, peak=256 * MiB, device="cuda",
-                         reserved=276 * MiB, device_peak=776 * MiB)],
-        commit=commit(MAIN + 1), branch="main", subject="restore the decoder cache",
-        started_at="2026-01-16T12:00:00+00:00", env=GPU_ENV)
+    fix = make_run(
+        _suite(MAIN + 1, True)[:1]
+        + [
+            make_measurement(
+                "decoder",
+                {"batch": 8},
+                peak=256 * MiB,
+                device="cuda",
+                reserved=276 * MiB,
+                device_peak=776 * MiB,
+            )
+        ],
+        commit=commit(MAIN + 1),
+        branch="main",
+        subject="restore the decoder cache",
+        started_at="2026-01-16T12:00:00+00:00",
+        env=GPU_ENV,
+    )
     with Store.open(seeded["db"]) as store:
         store.write_run(fix)
     table = _table(_ok(app())).set_index("case id")
@@ -305,16 +436,20 @@ def test_history_draws_each_view_on_its_own_scale(app) -> None:
     assert {"step", "environment", "regression", "over budget"} <= kinds  # as said
     env = events[events["event"] == "environment"].iloc[0]
     assert "torch 2.13.0+cpu → 2.14.1+cu130" in env["what"] and env["commit"] == "03aaaaaaaa"
-    step = events[(events["event"] == "step") & events["what"].str.startswith("framework "
-                                                                               "allocated")]
+    step = events[
+        (events["event"] == "step") & events["what"].str.startswith("framework allocated")
+    ]
     assert list(step["commit"]) == ["09aaaaaaaa"] and "+64.00 MiB" in step["what"].iloc[0]
     assert "regression" in _texts(at.markdown)
 
 
 def test_history_scale_follows_the_data_and_a_far_budget_is_a_marker_at_the_edge(
-        app, seeded: dict) -> None:
-    seeded["config"].write_text(CONFIG + '\n[[budgets]]\nworkload = "decoder"\nmetric = '
-                                '"host"\nlimit = "1 GiB"\nreason = "the host has room"\n')
+    app, seeded: dict
+) -> None:
+    seeded["config"].write_text(
+        CONFIG + '\n[[budgets]]\nworkload = "decoder"\nmetric = '
+        '"host"\nlimit = "1 GiB"\nreason = "the host has room"\n'
+    )
     at = _ok(app(page="History", case=D8, h_views="host"))
     at.button_group(key="h_views").set_value(["host"]).run()
     (host, _) = _panels(_ok(at))
@@ -323,7 +458,8 @@ def test_history_scale_follows_the_data_and_a_far_budget_is_a_marker_at_the_edge
     (edge,) = _drawn(host, "budget")
     assert "edge" in edge.get("class") and int(edge.get("data-bytes")) == 2**30
     assert "budget 1.00 GiB ↑ above the scale: the highest point is 39% of it" in "".join(
-        host.itertext())
+        host.itertext()
+    )
     at.segmented_control(key="h_scale").set_value("budget").run()
     host = _panels(_ok(at))[0]
     assert "(GiB)" in "".join(host.itertext()) and _domain(host)[1] >= 1  # 1 GiB in scale
@@ -338,8 +474,11 @@ def test_history_marks_each_kind_with_its_own_shape_and_a_readable_legend(app) -
     assert shapes == {"regression": "path", "over_budget": "rect"}
     legend = {g.get("data-kind"): "".join(g.itertext()) for g in _drawn(allocated, "legend")}
     assert legend == {"over_budget": "over budget", "regression": "regression"}
-    failed = [m for m in _drawn(_panels(_ok(app(page="History", case=VISION)))[0], "mark")
-              if m.get("data-kind") == "failed"]
+    failed = [
+        m
+        for m in _drawn(_panels(_ok(app(page="History", case=VISION)))[0], "mark")
+        if m.get("data-kind") == "failed"
+    ]
     assert failed and all(m.get("stroke") == "#7f1d1d" for m in failed)  # a cross, dark red
 
 
@@ -356,7 +495,8 @@ def test_a_blocking_run_says_so_first_with_labels_that_tell_cases_apart(app, see
 
 
 def test_the_overview_lists_pull_requests_with_their_verdict_one_click_from_their_run(
-        app, seeded) -> None:
+    app, seeded
+) -> None:
     at = _ok(app())
     prs = at.dataframe(key="ov_prs").value
     assert list(prs["branch"]) == ["feature/long-context", "feature/slim"]
@@ -403,9 +543,11 @@ def test_history_filters_change_the_points(app) -> None:
 
 def test_rows_recorded_before_the_host_metrics_have_no_host_figure(app, seeded: dict) -> None:
     with Store.open(seeded["db"]) as store:  # as m003 leaves older rows
-        store.conn.execute("update measurements set host_bytes = null, host_step_bytes = null "
-                           "where run_id in (select run_id from runs where started_at < "
-                           "'2026-01-08')")
+        store.conn.execute(
+            "update measurements set host_bytes = null, host_step_bytes = null "
+            "where run_id in (select run_id from runs where started_at < "
+            "'2026-01-08')"
+        )
     at = _ok(app(page="History", case=D8))
     at.toggle(key="h_all").set_value(True).run()
     points = _table(at, -1).set_index("commit")
@@ -417,8 +559,7 @@ def test_rows_recorded_before_the_host_metrics_have_no_host_figure(app, seeded: 
     assert "host peak RSS" in "".join(panels[0].itertext())
 
 
-@pytest.mark.parametrize(("asked", "shown"), [
-    (D8, D8), ("vision", VISION), ("training", TRAIN)])
+@pytest.mark.parametrize(("asked", "shown"), [(D8, D8), ("vision", VISION), ("training", TRAIN)])
 def test_a_link_names_a_case_by_its_id_label_or_workload(app, asked: str, shown: str) -> None:
     at = _ok(app(page="history", case=asked))  # the page's name in any case
     assert at.radio(key="page").value == "History"
@@ -439,7 +580,8 @@ def test_regressions_lists_every_step_with_its_verdict_and_fix(app) -> None:
     assert list(table["commit"]) == ["12aaaaaaaa", "09aaaaaaaa", "06aaaaaaaa"]
     rows = table.set_index("commit")
     assert rows.loc["09aaaaaaaa", "case"] == D8 and rows.loc["09aaaaaaaa", "verdict"] == (
-        "regression")
+        "regression"
+    )
     assert rows.loc["09aaaaaaaa", "fixed by"] == "not yet"
     assert rows.loc["09aaaaaaaa", "on forge"] == f"{REPO}/commit/{commit(9)}"
     assert rows.loc["09aaaaaaaa", "compare"] == f"{REPO}/compare/{commit(8)}...{commit(9)}"
@@ -459,8 +601,7 @@ def test_run_detail_shows_environment_breakdown_gap_and_errors(app, seeded: dict
     assert "main commit 14" in text and '"batch": 8' in text
     frames = [d.value for d in at.dataframe]
     facts = frames[1]  # after the commit's facts: the environment's
-    assert "NVIDIA H200" in " ".join(facts["value"]) and "2.14.1+cu130" in " ".join(
-        facts["value"])
+    assert "NVIDIA H200" in " ".join(facts["value"]) and "2.14.1+cu130" in " ".join(facts["value"])
     gap = next(f for f in frames if "gap (context, workspaces, non-torch)" in f.columns)
     row = gap.set_index("case").loc[D8]
     assert row["gap (context, workspaces, non-torch)"] == "500.00 MiB"  # device - reserved
@@ -510,8 +651,9 @@ def test_compare_across_environments_warns(app) -> None:
     assert "GPU CPU → NVIDIA H200" in _texts(at.warning)
 
 
-@pytest.mark.parametrize("page", ["Overview", "History", "Regressions", "Run detail",
-                                  "Compare", "Plan"])
+@pytest.mark.parametrize(
+    "page", ["Overview", "History", "Regressions", "Run detail", "Compare", "Plan"]
+)
 def test_every_page_renders_with_its_defaults(app, page: str) -> None:
     at = _ok(app(page=page))
     assert at.title[0].value == page
@@ -539,24 +681,44 @@ HOSTILE = "![x](http://evil.example/p.png) [click](https://evil.example) **loud*
 
 
 def _shown_text(at: AppTest) -> str:
-    parts = [at.markdown, at.error, at.warning, at.info, at.success, at.caption, at.title,
-             at.subheader, at.expander]
-    return "\n".join(str(getattr(e, "value", None) or getattr(e, "label", ""))
-                     for group in parts for e in group)
+    parts = [
+        at.markdown,
+        at.error,
+        at.warning,
+        at.info,
+        at.success,
+        at.caption,
+        at.title,
+        at.subheader,
+        at.expander,
+    ]
+    return "\n".join(
+        str(getattr(e, "value", None) or getattr(e, "label", "")) for group in parts for e in group
+    )
 
 
 def test_recorded_text_and_link_parameters_are_escaped(app, seeded: dict) -> None:
     hostile_run = make_run(
-        [make_measurement("vision", {"res": 512}, peak=90 * MiB, status="error",
-                          message=HOSTILE), *_suite(MAIN + 1, True)[:1]],
-        commit=commit(MAIN + 1), branch="main", subject=HOSTILE,
-        started_at="2026-01-16T12:00:00+00:00", env=GPU_ENV)
+        [
+            make_measurement(
+                "vision", {"res": 512}, peak=90 * MiB, status="error", message=HOSTILE
+            ),
+            *_suite(MAIN + 1, True)[:1],
+        ],
+        commit=commit(MAIN + 1),
+        branch="main",
+        subject=HOSTILE,
+        started_at="2026-01-16T12:00:00+00:00",
+        env=GPU_ENV,
+    )
     with Store.open(seeded["db"]) as store:
         store.write_run(hostile_run)
     pages = [dict(page=p, case=VISION) for p in ("Overview", "History", "Regressions")]
-    pages += [dict(page="Run detail", run=hostile_run.run_id), dict(page="Run detail",
-                                                                   run=HOSTILE),
-              dict(page="Compare", a=HOSTILE, b=hostile_run.run_id)]
+    pages += [
+        dict(page="Run detail", run=hostile_run.run_id),
+        dict(page="Run detail", run=HOSTILE),
+        dict(page="Compare", a=HOSTILE, b=hostile_run.run_id),
+    ]
     seen = 0
     for query in pages:
         shown = _shown_text(_ok(app(**query)))
@@ -635,7 +797,11 @@ def test_cli_without_streamlit_says_how_to_install_it(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(shim.parent)}
     out = subprocess.run(
         [sys.executable, "-m", "memtrack.cli", "dashboard", "--db", str(tmp_path / "x.db")],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
     )
     assert out.returncode == 2, out.stderr
     assert "pip install 'memtrack[dashboard]'" in out.stderr
@@ -669,9 +835,22 @@ def test_cli_serves_the_dashboard(seeded: dict, tmp_path: Path) -> None:
     env = {**os.environ, "STREAMLIT_SERVER_HEADLESS": "true"}
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "memtrack.cli", "dashboard", "--db", str(seeded["db"]),
-             "--config", str(seeded["config"]), "--port", str(port)],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "memtrack.cli",
+                "dashboard",
+                "--db",
+                str(seeded["db"]),
+                "--config",
+                str(seeded["config"]),
+                "--port",
+                str(port),
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -719,8 +898,13 @@ def test_noise_and_a_lone_outlier_are_not_steps() -> None:
 def test_the_most_specific_budget_applies() -> None:
     from memtrack.config import Budget
 
-    row = {"workload": "decoder", "case_id": D8, "device": "cuda", "peak_allocated_bytes": 1,
-           "device_peak_bytes": 2}
+    row = {
+        "workload": "decoder",
+        "case_id": D8,
+        "device": "cuda",
+        "peak_allocated_bytes": 1,
+        "device_peak_bytes": 2,
+    }
     budgets = [
         Budget("decoder", 5 * MiB, "all decoders", metric="allocated"),
         Budget(D8, 4 * MiB, "this case", metric="allocated"),
@@ -740,12 +924,15 @@ def test_the_most_specific_budget_applies() -> None:
 
 def test_case_ids_are_shortened_to_what_tells_them_apart() -> None:
     long = "decoder[d_model=128,dtype=float32,layers=2,sessions={}]"
-    labels = model.short_case_labels([long.format(1), long.format(4), "train[batch=32]",
-                                      "x[a=1]", "x[a=1,b=2]"])
+    labels = model.short_case_labels(
+        [long.format(1), long.format(4), "train[batch=32]", "x[a=1]", "x[a=1,b=2]"]
+    )
     assert labels == {
-        long.format(1): "decoder[sessions=1]", long.format(4): "decoder[sessions=4]",
+        long.format(1): "decoder[sessions=1]",
+        long.format(4): "decoder[sessions=4]",
         "train[batch=32]": "train",
-        "x[a=1]": "x[a=1]", "x[a=1,b=2]": "x[a=1,b=2]",  # both would read 'x': kept whole
+        "x[a=1]": "x[a=1]",
+        "x[a=1,b=2]": "x[a=1,b=2]",  # both would read 'x': kept whole
     }
 
 
@@ -765,16 +952,33 @@ def _seed_sweeps(tmp_path: Path) -> Path:
     db = tmp_path / "plan.db"
 
     def serve(c: int, peak_mib: float) -> Any:
-        return make_measurement("serve", {"concurrency": c, "max_len": 256},
-                                peak=int(peak_mib * MiB))
+        return make_measurement(
+            "serve", {"concurrency": c, "max_len": 256}, peak=int(peak_mib * MiB)
+        )
 
     with Store.open(db) as store:
-        store.write_run(make_run([serve(1, 10), serve(2, 20)], commit=commit(1),
-                                 started_at="2026-01-01T12:00:00+00:00"))
-        store.write_run(make_run([serve(1, 5), serve(2, 7), serve(4, 11)], commit=commit(2),
-                                 started_at="2026-01-02T12:00:00+00:00", subject="sweep"))
-        store.write_run(make_run([serve(4, 12), make_measurement("solo", {"n": 1})],
-                                 commit=commit(3), started_at="2026-01-03T12:00:00+00:00"))
+        store.write_run(
+            make_run(
+                [serve(1, 10), serve(2, 20)],
+                commit=commit(1),
+                started_at="2026-01-01T12:00:00+00:00",
+            )
+        )
+        store.write_run(
+            make_run(
+                [serve(1, 5), serve(2, 7), serve(4, 11)],
+                commit=commit(2),
+                started_at="2026-01-02T12:00:00+00:00",
+                subject="sweep",
+            )
+        )
+        store.write_run(
+            make_run(
+                [serve(4, 12), make_measurement("solo", {"n": 1})],
+                commit=commit(3),
+                started_at="2026-01-03T12:00:00+00:00",
+            )
+        )
     return db
 
 
@@ -787,7 +991,10 @@ def test_plan_plots_the_newest_sweep_its_fit_and_the_gpus(app, tmp_path: Path) -
     curve, points, rules, labels = spec["layer"]
     # The newest commit with 2+ values: commit 2's three points, not commit 3's one.
     assert [(p["x"], p["gib"]) for p in points["data"]["values"]] == [
-        (1, 5 / 1024), (2, 7 / 1024), (4, 11 / 1024)]
+        (1, 5 / 1024),
+        (2, 7 / 1024),
+        (4, 11 / 1024),
+    ]
     assert "02aaaaaaaa" in _plain(_texts(at.markdown))
     # peak = 3 MiB + 2 MiB x, exactly: the curve passes through every point
     assert all(abs(v["gib"] - (3 + 2 * v["x"]) / 1024) < 1e-9 for v in curve["data"]["values"])
@@ -806,7 +1013,8 @@ def test_plan_plots_the_newest_sweep_its_fit_and_the_gpus(app, tmp_path: Path) -
 
 
 def test_plan_keeps_its_choices_in_the_url_and_says_when_nothing_was_swept(
-        app, tmp_path: Path) -> None:
+    app, tmp_path: Path
+) -> None:
     db = _seed_sweeps(tmp_path)
     at = _ok(app(db=db, page="Plan", plan_gpus="NVIDIA T4"))
     assert at.multiselect(key="plan_gpus").value == ["NVIDIA T4"]
@@ -819,7 +1027,9 @@ def test_plan_keeps_its_choices_in_the_url_and_says_when_nothing_was_swept(
     assert at.selectbox(key="plan_param").value == "batch"
     (spec,) = _charts(at)
     assert [(p["x"], p["gib"]) for p in spec["layer"][1]["data"]["values"]] == [
-        (1, 700 / 1024), (8, 840 / 1024)]
+        (1, 700 / 1024),
+        (8, 840 / 1024),
+    ]
     assert "device view" in _plain(_texts(at.markdown))
     solo = tmp_path / "solo.db"
     with Store.open(solo) as store:

@@ -46,9 +46,22 @@ def server(chromium: Path, tmp_path: Path) -> Iterator[str]:
     log = tmp_path / "streamlit.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(APP), "--",
-             "--db", str(seeded["db"]), "--config", str(seeded["config"])],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "streamlit",
+                "run",
+                str(APP),
+                "--",
+                "--db",
+                str(seeded["db"]),
+                "--config",
+                str(seeded["config"]),
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -68,12 +81,15 @@ def _settled(page, charts: int = 0, panels: int = 0) -> None:
     panels (SVG from the server) are drawn."""
     if charts:
         page.locator("[data-testid='stVegaLiteChart'] svg.marks").nth(charts - 1).wait_for(
-            timeout=60_000)
+            timeout=60_000
+        )
     if panels:
         page.locator("svg.panel").nth(panels - 1).wait_for(timeout=60_000)
     page.wait_for_function(
         "() => !document.querySelector(\"[data-testid='stStatusWidgetRunningIcon'], "
-        "[data-testid='stSkeleton']\")", timeout=60_000)
+        "[data-testid='stSkeleton']\")",
+        timeout=60_000,
+    )
     page.wait_for_timeout(800)  # tables draw on a canvas after they mount
     assert page.locator("[data-testid='stException']").count() == 0
 
@@ -82,7 +98,8 @@ def _shot(page, name: str) -> None:
     """A screenshot of the whole page: Streamlit scrolls inside its own container, so the
     window is made as tall as the content first."""
     height = page.evaluate(
-        "() => document.querySelector(\"[data-testid='stMainBlockContainer']\").scrollHeight")
+        "() => document.querySelector(\"[data-testid='stMainBlockContainer']\").scrollHeight"
+    )
     page.set_viewport_size({"width": 1440, "height": max(900, int(height) + 160)})
     page.wait_for_timeout(1500)
     page.screenshot(path=str(ARTIFACTS / name))
@@ -110,8 +127,12 @@ def test_a_reviewer_finds_the_regression(chromium: Path, server: str, tmp_path: 
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=str(chromium),
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--no-first-run"],
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--no-first-run",
+            ],
         )
         try:
             page = browser.new_page(viewport={"width": 1440, "height": 900})
@@ -192,23 +213,49 @@ def hostile_server(chromium: Path, tmp_path: Path) -> Iterator[tuple[str, str]]:
     from memtrack.store.database import Store
 
     seeded = seed_store(tmp_path)
-    run = make_run([make_measurement("vision " + LINKY, {"res": 512}, status="error",
-                                     message=LINKY),
-                    make_measurement("decoder", {"batch": 8}, peak=330 * 2**20)],
-                   commit=commit(15), branch="main", subject=LINKY,
-                   started_at="2026-01-16T12:00:00+00:00", env=GPU_ENV)
+    run = make_run(
+        [
+            make_measurement("vision " + LINKY, {"res": 512}, status="error", message=LINKY),
+            make_measurement("decoder", {"batch": 8}, peak=330 * 2**20),
+        ],
+        commit=commit(15),
+        branch="main",
+        subject=LINKY,
+        started_at="2026-01-16T12:00:00+00:00",
+        env=GPU_ENV,
+    )
     with Store.open(seeded["db"]) as store:
         store.write_run(run)
     port = free_port()
-    env = {**os.environ, "STREAMLIT_SERVER_HEADLESS": "true",
-           "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
+    env = {
+        **os.environ,
+        "STREAMLIT_SERVER_HEADLESS": "true",
+        "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false",
+    }
     log = tmp_path / "streamlit.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(APP), "--server.address",
-             "127.0.0.1", "--server.port", str(port), "--", "--db", str(seeded["db"]),
-             "--config", str(seeded["config"])],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "streamlit",
+                "run",
+                str(APP),
+                "--server.address",
+                "127.0.0.1",
+                "--server.port",
+                str(port),
+                "--",
+                "--db",
+                str(seeded["db"]),
+                "--config",
+                str(seeded["config"]),
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, log)
@@ -230,13 +277,23 @@ def test_recorded_addresses_never_become_live_links(hostile_server) -> None:
 
     server, run_id = hostile_server
     case = quote("vision " + LINKY + "[res=512]", safe="")
-    pages = {"Overview": "?page=Overview", "History": f"?page=History&case={case}",
-             "Regressions": "?page=Regressions", "Run detail": f"?page=run-detail&run={run_id}",
-             "Compare": f"?page=Compare&a=14aaaa&b={run_id[:8]}"}
+    pages = {
+        "Overview": "?page=Overview",
+        "History": f"?page=History&case={case}",
+        "Regressions": "?page=Regressions",
+        "Run detail": f"?page=run-detail&run={run_id}",
+        "Compare": f"?page=Compare&a=14aaaa&b={run_id[:8]}",
+    }
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM),
-                                    args=["--no-sandbox", "--disable-gpu",
-                                          "--disable-background-networking", "--no-first-run"])
+        browser = p.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--no-first-run",
+            ],
+        )
         try:
             page = browser.new_page(viewport={"width": 1440, "height": 900})
             for name, query in pages.items():
@@ -246,7 +303,8 @@ def test_recorded_addresses_never_become_live_links(hostile_server) -> None:
                 for expander in page.locator("[data-testid='stExpander'] summary").all():
                     expander.click()
                 links = page.eval_on_selector_all(
-                    "a[href]", "els => els.map(e => e.getAttribute('href'))")
+                    "a[href]", "els => els.map(e => e.getAttribute('href'))"
+                )
                 body = page.inner_text("body")
                 assert not [h for h in links if "e.example" in h], (name, links)
                 assert "e.example" in body.replace("\u2060", ""), name  # shown, as text

@@ -33,8 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "dashboard" / "app.py"
 TRAIN = "train_step[batch=32,d_model=128,dtype=float32,layers=2,seq_len=64]"
 IMAGE = "image_classify[batch=8,dtype=float32,resolution=224,width=16]"
-GROWN = ("decoder_generate[d_model=128,dtype=float32,heads=4,layers=2,max_len=256,"
-         "new_tokens=16,sessions=4,vocab=1024]")
+GROWN = (
+    "decoder_generate[d_model=128,dtype=float32,heads=4,layers=2,max_len=256,"
+    "new_tokens=16,sessions=4,vocab=1024]"
+)
 URL = "https://memtrack.example.org"
 
 
@@ -52,8 +54,9 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.fixture
 def app(monkeypatch: pytest.MonkeyPatch, history: dict):
     def make(**query: str) -> AppTest:
-        monkeypatch.setattr(sys, "argv", [str(APP), "--db", str(history["db"]), "--config",
-                                          str(history["config"])])
+        monkeypatch.setattr(
+            sys, "argv", [str(APP), "--db", str(history["db"]), "--config", str(history["config"])]
+        )
         at = AppTest.from_file(str(APP), default_timeout=120)
         for k, v in query.items():
             at.query_params[k] = v
@@ -99,12 +102,15 @@ def test_the_regressing_pull_request_is_one_click_from_the_overview(app, history
     assert at.radio(key="page").value == "Run detail"
     banner = _plain(at.error[0].value)
     assert banner.startswith("**This run blocks**: 1 blocking verdict")
-    assert "decoder_generate[sessions=4] · allocated +2.00 MiB (+17.1%): **regression**, " \
-           "caches grew" in banner
+    assert (
+        "decoder_generate[sessions=4] · allocated +2.00 MiB (+17.1%): **regression**, "
+        "caches grew" in banner
+    )
 
 
 def test_the_pr_comment_fits_one_screen_and_its_links_open_the_run_and_the_compare(
-        app, history, monkeypatch) -> None:
+    app, history, monkeypatch
+) -> None:
     from memtrack.judge.check import check
     from memtrack.report import check as report
 
@@ -115,15 +121,19 @@ def test_the_pr_comment_fits_one_screen_and_its_links_open_the_run_and_the_compa
     rows = [line for line in above.splitlines() if line.startswith("| ")]
     assert len(rows) == 2 and len(md.encode()) < 4000  # the header and the one block
     assert len([line for line in above.splitlines() if line]) <= 10
-    assert md.startswith("### ❌ memtrack: blocked by `decoder_generate[sessions=4]` allocated "
-                         "+2.00 MiB (+17.1%), caches grew")
-    links = dict(re.findall(r"\[([a-z][^\]]*)\]\((https://memtrack\.example\.org/\?[^)]+)\)",
-                            above))
+    assert md.startswith(
+        "### ❌ memtrack: blocked by `decoder_generate[sessions=4]` allocated "
+        "+2.00 MiB (+17.1%), caches grew"
+    )
+    links = dict(
+        re.findall(r"\[([a-z][^\]]*)\]\((https://memtrack\.example\.org/\?[^)]+)\)", above)
+    )
     run = app(**dict(parse_qsl(urlsplit(links["run detail"]).query)))
     assert _plain(run.error[0].value).startswith("**This run blocks**")
     merge_base = history_commit(141 + GROW_PR)
-    cmp = app(**dict(parse_qsl(urlsplit(
-        links[f"compare with the merge-base {merge_base[:10]}"]).query)))
+    cmp = app(
+        **dict(parse_qsl(urlsplit(links[f"compare with the merge-base {merge_base[:10]}"]).query))
+    )
     table = cmp.dataframe[0].value
     grown = table[(table["case id"] == GROWN) & (table["view"] == "allocated")].iloc[0]
     assert grown["delta"].startswith("+2.") and grown["verdict"] == "regression"

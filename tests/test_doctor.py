@@ -51,14 +51,19 @@ def test_doctor_warns_of_a_cuda_build_of_torch_on_a_machine_without_a_gpu(tmp_pa
     # case then hold the CUDA libraries (measured: peak RSS 682-762 MiB against 314-393 MiB
     # with the CPU build, on the shipped suite)
     env = dataclasses.replace(
-        CPU_ENV, torch="2.14.1+cu130", cuda_runtime="13.0", cuda_available=False,
-        cuda_unavailable_reason="Found no NVIDIA driver on your system.")
+        CPU_ENV,
+        torch="2.14.1+cu130",
+        cuda_runtime="13.0",
+        cuda_available=False,
+        cuda_unavailable_reason="Found no NVIDIA driver on your system.",
+    )
     build = _by_name(env, tmp_path)["torch build"]
     assert build.status == "warn"
     assert build.detail.startswith("a CUDA build (CUDA 13.0) on a machine without a GPU: ")
     assert "about doubles each case's host peak RSS" in build.detail
-    assert build.detail.endswith("pip install 'torch==2.14.1' "
-                                 "--index-url https://download.pytorch.org/whl/cpu")
+    assert build.detail.endswith(
+        "pip install 'torch==2.14.1' --index-url https://download.pytorch.org/whl/cpu"
+    )
 
 
 @pytest.mark.parametrize(
@@ -90,7 +95,8 @@ def test_doctor_fails_a_gpu_only_when_no_code_runs_on_it(tmp_path):
 
 
 def test_doctor_with_fake_nvml_reports_a_failing_query_instead_of_crashing(
-        tmp_path, nvml_with_a_failing_query):
+    tmp_path, nvml_with_a_failing_query
+):
     out = subprocess.run(
         [sys.executable, "-m", "memtrack.cli", "doctor", "--db", str(tmp_path / "m.db")],
         capture_output=True,
@@ -109,8 +115,9 @@ def test_doctor_with_fake_nvml_reports_a_failing_query_instead_of_crashing(
     if torch.version.cuda is None:
         assert any(line.startswith("FAIL gpu 1") and "CPU build" in line for line in lines)
     else:  # a CUDA build on this machine without a driver: torch says why
-        assert any(line.startswith("FAIL cuda") and "torch cannot start CUDA: " in line
-                   for line in lines)
+        assert any(
+            line.startswith("FAIL cuda") and "torch cannot start CUDA: " in line for line in lines
+        )
 
 
 def _case(**params):
@@ -134,13 +141,14 @@ def test_doctor_warns_of_bf16_cases_on_a_gpu_without_native_bf16(tmp_path):
 
 def test_doctor_warns_of_a_small_dev_shm_for_cases_of_two_or_more_ranks(tmp_path):
     ranks = [_case(ranks=2)]
-    small = {c.name: c for c in checks(GPU_ENV, tmp_path / "m.db", None, ranks, 64 * 2**20,
-                                       container=True)}
+    small = {
+        c.name: c
+        for c in checks(GPU_ENV, tmp_path / "m.db", None, ranks, 64 * 2**20, container=True)
+    }
     assert small["shm"].status == "warn"
     assert small["shm"].detail.startswith("/dev/shm is 64.00 MiB (this container's): NCCL")
     for cases, shm in ((ranks, 8 * 2**30), ([_case()], 64 * 2**20)):
-        assert "shm" not in {c.name for c in checks(GPU_ENV, tmp_path / "m.db", None, cases,
-                                                    shm)}
+        assert "shm" not in {c.name for c in checks(GPU_ENV, tmp_path / "m.db", None, cases, shm)}
 
 
 def test_doctor_shows_the_allocator_backend(tmp_path):
@@ -157,19 +165,32 @@ def test_doctor_with_fake_nvml_reads_the_suite_for_bf16_cases_on_a_t4(tmp_path, 
     import os
     from pathlib import Path
 
-    scenario = {"devices": [{"uuid": "GPU-t4", "name": "Tesla T4", "total": 15 * 2**30,
-                             "used": 2**28, "capability": [7, 5]}]}
+    scenario = {
+        "devices": [
+            {
+                "uuid": "GPU-t4",
+                "name": "Tesla T4",
+                "total": 15 * 2**30,
+                "used": 2**28,
+                "capability": [7, 5],
+            }
+        ]
+    }
     (tmp_path / "nvml.json").write_text(json.dumps(scenario))
     monkeypatch.setenv("FAKE_NVML", str(tmp_path / "nvml.json"))
     fake = str(Path(__file__).parent / "fakenvml")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([fake, *sys.path]))
     (tmp_path / "wl.py").write_text(
         "import memtrack\n\n@memtrack.workload(params={'dtype': 'bfloat16'})\n"
-        "def half(ctx):\n    return lambda: None\n")
+        "def half(ctx):\n    return lambda: None\n"
+    )
     (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\n')
     out = subprocess.run(
         [sys.executable, "-m", "memtrack.cli", "doctor", "--db", str(tmp_path / "m.db")],
-        capture_output=True, text=True, cwd=tmp_path)
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert "Traceback" not in out.stderr, out.stderr
     (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("WARN gpu 0 bf16")]
     assert "Tesla T4 (cc 7.5)" in line and "half[dtype=bfloat16]" in line

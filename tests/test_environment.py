@@ -20,11 +20,20 @@ from memtrack.store.database import Store
 def _torch_says() -> str | None:
     """torch's own first line on why it cannot start CUDA here, None where it can (asked in
     a child process: a failed CUDA start is not undone in this one)."""
-    out = subprocess.run([sys.executable, "-c", (
-        "import torch\n"
-        "try:\n    torch.cuda.init(); print('ok')\n"
-        "except Exception as e:\n    print(str(e).strip().splitlines()[0])\n")],
-        capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import torch\n"
+                "try:\n    torch.cuda.init(); print('ok')\n"
+                "except Exception as e:\n    print(str(e).strip().splitlines()[0])\n"
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     line = out.stdout.strip()
     return None if line == "ok" else line
 
@@ -142,31 +151,47 @@ def test_a_mig_instance_is_named_by_nvmls_uuid_from_fake_torch_properties(tmp_pa
     from types import SimpleNamespace
 
     hex_x = "11111111-2222-3333-4444-555555555555"
-    scenario = {"devices": [
-        {"uuid": "GPU-parent", "name": "NVIDIA H200", "total": 141 * GiB, "used": GiB,
-         "mig": "enabled"},
-        {"uuid": f"MIG-{hex_x}", "name": "NVIDIA H200 MIG 1g.18gb", "total": 18 * GiB,
-         "used": GiB, "mig": "instance"},
-    ]}
+    scenario = {
+        "devices": [
+            {
+                "uuid": "GPU-parent",
+                "name": "NVIDIA H200",
+                "total": 141 * GiB,
+                "used": GiB,
+                "mig": "enabled",
+            },
+            {
+                "uuid": f"MIG-{hex_x}",
+                "name": "NVIDIA H200 MIG 1g.18gb",
+                "total": 18 * GiB,
+                "used": GiB,
+                "mig": "instance",
+            },
+        ]
+    }
     (tmp_path / "nvml.json").write_text(json.dumps(scenario))
     monkeypatch.setenv("FAKE_NVML", str(tmp_path / "nvml.json"))
     fake = Path(__file__).parent / "fakenvml" / "pynvml.py"
     spec = importlib.util.spec_from_file_location("fake_pynvml", fake)
     nvml = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(nvml)
-    props = SimpleNamespace(name="NVIDIA H200 MIG 1g.18gb", uuid=hex_x,
-                            total_memory=18 * GiB, major=9, minor=0)
+    props = SimpleNamespace(
+        name="NVIDIA H200 MIG 1g.18gb", uuid=hex_x, total_memory=18 * GiB, major=9, minor=0
+    )
     notes: list[str] = []
     (g,) = environment.gpus_from_torch(nvml, [props], notes)
     assert (g["uuid"], g["mig_mode"]) == (f"MIG-{hex_x}", "instance") and notes == []
 
 
-
 def test_the_allocator_backend_reads_back_from_sqlite_and_old_rows_read_none(tmp_path):
     env = dataclasses.replace(GPU_ENV, cuda_available=True, allocator_backend="cudaMallocAsync")
-    m = dataclasses.replace(make_measurement(device="cuda", reserved=4 * MiB),
-                            allocator_backend="cudaMallocAsync", num_alloc_retries=None,
-                            num_ooms=None, peak_requested_bytes=None)
+    m = dataclasses.replace(
+        make_measurement(device="cuda", reserved=4 * MiB),
+        allocator_backend="cudaMallocAsync",
+        num_alloc_retries=None,
+        num_ooms=None,
+        peak_requested_bytes=None,
+    )
     run = make_run([m], env=env)
     with Store.open(tmp_path / "m.db") as store:
         store.write_run(run)
@@ -188,10 +213,18 @@ def test_the_environment_records_the_allocator_backend_torch_starts_with_fake_cu
 
     import torch
 
-    props = SimpleNamespace(name="NVIDIA H200", uuid="00000000-0000-0000-0000-000000000000",
-                            total_memory=140 * GiB, major=9, minor=0)
-    monkeypatch.setattr(environment, "torch_cuda",
-                        lambda _torch: {"available": True, "reason": None, "devices": [props]})
+    props = SimpleNamespace(
+        name="NVIDIA H200",
+        uuid="00000000-0000-0000-0000-000000000000",
+        total_memory=140 * GiB,
+        major=9,
+        minor=0,
+    )
+    monkeypatch.setattr(
+        environment,
+        "torch_cuda",
+        lambda _torch: {"available": True, "reason": None, "devices": [props]},
+    )
     monkeypatch.setattr(environment, "_nvml", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "cudaMallocAsync")
     env = environment.from_dict(environment.collect())

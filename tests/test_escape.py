@@ -19,13 +19,15 @@ from memtrack.escape import WORD_JOINER, html_text, markdown_code, markdown_text
 from memtrack.records import write_json
 from memtrack.workload.registry import case_id
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / ".github" / "actions"
-                       / "memtrack"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / ".github" / "actions" / "memtrack"))
 import comment  # noqa: E402
 
 MARKER = "<!-- memtrack -->"
-NAME = ("w\n\n## passed: nothing blocks\n<img src=https://e.example/p.png>\n" + MARKER
-        + "\n</details>\n@octocat `x` | y |\n")
+NAME = (
+    "w\n\n## passed: nothing blocks\n<img src=https://e.example/p.png>\n"
+    + MARKER
+    + "\n</details>\n@octocat `x` | y |\n"
+)
 BRANCH = "b\n\n[click](javascript:alert(1)) <img src=https://e.example/b.png> www.e.example"
 MESSAGE = "boom\n\n# heading\n<script>alert(1)</script> ![i](https://e.example/i.png) @team"
 TERMINAL = "\x1b[2J\x1b]8;;https://e.example\x07link\x1b]8;;\x07\x07\rover"
@@ -49,8 +51,19 @@ def _ingest_and_check(tmp_path: Path, run, *args: str):
     runner = CliRunner()
     ingested = runner.invoke(main, ["ingest", str(record), "--db", str(db)])
     assert ingested.exit_code == 0, ingested.output
-    checked = runner.invoke(main, ["check", "--config", str(repo / "memtrack.toml"), "--db",
-                                   str(db), "--run", run.run_id, *args])
+    checked = runner.invoke(
+        main,
+        [
+            "check",
+            "--config",
+            str(repo / "memtrack.toml"),
+            "--db",
+            str(db),
+            "--run",
+            run.run_id,
+            *args,
+        ],
+    )
     return checked, db
 
 
@@ -63,8 +76,7 @@ def _hostile_run():
 def test_a_crafted_record_cannot_restructure_the_comment_or_summary(tmp_path, monkeypatch):
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    checked, _ = _ingest_and_check(tmp_path, _hostile_run(), "--markdown",
-                                   str(tmp_path / "v.md"))
+    checked, _ = _ingest_and_check(tmp_path, _hostile_run(), "--markdown", str(tmp_path / "v.md"))
     assert checked.exit_code == 1, checked.output  # the failed case blocks
     md = (tmp_path / "v.md").read_text()
     assert summary.read_text() == md + "\n"
@@ -103,11 +115,27 @@ def test_the_history_markdown_escapes_recorded_subjects():
     from memtrack.judge.history import HistoryResult, Step
     from memtrack.report.check import history_markdown
 
-    step = Step(case_id=case_id(NAME, {"batch": 1}), metric="allocated", commit="a" * 40,
-                previous_commit="b" * 40, subject=MESSAGE, before=1.0, after=2.0, delta=1.0,
-                delta_pct=100.0, headroom=0.5)
-    h = HistoryResult(base_branch="main", series=1, commits=2, fingerprint="f" * 16,
-                      anchor_label="the run 50 commits ago", steps=(step,), creeps=())
+    step = Step(
+        case_id=case_id(NAME, {"batch": 1}),
+        metric="allocated",
+        commit="a" * 40,
+        previous_commit="b" * 40,
+        subject=MESSAGE,
+        before=1.0,
+        after=2.0,
+        delta=1.0,
+        delta_pct=100.0,
+        headroom=0.5,
+    )
+    h = HistoryResult(
+        base_branch="main",
+        series=1,
+        commits=2,
+        fingerprint="f" * 16,
+        anchor_label="the run 50 commits ago",
+        steps=(step,),
+        creeps=(),
+    )
     md = history_markdown(h)
     html = _render(md)
     assert "<img" not in html and "<script" not in html and "<h1>" not in html
@@ -119,8 +147,13 @@ def test_the_history_markdown_escapes_recorded_subjects():
 def test_recorded_control_characters_never_reach_the_terminal(tmp_path):
     """An escape sequence from a record would clear the screen, retitle the window or
     plant a hyperlink: `show`, `history` and `check` print it as visible text."""
-    m = make_measurement("w" + TERMINAL, {"batch": 1}, status="error",
-                         message="failed" + TERMINAL, notes=("note" + TERMINAL,))
+    m = make_measurement(
+        "w" + TERMINAL,
+        {"batch": 1},
+        status="error",
+        message="failed" + TERMINAL,
+        notes=("note" + TERMINAL,),
+    )
     run = make_run([m], branch="main", subject="s" + TERMINAL)
     run = replace(run, git=replace(run.git, branch="b" + TERMINAL))
     checked, db = _ingest_and_check(tmp_path, run)
@@ -135,8 +168,23 @@ def test_recorded_control_characters_never_reach_the_terminal(tmp_path):
     assert "failed\\x1b" in shown.output and "note\\x1b" in shown.output
 
 
-@pytest.mark.parametrize("text", [NAME, BRANCH, MESSAGE, TERMINAL, "1. list", "- item",
-                                  "> quote", "***", "a|b", "``", "$x$", ":red[x]"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        NAME,
+        BRANCH,
+        MESSAGE,
+        TERMINAL,
+        "1. list",
+        "- item",
+        "> quote",
+        "***",
+        "a|b",
+        "``",
+        "$x$",
+        ":red[x]",
+    ],
+)
 def test_each_output_kind_keeps_the_text_inert(text):
     md = markdown_text(text)
     html = _render(f"| a |\n|---|\n| {md} |\n\nx {md}\n\n{md}\n")

@@ -38,7 +38,7 @@ params = {resolution = 96}
 """
 
 # Workloads whose shapes depend on tensor values: fake tensors cannot follow them.
-WORKLOADS = '''\
+WORKLOADS = """\
 import torch
 import memtrack
 
@@ -55,14 +55,15 @@ def sized_by_value(ctx):
     x = ctx.randint(100, 4)
     ctx.mark()
     return lambda: torch.zeros(int(x.sum().item()) + 1)
-'''
+"""
 
 SHIPPED = ("decoder_generate", "train_step", "image_classify")
 
 
 def _invoke(repo: Path, *args: str):
-    return CliRunner().invoke(main, [*args, "--config", str(repo / "memtrack.toml")],
-                              catch_exceptions=False)
+    return CliRunner().invoke(
+        main, [*args, "--config", str(repo / "memtrack.toml")], catch_exceptions=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -87,16 +88,24 @@ def suite(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _case(run, workload: str, **params):
-    found = [m for m in run.measurements if m.workload == workload
-             and all(m.params.get(k) == v for k, v in params.items())]
+    found = [
+        m
+        for m in run.measurements
+        if m.workload == workload and all(m.params.get(k) == v for k, v in params.items())
+    ]
     assert len(found) == 1, [m.case_id for m in run.measurements]
     return found[0]
 
 
-@pytest.mark.parametrize("workload,params", [
-    ("decoder_generate", {"sessions": 1}), ("decoder_generate", {"sessions": 4}),
-    ("train_step", {}), ("image_classify", {}),
-])
+@pytest.mark.parametrize(
+    "workload,params",
+    [
+        ("decoder_generate", {"sessions": 1}),
+        ("decoder_generate", {"sessions": 4}),
+        ("train_step", {}),
+        ("image_classify", {}),
+    ],
+)
 def test_the_shipped_examples_are_estimated_within_ten_percent(suite, workload, params):
     _, measured, estimate, _ = suite
     m, e = _case(measured, workload, **params), _case(estimate, workload, **params)
@@ -109,8 +118,14 @@ def test_the_shipped_examples_are_estimated_within_ten_percent(suite, workload, 
     assert abs(e.peak_allocated_bytes / tensors - 1) <= 0.10, (e.peak_allocated_bytes, tensors)
     # The parts have the measured breakdown's names, and add up to the estimate.
     assert e.weights_bytes == m.weights_bytes
-    parts = (e.weights_bytes, e.caches_bytes, e.gradients_bytes, e.optimizer_state_bytes,
-             e.intermediates_bytes, e.unattributed_bytes)
+    parts = (
+        e.weights_bytes,
+        e.caches_bytes,
+        e.gradients_bytes,
+        e.optimizer_state_bytes,
+        e.intermediates_bytes,
+        e.unattributed_bytes,
+    )
     assert sum(parts) == e.peak_allocated_bytes
 
 
@@ -130,15 +145,19 @@ def test_a_data_dependent_op_is_an_error_naming_it_and_the_rest_still_estimate(s
     _, measured, estimate, output = suite
     nonzero = _case(estimate, "keep_positive")
     assert nonzero.status == "error"
-    assert nonzero.message.startswith("cannot be faked: aten.nonzero.default has a "
-                                      "data-dependent output shape"), nonzero.message
+    assert nonzero.message.startswith(
+        "cannot be faked: aten.nonzero.default has a data-dependent output shape"
+    ), nonzero.message
     item = _case(estimate, "sized_by_value")
     assert item.status == "error"
-    assert item.message.startswith("cannot be faked: aten._local_scalar_dense.default reads "
-                                   "a tensor's value (e.g. .item()"), item.message
+    assert item.message.startswith(
+        "cannot be faked: aten._local_scalar_dense.default reads a tensor's value (e.g. .item()"
+    ), item.message
     # ...and where, in the workload's own code (not torch's or memtrack's)
-    for m, code in ((item, "return lambda: torch.zeros(int(x.sum().item()) + 1)"),
-                    (nonzero, "return lambda: x[torch.nonzero(x > 0).squeeze(1)].sum()")):
+    for m, code in (
+        (item, "return lambda: torch.zeros(int(x.sum().item()) + 1)"),
+        (nonzero, "return lambda: x[torch.nonzero(x > 0).squeeze(1)].sum()"),
+    ):
         line = WORKLOADS.splitlines().index(f"    {code}") + 1
         assert m.message.endswith(f" at workloads.py:{line}: {code}"), m.message
     # the shipped cases, less the checkpoint
@@ -147,9 +166,9 @@ def test_a_data_dependent_op_is_an_error_naming_it_and_the_rest_still_estimate(s
     # The shipped loading example writes a real checkpoint: fake tensors have no bytes.
     checkpoint = _case(estimate, "load_checkpoint")
     assert checkpoint.status == "error"
-    assert checkpoint.message.startswith("cannot be faked: the workload saves or loads a "
-                                         "checkpoint (torch.save / torch.load)"), \
-        checkpoint.message
+    assert checkpoint.message.startswith(
+        "cannot be faked: the workload saves or loads a checkpoint (torch.save / torch.load)"
+    ), checkpoint.message
 
 
 def test_show_labels_an_estimate_run_and_puts_the_estimate_beside_a_measured_run(suite):
@@ -199,8 +218,14 @@ def _estimates_on_main(tmp_path: Path) -> tuple[Path, Path, str]:
     estimate = [dataclasses.replace(make_measurement(peak=100 * MiB), kind="estimate")]
     with Store.open(db) as store:
         for minute in range(3):
-            store.write_run(make_run(estimate, commit=base, branch="main",
-                                     started_at=f"2026-01-01T00:0{minute}:00+00:00"))
+            store.write_run(
+                make_run(
+                    estimate,
+                    commit=base,
+                    branch="main",
+                    started_at=f"2026-01-01T00:0{minute}:00+00:00",
+                )
+            )
     return repo, db, base
 
 
@@ -216,15 +241,23 @@ def test_an_estimate_on_main_is_never_a_baseline(tmp_path, monkeypatch):
     (repo / "model.py").write_text("V = 1\n")
     pr = commit_all(repo, "grow")
     with Store.open(db) as store:
-        store.write_run(make_run([make_measurement(peak=200 * MiB)], commit=pr,
-                                 branch="feature", merge_base=base,
-                                 started_at="2026-01-01T00:10:00+00:00"))
+        store.write_run(
+            make_run(
+                [make_measurement(peak=200 * MiB)],
+                commit=pr,
+                branch="feature",
+                merge_base=base,
+                started_at="2026-01-01T00:10:00+00:00",
+            )
+        )
     res = _invoke(repo, "check", "--db", str(db))
     assert res.exit_code == 0, res.output
     assert "new: no baseline on main" in res.output and "regression" not in res.output
     # the estimate is of the merge-base, not of the commit checked: said so
-    assert (f"estimate of commit {base[:12]} (not the one checked) 100.00 MiB (measured "
-            "200.00 MiB, -50.00%)") in res.output
+    assert (
+        f"estimate of commit {base[:12]} (not the one checked) 100.00 MiB (measured "
+        "200.00 MiB, -50.00%)"
+    ) in res.output
     from memtrack.dashboard import queries
 
     with Store.open(db, readonly=True) as store:
@@ -266,11 +299,17 @@ def test_history_marks_estimates_apart_from_the_series(tmp_path, monkeypatch):
     repo, db, _ = _estimates_on_main(tmp_path)
     with Store.open(db) as store:
         for minute in (10, 11):
-            store.write_run(make_run([make_measurement(peak=200 * MiB)], branch="main",
-                                     started_at=f"2026-01-01T00:{minute}:00+00:00"))
+            store.write_run(
+                make_run(
+                    [make_measurement(peak=200 * MiB)],
+                    branch="main",
+                    started_at=f"2026-01-01T00:{minute}:00+00:00",
+                )
+            )
     app = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
-    monkeypatch.setattr(sys, "argv", [str(app), "--db", str(db),
-                                      "--config", str(repo / "memtrack.toml")])
+    monkeypatch.setattr(
+        sys, "argv", [str(app), "--db", str(db), "--config", str(repo / "memtrack.toml")]
+    )
     at = AppTest.from_file(str(app), default_timeout=60)
     at.query_params["page"] = "history"
     at.query_params["case"] = "decoder[batch=1]"
@@ -278,13 +317,15 @@ def test_history_marks_estimates_apart_from_the_series(tmp_path, monkeypatch):
     assert not at.exception, [e.message for e in at.exception]
     panel = ET.fromstring(next(e.value for e in at.markdown if e.value.startswith("<svg")))
     assert panel.get("data-metric") == "allocated"
-    drawn = [(e.get("class"), e.get("data-kind"), int(e.get("data-bytes"))) for e in panel.iter()
-             if e.get("data-bytes") and (e.get("class") or "").startswith(("point", "mark"))]
+    drawn = [
+        (e.get("class"), e.get("data-kind"), int(e.get("data-bytes")))
+        for e in panel.iter()
+        if e.get("data-bytes") and (e.get("class") or "").startswith(("point", "mark"))
+    ]
     # The series: the two measured runs only; the estimates: three marks of their own.
     assert [b for c, _, b in drawn if c == "point base"] == [200 * MiB, 200 * MiB]
     assert [(k, b) for c, k, b in drawn if c == "mark"] == [("estimate", 100 * MiB)] * 3
-    assert "estimates (fake tensors, not measured)" in "\n".join(
-        str(c.value) for c in at.caption)
+    assert "estimates (fake tensors, not measured)" in "\n".join(str(c.value) for c in at.caption)
     with Store.open(db, readonly=True) as store:
         oldest = store.run_ids()[-1]
     at = AppTest.from_file(str(app), default_timeout=60)
@@ -306,8 +347,9 @@ def test_bf16_halves_the_weights_of_a_float32_model_and_cuda_says_what_it_lacks(
 
     repo, _, estimate, _ = suite
     db = str(repo / "memtrack.db")
-    res = _invoke(repo, "estimate", "-k", "image_classify", "--dtype", "bf16", "--db", db,
-                  "--device", "cuda")
+    res = _invoke(
+        repo, "estimate", "-k", "image_classify", "--dtype", "bf16", "--db", db, "--device", "cuda"
+    )
     assert res.exit_code == 0, res.output
     with Store.open(repo / "memtrack.db", readonly=True) as store:
         cuda = store.get_run(store.run_ids(limit=1)[0])
@@ -323,9 +365,11 @@ def test_bf16_halves_the_weights_of_a_float32_model_and_cuda_says_what_it_lacks(
         assert m.categories["Parameter"] == rounded
     else:
         assert m.status == "error"
-        assert m.message.startswith(f"this torch build has no CUDA support: torch "
-                                    f"{torch.__version__} cannot run ops on fake CUDA "
-                                    "tensors ("), m.message
+        assert m.message.startswith(
+            f"this torch build has no CUDA support: torch "
+            f"{torch.__version__} cannot run ops on fake CUDA "
+            "tensors ("
+        ), m.message
     res = _invoke(repo, "estimate", "-k", "image_classify", "--dtype", "bf16", "--db", db)
     assert res.exit_code == 0, res.output
     with Store.open(repo / "memtrack.db", readonly=True) as store:
@@ -334,16 +378,20 @@ def test_bf16_halves_the_weights_of_a_float32_model_and_cuda_says_what_it_lacks(
     assert _weights(bf16, "image_classify") == 2 * params
 
 
-@pytest.mark.parametrize("args,message", [
-    (("--dtype", "float33"), "--dtype: 'float33' is not one of float32, fp32,"),
-    (("--device", "tpu"), "--device: 'tpu' is not one of cpu, cuda"),
-    (("-k", "no such case"), "no case matches no such case"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("--dtype", "float33"), "--dtype: 'float33' is not one of float32, fp32,"),
+        (("--device", "tpu"), "--device: 'tpu' is not one of cpu, cuda"),
+        (("-k", "no such case"), "no case matches no such case"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
     (tmp_path / "memtrack.toml").write_text('modules = ["memtrack.examples"]\n')
     db = tmp_path / "m.db"
-    res = CliRunner().invoke(main, ["estimate", "--config", str(tmp_path / "memtrack.toml"),
-                                    "--db", str(db), *args])
+    res = CliRunner().invoke(
+        main, ["estimate", "--config", str(tmp_path / "memtrack.toml"), "--db", str(db), *args]
+    )
     assert res.exit_code == 2, res.output
     assert message in res.output and len(res.output.strip().splitlines()) == 1
     assert not db.exists()
@@ -360,15 +408,28 @@ def test_a_record_of_another_kind_is_refused():
 
 @pytest.mark.gpu
 def test_a_cuda_estimate_on_a_gpu_machine(tmp_path):
-    (tmp_path / "memtrack.toml").write_text(textwrap.dedent("""\
+    (tmp_path / "memtrack.toml").write_text(
+        textwrap.dedent("""\
         modules = ["memtrack.examples"]
         [workloads.image_classify]
         params = {resolution = 96}
-        """))
+        """)
+    )
     db = tmp_path / "m.db"
-    res = CliRunner().invoke(main, ["estimate", "--config", str(tmp_path / "memtrack.toml"),
-                                    "--db", str(db), "-k", "image_classify",
-                                    "--device", "cuda"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "estimate",
+            "--config",
+            str(tmp_path / "memtrack.toml"),
+            "--db",
+            str(db),
+            "-k",
+            "image_classify",
+            "--device",
+            "cuda",
+        ],
+    )
     assert res.exit_code == 0, res.output
     with Store.open(db, readonly=True) as store:
         (m,) = store.get_run(store.run_ids(limit=1)[0]).measurements
@@ -383,10 +444,12 @@ def test_concurrent_sessions_are_estimated_as_an_upper_bound_with_the_weights_on
     (repo / "memtrack.toml").write_text(
         'modules = ["memtrack.examples"]\nwarmup = 1\nrepeats = 1\n'
         "[workloads.decoder_serve]\nparams = {concurrency = [1, 3], max_len = 64, "
-        "new_tokens = 4}\n")
+        "new_tokens = 4}\n"
+    )
     commit_all(repo, "config")
-    res = _invoke(repo, "estimate", "-k", "decoder_serve", "--json", str(tmp_path / "e.json"),
-                  "--no-db")
+    res = _invoke(
+        repo, "estimate", "-k", "decoder_serve", "--json", str(tmp_path / "e.json"), "--no-db"
+    )
     assert res.exit_code == 0, res.output
     run = run_from_dict(json.loads((tmp_path / "e.json").read_text()))
     one, three = (_case(run, "decoder_serve", concurrency=n) for n in (1, 3))
@@ -399,7 +462,8 @@ def test_concurrent_sessions_are_estimated_as_an_upper_bound_with_the_weights_on
 
 
 def test_an_estimate_for_cuda_never_asks_for_a_cuda_generator_with_a_fake_driverless_build(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     # A CUDA build of torch without a driver refuses a CUDA generator (torch's words below);
     # the estimate's seeded inputs come from a CPU one, which fake ops take for any device.
     import torch
@@ -425,8 +489,9 @@ def test_backward_on_fake_cuda_without_a_gpu_is_named_as_what_cannot_be_estimate
 
     # autograd's engine, on a CUDA build without a driver, over fake CUDA tensors
     message = describe(RuntimeError("hasPrimaryContext expects a valid device index"))
-    assert message.startswith("cannot be estimated: backward on fake CUDA tensors needs a "
-                              "CUDA device")
+    assert message.startswith(
+        "cannot be estimated: backward on fake CUDA tensors needs a CUDA device"
+    )
     assert "--device cpu" in message
 
 
@@ -438,17 +503,34 @@ def test_a_cuda_estimate_where_torch_sees_no_gpu(tmp_path):
     import subprocess
     import sys
 
-    (tmp_path / "memtrack.toml").write_text(textwrap.dedent("""\
+    (tmp_path / "memtrack.toml").write_text(
+        textwrap.dedent("""\
         modules = ["memtrack.examples"]
         [workloads.image_classify]
         params = {resolution = 96}
-        """))
+        """)
+    )
     out = tmp_path / "estimate.json"
     res = subprocess.run(
-        [sys.executable, "-m", "memtrack.cli", "estimate", "--config",
-         str(tmp_path / "memtrack.toml"), "-k", "image_classify", "--device", "cuda",
-         "--no-db", "--json", str(out)],
-        capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        [
+            sys.executable,
+            "-m",
+            "memtrack.cli",
+            "estimate",
+            "--config",
+            str(tmp_path / "memtrack.toml"),
+            "-k",
+            "image_classify",
+            "--device",
+            "cuda",
+            "--no-db",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     (m,) = json.loads(out.read_text())["measurements"]
     assert m["status"] == "ok" and m["device"] == "cuda", m["message"]

@@ -29,8 +29,9 @@ from memtrack.store.database import Store
 KiB = 1024
 
 
-def memtrack(*args: str, fsize: int | None = None, cwd: Path | None = None,
-             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def memtrack(
+    *args: str, fsize: int | None = None, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """The CLI in a real process; with `fsize`, no file may grow past that many bytes."""
 
     def limit() -> None:
@@ -39,8 +40,13 @@ def memtrack(*args: str, fsize: int | None = None, cwd: Path | None = None,
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, resource.RLIM_INFINITY))
 
     return subprocess.run(
-        [sys.executable, "-m", "memtrack.cli", *args], capture_output=True, text=True,
-        preexec_fn=limit, cwd=cwd, env={**os.environ, **(env or {})}, timeout=300,
+        [sys.executable, "-m", "memtrack.cli", *args],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=300,
     )
 
 
@@ -53,8 +59,7 @@ def _error_line(res: subprocess.CompletedProcess[str]) -> str:
 
 
 def _seed(db: Path, n: int = 3) -> list[str]:
-    runs = [make_run([make_measurement("decoder", {"batch": b}) for b in (1, 8)])
-            for _ in range(n)]
+    runs = [make_run([make_measurement("decoder", {"batch": b}) for b in (1, 8)]) for _ in range(n)]
     with Store.open(db) as store:
         store.write_runs(runs)
     return [r.run_id for r in runs]
@@ -72,8 +77,10 @@ def _intact(db: Path, runs: int) -> None:
 def _records(folder: Path, n: int) -> list[str]:
     folder.mkdir()
     for i in range(n):
-        write_json(make_run([make_measurement("decoder", {"batch": b}) for b in (1, 8)]),
-                   folder / f"{i}.json")
+        write_json(
+            make_run([make_measurement("decoder", {"batch": b}) for b in (1, 8)]),
+            folder / f"{i}.json",
+        )
     return [str(p) for p in sorted(folder.glob("*.json"))]
 
 
@@ -96,8 +103,7 @@ def test_backup_onto_a_full_disk_leaves_no_copy_or_journal(tmp_path):
     _seed(db, 20)
     dest = tmp_path / "backups"
     dest.mkdir()
-    res = memtrack("backup", str(dest / "copy.db"), "--db", str(db),
-                   fsize=db.stat().st_size // 2)
+    res = memtrack("backup", str(dest / "copy.db"), "--db", str(db), fsize=db.stat().st_size // 2)
     assert "disk full" in _error_line(res)
     assert list(dest.iterdir()) == []
     _intact(db, 20)
@@ -127,8 +133,18 @@ def test_a_report_onto_a_full_disk_is_exit_2_not_a_regression(tmp_path):
     (run_id, *_) = _seed(db)
     md = tmp_path / "report.md"
     with _held_open(db):
-        res = memtrack("check", "--db", str(db), "--run", run_id, "--no-record",
-                       "--markdown", str(md), fsize=64, cwd=tmp_path)
+        res = memtrack(
+            "check",
+            "--db",
+            str(db),
+            "--run",
+            run_id,
+            "--no-record",
+            "--markdown",
+            str(md),
+            fsize=64,
+            cwd=tmp_path,
+        )
     line = _error_line(res)
     assert "disk full" in line and str(md) in line
 
@@ -176,8 +192,16 @@ def tiny_suite(tmp_path):
 def test_run_json_onto_a_full_disk_says_so_and_leaves_no_tmp(tmp_path, tiny_suite):
     out = tmp_path / "out"
     out.mkdir()
-    res = memtrack("run", "--config", str(tiny_suite), "--no-db", "--json",
-                   str(out / "run.json"), fsize=1 * KiB, cwd=tmp_path)
+    res = memtrack(
+        "run",
+        "--config",
+        str(tiny_suite),
+        "--no-db",
+        "--json",
+        str(out / "run.json"),
+        fsize=1 * KiB,
+        cwd=tmp_path,
+    )
     line = _error_line(res)
     assert "disk full" in line and "run.json" in line
     assert list(out.iterdir()) == []
@@ -186,8 +210,9 @@ def test_run_json_onto_a_full_disk_says_so_and_leaves_no_tmp(tmp_path, tiny_suit
 def test_run_with_its_database_on_a_full_disk_refuses_before_measuring(tmp_path, tiny_suite):
     db = tmp_path / "m.db"
     _seed(db)
-    res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), fsize=16 * KiB,
-                   cwd=tmp_path)
+    res = memtrack(
+        "run", "--config", str(tiny_suite), "--db", str(db), fsize=16 * KiB, cwd=tmp_path
+    )
     assert "disk full" in _error_line(res)
     assert "running" not in res.stderr  # no case started
     _intact(db, 3)
@@ -195,11 +220,21 @@ def test_run_with_its_database_on_a_full_disk_refuses_before_measuring(tmp_path,
 
 @pytest.mark.slow
 def test_a_workload_that_deletes_the_database_is_refused_and_the_json_still_written(
-        tmp_path, tiny_suite):
+    tmp_path, tiny_suite
+):
     db = tmp_path / "m.db"
     _seed(db)
-    res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), "--json",
-                   str(tmp_path / "run.json"), cwd=tmp_path, env={"TINY_DELETES": str(db)})
+    res = memtrack(
+        "run",
+        "--config",
+        str(tiny_suite),
+        "--db",
+        str(db),
+        "--json",
+        str(tmp_path / "run.json"),
+        cwd=tmp_path,
+        env={"TINY_DELETES": str(db)},
+    )
     assert "deleted or replaced" in _error_line(res)
     assert (tmp_path / "run.json").is_file()
     assert not db.exists()  # not silently replaced by a new history of one run
@@ -234,8 +269,10 @@ def read_only_file(tmp_path):
 
     def make(path: Path) -> None:
         if os.geteuid() == 0:
-            if shutil.which("chattr") is None or subprocess.run(
-                    ["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+            if (
+                shutil.which("chattr") is None
+                or subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0
+            ):
                 pytest.skip("root, and no immutable attribute on this file system")
         else:
             path.chmod(0o444)
@@ -248,7 +285,8 @@ def read_only_file(tmp_path):
 
 
 def test_a_read_only_database_is_refused_before_measuring_and_at_ingest(
-        tmp_path, tiny_suite, read_only_file):
+    tmp_path, tiny_suite, read_only_file
+):
     db = tmp_path / "m.db"
     _seed(db)
     read_only_file(db)
@@ -302,8 +340,12 @@ def test_debug_shows_the_traceback_and_keeps_exit_2(tmp_path):
 def test_a_database_on_a_read_only_file_system_is_read(tmp_path):
     mnt = tmp_path / "ro"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here")
     try:
         db = mnt / "m.db"
@@ -316,14 +358,22 @@ def test_a_database_on_a_read_only_file_system_is_read(tmp_path):
         subprocess.run(["umount", str(mnt)], check=False)
 
 
-
 @pytest.mark.slow
 def test_a_json_record_that_cannot_be_written_costs_not_the_database_write(tmp_path, tiny_suite):
     db = tmp_path / "m.db"
     _seed(db)
     out = tmp_path / "run.json"
-    res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), "--json", str(out),
-                   cwd=tmp_path, env={"TINY_BLOCKS": str(out)})  # a folder appears there
+    res = memtrack(
+        "run",
+        "--config",
+        str(tiny_suite),
+        "--db",
+        str(db),
+        "--json",
+        str(out),
+        cwd=tmp_path,
+        env={"TINY_BLOCKS": str(out)},
+    )  # a folder appears there
     line = _error_line(res)
     assert str(out) in line
     assert f"recorded in {db}" in res.stdout
@@ -339,9 +389,13 @@ def small_disk(tmp_path):
     """A file system of 8 MiB of its own (a tmpfs: mounting one needs root, which CI has)."""
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
-            capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a small file system here (needs root)")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], check=False)
@@ -367,8 +421,7 @@ def _kept(line: str) -> Path:
     return Path(found.group(1))
 
 
-def test_run_onto_an_already_full_disk_refuses_before_measuring(tmp_path, tiny_suite,
-                                                               small_disk):
+def test_run_onto_an_already_full_disk_refuses_before_measuring(tmp_path, tiny_suite, small_disk):
     """The up-front test write is rolled back, so it needs no room: a full disk passed it,
     and the whole suite was measured, then lost."""
     db = small_disk / "m.db"
@@ -383,24 +436,30 @@ def test_run_onto_an_already_full_disk_refuses_before_measuring(tmp_path, tiny_s
     _intact(db, 3)
 
 
-def test_a_json_record_onto_a_full_disk_is_refused_before_measuring(tmp_path, tiny_suite,
-                                                                    small_disk):
+def test_a_json_record_onto_a_full_disk_is_refused_before_measuring(
+    tmp_path, tiny_suite, small_disk
+):
     _fill(small_disk)
     out = small_disk / "run.json"
-    res = memtrack("run", "--config", str(tiny_suite), "--no-db", "--json", str(out),
-                   cwd=tmp_path)
+    res = memtrack("run", "--config", str(tiny_suite), "--no-db", "--json", str(out), cwd=tmp_path)
     line = _error_line(res)
     assert "disk full" in line and str(out) in line
     assert "running" not in res.stderr
 
 
-def test_a_disk_that_fills_during_the_run_keeps_the_run_in_a_file(tmp_path, tiny_suite,
-                                                                  small_disk):
+def test_a_disk_that_fills_during_the_run_keeps_the_run_in_a_file(tmp_path, tiny_suite, small_disk):
     db = small_disk / "m.db"
     _seed(db)
     filler = small_disk / "filler"
-    res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), cwd=tmp_path,
-                   env={"TINY_FILLS": str(filler)})
+    res = memtrack(
+        "run",
+        "--config",
+        str(tiny_suite),
+        "--db",
+        str(db),
+        cwd=tmp_path,
+        env={"TINY_FILLS": str(filler)},
+    )
     line = _error_line(res)
     assert "disk full" in line and str(db) in line
     kept = _kept(line)
@@ -416,8 +475,15 @@ def test_a_workload_that_deletes_the_database_keeps_its_run_in_a_file(tmp_path, 
     db = tmp_path / "data" / "m.db"
     db.parent.mkdir()
     _seed(db)
-    res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), cwd=tmp_path,
-                   env={"TINY_DELETES": str(db)})
+    res = memtrack(
+        "run",
+        "--config",
+        str(tiny_suite),
+        "--db",
+        str(db),
+        cwd=tmp_path,
+        env={"TINY_DELETES": str(db)},
+    )
     line = _error_line(res)
     assert "deleted or replaced" in line
     kept = _kept(line)
@@ -434,9 +500,14 @@ def test_a_lock_held_past_the_busy_timeout_keeps_the_run_in_a_file(tmp_path, tin
     _seed(db)
     sync = tmp_path / "sync"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "memtrack.cli", "run", "--config", str(tiny_suite), "--db",
-         str(db)], cwd=tmp_path, env={**os.environ, "TINY_WAITS": str(sync)},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        [sys.executable, "-m", "memtrack.cli", "run", "--config", str(tiny_suite), "--db", str(db)],
+        cwd=tmp_path,
+        env={**os.environ, "TINY_WAITS": str(sync)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
     holder = sqlite3.connect(db, timeout=60, isolation_level=None)
     try:
         started = Path(f"{sync}.started")
@@ -459,12 +530,14 @@ def test_a_lock_held_past_the_busy_timeout_keeps_the_run_in_a_file(tmp_path, tin
 
 def _damage(db: Path, how: str) -> None:
     conn = sqlite3.connect(db)
-    conn.executescript({
-        "a table dropped": "drop table device_measurements;",
-        "a column dropped": "alter table measurements drop column params;",
-        "a column retyped": "alter table measurements drop column params; "
-                            "alter table measurements add column params integer;",
-    }[how])
+    conn.executescript(
+        {
+            "a table dropped": "drop table device_measurements;",
+            "a column dropped": "alter table measurements drop column params;",
+            "a column retyped": "alter table measurements drop column params; "
+            "alter table measurements add column params integer;",
+        }[how]
+    )
     conn.close()
 
 
@@ -475,10 +548,16 @@ def test_a_damaged_database_is_refused_before_the_first_case(tmp_path, tiny_suit
     _damage(db, how)
     res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), cwd=tmp_path)
     line = _error_line(res)
-    assert line.startswith(f"memtrack: error: {db}: damaged database (") and "running" \
-        not in res.stderr, res.stderr
-    for args in (["show", run_id], ["check", "--run", run_id, "--no-record"],
-                 ["history", "decoder"], ["ingest", *_records(tmp_path / how, 1)]):
+    assert (
+        line.startswith(f"memtrack: error: {db}: damaged database (")
+        and "running" not in res.stderr
+    ), res.stderr
+    for args in (
+        ["show", run_id],
+        ["check", "--run", run_id, "--no-record"],
+        ["history", "decoder"],
+        ["ingest", *_records(tmp_path / how, 1)],
+    ):
         line = _error_line(memtrack(*args, "--db", str(db), cwd=tmp_path))
         assert f"{db}: damaged database" in line, (args, line)
 
@@ -494,9 +573,10 @@ def test_backup_refuses_a_damaged_database(tmp_path):
     assert list(dest.iterdir()) == []
 
 
-@pytest.mark.parametrize("column, value", [("params", "'not json'"),
-                                           ("allocated_samples", "'5'"),
-                                           ("peak_allocated_bytes", "'a lot'")])
+@pytest.mark.parametrize(
+    "column, value",
+    [("params", "'not json'"), ("allocated_samples", "'5'"), ("peak_allocated_bytes", "'a lot'")],
+)
 def test_a_stored_value_of_the_wrong_type_is_named_not_a_traceback(tmp_path, column, value):
     db = tmp_path / "m.db"
     (run_id, *_) = _seed(db)
@@ -504,8 +584,11 @@ def test_a_stored_value_of_the_wrong_type_is_named_not_a_traceback(tmp_path, col
     conn.execute(f"update measurements set {column} = {value} where run_id = ?", [run_id])
     conn.commit()
     conn.close()
-    for args in (["show", run_id], ["check", "--run", run_id, "--no-record"],
-                 ["export", str(tmp_path / "out")]):
+    for args in (
+        ["show", run_id],
+        ["check", "--run", run_id, "--no-record"],
+        ["export", str(tmp_path / "out")],
+    ):
         line = _error_line(memtrack(*args, "--db", str(db), cwd=tmp_path))
         assert f"{db}: damaged database (" in line and run_id in line, (args, line)
 
@@ -542,9 +625,21 @@ def test_a_signal_to_memtrack_run_mid_case_is_an_interrupt(tmp_path, sig):
     (tmp_path / "wl.py").write_text(SLOW)
     (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 1\n')
     proc = subprocess.Popen(
-        [sys.executable, "-m", "memtrack.cli", "run", "--config", str(tmp_path / "memtrack.toml"),
-         "--db", str(db)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        [
+            sys.executable,
+            "-m",
+            "memtrack.cli",
+            "run",
+            "--config",
+            str(tmp_path / "memtrack.toml"),
+            "--db",
+            str(db),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stderr is not None
         while "running" not in (line := proc.stderr.readline()):  # the case has started

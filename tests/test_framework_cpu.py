@@ -123,8 +123,13 @@ ALLOCATOR_SDPA = textwrap.dedent(
 
 
 def _memtrack(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memtrack.cli", *args], cwd=repo,
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def _run(repo: Path) -> dict[str, dict]:
@@ -161,7 +166,8 @@ def test_the_cpu_view_is_the_allocators_and_repeats_with_autograd_on(tmp_path):
     repo = init_repo(tmp_path / "repo")
     (repo / "wl.py").write_text(WORKLOADS)
     (repo / "memtrack.toml").write_text(
-        'modules = ["wl.py"]\ndevice = "cpu"\nrepeats = 4\nmin_baseline_runs = 1\n')
+        'modules = ["wl.py"]\ndevice = "cpu"\nrepeats = 4\nmin_baseline_runs = 1\n'
+    )
     (repo / ".gitignore").write_text("data/\nrun.json\n")
     commit_all(repo, "workloads")
     main = _run(repo)
@@ -172,10 +178,14 @@ def test_the_cpu_view_is_the_allocators_and_repeats_with_autograd_on(tmp_path):
     # SDPA's scratch is allocated inside the kernel: the allocator's own running total
     # (its "Total Allocated", as torch's profiler exports it) is the figure, within 1 %
     trace = tmp_path / "trace.json"
-    subprocess.run([sys.executable, "-c", ALLOCATOR_SDPA, str(trace)], check=True,
-                   capture_output=True)
-    totals = [e["args"]["Total Allocated"] for e in json.loads(trace.read_text())["traceEvents"]
-              if e.get("name") == "[memory]"]
+    subprocess.run(
+        [sys.executable, "-c", ALLOCATOR_SDPA, str(trace)], check=True, capture_output=True
+    )
+    totals = [
+        e["args"]["Total Allocated"]
+        for e in json.loads(trace.read_text())["traceEvents"]
+        if e.get("name") == "[memory]"
+    ]
     sdpa = main["sdpa"]
     assert abs(sdpa["peak_allocated_bytes"] / max(totals) - 1) < 0.01, (sdpa, max(totals))
     assert sdpa["peak_allocated_bytes"] > sdpa["persistent_bytes"] + 2 * MiB + 512 * 1024
@@ -198,8 +208,11 @@ def test_the_cpu_view_is_the_allocators_and_repeats_with_autograd_on(tmp_path):
     # A pull request that keeps its cache at float64 and 1 MiB more through the peak
     git(repo, "checkout", "-q", "-b", "pr")
     wl = repo / "wl.py"
-    wl.write_text(wl.read_text().replace("CACHE = torch.float32", "CACHE = torch.float64")
-                  .replace("KEEP = 0 ", "KEEP = 1 "))
+    wl.write_text(
+        wl.read_text()
+        .replace("CACHE = torch.float32", "CACHE = torch.float64")
+        .replace("KEEP = 0 ", "KEEP = 1 ")
+    )
     commit_all(repo, "float64 cache, 1 MiB more")
     pr = _run(repo)
     assert pr["cached"]["caches_bytes"] == 2 * cached["caches_bytes"]
@@ -207,9 +220,11 @@ def test_the_cpu_view_is_the_allocators_and_repeats_with_autograd_on(tmp_path):
     out = _memtrack(repo, "check", "--markdown", str(tmp_path / "verdict.md"))
     assert out.returncode == 1, out.stdout + out.stderr
     lines = out.stdout.splitlines()
-    cache_line = next(x for x in lines if x.startswith("BLOCK regression · cached")
-                      and "allocated" in x)
+    cache_line = next(
+        x for x in lines if x.startswith("BLOCK regression · cached") and "allocated" in x
+    )
     assert re.search(r"caches grew \+\d", cache_line), cache_line
-    grad_line = next(x for x in lines if x.startswith("BLOCK regression · autograd_on")
-                     and "allocated" in x)
+    grad_line = next(
+        x for x in lines if x.startswith("BLOCK regression · autograd_on") and "allocated" in x
+    )
     assert "delta +1.00 MiB (+1,048,576 B)" in grad_line, grad_line

@@ -66,8 +66,14 @@ class Project:
 
     def memtrack(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, **GIT_ENV, "MEMTRACK_DB": str(self.db)}
-        return subprocess.run([sys.executable, "-m", "memtrack.cli", *args], cwd=self.repo,
-                              env=env, capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            [sys.executable, "-m", "memtrack.cli", *args],
+            cwd=self.repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     def run_and_check(self) -> tuple[int, dict, dict]:
         run = self.memtrack("run")
@@ -106,8 +112,7 @@ def test_a_history_of_merges_keeps_the_gate_sharp(project: Project):
     git(p.repo, "checkout", "-q", "main")
     git(p.repo, "merge", "-q", "--no-ff", "-m", "merge grow", "grow")
     code, v, report = p.run_and_check()  # main runs once at the new level
-    assert (code, report["context"], v["kind"], v["blocking"]) == (0, "base", "regression",
-                                                                  False)
+    assert (code, report["context"], v["kind"], v["blocking"]) == (0, "base", "regression", False)
 
     git(p.repo, "checkout", "-q", "-b", "grow-again")
     p.commit("keep 2 MiB alive", extra=2)
@@ -124,16 +129,20 @@ def test_a_history_of_merges_keeps_the_gate_sharp(project: Project):
 
     git(p.repo, "checkout", "-q", "main")
     git(p.repo, "checkout", "-q", "-b", "accepted")
-    p.commit("a longer context\n\nMemtrack-Accept: decode allocated +1 MiB longer context "
-             "is the feature", extra=2)
+    p.commit(
+        "a longer context\n\nMemtrack-Accept: decode allocated +1 MiB longer context "
+        "is the feature",
+        extra=2,
+    )
     code, v, _ = p.run_and_check()
     assert (code, v["kind"], v["blocking"]) == (0, "accepted", False)
     assert v["accepted_reason"] == "longer context is the feature"
 
     git(p.repo, "checkout", "-q", "main")
     git(p.repo, "checkout", "-q", "-b", "too-much")
-    p.commit("a much longer context\n\nMemtrack-Accept: decode allocated +1 MiB longer "
-             "context", extra=3)
+    p.commit(
+        "a much longer context\n\nMemtrack-Accept: decode allocated +1 MiB longer context", extra=3
+    )
     code, v, _ = p.run_and_check()
     assert (code, v["kind"], v["delta"]) == (1, "regression", 2 * MiB)
     assert "beyond the +1.00 MiB accepted" in v["message"]
@@ -151,8 +160,11 @@ def test_a_malformed_or_misdirected_acceptance_is_said_and_guards_nothing(projec
     for _ in range(3):
         assert p.memtrack("run").returncode == 0
     git(p.repo, "checkout", "-q", "-b", "pr")
-    p.commit("grow\n\nMemtrack-Accept: decod allocated +1 MiB typo in the name\n"
-             "Memtrack-Accept: decode allocated lots no amount", extra=1)
+    p.commit(
+        "grow\n\nMemtrack-Accept: decod allocated +1 MiB typo in the name\n"
+        "Memtrack-Accept: decode allocated lots no amount",
+        extra=1,
+    )
     code, v, report = p.run_and_check()
     assert (code, v["kind"]) == (1, "regression")
     notes = " ".join(report["notes"])

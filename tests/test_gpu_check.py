@@ -50,8 +50,11 @@ def _bin(tmp_path: Path, *, without: tuple[str, ...] = ()) -> Path:
             continue
         for name in os.listdir(folder):
             target = bin_dir / name
-            if name not in without and not target.exists() and \
-                    os.access(os.path.join(folder, name), os.X_OK):
+            if (
+                name not in without
+                and not target.exists()
+                and os.access(os.path.join(folder, name), os.X_OK)
+            ):
                 target.symlink_to(os.path.join(folder, name))
     for name, text in (("python3", PYTHON), ("nvidia-smi", "#!/bin/sh\necho 'NVIDIA H200'\n")):
         path = bin_dir / name
@@ -65,8 +68,13 @@ def _bin(tmp_path: Path, *, without: tuple[str, ...] = ()) -> Path:
 
 def _env(tmp_path: Path, bin_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "WHEELS", "PYTHONPATH")}
-    return {**env, "PATH": str(bin_dir), "OUT": str(tmp_path / "out"),
-            "STAND_IN_LOG": str(tmp_path / "python3.log"), **extra}
+    return {
+        **env,
+        "PATH": str(bin_dir),
+        "OUT": str(tmp_path / "out"),
+        "STAND_IN_LOG": str(tmp_path / "python3.log"),
+        **extra,
+    }
 
 
 def _run(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -98,12 +106,32 @@ def test_gpu_check_runs_every_gpu_marked_test_of_the_suite(script_run):
     assert tests.split()[-1] == str(ROOT / "tests") and "-m gpu" in tests
     # and `-m gpu` over tests/ selects them in every module that has one
     collected = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
-         "-m", "gpu", str(ROOT / "tests")], capture_output=True, text=True, cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--collect-only",
+            "-q",
+            "-m",
+            "gpu",
+            str(ROOT / "tests"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert collected.returncode == 0, collected.stdout + collected.stderr
     files = {line.split("::")[0] for line in collected.stdout.splitlines() if "::" in line}
-    for name in ("test_gpu.py", "test_sessions.py", "test_snapshot.py", "test_estimate.py",
-                 "test_quality.py", "test_ranks.py"):
+    for name in (
+        "test_gpu.py",
+        "test_sessions.py",
+        "test_snapshot.py",
+        "test_estimate.py",
+        "test_quality.py",
+        "test_ranks.py",
+    ):
         assert f"tests/{name}" in files
 
 
@@ -149,14 +177,27 @@ def test_the_carried_wheels_and_the_image_cover_what_memtrack_and_its_tests_impo
     runtime = [Requirement(r) for r in project["dependencies"]]
     needed = [r.name for r in runtime if r.marker is None or r.marker.evaluate()]
     # what the test modules import when collected (streamlit and playwright are skipped)
-    needed += ["pytest", "pytest-timeout", "hypothesis", "jsonschema", "ruamel.yaml",
-               "pyyaml", "numpy"]
+    needed += [
+        "pytest",
+        "pytest-timeout",
+        "hypothesis",
+        "jsonschema",
+        "ruamel.yaml",
+        "pyyaml",
+        "numpy",
+    ]
     carried, image = _requirements()
     missing = sorted(_closure(needed) - set(carried) - image)
     assert missing == [], f"neither carried in {WHEELS.name} nor on the image: {missing}"
     # what the device's image lacks, the script carries (the issue's list among them)
-    for name in ("sqlite-utils", "sqlite-fts4", "click-default-group", "gitpython", "gitdb",
-                 "smmap"):
+    for name in (
+        "sqlite-utils",
+        "sqlite-fts4",
+        "click-default-group",
+        "gitpython",
+        "gitdb",
+        "smmap",
+    ):
         assert name in carried and name not in image
     # each pinned at the version the tests pass with here
     for name, version in carried.items():
@@ -167,10 +208,12 @@ def _wheel(folder: Path, name: str, version: str) -> None:
     """A minimal, valid wheel standing for `name` (the real ones are fetched for the device)."""
     dist = re.sub(r"[-_.]+", "_", name)
     info = f"{dist}-{version}.dist-info"
-    files = {f"{dist}_stand_in/__init__.py": "",
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                              "Tag: py3-none-any\n"}
+    files = {
+        f"{dist}_stand_in/__init__.py": "",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
     files[f"{info}/RECORD"] = "".join(f"{p},,\n" for p in [*files, f"{info}/RECORD"])
     with zipfile.ZipFile(folder / f"{dist}-{version}-py3-none-any.whl", "w") as z:
         for path, text in files.items():
@@ -202,27 +245,51 @@ def test_gpu_check_stops_before_any_step_when_a_wheel_is_missing(tmp_path):
             _wheel(wheels, name, version)
     out = _run(tmp_path, WHEELS=str(wheels))
     assert out.returncode == 2
-    assert out.stderr.startswith("gpu-check: the wheels of scripts/gpu-wheels.txt did not "
-                                 f"install from {wheels}:")
+    assert out.stderr.startswith(
+        f"gpu-check: the wheels of scripts/gpu-wheels.txt did not install from {wheels}:"
+    )
     assert "smmap" in out.stderr
     assert not (tmp_path / "out" / "steps.log").exists()
 
 
 def _record(**m) -> dict:
-    dev = {"peak_process_bytes": m.pop("device"), "memory_pass_peak_bytes": m.pop("passed"),
-           "samples": 40, "process_view": "pid"}
-    return {"case_id": m["workload"], "status": "ok", "device": "cuda", "notes": [],
-            "devices": [dev], "workspace_bytes": None, "time_median_s": 0.01,
-            "duration_s": 2.0, "sample_interval_s": 0.011, "device_view": "nvml",
-            "device_view_note": None, **m}
+    dev = {
+        "peak_process_bytes": m.pop("device"),
+        "memory_pass_peak_bytes": m.pop("passed"),
+        "samples": 40,
+        "process_view": "pid",
+    }
+    return {
+        "case_id": m["workload"],
+        "status": "ok",
+        "device": "cuda",
+        "notes": [],
+        "devices": [dev],
+        "workspace_bytes": None,
+        "time_median_s": 0.01,
+        "duration_s": 2.0,
+        "sample_interval_s": 0.011,
+        "device_view": "nvml",
+        "device_view_note": None,
+        **m,
+    }
 
 
 def _summary(tmp_path: Path, *measurements: dict) -> tuple[int, str]:
-    env = {"driver": "580", "cuda_runtime": "13.0", "torch": "2.11.0", "gpus": [],
-           "visible_uuids": [], "allocator_backend": "native"}
+    env = {
+        "driver": "580",
+        "cuda_runtime": "13.0",
+        "torch": "2.11.0",
+        "gpus": [],
+        "visible_uuids": [],
+        "allocator_backend": "native",
+    }
     for name in gpu_summary.RUNS:
-        run = {"started_at": "now", "environment": env,
-               "measurements": list(measurements) if name == "run-probe" else []}
+        run = {
+            "started_at": "now",
+            "environment": env,
+            "measurements": list(measurements) if name == "run-probe" else [],
+        }
         (tmp_path / f"{name}.json").write_text(json.dumps(run))
     code = gpu_summary.main([str(tmp_path)])
     return code, (tmp_path / "summary.txt").read_text()
@@ -231,12 +298,16 @@ def _summary(tmp_path: Path, *measurements: dict) -> tuple[int, str]:
 GiB = 2**30
 
 
-def test_the_summary_judges_short_spike_by_its_note_and_every_other_case_by_its_figures(
-        tmp_path):
+def test_the_summary_judges_short_spike_by_its_note_and_every_other_case_by_its_figures(tmp_path):
     # short_spike's 1 GiB lives ~1 ms: a 10 ms sampler misses it, and says so
-    missed = _record(workload="short_spike", peak_allocated_bytes=GiB, peak_reserved_bytes=GiB,
-                     device=GiB // 2, passed=GiB // 2,
-                     notes=["GPU 0: sampled device peak ... : " + gpu_summary.MISSED])
+    missed = _record(
+        workload="short_spike",
+        peak_allocated_bytes=GiB,
+        peak_reserved_bytes=GiB,
+        device=GiB // 2,
+        passed=GiB // 2,
+        notes=["GPU 0: sampled device peak ... : " + gpu_summary.MISSED],
+    )
     code, text = _summary(tmp_path, missed)
     assert code == 0, text
     silent = {**missed, "notes": []}
@@ -250,8 +321,10 @@ def test_the_summary_judges_short_spike_by_its_note_and_every_other_case_by_its_
     assert code == 1 and "matmul: allocated <= reserved <= device fails" in text
 
 
-GROWTH_CONFIG = 'modules = ["growth.py"]\nwarmup = 1\nrepeats = 2\ndevice = "cpu"\n' \
-                "[workloads.matmul.params]\nn = 256\n"
+GROWTH_CONFIG = (
+    'modules = ["growth.py"]\nwarmup = 1\nrepeats = 2\ndevice = "cpu"\n'
+    "[workloads.matmul.params]\nn = 256\n"
+)
 
 
 def _peak(tmp_path: Path, source: str) -> int:
@@ -269,17 +342,21 @@ def _peak(tmp_path: Path, source: str) -> int:
 
 
 def test_the_growth_the_script_commits_is_64_mib_at_the_peak_measured_on_the_cpu(
-        script_run, tmp_path):
+    script_run, tmp_path
+):
     # The same workload the script records on main and then grows, measured by memtrack on
     # the CPU (exact tensor bytes): its peak grows by 64 MiB, not 64 MiB and a second output.
     script_tmp, _ = script_run
     repo = script_tmp / "out" / "repo"
 
     def show(ref: str) -> str:
-        return subprocess.run(["git", "-C", str(repo), "show", f"{ref}:growth.py"],
-                              capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            ["git", "-C", str(repo), "show", f"{ref}:growth.py"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
 
     base, grown = show("main"), show("grow")
     assert "EXTRA_MIB = 0" in base and "EXTRA_MIB = 64" in grown
     assert _peak(tmp_path / "grow", grown) - _peak(tmp_path / "main", base) == 64 * 2**20
-

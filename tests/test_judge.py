@@ -84,8 +84,16 @@ def test_deterministic_two_percent_regression_blocks_with_its_arithmetic(store, 
     assert v.baseline_value == BASE and v.spread == 0 and v.floor == 512
     assert v.threshold == BASE + 512
     assert v.delta == int(BASE * 1.02) - BASE and round(v.delta_pct, 2) == 2.0
-    for part in ("baseline 100.00 MiB", "median of 5 runs", "x factor 3", "floor 512 B",
-                 "threshold", "candidate 102.00 MiB", "+2.00%", "regression"):
+    for part in (
+        "baseline 100.00 MiB",
+        "median of 5 runs",
+        "x factor 3",
+        "floor 512 B",
+        "threshold",
+        "candidate 102.00 MiB",
+        "+2.00%",
+        "regression",
+    ):
         assert part in v.message
     assert result.exit_code == 1
 
@@ -116,8 +124,9 @@ def test_observed_noise_widens_the_headroom(store, tmp_path):
 def test_a_merged_regression_is_the_new_level_not_noise(store, tmp_path):
     _baseline(store, [BASE] * 5)
     merged = _record(store, [make_measurement(peak=BASE + MiB)], 6, subject="grow the cache")
-    (level_commit,) = store.conn.execute("select git_commit from runs where run_id = ?",
-                                         [merged]).fetchone()
+    (level_commit,) = store.conn.execute(
+        "select git_commit from runs where run_id = ?", [merged]
+    ).fetchone()
     again = _candidate(store, [make_measurement(peak=BASE + 2 * MiB)], 10)
     v = _verdict(check(store, _config(tmp_path), run_id=again))
     assert (v.kind, v.blocking) == ("regression", True)
@@ -141,15 +150,20 @@ def test_one_noisy_run_is_not_a_level_of_its_own():
 # decoder_serve[concurrency=4]'s allocated peak and each iteration's, in real reruns of one
 # commit: how the four sessions interleave sets the peak, in steps of 124 KiB.
 SERVE_RERUNS = [
-    (10957824, (10957824, 10195968, 9815040)), (11086784, (11086784, 9053184, 10449920)),
-    (10576896, (9942016, 10449920, 10576896)), (10957824, (10957824, 10449920, 10957824)),
-    (10957824, (10957824, 9688064, 10576896)), (10576896, (10449920, 10576896, 10576896)),
-    (10449920, (9815040, 10449920, 8926208)), (10957824, (10957824, 10322944, 10957824)),
+    (10957824, (10957824, 10195968, 9815040)),
+    (11086784, (11086784, 9053184, 10449920)),
+    (10576896, (9942016, 10449920, 10576896)),
+    (10957824, (10957824, 10449920, 10957824)),
+    (10957824, (10957824, 9688064, 10576896)),
+    (10576896, (10449920, 10576896, 10576896)),
+    (10449920, (9815040, 10449920, 8926208)),
+    (10957824, (10957824, 10322944, 10957824)),
 ]
 
 
 def test_a_figure_that_takes_a_few_values_never_blocks_on_a_value_it_already_produced(
-        store, tmp_path):
+    store, tmp_path
+):
     # Three reruns at one value, then two at another: the peaks alone read as two flat
     # levels, and the newest one's zero spread would block the first value again.
     for minute, i in enumerate((0, 3, 4, 2, 5)):
@@ -194,10 +208,20 @@ def test_no_shipped_case_blocks_against_baselines_drawn_from_its_own_real_reruns
         for h in range(60):
             n = min(1 + h % 20, len(ms) - 1)
             *base, m = rng.sample(ms, n + 1)
-            points = [Point(f"r{i}", f"c{i}", f"t{i:02d}", None, b.status,
-                            {k: x for k in metrics.NAMES if (x := metrics.value(b, k)) is not None},
-                            b.iteration_times_s, {}, b.allocated_samples)
-                      for i, b in enumerate(base)][::-1]
+            points = [
+                Point(
+                    f"r{i}",
+                    f"c{i}",
+                    f"t{i:02d}",
+                    None,
+                    b.status,
+                    {k: x for k in metrics.NAMES if (x := metrics.value(b, k)) is not None},
+                    b.iteration_times_s,
+                    {},
+                    b.allocated_samples,
+                )
+                for i, b in enumerate(base)
+            ][::-1]
             c = Candidate(m, points, {}, n < config.min_baseline_runs)
             for metric in metrics.NAMES:
                 v = verdict(c, metric, config)
@@ -217,7 +241,8 @@ def test_a_run_or_two_apart_in_a_noisy_series_is_not_a_level_yet():
 
 
 def test_a_noisy_figure_stays_provisional_and_blocks_only_past_the_floor_times_the_factor(
-        store, tmp_path):
+    store, tmp_path
+):
     for i, v in enumerate((12.0, 12.5, 11.8, 12.2)):  # four runs of a noisy figure
         _record(store, [make_measurement(host_step=int(v * MiB))], i)
     run_id = _candidate(store, [make_measurement(host_step=17 * MiB)], 10)
@@ -263,20 +288,23 @@ def test_a_base_branch_run_is_judged_against_its_previous_level_never_blocking(s
     pushed = _record(store, [make_measurement(peak=BASE + MiB)], 10)  # on main, a push
     result = check(store, _config(tmp_path), run_id=pushed)
     v = _verdict(result)
-    assert (result.context, v.context, v.kind, v.blocking) == ("base", "base", "regression",
-                                                               False)
+    assert (result.context, v.context, v.kind, v.blocking) == ("base", "base", "regression", False)
     assert result.exit_code == 0
     save_verdicts(store, result)
-    row = store.conn.execute("select context, kind from verdicts where run_id = ? and "
-                             "metric = 'allocated'", [pushed]).fetchone()
+    row = store.conn.execute(
+        "select context, kind from verdicts where run_id = ? and metric = 'allocated'", [pushed]
+    ).fetchone()
     assert tuple(row) == ("base", "regression")
 
 
 def test_on_main_a_missing_quality_reference_is_a_warning_not_a_regression(store, tmp_path):
     from memtrack.report import check as report
 
-    kw = dict(quality_status="none", quality_reference="decoder[batch=1]",
-              quality_message="no reference output recorded yet: record one")
+    kw = dict(
+        quality_status="none",
+        quality_reference="decoder[batch=1]",
+        quality_message="no reference output recorded yet: record one",
+    )
     _baseline(store, [BASE] * 3)
     pushed = _record(store, [make_measurement(peak=BASE, **kw)], 10)  # on main, a push
     result = check(store, _config(tmp_path), run_id=pushed)
@@ -291,12 +319,18 @@ def test_a_fifty_case_comment_shows_its_one_block_and_counts_the_rest(store, tmp
 
     names = [(f"w{c // 5:02d}", {"batch": 2 ** (c % 5)}) for c in range(50)]
     for i in range(20):
-        _record(store, [make_measurement(w, p, peak=(c + 1) * MiB) for c, (w, p) in
-                        enumerate(names)], i)
-    grown = [make_measurement(w, p, peak=(c + 1) * MiB + (2 * MiB if c == 17 else 0))
-             for c, (w, p) in enumerate(names)]
-    result = check(store, _config(tmp_path, dashboard_url="https://m.example"),
-                   run_id=_candidate(store, grown, 40))
+        _record(
+            store, [make_measurement(w, p, peak=(c + 1) * MiB) for c, (w, p) in enumerate(names)], i
+        )
+    grown = [
+        make_measurement(w, p, peak=(c + 1) * MiB + (2 * MiB if c == 17 else 0))
+        for c, (w, p) in enumerate(names)
+    ]
+    result = check(
+        store,
+        _config(tmp_path, dashboard_url="https://m.example"),
+        run_id=_candidate(store, grown, 40),
+    )
     md = report.markdown(result, dashboard_url="https://m.example")
     above = md.split("<details>", 1)[0]
     header, row = [line for line in above.splitlines() if line.startswith("| ")]
@@ -312,39 +346,60 @@ def test_the_quality_title_says_what_its_rows_say():
     from memtrack.report import check as report
 
     def q(kind: str, message: str, blocking: bool) -> Verdict:
-        return Verdict(case_id=f"c[dtype={message[:4]}]", workload="c", metric="quality",
-                       kind=kind, blocking=blocking, message=message, reference="c[dtype=f32]")
+        return Verdict(
+            case_id=f"c[dtype={message[:4]}]",
+            workload="c",
+            metric="quality",
+            kind=kind,
+            blocking=blocking,
+            message=message,
+            reference="c[dtype=f32]",
+        )
 
     def title(*vs: Verdict) -> str:
-        return report.quality_title(CheckResult(
-            run_id="r", commit=None, branch="pr", started_at="", fingerprint="f",
-            base_branch="main", merge_base=None, baseline_mode="ancestry", verdicts=vs))
+        return report.quality_title(
+            CheckResult(
+                run_id="r",
+                commit=None,
+                branch="pr",
+                started_at="",
+                fingerprint="f",
+                base_branch="main",
+                merge_base=None,
+                baseline_mode="ancestry",
+                verdicts=vs,
+            )
+        )
 
     broken = q("quality", "the result changed: max_rel 0.2 > 0.05", True)
     assert title(broken, broken) == "Quality after a precision change: 2 beyond tolerance"
     kept = q("ok", "quality kept, dtype bf16: saves 1 MiB", False)
     assert title(kept) == "Quality after a precision change: memory saved and quality kept"
     missing = q("quality", "not compared: no reference recorded yet", False)
-    assert title(broken, missing, kept) == ("Quality after a precision change: 1 beyond "
-                                            "tolerance, 1 without a reference yet, 1 kept")
+    assert title(broken, missing, kept) == (
+        "Quality after a precision change: 1 beyond tolerance, 1 without a reference yet, 1 kept"
+    )
 
 
 def test_an_estimate_of_another_commit_names_that_commit():
     from memtrack.judge.check import Estimate
 
-    mine = Estimate("c", 5 * MiB, "e1", "a" * 40, measured_bytes=5 * MiB,
-                    candidate_commit="a" * 40)
+    mine = Estimate("c", 5 * MiB, "e1", "a" * 40, measured_bytes=5 * MiB, candidate_commit="a" * 40)
     assert mine.describe().startswith("estimate 5.00 MiB (measured 5.00 MiB")
-    older = Estimate("c", 5 * MiB, "e1", "b" * 40, measured_bytes=5 * MiB,
-                     candidate_commit="a" * 40)
+    older = Estimate(
+        "c", 5 * MiB, "e1", "b" * 40, measured_bytes=5 * MiB, candidate_commit="a" * 40
+    )
     assert older.describe().startswith(f"estimate of commit {'b' * 12} (not the one checked)")
 
 
 def test_a_budget_that_names_no_workload_is_refused_with_the_nearest_names(store, tmp_path):
     run_id = _candidate(store, [make_measurement(workload="decoder_generate")], 1)
     typo = Budget("decoder_genrate", 64 * MiB, "fits", metric="allocated")
-    with pytest.raises(ConfigError, match=r"budgets\[0\]\.workload: 'decoder_genrate' names no "
-                                          r"known workload or case; nearest: decoder_generate"):
+    with pytest.raises(
+        ConfigError,
+        match=r"budgets\[0\]\.workload: 'decoder_genrate' names no "
+        r"known workload or case; nearest: decoder_generate",
+    ):
         check(store, _config(tmp_path, budgets=(typo,)), run_id=run_id)
 
 
@@ -355,8 +410,7 @@ def test_baseline_is_the_last_n_runs(store, tmp_path):
     assert (v.kind, v.baseline_runs, v.baseline_value) == ("ok", 3, BASE)
 
 
-def test_below_the_minimum_of_baseline_runs_only_a_jump_beyond_any_noise_blocks(
-        store, tmp_path):
+def test_below_the_minimum_of_baseline_runs_only_a_jump_beyond_any_noise_blocks(store, tmp_path):
     _baseline(store, [BASE] * 2)
     for minute, grown in ((10, 1.02), (11, 1.2)):
         run_id = _candidate(store, [make_measurement(peak=int(BASE * grown))], minute)
@@ -423,8 +477,9 @@ def test_environment_change_is_reported_not_compared(store, tmp_path):
 
 
 @pytest.mark.parametrize("baseline_status, blocking", [("ok", True), ("oom", False)])
-def test_a_failed_candidate_blocks_unless_the_baseline_failed_too(store, tmp_path,
-                                                                  baseline_status, blocking):
+def test_a_failed_candidate_blocks_unless_the_baseline_failed_too(
+    store, tmp_path, baseline_status, blocking
+):
     for i in range(3):
         _record(store, [make_measurement(status=baseline_status)], i)
     oom = make_measurement(status="oom", message="CUDA out of memory")
@@ -459,10 +514,18 @@ def test_time_is_judged_by_runs_not_pooled_iterations(store, tmp_path):
 def test_peak_plus_headroom_must_fit_each_device(store, tmp_path):
     vram = GPU_ENV.gpus[0].total_bytes
     for i in range(3):
-        _record(store, [make_measurement(device="cuda", reserved=BASE,
-                                         device_peak=vram - MiB)], i, env=GPU_ENV)
-    run_id = _candidate(store, [make_measurement(device="cuda", reserved=BASE,
-                                              device_peak=vram - MiB)], 10, env=GPU_ENV)
+        _record(
+            store,
+            [make_measurement(device="cuda", reserved=BASE, device_peak=vram - MiB)],
+            i,
+            env=GPU_ENV,
+        )
+    run_id = _candidate(
+        store,
+        [make_measurement(device="cuda", reserved=BASE, device_peak=vram - MiB)],
+        10,
+        env=GPU_ENV,
+    )
     v = _verdict(check(store, _config(tmp_path), run_id=run_id), "device")
     assert (v.kind, v.blocking) == ("over_budget", True)  # 1 MiB left < the 2 MiB floor
     assert v.budget_reason == "VRAM of device 0 (NVIDIA H200)"
@@ -475,28 +538,54 @@ def test_verdicts_are_recorded_once_per_run(store, tmp_path):
     result = check(store, _config(tmp_path), run_id=run_id)
     assert save_verdicts(store, result) == len(result.verdicts)
     save_verdicts(store, result)  # again: replaces, never duplicates
-    rows = [dict(r) for r in store.conn.execute(
-        "select * from verdicts where run_id = ? order by id", [run_id])]
+    rows = [
+        dict(r)
+        for r in store.conn.execute("select * from verdicts where run_id = ? order by id", [run_id])
+    ]
     assert len(rows) == len(result.verdicts)
     row = next(r for r in rows if r["metric"] == "allocated")
     assert (row["kind"], row["blocking"], row["baseline_runs"]) == ("regression", 1, 3)
     assert row["threshold"] == BASE + 512 and row["delta"] == MiB
     assert row["message"].startswith("allocated: baseline")
     cols = [r[1] for r in store.conn.execute("pragma table_info(verdicts)")]
-    assert cols == ["id", "run_id", "case_id", "workload", "metric", "kind", "blocking",
-                    "provisional", "baseline_value", "spread", "factor", "floor", "threshold",
-                    "candidate_value", "delta", "delta_pct", "budget_bytes", "budget_reason",
-                    "baseline_runs", "message", "checked_at", "context", "accepted_reason",
-                    "component", "component_delta", "level_commit"]
+    assert cols == [
+        "id",
+        "run_id",
+        "case_id",
+        "workload",
+        "metric",
+        "kind",
+        "blocking",
+        "provisional",
+        "baseline_value",
+        "spread",
+        "factor",
+        "floor",
+        "threshold",
+        "candidate_value",
+        "delta",
+        "delta_pct",
+        "budget_bytes",
+        "budget_reason",
+        "baseline_runs",
+        "message",
+        "checked_at",
+        "context",
+        "accepted_reason",
+        "component",
+        "component_delta",
+        "level_commit",
+    ]
 
 
 def test_judge_and_report_import_no_heavy_modules():
     import subprocess
 
-    code = ("import sys, memtrack.judge.check, memtrack.judge.history, memtrack.report.check, "
-            "memtrack.commands.check;"
-            "print(sorted(m for m in ('torch', 'scipy', 'sqlite_utils', 'pandas', 'numpy')"
-            " if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+    code = (
+        "import sys, memtrack.judge.check, memtrack.judge.history, memtrack.report.check, "
+        "memtrack.commands.check;"
+        "print(sorted(m for m in ('torch', 'scipy', 'sqlite_utils', 'pandas', 'numpy')"
+        " if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

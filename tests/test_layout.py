@@ -45,9 +45,15 @@ def test_the_top_level_keeps_only_entry_points_and_shared_basics(structure):
     # the entry points (the CLI, `memtrack init`'s scaffold) and the basics every stage
     # shares: units, errors, the config, inert text for every output, bounded reading of a
     # named file
-    assert set(structure.flat) <= {"memtrack.cli", "memtrack.scaffold", "memtrack.config",
-                                   "memtrack.errors", "memtrack.units", "memtrack.escape",
-                                   "memtrack.files"}
+    assert set(structure.flat) <= {
+        "memtrack.cli",
+        "memtrack.scaffold",
+        "memtrack.config",
+        "memtrack.errors",
+        "memtrack.units",
+        "memtrack.escape",
+        "memtrack.files",
+    }
 
 
 def test_every_package_says_what_it_is_in_one_docstring():

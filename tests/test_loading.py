@@ -21,8 +21,13 @@ CHECKPOINT_TENSORS = LAYERS * (WIDTH * WIDTH + WIDTH) * 4  # float32 weights and
 
 
 def _memtrack(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memtrack.cli", *args], cwd=repo,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +87,21 @@ def test_a_budget_on_load_host_below_the_figure_blocks_check(loaded, tmp_path):
     below = load_host(m) - 2**20
     for limit, code in ((below, 1), (load_host(m) + 2**30, 0)):
         cfg = tmp_path / f"memtrack-{limit}.toml"
-        cfg.write_text(f'[[budgets]]\nworkload = "load_checkpoint"\nmetric = "load_host"\n'
-                       f'limit = "{limit} B"\nreason = "the loader must fit beside the server"\n')
-        result = _memtrack(repo, "check", "--config", str(cfg), "--db",
-                           str(repo / "data" / "memtrack.db"), "--run", store_run_id(repo),
-                           "--no-record")
+        cfg.write_text(
+            f'[[budgets]]\nworkload = "load_checkpoint"\nmetric = "load_host"\n'
+            f'limit = "{limit} B"\nreason = "the loader must fit beside the server"\n'
+        )
+        result = _memtrack(
+            repo,
+            "check",
+            "--config",
+            str(cfg),
+            "--db",
+            str(repo / "data" / "memtrack.db"),
+            "--run",
+            store_run_id(repo),
+            "--no-record",
+        )
         assert result.returncode == code, result.stdout + result.stderr
         if code:
             assert "BLOCK over budget" in result.stdout and "load_host" in result.stdout

@@ -274,8 +274,18 @@ def _allocator_h200() -> dict:
 
 def _measure(data: dict, sampled: dict):
     case = Case("w", {}, 0, "wl.py")
-    spec = Spec(module="wl.py", root=".", workload="w", params={}, seed=0, device="cuda",
-                warmup=1, repeats=2, data_dir="data", result_path="result.json")
+    spec = Spec(
+        module="wl.py",
+        root=".",
+        workload="w",
+        params={},
+        seed=0,
+        device="cuda",
+        warmup=1,
+        repeats=2,
+        data_dir="data",
+        result_path="result.json",
+    )
     outcome = CaseOutcome(Result.from_dict(data), 0, False, "", 1.0, sampled)
     return to_measurement(case, spec, outcome, 0.01, 60)
 
@@ -345,8 +355,9 @@ def test_memory_info_v2_is_decided_once_per_sampler_with_fake_nvml(fake_nvml):
     (dev,) = result["devices"]
     # the failed reading is missing, not v1's 2.5 GiB mixed with v2's figures
     assert dev["peak_device_used_bytes"] == 2 * GiB
-    assert any(n.startswith("GPU 0 memory info unavailable (NVMLError_Unknown")
-               for n in result["notes"])
+    assert any(
+        n.startswith("GPU 0 memory info unavailable (NVMLError_Unknown") for n in result["notes"]
+    )
 
     # a driver without v2 from the start: v1 for the whole case, and said
     show(gpu("GPU-a", used=GiB, reserved=GiB // 2, fail=["memory_v2"]))
@@ -370,9 +381,14 @@ def test_the_achieved_sampling_period_is_recorded_not_the_nominal_one_with_fake_
 
 def test_only_the_devices_the_case_used_are_charged_to_it_from_fake_nvml_figures():
     # device-delta view on a shared host: another job grew GPU 5 by 30 GiB meanwhile
-    other = {**_sampled_h200()["devices"][0], "index": 1, "uuid": "GPU-5",
-             "peak_process_bytes": 30 * GiB, "memory_pass_peak_bytes": 30 * GiB,
-             "process_view": "device-delta"}
+    other = {
+        **_sampled_h200()["devices"][0],
+        "index": 1,
+        "uuid": "GPU-5",
+        "peak_process_bytes": 30 * GiB,
+        "memory_pass_peak_bytes": 30 * GiB,
+        "process_view": "device-delta",
+    }
     sampled = _sampled_h200(process_view="device-delta")
     sampled["devices"].append(other)
     m = _measure(_allocator_h200(), sampled)  # the worker used GPU-1 only
@@ -393,17 +409,22 @@ def test_a_missed_spike_smaller_than_the_cuda_context_is_said_from_fake_nvml_fig
     MiB = 2**20
     data = _with_quiet(4 * GiB)
     data["peak_reserved_bytes"] = data["cuda_devices"][0]["peak_reserved_bytes"] = (
-        4 * GiB + 200 * MiB)
-    sampled = _sampled_h200(memory_pass_peak_bytes=4 * GiB + 500 * MiB,
-                            quiet_process_bytes=4 * GiB + 500 * MiB)
+        4 * GiB + 200 * MiB
+    )
+    sampled = _sampled_h200(
+        memory_pass_peak_bytes=4 * GiB + 500 * MiB, quiet_process_bytes=4 * GiB + 500 * MiB
+    )
     m = _measure(data, sampled)
     (note,) = [n for n in m.notes if "missed a spike" in n]
-    assert note.startswith("GPU 0: sampled device peak less the 500.0 MiB outside the "
-                           "allocator (CUDA context, ...) is 4096.0 MiB, below")
+    assert note.startswith(
+        "GPU 0: sampled device peak less the 500.0 MiB outside the "
+        "allocator (CUDA context, ...) is 4096.0 MiB, below"
+    )
 
     # the same spike caught by a sample: no note
-    caught = _sampled_h200(memory_pass_peak_bytes=4 * GiB + 700 * MiB,
-                           quiet_process_bytes=4 * GiB + 500 * MiB)
+    caught = _sampled_h200(
+        memory_pass_peak_bytes=4 * GiB + 700 * MiB, quiet_process_bytes=4 * GiB + 500 * MiB
+    )
     assert not any("missed a spike" in n for n in _measure(data, caught).notes)
 
 
@@ -424,9 +445,18 @@ def test_a_memory_pass_shorter_than_the_interval_still_gets_samples_with_fake_nv
     _, show = fake_nvml
     show(gpu("GPU-b", used=3 * GiB))
     (tmp_path / "wl.py").write_text(SHORT_PASS_WORKLOAD)
-    spec = Spec(module="wl.py", root=str(tmp_path), workload="quick", params={}, seed=0,
-                device="cpu", warmup=1, repeats=2, data_dir=str(tmp_path / "data"),
-                result_path=str(tmp_path / "result.json"))
+    spec = Spec(
+        module="wl.py",
+        root=str(tmp_path),
+        workload="quick",
+        params={},
+        seed=0,
+        device="cpu",
+        warmup=1,
+        repeats=2,
+        data_dir=str(tmp_path / "data"),
+        result_path=str(tmp_path / "result.json"),
+    )
     # a period far longer than the pass: before the worker held its level for the sampler,
     # no sample fell inside it and the memory pass had no device figure
     (outcome,), _ = launch([spec], 120, sampler=start_sampler("cuda", 0.2, ("GPU-b",)))
@@ -486,9 +516,18 @@ def test_the_sampler_is_told_of_the_workers_descendants_with_fake_nvml(
     monkeypatch.setenv("WATCHED_LOG", str(log))
     monkeypatch.setenv("CHILD_PID", str(child))
     (tmp_path / "wl.py").write_text(CHILD_WORKLOAD)
-    spec = Spec(module="wl.py", root=str(tmp_path), workload="compiles", params={}, seed=0,
-                device="cpu", warmup=1, repeats=1, data_dir=str(tmp_path / "data"),
-                result_path=str(tmp_path / "result.json"))
+    spec = Spec(
+        module="wl.py",
+        root=str(tmp_path),
+        workload="compiles",
+        params={},
+        seed=0,
+        device="cpu",
+        warmup=1,
+        repeats=1,
+        data_dir=str(tmp_path / "data"),
+        result_path=str(tmp_path / "result.json"),
+    )
     sampler = RecordingSampler(log)
     assert sampler.start()
     (outcome,), _ = launch([spec], 120, sampler=sampler)

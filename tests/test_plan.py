@@ -33,8 +33,18 @@ NONE = Headroom(0.0, "config", "plan_headroom = 0%")
 
 
 def _plan(points, headroom=TEN, params=None, param="concurrency", integer=True, gpus=None):
-    return plan(points, CATALOG, headroom, case="serve", param=param, metric="allocated",
-                metric_note="", integer=integer, params=params or {}, gpus=gpus)
+    return plan(
+        points,
+        CATALOG,
+        headroom,
+        case="serve",
+        param=param,
+        metric="allocated",
+        metric_note="",
+        integer=integer,
+        params=params or {},
+        gpus=gpus,
+    )
 
 
 def test_a_linear_sweep_gives_the_largest_count_each_gpu_holds():
@@ -93,8 +103,10 @@ def test_where_nothing_fits_the_levers_are_named():
     assert "a shorter maximum input (max_len=8192 now)" in levers
     assert "lower precision (dtype=float32 now" in levers
     # 1.1 x (10 + 20) = 33 <= 40: the A100 40GB is the smallest that holds one session
-    assert ("another GPU: NVIDIA A100 40GB (40 GB) is the smallest in the catalog that fits "
-            "it (up to concurrency=1)") in levers
+    assert (
+        "another GPU: NVIDIA A100 40GB (40 GB) is the smallest in the catalog that fits "
+        "it (up to concurrency=1)"
+    ) in levers
     # 33 GB over 24 GB devices: 2 at least, and only for what shards
     assert "2 or more x NVIDIA L4 with a parallel strategy" in levers
     assert "devices do not pool" in levers
@@ -134,17 +146,22 @@ def _re(text: str) -> str:
     return re.escape(text)
 
 
-@pytest.mark.parametrize("body, message", [
-    ("gpu = [", "not valid TOML"),
-    ('gpus = []', "unknown key 'gpus'"),
-    ('[[gpu]]\nname = "X"\n', "gpu[0].memory: is required"),
-    ('[[gpu]]\nname = "X"\nmemory = "80 GX"\n', "gpu[0].memory: '80 GX' is not a size"),
-    ('[[gpu]]\nname = "X"\nmemory = "8 GB"\nsize = 1\n', "gpu[0]: unknown key 'size'"),
-    ('[[gpu]]\nname = "X"\nmemory = "8 GB"\n[[gpu]]\nname = "x"\nmemory = "9 GB"\n',
-     "gpu[1].name: 'x' is listed twice"),
-    ('[[gpu]]\nname = ""\nmemory = "8 GB"\n', "gpu[0].name: expected the GPU's name"),
-    ('[[gpu]]\nname = "X"\nmemory = 0\n', "gpu[0].memory: must be more than 0"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("gpu = [", "not valid TOML"),
+        ("gpus = []", "unknown key 'gpus'"),
+        ('[[gpu]]\nname = "X"\n', "gpu[0].memory: is required"),
+        ('[[gpu]]\nname = "X"\nmemory = "80 GX"\n', "gpu[0].memory: '80 GX' is not a size"),
+        ('[[gpu]]\nname = "X"\nmemory = "8 GB"\nsize = 1\n', "gpu[0]: unknown key 'size'"),
+        (
+            '[[gpu]]\nname = "X"\nmemory = "8 GB"\n[[gpu]]\nname = "x"\nmemory = "9 GB"\n',
+            "gpu[1].name: 'x' is listed twice",
+        ),
+        ('[[gpu]]\nname = ""\nmemory = "8 GB"\n', "gpu[0].name: expected the GPU's name"),
+        ('[[gpu]]\nname = "X"\nmemory = 0\n', "gpu[0].memory: must be more than 0"),
+    ],
+)
 def test_a_bad_catalog_is_one_line_naming_file_key_and_value(tmp_path, body, message):
     path = tmp_path / "gpus.toml"
     path.write_text(body)
@@ -160,14 +177,22 @@ def test_the_shipped_catalog_is_in_the_package_and_the_repository_alike():
     gpus, note = load_catalog(PACKAGED_CATALOG)
     stated = {g.name: g.stated for g in gpus}
     assert stated == {
-        "NVIDIA T4": "16 GB", "NVIDIA L4": "24 GB", "NVIDIA A10": "24 GB",
-        "NVIDIA GeForce RTX 4090": "24 GB", "NVIDIA A100 40GB": "40 GB",
-        "NVIDIA L40S": "48 GB", "NVIDIA A100 80GB": "80 GB", "NVIDIA H100 80GB": "80 GB",
-        "NVIDIA H200": "141 GB"}
+        "NVIDIA T4": "16 GB",
+        "NVIDIA L4": "24 GB",
+        "NVIDIA A10": "24 GB",
+        "NVIDIA GeForce RTX 4090": "24 GB",
+        "NVIDIA A100 40GB": "40 GB",
+        "NVIDIA L40S": "48 GB",
+        "NVIDIA A100 80GB": "80 GB",
+        "NVIDIA H100 80GB": "80 GB",
+        "NVIDIA H200": "141 GB",
+    }
     assert {g.name: g.memory_bytes for g in gpus}["NVIDIA H200"] == 141 * GB
     assert note and "nominal" in note.lower() and "memtrack doctor" in note
     assert [g.name for g in select_gpus(gpus, ["a100"], PACKAGED_CATALOG)] == [
-        "NVIDIA A100 40GB", "NVIDIA A100 80GB"]
+        "NVIDIA A100 40GB",
+        "NVIDIA A100 80GB",
+    ]
     with pytest.raises(ConfigError, match="--gpu 'B200': no such GPU in"):
         select_gpus(gpus, ["B200"], PACKAGED_CATALOG)
 
@@ -179,14 +204,33 @@ def test_the_judges_headroom_is_used_where_the_case_has_a_baseline(tmp_path):
     levels = {1: (100, 101, 100), 2: (150, 150, 150)}  # MiB, oldest first
     with Store.open(db) as store:
         for i in range(3):
-            store.write_run(make_run(
-                [make_measurement("serve", {"concurrency": c}, peak=levels[c][i] * MiB)
-                 for c in (1, 2)], started_at=f"2026-01-0{i + 1}T00:00:00+00:00"))
+            store.write_run(
+                make_run(
+                    [
+                        make_measurement("serve", {"concurrency": c}, peak=levels[c][i] * MiB)
+                        for c in (1, 2)
+                    ],
+                    started_at=f"2026-01-0{i + 1}T00:00:00+00:00",
+                )
+            )
         candidate = make_run(
-            [make_measurement("serve", {"concurrency": c}, peak=p * MiB)
-             for c, p in ((1, 100), (2, 150))], started_at="2026-01-05T00:00:00+00:00")
-        p = make_plan(candidate, config, store, case="serve", param="concurrency",
-                      params={"concurrency": 1}, integer=True, catalog=CATALOG, gpus=(T4,))
+            [
+                make_measurement("serve", {"concurrency": c}, peak=p * MiB)
+                for c, p in ((1, 100), (2, 150))
+            ],
+            started_at="2026-01-05T00:00:00+00:00",
+        )
+        p = make_plan(
+            candidate,
+            config,
+            store,
+            case="serve",
+            param="concurrency",
+            params={"concurrency": 1},
+            integer=True,
+            catalog=CATALOG,
+            gpus=(T4,),
+        )
     # concurrency=1: a level of 3 runs, MAD 0, range 1 MiB scaled to 20 runs
     # (d2(20) / d2(3) = 3.735 / 1.693): spread 1.103 MiB, x 3 = 3.309 MiB, 3.309 % of
     # 100 MiB. concurrency=2: no spread, the 512 B floor: a smaller share.
@@ -196,33 +240,84 @@ def test_the_judges_headroom_is_used_where_the_case_has_a_baseline(tmp_path):
     assert "serve[concurrency=1]" in p.headroom.detail and "3 run(s) on main" in p.headroom.detail
     assert p.metric == "allocated" and "measured on the CPU" in p.metric_note
     # Without a database (or a baseline): the configured share.
-    p = make_plan(candidate, config, None, case="serve", param="concurrency",
-                  params={"concurrency": 1}, integer=True, catalog=CATALOG, gpus=(T4,))
+    p = make_plan(
+        candidate,
+        config,
+        None,
+        case="serve",
+        param="concurrency",
+        params={"concurrency": 1},
+        integer=True,
+        catalog=CATALOG,
+        gpus=(T4,),
+    )
     assert p.headroom.source == "config" and p.headroom.fraction == 0.10
     assert "plan_headroom (the default) = 10% (no database" in p.headroom.detail
 
 
 def test_the_plans_headroom_names_the_config_file_only_where_it_sets_it(tmp_path: Path):
-    run = make_run([make_measurement("serve", {"concurrency": c}, peak=p * MiB)
-                    for c, p in ((1, 100), (2, 150))])
+    run = make_run(
+        [
+            make_measurement("serve", {"concurrency": c}, peak=p * MiB)
+            for c, p in ((1, 100), (2, 150))
+        ]
+    )
     cfg = tmp_path / "memtrack.toml"
     cfg.write_text('base_branch = "main"\n')
-    p = make_plan(run, load_config(cfg), None, case="serve", param="concurrency",
-                  params={"concurrency": 1}, integer=True, catalog=CATALOG, gpus=(T4,))
+    p = make_plan(
+        run,
+        load_config(cfg),
+        None,
+        case="serve",
+        param="concurrency",
+        params={"concurrency": 1},
+        integer=True,
+        catalog=CATALOG,
+        gpus=(T4,),
+    )
     assert "plan_headroom (the default, not set in memtrack.toml) = 10%" in p.headroom.detail
     cfg.write_text('plan_headroom = "20%"\n')
-    p = make_plan(run, load_config(cfg), None, case="serve", param="concurrency",
-                  params={"concurrency": 1}, integer=True, catalog=CATALOG, gpus=(T4,))
+    p = make_plan(
+        run,
+        load_config(cfg),
+        None,
+        case="serve",
+        param="concurrency",
+        params={"concurrency": 1},
+        integer=True,
+        catalog=CATALOG,
+        gpus=(T4,),
+    )
     assert f"{cfg.resolve()}: plan_headroom = 20%" in p.headroom.detail
 
 
 def test_a_sweep_on_a_gpu_fits_the_device_view_and_adds_the_runners_own_memory():
     """Measured on the runner's H200 (torch's total: 141 GiB): the device view must fit."""
-    run = make_run([make_measurement("serve", {"concurrency": c}, device="cuda",
-                                     peak=p * GiB, reserved=p * GiB, device_peak=p * GiB)
-                    for c, p in ((1, 10), (2, 14))], env=GPU_ENV)
-    p = make_plan(run, load_config(cwd=Path("/")), None, case="serve", param="concurrency",
-                  params={"concurrency": 1}, integer=True, catalog=CATALOG, gpus=(H100,))
+    run = make_run(
+        [
+            make_measurement(
+                "serve",
+                {"concurrency": c},
+                device="cuda",
+                peak=p * GiB,
+                reserved=p * GiB,
+                device_peak=p * GiB,
+            )
+            for c, p in ((1, 10), (2, 14))
+        ],
+        env=GPU_ENV,
+    )
+    p = make_plan(
+        run,
+        load_config(cwd=Path("/")),
+        None,
+        case="serve",
+        param="concurrency",
+        params={"concurrency": 1},
+        integer=True,
+        catalog=CATALOG,
+        gpus=(H100,),
+    )
     assert p.metric == "device" and "NVML" in p.metric_note
     runner, h100 = p.gpus
     assert runner.gpu.name == "NVIDIA H200 (this runner)" and runner.gpu.memory_bytes == 141 * GiB
@@ -237,8 +332,11 @@ def test_a_plan_starts_from_a_workload_whose_other_params_are_pinned_in_brackets
     from memtrack.plan.sweep import find_case
     from memtrack.workload.registry import Workload
 
-    unet = Workload("unet_denoise", lambda ctx: None,
-                    {"batch": (1, 2), "dtype": ("float32", "bfloat16"), "steps": (4,)})
+    unet = Workload(
+        "unet_denoise",
+        lambda ctx: None,
+        {"batch": (1, 2), "dtype": ("float32", "bfloat16"), "steps": (4,)},
+    )
     wl, params = find_case([unet], "unet_denoise[dtype=float32]", "batch")
     assert wl is unet and params == {"batch": 1, "dtype": "float32", "steps": 4}
     with pytest.raises(ConfigError, match=r"unet_denoise: has several cases \(dtype vary\)"):
@@ -246,8 +344,11 @@ def test_a_plan_starts_from_a_workload_whose_other_params_are_pinned_in_brackets
     # a grid that varies another param than the swept one, pinned: the sweep goes ahead
     wl, params = find_case([unet], "unet_denoise[dtype=bfloat16,steps=4]", "batch")
     assert params["dtype"] == "bfloat16"
-    with pytest.raises(ConfigError, match=r"dtype=fp8 is not one of the declared values "
-                                          r"\(float32, bfloat16\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"dtype=fp8 is not one of the declared values "
+        r"\(float32, bfloat16\)",
+    ):
         find_case([unet], "unet_denoise[dtype=fp8]", "batch")
     with pytest.raises(ConfigError, match=r"unet_denoise has no param 'size'"):
         find_case([unet], "unet_denoise[size=3]", "batch")
@@ -273,17 +374,37 @@ def test_an_extrapolations_need_includes_the_fits_own_error():
         expected = FIT_ERROR_FACTOR * s * math.sqrt(1 + 1 / len(xs) + (x - mean) ** 2 / sxx)
         assert float(f.error(x)) == pytest.approx(expected, rel=1e-9)
     tiny = Headroom(0.0001, "judge", "the 512 B floor")
-    p = plan(points, [Gpu("G", 80 * GB, "80 GB")], tiny, case="c", param="batch",
-             metric="allocated", metric_note="", integer=True, params={})
+    p = plan(
+        points,
+        [Gpu("G", 80 * GB, "80 GB")],
+        tiny,
+        case="c",
+        param="batch",
+        metric="allocated",
+        metric_note="",
+        integer=True,
+        params={},
+    )
     (row,) = p.gpus
     # the largest batch whose peak, headroom and error fit: fewer than without the error
     assert need(f, row.largest, tiny) <= 80 * GB < need(f, row.first_over, tiny)
     without = math.floor((80 * GB / 1.0001 - f.a) / f.b)
     assert row.largest < without
-    assert any(n.startswith(f"each need includes the fit's own error: {FIT_ERROR_FACTOR} x")
-               for n in p.notes)
+    assert any(
+        n.startswith(f"each need includes the fit's own error: {FIT_ERROR_FACTOR} x")
+        for n in p.notes
+    )
     # two values: a line through both, whose error cannot be estimated, and says so
-    two = plan(points[:2], [Gpu("G", 80 * GB, "80 GB")], tiny, case="c", param="batch",
-               metric="allocated", metric_note="", integer=True, params={})
+    two = plan(
+        points[:2],
+        [Gpu("G", 80 * GB, "80 GB")],
+        tiny,
+        case="c",
+        param="batch",
+        metric="allocated",
+        metric_note="",
+        integer=True,
+        params={},
+    )
     assert two.fit.residual_se is None
     assert any("its own error cannot be estimated" in n for n in two.notes)

@@ -26,24 +26,43 @@ from memtrack.workload.registry import discover, select_cases
 
 
 def _spec(**fields) -> Spec:
-    base = dict(module="wl.py", root="/r", workload="w", params={"n": 1}, seed=0, device="cpu",
-                warmup=1, repeats=2, data_dir="/r/data", result_path="/tmp/result.json")
+    base = dict(
+        module="wl.py",
+        root="/r",
+        workload="w",
+        params={"n": 1},
+        seed=0,
+        device="cpu",
+        warmup=1,
+        repeats=2,
+        data_dir="/r/data",
+        result_path="/tmp/result.json",
+    )
     return Spec(**{**base, **fields})
 
 
 def test_a_spec_survives_its_round_trip_through_json(tmp_path):
-    spec = _spec(quality=QualitySpec(mode="compare", reference="w[n=1]", path="/r/ref.pt",
-                                     sha256="0" * 64), ranks=2, scratch_dir="/tmp/s")
+    spec = _spec(
+        quality=QualitySpec(mode="compare", reference="w[n=1]", path="/r/ref.pt", sha256="0" * 64),
+        ranks=2,
+        scratch_dir="/tmp/s",
+    )
     spec.write(tmp_path / "spec.json")
     assert Spec.read(tmp_path / "spec.json") == spec
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d.pop("seed"), "spec: seed is missing"),
-    (lambda d: d.update(repats=2), "spec: no field 'repats'"),
-    (lambda d: d.update(warmup="1"), "spec.warmup: expected an integer"),
-    (lambda d: d.update(quality={"mode": "compare", "sha": "x"}), "spec.quality: no field 'sha'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.pop("seed"), "spec: seed is missing"),
+        (lambda d: d.update(repats=2), "spec: no field 'repats'"),
+        (lambda d: d.update(warmup="1"), "spec.warmup: expected an integer"),
+        (
+            lambda d: d.update(quality={"mode": "compare", "sha": "x"}),
+            "spec.quality: no field 'sha'",
+        ),
+    ],
+)
 def test_a_spec_with_a_missing_misspelt_or_mistyped_field_is_refused(tmp_path, change, message):
     data = dataclasses.asdict(_spec())
     change(data)
@@ -66,15 +85,20 @@ def test_every_figure_of_the_result_is_a_field_of_the_measurement():
     assert "peak_allocated_bytes" in FIGURES and "status" not in FIGURES
 
 
-@pytest.mark.parametrize("content, why", [
-    (b"[1, 2]", "expected an object, got list"),
-    (b'{"status": "ok", "peak_allocated_bytes": "12"}',
-     "peak_allocated_bytes: expected an integer"),
-    (b'{"status": "ok", "notes": "one"}', "notes: expected a list"),
-    (b'{"status": "ok", "flags": 1}', "no field 'flags'"),
-    (b'{"status": "banana"}', "result.status: 'banana'"),
-    (b"\xff\xfe{}", "not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (b"[1, 2]", "expected an object, got list"),
+        (
+            b'{"status": "ok", "peak_allocated_bytes": "12"}',
+            "peak_allocated_bytes: expected an integer",
+        ),
+        (b'{"status": "ok", "notes": "one"}', "notes: expected a list"),
+        (b'{"status": "ok", "flags": 1}', "no field 'flags'"),
+        (b'{"status": "banana"}', "result.status: 'banana'"),
+        (b"\xff\xfe{}", "not UTF-8"),
+    ],
+)
 def test_a_damaged_result_file_is_a_crashed_case_that_says_why(tmp_path, content, why):
     (tmp_path / "result.json").write_bytes(content)
     r = read_result(tmp_path / "result.json")
@@ -88,8 +112,9 @@ def test_a_missing_or_half_written_result_says_the_worker_had_not_started(tmp_pa
 
 
 def test_a_lone_surrogate_in_a_message_is_kept_as_text_that_can_be_stored(tmp_path):
-    (tmp_path / "result.json").write_text(json.dumps({"status": "error",
-                                                      "message": "RuntimeError: \udcff"}))
+    (tmp_path / "result.json").write_text(
+        json.dumps({"status": "error", "message": "RuntimeError: \udcff"})
+    )
     message = read_result(tmp_path / "result.json").message
     assert message == "RuntimeError: ?"
     message.encode("utf-8")  # would raise UnicodeEncodeError with the surrogate

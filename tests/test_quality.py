@@ -89,8 +89,13 @@ NONE, INT8 = "quantized[quant=none]", "quantized[quant=int8]"
 
 
 def cli(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memtrack.cli", *args], cwd=repo,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def run_id(result: subprocess.CompletedProcess[str]) -> str:
@@ -103,7 +108,8 @@ def project(tmp_path_factory):
     repo = init_repo(tmp_path_factory.mktemp("quality"))
     (repo / "wl.py").write_text(WORKLOADS)
     (repo / "memtrack.toml").write_text(
-        'modules = ["wl.py"]\nwarmup = 1\nrepeats = 2\ndevice = "cpu"\n')
+        'modules = ["wl.py"]\nwarmup = 1\nrepeats = 2\ndevice = "cpu"\n'
+    )
     (repo / ".gitignore").write_text("data/memtrack.db*\n")
     commit_all(repo, "workloads")
     recorded = cli(repo, "reference", "-k", "convnet", "-k", "quantized")
@@ -112,11 +118,18 @@ def project(tmp_path_factory):
     git(repo, "checkout", "-q", "-b", "feature")  # a pull request: verdicts gate
     bf16_run = run_id(cli(repo, "run", "-k", "convnet"))
     int8_run = run_id(cli(repo, "run", "-k", "quantized"))
-    bf16_check = cli(repo, "check", "--run", bf16_run, "--json", "bf16.json",
-                     "--markdown", "bf16.md")
+    bf16_check = cli(
+        repo, "check", "--run", bf16_run, "--json", "bf16.json", "--markdown", "bf16.md"
+    )
     int8_check = cli(repo, "check", "--run", int8_run, "--json", "int8.json")
-    return {"repo": repo, "recorded": recorded, "bf16_run": bf16_run, "int8_run": int8_run,
-            "bf16_check": bf16_check, "int8_check": int8_check}
+    return {
+        "repo": repo,
+        "recorded": recorded,
+        "bf16_run": bf16_run,
+        "int8_run": int8_run,
+        "bf16_check": bf16_check,
+        "int8_check": int8_check,
+    }
 
 
 def _run(repo: Path, rid: str):
@@ -167,8 +180,9 @@ def test_bf16_within_tolerance_passes_and_the_report_shows_its_saving(project):
     text = check.stdout
     assert "quality after a precision change" in text and shown in text
     md = (repo / "bf16.md").read_text()
-    assert ("<summary>Quality after a precision change: memory saved and quality kept"
-            "</summary>") in md
+    assert (
+        "<summary>Quality after a precision change: memory saved and quality kept</summary>"
+    ) in md
     (row,) = [line for line in md.splitlines() if line.startswith("| ✅ ok | `convnet[dtype=bf")]
     assert shown in row and "within tolerance" in row and "`convnet[dtype=float32]`" in row
 
@@ -231,7 +245,8 @@ def test_a_reference_recorded_on_another_device_is_compared_with_a_warning(proje
         m = ms[case]
         assert m.quality_status == "ok" and m.quality_max_abs is not None
         assert m.quality_message.startswith(
-            "reference recorded on cuda:0, compared on cpu: kernels differ between them")
+            "reference recorded on cuda:0, compared on cpu: kernels differ between them"
+        )
         assert "within tolerance" in m.quality_message
     # recorded on the same kind of device: no warning
     assert project_message(project, BF16).startswith("within tolerance")
@@ -247,8 +262,10 @@ def test_reference_refuses_a_step_without_tensor_output(project):
     result = cli(repo, "reference", "no_output")
     assert result.returncode == 2
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("memtrack: error")]
-    assert line == ("memtrack: error: no_output: no reference recorded: the step returned "
-                    "None, not a tensor, or a tuple, list or dict of tensors")
+    assert line == (
+        "memtrack: error: no_output: no reference recorded: the step returned "
+        "None, not a tensor, or a tuple, list or dict of tensors"
+    )
     assert (repo / "perf" / "references" / "manifest.json").read_bytes() == manifest
     assert not list((repo / "perf" / "references").glob(".*"))
 
@@ -271,39 +288,53 @@ def test_comparing_the_output_leaves_the_measured_peak_unchanged(project):
 # -- declaring, recording and judging, without a worker ----------------------------------
 
 
-@pytest.mark.parametrize(("kwargs", "words"), [
-    ({"tolerance": {"max_ab": 0.1}}, "tolerance key 'max_ab' is not one of"),
-    ({"tolerance": {"cosine": 1.5}}, "tolerance 'cosine' must be between -1 and 1"),
-    ({"tolerance": {"max_abs": -1}}, "tolerance 'max_abs' must be at least 0"),
-    ({"tolerance": {"max_rel": float("nan")}}, "tolerance 'max_rel' must be a finite number"),
-    ({"tolerance": {"max_abs": True}}, "must be a finite number, got True"),
-    ({"tolerance": {}}, "tolerance must be a non-empty dict"),
-    ({"tolerance": {"metric": 0.1}}, "pass quality=fn(output, reference)"),
-    ({"tolerance": {"cosine": 0.9}, "quality": len}, "quality needs a bound"),
-    ({"tolerance": {"metric": 0.1}, "quality": 3}, "quality must be a function"),
-    ({"quality": len}, "need a tolerance"),
-    ({"tolerance": {"cosine": 0.9}, "precision_params": ("quant",)},
-     "precision_params names 'quant', which is not a param"),
-    ({"tolerance": {"cosine": 0.9}, "precision_params": "dtype"},
-     "precision_params must be a tuple of param names"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"tolerance": {"max_ab": 0.1}}, "tolerance key 'max_ab' is not one of"),
+        ({"tolerance": {"cosine": 1.5}}, "tolerance 'cosine' must be between -1 and 1"),
+        ({"tolerance": {"max_abs": -1}}, "tolerance 'max_abs' must be at least 0"),
+        ({"tolerance": {"max_rel": float("nan")}}, "tolerance 'max_rel' must be a finite number"),
+        ({"tolerance": {"max_abs": True}}, "must be a finite number, got True"),
+        ({"tolerance": {}}, "tolerance must be a non-empty dict"),
+        ({"tolerance": {"metric": 0.1}}, "pass quality=fn(output, reference)"),
+        ({"tolerance": {"cosine": 0.9}, "quality": len}, "quality needs a bound"),
+        ({"tolerance": {"metric": 0.1}, "quality": 3}, "quality must be a function"),
+        ({"quality": len}, "need a tolerance"),
+        (
+            {"tolerance": {"cosine": 0.9}, "precision_params": ("quant",)},
+            "precision_params names 'quant', which is not a param",
+        ),
+        (
+            {"tolerance": {"cosine": 0.9}, "precision_params": "dtype"},
+            "precision_params must be a tuple of param names",
+        ),
+    ],
+)
 def test_a_tolerance_is_checked_when_declared(kwargs, words):
     with pytest.raises(WorkloadError, match=re.escape(words)) as info:
-        workload(lambda ctx: None, name="bad_tolerance", params={"dtype": ["float32"]},
-                 **kwargs)
+        workload(lambda ctx: None, name="bad_tolerance", params={"dtype": ["float32"]}, **kwargs)
     assert "workload 'bad_tolerance'" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_the_reference_case_is_the_full_precision_sibling():
-    case = Case("w", {"dtype": "bfloat16", "quant": "int8", "batch": 8},
-                tolerance={"cosine": 0.99}, precision={"dtype": "float32", "quant": "none"})
+    case = Case(
+        "w",
+        {"dtype": "bfloat16", "quant": "int8", "batch": 8},
+        tolerance={"cosine": 0.99},
+        precision={"dtype": "float32", "quant": "none"},
+    )
     assert case.reference_case().case_id == "w[batch=8,dtype=float32,quant=none]"
     assert precision_change(case.case_id, case.reference_case().case_id) == (
-        "dtype bfloat16 (reference float32), quant int8 (reference none)")
-    same = Case("w", {"dtype": "float32"}, tolerance={"cosine": 0.99},
-                precision={"dtype": "float32"})
-    assert same.reference_case() == same and precision_change("w[dtype=float32]",
-                                                                "w[dtype=float32]") is None
+        "dtype bfloat16 (reference float32), quant int8 (reference none)"
+    )
+    same = Case(
+        "w", {"dtype": "float32"}, tolerance={"cosine": 0.99}, precision={"dtype": "float32"}
+    )
+    assert (
+        same.reference_case() == same
+        and precision_change("w[dtype=float32]", "w[dtype=float32]") is None
+    )
 
 
 def test_a_malformed_manifest_is_refused_naming_the_file_and_key(tmp_path):
@@ -312,28 +343,48 @@ def test_a_malformed_manifest_is_refused_naming_the_file_and_key(tmp_path):
     assert config.references == tmp_path / "refs"
     (tmp_path / "refs").mkdir()
     manifest = tmp_path / "refs" / "manifest.json"
-    manifest.write_text(json.dumps({"version": 1, "references": {
-        "w[dtype=float32]": {"file": "../../etc/passwd", "sha256": "0" * 64}}}))
-    with pytest.raises(ConfigError, match=re.escape(
+    manifest.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "references": {
+                    "w[dtype=float32]": {"file": "../../etc/passwd", "sha256": "0" * 64}
+                },
+            }
+        )
+    )
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
             f"{manifest}: references['w[dtype=float32]'].file: '../../etc/passwd' is not a "
-            "file name")):
+            "file name"
+        ),
+    ):
         load_manifest(config)
 
 
 def test_quality_figures_are_checked_stored_and_read_back(tmp_path):
-    m = make_measurement("w", {"dtype": "bfloat16"}, quality_status="fail",
-                         quality_message="breaks tolerance: max_abs 0.2 > 0.01",
-                         quality_reference="w[dtype=float32]",
-                         quality_reference_sha256="ab" * 32, quality_max_abs=0.2,
-                         quality_max_rel=0.1, quality_cosine=0.98,
-                         quality_tolerance={"max_abs": 0.01})
+    m = make_measurement(
+        "w",
+        {"dtype": "bfloat16"},
+        quality_status="fail",
+        quality_message="breaks tolerance: max_abs 0.2 > 0.01",
+        quality_reference="w[dtype=float32]",
+        quality_reference_sha256="ab" * 32,
+        quality_max_abs=0.2,
+        quality_max_rel=0.1,
+        quality_cosine=0.98,
+        quality_tolerance={"max_abs": 0.01},
+    )
     run = make_run([m])
     data = to_dict(run)
     assert run_from_dict(data) == run
-    for key, value, words in (("quality_status", "bad", "is not one of ok, fail"),
-                              ("quality_cosine", 1.5, "is above 1"),
-                              ("quality_max_abs", -0.1, "is below 0"),
-                              ("quality_reference_sha256", "xyz", "does not match")):
+    for key, value, words in (
+        ("quality_status", "bad", "is not one of ok, fail"),
+        ("quality_cosine", 1.5, "is above 1"),
+        ("quality_max_abs", -0.1, "is below 0"),
+        ("quality_reference_sha256", "xyz", "does not match"),
+    ):
         bad = json.loads(json.dumps(data))
         bad["measurements"][0][key] = value
         with pytest.raises(RecordError, match=re.escape(f"measurements[0].{key}: ")) as info:
@@ -356,43 +407,75 @@ def test_figures_over_several_outputs_keep_the_worst_and_name_what_cannot_be_com
     assert kind == "dict" and rebuild(kind, flat) == flat
     kind, flat = flatten((torch.zeros(2), torch.ones(2)))
     assert kind == "tuple" and isinstance(rebuild(kind, flat), tuple)
-    for bad, words in ((None, "returned None"), ((), "an empty tuple"),
-                       ((torch.ones(1), 3), "item '1' is a int")):
+    for bad, words in (
+        (None, "returned None"),
+        ((), "an empty tuple"),
+        ((torch.ones(1), 3), "item '1' is a int"),
+    ):
         with pytest.raises(OutputError, match=re.escape(words)):
             flatten(bad)
-    ref = {"a": torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64),
-           "b": torch.tensor([1.0, -1.0], dtype=torch.float64)}
-    out = {"a": torch.tensor([1.0, 2.0, 4.5], dtype=torch.float64),
-           "b": torch.tensor([-1.0, 1.0], dtype=torch.float64)}
+    ref = {
+        "a": torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64),
+        "b": torch.tensor([1.0, -1.0], dtype=torch.float64),
+    }
+    out = {
+        "a": torch.tensor([1.0, 2.0, 4.5], dtype=torch.float64),
+        "b": torch.tensor([-1.0, 1.0], dtype=torch.float64),
+    }
     f, bad = figures(out, ref)
     assert bad is None and f["max_abs"] == 2.0 and f["max_rel"] == 2.0
     assert f["cosine"] == pytest.approx(-1.0)  # b is reversed: the worst of the two
     assert judge(f, {"max_abs": 0.5, "cosine": -1.0}, None) == (
-        "fail", "breaks tolerance: max_abs 2 > 0.5; within: cosine -1 >= -1")
+        "fail",
+        "breaks tolerance: max_abs 2 > 0.5; within: cosine -1 >= -1",
+    )
     zero = {"a": torch.zeros(2, dtype=torch.float64)}
     f, _ = figures({"a": torch.ones(2, dtype=torch.float64)}, zero)
     assert f["max_rel"] == math.inf and judge(f, {"max_rel": 1.0}, None)[0] == "fail"
     f, bad = figures({"a": torch.tensor([math.nan, 1.0], dtype=torch.float64)}, zero)
     assert judge(f, {"cosine": 0.9}, bad) == (
-        "fail", "1 non-finite value(s) (NaN or inf) in the output, 0 in the reference")
+        "fail",
+        "1 non-finite value(s) (NaN or inf) in the output, 0 in the reference",
+    )
 
 
 def test_on_the_base_branch_a_quality_failure_is_reported_not_blocking():
     from memtrack.judge.quality import verdicts
 
-    ref = make_measurement("w", {"dtype": "float32"}, peak=400, quality_status="ok",
-                           quality_reference="w[dtype=float32]", quality_message="within")
-    fail = make_measurement("w", {"dtype": "bfloat16"}, peak=200, quality_status="fail",
-                            quality_reference="w[dtype=float32]",
-                            quality_message="breaks tolerance: cosine 0.9 < 0.999")
-    none = make_measurement("v", {"dtype": "float32"}, quality_status="none",
-                            quality_reference="v[dtype=float32]", quality_message="no ref")
+    ref = make_measurement(
+        "w",
+        {"dtype": "float32"},
+        peak=400,
+        quality_status="ok",
+        quality_reference="w[dtype=float32]",
+        quality_message="within",
+    )
+    fail = make_measurement(
+        "w",
+        {"dtype": "bfloat16"},
+        peak=200,
+        quality_status="fail",
+        quality_reference="w[dtype=float32]",
+        quality_message="breaks tolerance: cosine 0.9 < 0.999",
+    )
+    none = make_measurement(
+        "v",
+        {"dtype": "float32"},
+        quality_status="none",
+        quality_reference="v[dtype=float32]",
+        quality_message="no ref",
+    )
     plain = make_measurement("u", {"dtype": "float32"})
     pr = {v.case_id: v for v in verdicts([ref, fail, none, plain])}
     assert set(pr) == {"w[dtype=float32]", "w[dtype=bfloat16]", "v[dtype=float32]"}
     v = pr["w[dtype=bfloat16]"]
-    assert v.kind == "quality" and v.blocking and v.message.startswith(
-        "the precision change breaks its tolerance (dtype bfloat16 (reference float32)")
+    assert (
+        v.kind == "quality"
+        and v.blocking
+        and v.message.startswith(
+            "the precision change breaks its tolerance (dtype bfloat16 (reference float32)"
+        )
+    )
     assert (v.baseline_value, v.candidate_value, v.delta, v.delta_pct) == (400, 200, -200, -50)
     assert pr["v[dtype=float32]"].kind == "quality" and not pr["v[dtype=float32]"].blocking
     assert pr["w[dtype=float32]"].kind == "ok"
@@ -405,7 +488,8 @@ def test_bf16_on_the_gpu_keeps_quality_and_saves_device_memory(tmp_path):
     repo = init_repo(tmp_path / "gpu")
     (repo / "wl.py").write_text(WORKLOADS)
     (repo / "memtrack.toml").write_text(
-        'modules = ["wl.py"]\nwarmup = 1\nrepeats = 2\ndevice = "cuda"\n')
+        'modules = ["wl.py"]\nwarmup = 1\nrepeats = 2\ndevice = "cuda"\n'
+    )
     commit_all(repo, "workloads")
     assert cli(repo, "reference", "-k", "convnet").returncode == 0
     ms = _run(repo, run_id(cli(repo, "run", "-k", "convnet")))

@@ -107,8 +107,13 @@ timeout = "{timeout}"
 
 
 def _cli(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memtrack.cli", *args], cwd=repo,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -145,15 +150,19 @@ def test_each_rank_is_recorded_and_the_headline_is_the_largest_per_device_peak(s
     # the breakdown is rank 1's: its parts add up to the headline
     assert m.weights_bytes == 256 * 257 * 4
     # (the allocator also saw a few bytes no tensor the tracker follows held: unattributed)
-    assert (m.weights_bytes + m.intermediates_bytes + m.caches_bytes + m.unattributed_bytes
-            == m.peak_allocated_bytes)
+    assert (
+        m.weights_bytes + m.intermediates_bytes + m.caches_bytes + m.unattributed_bytes
+        == m.peak_allocated_bytes
+    )
     assert m.unattributed_bytes < 4096
     # the host is shared: its figures are the ranks' sum
     assert m.host_peak_rss_bytes == r0.host_peak_rss_bytes + r1.host_peak_rss_bytes
     # one row per rank in SQLite, and the JSON record holds the same run
-    rows = sqlite3.connect(db).execute(
-        "select rank, device, peak_allocated_bytes from rank_measurements order by rank"
-    ).fetchall()
+    rows = (
+        sqlite3.connect(db)
+        .execute("select rank, device, peak_allocated_bytes from rank_measurements order by rank")
+        .fetchall()
+    )
     assert rows == [(0, "cpu", r0.peak_allocated_bytes), (1, "cpu", r1.peak_allocated_bytes)]
     assert read_json(repo / "run.json") == run
 
@@ -164,28 +173,35 @@ def test_show_lists_a_row_per_rank(sharded_run):
     assert res.exit_code == 0, res.output
     assert "sharded[ranks=2] · per rank" in res.output
     table = res.output.split("per rank", 1)[1]
-    assert [line.split("│")[1].strip() for line in table.splitlines()
-            if line.startswith("│")] == ["0", "1"]
+    assert [line.split("│")[1].strip() for line in table.splitlines() if line.startswith("│")] == [
+        "0",
+        "1",
+    ]
 
 
 def _check_with_budget(repo: Path, db: Path, run_id: str, limit: int):
     cfg = repo / f"budget-{limit}.toml"
-    cfg.write_text(CONFIG.format(timeout="5 min") + textwrap.dedent(f"""
+    cfg.write_text(
+        CONFIG.format(timeout="5 min")
+        + textwrap.dedent(f"""
         [[budgets]]
         workload = "sharded"
         metric = "allocated"
         limit = {limit}
         reason = "each rank's shard must fit its own device"
-        """))
-    return CliRunner().invoke(main, ["check", "--config", str(cfg), "--db", str(db),
-                                     "--run", run_id], terminal_width=400)
+        """)
+    )
+    return CliRunner().invoke(
+        main, ["check", "--config", str(cfg), "--db", str(db), "--run", run_id], terminal_width=400
+    )
 
 
 def test_a_budget_between_the_ranks_peaks_blocks_and_names_the_rank(sharded_run):
     repo, db, run, _ = sharded_run
     r0, r1 = run.measurements[0].ranks
-    res = _check_with_budget(repo, db, run.run_id,
-                             (r0.peak_allocated_bytes + r1.peak_allocated_bytes) // 2)
+    res = _check_with_budget(
+        repo, db, run.run_id, (r0.peak_allocated_bytes + r1.peak_allocated_bytes) // 2
+    )
     assert res.exit_code == 1, res.output
     line = next(x for x in res.output.splitlines() if x.startswith("BLOCK over budget ·"))
     assert "allocated" in line and "largest per-device peak, rank 1 (device cpu)" in line
@@ -236,7 +252,8 @@ def test_ranks_must_be_a_whole_number_of_ranks(value):
 def test_ranks_set_in_the_config_are_checked_too(tmp_path):
     (tmp_path / "workloads.py").write_text(WORKLOADS)
     (tmp_path / "memtrack.toml").write_text(
-        CONFIG.format(timeout="1 min") + '\n[workloads.sharded]\nparams = {ranks = [2, 0]}\n')
+        CONFIG.format(timeout="1 min") + "\n[workloads.sharded]\nparams = {ranks = [2, 0]}\n"
+    )
     with pytest.raises(WorkloadError, match=r"workloads\.sharded\.params\.ranks: 0 is not"):
         discover(load_config(tmp_path / "memtrack.toml"))
 
@@ -244,11 +261,15 @@ def test_ranks_set_in_the_config_are_checked_too(tmp_path):
 def test_ranks_sweep_as_a_param_with_their_own_case_ids(tmp_path):
     (tmp_path / "workloads.py").write_text(WORKLOADS)
     (tmp_path / "memtrack.toml").write_text(
-        CONFIG.format(timeout="1 min") + '\n[workloads.sharded]\nparams = {ranks = [1, 2, 4]}\n')
+        CONFIG.format(timeout="1 min") + "\n[workloads.sharded]\nparams = {ranks = [1, 2, 4]}\n"
+    )
     config = load_config(tmp_path / "memtrack.toml")
     (wl,) = [w for w in discover(config) if w.name == "sharded"]
-    assert [c.case_id for c in wl.cases()] == ["sharded[ranks=1]", "sharded[ranks=2]",
-                                               "sharded[ranks=4]"]
+    assert [c.case_id for c in wl.cases()] == [
+        "sharded[ranks=1]",
+        "sharded[ranks=2]",
+        "sharded[ranks=4]",
+    ]
     assert ranks_of(wl.cases()[2].params) == 4
     assert ranks_of(Case("x", {"batch": 1}).params) is None
 
@@ -292,12 +313,17 @@ def test_two_ranks_on_two_gpus_each_measure_their_own_device(project):
 
 def _two_gpu_case(peaks: tuple[int, int], total: int = 141 * GiB):
     """Made-up figures of a 2-rank CUDA case: the judging of them is under test."""
-    devices = tuple(DeviceMeasurement(i, f"GPU-{i}", "NVIDIA H200", total, 0, p + GiB, p + GiB,
-                                      "pid", p, p, 10) for i, p in enumerate(peaks))
-    ranks = tuple(RankMeasurement(i, f"cuda:{i}", "ok", peak_allocated_bytes=p,
-                                  peak_reserved_bytes=p) for i, p in enumerate(peaks))
-    m = make_measurement("sharded", {"ranks": 2}, device="cuda", peak=max(peaks),
-                         reserved=max(peaks))
+    devices = tuple(
+        DeviceMeasurement(i, f"GPU-{i}", "NVIDIA H200", total, 0, p + GiB, p + GiB, "pid", p, p, 10)
+        for i, p in enumerate(peaks)
+    )
+    ranks = tuple(
+        RankMeasurement(i, f"cuda:{i}", "ok", peak_allocated_bytes=p, peak_reserved_bytes=p)
+        for i, p in enumerate(peaks)
+    )
+    m = make_measurement(
+        "sharded", {"ranks": 2}, device="cuda", peak=max(peaks), reserved=max(peaks)
+    )
     return replace(m, devices=devices, ranks=ranks)
 
 
@@ -311,8 +337,10 @@ def test_a_budget_above_the_device_memory_is_reported_as_such():
     m = _two_gpu_case((10 * GiB, 20 * GiB))
     (value, _, over, details), _ = _allocated_verdict(m, 200 * GiB)
     assert value == 20 * GiB and not over
-    assert details == ("budget 200.00 GiB is above the 141.00 GiB of device 1 (NVIDIA H200): "
-                       "a peak that fits the device is all it can hold",)
+    assert details == (
+        "budget 200.00 GiB is above the 141.00 GiB of device 1 (NVIDIA H200): "
+        "a peak that fits the device is all it can hold",
+    )
     assert device_memory(m, "device") == (141 * GiB, "device 1 (NVIDIA H200)")
 
 
@@ -320,5 +348,6 @@ def test_a_per_device_peak_above_the_device_memory_cannot_be_within_budget():
     m = _two_gpu_case((10 * GiB, 20 * GiB), total=16 * GiB)
     (_, _, over, _), words = _allocated_verdict(m, 200 * GiB)
     assert over
-    assert words.endswith("but above the 16.00 GiB of device 1 (NVIDIA H200): it cannot be "
-                          "within budget")
+    assert words.endswith(
+        "but above the 16.00 GiB of device 1 (NVIDIA H200): it cannot be within budget"
+    )

@@ -22,8 +22,10 @@ SHIPPED = Path(memtrack.__file__).parent / "records" / "schema" / "run-record.sc
 
 def _good() -> dict:
     run = make_run(
-        [make_measurement("decoder", {"batch": b}, device="cuda", device_peak=b * MiB)
-         for b in (1, 8)],
+        [
+            make_measurement("decoder", {"batch": b}, device="cuda", device_peak=b * MiB)
+            for b in (1, 8)
+        ],
         env=GPU_ENV,
     )
     return to_dict(run)
@@ -85,7 +87,8 @@ BAD = {
     "an unknown key": lambda d: {**d, "extra": 1},
     "a missing key": lambda d: {k: v for k, v in d.items() if k != "started_at"},
     "a device's negative bytes": lambda d: _measurement(
-        d, devices=[{**d["measurements"][0]["devices"][0], "peak_process_bytes": -5}]),
+        d, devices=[{**d["measurements"][0]["devices"][0], "peak_process_bytes": -5}]
+    ),
 }
 
 
@@ -96,7 +99,8 @@ def test_a_bad_value_is_refused_by_loader_and_schema_alike(name):
         run_from_dict(copy.deepcopy(data), where="r.json")
     assert str(err.value).startswith("r.json") and "\n" not in str(err.value)
     validator = jsonschema.Draft202012Validator(
-        json_schema(), format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+        json_schema(), format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
     if name != "a time that is no time":  # 'format' is advisory in JSON Schema
         assert not validator.is_valid(data), name
 
@@ -150,8 +154,9 @@ def test_a_binary_file_is_refused(tmp_path):
 
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -223,9 +228,34 @@ def _replaced(path, value):
     return data
 
 
-_EDGES = [None, -1, 0, 1, 2**62, 2**63, -(2**63) - 1, 10**30, 1.5, 1.0, -0.0, 1e308,
-          float("nan"), float("inf"), "", "ok", "fine", "ABC", "deadbeef",
-          "2026-01-01T00:00:00+00:00", True, False, [], [1], {}, {"a": 1}]
+_EDGES = [
+    None,
+    -1,
+    0,
+    1,
+    2**62,
+    2**63,
+    -(2**63) - 1,
+    10**30,
+    1.5,
+    1.0,
+    -0.0,
+    1e308,
+    float("nan"),
+    float("inf"),
+    "",
+    "ok",
+    "fine",
+    "ABC",
+    "deadbeef",
+    "2026-01-01T00:00:00+00:00",
+    True,
+    False,
+    [],
+    [1],
+    {},
+    {"a": 1},
+]
 
 
 def test_a_plain_value_tested_inline_is_judged_as_its_check_judges_it():
@@ -243,8 +273,12 @@ def test_a_plain_value_tested_inline_is_judged_as_its_check_judges_it():
     finally:
         records._fast_values = made
         records._builder.cache_clear()
-    differ = [(path, value) for (path, value), d, want in zip(
-        ((p, v) for p in _ALL_PATHS for v in _EDGES), cases, by_checks, strict=True)
-        if _outcome(d) != want]
+    differ = [
+        (path, value)
+        for (path, value), d, want in zip(
+            ((p, v) for p in _ALL_PATHS for v in _EDGES), cases, by_checks, strict=True
+        )
+        if _outcome(d) != want
+    ]
     assert not differ
     assert {type(x) for x in by_checks} == {str, records.RunRecord}  # both outcomes occur

@@ -113,16 +113,21 @@ def test_a_token_in_a_failure_reaches_no_record_database_or_report(tmp_path):
 
 # -- more shapes, the runner's own secrets, and ingested records --------------------------
 
-PEM = ("-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA0Z3VS5JJcds3xfn/ygWyF8PbnGy0AHB7Mhgw\n"
-       "-----END RSA PRIVATE KEY-----")
+PEM = (
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA0Z3VS5JJcds3xfn/ygWyF8PbnGy0AHB7Mhgw\n"
+    "-----END RSA PRIVATE KEY-----"
+)
 JWT = "eyJhbGciOiJSUzI1NiIsInR5cCI6IkpXVCJ9.eyJpc3MiOiJhY3Rpb25zIn0.U2lnbmF0dXJlSGVyZQ"
 SLACK = "xoxb-" + "1234567890-0987654321-AbCdEfGhIjKlMnOpQrStUvWx"
 GOOGLE = "AIza" + "SyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q"
 GITLAB = "glpat-" + "Zx9Yw8Vu7Ts6Rq5Po4Nm"
-AZURE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/"
-             "K1SZFPTOtr/KBHBeksoGMGw==")
-AZURE = (f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={AZURE_KEY};"
-         "EndpointSuffix=core.windows.net")
+AZURE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+AZURE = (
+    f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={AZURE_KEY};"
+    "EndpointSuffix=core.windows.net"
+)
 
 
 @pytest.mark.parametrize(
@@ -143,9 +148,13 @@ def test_more_token_shapes_are_redacted(text, secret):
 
 
 def test_a_value_of_a_secret_variable_is_redacted_whatever_its_shape():
-    env = {"AWS_SECRET_ACCESS_KEY": "q7Vf2LmP9xR4tY8wZ1nB6cD3hJ5kS0aE2gU7iO9e",
-           "MYAPP_SECRET": "s3kr1t-v4lue", "DEPLOY_KEY_ENV": "production",
-           "GIT_AUTHOR_EMAIL": "dev@example.com", "HOME": "/home/runner/work"}
+    env = {
+        "AWS_SECRET_ACCESS_KEY": "q7Vf2LmP9xR4tY8wZ1nB6cD3hJ5kS0aE2gU7iO9e",
+        "MYAPP_SECRET": "s3kr1t-v4lue",
+        "DEPLOY_KEY_ENV": "production",
+        "GIT_AUTHOR_EMAIL": "dev@example.com",
+        "HOME": "/home/runner/work",
+    }
     values = secret_values(env)
     assert values == ("q7Vf2LmP9xR4tY8wZ1nB6cD3hJ5kS0aE2gU7iO9e", "s3kr1t-v4lue")
     text = f"boto: {env['AWS_SECRET_ACCESS_KEY']} / {env['MYAPP_SECRET']} in production"
@@ -183,22 +192,34 @@ def test_the_runners_own_secrets_reach_no_record_database_or_report(tmp_path):
     (repo / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 0\nrepeats = 1\n')
     commit_all(repo, "a suite whose failures quote secrets; token " + GITHUB)
     aws, mine = "q7Vf2LmP9xR4tY8wZ1nB6cD3hJ5kS0aE2gU7iO9e", "s3kr1t-v4lue-0f-myapp"
-    env = {**os.environ, "AWS_SECRET_ACCESS_KEY": aws, "MYAPP_SECRET": mine,
-           "CUBLAS_WORKSPACE_CONFIG": f":4096:8,{GITHUB}"}
+    env = {
+        **os.environ,
+        "AWS_SECRET_ACCESS_KEY": aws,
+        "MYAPP_SECRET": mine,
+        "CUBLAS_WORKSPACE_CONFIG": f":4096:8,{GITHUB}",
+    }
     cli = [sys.executable, "-m", "memtrack.cli"]
-    run = subprocess.run([*cli, "run", "--json", "run.json"], cwd=repo, env=env,
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [*cli, "run", "--json", "run.json"], cwd=repo, env=env, capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr
-    check = subprocess.run([*cli, "check", "--markdown", "verdict.md"], cwd=repo, env=env,
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        [*cli, "check", "--markdown", "verdict.md"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert check.returncode == 0, check.stderr  # on the base branch: reported, not blocking
     record = json.loads((repo / "run.json").read_text())
     statuses = {m["workload"]: m["status"] for m in record["measurements"]}
     assert statuses == {"raises_the_key": "error", "prints_then_aborts": "crashed"}
     assert record["environment"]["env_vars"]["CUBLAS_WORKSPACE_CONFIG"] == f":4096:8,{MASK}"
-    outputs = {"run.json": (repo / "run.json").read_text(),
-               "verdict.md": (repo / "verdict.md").read_text(),
-               "output": run.stdout + run.stderr + check.stdout + check.stderr}
+    outputs = {
+        "run.json": (repo / "run.json").read_text(),
+        "verdict.md": (repo / "verdict.md").read_text(),
+        "output": run.stdout + run.stderr + check.stdout + check.stderr,
+    }
     for db_file in (repo / "data").glob("memtrack.db*"):
         outputs[db_file.name] = db_file.read_bytes().decode("latin-1")
     assert MASK in outputs["run.json"] and "config:" in outputs["run.json"]
@@ -210,12 +231,19 @@ def test_the_runners_own_secrets_reach_no_record_database_or_report(tmp_path):
 def test_ingest_redacts_what_run_would(tmp_path):
     """A record from elsewhere holding a token in its variables, its commit subject and its
     CI fields is stored without them, as `memtrack run` would have stored it."""
-    run = make_run([make_measurement("decoder", {"batch": 1})],
-                   subject=f"fix auth ({GITHUB})")
-    run = replace(run, environment=replace(run.environment, env_vars={
-        "GITHUB_TOKEN": "a-custom-token-value-1234", "CUDA_MODULE_LOADING": f"LAZY {HF}"}),
+    run = make_run([make_measurement("decoder", {"batch": 1})], subject=f"fix auth ({GITHUB})")
+    run = replace(
+        run,
+        environment=replace(
+            run.environment,
+            env_vars={
+                "GITHUB_TOKEN": "a-custom-token-value-1234",
+                "CUDA_MODULE_LOADING": f"LAZY {HF}",
+            },
+        ),
         ci=replace(run.ci, run_url="https://x:hunter2hunter2@ci.example/run/1"),
-        git=replace(run.git, notes=(f"deployed with {SLACK}",)))
+        git=replace(run.git, notes=(f"deployed with {SLACK}",)),
+    )
     record = tmp_path / "run.json"
     write_json(run, record)
     db = tmp_path / "m.db"
@@ -224,10 +252,11 @@ def test_ingest_redacts_what_run_would(tmp_path):
     stored = db.read_bytes().decode("latin-1")
     with Store.open(db, readonly=True) as store:
         back = store.get_run(run.run_id)
-    assert back.environment.env_vars == {"GITHUB_TOKEN": MASK,
-                                         "CUDA_MODULE_LOADING": f"LAZY {MASK}"}
-    assert back.git.subject == f"fix auth ({MASK})" and back.git.notes == (
-        f"deployed with {MASK}",)
+    assert back.environment.env_vars == {
+        "GITHUB_TOKEN": MASK,
+        "CUDA_MODULE_LOADING": f"LAZY {MASK}",
+    }
+    assert back.git.subject == f"fix auth ({MASK})" and back.git.notes == (f"deployed with {MASK}",)
     for secret in (GITHUB, HF, "a-custom-token-value-1234", "hunter2hunter2", SLACK):
         assert secret not in stored
     # Ingesting the same file again finds the same (redacted) run: nothing changes.

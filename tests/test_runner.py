@@ -253,8 +253,9 @@ def test_auto_measures_on_the_cpu_when_torch_cannot_start_the_gpus_nvml_sees(tmp
 
     from factories import GPU_ENV
 
-    env = replace(GPU_ENV, cuda_available=False,
-                  cuda_unavailable_reason="CUDA driver initialization failed")
+    env = replace(
+        GPU_ENV, cuda_available=False, cuda_unavailable_reason="CUDA driver initialization failed"
+    )
     (tmp_path / "wl.py").write_text(WORKLOADS)
     (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 0\nrepeats = 1\n')
     config = load_config(tmp_path / "memtrack.toml")
@@ -262,8 +263,10 @@ def test_auto_measures_on_the_cpu_when_torch_cannot_start_the_gpus_nvml_sees(tmp
     run = run_suite(config, cases, env=env)
     [m] = run.measurements
     assert (m.status, m.device) == ("ok", "cpu")
-    assert m.notes[0] == ("device auto: NVML sees 1 GPU(s) but torch cannot use CUDA (CUDA "
-                          "driver initialization failed); measured on the CPU")
+    assert m.notes[0] == (
+        "device auto: NVML sees 1 GPU(s) but torch cannot use CUDA (CUDA "
+        "driver initialization failed); measured on the CPU"
+    )
 
 
 ESCAPES = textwrap.dedent(
@@ -315,12 +318,27 @@ def test_no_process_a_case_started_outlives_memtrack_run(tmp_path):
     (tmp_path / "wl.py").write_text(ESCAPES)
     (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 1\n')
     res = subprocess.run(
-        [sys.executable, "-m", "memtrack.cli", "run", "--config", str(tmp_path / "memtrack.toml"),
-         "--no-db", "--json", str(tmp_path / "run.json")],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "memtrack.cli",
+            "run",
+            "--config",
+            str(tmp_path / "memtrack.toml"),
+            "--no-db",
+            "--json",
+            str(tmp_path / "run.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
-    statuses = {m["case_id"]: m["status"]
-                for m in json.loads((tmp_path / "run.json").read_text())["measurements"]}
+    statuses = {
+        m["case_id"]: m["status"]
+        for m in json.loads((tmp_path / "run.json").read_text())["measurements"]
+    }
     assert statuses["new_session"] == statuses["daemon"] == "ok"
     assert statuses["exits_at_once[session=True]"] == "crashed"
     pids = {p.stem: int(p.read_text()) for p in tmp_path.glob("*.pid")}

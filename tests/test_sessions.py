@@ -39,7 +39,8 @@ def serve_cpu(tmp_path_factory):
 def test_concurrent_sessions_peak_above_one_and_below_n_times_one(serve_cpu):
     one = serve_cpu[1]
     assert all(m.status == "ok" for m in serve_cpu.values()), [
-        m.message for m in serve_cpu.values()]
+        m.message for m in serve_cpu.values()
+    ]
     for n in (2, 4):
         m = serve_cpu[n]
         assert one.peak_allocated_bytes < m.peak_allocated_bytes < n * one.peak_allocated_bytes
@@ -95,14 +96,19 @@ def test_the_same_session_threads_serve_every_iteration():
 
     def step() -> None:
         with lock:
-            seen.append((threading.get_native_id(), id(threading.current_thread()),
-                         threading.current_thread().name))
+            seen.append(
+                (
+                    threading.get_native_id(),
+                    id(threading.current_thread()),
+                    threading.current_thread().name,
+                )
+            )
 
     with Sessions(step, 3, torch.device("cpu")) as run:
         for _ in range(4):
             run()
         assert len(seen) == 12
-        calls = [set(seen[i:i + 3]) for i in range(0, 12, 3)]
+        calls = [set(seen[i : i + 3]) for i in range(0, 12, 3)]
         assert len(calls[0]) == 3 and all(c == calls[0] for c in calls)
         threads = run.threads
         assert all(t.is_alive() for t in threads)
@@ -156,7 +162,7 @@ def test_a_concurrent_case_runs_every_iteration_in_the_same_threads(tmp_path):
     ids = (tmp_path / "threads.log").read_text().split()
     iterations = 2 + 3 + 3  # warm-up, timing, memory pass
     assert len(ids) == 3 * iterations
-    calls = [set(ids[i:i + 3]) for i in range(0, len(ids), 3)]
+    calls = [set(ids[i : i + 3]) for i in range(0, len(ids), 3)]
     assert len(calls[0]) == 3 and all(c == calls[0] for c in calls)
 
 
@@ -235,7 +241,8 @@ def test_concurrent_sessions_on_cuda_keep_allocated_flat_across_repeats(tmp_path
     # pairs, and so the workspaces, are made once, in the warm-up.
     (tmp_path / "memtrack.toml").write_text(
         'modules = ["memtrack.examples"]\nwarmup = 1\nrepeats = 8\n'
-        "[workloads.decoder_serve]\nparams = {concurrency = [4]}\n")
+        "[workloads.decoder_serve]\nparams = {concurrency = [4]}\n"
+    )
     config = load_config(tmp_path / "memtrack.toml")
     (m,) = run_suite(config, select_cases(discover(config), ["decoder_serve"])).measurements
     assert m.status == "ok" and m.device == "cuda", m.message

@@ -24,11 +24,17 @@ from memtrack.store.database import Store
 MODULE = "Sequential.0.layers.1.self_attn"  # train_step's second encoder layer's attention
 
 
-def _memtrack(cwd: Path, *args: str, env: dict[str, str] | None = None
-              ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "memtrack.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})})
+def _memtrack(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _db_bytes(db: Path) -> dict[str, bytes]:
@@ -52,8 +58,9 @@ def project(tmp_path_factory):
 def cpu_snapshot(project):
     repo, db, cache = project
     before = _db_bytes(db)
-    result = _memtrack(repo, "snapshot", "train_step", "--db", str(db),
-                       env={"XDG_CACHE_HOME": str(cache)})
+    result = _memtrack(
+        repo, "snapshot", "train_step", "--db", str(db), env={"XDG_CACHE_HOME": str(cache)}
+    )
     assert result.returncode == 0, result.stderr
     (path,) = (cache / "memtrack" / "snapshots").iterdir()
     return result, path, before
@@ -106,15 +113,22 @@ def test_out_never_overwrites_and_an_unknown_case_is_named(project, tmp_path):
     result = _memtrack(repo, "snapshot", "train_step", "--db", str(db), "--out", str(existing))
     assert result.returncode == 2 and "already exists" in result.stderr
     assert existing.read_text() == "keep"
-    result = _memtrack(repo, "snapshot", "train_stpe", "--db", str(db),
-                       "--out", str(tmp_path / "x.json"))
+    result = _memtrack(
+        repo, "snapshot", "train_stpe", "--db", str(db), "--out", str(tmp_path / "x.json")
+    )
     assert result.returncode == 2 and "no case or workload 'train_stpe'" in result.stderr
 
 
 def _verdict(case_id: str, metric: str, kind: str, blocking: bool) -> Verdict:
-    return Verdict(case_id=case_id, workload=case_id.partition("[")[0], metric=metric,
-                   kind=kind, blocking=blocking, message=f"{metric}: {kind}",
-                   candidate_value=float(GiB))
+    return Verdict(
+        case_id=case_id,
+        workload=case_id.partition("[")[0],
+        metric=metric,
+        kind=kind,
+        blocking=blocking,
+        message=f"{metric}: {kind}",
+        candidate_value=float(GiB),
+    )
 
 
 def test_the_report_suggests_a_snapshot_once_under_each_blocked_case():
@@ -124,9 +138,17 @@ def test_the_report_suggests_a_snapshot_once_under_each_blocked_case():
         _verdict("decoder[batch=1]", "allocated", "ok", False),
         _verdict("loader", "load_host", "over_budget", True),  # the loading, not the step
     )
-    result = CheckResult(run_id="r" * 32, commit="a" * 40, branch="pr", started_at="",
-                         fingerprint="f" * 16, base_branch="main", merge_base="a" * 40,
-                         baseline_mode="ancestry", verdicts=verdicts)
+    result = CheckResult(
+        run_id="r" * 32,
+        commit="a" * 40,
+        branch="pr",
+        started_at="",
+        fingerprint="f" * 16,
+        base_branch="main",
+        merge_base="a" * 40,
+        baseline_mode="ancestry",
+        verdicts=verdicts,
+    )
     hint = "To see which allocation: memtrack snapshot 'decoder[batch=8]'"
     text = "\n".join(str(r) for r in report.terminal(result) if not hasattr(r, "columns"))
     assert text.count(hint) == 1
@@ -144,11 +166,26 @@ def test_check_of_a_blocked_case_prints_the_snapshot_command(tmp_path):
     with Store.open(db) as store:
         store.write_run(run)
     cfg = tmp_path / "memtrack.toml"
-    cfg.write_text('[[budgets]]\nworkload = "decoder"\nmetric = "allocated"\nlimit = "1 GiB"\n'
-                   'reason = "must fit beside the server"\n')
+    cfg.write_text(
+        '[[budgets]]\nworkload = "decoder"\nmetric = "allocated"\nlimit = "1 GiB"\n'
+        'reason = "must fit beside the server"\n'
+    )
     md = tmp_path / "verdict.md"
-    res = CliRunner().invoke(main, ["check", "--config", str(cfg), "--db", str(db), "--run",
-                                    run.run_id, "--no-record", "--markdown", str(md)])
+    res = CliRunner().invoke(
+        main,
+        [
+            "check",
+            "--config",
+            str(cfg),
+            "--db",
+            str(db),
+            "--run",
+            run.run_id,
+            "--no-record",
+            "--markdown",
+            str(md),
+        ],
+    )
     assert res.exit_code == 1, res.output
     assert "To see which allocation: memtrack snapshot 'decoder[batch=8]'" in res.output
     assert md.read_text().count("memtrack snapshot 'decoder[batch=8]'") == 1
@@ -160,8 +197,15 @@ def test_the_cuda_snapshot_is_the_allocators_history_for_memory_viz(tmp_path):
     (repo / "README.md").write_text("a project\n")
     commit_all(repo, "first commit")
     out = tmp_path / "snap.pickle"
-    result = _memtrack(repo, "snapshot", "image_classify", "--out", str(out),
-                       "--db", str(tmp_path / "db" / "memtrack.db"))
+    result = _memtrack(
+        repo,
+        "snapshot",
+        "image_classify",
+        "--out",
+        str(out),
+        "--db",
+        str(tmp_path / "db" / "memtrack.db"),
+    )
     assert result.returncode == 0, result.stderr
     assert "(cuda," in result.stdout and "https://pytorch.org/memory_viz" in result.stdout
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
@@ -182,10 +226,16 @@ class FakeCudaHistory:
         self.calls: list[dict] = []
         monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: backend)
         monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-        monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
-                            lambda *args, **kwargs: self.calls.append(kwargs))
-        monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {
-            "segments": [], "device_traces": [[{"action": "alloc"}, {"action": "free"}]]})
+        monkeypatch.setattr(
+            torch.cuda.memory,
+            "_record_memory_history",
+            lambda *args, **kwargs: self.calls.append(kwargs),
+        )
+        monkeypatch.setattr(
+            torch.cuda.memory,
+            "_snapshot",
+            lambda: {"segments": [], "device_traces": [[{"action": "alloc"}, {"action": "free"}]]},
+        )
 
 
 def test_the_cuda_snapshot_records_python_stacks_only_with_fake_cuda(tmp_path, monkeypatch):
@@ -196,31 +246,34 @@ def test_the_cuda_snapshot_records_python_stacks_only_with_fake_cuda(tmp_path, m
 
     fake = FakeCudaHistory(monkeypatch)
     steps = []
-    out = capture(lambda: steps.append(1), torch.device("cuda", 0), (), tmp_path / "s.pickle",
-                  "case")
+    out = capture(
+        lambda: steps.append(1), torch.device("cuda", 0), (), tmp_path / "s.pickle", "case"
+    )
     assert steps == [1] and out == {"snapshot_kind": "cuda-memory-history", "snapshot_events": 2}
     assert fake.calls[0]["stacks"] == "python"
     assert fake.calls[-1] == {"enabled": None}  # the recorder is stopped again
     assert stat.S_IMODE((tmp_path / "s.pickle").stat().st_mode) == 0o600
 
 
-def test_the_cuda_snapshot_refuses_cuda_malloc_async_clearly_with_fake_cuda(tmp_path,
-                                                                           monkeypatch):
+def test_the_cuda_snapshot_refuses_cuda_malloc_async_clearly_with_fake_cuda(tmp_path, monkeypatch):
     import torch
 
     from memtrack.probes.snapshot import capture
 
     fake = FakeCudaHistory(monkeypatch, backend="cudaMallocAsync")
     steps = []
-    with pytest.raises(RuntimeError, match="memtrack snapshot needs PyTorch's caching "
-                                           "allocator: this worker runs cudaMallocAsync"):
-        capture(lambda: steps.append(1), torch.device("cuda", 0), (), tmp_path / "s.pickle",
-                "case")
+    with pytest.raises(
+        RuntimeError,
+        match="memtrack snapshot needs PyTorch's caching "
+        "allocator: this worker runs cudaMallocAsync",
+    ):
+        capture(lambda: steps.append(1), torch.device("cuda", 0), (), tmp_path / "s.pickle", "case")
     assert steps == [] and fake.calls == [] and not (tmp_path / "s.pickle").exists()
 
 
 def test_snapshot_refuses_cuda_malloc_async_before_running_the_case_with_a_fake_gpu_env(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     import dataclasses
 
     from factories import GPU_ENV
@@ -229,8 +282,9 @@ def test_snapshot_refuses_cuda_malloc_async_before_running_the_case_with_a_fake_
     from memtrack.errors import ConfigError
     from memtrack.measure import snapshots
 
-    (tmp_path / "wl.py").write_text("import memtrack\n\n@memtrack.workload\n"
-                                    "def w(ctx):\n    return lambda: None\n")
+    (tmp_path / "wl.py").write_text(
+        "import memtrack\n\n@memtrack.workload\ndef w(ctx):\n    return lambda: None\n"
+    )
     (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\n')
     config = load_config(tmp_path / "memtrack.toml")
     env = dataclasses.replace(GPU_ENV, cuda_available=True, allocator_backend="cudaMallocAsync")

@@ -255,8 +255,9 @@ def test_run_ids_and_case_names_are_matched_literally(tmp_path):
 def test_history_refuses_a_limit_below_one_and_names_the_nearest_cases(tmp_path):
     db = tmp_path / "m.db"
     with Store.open(db) as store:
-        store.write_run(make_run([make_measurement("decoder_generate", {"sessions": s})
-                                  for s in (1, 4)]))
+        store.write_run(
+            make_run([make_measurement("decoder_generate", {"sessions": s}) for s in (1, 4)])
+        )
     cli = CliRunner()
     res = cli.invoke(main, ["history", "decoder_generate", "-n", "-1", "--db", str(db)])
     assert res.exit_code == 2
@@ -290,26 +291,39 @@ def test_show_connects_the_host_peak_with_the_host_figures_check_gates(tmp_path)
     res = CliRunner().invoke(main, ["show", run.run_id, "--db", str(db)], terminal_width=240)
     # `check` says "host 360.00 MiB": `show` says which part of the peak RSS that is
     line = next(x for x in res.output.splitlines() if "(vmhwm)" in x)
-    assert (f"{format_size(360 * MiB + HOST_FILE)} (vmhwm) = {format_size(HOST_FILE)} "
-            "file-backed (shared libraries) + 360.00 MiB gated as `host`") in line
+    assert (
+        f"{format_size(360 * MiB + HOST_FILE)} (vmhwm) = {format_size(HOST_FILE)} "
+        "file-backed (shared libraries) + 360.00 MiB gated as `host`"
+    ) in line
     assert "the step's growth 12.00 MiB, gated as `host_step`" in line
 
 
 def test_show_splits_training_state_and_names_the_cpu_gap_for_what_it_is(tmp_path):
     db = tmp_path / "m.db"
-    cpu = make_measurement("train", gradients_bytes=3 * MiB, optimizer_state_bytes=6 * MiB,
-                           training_state_bytes=9 * MiB, workspace_bytes=300 * MiB)
+    cpu = make_measurement(
+        "train",
+        gradients_bytes=3 * MiB,
+        optimizer_state_bytes=6 * MiB,
+        training_state_bytes=9 * MiB,
+        workspace_bytes=300 * MiB,
+    )
     gpu = make_measurement("serve", device="cuda", workspace_bytes=500 * MiB)
     runs = make_run([cpu]), make_run([gpu], env=GPU_ENV)
     with Store.open(db) as store:
         store.write_runs(list(runs))
 
     def rows(run) -> dict[str, str]:
-        out = CliRunner().invoke(main, ["show", run.run_id, "--db", str(db)],
-                                 terminal_width=240).output
+        out = (
+            CliRunner()
+            .invoke(main, ["show", run.run_id, "--db", str(db)], terminal_width=240)
+            .output
+        )
         assert "training state" not in out
-        return {line.split("│")[1].strip(): line.split("│")[2].strip()
-                for line in out.splitlines() if line.count("│") == 3}
+        return {
+            line.split("│")[1].strip(): line.split("│")[2].strip()
+            for line in out.splitlines()
+            if line.count("│") == 3
+        }
 
     on_cpu, on_gpu = rows(runs[0]), rows(runs[1])
     assert on_cpu["gradients"] == "3.00 MiB" and on_cpu["optimizer state"] == "6.00 MiB"
@@ -336,13 +350,25 @@ def _estimate_db(db, commit):
     runs = [make_run(base, started_at=f"2026-01-{d:02d}T00:00:00+00:00") for d in range(1, 31)]
 
     def estimate(day, peaks, status="ok", of=None):
-        ms = [replace(m, kind="estimate", status=status, peak_allocated_bytes=peak,
-                      framework="fake-tensor-estimate")
-              for m, peak in zip(base, peaks, strict=False) if peak is not None]
+        ms = [
+            replace(
+                m,
+                kind="estimate",
+                status=status,
+                peak_allocated_bytes=peak,
+                framework="fake-tensor-estimate",
+            )
+            for m, peak in zip(base, peaks, strict=False)
+            if peak is not None
+        ]
         return make_run(ms, commit=of, started_at=f"2026-02-{day:02d}T00:00:00+00:00")
 
-    runs += [estimate(1, [3 * MiB], of=commit), estimate(2, [5 * MiB, 6 * MiB]),
-             estimate(2, [None, 7 * MiB]), estimate(3, [9 * MiB, 9 * MiB], "error")]
+    runs += [
+        estimate(1, [3 * MiB], of=commit),
+        estimate(2, [5 * MiB, 6 * MiB]),
+        estimate(2, [None, 7 * MiB]),
+        estimate(3, [9 * MiB, 9 * MiB], "error"),
+    ]
     with Store.open(db) as store:
         store.write_runs(runs)
     return runs
@@ -363,12 +389,15 @@ def test_the_estimate_beside_a_case_is_its_commits_else_its_newest_by_an_index(t
         store.conn.set_trace_callback(statements.append)
         store.latest_estimates([a, b, never], commit)
         store.conn.set_trace_callback(None)
-        plans = [row[3] for sql in statements
-                 for row in store.conn.execute("explain query plan " + sql)]
+        plans = [
+            row[3] for sql in statements for row in store.conn.execute("explain query plan " + sql)
+        ]
 
     def figures(found):
-        return {case: (e["peak_allocated_bytes"] // MiB, e["git_commit"] == commit)
-                for case, e in found.items()}
+        return {
+            case: (e["peak_allocated_bytes"] // MiB, e["git_commit"] == commit)
+            for case, e in found.items()
+        }
 
     assert figures(ours) == {a: (3, True), b: (7, False)}  # `never` was never estimated
     assert figures(newest) == {a: (5, False), b: (7, False)}  # the failed one is left out
@@ -392,8 +421,9 @@ def test_a_database_from_before_the_estimate_index_gets_it_when_opened(tmp_path)
 
 
 @pytest.mark.parametrize("lookup", [2, 64])
-def test_a_run_twice_in_one_write_is_stored_once_and_other_content_refused(tmp_path,
-                                                                           monkeypatch, lookup):
+def test_a_run_twice_in_one_write_is_stored_once_and_other_content_refused(
+    tmp_path, monkeypatch, lookup
+):
     """Stored runs are looked up several at a time and written a batch at a time: a run id
     seen again, in the same batch, a later one or an earlier write, is compared with what
     was stored, never doubled."""
@@ -416,11 +446,16 @@ def test_a_run_twice_in_one_write_is_stored_once_and_other_content_refused(tmp_p
 def test_runs_read_back_whatever_columns_their_batch_leaves_empty(tmp_path):
     """A batch's insert leaves out the columns that are NULL in all its rows: a figure held
     by one run of a batch, by none, or by every run, reads back as written."""
-    gpu = make_run([make_measurement("decoder", {"batch": 8}, device="cuda", reserved=9 * MiB,
-                                     device_peak=12 * MiB)], env=GPU_ENV,
-                   ci=CIInfo(provider="github-actions", event="pull_request", pr_number=7))
-    cpus = [make_run([make_measurement("decoder", {"batch": b}) for b in (1, 8)])
-            for _ in range(2)]
+    gpu = make_run(
+        [
+            make_measurement(
+                "decoder", {"batch": 8}, device="cuda", reserved=9 * MiB, device_peak=12 * MiB
+            )
+        ],
+        env=GPU_ENV,
+        ci=CIInfo(provider="github-actions", event="pull_request", pr_number=7),
+    )
+    cpus = [make_run([make_measurement("decoder", {"batch": b}) for b in (1, 8)]) for _ in range(2)]
     with Store.open(tmp_path / "m.db") as store:
         assert store.write_runs([cpus[0], gpu]) == (2, 0)  # columns held by one run of two
         assert store.write_runs([cpus[1]]) == (1, 0)  # device columns held by none

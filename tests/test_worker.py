@@ -163,8 +163,12 @@ def test_torchs_cpu_allocator_failing_is_an_oom_not_an_error(tmp_path):
     can't allocate memory", not MemoryError: the case ran out of memory all the same."""
     (tmp_path / "wl.py").write_text(TORCH_HOST_OOM)
     (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 0\nrepeats = 1\n')
-    res = subprocess.run([sys.executable, "-m", "memtrack.cli", "run", "--no-db", "--json",
-                          "run.json"], cwd=tmp_path, capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "run", "--no-db", "--json", "run.json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     (m,) = json.loads((tmp_path / "run.json").read_text())["measurements"]
     assert m["status"] == "oom", m["message"]

@@ -71,7 +71,8 @@ def test_workflows_and_action_match_githubs_schema() -> None:
     for schema, files in schemas:
         out = subprocess.run(
             [_tool("check-jsonschema"), "--builtin-schema", schema, *map(str, files)],
-            capture_output=True, text=True,
+            capture_output=True,
+            text=True,
         )
         assert out.returncode == 0, out.stdout + out.stderr
 
@@ -79,7 +80,9 @@ def test_workflows_and_action_match_githubs_schema() -> None:
 def test_zizmor_offline_finds_nothing() -> None:
     out = subprocess.run(
         [_tool("zizmor"), "--offline", "--no-progress", str(GITHUB)],
-        capture_output=True, text=True, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "No findings" in out.stdout, out.stdout
@@ -92,8 +95,12 @@ def _context(event: str, head_repo: str | None = REPO) -> dict[str, Any]:
         payload = {"pull_request": {"number": 7, "head": head, "base": {"sha": "b" * 40}}}
     results = {"result": "success"}
     return {
-        "github": {"event_name": event, "repository": REPO, "event": payload,
-                   "ref": "refs/heads/main"},
+        "github": {
+            "event_name": event,
+            "repository": REPO,
+            "event": payload,
+            "ref": "refs/heads/main",
+        },
         "needs": {name: results for _, name, _ in _jobs()},
         "vars": {},
     }
@@ -105,8 +112,10 @@ DELETED_FORK_PR = _context("pull_request", None)
 
 
 def test_the_evaluator_reads_conditions_as_github_does() -> None:
-    guard = ("github.event_name == 'push' || "
-             "github.event.pull_request.head.repo.full_name == github.repository")
+    guard = (
+        "github.event_name == 'push' || "
+        "github.event.pull_request.head.repo.full_name == github.repository"
+    )
     assert evaluate(guard, PUSH) is True
     assert evaluate(guard, SAME_REPO_PR) is True
     assert evaluate(guard, FORK_PR) is False
@@ -214,8 +223,11 @@ def test_every_remote_action_is_pinned_to_a_full_commit_sha() -> None:
 
 
 def _checkouts(job: dict[str, Any]) -> list[dict[str, Any]]:
-    return [step for step in job.get("steps", [])
-            if str(step.get("uses", "")).startswith("actions/checkout@")]
+    return [
+        step
+        for step in job.get("steps", [])
+        if str(step.get("uses", "")).startswith("actions/checkout@")
+    ]
 
 
 def test_checkouts_persist_no_credentials_and_measure_the_pr_head() -> None:
@@ -273,7 +285,12 @@ def test_the_action_has_the_inputs_a_repository_adopts_it_with() -> None:
     action = _load(ACTION)
     assert action["runs"]["using"] == "composite"
     assert set(action["inputs"]) >= {
-        "config", "database", "base-branch", "comment", "python", "extra-args",
+        "config",
+        "database",
+        "base-branch",
+        "comment",
+        "python",
+        "extra-args",
     }
     for step in action["runs"]["steps"]:
         if "run" in step:
@@ -288,8 +305,13 @@ def _hook(
 ) -> subprocess.CompletedProcess:
     event_file = tmp_path / "event.json"
     event_file.write_text(json.dumps(payload))
-    env = {"PATH": os.environ["PATH"], "GITHUB_EVENT_NAME": event, "GITHUB_REPOSITORY": REPO,
-           "GITHUB_EVENT_PATH": str(event_file), **extra}
+    env = {
+        "PATH": os.environ["PATH"],
+        "GITHUB_EVENT_NAME": event,
+        "GITHUB_REPOSITORY": REPO,
+        "GITHUB_EVENT_PATH": str(event_file),
+        **extra,
+    }
     return subprocess.run(["bash", str(HOOK)], env=env, capture_output=True, text=True)
 
 
@@ -340,7 +362,7 @@ class _FakeGitHub(BaseHTTPRequestHandler):
             self._reply(403, {"message": "Resource not accessible by integration"})
             return
         page = int(re.search(r"[?&]page=(\d+)", self.path).group(1))  # type: ignore[union-attr]
-        self._reply(200, self.comments[(page - 1) * 100: page * 100])
+        self._reply(200, self.comments[(page - 1) * 100 : page * 100])
 
     def do_POST(self) -> None:  # noqa: N802
         self.calls.append(f"POST {self.path}")
@@ -351,8 +373,12 @@ class _FakeGitHub(BaseHTTPRequestHandler):
             else:
                 self._reply(200, {"data": {"viewer": {"login": self.viewer}}})
             return
-        comment = {"id": 1000 + len(self.comments), "body": self._body()["body"],
-                   "user": dict(self.author), "html_url": "https://example.invalid/c"}
+        comment = {
+            "id": 1000 + len(self.comments),
+            "body": self._body()["body"],
+            "user": dict(self.author),
+            "html_url": "https://example.invalid/c",
+        }
         self.comments.append(comment)
         self._reply(201, comment)
 
@@ -379,8 +405,12 @@ def fake_github():
     _FakeGitHub.author = {"login": "github-actions[bot]", "type": "Bot"}
     server = HTTPServer(("127.0.0.1", 0), _FakeGitHub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    env = {**os.environ, "GITHUB_TOKEN": "t0ken", "GITHUB_REPOSITORY": REPO,
-           "GITHUB_API_URL": f"http://127.0.0.1:{server.server_port}"}
+    env = {
+        **os.environ,
+        "GITHUB_TOKEN": "t0ken",
+        "GITHUB_REPOSITORY": REPO,
+        "GITHUB_API_URL": f"http://127.0.0.1:{server.server_port}",
+    }
     script = GITHUB / "actions" / "memtrack" / "comment.py"
 
     def post(text: str, tmp: Path) -> subprocess.CompletedProcess:
@@ -388,6 +418,7 @@ def fake_github():
         verdict.write_text(text)
         command = [sys.executable, str(script), "--pr", "7", "--body-file", str(verdict)]
         return subprocess.run(command, env=env, capture_output=True, text=True)
+
     yield post
     server.shutdown()
 
@@ -402,8 +433,9 @@ def _ours() -> list[dict[str, Any]]:
 
 def test_comment_is_created_once_then_updated_in_place_fake_github_api(tmp_path, fake_github):
     # Many earlier comments: the marker is found past the first page.
-    _FakeGitHub.comments = [{"id": i, "body": f"comment {i}", "user": _user("dev")}
-                            for i in range(150)]
+    _FakeGitHub.comments = [
+        {"id": i, "body": f"comment {i}", "user": _user("dev")} for i in range(150)
+    ]
     first = fake_github("## memtrack: 1 regression\n", tmp_path)
     assert first.returncode == 0 and "created" in first.stdout, first.stderr
     second = fake_github("## memtrack: all clear\n", tmp_path)
@@ -418,9 +450,7 @@ def test_comment_is_created_once_then_updated_in_place_fake_github_api(tmp_path,
     assert f"PATCH /repos/{REPO}/issues/comments/{ours[0]['id']}" in _FakeGitHub.calls
 
 
-def test_a_marker_comment_someone_else_wrote_is_never_edited_fake_github_api(
-    tmp_path, fake_github
-):
+def test_a_marker_comment_someone_else_wrote_is_never_edited_fake_github_api(tmp_path, fake_github):
     forged = {"id": 1, "body": "<!-- memtrack -->\nall clear, trust me", "user": _user("mallory")}
     _FakeGitHub.comments = [dict(forged)]
     for text in ("## memtrack: 1 regression\n", "## memtrack: 2 regressions\n"):
@@ -468,7 +498,7 @@ def _comment_module():
     return module
 
 
-@pytest.mark.parametrize("unit", ["x", "\U0001F3AF"])  # an emoji is 2 UTF-16 units
+@pytest.mark.parametrize("unit", ["x", "\U0001f3af"])  # an emoji is 2 UTF-16 units
 def test_an_oversized_verdict_is_cut_at_a_line_with_its_blocks_closed(unit):
     comment = _comment_module()
     rows = "\n".join(f"| case_{i} | {unit * 40} |" for i in range(3000))

@@ -61,8 +61,14 @@ def test_a_module_that_cannot_be_imported_names_the_file_and_key(tmp_path):
 
 def test_the_shipped_examples_are_the_default_suite(tmp_path):
     found = discover(load_config(cwd=tmp_path))
-    assert {w.name for w in found} == {"decoder_generate", "decoder_serve", "train_step",
-                                       "image_classify", "load_checkpoint", "gpt_generate"}
+    assert {w.name for w in found} == {
+        "decoder_generate",
+        "decoder_serve",
+        "train_step",
+        "image_classify",
+        "load_checkpoint",
+        "gpt_generate",
+    }
 
 
 def test_config_params_scale_a_workload_without_editing_it(tmp_path):
@@ -121,9 +127,7 @@ def test_a_module_that_fails_at_import_is_one_line_exit_2(tmp_path, source, mess
 
 def test_one_workload_name_in_two_modules_is_refused_naming_both(tmp_path):
     body = "import memtrack\n@memtrack.workload\ndef train(ctx):\n    return lambda: None\n"
-    config = _suite(
-        tmp_path, {"a.py": body, "b.py": body}, 'modules = ["a.py", "b.py"]\n'
-    )
+    config = _suite(tmp_path, {"a.py": body, "b.py": body}, 'modules = ["a.py", "b.py"]\n')
     with pytest.raises(
         WorkloadError, match=r"workload 'train' is declared in two modules: .*a\.py and .*b\.py"
     ):
@@ -145,9 +149,7 @@ def test_param_values_that_read_alike_are_refused(tmp_path):
 
 
 def test_param_overrides_that_read_alike_are_refused(tmp_path):
-    config = _suite(
-        tmp_path, {}, '[workloads.train_step.params]\nbatch = [8, "8"]\n'
-    )
+    config = _suite(tmp_path, {}, '[workloads.train_step.params]\nbatch = [8, "8"]\n')
     with pytest.raises(
         WorkloadError, match=r"workloads.train_step.params.batch: values 8 and '8' both read"
     ):
@@ -201,13 +203,16 @@ def test_a_module_that_exits_without_a_message_is_named_with_its_exit(tmp_path):
 @pytest.mark.parametrize(
     "source, message",
     [
-        ("import os\nos._exit(0)\n",
-         r"cannot import 'wl.py': it ended the process \(exit status 0\)$"),
+        (
+            "import os\nos._exit(0)\n",
+            r"cannot import 'wl.py': it ended the process \(exit status 0\)$",
+        ),
         ("raise KeyboardInterrupt\n", r"cannot import 'wl.py': KeyboardInterrupt$"),
     ],
 )
 def test_a_module_that_ends_or_interrupts_its_own_import_is_exit_2_naming_it(
-        tmp_path, source, message):
+    tmp_path, source, message
+):
     """Not exit 0 with nothing recorded, nor the 130 of a real ^C: the modules are imported in
     the fork server, not in `memtrack run` itself."""
     import re
@@ -217,8 +222,20 @@ def test_a_module_that_ends_or_interrupts_its_own_import_is_exit_2_naming_it(
     _suite(tmp_path, {"wl.py": source})
     db = tmp_path / "m.db"
     res = subprocess.run(
-        [sys.executable, "-m", "memtrack.cli", "run", "--config", str(tmp_path / "memtrack.toml"),
-         "--db", str(db)], capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "memtrack.cli",
+            "run",
+            "--config",
+            str(tmp_path / "memtrack.toml"),
+            "--db",
+            str(db),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 2, (res.returncode, res.stderr)
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and re.search(message, lines[0]), res.stderr

@@ -18,6 +18,7 @@ PAGES = ("Overview", "History", "Regressions", "Run detail", "Compare", "Plan")
 """Page names, as the page selector and the `page` query parameter spell them (any case;
 `run-detail` and `run_detail` work too)."""
 
+
 def esc(text: object, limit: int | None = None) -> str:
     """Recorded or URL-supplied text made inert for Markdown (memtrack.escape): no link,
     image, emphasis, directive, math or auto-link can form; line breaks flattened; cut to
@@ -29,6 +30,7 @@ def page_name(text: str | None) -> str | None:
     """The page a `page` query parameter names, in any case; None when it names none."""
     key = re.sub(r"[\s_+-]+", " ", (text or "").strip()).lower()
     return next((p for p in PAGES if p.lower() == key), None)
+
 
 STATUS_LOOK = {  # palette colour, Material icon, table cell background and text colour
     "failed": ("red", ":material/error:", "#fbd5d5", "#7f1d1d"),
@@ -78,8 +80,9 @@ class Context:
         """Budgets for a measurement: the config's today, else those the gate recorded."""
         found: list[model.CaseBudget] = []
         if self.config is not None:
-            found = model.budgets_for(self.config.budgets, row,
-                                      model.gpu_names(self.env(row.get("env_id"))))
+            found = model.budgets_for(
+                self.config.budgets, row, model.gpu_names(self.env(row.get("env_id")))
+            )
         return found or model.verdict_budgets(verdicts)
 
 
@@ -145,8 +148,10 @@ def run_label(r: dict[str, Any]) -> str:
     """'2026-01-03 14:05 · main · 1a2b3c4d5e · subject' for run pickers."""
     subject = " ".join((r.get("git_subject") or "").split())[:50]
     failed = f" · {r['failed']} failed" if r.get("failed") else ""
-    return (f"{(r.get('started_at') or '')[:16].replace('T', ' ')} · {r.get('git_branch') or '-'}"
-            f" · {short(r.get('git_commit'))} · {subject}{failed}")
+    return (
+        f"{(r.get('started_at') or '')[:16].replace('T', ' ')} · {r.get('git_branch') or '-'}"
+        f" · {short(r.get('git_commit'))} · {subject}{failed}"
+    )
 
 
 def resolve_run(ctx: Context, text: str | None) -> str | None:

@@ -28,13 +28,17 @@ def _delta_style(row: pd.Series) -> list[str]:
     colour = ""
     if row["beyond"]:
         pct = row["delta %"]
-        colour = ("color: #b91c1c; font-weight: 600" if pct is not None and pct > 0
-                  else "color: #15803d; font-weight: 600")
+        colour = (
+            "color: #b91c1c; font-weight: 600"
+            if pct is not None and pct > 0
+            else "color: #15803d; font-weight: 600"
+        )
     return [colour if c in ("delta", "delta %") else "" for c in row.index]
 
 
-def _defaults(ctx: Context, recent: list[dict[str, Any]],
-              b_id: str | None) -> tuple[str | None, str | None]:
+def _defaults(
+    ctx: Context, recent: list[dict[str, Any]], b_id: str | None
+) -> tuple[str | None, str | None]:
     """B: the URL's, else the newest run. A: the newest run started before B, on the base
     branch where there is one."""
     if not recent:
@@ -51,8 +55,12 @@ def _defaults(ctx: Context, recent: list[dict[str, Any]],
 
 def _side(ctx: Context, side: str, title: str, labels: dict[str, str]) -> str | None:
     st.markdown(f"**{title}**")
-    text = st.text_input(f"{side.upper()}: run id or commit", key=side, bind="query-params",
-                         placeholder="run id or commit (a prefix will do)")
+    text = st.text_input(
+        f"{side.upper()}: run id or commit",
+        key=side,
+        bind="query-params",
+        placeholder="run id or commit (a prefix will do)",
+    )
     run_id = resolve_run(ctx, text) if text else None
     if text and run_id is None:
         st.warning(f"No run or commit starts with “{esc(text, 40)}”.")
@@ -63,8 +71,10 @@ def _headroom(metric: str, before: int, verdict: dict[str, Any] | None) -> float
     """How far a figure may move before it is a change: the gate's threshold less its
     baseline where it judged this case, else the metric's floor."""
     if verdict and verdict.get("threshold") is not None and verdict.get("baseline_value"):
-        return max(float(verdict["threshold"]) - float(verdict["baseline_value"]),
-                   metrics.floor(metric, before))
+        return max(
+            float(verdict["threshold"]) - float(verdict["baseline_value"]),
+            metrics.floor(metric, before),
+        )
     return metrics.floor(metric, before)
 
 
@@ -77,17 +87,39 @@ def _delta_rows(ctx: Context, a: dict[str, Any], b: dict[str, Any]) -> list[dict
         x, y = ma.get(case), mb.get(case)
         common = {"case": labels[case], "case id": case}
         if x is None or y is None:
-            rows.append({**common, "view": "present", "A": "yes" if x else "no",
-                         "B": "yes" if y else "no", "delta": "", "delta %": None,
-                         "beyond": True, "budget": "", "verdict": ""})
+            rows.append(
+                {
+                    **common,
+                    "view": "present",
+                    "A": "yes" if x else "no",
+                    "B": "yes" if y else "no",
+                    "delta": "",
+                    "delta %": None,
+                    "beyond": True,
+                    "budget": "",
+                    "verdict": "",
+                }
+            )
             continue
         if x["status"] != y["status"]:
-            rows.append({**common, "view": "status", "A": x["status"], "B": y["status"],
-                         "delta": "changed", "delta %": None, "beyond": True, "budget": "",
-                         "verdict": "failed" if y["status"] != "ok" else ""})
+            rows.append(
+                {
+                    **common,
+                    "view": "status",
+                    "A": x["status"],
+                    "B": y["status"],
+                    "delta": "changed",
+                    "delta %": None,
+                    "beyond": True,
+                    "budget": "",
+                    "verdict": "failed" if y["status"] != "ok" else "",
+                }
+            )
         verdicts = {v["metric"]: v for v in b["verdicts"] if v["case_id"] == case}
-        budgets = {bb.metric: bb for bb in ctx.budgets({**y, "env_id": b.get("env_id")},
-                                                       list(verdicts.values()))}
+        budgets = {
+            bb.metric: bb
+            for bb in ctx.budgets({**y, "env_id": b.get("env_id")}, list(verdicts.values()))
+        }
         for view in VIEWS:
             va, vb = model.metric_value(x, view), model.metric_value(y, view)
             if va is None and vb is None:
@@ -95,31 +127,45 @@ def _delta_rows(ctx: Context, a: dict[str, Any], b: dict[str, Any]) -> list[dict
             delta = None if va is None or vb is None else vb - va
             budget = budgets.get(view)
             verdict = verdicts.get(view)
-            used = (f" ({vb / budget.limit_bytes:.0%})" if budget and vb is not None else "")
-            rows.append({
-                **common, "view": model.SHORT_LABELS[view], "A": format_size(va),
-                "B": format_size(vb),
-                "delta": "-" if delta is None else
-                         ("+" if delta > 0 else "") + format_size(delta),
-                "delta %": None if delta is None or not va else round(100 * delta / va, 2),
-                "beyond": delta is not None and abs(delta) > _headroom(view, va or 0, verdict),
-                "budget": (f"{format_size(budget.limit_bytes)}{used}"
-                           + (" OVER" if vb is not None and vb > budget.limit_bytes else "")
-                           if budget else ""),
-                "verdict": (verdict or {}).get("kind") or "",
-            })
+            used = f" ({vb / budget.limit_bytes:.0%})" if budget and vb is not None else ""
+            rows.append(
+                {
+                    **common,
+                    "view": model.SHORT_LABELS[view],
+                    "A": format_size(va),
+                    "B": format_size(vb),
+                    "delta": "-"
+                    if delta is None
+                    else ("+" if delta > 0 else "") + format_size(delta),
+                    "delta %": None if delta is None or not va else round(100 * delta / va, 2),
+                    "beyond": delta is not None and abs(delta) > _headroom(view, va or 0, verdict),
+                    "budget": (
+                        f"{format_size(budget.limit_bytes)}{used}"
+                        + (" OVER" if vb is not None and vb > budget.limit_bytes else "")
+                        if budget
+                        else ""
+                    ),
+                    "verdict": (verdict or {}).get("kind") or "",
+                }
+            )
         ta, tb = x.get("time_median_s"), y.get("time_median_s")
         if ta is not None or tb is not None:
             pct = None if ta is None or tb is None or not ta else (tb - ta) / ta
-            rows.append({
-                **common, "view": "median time", "A": format_seconds(ta),
-                "B": format_seconds(tb),
-                "delta": "-" if ta is None or tb is None else
-                         ("+" if tb >= ta else "-") + format_seconds(abs(tb - ta)),
-                "delta %": None if pct is None else round(100 * pct, 2),
-                "beyond": pct is not None and abs(pct) >= TIME_EFFECT,
-                "budget": "", "verdict": (verdicts.get("time") or {}).get("kind") or "",
-            })
+            rows.append(
+                {
+                    **common,
+                    "view": "median time",
+                    "A": format_seconds(ta),
+                    "B": format_seconds(tb),
+                    "delta": "-"
+                    if ta is None or tb is None
+                    else ("+" if tb >= ta else "-") + format_seconds(abs(tb - ta)),
+                    "delta %": None if pct is None else round(100 * pct, 2),
+                    "beyond": pct is not None and abs(pct) >= TIME_EFFECT,
+                    "budget": "",
+                    "verdict": (verdicts.get("time") or {}).get("kind") or "",
+                }
+            )
     return rows
 
 
@@ -135,11 +181,16 @@ def render(ctx: Context) -> None:
     default_a, default_b = _defaults(ctx, recent, b_id)
     a_id, b_id = a_id or default_a, b_id or default_b
     for col, side, chosen in ((left, "a", a_id), (right, "b", b_id)):
-        col.selectbox(f"... or a recent run as {side.upper()}", list(labels),
-                      key=f"{side}_pick",
-                      index=list(labels).index(chosen) if chosen in labels else None,
-                      format_func=lambda r: labels[r], on_change=_pick, args=(side,),
-                      placeholder="choose a recent run")
+        col.selectbox(
+            f"... or a recent run as {side.upper()}",
+            list(labels),
+            key=f"{side}_pick",
+            index=list(labels).index(chosen) if chosen in labels else None,
+            format_func=lambda r: labels[r],
+            on_change=_pick,
+            args=(side,),
+            placeholder="choose a recent run",
+        )
     if a_id is None or b_id is None:
         st.info("Choose two runs to compare (no run before B was found for A).")
         return
@@ -148,47 +199,61 @@ def render(ctx: Context) -> None:
         st.warning("One of these runs is gone from the database.")
         return
     for name, r in (("A", a), ("B", b)):
-        st.markdown(f"**{name}** {esc(short(r['git_commit']))} on "
-                    f"{esc(r['git_branch'] or '-')} · {esc(when(r['started_at']))} · "
-                    f"{esc(r['git_subject'] or '', 120)} · "
-                    f"{esc(model.env_label(r['environment']))}")
+        st.markdown(
+            f"**{name}** {esc(short(r['git_commit']))} on "
+            f"{esc(r['git_branch'] or '-')} · {esc(when(r['started_at']))} · "
+            f"{esc(r['git_subject'] or '', 120)} · "
+            f"{esc(model.env_label(r['environment']))}"
+        )
     if a["started_at"] > b["started_at"]:
         st.caption("A ran after B: the deltas read from the newer run to the older one.")
     if a["fingerprint"] != b["fingerprint"]:
-        st.warning("Different environments, so the figures are not like for like: "
-                   + esc("; ".join(model.env_changes(a["environment"], b["environment"]))))
+        st.warning(
+            "Different environments, so the figures are not like for like: "
+            + esc("; ".join(model.env_changes(a["environment"], b["environment"])))
+        )
     else:
-        st.caption("Same environment (fingerprint "
-                   f"{esc(a['fingerprint'])}): the figures are like for like.")
+        st.caption(
+            "Same environment (fingerprint "
+            f"{esc(a['fingerprint'])}): the figures are like for like."
+        )
     rows = _delta_rows(ctx, a, b)
-    only = st.toggle("Only what changed past its headroom", key="cmp_only_changes",
-                     bind="query-params")
+    only = st.toggle(
+        "Only what changed past its headroom", key="cmp_only_changes", bind="query-params"
+    )
     if only:
         rows = [r for r in rows if r["beyond"]]
-    grew = [r for r in rows if r["beyond"] and (r["delta %"] or 0) > 0
-            and r["view"] != "median time"]
+    grew = [
+        r for r in rows if r["beyond"] and (r["delta %"] or 0) > 0 and r["view"] != "median time"
+    ]
     if grew:
         top = max(grew, key=lambda r: r["delta %"])
-        st.markdown(f"{len(grew)} figure(s) grew past their headroom from A to B; the "
-                    f"largest: {esc(top['case'])} {esc(top['view'])} {esc(top['delta'])} "
-                    f"({top['delta %']:+.2f}%).")
+        st.markdown(
+            f"{len(grew)} figure(s) grew past their headroom from A to B; the "
+            f"largest: {esc(top['case'])} {esc(top['view'])} {esc(top['delta'])} "
+            f"({top['delta %']:+.2f}%)."
+        )
     if not rows:
         st.info("Nothing moved past its headroom between these two runs.")
         return
     df = pd.DataFrame(rows)
     st.dataframe(
-        df.style.apply(_delta_style, axis=1), hide_index=True, key="cmp_table",
+        df.style.apply(_delta_style, axis=1),
+        hide_index=True,
+        key="cmp_table",
         height=min(35 * (len(df) + 1) + 3, 800),
-        column_order=["case", "view", "A", "B", "delta", "delta %", "budget", "verdict",
-                      "case id"],
+        column_order=["case", "view", "A", "B", "delta", "delta %", "budget", "verdict", "case id"],
         column_config={
             "case": st.column_config.TextColumn(width=220),
             "delta %": st.column_config.NumberColumn(format="%+.2f%%"),
-            "budget": st.column_config.TextColumn(width=170, help="B's budget on this view "
-                                                                  "and the share B uses"),
+            "budget": st.column_config.TextColumn(
+                width=170, help="B's budget on this view and the share B uses"
+            ),
             "verdict": st.column_config.TextColumn(help="What the gate recorded about B"),
         },
     )
-    st.caption("Deltas are coloured only past the view's justified headroom: the gate's "
-               "threshold where it judged B, else the metric's floor (rounding, pages); "
-               f"median time past {TIME_EFFECT:.0%}.")
+    st.caption(
+        "Deltas are coloured only past the view's justified headroom: the gate's "
+        "threshold where it judged B, else the metric's floor (rounding, pages); "
+        f"median time past {TIME_EFFECT:.0%}."
+    )

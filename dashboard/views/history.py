@@ -15,8 +15,15 @@ from memtrack.dashboard.views import Context, badge, esc, goto, resolve_case, sh
 
 from memtrack.units import format_seconds, format_size
 
-MARKED_KINDS = ("regression", "over_budget", "time_regression", "improvement", "accepted",
-                "noisy", "environment_changed")
+MARKED_KINDS = (
+    "regression",
+    "over_budget",
+    "time_regression",
+    "improvement",
+    "accepted",
+    "noisy",
+    "environment_changed",
+)
 SCALES = {"data": "fit the data", "budget": "with the budget", "zero": "from zero"}
 ZOOMS = {"all": "all", "100": "newest 100", "30": "newest 30"}
 
@@ -39,12 +46,22 @@ def _pick_case(ctx: Context) -> str | None:
             st.rerun()
         else:
             options = candidates or ctx.choices["cases"]
-            st.warning(f"No single case matches {esc(asked, 80)}"
-                       + (f": it could be {', '.join(esc(c) for c in candidates[:10])}."
-                          if candidates else ". Choose one below."))
-            st.selectbox("Workload case", options, index=None, key="case_pick",
-                          placeholder="choose a case",
-                          on_change=lambda: goto("History", case=st.session_state["case_pick"]))
+            st.warning(
+                f"No single case matches {esc(asked, 80)}"
+                + (
+                    f": it could be {', '.join(esc(c) for c in candidates[:10])}."
+                    if candidates
+                    else ". Choose one below."
+                )
+            )
+            st.selectbox(
+                "Workload case",
+                options,
+                index=None,
+                key="case_pick",
+                placeholder="choose a case",
+                on_change=lambda: goto("History", case=st.session_state["case_pick"]),
+            )
             return None
     return st.selectbox("Workload case", ctx.choices["cases"], key="case", bind="query-params")
 
@@ -56,18 +73,28 @@ def _filters(ctx: Context) -> dict[str, Any]:
     # In a popover: its widgets are drawn (and their code loaded) only when it is opened,
     # which took about a third of a second off every History visit in Chromium.
     pop = st.popover("Filters: branches, environments, time range, runs")
-    branches = pop.multiselect("Branches", ctx.choices["branches"], key="h_branches",
-                               bind="query-params",
-                               placeholder=f"all ({ctx.base_branch} as the line)")
-    fingerprints = pop.multiselect("Environments", list(fps), key="h_envs",
-                                   bind="query-params", format_func=lambda f: fps[f],
-                                   placeholder="all environments")
+    branches = pop.multiselect(
+        "Branches",
+        ctx.choices["branches"],
+        key="h_branches",
+        bind="query-params",
+        placeholder=f"all ({ctx.base_branch} as the line)",
+    )
+    fingerprints = pop.multiselect(
+        "Environments",
+        list(fps),
+        key="h_envs",
+        bind="query-params",
+        format_func=lambda f: fps[f],
+        placeholder="all environments",
+    )
     first, last = _day(ctx.summary["first"]), _day(ctx.summary["last"])
     since = until = None
     lo = hi = None
     if first and last:
-        picked = pop.date_input("Time range", value=(first, last), min_value=first,
-                                max_value=last, key="h_range")
+        picked = pop.date_input(
+            "Time range", value=(first, last), min_value=first, max_value=last, key="h_range"
+        )
         if isinstance(picked, (tuple, list)) and len(picked) == 2:
             lo, hi = picked
             if lo > first:
@@ -75,15 +102,29 @@ def _filters(ctx: Context) -> dict[str, Any]:
             if hi < last:
                 until = (hi + timedelta(days=1)).isoformat()
     # 200 runs keep a page quick in the browser (each is a mark on every panel).
-    limit = pop.number_input("Newest runs", min_value=10, max_value=5000, value=200, step=100,
-                             key="h_limit", bind="query-params")
-    shown = [", ".join(esc(b) for b in branches) if branches else "all branches",
-             f"{len(fingerprints)} environment(s)" if fingerprints else "all environments",
-             f"{lo} to {hi}" if since or until else "all dates",
-             f"the newest {int(limit)} runs"]
+    limit = pop.number_input(
+        "Newest runs",
+        min_value=10,
+        max_value=5000,
+        value=200,
+        step=100,
+        key="h_limit",
+        bind="query-params",
+    )
+    shown = [
+        ", ".join(esc(b) for b in branches) if branches else "all branches",
+        f"{len(fingerprints)} environment(s)" if fingerprints else "all environments",
+        f"{lo} to {hi}" if since or until else "all dates",
+        f"the newest {int(limit)} runs",
+    ]
     st.caption("Showing " + " · ".join(shown) + ".")
-    return {"branches": tuple(branches), "fingerprints": tuple(fingerprints),
-            "since": since, "until": until, "limit": int(limit)}
+    return {
+        "branches": tuple(branches),
+        "fingerprints": tuple(fingerprints),
+        "since": since,
+        "until": until,
+        "limit": int(limit),
+    }
 
 
 def _env_changes(ctx: Context, rows_old_first: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -111,12 +152,18 @@ def _failure_marks(rows_old_first: list[dict[str, Any]], metric: str) -> list[di
         if r["status"] == "ok":
             continue
         near = [model.metric_value(x, metric) for x in rows_old_first[:i][::-1]]
-        near += [model.metric_value(x, metric) for x in rows_old_first[i + 1:]]
+        near += [model.metric_value(x, metric) for x in rows_old_first[i + 1 :]]
         level = next((v for v in near if v is not None), None)
         if level is not None:
-            out.append({"x": r["x"], "bytes": level, "kind": "failed",
-                        "commit": short(r["git_commit"]),
-                        "message": f"{r['status']}: {r.get('message') or ''}"[:200]})
+            out.append(
+                {
+                    "x": r["x"],
+                    "bytes": level,
+                    "kind": "failed",
+                    "commit": short(r["git_commit"]),
+                    "message": f"{r['status']}: {r.get('message') or ''}"[:200],
+                }
+            )
     return out
 
 
@@ -125,14 +172,22 @@ def _estimate_marks(estimates: list[dict[str, Any]], metric: str) -> list[dict[s
     they predict), never points of the series."""
     if metric != "allocated":
         return []
-    return [{"x": e["x"], "bytes": e["peak_allocated_bytes"], "kind": "estimate",
-             "commit": short(e["git_commit"]),
-             "message": f"estimate for {e['device']} (fake tensors), not measured"}
-            for e in estimates if e.get("peak_allocated_bytes") is not None]
+    return [
+        {
+            "x": e["x"],
+            "bytes": e["peak_allocated_bytes"],
+            "kind": "estimate",
+            "commit": short(e["git_commit"]),
+            "message": f"estimate for {e['device']} (fake tensors), not measured",
+        }
+        for e in estimates
+        if e.get("peak_allocated_bytes") is not None
+    ]
 
 
-def _verdict_marks(by_run: dict[str, dict[str, Any]], verdicts: list[dict[str, Any]],
-                   metric: str) -> list[dict[str, Any]]:
+def _verdict_marks(
+    by_run: dict[str, dict[str, Any]], verdicts: list[dict[str, Any]], metric: str
+) -> list[dict[str, Any]]:
     out = []
     for v in verdicts:
         r = by_run.get(v["run_id"])
@@ -141,22 +196,35 @@ def _verdict_marks(by_run: dict[str, dict[str, Any]], verdicts: list[dict[str, A
         value = v.get("candidate_value")
         value = model.metric_value(r, metric) if value is None else value
         if value is not None:
-            out.append({"x": r["x"], "bytes": value, "kind": v["kind"],
-                        "commit": short(r["git_commit"]),
-                        "message": (v.get("accepted_reason") or v.get("message") or "")[:200]})
+            out.append(
+                {
+                    "x": r["x"],
+                    "bytes": value,
+                    "kind": v["kind"],
+                    "commit": short(r["git_commit"]),
+                    "message": (v.get("accepted_reason") or v.get("message") or "")[:200],
+                }
+            )
     return out
 
 
-def _band(ctx: Context, latest_verdicts: list[dict[str, Any]], metric: str,
-          line: list[dict[str, Any]], moved: list[model.Step]) -> tuple | None:
+def _band(
+    ctx: Context,
+    latest_verdicts: list[dict[str, Any]],
+    metric: str,
+    line: list[dict[str, Any]],
+    moved: list[model.Step],
+) -> tuple | None:
     """The latest verdict's headroom (baseline to threshold), over the current level only:
     from the newest step of this view (or the first point) to the newest point."""
     for v in latest_verdicts:
         found = model.headroom_band(v) if v.get("metric") == metric else None
         if found and line:
             start = moved[0].row["x"] if moved else line[0]["x"]
-            what = (f"{'provisional, ' if v.get('provisional') else ''}checked "
-                    f"{(v.get('checked_at') or '')[:10]}")
+            what = (
+                f"{'provisional, ' if v.get('provisional') else ''}checked "
+                f"{(v.get('checked_at') or '')[:10]}"
+            )
             return what, start, line[-1]["x"], *found
     return None
 
@@ -173,8 +241,18 @@ def render(ctx: Context) -> None:
     if case is None:
         return
     f = _filters(ctx)
-    hist = data.history(ctx.db, ctx.key, case, f["branches"], f["fingerprints"], f["since"],
-                        f["until"], f["limit"], ctx.base_branch, ctx.headroom_factor)
+    hist = data.history(
+        ctx.db,
+        ctx.key,
+        case,
+        f["branches"],
+        f["fingerprints"],
+        f["since"],
+        f["until"],
+        f["limit"],
+        ctx.base_branch,
+        ctx.headroom_factor,
+    )
     rows: list[dict[str, Any]] = hist["rows"]
     if not rows:
         st.info("No measurements of this case match the filters.")
@@ -185,36 +263,64 @@ def render(ctx: Context) -> None:
     latest = line_rows[0]
     latest_verdicts = [v for v in hist["verdicts"] if v["run_id"] == latest["run_id"]]
     budgets = ctx.budgets(latest, hist["latest_verdicts"])
-    still_open = [o for o in hist.get("open", [])
-                  if o.get("fingerprint") == latest.get("fingerprint")]
+    still_open = [
+        o for o in hist.get("open", []) if o.get("fingerprint") == latest.get("fingerprint")
+    ]
     status = model.case_status(latest, budgets, latest_verdicts, still_open)
-    st.markdown(f"{badge(status.status)} latest run on {esc(latest['git_branch'] or '-')} "
-                f"at {esc(short(latest['git_commit']))}, {esc(when(latest['started_at']))} · "
-                f"{esc(model.describe_status(status), 300)}")
+    st.markdown(
+        f"{badge(status.status)} latest run on {esc(latest['git_branch'] or '-')} "
+        f"at {esc(short(latest['git_commit']))}, {esc(when(latest['started_at']))} · "
+        f"{esc(model.describe_status(status), 300)}"
+    )
 
-    available = [m for m in model.CHART_METRICS
-                 if any(model.metric_value(r, m) is not None for r in rows)]
+    available = [
+        m for m in model.CHART_METRICS if any(model.metric_value(r, m) is not None for r in rows)
+    ]
     budgeted = {b.metric: b for b in budgets}
     available.sort(key=lambda m: (m != status.metric, m not in budgeted))
     # Drawn at first: the view that decides the status, views with a budget, and views
     # that moved in this window; the others are a click away.
-    shown = [m for m in available if m == status.metric or m in budgeted
-             or hist["steps"].get(m)] or available[:1]
+    shown = [
+        m for m in available if m == status.metric or m in budgeted or hist["steps"].get(m)
+    ] or available[:1]
     left, mid, right = st.columns([3, 2, 2])
     with left:
-        views = st.pills("Views", available, selection_mode="multi", default=shown,
-                         format_func=lambda m: model.METRIC_LABELS[m], key="h_views")
-    scale = mid.segmented_control(
-        "Scale", list(SCALES), default="data", key="h_scale", bind="query-params",
-        format_func=SCALES.__getitem__,
-        help="Fit the data (a far budget is a marker at the edge), take the budget in, or "
-             "start at zero") or "data"
-    zoom = right.segmented_control(
-        "Zoom", list(ZOOMS), default="all", key="h_zoom", bind="query-params",
-        format_func=ZOOMS.__getitem__, help="The newest runs only, on every panel") or "all"
+        views = st.pills(
+            "Views",
+            available,
+            selection_mode="multi",
+            default=shown,
+            format_func=lambda m: model.METRIC_LABELS[m],
+            key="h_views",
+        )
+    scale = (
+        mid.segmented_control(
+            "Scale",
+            list(SCALES),
+            default="data",
+            key="h_scale",
+            bind="query-params",
+            format_func=SCALES.__getitem__,
+            help="Fit the data (a far budget is a marker at the edge), take the budget in, or "
+            "start at zero",
+        )
+        or "data"
+    )
+    zoom = (
+        right.segmented_control(
+            "Zoom",
+            list(ZOOMS),
+            default="all",
+            key="h_zoom",
+            bind="query-params",
+            format_func=ZOOMS.__getitem__,
+            help="The newest runs only, on every panel",
+        )
+        or "all"
+    )
     old_first = sorted(rows, key=lambda r: (r["x"], r["started_at"]))
     if zoom != "all":
-        old_first = old_first[-int(zoom):]
+        old_first = old_first[-int(zoom) :]
     line_old_first = [r for r in old_first if not on_base or r["git_branch"] == base]
     by_run = {r["run_id"]: r for r in rows}
     env_changes = _env_changes(ctx, line_old_first)
@@ -229,12 +335,21 @@ def render(ctx: Context) -> None:
     for metric in views or []:
         moved = hist["steps"][metric]
         moved_by_view[metric] = moved
-        points = [{
-            "x": r["x"], "bytes": v, "line": "base" if (not on_base or r["git_branch"] == base)
-            else panels.OTHER_BRANCHES,
-            "environment": envs[r["env_id"]], "commit": short(r["git_commit"]),
-            "subject": (r["git_subject"] or "")[:60], "branch": r["git_branch"] or "-",
-        } for r in old_first if (v := model.metric_value(r, metric)) is not None]
+        points = [
+            {
+                "x": r["x"],
+                "bytes": v,
+                "line": "base"
+                if (not on_base or r["git_branch"] == base)
+                else panels.OTHER_BRANCHES,
+                "environment": envs[r["env_id"]],
+                "commit": short(r["git_commit"]),
+                "subject": (r["git_subject"] or "")[:60],
+                "branch": r["git_branch"] or "-",
+            }
+            for r in old_first
+            if (v := model.metric_value(r, metric)) is not None
+        ]
         if not points:
             continue
         b = budgeted.get(metric)
@@ -242,29 +357,50 @@ def render(ctx: Context) -> None:
         line = [p for p in points if p["line"] == "base"]
         band = _band(ctx, hist["latest_verdicts"], metric, line, moved)
         shown_runs = {r["run_id"] for r in old_first}
-        marks = (_failure_marks(old_first, metric)
-                 + _verdict_marks({k: r for k, r in by_run.items() if k in shown_runs},
-                                  hist["verdicts"], metric)
-                 + _estimate_marks(estimates, metric))
-        st.markdown(panels.view_panel(metric, points, fmt, budget, band, marks,
-                                      [{"x": e["x"], "change": e["change"]}
-                                       for e in env_changes], times, scale=scale),
-                    unsafe_allow_html=True)
-    captions = [f"{len(old_first)} runs; {esc(base)} as a line in commit order"
-                + (", other branches as separate ◇ points" if len(on_base) < len(rows) else "")]
+        marks = (
+            _failure_marks(old_first, metric)
+            + _verdict_marks(
+                {k: r for k, r in by_run.items() if k in shown_runs}, hist["verdicts"], metric
+            )
+            + _estimate_marks(estimates, metric)
+        )
+        st.markdown(
+            panels.view_panel(
+                metric,
+                points,
+                fmt,
+                budget,
+                band,
+                marks,
+                [{"x": e["x"], "change": e["change"]} for e in env_changes],
+                times,
+                scale=scale,
+            ),
+            unsafe_allow_html=True,
+        )
+    captions = [
+        f"{len(old_first)} runs; {esc(base)} as a line in commit order"
+        + (", other branches as separate ◇ points" if len(on_base) < len(rows) else "")
+    ]
     if budgeted:
-        captions.append("dashed red: the budget (a marker at the edge where it is far from "
-                        "the data, unless the scale takes it in)")
-    captions.append("green band: the justified headroom of the latest verdict, over the "
-                    "current level")
-    captions.append("✕ failures (at the level last seen), ■ over budget, ▲ regressions, "
-                    "▼ improvements, ◆ accepted, ○ noisy"
-                    + (", ✚ estimates (fake tensors, not measured) on the framework view"
-                       if estimates else ""))
+        captions.append(
+            "dashed red: the budget (a marker at the edge where it is far from "
+            "the data, unless the scale takes it in)"
+        )
+    captions.append(
+        "green band: the justified headroom of the latest verdict, over the current level"
+    )
+    captions.append(
+        "✕ failures (at the level last seen), ■ over budget, ▲ regressions, "
+        "▼ improvements, ◆ accepted, ○ noisy"
+        + (", ✚ estimates (fake tensors, not measured) on the framework view" if estimates else "")
+    )
     if env_changes:
         captions.append("brown rules: environment changes")
-    st.caption(" · ".join(captions) + ". Each view has its own scale. Hover a mark for its "
-               "figure and commit.")
+    st.caption(
+        " · ".join(captions) + ". Each view has its own scale. Hover a mark for its "
+        "figure and commit."
+    )
 
     st.subheader("Completion time")
     tchart = panels.time_panel(old_first, fmt, times)
@@ -278,49 +414,96 @@ def render(ctx: Context) -> None:
     if events:
         events.sort(key=lambda e: e["time"], reverse=True)
         ev = pd.DataFrame(events[:300])
-        st.dataframe(ev, hide_index=True, key="h_events", selection_mode="single-row",
-                     on_select=lambda: _open_run("h_events", list(ev["run_id"])),
-                     column_order=["time", "event", "what", "commit", "branch", "subject"],
-                     column_config={"what": st.column_config.TextColumn(width="large")})
-        st.caption("A step is a shift of the series' level past its headroom (the gate's "
-                   "change points); the run named is the first at the new level. Select a row "
-                   "to open its run.")
+        st.dataframe(
+            ev,
+            hide_index=True,
+            key="h_events",
+            selection_mode="single-row",
+            on_select=lambda: _open_run("h_events", list(ev["run_id"])),
+            column_order=["time", "event", "what", "commit", "branch", "subject"],
+            column_config={"what": st.column_config.TextColumn(width="large")},
+        )
+        st.caption(
+            "A step is a shift of the series' level past its headroom (the gate's "
+            "change points); the run named is the first at the new level. Select a row "
+            "to open its run."
+        )
     else:
-        st.caption(f"No step, failure, environment change or verdict among these "
-                   f"{len(rows)} runs.")
+        st.caption(f"No step, failure, environment change or verdict among these {len(rows)} runs.")
 
     # The table of every point is sent only on request: it is most of a page's data.
     if st.toggle(f"Show all {len(rows)} points", key="h_all"):
-        points_df = pd.DataFrame([{
-            "time": r["started_at"][:19].replace("T", " "), "branch": r["git_branch"],
-            "commit": short(r["git_commit"]), "status": r["status"],
-            **{model.SHORT_LABELS[m]: format_size(model.metric_value(r, m))
-               for m in model.CHART_METRICS},
-            "median time": format_seconds(r["time_median_s"]),
-            "subject": r["git_subject"], "run_id": r["run_id"],
-        } for r in rows])
-        st.dataframe(points_df, hide_index=True, key="h_points", selection_mode="single-row",
-                     on_select=lambda: _open_run("h_points", list(points_df["run_id"])))
+        points_df = pd.DataFrame(
+            [
+                {
+                    "time": r["started_at"][:19].replace("T", " "),
+                    "branch": r["git_branch"],
+                    "commit": short(r["git_commit"]),
+                    "status": r["status"],
+                    **{
+                        model.SHORT_LABELS[m]: format_size(model.metric_value(r, m))
+                        for m in model.CHART_METRICS
+                    },
+                    "median time": format_seconds(r["time_median_s"]),
+                    "subject": r["git_subject"],
+                    "run_id": r["run_id"],
+                }
+                for r in rows
+            ]
+        )
+        st.dataframe(
+            points_df,
+            hide_index=True,
+            key="h_points",
+            selection_mode="single-row",
+            on_select=lambda: _open_run("h_points", list(points_df["run_id"])),
+        )
 
 
-def _events(ctx: Context, rows: list[dict[str, Any]], verdicts: list[dict[str, Any]],
-            moved_by_view: dict[str, list[model.Step]], env_changes: list[dict[str, Any]],
-            by_run: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def _events(
+    ctx: Context,
+    rows: list[dict[str, Any]],
+    verdicts: list[dict[str, Any]],
+    moved_by_view: dict[str, list[model.Step]],
+    env_changes: list[dict[str, Any]],
+    by_run: dict[str, dict[str, Any]],
+) -> list[dict[str, Any]]:
     def event(r: dict[str, Any], kind: str, what: str) -> dict[str, Any]:
-        return {"time": r["started_at"][:16].replace("T", " "), "event": kind, "what": what,
-                "commit": short(r["git_commit"]), "branch": r["git_branch"],
-                "subject": r["git_subject"], "run_id": r["run_id"]}
+        return {
+            "time": r["started_at"][:16].replace("T", " "),
+            "event": kind,
+            "what": what,
+            "commit": short(r["git_commit"]),
+            "branch": r["git_branch"],
+            "subject": r["git_subject"],
+            "run_id": r["run_id"],
+        }
 
     out = []
     for metric, moved in moved_by_view.items():
         for s in moved:
-            fixed = (f"; fixed at {short(s.fixed_by['git_commit'])}" if s.fixed_by else "")
-            out.append(event(s.row, "step", f"{model.METRIC_LABELS[metric]} {s.describe()}: "
-                             f"{format_size(s.before)} → {format_size(s.after)}{fixed}"))
+            fixed = f"; fixed at {short(s.fixed_by['git_commit'])}" if s.fixed_by else ""
+            out.append(
+                event(
+                    s.row,
+                    "step",
+                    f"{model.METRIC_LABELS[metric]} {s.describe()}: "
+                    f"{format_size(s.before)} → {format_size(s.after)}{fixed}",
+                )
+            )
     out += [event(e["row"], "environment", e["change"]) for e in env_changes]
-    out += [event(r, "failed", f"{r['status']}: {r.get('message') or ''}")
-            for r in rows if r["status"] != "ok"]
-    out += [event(by_run[v["run_id"]], MARKER_NAMES.get(v["kind"], v["kind"]),
-                  f"{v.get('metric')}: {v.get('accepted_reason') or v.get('message') or ''}")
-            for v in verdicts if v.get("kind") in MARKED_KINDS and v["run_id"] in by_run]
+    out += [
+        event(r, "failed", f"{r['status']}: {r.get('message') or ''}")
+        for r in rows
+        if r["status"] != "ok"
+    ]
+    out += [
+        event(
+            by_run[v["run_id"]],
+            MARKER_NAMES.get(v["kind"], v["kind"]),
+            f"{v.get('metric')}: {v.get('accepted_reason') or v.get('message') or ''}",
+        )
+        for v in verdicts
+        if v.get("kind") in MARKED_KINDS and v["run_id"] in by_run
+    ]
     return out

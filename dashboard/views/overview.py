@@ -32,7 +32,9 @@ def _changes(moved: list[model.Step]) -> str:
     return " · ".join(
         f"{s.describe()} at {short(s.row.get('git_commit'))}"
         + (f", fixed at {short(s.fixed_by.get('git_commit'))}" if s.fixed_by else "")
-        for s in moved if (s.row["run_id"], s.metric) not in fixes)
+        for s in moved
+        if (s.row["run_id"], s.metric) not in fixes
+    )
 
 
 def _noise(verdicts: list[dict[str, Any]]) -> str:
@@ -43,8 +45,10 @@ def _noise(verdicts: list[dict[str, Any]]) -> str:
         base, threshold = v.get("baseline_value"), v.get("threshold")
         if v.get("kind") == "noisy" and base and threshold is not None:
             room = threshold - base
-            out.append(f"{model.SHORT_LABELS.get(v['metric'], v['metric'])} "
-                       f"±{format_size(int(room))} ({room / base:.0%})")
+            out.append(
+                f"{model.SHORT_LABELS.get(v['metric'], v['metric'])} "
+                f"±{format_size(int(room))} ({room / base:.0%})"
+            )
     return ", ".join(out)
 
 
@@ -67,8 +71,9 @@ def _row(ctx: Context, case: dict[str, Any], branch: str) -> tuple[model.CaseSta
         "peak": format_size(status.value),
         "budget": format_size(status.budget.limit_bytes) if status.budget else "none",
         "used": "-" if status.used is None else f"{status.used * 100:.1f}%",
-        "margin": "" if margin is None else (
-            f"{format_size(-margin)} over" if margin < 0 else f"{format_size(margin)} left"),
+        "margin": ""
+        if margin is None
+        else (f"{format_size(-margin)} over" if margin < 0 else f"{format_size(margin)} left"),
         "trend": [v / 2**20 for v in trend if v is not None],
         "last change": _changes(moved) or f"none in {_runs(len(rows))}",
         "noise": _noise(case["budget_verdicts"]),
@@ -110,18 +115,25 @@ def _callout(s: model.CaseStatus, row: dict[str, Any]) -> str:
     if s.status == "regression" and o is not None:
         # What regressed, by how much and since when, before anything long.
         delta = o.get("delta")
-        size = "" if delta is None else (f" {'+' if delta >= 0 else '-'}"
-                                         f"{format_size(abs(int(delta)))}")
+        size = (
+            ""
+            if delta is None
+            else (f" {'+' if delta >= 0 else '-'}{format_size(abs(int(delta)))}")
+        )
         pct = "" if o.get("delta_pct") is None else f" ({o['delta_pct']:+.1f}%)"
         grew = f", {esc(o['component'])} grew" if o.get("component") else ""
         subject = f" ({esc(o['subject'], 60)})" if o.get("subject") else ""
-        return (f"**regression** · {esc(row['case'])} · {esc(view + size + pct)} since "
-                f"{esc(short(o.get('commit')))}{subject}{grew}, not fixed or accepted · now "
-                f"{row['peak']}, fixed when back within {format_size(int(o['threshold']))} · "
-                f"{where}")
-    what = (f"{row['peak']} {esc(view)}"
-            + (f" of {row['budget']} ({row['used']}, {row['margin']})"
-               if s.budget is not None and s.used is not None else ""))
+        return (
+            f"**regression** · {esc(row['case'])} · {esc(view + size + pct)} since "
+            f"{esc(short(o.get('commit')))}{subject}{grew}, not fixed or accepted · now "
+            f"{row['peak']}, fixed when back within {format_size(int(o['threshold']))} · "
+            f"{where}"
+        )
+    what = f"{row['peak']} {esc(view)}" + (
+        f" of {row['budget']} ({row['used']}, {row['margin']})"
+        if s.budget is not None and s.used is not None
+        else ""
+    )
     note = f" · {esc(s.note, 300)}" if s.note and s.status != "near budget" else ""
     return f"**{s.status}** · {esc(row['case'])} · {what} · {where}{note}"
 
@@ -133,24 +145,41 @@ def render(ctx: Context) -> None:
     left, right = st.columns(2)
     branch_opts = [ALL, *branches]
     branch = left.selectbox(
-        "Branch", branch_opts, key="ov_branch", bind="query-params",
+        "Branch",
+        branch_opts,
+        key="ov_branch",
+        bind="query-params",
         index=branch_opts.index(ctx.base_branch) if ctx.base_branch in branches else 0,
         format_func=lambda b: b or "all branches",
     )
-    fp = right.selectbox("Environment", [ALL, *fps], key="ov_env", bind="query-params",
-                         format_func=lambda f: fps.get(f, "all environments"))
-    cases = data.latest_by_case(ctx.db, ctx.key, branch or None, fp or None, TREND_POINTS,
-                                ctx.headroom_factor, ctx.base_branch)
+    fp = right.selectbox(
+        "Environment",
+        [ALL, *fps],
+        key="ov_env",
+        bind="query-params",
+        format_func=lambda f: fps.get(f, "all environments"),
+    )
+    cases = data.latest_by_case(
+        ctx.db,
+        ctx.key,
+        branch or None,
+        fp or None,
+        TREND_POINTS,
+        ctx.headroom_factor,
+        ctx.base_branch,
+    )
     if not cases:
-        st.info("No measurements match these filters. Choose *all branches* or another "
-                "environment.")
+        st.info(
+            "No measurements match these filters. Choose *all branches* or another environment."
+        )
         return
     pairs = [_row(ctx, c, branch or "") for c in cases]
     labels = model.short_case_labels(row["case id"] for _, row in pairs)
     for _, row in pairs:
         row["case"] = labels[row["case id"]]
-    pairs.sort(key=lambda p: (model.STATUSES.index(p[0].status), -(p[0].used or 0),
-                              p[1]["case id"]))
+    pairs.sort(
+        key=lambda p: (model.STATUSES.index(p[0].status), -(p[0].used or 0), p[1]["case id"])
+    )
     statuses = [s for s, _ in pairs]
 
     counts = {s: sum(1 for x in statuses if x.status == s) for s in model.STATUSES}
@@ -163,8 +192,10 @@ def render(ctx: Context) -> None:
     attention = [(s, row) for s, row in pairs if s.status != "ok"]
     if not attention:
         budgeted = sum(1 for s in statuses if s.budget is not None)
-        st.success(f"All {len(statuses)} cases are ok {scope} ({budgeted} with a budget, "
-                   f"all under {model.NEAR_BUDGET:.0%} of it).")
+        st.success(
+            f"All {len(statuses)} cases are ok {scope} ({budgeted} with a budget, "
+            f"all under {model.NEAR_BUDGET:.0%} of it)."
+        )
     for s, row in attention[:8]:
         show = st.warning if s.status in ("near budget", "regression") else st.error
         show(_callout(s, row), icon=STATUS_LOOK[s.status][1])
@@ -178,37 +209,60 @@ def render(ctx: Context) -> None:
         key="overview_table",
         on_select=lambda: _open_history("overview_table", list(df["case id"])),
         selection_mode="single-row",
-        column_order=["status", "case", "view", "peak", "budget", "used", "margin", "trend",
-                      "noise", "last change", "commit", "branch", "latest run", "environment",
-                      "note", "case id"],
+        column_order=[
+            "status",
+            "case",
+            "view",
+            "peak",
+            "budget",
+            "used",
+            "margin",
+            "trend",
+            "noise",
+            "last change",
+            "commit",
+            "branch",
+            "latest run",
+            "environment",
+            "note",
+            "case id",
+        ],
         column_config={
             "status": st.column_config.TextColumn(width=95),
             "case": st.column_config.TextColumn(
-                width=190, help="The workload and the parameters that set its cases apart; "
-                                "the full id is the last column"),
+                width=190,
+                help="The workload and the parameters that set its cases apart; "
+                "the full id is the last column",
+            ),
             "view": st.column_config.TextColumn(
-                width=95, help="The view that decides the status: the one closest to its "
-                                "budget"),
+                width=95, help="The view that decides the status: the one closest to its budget"
+            ),
             "peak": st.column_config.TextColumn(width=80),
             "budget": st.column_config.TextColumn(width=80),
             "used": st.column_config.TextColumn(
-                "used", width=60, help="Peak as a share of the budget; red past 100%"),
+                "used", width=60, help="Peak as a share of the budget; red past 100%"
+            ),
             "margin": st.column_config.TextColumn(width=105),
-            "trend": st.column_config.LineChartColumn(f"trend ({TREND_POINTS} runs)",
-                                                      width=110),
+            "trend": st.column_config.LineChartColumn(f"trend ({TREND_POINTS} runs)", width=110),
             "last change": st.column_config.TextColumn(
-                width=420, help="Every step in the trend's window, newest first: a shift of "
-                                "the series' level past its headroom, at the first commit of "
-                                "the new level"),
+                width=420,
+                help="Every step in the trend's window, newest first: a shift of "
+                "the series' level past its headroom, at the first commit of "
+                "the new level",
+            ),
             "noise": st.column_config.TextColumn(
-                width=170, help="A property of the case: the views whose headroom its noise "
-                                "makes too wide to judge a small growth (the gate's newest "
-                                "verdict), and how wide"),
+                width=170,
+                help="A property of the case: the views whose headroom its noise "
+                "makes too wide to judge a small growth (the gate's newest "
+                "verdict), and how wide",
+            ),
         },
     )
-    st.caption(f"Latest run of each case {scope}, most urgent first. A regression the gate "
-               "found on the base branch holds, whatever its age, until a later run is back "
-               "within its threshold or it is accepted. Select a row to open its history.")
+    st.caption(
+        f"Latest run of each case {scope}, most urgent first. A regression the gate "
+        "found on the base branch holds, whatever its age, until a later run is back "
+        "within its threshold or it is accepted. Select a row to open its history."
+    )
     _pull_requests(ctx)
 
 
@@ -219,19 +273,26 @@ def _verdict_of(run: dict[str, Any], labels: dict[str, str]) -> tuple[str, str]:
         return "not checked", ""
     blocking = [v for v in vs if v.get("blocking")]
     if not blocking:
-        warned = [v for v in vs if v.get("kind") in ("time_regression", "environment_changed",
-                                                    "quality")]
-        return ("passes" + (f", {len(warned)} warning{'s' * (len(warned) != 1)}"
-                            if warned else "")), ""
+        warned = [
+            v for v in vs if v.get("kind") in ("time_regression", "environment_changed", "quality")
+        ]
+        return (
+            "passes" + (f", {len(warned)} warning{'s' * (len(warned) != 1)}" if warned else "")
+        ), ""
     v = blocking[0]
     name = f"{labels.get(v['case_id'], v['case_id'])} {v.get('metric')}"
     delta = v.get("delta")
     if v.get("kind") == "over_budget" and v.get("budget_bytes") and v.get("candidate_value"):
-        what = (f"{name} {format_size(int(v['candidate_value']))} over its "
-                f"{format_size(int(v['budget_bytes']))} budget")
+        what = (
+            f"{name} {format_size(int(v['candidate_value']))} over its "
+            f"{format_size(int(v['budget_bytes']))} budget"
+        )
     else:
-        size = "" if delta is None else (f" {'+' if delta >= 0 else '-'}"
-                                         f"{format_size(abs(int(delta)))}")
+        size = (
+            ""
+            if delta is None
+            else (f" {'+' if delta >= 0 else '-'}{format_size(abs(int(delta)))}")
+        )
         what = f"{name}{size} ({(v.get('kind') or '').replace('_', ' ')})"
     return f"BLOCKS ({len(blocking)})", what
 
@@ -254,33 +315,58 @@ def _pull_requests(ctx: Context) -> None:
     for r in runs:
         outcome, what = _verdict_of(r, labels)
         mb = r.get("git_merge_base")
-        rows.append({
-            "verdict": outcome, "branch": r["git_branch"], "what blocks": what,
-            "commit": short(r["git_commit"]), "subject": r.get("git_subject") or "",
-            "latest run": when(r["started_at"]), "run_id": r["run_id"],
-            "run": f"?page=Run+detail&run={r['run_id']}",
-            "compare": (f"?page=Compare&a={mb}&b={r['run_id']}"
-                        if mb and mb != r["git_commit"] else f"?page=Compare&b={r['run_id']}"),
-        })
+        rows.append(
+            {
+                "verdict": outcome,
+                "branch": r["git_branch"],
+                "what blocks": what,
+                "commit": short(r["git_commit"]),
+                "subject": r.get("git_subject") or "",
+                "latest run": when(r["started_at"]),
+                "run_id": r["run_id"],
+                "run": f"?page=Run+detail&run={r['run_id']}",
+                "compare": (
+                    f"?page=Compare&a={mb}&b={r['run_id']}"
+                    if mb and mb != r["git_commit"]
+                    else f"?page=Compare&b={r['run_id']}"
+                ),
+            }
+        )
     rows.sort(key=lambda x: (not x["verdict"].startswith("BLOCKS"), x["verdict"] == "not checked"))
     df = pd.DataFrame(rows)
     st.dataframe(
-        df.style.map(lambda v: status_cell_style("failed") if v.startswith("BLOCKS") else "",
-                     subset=["verdict"]),
-        hide_index=True, key="ov_prs", selection_mode="single-row",
+        df.style.map(
+            lambda v: status_cell_style("failed") if v.startswith("BLOCKS") else "",
+            subset=["verdict"],
+        ),
+        hide_index=True,
+        key="ov_prs",
+        selection_mode="single-row",
         on_select=lambda: _open_run("ov_prs", list(df["run_id"])),
-        column_order=["verdict", "branch", "what blocks", "run", "compare", "commit",
-                      "subject", "latest run"],
+        column_order=[
+            "verdict",
+            "branch",
+            "what blocks",
+            "run",
+            "compare",
+            "commit",
+            "subject",
+            "latest run",
+        ],
         column_config={
             "verdict": st.column_config.TextColumn(width=110),
-            "run": st.column_config.LinkColumn(display_text="its run",
-                                               help="The run's detail: what blocks and why"),
+            "run": st.column_config.LinkColumn(
+                display_text="its run", help="The run's detail: what blocks and why"
+            ),
             "what blocks": st.column_config.TextColumn(width=300),
             "compare": st.column_config.LinkColumn(
                 display_text="with its merge-base",
-                help="Compare of the run with the base-branch commit it branched from"),
+                help="Compare of the run with the base-branch commit it branched from",
+            ),
         },
     )
-    st.caption(f"The newest run of each branch other than {esc(ctx.base_branch)} among the "
-               "newest 200 runs, blocking first, with what the gate recorded. Select a row "
-               "to open its run.")
+    st.caption(
+        f"The newest run of each branch other than {esc(ctx.base_branch)} among the "
+        "newest 200 runs, blocking first, with what the gate recorded. Select a row "
+        "to open its run."
+    )

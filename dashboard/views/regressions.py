@@ -14,8 +14,10 @@ from memtrack.dashboard.views import Context, esc, goto, short
 from memtrack.units import format_size
 
 POINTS = 200
-_RUN_URL = re.compile(r"^(https://[A-Za-z0-9.-]+/[A-Za-z0-9._-]+/[A-Za-z0-9._-]+)"
-                      r"/actions/runs/\d+")
+_RUN_URL = re.compile(
+    r"^(https://[A-Za-z0-9.-]+/[A-Za-z0-9._-]+/[A-Za-z0-9._-]+)"
+    r"/actions/runs/\d+"
+)
 _SHA = re.compile(r"^[0-9a-f]{7,64}$")
 
 
@@ -35,8 +37,14 @@ def _verdict(steps: list[model.Step], verdicts: list[dict[str, Any]]) -> tuple[s
     run = steps[0].row["run_id"]
     moved = {s.metric for s in steps}
     mine = [v for v in verdicts if v["run_id"] == run and v.get("metric") in moved]
-    v = next((v for v in mine if v.get("kind") in ("regression", "accepted", "improvement",
-                                                   "over_budget", "noisy")), None)
+    v = next(
+        (
+            v
+            for v in mine
+            if v.get("kind") in ("regression", "accepted", "improvement", "over_budget", "noisy")
+        ),
+        None,
+    )
     if v is None:
         return ("not judged" if not mine else mine[0].get("kind") or "-"), ""
     said = v["kind"]
@@ -66,22 +74,30 @@ def _rows(ctx: Context) -> list[dict[str, Any]]:
             said, component = _verdict(group, c["verdicts"])
             sha, prev = s.row.get("git_commit") or "", s.previous.get("git_commit") or ""
             linkable = repo and _SHA.match(sha)
-            out.append({
-                "time": s.row["started_at"],
-                "when": (s.row["started_at"] or "")[:16].replace("T", " "),
-                "case": labels[c["case_id"]], "case id": c["case_id"],
-                "view": model.SHORT_LABELS[s.metric], "change": s.describe(),
-                "level": f"{format_size(s.before)} → {format_size(s.after)}",
-                "also moved": ", ".join(model.SHORT_LABELS[x.metric] for x in group[1:]),
-                "commit": short(sha), "subject": s.row.get("git_subject") or "",
-                "component": component, "verdict": said,
-                "fixed by": short(s.fixed_by.get("git_commit")) if s.fixed_by else
-                ("" if s.delta < 0 else "not yet"),
-                "on forge": f"{repo}/commit/{sha}" if linkable else None,
-                "compare": f"{repo}/compare/{prev}...{sha}"
-                if linkable and _SHA.match(prev) else None,
-                "up": s.delta > 0,
-            })
+            out.append(
+                {
+                    "time": s.row["started_at"],
+                    "when": (s.row["started_at"] or "")[:16].replace("T", " "),
+                    "case": labels[c["case_id"]],
+                    "case id": c["case_id"],
+                    "view": model.SHORT_LABELS[s.metric],
+                    "change": s.describe(),
+                    "level": f"{format_size(s.before)} → {format_size(s.after)}",
+                    "also moved": ", ".join(model.SHORT_LABELS[x.metric] for x in group[1:]),
+                    "commit": short(sha),
+                    "subject": s.row.get("git_subject") or "",
+                    "component": component,
+                    "verdict": said,
+                    "fixed by": short(s.fixed_by.get("git_commit"))
+                    if s.fixed_by
+                    else ("" if s.delta < 0 else "not yet"),
+                    "on forge": f"{repo}/commit/{sha}" if linkable else None,
+                    "compare": f"{repo}/compare/{prev}...{sha}"
+                    if linkable and _SHA.match(prev)
+                    else None,
+                    "up": s.delta > 0,
+                }
+            )
         # What the gate found on the base branch and is still open, where no step of the
         # window tells it (a change within the views' headroom, or older than the window).
         told = {(r["commit"], r["view"]) for r in out if r["case id"] == c["case_id"]}
@@ -91,23 +107,35 @@ def _rows(ctx: Context) -> list[dict[str, Any]]:
             if (short(sha), view) in told:
                 continue
             delta = o.get("delta")
-            out.append({
-                "time": o["started_at"], "when": (o["started_at"] or "")[:16].replace("T", " "),
-                "case": labels[c["case_id"]], "case id": c["case_id"], "view": view,
-                "change": "" if delta is None else
-                          f"{'+' if delta >= 0 else '-'}{format_size(abs(int(delta)))}"
-                          + (f" ({o['delta_pct']:+.1f}%)" if o.get("delta_pct") is not None
-                             else ""),
-                "level": (f"{format_size(int(o['baseline_value']))} → "
-                          f"{format_size(int(o['candidate_value']))}"
-                          if o.get("baseline_value") is not None
-                          and o.get("candidate_value") is not None else ""),
-                "also moved": "", "commit": short(sha), "subject": o.get("subject") or "",
-                "component": o.get("component") or "", "verdict": "regression",
-                "fixed by": "not yet",
-                "on forge": f"{repo}/commit/{sha}" if repo and _SHA.match(sha) else None,
-                "compare": None, "up": True,
-            })
+            out.append(
+                {
+                    "time": o["started_at"],
+                    "when": (o["started_at"] or "")[:16].replace("T", " "),
+                    "case": labels[c["case_id"]],
+                    "case id": c["case_id"],
+                    "view": view,
+                    "change": ""
+                    if delta is None
+                    else f"{'+' if delta >= 0 else '-'}{format_size(abs(int(delta)))}"
+                    + (f" ({o['delta_pct']:+.1f}%)" if o.get("delta_pct") is not None else ""),
+                    "level": (
+                        f"{format_size(int(o['baseline_value']))} → "
+                        f"{format_size(int(o['candidate_value']))}"
+                        if o.get("baseline_value") is not None
+                        and o.get("candidate_value") is not None
+                        else ""
+                    ),
+                    "also moved": "",
+                    "commit": short(sha),
+                    "subject": o.get("subject") or "",
+                    "component": o.get("component") or "",
+                    "verdict": "regression",
+                    "fixed by": "not yet",
+                    "on forge": f"{repo}/commit/{sha}" if repo and _SHA.match(sha) else None,
+                    "compare": None,
+                    "up": True,
+                }
+            )
     out.sort(key=lambda r: r["time"], reverse=True)
     return out
 
@@ -125,23 +153,52 @@ def render(ctx: Context) -> None:
     if only_up:
         rows = [r for r in rows if r["up"]]
     if not rows:
-        st.success(f"No step {'up ' if only_up else ''}in the newest {POINTS} runs of each "
-                   f"case on {esc(ctx.base_branch)}.")
+        st.success(
+            f"No step {'up ' if only_up else ''}in the newest {POINTS} runs of each "
+            f"case on {esc(ctx.base_branch)}."
+        )
         return
-    still = [r for r in rows if r["up"] and r["fixed by"] == "not yet"
-             and not r["verdict"].startswith("accepted")]
-    st.markdown(f"{len(rows)} step(s) on {esc(ctx.base_branch)} in the newest {POINTS} runs "
-                f"of each case; **{len(still)} up and not fixed or accepted**"
-                + ("".join(f"\n- {esc(r['case'])} {esc(r['view'])} {esc(r['change'])} since "
-                           f"{esc(r['commit'])} ({esc(r['subject'], 80)})" for r in still[:5])
-                   if still else "."))
+    still = [
+        r
+        for r in rows
+        if r["up"] and r["fixed by"] == "not yet" and not r["verdict"].startswith("accepted")
+    ]
+    st.markdown(
+        f"{len(rows)} step(s) on {esc(ctx.base_branch)} in the newest {POINTS} runs "
+        f"of each case; **{len(still)} up and not fixed or accepted**"
+        + (
+            "".join(
+                f"\n- {esc(r['case'])} {esc(r['view'])} {esc(r['change'])} since "
+                f"{esc(r['commit'])} ({esc(r['subject'], 80)})"
+                for r in still[:5]
+            )
+            if still
+            else "."
+        )
+    )
     df = pd.DataFrame(rows)
     st.dataframe(
-        df, hide_index=True, key="rg_table", selection_mode="single-row",
+        df,
+        hide_index=True,
+        key="rg_table",
+        selection_mode="single-row",
         on_select=lambda: _open_history("rg_table", list(df["case id"])),
-        column_order=["when", "case", "view", "change", "commit", "verdict", "fixed by",
-                      "component", "level", "subject", "also moved", "on forge", "compare",
-                      "case id"],
+        column_order=[
+            "when",
+            "case",
+            "view",
+            "change",
+            "commit",
+            "verdict",
+            "fixed by",
+            "component",
+            "level",
+            "subject",
+            "also moved",
+            "on forge",
+            "compare",
+            "case id",
+        ],
         column_config={
             "when": st.column_config.TextColumn(width=125),
             "case": st.column_config.TextColumn(width=200),
@@ -149,13 +206,17 @@ def render(ctx: Context) -> None:
             "change": st.column_config.TextColumn(width=140),
             "verdict": st.column_config.TextColumn(width=230),
             "commit": st.column_config.TextColumn(
-                "first bad commit", width=110, help="The first commit at the new level"),
+                "first bad commit", width=110, help="The first commit at the new level"
+            ),
             "fixed by": st.column_config.TextColumn(
-                width=90, help="The first commit of a later step back to the old level or below"),
+                width=90, help="The first commit of a later step back to the old level or below"
+            ),
             "on forge": st.column_config.LinkColumn(display_text="commit"),
             "compare": st.column_config.LinkColumn(display_text="compare"),
         },
     )
-    st.caption("A step is a shift of a series' level past its headroom on the base branch, "
-               "found as `memtrack check --history` finds it; the verdict is what the gate "
-               "recorded about that run. Select a row to open the case's history.")
+    st.caption(
+        "A step is a shift of a series' level past its headroom on the base branch, "
+        "found as `memtrack check --history` finds it; the verdict is what the gate "
+        "recorded about that run. Select a row to open the case's history."
+    )

@@ -20,8 +20,7 @@ def _pick(ctx: Context) -> None:
 
 def _facts(pairs: list[tuple[str, Any]]) -> None:
     """A two-column table of facts, tall enough to need no scrolling."""
-    df = pd.DataFrame([{"": k, "value": "-" if v in (None, "", []) else str(v)}
-                       for k, v in pairs])
+    df = pd.DataFrame([{"": k, "value": "-" if v in (None, "", []) else str(v)} for k, v in pairs])
     st.dataframe(df, hide_index=True, height=35 * (len(df) + 1) + 3)
 
 
@@ -37,34 +36,53 @@ def _context_tables(run: dict[str, Any]) -> None:
         ci = run.get("ci_event")
         if run.get("ci_pr_number"):
             ci = f"{ci} (PR #{run['ci_pr_number']})"
-        _facts([
-            ("run", run["run_id"]), ("started", when(run["started_at"])),
-            ("finished", when(run["finished_at"])), ("commit", run["git_commit"]),
-            ("branch", run["git_branch"]), ("subject", run["git_subject"]),
-            ("committed", when(run["git_committed_at"])),
-            ("dirty", None if run["git_dirty"] is None else bool(run["git_dirty"])),
-            ("merge-base", run["git_merge_base"]), ("base branch", run["git_base_branch"]),
-            ("git notes", "; ".join(run.get("git_notes") or [])), ("CI", ci),
-            ("CI run", run.get("ci_run_url")), ("runner", run.get("ci_runner_name")),
-            ("shard", run.get("shard")), ("suite hash", run.get("suite_hash")),
-        ])
+        _facts(
+            [
+                ("run", run["run_id"]),
+                ("started", when(run["started_at"])),
+                ("finished", when(run["finished_at"])),
+                ("commit", run["git_commit"]),
+                ("branch", run["git_branch"]),
+                ("subject", run["git_subject"]),
+                ("committed", when(run["git_committed_at"])),
+                ("dirty", None if run["git_dirty"] is None else bool(run["git_dirty"])),
+                ("merge-base", run["git_merge_base"]),
+                ("base branch", run["git_base_branch"]),
+                ("git notes", "; ".join(run.get("git_notes") or [])),
+                ("CI", ci),
+                ("CI run", run.get("ci_run_url")),
+                ("runner", run.get("ci_runner_name")),
+                ("shard", run.get("shard")),
+                ("suite hash", run.get("suite_hash")),
+            ]
+        )
     with right:
         st.subheader("Environment")
-        gpus = ", ".join(f"{g.get('name')} ({format_size(g.get('total_bytes'))}, "
-                         f"CC {g.get('compute_capability')}, MIG {g.get('mig_mode') or '-'})"
-                         for g in env.get("gpus") or [])
-        _facts([
-            ("GPUs", gpus or "none (CPU)"), ("driver", env.get("driver")),
-            ("CUDA runtime", env.get("cuda_runtime")), ("cuDNN", env.get("cudnn")),
-            ("NCCL", env.get("nccl")), ("torch", env.get("torch")),
-            ("CUDA arch list", " ".join(env.get("torch_cuda_arch_list") or [])),
-            ("Python", env.get("python")), ("OS", env.get("os")),
-            ("CPU", f"{env.get('cpu')} ({env.get('cpu_count')} cores)"),
-            ("host RAM", format_size(env.get("host_ram_bytes"))),
-            ("fingerprint", env.get("fingerprint")),
-        ])
-        extras = {**(env.get("packages") or {}),
-                  **{f"${k}": v for k, v in (env.get("env_vars") or {}).items()}}
+        gpus = ", ".join(
+            f"{g.get('name')} ({format_size(g.get('total_bytes'))}, "
+            f"CC {g.get('compute_capability')}, MIG {g.get('mig_mode') or '-'})"
+            for g in env.get("gpus") or []
+        )
+        _facts(
+            [
+                ("GPUs", gpus or "none (CPU)"),
+                ("driver", env.get("driver")),
+                ("CUDA runtime", env.get("cuda_runtime")),
+                ("cuDNN", env.get("cudnn")),
+                ("NCCL", env.get("nccl")),
+                ("torch", env.get("torch")),
+                ("CUDA arch list", " ".join(env.get("torch_cuda_arch_list") or [])),
+                ("Python", env.get("python")),
+                ("OS", env.get("os")),
+                ("CPU", f"{env.get('cpu')} ({env.get('cpu_count')} cores)"),
+                ("host RAM", format_size(env.get("host_ram_bytes"))),
+                ("fingerprint", env.get("fingerprint")),
+            ]
+        )
+        extras = {
+            **(env.get("packages") or {}),
+            **{f"${k}": v for k, v in (env.get("env_vars") or {}).items()},
+        }
         if extras:
             with st.expander("Packages and memory-relevant variables"):
                 _facts(sorted(extras.items()))
@@ -78,25 +96,34 @@ def _device_gap(ms: list[dict[str, Any]]) -> None:
             device, reserved = d.get("peak_process_bytes"), d.get("peak_reserved_bytes")
             if reserved is None:
                 reserved = m.get("peak_reserved_bytes")
-            rows.append({
-                "case": m["case_id"], "GPU": f"{d.get('index')}: {d.get('name')}",
-                "device peak (process)": format_size(device),
-                "framework reserved": format_size(reserved),
-                "gap (context, workspaces, non-torch)": format_size(
-                    None if device is None or reserved is None else device - reserved),
-                "device-wide peak": format_size(d.get("peak_device_used_bytes")),
-                "used before the case": format_size(d.get("used_before_bytes")),
-                "view": d.get("process_view"), "samples": d.get("samples"),
-            })
+            rows.append(
+                {
+                    "case": m["case_id"],
+                    "GPU": f"{d.get('index')}: {d.get('name')}",
+                    "device peak (process)": format_size(device),
+                    "framework reserved": format_size(reserved),
+                    "gap (context, workspaces, non-torch)": format_size(
+                        None if device is None or reserved is None else device - reserved
+                    ),
+                    "device-wide peak": format_size(d.get("peak_device_used_bytes")),
+                    "used before the case": format_size(d.get("used_before_bytes")),
+                    "view": d.get("process_view"),
+                    "samples": d.get("samples"),
+                }
+            )
     if rows:
         st.dataframe(pd.DataFrame(rows), hide_index=True)
-        st.caption("The gap is what the framework does not see: the CUDA context, library "
-                   "workspaces and allocations outside PyTorch. A device peak below reserved "
-                   "means the sampler missed a spike.")
+        st.caption(
+            "The gap is what the framework does not see: the CUDA context, library "
+            "workspaces and allocations outside PyTorch. A device peak below reserved "
+            "means the sampler missed a spike."
+        )
     else:
         notes = {str(m["device_view_note"]) for m in ms if m.get("device_view_note")}
-        st.caption("No device view in this run" + (f": {'; '.join(sorted(notes))}."
-                                                   if notes else " (a CPU run)."))
+        st.caption(
+            "No device view in this run"
+            + (f": {'; '.join(sorted(notes))}." if notes else " (a CPU run).")
+        )
 
 
 def _delta(v: dict[str, Any]) -> str:
@@ -112,34 +139,51 @@ def _banner(ctx: Context, run: dict[str, Any], labels: dict[str, str]) -> None:
     of the base branch says what it reported."""
     vs = run["verdicts"]
     blocking = [v for v in vs if v["blocking"]]
-    reported = [v for v in vs if v.get("context") == "base" and v.get("kind") in (
-        "regression", "over_budget", "failed")]
+    reported = [
+        v
+        for v in vs
+        if v.get("context") == "base" and v.get("kind") in ("regression", "over_budget", "failed")
+    ]
     shown = blocking or reported
     if not shown:
         if vs:
-            st.success(f"The gate passed this run: {len(vs)} verdicts, none blocks.",
-                       icon=":material/check_circle:")
+            st.success(
+                f"The gate passed this run: {len(vs)} verdicts, none blocks.",
+                icon=":material/check_circle:",
+            )
         return
     lines = []
     for v in shown[:6]:
         what = MARKER_NAMES.get(v["kind"], v["kind"])
-        grew = (f", {esc(v['component'])} grew" if v.get("component") else "")
-        lines.append(f"- {esc(labels[v['case_id']])} · {esc(v['metric'] + _delta(v))}: "
-                     f"**{esc(what)}**{grew}")
+        grew = f", {esc(v['component'])} grew" if v.get("component") else ""
+        lines.append(
+            f"- {esc(labels[v['case_id']])} · {esc(v['metric'] + _delta(v))}: **{esc(what)}**{grew}"
+        )
     if len(shown) > 6:
         lines.append(f"- and {len(shown) - 6} more in the verdicts below")
     if blocking:
-        st.error(f"**This run blocks**: {len(blocking)} blocking verdict"
-                 f"{'s' * (len(blocking) != 1)}\n" + "\n".join(lines), icon=":material/block:")
+        st.error(
+            f"**This run blocks**: {len(blocking)} blocking verdict"
+            f"{'s' * (len(blocking) != 1)}\n" + "\n".join(lines),
+            icon=":material/block:",
+        )
     else:
-        st.warning(f"**Reported on {esc(ctx.base_branch)}** (never blocking): {len(shown)} "
-                   "regression(s)\n" + "\n".join(lines), icon=":material/trending_up:")
+        st.warning(
+            f"**Reported on {esc(ctx.base_branch)}** (never blocking): {len(shown)} "
+            "regression(s)\n" + "\n".join(lines),
+            icon=":material/trending_up:",
+        )
     mb = run.get("git_merge_base")
     if mb and mb != run.get("git_commit"):
-        st.button("Compare with its merge-base", key="rd_compare", on_click=goto,
-                  args=("Compare",), kwargs={"a": mb, "b": run["run_id"]},
-                  help=f"Every figure of this run beside the base-branch commit {short(mb)} "
-                       "it branched from")
+        st.button(
+            "Compare with its merge-base",
+            key="rd_compare",
+            on_click=goto,
+            args=("Compare",),
+            kwargs={"a": mb, "b": run["run_id"]},
+            help=f"Every figure of this run beside the base-branch commit {short(mb)} "
+            "it branched from",
+        )
 
 
 def render(ctx: Context) -> None:
@@ -147,13 +191,23 @@ def render(ctx: Context) -> None:
     recent = data.recent_runs(ctx.db, ctx.key)
     labels = {r["run_id"]: run_label(r) for r in recent}
     left, right = st.columns([1, 2])
-    text = left.text_input("Run id or commit (a prefix will do)", key="run",
-                           bind="query-params", placeholder="the newest run")
+    text = left.text_input(
+        "Run id or commit (a prefix will do)",
+        key="run",
+        bind="query-params",
+        placeholder="the newest run",
+    )
     run_id = resolve_run(ctx, text) if text else recent[0]["run_id"]
-    right.selectbox("... or a recent run", list(labels), key="run_pick",
-                    index=list(labels).index(run_id) if run_id in labels else None,
-                    format_func=lambda r: labels[r], on_change=_pick, args=(ctx,),
-                    placeholder="choose a recent run")
+    right.selectbox(
+        "... or a recent run",
+        list(labels),
+        key="run_pick",
+        index=list(labels).index(run_id) if run_id in labels else None,
+        format_func=lambda r: labels[r],
+        on_change=_pick,
+        args=(ctx,),
+        placeholder="choose a recent run",
+    )
     if run_id is None:
         st.warning(f"No run or commit starts with “{esc(text, 40)}”.")
         return
@@ -167,23 +221,32 @@ def render(ctx: Context) -> None:
         f"**{esc(run['git_subject'] or '(no subject)', 200)}**  \n"
         f"{esc(short(run['git_commit']))} on {esc(run['git_branch'] or '-')} · "
         f"{esc(when(run['started_at']))} · {esc(model.env_label(run['environment']))} · "
-        f"{len(ms)} case{'s' * (len(ms) != 1)}"
-        + (f" · **{len(failed)} failed**" if failed else "")
+        f"{len(ms)} case{'s' * (len(ms) != 1)}" + (f" · **{len(failed)} failed**" if failed else "")
     )
     # Case ids cut to a common prefix cannot be told apart: the params that differ.
-    case_labels = model.short_case_labels({m["case_id"] for m in ms}
-                                          | {v["case_id"] for v in run["verdicts"]})
+    case_labels = model.short_case_labels(
+        {m["case_id"] for m in ms} | {v["case_id"] for v in run["verdicts"]}
+    )
     _banner(ctx, run, case_labels)
     if ms and all(m.get("kind") == "estimate" for m in ms):
-        st.info("An estimate run (`memtrack estimate`, fake tensors): its figures are "
-                "predicted tensor memory, not measured, and never judged.")
+        st.info(
+            "An estimate run (`memtrack estimate`, fake tensors): its figures are "
+            "predicted tensor memory, not measured, and never judged."
+        )
     for m in failed:
-        st.error(f"{esc(m['case_id'])} **{esc(m['status'])}**: "
-                 f"{esc(m.get('message') or 'no message', 500)}")
+        st.error(
+            f"{esc(m['case_id'])} **{esc(m['status'])}**: "
+            f"{esc(m.get('message') or 'no message', 500)}"
+        )
         left, right = st.columns([1, 4])
-        left.button("Its history", key=f"hist_{m['id']}", on_click=goto,
-                    args=("History",), kwargs={"case": m["case_id"]},
-                    help="The case's history, where its earlier runs are")
+        left.button(
+            "Its history",
+            key=f"hist_{m['id']}",
+            on_click=goto,
+            args=("History",),
+            kwargs={"case": m["case_id"]},
+            help="The case's history, where its earlier runs are",
+        )
         if m.get("traceback"):
             with right.expander(f"Traceback of {esc(m['case_id'])}"):
                 st.code(m["traceback"], language="text")
@@ -191,16 +254,29 @@ def render(ctx: Context) -> None:
     _context_tables(run)
 
     st.subheader("Cases")
-    st.dataframe(pd.DataFrame([{
-        "case": case_labels[m["case_id"]], "status": m["status"], "device": m["device"],
-        **{model.SHORT_LABELS[k]: format_size(model.metric_value(m, k))
-           for k in model.METRIC_COLUMNS},
-        "weights": format_size(m.get("weights_bytes")),
-        "alloc retries": _count(m.get("num_alloc_retries")), "OOMs": _count(m.get("num_ooms")),
-        "median time": format_seconds(m.get("time_median_s")),
-        "p95 time": format_seconds(m.get("time_p95_s")),
-        "case id": m["case_id"],
-    } for m in ms]), hide_index=True)
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "case": case_labels[m["case_id"]],
+                    "status": m["status"],
+                    "device": m["device"],
+                    **{
+                        model.SHORT_LABELS[k]: format_size(model.metric_value(m, k))
+                        for k in model.METRIC_COLUMNS
+                    },
+                    "weights": format_size(m.get("weights_bytes")),
+                    "alloc retries": _count(m.get("num_alloc_retries")),
+                    "OOMs": _count(m.get("num_ooms")),
+                    "median time": format_seconds(m.get("time_median_s")),
+                    "p95 time": format_seconds(m.get("time_p95_s")),
+                    "case id": m["case_id"],
+                }
+                for m in ms
+            ]
+        ),
+        hide_index=True,
+    )
 
     st.subheader("Breakdown")
     chart = charts.breakdown_chart(ms)
@@ -208,36 +284,63 @@ def render(ctx: Context) -> None:
         st.caption("No breakdown recorded for these cases.")
     else:
         st.altair_chart(chart, width="stretch")
-        st.caption("Weights: the persistent set at the mark; caches: tagged request-sized "
-                   "state; gradients and optimizer state (older runs: training state, the "
-                   "two together); intermediates: the rest of the framework peak; "
-                   "unattributed: what no part explains; workspace/runtime: device view minus "
-                   "framework reserved on a GPU, host RSS beyond live tensors on the CPU.")
+        st.caption(
+            "Weights: the persistent set at the mark; caches: tagged request-sized "
+            "state; gradients and optimizer state (older runs: training state, the "
+            "two together); intermediates: the rest of the framework peak; "
+            "unattributed: what no part explains; workspace/runtime: device view minus "
+            "framework reserved on a GPU, host RSS beyond live tensors on the CPU."
+        )
 
     _device_gap(ms)
 
     if run["verdicts"]:
         st.subheader("Verdicts")
-        order = sorted(run["verdicts"], key=lambda v: (not v["blocking"],
-                                                       v.get("kind") == "ok", v["case_id"]))
-        st.dataframe(pd.DataFrame([{
-            "case": case_labels[v["case_id"]], "metric": v["metric"],
-            "kind": MARKER_NAMES.get(v["kind"], v["kind"]),
-            "context": v.get("context") or "pull_request",
-            "blocking": bool(v["blocking"]), "provisional": bool(v["provisional"]),
-            "message": v.get("accepted_reason") or v.get("message"), "case id": v["case_id"],
-        } for v in order]), hide_index=True)
+        order = sorted(
+            run["verdicts"], key=lambda v: (not v["blocking"], v.get("kind") == "ok", v["case_id"])
+        )
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "case": case_labels[v["case_id"]],
+                        "metric": v["metric"],
+                        "kind": MARKER_NAMES.get(v["kind"], v["kind"]),
+                        "context": v.get("context") or "pull_request",
+                        "blocking": bool(v["blocking"]),
+                        "provisional": bool(v["provisional"]),
+                        "message": v.get("accepted_reason") or v.get("message"),
+                        "case id": v["case_id"],
+                    }
+                    for v in order
+                ]
+            ),
+            hide_index=True,
+        )
 
     st.subheader("Exact parameters")
     for m in ms:
         with st.expander(f"{esc(m['case_id'])} · {esc(m['status'])}"):
-            st.code(json.dumps({
-                "params": m.get("params"), "seed": m.get("seed"), "dtype": m.get("dtype"),
-                "device": m.get("device"), "warmup": m.get("warmup"),
-                "repeats": m.get("repeats"), "framework view": m.get("framework"),
-                "host peak source": m.get("host_peak_source"),
-                "device view": m.get("device_view") or m.get("device_view_note"),
-                "sample interval (s)": m.get("sample_interval_s"),
-                "categories": {k: format_size(v) for k, v in (m.get("categories") or {}).items()},
-                "notes": m.get("notes"),
-            }, indent=2, default=str), language="json")
+            st.code(
+                json.dumps(
+                    {
+                        "params": m.get("params"),
+                        "seed": m.get("seed"),
+                        "dtype": m.get("dtype"),
+                        "device": m.get("device"),
+                        "warmup": m.get("warmup"),
+                        "repeats": m.get("repeats"),
+                        "framework view": m.get("framework"),
+                        "host peak source": m.get("host_peak_source"),
+                        "device view": m.get("device_view") or m.get("device_view_note"),
+                        "sample interval (s)": m.get("sample_interval_s"),
+                        "categories": {
+                            k: format_size(v) for k, v in (m.get("categories") or {}).items()
+                        },
+                        "notes": m.get("notes"),
+                    },
+                    indent=2,
+                    default=str,
+                ),
+                language="json",
+            )

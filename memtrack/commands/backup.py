@@ -32,8 +32,9 @@ def backup(dest, config_path, db_path, overwrite) -> None:
 @click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
 @config_option
 @db_option
-@click.option("--since", help="Only runs started at or after this date or time (UTC), "
-              "e.g. 2026-01-31.")
+@click.option(
+    "--since", help="Only runs started at or after this date or time (UTC), e.g. 2026-01-31."
+)
 def export(directory, config_path, db_path, since) -> None:
     """Write every run as a JSON record DIRECTORY/<run_id>.json.
 

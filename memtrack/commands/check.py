@@ -22,8 +22,10 @@ def _anchor(value: str | None) -> str | int | None:
     if value.isdigit() and 1 <= int(value) <= MAX_COUNT:
         return int(value)
     if value.isdigit() or not is_revision(value):
-        raise ConfigError(f"--anchor: {value!r} is not a tag, a commit or a number of commits "
-                          f"from 1 to {MAX_COUNT:,}")
+        raise ConfigError(
+            f"--anchor: {value!r} is not a tag, a commit or a number of commits "
+            f"from 1 to {MAX_COUNT:,}"
+        )
     return value
 
 
@@ -57,20 +59,50 @@ def _write(path: Path, text: str, *, append: bool = False) -> None:
 @click.option("--run", "run_id", help="The run to check (id or unique prefix).")
 @click.option("--commit", help="Check the newest run of this commit (default: HEAD's).")
 @click.option("--base", "base_branch", help="Base branch (default: the config's base_branch).")
-@click.option("--markdown", "markdown_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Also write a compact Markdown report here.")
-@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Also write the verdicts as JSON here.")
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also write a compact Markdown report here.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also write the verdicts as JSON here.",
+)
 @click.option("--no-record", is_flag=True, help="Do not record the verdicts in the database.")
-@click.option("--history", is_flag=True,
-              help="Instead: find the steps of every series on the base branch, and creep "
-                   "against an anchor. Exit 1 when a series crept past creep_tolerance.")
-@click.option("--anchor", help="With --history: a tag or commit, or N (the run N commits "
-                               "ago); default: the config's creep_anchor.")
-@click.option("-k", "--workload", "patterns", multiple=True,
-              help="With --history: only cases whose id contains this text (repeatable).")
-def check(config_path, db_path, run_id, commit, base_branch, markdown_path, json_path,
-          no_record, history, anchor, patterns) -> None:
+@click.option(
+    "--history",
+    is_flag=True,
+    help="Instead: find the steps of every series on the base branch, and creep "
+    "against an anchor. Exit 1 when a series crept past creep_tolerance.",
+)
+@click.option(
+    "--anchor",
+    help="With --history: a tag or commit, or N (the run N commits "
+    "ago); default: the config's creep_anchor.",
+)
+@click.option(
+    "-k",
+    "--workload",
+    "patterns",
+    multiple=True,
+    help="With --history: only cases whose id contains this text (repeatable).",
+)
+def check(
+    config_path,
+    db_path,
+    run_id,
+    commit,
+    base_branch,
+    markdown_path,
+    json_path,
+    no_record,
+    history,
+    anchor,
+    patterns,
+) -> None:
     """Compare a run with its baseline and budgets; exit 1 when something blocks.
 
     Exit status: 0 nothing blocks, 1 something blocks, 2 a usage, config or data error.
@@ -96,8 +128,13 @@ def check(config_path, db_path, run_id, commit, base_branch, markdown_path, json
         if history:
             from memtrack.judge.history import analyze_history
 
-            h = analyze_history(store, config, base_branch=base_branch,
-                                patterns=tuple(patterns), anchor=history_anchor)
+            h = analyze_history(
+                store,
+                config,
+                base_branch=base_branch,
+                patterns=tuple(patterns),
+                anchor=history_anchor,
+            )
             md = report.history_markdown(h, dashboard_url=config.dashboard_url)
             renderables, code = report.history_terminal(h), h.exit_code
             data = dataclasses.asdict(h)
@@ -105,8 +142,7 @@ def check(config_path, db_path, run_id, commit, base_branch, markdown_path, json
             from memtrack.judge.check import check as run_check
             from memtrack.judge.check import save_verdicts
 
-            result = run_check(store, config, run_id=run_id, commit=commit,
-                               base_branch=base_branch)
+            result = run_check(store, config, run_id=run_id, commit=commit, base_branch=base_branch)
             if not no_record:
                 save_verdicts(store, result)
             md = report.markdown(result, dashboard_url=config.dashboard_url)

@@ -41,29 +41,56 @@ def _fail(message: str) -> None:
 @click.command()
 @config_option
 @db_option
-@click.option("--port", type=click.IntRange(1, 65535), default=8501, show_default=True,
-              help="Port to serve on.")
-@click.option("--address", default="127.0.0.1", show_default=True,
-              help="Address to serve on. Keep 127.0.0.1 behind a reverse proxy with "
-              "sign-on; 0.0.0.0 exposes it, without any, to the network.")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=8501,
+    show_default=True,
+    help="Port to serve on.",
+)
+@click.option(
+    "--address",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to serve on. Keep 127.0.0.1 behind a reverse proxy with "
+    "sign-on; 0.0.0.0 exposes it, without any, to the network.",
+)
 def dashboard(config_path, db_path, port, address) -> None:
     """Serve the Streamlit dashboard over the database, read-only."""
     _, db = resolve(config_path, db_path)
     app = app_path()
     if not app.is_file():
-        _fail(f"the dashboard app is not part of this installation ({app} is missing); "
-              f"reinstall memtrack with it: {INSTALL_HINT}")
+        _fail(
+            f"the dashboard app is not part of this installation ({app} is missing); "
+            f"reinstall memtrack with it: {INSTALL_HINT}"
+        )
     problem = streamlit_problem()
     if problem:
         _fail(problem)
     args = ["--db", str(db.resolve())]
     if config_path:
         args += ["--config", str(config_path.resolve())]
-    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", address,
-           "--server.port", str(port), "--browser.gatherUsageStats", "false",
-           "--client.toolbarMode", "minimal", "--", *args]
-    click.echo(f"memtrack dashboard on http://{address}:{port} over {db} (read-only); "
-               "Ctrl+C stops it", err=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(app),
+        "--server.address",
+        address,
+        "--server.port",
+        str(port),
+        "--browser.gatherUsageStats",
+        "false",
+        "--client.toolbarMode",
+        "minimal",
+        "--",
+        *args,
+    ]
+    click.echo(
+        f"memtrack dashboard on http://{address}:{port} over {db} (read-only); Ctrl+C stops it",
+        err=True,
+    )
     if os.name == "posix":
         # Become the server: signals (Ctrl+C, a service manager's SIGTERM) reach it directly
         # and no orphan is left behind.

@@ -24,8 +24,14 @@ def doctor(config_path, db_path) -> None:
         suite = None
     except MemtrackError as exc:  # the machine's checks stand without the suite's
         cases, suite = [], doctor_lib.Check("suite", "warn", f"not read: {exc}")
-    results = doctor_lib.checks(environment.probe(), db, doctor_lib.nvml_status(), cases,
-                                doctor_lib.shm_bytes(), doctor_lib.in_container())
+    results = doctor_lib.checks(
+        environment.probe(),
+        db,
+        doctor_lib.nvml_status(),
+        cases,
+        doctor_lib.shm_bytes(),
+        doctor_lib.in_container(),
+    )
     if suite:
         results.append(suite)
     for c in results:

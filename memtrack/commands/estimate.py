@@ -22,14 +22,29 @@ from memtrack.workload.registry import discover, select_cases
 @click.command()
 @config_option
 @db_option
-@click.option("-k", "--workload", "patterns", multiple=True,
-              help="Estimate only cases whose id contains this text (repeatable).")
-@click.option("--device", help="Target device: cpu or cuda (default: the config's device; "
-                               "auto is cuda where a GPU is seen, else cpu).")
-@click.option("--dtype", help="Estimate at this precision instead of each case's dtype param "
-                              "(float32, bf16, fp16, ...): the case id says so.")
-@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Also write the estimate run as a JSON record here.")
+@click.option(
+    "-k",
+    "--workload",
+    "patterns",
+    multiple=True,
+    help="Estimate only cases whose id contains this text (repeatable).",
+)
+@click.option(
+    "--device",
+    help="Target device: cpu or cuda (default: the config's device; "
+    "auto is cuda where a GPU is seen, else cpu).",
+)
+@click.option(
+    "--dtype",
+    help="Estimate at this precision instead of each case's dtype param "
+    "(float32, bf16, fp16, ...): the case id says so.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also write the estimate run as a JSON record here.",
+)
 @click.option("--no-db", is_flag=True, help="Do not write the database (use with --json).")
 def estimate(config_path, db_path, patterns, device, dtype, json_path, no_db) -> None:
     """Predict each case's tensor-memory peak under fake tensors: no GPU, no real memory.
@@ -61,8 +76,9 @@ def estimate(config_path, db_path, patterns, device, dtype, json_path, no_db) ->
             elif event == "done":
                 click.echo(f"  {m.status:8} {case.case_id} ({m.duration_s:.1f} s)", err=True)
 
-        record = redact_run(estimate_cases(config, cases, device=device, dtype=dtype,
-                                           progress=progress))
+        record = redact_run(
+            estimate_cases(config, cases, device=device, dtype=dtype, progress=progress)
+        )
         saved, failures = save_run(record, store, json_path)
     finally:
         if store:
@@ -72,7 +88,8 @@ def estimate(config_path, db_path, patterns, device, dtype, json_path, no_db) ->
     for r in estimate_view(record):
         rich_console().print(r, soft_wrap=isinstance(r, Text))
     commit = (record.git.commit or "no commit")[:12]
-    click.echo(f"estimate run {record.run_id} of {commit} recorded in "
-               f"{', '.join(saved) or 'nothing'}")
+    click.echo(
+        f"estimate run {record.run_id} of {commit} recorded in {', '.join(saved) or 'nothing'}"
+    )
     if failures:
         raise StoreError("; ".join(failures))

@@ -13,8 +13,14 @@ from memtrack.store.database import Store
 @click.argument("case")
 @config_option
 @db_option
-@click.option("-n", "--limit", default=20, show_default=True,
-              type=click.IntRange(min=1, max=MAX_COUNT), help="How many rows.")
+@click.option(
+    "-n",
+    "--limit",
+    default=20,
+    show_default=True,
+    type=click.IntRange(min=1, max=MAX_COUNT),
+    help="How many rows.",
+)
 @click.option("--branch", help="Only runs on this branch.")
 def history(case, config_path, db_path, limit, branch) -> None:
     """Show a workload's (or one case's) series, newest first.

@@ -27,8 +27,9 @@ def ingest(files, config_path, db_path) -> None:
     secrets = secret_values()  # once: this machine's secret variables, for every record
     try:
         with Store.open(db) as store:
-            added, present = store.write_runs(redact_run(r, values=secrets)
-                                              for r in read_all(files))
+            added, present = store.write_runs(
+                redact_run(r, values=secrets) for r in read_all(files)
+            )
     except BaseException:
         if new:  # a refused batch leaves no empty database behind
             for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):

@@ -10,15 +10,25 @@ _VERB = {"create": "created ", "append": "appended", "exists": "exists  "}
 
 
 @click.command()
-@click.option("--check", "check_only", is_flag=True,
-              help="Write nothing: list what is missing. Exit 0 when nothing is, 2 otherwise.")
-@click.option("--requirement", metavar="REQ",
-              help="How CI installs memtrack, pinned: memtrack==VERSION or memtrack @ "
-              "git+https://HOST/OWNER/REPO@COMMIT (default: the memtrack running this, "
-              "by its git commit where it was installed from git, else its version).")
-@click.option("--base-branch", metavar="NAME",
-              help="The branch whose runs are the baseline (default: origin's default "
-              "branch, else the branch checked out).")
+@click.option(
+    "--check",
+    "check_only",
+    is_flag=True,
+    help="Write nothing: list what is missing. Exit 0 when nothing is, 2 otherwise.",
+)
+@click.option(
+    "--requirement",
+    metavar="REQ",
+    help="How CI installs memtrack, pinned: memtrack==VERSION or memtrack @ "
+    "git+https://HOST/OWNER/REPO@COMMIT (default: the memtrack running this, "
+    "by its git commit where it was installed from git, else its version).",
+)
+@click.option(
+    "--base-branch",
+    metavar="NAME",
+    help="The branch whose runs are the baseline (default: origin's default "
+    "branch, else the branch checked out).",
+)
 def init(check_only, requirement, base_branch) -> None:
     """Set up this git repository for memtrack: the [tool.memtrack] table (in
     pyproject.toml, else memtrack.toml), perf/workloads.py to adapt, the CI workflow and
@@ -29,8 +39,11 @@ def init(check_only, requirement, base_branch) -> None:
         for p in problems:
             click.echo(f"missing  {p.path}: {p.why}")
         if problems:
-            click.echo(f"memtrack: error: {len(problems)} thing(s) missing in {root} "
-                       "(`memtrack init` writes what it can)", err=True)
+            click.echo(
+                f"memtrack: error: {len(problems)} thing(s) missing in {root} "
+                "(`memtrack init` writes what it can)",
+                err=True,
+            )
             raise SystemExit(2)
         click.echo(f"{root}: nothing missing")
         return

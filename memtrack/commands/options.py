@@ -26,8 +26,7 @@ db_option = click.option(
     "db_path",
     envvar="MEMTRACK_DB",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="SQLite database (default: $MEMTRACK_DB, else the config's `database`, "
-    "data/memtrack.db).",
+    help="SQLite database (default: $MEMTRACK_DB, else the config's `database`, data/memtrack.db).",
 )
 
 
@@ -54,8 +53,9 @@ def check_json_folder(json_path: Path) -> None:
         raise ConfigError(f"--json {json_path}: {problem}")
 
 
-def save_run(record: RunRecord, store: Store | None, json_path: Path | None
-             ) -> tuple[list[str], list[str]]:
+def save_run(
+    record: RunRecord, store: Store | None, json_path: Path | None
+) -> tuple[list[str], list[str]]:
     """Write the database first, then the JSON record, each whatever became of the other.
     A run written nowhere (the database locked past its timeout, full, damaged or deleted
     by a workload, and no JSON record) is kept in a fallback file: a measured run is never
@@ -74,15 +74,15 @@ def save_run(record: RunRecord, store: Store | None, json_path: Path | None
         except OSError as exc:
             failures.append(describe_failure(exc, json_path))
     if failures and saved and store and str(store.path) not in saved:
-        failures.append(f"the run is kept in {saved[0]}: `memtrack ingest {saved[0]}` "
-                        "records it")
+        failures.append(f"the run is kept in {saved[0]}: `memtrack ingest {saved[0]}` records it")
     elif failures and not saved:
         folders = [p.parent for p in (store.path if store else None, json_path) if p]
         try:
             kept = write_fallback(record, [*folders, Path.cwd(), Path(tempfile.gettempdir())])
         except OSError as exc:
-            failures.append(f"the run could not be kept anywhere either "
-                            f"({describe_failure(exc, None)})")
+            failures.append(
+                f"the run could not be kept anywhere either ({describe_failure(exc, None)})"
+            )
         else:
             saved.append(str(kept))
             failures.append(f"the run is kept in {kept}: `memtrack ingest {kept}` records it")

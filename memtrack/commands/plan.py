@@ -14,24 +14,54 @@ from memtrack.errors import StoreError
 @click.argument("case")
 @config_option
 @db_option
-@click.option("--sweep", "sweep_text", required=True,
-              help="The param and its values to measure, e.g. concurrency=1,2,4,8 "
-                   "(a numeric param of the case: concurrency, batch, max_len, ...).")
-@click.option("--catalog", "catalog_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="GPU catalog (TOML; default: data/gpus.toml next to the config, else the "
-                   "one shipped with memtrack).")
-@click.option("--gpu", "gpu_names", multiple=True,
-              help="Only GPUs whose catalog name contains this (repeatable).")
+@click.option(
+    "--sweep",
+    "sweep_text",
+    required=True,
+    help="The param and its values to measure, e.g. concurrency=1,2,4,8 "
+    "(a numeric param of the case: concurrency, batch, max_len, ...).",
+)
+@click.option(
+    "--catalog",
+    "catalog_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="GPU catalog (TOML; default: data/gpus.toml next to the config, else the "
+    "one shipped with memtrack).",
+)
+@click.option(
+    "--gpu",
+    "gpu_names",
+    multiple=True,
+    help="Only GPUs whose catalog name contains this (repeatable).",
+)
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print Markdown instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
 @click.option("--no-record", is_flag=True, help="Do not record the sweep's runs in the database.")
-@click.option("--estimate", "estimated", is_flag=True,
-              help="Estimate each point under fake tensors (`memtrack estimate`) instead of "
-                   "measuring it: no GPU needed; tensor memory only.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]),
-              help="With --estimate: the device to estimate for (default: the config's).")
-def plan(case, config_path, db_path, sweep_text, catalog_path, gpu_names, as_markdown, as_json,
-         no_record, estimated, device) -> None:
+@click.option(
+    "--estimate",
+    "estimated",
+    is_flag=True,
+    help="Estimate each point under fake tensors (`memtrack estimate`) instead of "
+    "measuring it: no GPU needed; tensor memory only.",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda"]),
+    help="With --estimate: the device to estimate for (default: the config's).",
+)
+def plan(
+    case,
+    config_path,
+    db_path,
+    sweep_text,
+    catalog_path,
+    gpu_names,
+    as_markdown,
+    as_json,
+    no_record,
+    estimated,
+    device,
+) -> None:
     """Will it fit? Measure CASE at each value of a param, fit how its peak grows, and say
     the largest value each GPU of the catalog holds (and the levers where nothing fits).
     With --estimate the points are estimated under fake tensors instead of measured."""
@@ -46,8 +76,9 @@ def plan(case, config_path, db_path, sweep_text, catalog_path, gpu_names, as_mar
     if as_markdown and as_json:
         raise click.UsageError("--markdown and --json: choose one")
     if device and not estimated:
-        raise click.UsageError("--device goes with --estimate (a measured sweep runs on the "
-                               "config's device)")
+        raise click.UsageError(
+            "--device goes with --estimate (a measured sweep runs on the config's device)"
+        )
     config, db = resolve(config_path, db_path)
     workloads = discover(config)
     param_name = sweep_text.partition("=")[0].strip()
@@ -67,17 +98,24 @@ def plan(case, config_path, db_path, sweep_text, catalog_path, gpu_names, as_mar
         if estimated:
             from memtrack.measure.estimate import estimate_cases
 
-            record = estimate_cases(config, cases, device=device, dtype=None,
-                                    progress=_progress)
+            record = estimate_cases(config, cases, device=device, dtype=None, progress=_progress)
         else:
             record = run_suite(config, cases, progress=_progress)
         record = redact_run(record)
         failures: list[str] = []
         if not no_record and store is not None:
             _, failures = save_run(record, store, None)
-        result = sweep.make_plan(record, config, store, case=case, param=param, params=params,
-                                 integer=all(isinstance(v, int) for v in values),
-                                 catalog=catalog, gpus=gpus)
+        result = sweep.make_plan(
+            record,
+            config,
+            store,
+            case=case,
+            param=param,
+            params=params,
+            integer=all(isinstance(v, int) for v in values),
+            catalog=catalog,
+            gpus=gpus,
+        )
     finally:
         if store is not None:
             store.close()

@@ -10,8 +10,13 @@ from memtrack.errors import ConfigError
 @click.command()
 @click.argument("cases", nargs=-1)
 @config_option
-@click.option("-k", "--workload", "patterns", multiple=True,
-              help="Only cases whose id contains this text (repeatable).")
+@click.option(
+    "-k",
+    "--workload",
+    "patterns",
+    multiple=True,
+    help="Only cases whose id contains this text (repeatable).",
+)
 def reference(cases, config_path, patterns) -> None:
     """Record the reference output of the selected cases (default: every case that declares
     a tolerance).
@@ -39,6 +44,8 @@ def reference(cases, config_path, patterns) -> None:
 
     for r in record_references(config, selected, device, commit, progress):
         served = ", ".join(c for c in r.for_cases if c != r.case_id)
-        click.echo(f"{r.case_id} -> {r.path} (sha256 {r.sha256[:12]})"
-                   + (f", the reference of {served}" if served else ""))
+        click.echo(
+            f"{r.case_id} -> {r.path} (sha256 {r.sha256[:12]})"
+            + (f", the reference of {served}" if served else "")
+        )
     click.echo(f"pinned in {manifest_path(config)}")

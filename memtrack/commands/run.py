@@ -28,12 +28,13 @@ def _parse_shard(value: str | None) -> tuple[int, int] | None:
     if value is None:
         return None
     if not re.fullmatch(r"[1-9][0-9]{0,6}/[1-9][0-9]{0,6}", value):
-        raise ConfigError(f"--shard: {value!r} is not of the form i/n (e.g. 1/4), each a "
-                          f"whole number from 1 to {MAX_COUNT:,}")
+        raise ConfigError(
+            f"--shard: {value!r} is not of the form i/n (e.g. 1/4), each a "
+            f"whole number from 1 to {MAX_COUNT:,}"
+        )
     i, n = (int(x) for x in value.split("/"))
     if not 1 <= i <= n <= MAX_COUNT:
-        raise ConfigError(f"--shard: {value!r}: i must be between 1 and n, n at most "
-                          f"{MAX_COUNT:,}")
+        raise ConfigError(f"--shard: {value!r}: i must be between 1 and n, n at most {MAX_COUNT:,}")
     return i, n
 
 
@@ -58,15 +59,18 @@ def _parse_shard(value: str | None) -> tuple[int, int] | None:
 def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
     """Measure the suite, one fresh process per case, and record the run."""
     if no_db and not json_path:
-        raise click.UsageError("--no-db without --json would measure the suite and keep "
-                               "nothing: give --json FILE, or drop --no-db")
+        raise click.UsageError(
+            "--no-db without --json would measure the suite and keep "
+            "nothing: give --json FILE, or drop --no-db"
+        )
     config, db = resolve(config_path, db_path)
     shard_t = _parse_shard(shard)
     with start_run(config) as start:  # the fork server imports the suite meanwhile
         workloads = start.workloads()
         # A budget naming no workload or case guards nothing: refused before anything runs.
-        check_budget_targets(config, {x for w in workloads for c in w.cases()
-                                      for x in (w.name, c.case_id)})
+        check_budget_targets(
+            config, {x for w in workloads for c in w.cases() for x in (w.name, c.case_id)}
+        )
         cases = select_cases(workloads, patterns, shard_t)
         if not cases:
             raise ConfigError(f"no case matches {' or '.join(patterns) or 'the suite'}")

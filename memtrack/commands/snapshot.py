@@ -11,9 +11,12 @@ from memtrack.commands.options import config_option, db_option, resolve
 @click.argument("case")
 @config_option
 @db_option
-@click.option("--out", type=click.Path(path_type=Path, dir_okay=False),
-              help="Write the snapshot here (a new file outside data/, the database's folder "
-                   "and the repository; default: ~/.cache/memtrack/snapshots/).")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write the snapshot here (a new file outside data/, the database's folder "
+    "and the repository; default: ~/.cache/memtrack/snapshots/).",
+)
 def snapshot(case, config_path, db_path, out) -> None:
     """Capture which allocations make one case's step peak, into a private file.
 
@@ -27,7 +30,9 @@ def snapshot(case, config_path, db_path, out) -> None:
 
     config, db = resolve(config_path, db_path)
     snap = take(config, case, db, out)
-    click.echo(f"snapshot of {snap.case_id} ({snap.device}, {snap.size_bytes:,} bytes, "
-               f"mode 0600): {snap.path}")
+    click.echo(
+        f"snapshot of {snap.case_id} ({snap.device}, {snap.size_bytes:,} bytes, "
+        f"mode 0600): {snap.path}"
+    )
     click.echo(f"open it: {snap.how_to_open()}")
     click.echo("it shows the model's structure: keep it private (do not commit, upload or post it)")

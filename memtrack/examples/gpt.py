@@ -57,12 +57,12 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
 
-    def forward(self, ids: torch.Tensor, past: list[KV] | None = None
-                ) -> tuple[torch.Tensor, list[KV]]:
+    def forward(
+        self, ids: torch.Tensor, past: list[KV] | None = None
+    ) -> tuple[torch.Tensor, list[KV]]:
         """Logits of every position, and the cache: the past's keys and values with these."""
         start = 0 if past is None else past[0][0].shape[2]
-        h = self.embed(ids) + self.pos(torch.arange(start, start + ids.shape[1],
-                                                    device=ids.device))
+        h = self.embed(ids) + self.pos(torch.arange(start, start + ids.shape[1], device=ids.device))
         presents = []
         for i, block in enumerate(self.blocks):
             h, present = block(h, None if past is None else past[i])
@@ -70,8 +70,9 @@ class GPT(nn.Module):
         return self.head(self.ln_f(h)), presents
 
 
-def generate(model: GPT, prompt: torch.Tensor, new_tokens: int,
-             on_cache: memtrack.Context) -> torch.Tensor:
+def generate(
+    model: GPT, prompt: torch.Tensor, new_tokens: int, on_cache: memtrack.Context
+) -> torch.Tensor:
     """Greedy decoding that feeds the cache back, tagging it after every forward."""
     tokens, ids, past = prompt, prompt, None
     for _ in range(new_tokens):

@@ -10,8 +10,9 @@ import memtrack
 
 
 def _mlp(width: int, layers: int) -> nn.Module:
-    return nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.ReLU())
-                           for _ in range(layers)))
+    return nn.Sequential(
+        *(nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(layers))
+    )
 
 
 @memtrack.workload(params={"width": 1024, "layers": 12, "batch": 8, "dtype": "float32"})

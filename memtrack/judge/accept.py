@@ -25,7 +25,8 @@ TRAILER = "Memtrack-Accept"
 _SHA = re.compile(r"^[0-9a-fA-F]{4,64}$")
 _VALUE = re.compile(
     r"^(?P<target>\S+)\s+(?P<metric>\S+)\s+\+(?P<amount>[0-9]+(?:\.[0-9]+)?)\s*"
-    r"(?P<unit>%|[A-Za-z]+)?\s+(?P<reason>\S.*)$")
+    r"(?P<unit>%|[A-Za-z]+)?\s+(?P<reason>\S.*)$"
+)
 
 
 @dataclass(frozen=True)
@@ -58,16 +59,18 @@ def parse(commit: str, value: str) -> Acceptance:
     where = f"{TRAILER} in commit {commit[:12]}"
     match = _VALUE.match(value.strip())
     if match is None:
-        raise ConfigError(f"{where}: {value.strip()!r} is not '<workload or case> <metric> "
-                          "<+size or +N%> <reason>'")
+        raise ConfigError(
+            f"{where}: {value.strip()!r} is not '<workload or case> <metric> "
+            "<+size or +N%> <reason>'"
+        )
     metric = match["metric"]
     if metric not in metrics.NAMES:
-        raise ConfigError(f"{where}: unknown metric {metric!r} (one of "
-                          f"{', '.join(metrics.NAMES)})")
+        raise ConfigError(f"{where}: unknown metric {metric!r} (one of {', '.join(metrics.NAMES)})")
     number, unit = match["amount"], match["unit"] or ""
     if unit == "%":
-        return Acceptance(commit, match["target"], metric, None, float(number),
-                          match["reason"].strip())
+        return Acceptance(
+            commit, match["target"], metric, None, float(number), match["reason"].strip()
+        )
     size = parse_size(f"{number} {unit}".strip(), what=where)
     return Acceptance(commit, match["target"], metric, size, None, match["reason"].strip())
 
@@ -78,11 +81,16 @@ def read(root: Path, since: str | None, until: str | None) -> tuple[list[Accepta
     if not until or not _SHA.match(until) or (since is not None and not _SHA.match(since)):
         return [], []
     span = f"{since}..{until}" if since else until
-    out = git_output(root, "log", "--format=%H%x00%(trailers:key=" + TRAILER
-                     + ",valueonly,separator=%x01)%x00", revs=(span,))
+    out = git_output(
+        root,
+        "log",
+        "--format=%H%x00%(trailers:key=" + TRAILER + ",valueonly,separator=%x01)%x00",
+        revs=(span,),
+    )
     if out is None:
-        return [], [f"acceptances not read: the commits {span[:40]} are not in the "
-                    f"repository at {root}"]
+        return [], [
+            f"acceptances not read: the commits {span[:40]} are not in the repository at {root}"
+        ]
     found, notes = [], []
     for record in out.split("\x00\n"):
         sha, _, values = record.strip("\n").partition("\x00")
@@ -101,13 +109,21 @@ def unknown_targets(acceptances: Iterable[Acceptance], known: set[str]) -> list[
         if a.target not in known:
             close = difflib.get_close_matches(a.target, sorted(known), n=3)
             hint = f" (nearest: {', '.join(close)})" if close else ""
-            notes.append(f"ignored: {TRAILER} in commit {a.commit[:12]} names "
-                         f"{a.target!r}, which is no workload or case of this run{hint}")
+            notes.append(
+                f"ignored: {TRAILER} in commit {a.commit[:12]} names "
+                f"{a.target!r}, which is no workload or case of this run{hint}"
+            )
     return notes
 
 
-def find(acceptances: Iterable[Acceptance], workload: str, case_id: str, metric: str,
-         delta: float, delta_pct: float | None) -> Acceptance | None:
+def find(
+    acceptances: Iterable[Acceptance],
+    workload: str,
+    case_id: str,
+    metric: str,
+    delta: float,
+    delta_pct: float | None,
+) -> Acceptance | None:
     """The acceptance that allows this growth of a case's metric; else one that covers the
     metric without allowing this much (to say so); else None."""
     covering = [a for a in acceptances if a.covers(workload, case_id, metric)]

@@ -60,8 +60,10 @@ class _Ancestry:
 
     def _load(self) -> None:
         self.count = max(_ANCESTRY_FIRST, self.count * 2)
-        out = git_output(self.root, "log", "--format=%H %ct", "-n", str(self.count),
-                         revs=(self.rev,)) or ""
+        out = (
+            git_output(self.root, "log", "--format=%H %ct", "-n", str(self.count), revs=(self.rev,))
+            or ""
+        )
         lines = out.splitlines()
         self.commits = {line.split()[0] for line in lines}
         times = [float(line.split()[1]) for line in lines]
@@ -265,8 +267,8 @@ class BaselineFinder:
                 cases = {
                     r[0]
                     for r in self.store.conn.execute(
-                        "select case_id from measurements where run_id = ? "
-                        "and kind = 'measured'", [row["run_id"]]
+                        "select case_id from measurements where run_id = ? and kind = 'measured'",
+                        [row["run_id"]],
                     )
                 }
                 if cases:  # an estimate run is no baseline run
@@ -289,8 +291,17 @@ def _point(row: Any) -> Point:
     times = tuple(json.loads(row["iteration_times_s"]) or ()) if row["iteration_times_s"] else ()
     raw = row["allocated_samples"]
     samples = tuple(int(x) for x in json.loads(raw) or ()) if raw else ()
-    return Point(row["run_id"], row["git_commit"], row["started_at"], row["env_id"],
-                 row["status"], figures(metrics.COLUMNS), times, figures(COMPONENTS), samples)
+    return Point(
+        row["run_id"],
+        row["git_commit"],
+        row["started_at"],
+        row["env_id"],
+        row["status"],
+        figures(metrics.COLUMNS),
+        times,
+        figures(COMPONENTS),
+        samples,
+    )
 
 
 # -- regressions of the base branch still open ----------------------------------------------
@@ -330,10 +341,12 @@ class OpenRegression:
             size = f" {'+' if self.delta >= 0 else '-'}{format_size(abs(int(self.delta)))}"
             if self.delta_pct is not None:
                 size += f" ({self.delta_pct:+.2f}%)"
-        grew = (f", {self.component} grew" if self.component else "")
+        grew = f", {self.component} grew" if self.component else ""
         subject = f" ({' '.join(self.subject.split())[:60]})" if self.subject else ""
-        return (f"{self.metric}{size} since {(self.commit or '?')[:12]}{subject}{grew}; "
-                f"fixed when back within {format_size(int(self.threshold))}")
+        return (
+            f"{self.metric}{size} since {(self.commit or '?')[:12]}{subject}{grew}; "
+            f"fixed when back within {format_size(int(self.threshold))}"
+        )
 
 
 _OPEN_SQL = """
@@ -347,24 +360,37 @@ order by r.started_at desc
 """
 
 
-def open_regressions(conn: Any, base_branch: str, case_ids: Iterable[str], *,
-                     fingerprint: str | None = None, until: str | None = None,
-                     limit: int = 50) -> list[OpenRegression]:
+def open_regressions(
+    conn: Any,
+    base_branch: str,
+    case_ids: Iterable[str],
+    *,
+    fingerprint: str | None = None,
+    until: str | None = None,
+    limit: int = 50,
+) -> list[OpenRegression]:
     """The base branch's regressions still open, whatever their age, newest first: each
     case's base-context `regression` verdicts (their own index), each closed by a later
     base run of its environment within its threshold, or by a later `accepted` verdict of
     the same case and metric on the base branch. With `until`, as they stood before that
     time (runs started before it). Read-only; [] without a verdicts table."""
-    if not conn.execute("select 1 from sqlite_master where type = 'table' "
-                        "and name = 'verdicts'").fetchone():
+    if not conn.execute(
+        "select 1 from sqlite_master where type = 'table' and name = 'verdicts'"
+    ).fetchone():
         return []
     out: list[OpenRegression] = []
     more = " and r.fingerprint = :fp" if fingerprint else ""
     later = " and r.started_at < :until" if until else ""
     for case in case_ids:
-        rows = conn.execute(_OPEN_SQL.format(more=more + later), {
-            "case": case, "branch": base_branch, "fp": fingerprint, "until": until,
-        }).fetchmany(limit)
+        rows = conn.execute(
+            _OPEN_SQL.format(more=more + later),
+            {
+                "case": case,
+                "branch": base_branch,
+                "fp": fingerprint,
+                "until": until,
+            },
+        ).fetchmany(limit)
         for row in rows:
             column = metrics.COLUMNS.get(row["metric"])
             if column is None:
@@ -374,9 +400,15 @@ def open_regressions(conn: Any, base_branch: str, case_ids: Iterable[str], *,
                 f"and m.case_id = :case where r.git_branch = :branch and r.started_at > :t "
                 f"and r.fingerprint is :fp and m.kind = 'measured' and m.status = 'ok' "
                 f"and m.{column} <= :threshold{later} limit 1",
-                {"case": case, "branch": base_branch, "t": row["started_at"],
-                 "fp": row["fingerprint"], "threshold": row["threshold"],
-                 "until": until}).fetchone()
+                {
+                    "case": case,
+                    "branch": base_branch,
+                    "t": row["started_at"],
+                    "fp": row["fingerprint"],
+                    "threshold": row["threshold"],
+                    "until": until,
+                },
+            ).fetchone()
             if fixed:
                 continue
             accepted = conn.execute(
@@ -384,14 +416,33 @@ def open_regressions(conn: Any, base_branch: str, case_ids: Iterable[str], *,
                 "where v.context = 'base' and v.case_id = :case and v.metric = :metric "
                 f"and v.kind = 'accepted' and r.git_branch = :branch and r.started_at > :t"
                 f"{later} limit 1",
-                {"case": case, "metric": row["metric"], "branch": base_branch,
-                 "t": row["started_at"], "until": until}).fetchone()
+                {
+                    "case": case,
+                    "metric": row["metric"],
+                    "branch": base_branch,
+                    "t": row["started_at"],
+                    "until": until,
+                },
+            ).fetchone()
             if accepted:
                 continue
-            out.append(OpenRegression(
-                case, row["metric"], row["run_id"], row["git_commit"], row["git_subject"],
-                row["started_at"], row["fingerprint"], row["baseline_value"],
-                float(row["threshold"]), row["candidate_value"], row["delta"],
-                row["delta_pct"], row["component"], row["component_delta"]))
+            out.append(
+                OpenRegression(
+                    case,
+                    row["metric"],
+                    row["run_id"],
+                    row["git_commit"],
+                    row["git_subject"],
+                    row["started_at"],
+                    row["fingerprint"],
+                    row["baseline_value"],
+                    float(row["threshold"]),
+                    row["candidate_value"],
+                    row["delta"],
+                    row["delta_pct"],
+                    row["component"],
+                    row["component_delta"],
+                )
+            )
     out.sort(key=lambda o: o.started_at, reverse=True)
     return out

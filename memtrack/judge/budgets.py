@@ -29,10 +29,15 @@ class BudgetChange:
     reason: str
 
     def describe(self) -> str:
-        where = self.workload + (f" ({self.metric})" if self.metric else "") + (
-            f" on {self.gpu}" if self.gpu else "")
-        return (f"budget {self.change}: {where} {format_size(self.old_bytes)} -> "
-                f"{format_size(self.new_bytes)} ({self.reason})")
+        where = (
+            self.workload
+            + (f" ({self.metric})" if self.metric else "")
+            + (f" on {self.gpu}" if self.gpu else "")
+        )
+        return (
+            f"budget {self.change}: {where} {format_size(self.old_bytes)} -> "
+            f"{format_size(self.new_bytes)} ({self.reason})"
+        )
 
 
 def default_budget_metric(m: Measurement) -> str:
@@ -43,8 +48,14 @@ def default_budget_metric(m: Measurement) -> str:
     return "allocated"
 
 
-def choose_budgets(budgets: Iterable[Budget], workload: str, case_id: str, on_cpu: bool,
-                   gpu_names: Iterable[str], default_metric: str) -> dict[str, Budget]:
+def choose_budgets(
+    budgets: Iterable[Budget],
+    workload: str,
+    case_id: str,
+    on_cpu: bool,
+    gpu_names: Iterable[str],
+    default_metric: str,
+) -> dict[str, Budget]:
     """The rule: the budget that applies to each metric of a case is the most specific one (a
     case id over a workload name, a GPU model, or 'cpu' for a CPU case, over any), the
     tighter on a tie. The gate and the dashboard both call this."""
@@ -53,8 +64,9 @@ def choose_budgets(budgets: Iterable[Budget], workload: str, case_id: str, on_cp
     for b in budgets:
         if b.workload not in (workload, case_id):
             continue
-        if b.gpu is not None and not (b.gpu.lower() in names and not on_cpu
-                                      or b.gpu.lower() == "cpu" and on_cpu):
+        if b.gpu is not None and not (
+            b.gpu.lower() in names and not on_cpu or b.gpu.lower() == "cpu" and on_cpu
+        ):
             continue
         metric = b.metric or default_metric
         rank = (int(b.workload == case_id), int(b.gpu is not None), -b.limit_bytes)
@@ -66,12 +78,14 @@ def choose_budgets(budgets: Iterable[Budget], workload: str, case_id: str, on_cp
 def budgets_for(budgets: Sequence[Budget], m: Measurement, env: Environment) -> dict[str, Budget]:
     """The budget that applies to each metric of a case (see choose_budgets)."""
     gpu_names = [g.name for g in env.gpus if g.name]  # None: NVML would not say
-    return choose_budgets(budgets, m.workload, m.case_id, m.device == "cpu", gpu_names,
-                          default_budget_metric(m))
+    return choose_budgets(
+        budgets, m.workload, m.case_id, m.device == "cpu", gpu_names, default_budget_metric(m)
+    )
 
 
-def budget_changes(config: Config, root: Path, rev: str | None) -> tuple[list[BudgetChange],
-                                                                           str | None]:
+def budget_changes(
+    config: Config, root: Path, rev: str | None
+) -> tuple[list[BudgetChange], str | None]:
     """Budgets the current config changes relative to the same file at `rev`."""
     if config.path is None:
         return [], None
@@ -86,8 +100,10 @@ def budget_changes(config: Config, root: Path, rev: str | None) -> tuple[list[Bu
     except ValueError:
         return [], "budget changes not checked: the config is outside the repository"
     if git_output(root, "rev-parse", "--verify", "--quiet", revs=(f"{rev}^{{commit}}",)) is None:
-        note = (f"budget changes not checked: {rev} is not in this clone (shallow?), so the "
-                "config cannot be compared with the base's")
+        note = (
+            f"budget changes not checked: {rev} is not in this clone (shallow?), so the "
+            "config cannot be compared with the base's"
+        )
         return [], None if quiet else note
     text = git_output(root, "show", revs=(f"{rev}:{rel}",))
     if text is None:
@@ -107,28 +123,42 @@ def budget_changes(config: Config, root: Path, rev: str | None) -> tuple[list[Bu
         a, b = before.get(k), after.get(k)
         if a and b and a.limit_bytes == b.limit_bytes:
             continue
-        change = ("added" if a is None else "removed" if b is None else
-                  "raised" if b.limit_bytes > a.limit_bytes else "lowered")
+        change = (
+            "added"
+            if a is None
+            else "removed"
+            if b is None
+            else "raised"
+            if b.limit_bytes > a.limit_bytes
+            else "lowered"
+        )
         ref = b or a
         assert ref is not None
-        out.append(BudgetChange(ref.workload, ref.metric, ref.gpu, change,
-                                a.limit_bytes if a else None, b.limit_bytes if b else None,
-                                ref.reason))
+        out.append(
+            BudgetChange(
+                ref.workload,
+                ref.metric,
+                ref.gpu,
+                change,
+                a.limit_bytes if a else None,
+                b.limit_bytes if b else None,
+                ref.reason,
+            )
+        )
     return out, None
 
 
-def budget_part(value: int, budget: Budget | None,
-                memory: tuple[int, str] | None = None) -> str:
+def budget_part(value: int, budget: Budget | None, memory: tuple[int, str] | None = None) -> str:
     """The budget's words in a verdict; `memory` is the VRAM of the device holding the peak
     (device_memory): a peak above it cannot be within any budget."""
     if budget is None:
         return ""
     margin = budget.limit_bytes - value
-    state = (f"margin {format_size(margin)}" if margin >= 0 else
-             f"OVER by {format_size(-margin)}")
+    state = f"margin {format_size(margin)}" if margin >= 0 else f"OVER by {format_size(-margin)}"
     if memory is not None and margin >= 0 and value > memory[0]:
-        state += (f", but above the {format_size(memory[0])} of {memory[1]}: it cannot be "
-                  "within budget")
+        state += (
+            f", but above the {format_size(memory[0])} of {memory[1]}: it cannot be within budget"
+        )
     return f"; budget {format_size(budget.limit_bytes)} ({budget.reason}): {state}"
 
 
@@ -182,9 +212,11 @@ def vram_verdict(v: Verdict, m: Measurement) -> Verdict:
         need = d.peak_process_bytes + room
         margin = d.total_bytes - need
         fit = f"fits, margin {format_size(int(margin))}" if margin >= 0 else "does NOT fit"
-        lines.append(f"device {d.index} ({d.name or '?'}): peak "
-                     f"{format_size(d.peak_process_bytes)} + headroom {format_size(int(room))} "
-                     f"of {format_size(d.total_bytes)} VRAM: {fit}")
+        lines.append(
+            f"device {d.index} ({d.name or '?'}): peak "
+            f"{format_size(d.peak_process_bytes)} + headroom {format_size(int(room))} "
+            f"of {format_size(d.total_bytes)} VRAM: {fit}"
+        )
         if worst is None or margin < worst[0]:
             worst = (margin, d)
     if worst is None:
@@ -192,16 +224,34 @@ def vram_verdict(v: Verdict, m: Measurement) -> Verdict:
     margin, d = worst
     details = v.details + tuple(lines)
     if margin >= 0:
-        return replace(v, details=details, message=v.message + f"; fits VRAM of device {d.index} "
-                        f"with {format_size(int(margin))} to spare")
+        return replace(
+            v,
+            details=details,
+            message=v.message + f"; fits VRAM of device {d.index} "
+            f"with {format_size(int(margin))} to spare",
+        )
     if v.kind == "over_budget":
         return replace(v, details=details)
-    return replace(v, kind="over_budget", blocking=True, details=details,
-                    budget_bytes=d.total_bytes,
-                    budget_reason=f"VRAM of device {d.index} ({d.name})",
-                    message=v.message + f"; peak + headroom does NOT fit the "
-                    f"{format_size(d.total_bytes)} VRAM of device {d.index} ({d.name})")
+    return replace(
+        v,
+        kind="over_budget",
+        blocking=True,
+        details=details,
+        budget_bytes=d.total_bytes,
+        budget_reason=f"VRAM of device {d.index} ({d.name})",
+        message=v.message + f"; peak + headroom does NOT fit the "
+        f"{format_size(d.total_bytes)} VRAM of device {d.index} ({d.name})",
+    )
 
 
-__all__ = ["PER_DEVICE", "BudgetChange", "budget_changes", "budget_part", "budgets_for",
-           "default_budget_metric", "device_memory", "rank_part", "vram_verdict"]
+__all__ = [
+    "PER_DEVICE",
+    "BudgetChange",
+    "budget_changes",
+    "budget_part",
+    "budgets_for",
+    "default_budget_metric",
+    "device_memory",
+    "rank_part",
+    "vram_verdict",
+]

@@ -63,15 +63,19 @@ class Estimate:
         4.90 MiB ...' where it was made for another commit than the one checked."""
         text = f"estimate {format_size(self.estimate_bytes)}"
         if self.candidate_commit is not None and self.commit != self.candidate_commit:
-            text = (f"estimate of commit {(self.commit or 'unknown')[:12]} (not the one "
-                    f"checked) {format_size(self.estimate_bytes)}")
+            text = (
+                f"estimate of commit {(self.commit or 'unknown')[:12]} (not the one "
+                f"checked) {format_size(self.estimate_bytes)}"
+            )
         if self.measured_bytes:
             pct = 100.0 * (self.estimate_bytes / self.measured_bytes - 1)
             text += f" (measured {format_size(self.measured_bytes)}, {pct:+.2f}%)"
         if self.budget_bytes is not None:
             pct = 100.0 * self.estimate_bytes / self.budget_bytes if self.budget_bytes else 0.0
-            text += (f"; {self.budget_metric} budget {format_size(self.budget_bytes)} "
-                     f"({pct:.0f}% of it, information only)")
+            text += (
+                f"; {self.budget_metric} budget {format_size(self.budget_bytes)} "
+                f"({pct:.0f}% of it, information only)"
+            )
         return text
 
 
@@ -121,28 +125,36 @@ class CheckResult:
 
 def environment_diff(old: Environment, new: Environment) -> list[str]:
     """'what: old -> new' for each confounder that differs."""
+
     def gpus(e: Environment) -> str:
         return ", ".join(f"{g.name} ({format_size(g.total_bytes)})" for g in e.gpus) or "none"
 
     pairs = [
-        ("GPUs", gpus(old), gpus(new)), ("driver", old.driver, new.driver),
-        ("CUDA", old.cuda_runtime, new.cuda_runtime), ("cuDNN", old.cudnn, new.cudnn),
-        ("NCCL", old.nccl, new.nccl), ("torch", old.torch, new.torch),
-        ("Python", old.python, new.python), ("OS", old.os, new.os),
+        ("GPUs", gpus(old), gpus(new)),
+        ("driver", old.driver, new.driver),
+        ("CUDA", old.cuda_runtime, new.cuda_runtime),
+        ("cuDNN", old.cudnn, new.cudnn),
+        ("NCCL", old.nccl, new.nccl),
+        ("torch", old.torch, new.torch),
+        ("Python", old.python, new.python),
+        ("OS", old.os, new.os),
     ]
     out = [f"{what}: {a or '-'} -> {b or '-'}" for what, a, b in pairs if a != b]
     for name in sorted(set(old.env_vars) | set(new.env_vars)):
         if old.env_vars.get(name) != new.env_vars.get(name):
-            out.append(f"{name}: {old.env_vars.get(name, '(unset)')} -> "
-                       f"{new.env_vars.get(name, '(unset)')}")
+            out.append(
+                f"{name}: {old.env_vars.get(name, '(unset)')} -> "
+                f"{new.env_vars.get(name, '(unset)')}"
+            )
     for name in sorted(set(old.packages) | set(new.packages)):
         if name != "torch" and old.packages.get(name) != new.packages.get(name):
             out.append(f"{name}: {old.packages.get(name, '-')} -> {new.packages.get(name, '-')}")
     return out
 
 
-def _unbased_verdict(c: Candidate, metric: str, base_branch: str,
-                     other_env: tuple[Point, list[str]] | None) -> Verdict | None:
+def _unbased_verdict(
+    c: Candidate, metric: str, base_branch: str, other_env: tuple[Point, list[str]] | None
+) -> Verdict | None:
     """No baseline on this environment: 'new' or 'environment changed', budgets still hold."""
     m = c.m
     figure = c.figure(metric)
@@ -152,20 +164,28 @@ def _unbased_verdict(c: Candidate, metric: str, base_branch: str,
     if other_env is not None:
         point, diff = other_env
         kind = "environment_changed"
-        text = (f"environment changed ({'; '.join(diff) or 'fingerprint differs'}): no baseline "
-                f"on {base_branch} with this environment, not compared (newest other-environment "
-                f"run {point.run_id[:12]} of {(point.commit or '?')[:12]})")
+        text = (
+            f"environment changed ({'; '.join(diff) or 'fingerprint differs'}): no baseline "
+            f"on {base_branch} with this environment, not compared (newest other-environment "
+            f"run {point.run_id[:12]} of {(point.commit or '?')[:12]})"
+        )
         details = tuple(diff)
     else:
         kind, text, details = "new", f"new: no baseline on {base_branch}", ()
     details += changes
     return Verdict(
-        case_id=m.case_id, workload=m.workload, metric=metric,
-        kind="over_budget" if over else kind, blocking=over and c.context != "base",
-        candidate_value=float(value), context=c.context,
+        case_id=m.case_id,
+        workload=m.workload,
+        metric=metric,
+        kind="over_budget" if over else kind,
+        blocking=over and c.context != "base",
+        candidate_value=float(value),
+        context=c.context,
         budget_bytes=budget.limit_bytes if budget else None,
-        budget_reason=budget.reason if budget else None, details=details,
-        message=f"{metric} {format_size(value)}: {text}{c.budget_part(metric, value, budget)}")
+        budget_reason=budget.reason if budget else None,
+        details=details,
+        message=f"{metric} {format_size(value)}: {text}{c.budget_part(metric, value, budget)}",
+    )
 
 
 def _failed_verdict(c: Candidate) -> Verdict:
@@ -173,22 +193,38 @@ def _failed_verdict(c: Candidate) -> Verdict:
     same_env_status = [p.status for p in c.points]
     passed = sum(s == "ok" for s in same_env_status)
     if c.points and c.points[0].status != "ok":
-        blocking, why = False, (f"the newest baseline run failed too ({c.points[0].status}): "
-                                f"a known failure, not caused here")
+        blocking, why = (
+            False,
+            (
+                f"the newest baseline run failed too ({c.points[0].status}): "
+                f"a known failure, not caused here"
+            ),
+        )
     elif c.points:
         blocking, why = True, f"the baseline passed ({passed} of {len(c.points)} runs ok)"
     else:
         blocking, why = True, "no baseline: a case that does not run cannot be gated"
     msg = (m.message or "").strip().splitlines()
     text = f" ({msg[-1][:160]})" if msg else ""
-    return Verdict(case_id=m.case_id, workload=m.workload, metric="status", kind="failed",
-                   blocking=blocking and c.context != "base", baseline_runs=len(c.points),
-                   context=c.context,
-                   message=f"status: {m.status}{text}; {why}")
+    return Verdict(
+        case_id=m.case_id,
+        workload=m.workload,
+        metric="status",
+        kind="failed",
+        blocking=blocking and c.context != "base",
+        baseline_runs=len(c.points),
+        context=c.context,
+        message=f"status: {m.status}{text}; {why}",
+    )
 
 
-def _judge_case(c: Candidate, config: Config, base_branch: str,
-                other_env: tuple[Point, list[str]] | None, time_on: bool) -> list[Verdict]:
+def _judge_case(
+    c: Candidate,
+    config: Config,
+    base_branch: str,
+    other_env: tuple[Point, list[str]] | None,
+    time_on: bool,
+) -> list[Verdict]:
     m = c.m
     if m.status != "ok":
         return [_failed_verdict(c)]
@@ -217,25 +253,31 @@ def _judge_case(c: Candidate, config: Config, base_branch: str,
 # -- the check -----------------------------------------------------------------------------
 
 
-def find_candidate(store: Store, *, run_id: str | None = None, commit: str | None = None,
-                   root: Path) -> RunRecord:
+def find_candidate(
+    store: Store, *, run_id: str | None = None, commit: str | None = None, root: Path
+) -> RunRecord:
     """The run to check: by id, else the newest run of `commit`, else of HEAD at `root`."""
     if run_id:
         return store.get_run(run_id)
     if commit is None:
         commit = git_output(root, "rev-parse", "HEAD")
         if commit is None:
-            raise ConfigError(f"{root} is not inside a git repository with a commit: "
-                              "pass --run ID or --commit SHA")
+            raise ConfigError(
+                f"{root} is not inside a git repository with a commit: "
+                "pass --run ID or --commit SHA"
+            )
         what = f"the current commit {commit[:12]}"
     else:
         what = f"commit {commit}"
     # A measured run is checked; an estimate run only where the commit has nothing else.
     ids = store.run_ids(commit=commit, limit=1, measured=True) or store.run_ids(
-        commit=commit, limit=1)
+        commit=commit, limit=1
+    )
     if not ids:
-        raise StoreError(f"{store.path}: no run of {what}; record one with `memtrack run` "
-                         "first, or pass --run ID")
+        raise StoreError(
+            f"{store.path}: no run of {what}; record one with `memtrack run` "
+            "first, or pass --run ID"
+        )
     return store.get_run(ids[0])
 
 
@@ -283,8 +325,10 @@ def check_budget_targets(config: Config, known: set[str], *, strict: bool = True
         if strict or close:
             hint = f"; nearest: {', '.join(close)}" if close else ""
             raise ConfigError(f"{where} names no known workload or case{hint}")
-        notes.append(f"{where}: no measurement of it is recorded yet (a run that left it "
-                     "out with -k or --shard): its budget is not checked")
+        notes.append(
+            f"{where}: no measurement of it is recorded yet (a run that left it "
+            "out with -k or --shard): its budget is not checked"
+        )
     return notes
 
 
@@ -295,16 +339,23 @@ def _known_targets(store: Store, run: RunRecord, names: set[str]) -> set[str]:
     for name in names - known:
         # '\\' follows '[' in byte order: the range holds exactly the ids 'name[...'.
         if store.conn.execute(
-                "select 1 from measurements where (case_id = ? or (case_id >= ? and "
-                "case_id < ?)) and kind = 'measured' limit 1",
-                [name, name + "[", name + "\\"]).fetchone():
+            "select 1 from measurements where (case_id = ? or (case_id >= ? and "
+            "case_id < ?)) and kind = 'measured' limit 1",
+            [name, name + "[", name + "\\"],
+        ).fetchone():
             known.add(name)
     return known
 
 
-def check(store: Store, config: Config, *, run_id: str | None = None,
-          commit: str | None = None, base_branch: str | None = None,
-          root: Path | None = None) -> CheckResult:
+def check(
+    store: Store,
+    config: Config,
+    *,
+    run_id: str | None = None,
+    commit: str | None = None,
+    base_branch: str | None = None,
+    root: Path | None = None,
+) -> CheckResult:
     """Judge a candidate run against its baseline and the config's budgets."""
     root = root or config.root
     run = find_candidate(store, run_id=run_id, commit=commit, root=root)
@@ -324,19 +375,25 @@ def check(store: Store, config: Config, *, run_id: str | None = None,
     finder = BaselineFinder(store, run, base, root, config.baseline_runs, owners)
     notes = [*finder.notes, *unchecked]
     if context == "base":
-        notes.append(f"a run of {base} itself, judged against the previous level: verdicts "
-                     "are reported and recorded, never blocking")
+        notes.append(
+            f"a run of {base} itself, judged against the previous level: verdicts "
+            "are reported and recorded, never blocking"
+        )
     shard_runs = sorted(set(owners.values()) - {run.run_id})
     if shard_runs:
-        notes.append(f"shard {run.shard} checked together with the newest run of each other "
-                     f"shard of this commit: {', '.join(r[:12] for r in shard_runs)}")
+        notes.append(
+            f"shard {run.shard} checked together with the newest run of each other "
+            f"shard of this commit: {', '.join(r[:12] for r in shard_runs)}"
+        )
     if run.git.dirty:
         notes.append("the candidate was measured with uncommitted changes (dirty tree)")
     changes, note = budget_changes(config, root, finder.merge_base or base)
     if note:
         notes.append(note)
-    points = {m.case_id: finder.points(m.case_id) if finder.seen_anywhere(m.case_id) else []
-              for m in run.measurements}
+    points = {
+        m.case_id: finder.points(m.case_id) if finder.seen_anywhere(m.case_id) else []
+        for m in run.measurements
+    }
     acceptances, accept_notes = _acceptances(run, context, finder.merge_base, points, root)
     known = _known_targets(store, run, {a.target for a in acceptances}) | known
     notes += accept_notes + accept.unknown_targets(acceptances, known)
@@ -348,8 +405,15 @@ def check(store: Store, config: Config, *, run_id: str | None = None,
         budgets = budgets_for(config.budgets, m, run.environment)
         touched = [ch for ch in changes if ch.workload in (m.workload, m.case_id)]
         ok_runs = sum(p.status == "ok" for p in case_points)
-        c = Candidate(m, case_points, budgets, ok_runs < config.min_baseline_runs, touched,
-                 acceptances, context)
+        c = Candidate(
+            m,
+            case_points,
+            budgets,
+            ok_runs < config.min_baseline_runs,
+            touched,
+            acceptances,
+            context,
+        )
         other = None
         if not case_points and finder.seen_anywhere(m.case_id):
             p = finder.other_env(m.case_id)
@@ -360,66 +424,108 @@ def check(store: Store, config: Config, *, run_id: str | None = None,
                 other = (p, environment_diff(old, run.environment) if old else [])
         for metric, b in budgets.items():
             if metrics.value(m, metric) is None and m.status == "ok":
-                notes.append(f"{m.case_id}: budget on {metric} ({format_size(b.limit_bytes)}) "
-                             f"not checked: {metric} was not measured on this run")
+                notes.append(
+                    f"{m.case_id}: budget on {metric} ({format_size(b.limit_bytes)}) "
+                    f"not checked: {metric} was not measured on this run"
+                )
         verdicts.extend(_judge_case(c, config, base, other, time_on))
     opened, open_notes = _still_open(store, run, base, context, verdicts, acceptances)
     notes += open_notes
     verdicts.extend(quality.verdicts(run.measurements, context))
     missing = sorted((finder.newest_cases() or set()) - {m.case_id for m in run.measurements})
     if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
-                                          else "")
-        notes.append(f"{len(missing)} case(s) of the newest baseline run are not in this run "
-                     f"(removed, or left out with -k/--shard), so not checked: {shown}")
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
+        notes.append(
+            f"{len(missing)} case(s) of the newest baseline run are not in this run "
+            f"(removed, or left out with -k/--shard), so not checked: {shown}"
+        )
     found = store.latest_estimates([m.case_id for m in run.measurements], run.git.commit)
     estimates = tuple(
-        Estimate(m.case_id, e["peak_allocated_bytes"], e["run_id"], e["git_commit"],
-                 measured_bytes=m.peak_allocated_bytes, candidate_commit=run.git.commit)
-        for m in run.measurements if (e := found.get(m.case_id)) and m.status == "ok")
+        Estimate(
+            m.case_id,
+            e["peak_allocated_bytes"],
+            e["run_id"],
+            e["git_commit"],
+            measured_bytes=m.peak_allocated_bytes,
+            candidate_commit=run.git.commit,
+        )
+        for m in run.measurements
+        if (e := found.get(m.case_id)) and m.status == "ok"
+    )
     return CheckResult(
         case_runs=owners,
-        run_id=run.run_id, commit=run.git.commit, branch=run.git.branch,
-        started_at=run.started_at, fingerprint=run.environment.fingerprint, base_branch=base,
-        merge_base=finder.merge_base, baseline_mode=finder.mode, verdicts=tuple(verdicts),
-        budget_changes=tuple(changes), notes=tuple(notes),
-        checked_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), context=context,
-        acceptances=tuple(acceptances), estimates=estimates, open_regressions=tuple(opened),
+        run_id=run.run_id,
+        commit=run.git.commit,
+        branch=run.git.branch,
+        started_at=run.started_at,
+        fingerprint=run.environment.fingerprint,
+        base_branch=base,
+        merge_base=finder.merge_base,
+        baseline_mode=finder.mode,
+        verdicts=tuple(verdicts),
+        budget_changes=tuple(changes),
+        notes=tuple(notes),
+        checked_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        context=context,
+        acceptances=tuple(acceptances),
+        estimates=estimates,
+        open_regressions=tuple(opened),
     )
 
 
-def _still_open(store: Store, run: RunRecord, base: str, context: str,
-                verdicts: list[Verdict], acceptances: list[accept.Acceptance]
-                ) -> tuple[list[OpenRegression], list[str]]:
+def _still_open(
+    store: Store,
+    run: RunRecord,
+    base: str,
+    context: str,
+    verdicts: list[Verdict],
+    acceptances: list[accept.Acceptance],
+) -> tuple[list[OpenRegression], list[str]]:
     """The base branch's open regressions on this run's cases, as this run leaves them. A
     run of the base branch back within a threshold fixes that regression (said in a note);
     an acceptance of this change that allows the regression's growth accepts it: the
     case's verdict on that metric becomes `accepted`, which closes it for later checks.
     Everything else stays open, in this check's report as in every later one."""
     by_case = {m.case_id: m for m in run.measurements}
-    found = open_regressions(store.conn, base, list(by_case),
-                             fingerprint=run.environment.fingerprint, until=run.started_at)
+    found = open_regressions(
+        store.conn,
+        base,
+        list(by_case),
+        fingerprint=run.environment.fingerprint,
+        until=run.started_at,
+    )
     index = {(v.case_id, v.metric): i for i, v in enumerate(verdicts)}
     still, notes = [], []
     for o in found:
         m = by_case[o.case_id]
         value = metrics.value(m, o.metric) if m.status == "ok" else None
-        a = accept.find(acceptances, m.workload, o.case_id, o.metric, o.delta or 0.0,
-                        o.delta_pct)
+        a = accept.find(acceptances, m.workload, o.case_id, o.metric, o.delta or 0.0, o.delta_pct)
         i = index.get((o.case_id, o.metric))
-        if (a is not None and a.allows(o.delta or 0.0, o.delta_pct) and i is not None
-                and verdicts[i].kind in ("ok", "noisy", "improvement")):
+        if (
+            a is not None
+            and a.allows(o.delta or 0.0, o.delta_pct)
+            and i is not None
+            and verdicts[i].kind in ("ok", "noisy", "improvement")
+        ):
             v = verdicts[i]
             verdicts[i] = replace(
-                v, kind="accepted", blocking=False, accepted_reason=a.reason,
+                v,
+                kind="accepted",
+                blocking=False,
+                accepted_reason=a.reason,
                 message=f"{v.message}; accepted: the regression on {base} {o.describe()} is "
-                        f"within the {a.amount()} accepted in commit {a.commit[:12]}: "
-                        f"{a.reason}")
+                f"within the {a.amount()} accepted in commit {a.commit[:12]}: "
+                f"{a.reason}",
+            )
             continue
         fixed = value is not None and value <= o.threshold
         if fixed and context == "base":
-            notes.append(f"{o.case_id}: {o.metric} is back within the threshold of the "
-                         f"regression {o.describe()}: fixed by this run")
+            notes.append(
+                f"{o.case_id}: {o.metric} is back within the threshold of the "
+                f"regression {o.describe()}: fixed by this run"
+            )
             continue
         still.append(replace(o, fixed_here=fixed))
     return still, notes
@@ -436,31 +542,52 @@ def _estimate_run(store: Store, config: Config, run: RunRecord, base: str) -> Ch
         budgets = budgets_for(config.budgets, m, run.environment)
         metric = "allocated" if "allocated" in budgets else next(iter(sorted(budgets)), None)
         b = budgets.get(metric) if metric else None
-        estimates.append(Estimate(m.case_id, m.peak_allocated_bytes, run.run_id, run.git.commit,
-                                  budget_bytes=b.limit_bytes if b else None,
-                                  budget_metric=metric if b else None))
-    notes = [f"run {run.run_id[:12]} is an estimate run (`memtrack estimate`, fake tensors): "
-             "nothing was measured, so nothing is judged and nothing blocks; its figures are "
-             "shown against the budgets as information. Measure with `memtrack run`."]
+        estimates.append(
+            Estimate(
+                m.case_id,
+                m.peak_allocated_bytes,
+                run.run_id,
+                run.git.commit,
+                budget_bytes=b.limit_bytes if b else None,
+                budget_metric=metric if b else None,
+            )
+        )
+    notes = [
+        f"run {run.run_id[:12]} is an estimate run (`memtrack estimate`, fake tensors): "
+        "nothing was measured, so nothing is judged and nothing blocks; its figures are "
+        "shown against the budgets as information. Measure with `memtrack run`."
+    ]
     notes += [f"estimate not made: {line}" for line in failed]
     return CheckResult(
-        run_id=run.run_id, commit=run.git.commit, branch=run.git.branch,
-        started_at=run.started_at, fingerprint=run.environment.fingerprint, base_branch=base,
-        merge_base=run.git.merge_base, baseline_mode="none", verdicts=(), notes=tuple(notes),
+        run_id=run.run_id,
+        commit=run.git.commit,
+        branch=run.git.branch,
+        started_at=run.started_at,
+        fingerprint=run.environment.fingerprint,
+        base_branch=base,
+        merge_base=run.git.merge_base,
+        baseline_mode="none",
+        verdicts=(),
+        notes=tuple(notes),
         checked_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        context=context_of(run, base), estimates=tuple(estimates), estimate_only=True,
+        context=context_of(run, base),
+        estimates=tuple(estimates),
+        estimate_only=True,
         case_runs={m.case_id: run.run_id for m in run.measurements},
     )
 
 
-def _acceptances(run: RunRecord, context: str, merge_base: str | None,
-                 points: dict[str, list[Point]], root: Path
-                 ) -> tuple[list[accept.Acceptance], list[str]]:
+def _acceptances(
+    run: RunRecord, context: str, merge_base: str | None, points: dict[str, list[Point]], root: Path
+) -> tuple[list[accept.Acceptance], list[str]]:
     """The acceptances in the commits this run adds to its baseline: a pull request's own
     commits (merge-base..head), or on the base branch those since its previous run."""
     if context == "base":
-        newest = max((p for ps in points.values() for p in ps[:1] if p.commit),
-                     key=lambda p: p.started_at, default=None)
+        newest = max(
+            (p for ps in points.values() for p in ps[:1] if p.commit),
+            key=lambda p: p.started_at,
+            default=None,
+        )
         since = newest.commit if newest else None
         if since == run.git.commit:
             return [], []
@@ -476,12 +603,33 @@ def save_verdicts(store: Store, result: CheckResult) -> int:
     if store.readonly:
         raise StoreError(f"{store.path}: opened read-only, cannot record verdicts")
     rows = [
-        (result.case_runs.get(v.case_id, result.run_id), v.case_id, v.workload, v.metric,
-         v.kind, int(v.blocking), int(v.provisional), v.baseline_value, v.spread, v.factor,
-         v.floor, v.threshold,
-         v.candidate_value, v.delta, v.delta_pct, v.budget_bytes, v.budget_reason,
-         v.baseline_runs, v.message, result.checked_at, v.context, v.accepted_reason,
-         v.component, v.component_delta, v.level_commit)
+        (
+            result.case_runs.get(v.case_id, result.run_id),
+            v.case_id,
+            v.workload,
+            v.metric,
+            v.kind,
+            int(v.blocking),
+            int(v.provisional),
+            v.baseline_value,
+            v.spread,
+            v.factor,
+            v.floor,
+            v.threshold,
+            v.candidate_value,
+            v.delta,
+            v.delta_pct,
+            v.budget_bytes,
+            v.budget_reason,
+            v.baseline_runs,
+            v.message,
+            result.checked_at,
+            v.context,
+            v.accepted_reason,
+            v.component,
+            v.component_delta,
+            v.level_commit,
+        )
         for v in result.verdicts
     ]
     conn = store.conn
@@ -491,7 +639,9 @@ def save_verdicts(store: Store, result: CheckResult) -> int:
             conn.execute("delete from verdicts where run_id = ?", [run_id])
         conn.executemany(
             f"insert into verdicts ({', '.join(VERDICT_COLUMNS)}) "
-            f"values ({', '.join('?' for _ in VERDICT_COLUMNS)})", rows)
+            f"values ({', '.join('?' for _ in VERDICT_COLUMNS)})",
+            rows,
+        )
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

@@ -107,26 +107,37 @@ def _order(root: Path, base_branch: str, notes: list[str]) -> dict[str, int] | N
         if out:
             commits = out.split()
             return {c: len(commits) - i for i, c in enumerate(commits)}
-    notes.append(f"branch {base_branch!r} not found in the repository at {root}: commits "
-                 "ordered by commit time")
+    notes.append(
+        f"branch {base_branch!r} not found in the repository at {root}: commits "
+        "ordered by commit time"
+    )
     return None
 
 
-def _series(store: Store, base_branch: str, limit: int, patterns: tuple[str, ...],
-            order: dict[str, int] | None, notes: list[str]) -> tuple[str, dict[str, list[_Point]]]:
+def _series(
+    store: Store,
+    base_branch: str,
+    limit: int,
+    patterns: tuple[str, ...],
+    order: dict[str, int] | None,
+    notes: list[str],
+) -> tuple[str, dict[str, list[_Point]]]:
     newest = store.conn.execute(
         f"select fingerprint from runs where git_branch = ? {MEASURED_RUN} "
         "order by started_at desc limit 1",
-        [base_branch]).fetchone()
+        [base_branch],
+    ).fetchone()
     if newest is None:
         return "", {}
     fp = newest[0]
     other = store.conn.execute(
-        "select count(*) from runs where git_branch = ? and fingerprint != ?",
-        [base_branch, fp]).fetchone()[0]
+        "select count(*) from runs where git_branch = ? and fingerprint != ?", [base_branch, fp]
+    ).fetchone()[0]
     if other:
-        notes.append(f"{other} run(s) on {base_branch} of other environments are left out: "
-                     "a change of driver, torch or GPU is not a step in the code")
+        notes.append(
+            f"{other} run(s) on {base_branch} of other environments are left out: "
+            "a change of driver, torch or GPU is not a step in the code"
+        )
     rows = store.conn.execute(
         "select r.git_commit, r.git_subject, r.started_at, r.git_committed_at, m.case_id, "
         f"{', '.join('m.' + c for c in metrics.COLUMNS.values())} "
@@ -134,7 +145,8 @@ def _series(store: Store, base_branch: str, limit: int, patterns: tuple[str, ...
         "      order by started_at desc limit ?) r "
         "join measurements m on m.run_id = r.run_id where m.status = 'ok' "
         "and m.kind = 'measured'",
-        [base_branch, fp, limit]).fetchall()
+        [base_branch, fp, limit],
+    ).fetchall()
     per: dict[tuple[str, str], list[Any]] = defaultdict(list)
     times: dict[str, float] = {}
     subjects: dict[str, str | None] = {}
@@ -151,8 +163,10 @@ def _series(store: Store, base_branch: str, limit: int, patterns: tuple[str, ...
         times[commit] = min(times.get(commit, t), t)
         subjects[commit] = r["git_subject"]
     if dropped:
-        notes.append(f"{len(dropped)} recorded commit(s) are not on the first-parent history "
-                     f"of {base_branch} (rewritten?): left out")
+        notes.append(
+            f"{len(dropped)} recorded commit(s) are not on the first-parent history "
+            f"of {base_branch} (rewritten?): left out"
+        )
     if order is None:
         ranked = sorted(times, key=lambda c: times[c])
         order = {c: i for i, c in enumerate(ranked)}
@@ -169,9 +183,14 @@ def _series(store: Store, base_branch: str, limit: int, patterns: tuple[str, ...
     return fp, dict(series)
 
 
-def _anchor_position(root: Path, anchor: str | int, base_branch: str,
-                     order: dict[str, int] | None, newest: int,
-                     notes: list[str]) -> tuple[int | None, str]:
+def _anchor_position(
+    root: Path,
+    anchor: str | int,
+    base_branch: str,
+    order: dict[str, int] | None,
+    newest: int,
+    notes: list[str],
+) -> tuple[int | None, str]:
     if isinstance(anchor, int):
         return newest - anchor, f"the run {anchor} commits before the newest"
     sha = git_output(root, "rev-parse", "--verify", "--quiet", revs=(f"{anchor}^{{commit}}",))
@@ -182,8 +201,9 @@ def _anchor_position(root: Path, anchor: str | int, base_branch: str,
         mb = git_output(root, "merge-base", revs=(sha, base_branch))
         sha = mb if mb else sha
     if order is None or sha not in order:
-        notes.append(f"creep anchor {anchor!r} is not on the history of {base_branch}: "
-                     "creep not measured")
+        notes.append(
+            f"creep anchor {anchor!r} is not on the history of {base_branch}: creep not measured"
+        )
         return None, f"{anchor} ({sha[:12]})"
     return order[sha], f"{anchor} ({sha[:12]})"
 
@@ -218,19 +238,28 @@ def _slope(xs: list[float], ys: list[float], levels: list[int]) -> float:
     """Theil-Sen within levels: the median slope of pairs of runs in one level."""
     n = len(xs)
     if n > 2 * _MAX_LAGS:
-        lags = sorted({max(1, round(n * k / (_MAX_LAGS + 1))) for k in range(1, _MAX_LAGS + 1)}
-                      | {1, 2, 3})
+        lags = sorted(
+            {max(1, round(n * k / (_MAX_LAGS + 1))) for k in range(1, _MAX_LAGS + 1)} | {1, 2, 3}
+        )
         pairs = ((i, i + g) for g in lags for i in range(n - g))
     else:
         pairs = ((i, j) for i in range(n) for j in range(i + 1, n))
-    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i, j in pairs
-              if levels[i] == levels[j] and xs[j] != xs[i]]
+    slopes = [
+        (ys[j] - ys[i]) / (xs[j] - xs[i])
+        for i, j in pairs
+        if levels[i] == levels[j] and xs[j] != xs[i]
+    ]
     return statistics.median(slopes) if slopes else 0.0
 
 
-def judge_series(values: list[float], metric: str, config: Config, *,
-                 anchor_index: int | None = None,
-                 positions: list[float] | None = None) -> SeriesFit:
+def judge_series(
+    values: list[float],
+    metric: str,
+    config: Config,
+    *,
+    anchor_index: int | None = None,
+    positions: list[float] | None = None,
+) -> SeriesFit:
     """Steps of one series (oldest first) and, from `anchor_index`, its growth on a fitted
     trend: levels at the steps plus one slope within them (see the module)."""
     factor = config.headroom_factor
@@ -245,9 +274,9 @@ def judge_series(values: list[float], metric: str, config: Config, *,
     # each level's intercept: the median of its runs less the trend
     intercept: dict[int, float] = {}
     for k in set(level):
-        intercept[k] = statistics.median(y - slope * x for x, y, lv in zip(xs, ys, level,
-                                                                          strict=True)
-                                         if lv == k)
+        intercept[k] = statistics.median(
+            y - slope * x for x, y, lv in zip(xs, ys, level, strict=True) if lv == k
+        )
     first, last = intercept[level[0]] + slope * xs[0], intercept[level[-1]] + slope * xs[-1]
     growth, trend = last - first, slope * (xs[-1] - xs[0])
     # The growth's standard error: the slope's over the spread of positions within levels,
@@ -264,13 +293,32 @@ def judge_series(values: list[float], metric: str, config: Config, *,
             err2 += 1.57 * sigma**2 / level.count(k)
     error = err2**0.5
     allowed = max(config.creep_tolerance * abs(first), factor * error)
-    return SeriesFit(tuple(found), room, anchor_index, first, last, growth, trend, error,
-                     allowed, growth > allowed, level[-1] - level[0], len(ys))
+    return SeriesFit(
+        tuple(found),
+        room,
+        anchor_index,
+        first,
+        last,
+        growth,
+        trend,
+        error,
+        allowed,
+        growth > allowed,
+        level[-1] - level[0],
+        len(ys),
+    )
 
 
-def analyze_history(store: Store, config: Config, *, root: Path | None = None,
-                    base_branch: str | None = None, patterns: tuple[str, ...] = (),
-                    anchor: str | int | None = None, limit: int = 2000) -> HistoryResult:
+def analyze_history(
+    store: Store,
+    config: Config,
+    *,
+    root: Path | None = None,
+    base_branch: str | None = None,
+    patterns: tuple[str, ...] = (),
+    anchor: str | int | None = None,
+    limit: int = 2000,
+) -> HistoryResult:
     """Steps and creep of every memory series on the base branch (newest `limit` runs)."""
     root = root or config.root
     base = base_branch or config.base_branch
@@ -299,33 +347,55 @@ def analyze_history(store: Store, config: Config, *, root: Path | None = None,
                 at = [i for i, p in enumerate(pts) if p.position <= anchor_pos]
                 # A series younger than the anchor is measured from its first run.
                 anchor_i = at[-1] if at else 0
-            fit = judge_series(values, metric, config, anchor_index=anchor_i,
-                               positions=[float(p.position) for p in pts])
+            fit = judge_series(
+                values,
+                metric,
+                config,
+                anchor_index=anchor_i,
+                positions=[float(p.position) for p in pts],
+            )
             bounds = [0, *fit.starts, len(values)]
             case_steps = []
             for k, i in enumerate(fit.starts, start=1):
-                before = statistics.median(values[bounds[k - 1]:i][-20:])
-                after = statistics.median(values[i:bounds[k + 1]][:20])
+                before = statistics.median(values[bounds[k - 1] : i][-20:])
+                after = statistics.median(values[i : bounds[k + 1]][:20])
                 delta = after - before
-                case_steps.append(Step(case_id, metric, pts[i].commit, pts[i - 1].commit,
-                                       pts[i].subject, before, after, delta,
-                                       100 * delta / before if before else 0.0, fit.room))
+                case_steps.append(
+                    Step(
+                        case_id,
+                        metric,
+                        pts[i].commit,
+                        pts[i - 1].commit,
+                        pts[i].subject,
+                        before,
+                        after,
+                        delta,
+                        100 * delta / before if before else 0.0,
+                        fit.room,
+                    )
+                )
             steps.extend(case_steps)
             if fit.anchor_index is None or fit.anchor_index >= len(pts) - 1:
                 continue
             a, latest = pts[fit.anchor_index], pts[-1]
             young = not any(p.position <= (anchor_pos or 0) for p in pts)
             pct = 100 * fit.growth / fit.anchor_value if fit.anchor_value else 0.0
-            between = [st for i, st in zip(fit.starts, case_steps, strict=True)
-                       if i > fit.anchor_index]
+            between = [
+                st for i, st in zip(fit.starts, case_steps, strict=True) if i > fit.anchor_index
+            ]
             if between:
                 biggest = max(between, key=lambda st: abs(st.delta))
-                how = (f"{len(between)} step(s) between, the largest "
-                       f"{_signed(biggest.delta)} at {biggest.commit[:12]}")
+                how = (
+                    f"{len(between)} step(s) between, the largest "
+                    f"{_signed(biggest.delta)} at {biggest.commit[:12]}"
+                )
             else:
                 how = "no single step: slow creep" if fit.flagged else "no step between"
-            since = (f"its first run {a.commit[:12]} (the series starts after the anchor)"
-                     if young else f"anchor {a.commit[:12]}")
+            since = (
+                f"its first run {a.commit[:12]} (the series starts after the anchor)"
+                if young
+                else f"anchor {a.commit[:12]}"
+            )
             message = (
                 f"{metric}: fitted {format_size(int(fit.latest_value))} at "
                 f"{latest.commit[:12]} vs {format_size(int(fit.anchor_value))} at {since}, "
@@ -333,15 +403,32 @@ def analyze_history(store: Store, config: Config, *, root: Path | None = None,
                 f"{_signed(fit.trend)}) {'>' if fit.flagged else '<='} allowed "
                 f"{format_size(int(fit.allowed))} = max(tolerance "
                 f"{config.creep_tolerance:.1%}, factor x standard error "
-                f"{format_size(int(fit.error))}); {how}")
-            creeps.append(Creep(case_id, metric, a.commit, fit.anchor_value, latest.commit,
-                                fit.latest_value, fit.growth, pct, fit.allowed, fit.flagged,
-                                len(between), message, fit.trend, fit.runs))
+                f"{format_size(int(fit.error))}); {how}"
+            )
+            creeps.append(
+                Creep(
+                    case_id,
+                    metric,
+                    a.commit,
+                    fit.anchor_value,
+                    latest.commit,
+                    fit.latest_value,
+                    fit.growth,
+                    pct,
+                    fit.allowed,
+                    fit.flagged,
+                    len(between),
+                    message,
+                    fit.trend,
+                    fit.runs,
+                )
+            )
     commits = len({p.commit for points in series.values() for p in points})
     steps.sort(key=lambda s: (s.case_id, s.metric))
     creeps.sort(key=lambda c: (not c.flagged, c.case_id, c.metric))
-    return HistoryResult(base, fp, anchor_label, count, commits, tuple(steps), tuple(creeps),
-                         tuple(notes))
+    return HistoryResult(
+        base, fp, anchor_label, count, commits, tuple(steps), tuple(creeps), tuple(notes)
+    )
 
 
 def _signed(x: float) -> str:

@@ -16,8 +16,27 @@ from dataclasses import dataclass
 
 # Expected range of n normal samples in standard deviations (Tippett's d2, the constants of
 # range control charts), n = 2..20.
-_D2 = (1.128, 1.693, 2.059, 2.326, 2.534, 2.704, 2.847, 2.970, 3.078, 3.173, 3.258, 3.336,
-       3.407, 3.472, 3.532, 3.588, 3.640, 3.689, 3.735)
+_D2 = (
+    1.128,
+    1.693,
+    2.059,
+    2.326,
+    2.534,
+    2.704,
+    2.847,
+    2.970,
+    3.078,
+    3.173,
+    3.258,
+    3.336,
+    3.407,
+    3.472,
+    3.532,
+    3.588,
+    3.640,
+    3.689,
+    3.735,
+)
 
 
 NEW_LEVEL_RUNS = 3
@@ -40,7 +59,7 @@ def noise(values: Sequence[float]) -> float:
     diffs = [b - a for a, b in zip(values[:-1], values[1:], strict=True)]
     med = statistics.median(diffs)
     mad = 1.4826 * statistics.median(abs(d - med) for d in diffs) / 2**0.5
-    small = sorted(abs(d) for d in diffs)[:max(1, int(0.8 * len(diffs)))]
+    small = sorted(abs(d) for d in diffs)[: max(1, int(0.8 * len(diffs)))]
     # E[|d| | |d| below its 80th percentile] = 0.790 sigma for d ~ N(0, 2 sigma^2)
     return max(mad, statistics.fmean(small) / 0.790)
 
@@ -110,8 +129,9 @@ def apart(before: Sequence[float], after: Sequence[float]) -> bool:
     return inside_after <= len(after) // 10 and inside_before <= len(before) // 10
 
 
-def find_steps(values: Sequence[float], room: float, sigma: float,
-               lows: Sequence[float] | None = None) -> list[int]:
+def find_steps(
+    values: Sequence[float], room: float, sigma: float, lows: Sequence[float] | None = None
+) -> list[int]:
     """Indexes where a new level starts: moved by more than `room` (bytes), and told apart
     from the values the level before it produced (see `apart`). `lows`: each run's lowest
     iteration, where the figure is the peak of several: a level below the one before must
@@ -131,7 +151,7 @@ def find_steps(values: Sequence[float], room: float, sigma: float,
     segments = [(a, b) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
     def vals(seg: tuple[int, int]) -> list[float]:
-        return list(values[seg[0]:seg[1]])
+        return list(values[seg[0] : seg[1]])
 
     def gap(a: tuple[int, int], b: tuple[int, int]) -> float:
         return abs(statistics.median(vals(b)) - statistics.median(vals(a)))
@@ -140,7 +160,7 @@ def find_steps(values: Sequence[float], room: float, sigma: float,
         if gap(a, b) <= room or not apart(vals(a), vals(b)):
             return False
         if lows is not None and statistics.median(vals(b)) < statistics.median(vals(a)):
-            return max(vals(b)) < min(lows[a[0]:a[1]])
+            return max(vals(b)) < min(lows[a[0] : a[1]])
         return True
 
     while True:
@@ -153,14 +173,20 @@ def find_steps(values: Sequence[float], room: float, sigma: float,
             if not weak:
                 break
             i = min(weak, key=lambda k: gap(*pairs[k]))
-            segments[i:i + 2] = [(segments[i][0], segments[i + 1][1])]
+            segments[i : i + 2] = [(segments[i][0], segments[i + 1][1])]
         # One run away and straight back (its neighbours not a step apart) is an outlier of
         # the level, not a step and its return.
-        lone = next((i for i in range(1, len(segments) - 1)
-                     if segments[i][1] - segments[i][0] == 1
-                     and not is_step(segments[i - 1], segments[i + 1])), None)
+        lone = next(
+            (
+                i
+                for i in range(1, len(segments) - 1)
+                if segments[i][1] - segments[i][0] == 1
+                and not is_step(segments[i - 1], segments[i + 1])
+            ),
+            None,
+        )
         if lone is not None:
-            segments[lone - 1:lone + 2] = [(segments[lone - 1][0], segments[lone + 1][1])]
+            segments[lone - 1 : lone + 2] = [(segments[lone - 1][0], segments[lone + 1][1])]
             continue
         # A level stands on one run only in a series whose levels are flat (a deterministic
         # figure, where one run is proof). In a noisy one, a run or two apart cannot be told
@@ -168,23 +194,35 @@ def find_steps(values: Sequence[float], room: float, sigma: float,
         # level takes NEW_LEVEL_RUNS, the newest as the oldest; a short one joins the
         # nearer of its neighbours.
         noisy = sigma > 0 or pooled_spread([vals(x) for x in segments]) > 0
-        short = next((i for i, seg in enumerate(segments)
-                      if noisy and len(segments) > 1 and seg[1] - seg[0] < NEW_LEVEL_RUNS
-                      and min(gap(segments[j], seg) for j in (i - 1, i + 1)
-                              if 0 <= j < len(segments)) <= 2 * room), None)
+        short = next(
+            (
+                i
+                for i, seg in enumerate(segments)
+                if noisy
+                and len(segments) > 1
+                and seg[1] - seg[0] < NEW_LEVEL_RUNS
+                and min(gap(segments[j], seg) for j in (i - 1, i + 1) if 0 <= j < len(segments))
+                <= 2 * room
+            ),
+            None,
+        )
         if short is not None:
             near = [j for j in (short - 1, short + 1) if 0 <= j < len(segments)]
             j = min(near, key=lambda k: gap(segments[k], segments[short]))
             a, b = sorted((short, j))
-            segments[a:b + 1] = [(segments[a][0], segments[b][1])]
+            segments[a : b + 1] = [(segments[a][0], segments[b][1])]
             continue
         break
     return [seg[0] for seg in segments[1:]]
 
 
-def segment(values: Sequence[float], factor: float, floor: float,
-            sigma_floor: float = 0.0,
-            lows: Sequence[float] | None = None) -> tuple[list[int], float]:
+def segment(
+    values: Sequence[float],
+    factor: float,
+    floor: float,
+    sigma_floor: float = 0.0,
+    lows: Sequence[float] | None = None,
+) -> tuple[list[int], float]:
     """The starts of a series' levels (its steps), and the room a step had to exceed:
     max(factor x noise, floor). One rule for the gate, `check --history` and the
     dashboard. `sigma_floor`: noise known from elsewhere (another view of the same runs);
@@ -220,8 +258,13 @@ def whole_level(values: Sequence[float]) -> Level:
     return Level(start=0, values=tuple(values), spread=pooled_spread([values]), steps=0)
 
 
-def current_level(values: Sequence[float], factor: float, floor: float,
-                  sigma_floor: float = 0.0, lows: Sequence[float] | None = None) -> Level:
+def current_level(
+    values: Sequence[float],
+    factor: float,
+    floor: float,
+    sigma_floor: float = 0.0,
+    lows: Sequence[float] | None = None,
+) -> Level:
     """Split a window at its steps; the current level is the newest segment.
 
     A newest segment of a single run is a level of its own only where it is beyond the
@@ -240,9 +283,23 @@ def current_level(values: Sequence[float], factor: float, floor: float,
         if abs(segments[-1][0] - statistics.median(before)) <= margin:
             segments[-2:] = [before + segments[-1]]
             starts.pop()
-    return Level(start=starts[-1], values=tuple(segments[-1]),
-                 spread=pooled_spread(segments), steps=len(segments) - 1)
+    return Level(
+        start=starts[-1],
+        values=tuple(segments[-1]),
+        spread=pooled_spread(segments),
+        steps=len(segments) - 1,
+    )
 
 
-__all__ = ["NEW_LEVEL_RUNS", "Level", "apart", "current_level", "find_steps", "noise",
-           "pooled_spread", "segment", "spread", "whole_level"]
+__all__ = [
+    "NEW_LEVEL_RUNS",
+    "Level",
+    "apart",
+    "current_level",
+    "find_steps",
+    "noise",
+    "pooled_spread",
+    "segment",
+    "spread",
+    "whole_level",
+]

@@ -72,8 +72,11 @@ class Candidate:
         if value is None:
             return None
         budget = self.budgets.get(metric)
-        changes = tuple(ch.describe() for ch in self.changes
-                        if (ch.metric or default_budget_metric(self.m)) == metric)
+        changes = tuple(
+            ch.describe()
+            for ch in self.changes
+            if (ch.metric or default_budget_metric(self.m)) == metric
+        )
         over = budget is not None and value > budget.limit_bytes
         memory = device_memory(self.m, metric)
         if budget is not None and memory is not None:
@@ -81,9 +84,11 @@ class Candidate:
             if value > memory[0]:
                 over = True
             elif budget.limit_bytes > memory[0]:
-                changes += (f"budget {format_size(budget.limit_bytes)} is above the "
-                            f"{format_size(memory[0])} of {memory[1]}: a peak that fits "
-                            "the device is all it can hold",)
+                changes += (
+                    f"budget {format_size(budget.limit_bytes)} is above the "
+                    f"{format_size(memory[0])} of {memory[1]}: a peak that fits "
+                    "the device is all it can hold",
+                )
         return value, budget, over, changes
 
     def budget_part(self, metric: str, value: int, budget: Budget | None) -> str:
@@ -113,8 +118,26 @@ def iteration_noise(points: Sequence[Point]) -> float:
 
 
 # Student's t at 0.99 (one-sided) for 2..19 degrees of freedom, over the normal's 2.326.
-_T99 = (6.965, 4.541, 3.747, 3.365, 3.143, 2.998, 2.896, 2.821, 2.764, 2.718, 2.681, 2.650,
-        2.624, 2.602, 2.583, 2.567, 2.552, 2.539)
+_T99 = (
+    6.965,
+    4.541,
+    3.747,
+    3.365,
+    3.143,
+    2.998,
+    2.896,
+    2.821,
+    2.764,
+    2.718,
+    2.681,
+    2.650,
+    2.624,
+    2.602,
+    2.583,
+    2.567,
+    2.552,
+    2.539,
+)
 
 
 def small_sample(n: int) -> float:
@@ -181,10 +204,18 @@ def _sharpen(m: Measurement, metric: str, n_window: int, config: Config) -> str:
         tips.append(f"more repeats (now {m.repeats})")
     if n_window < config.baseline_runs:
         tips.append(f"more baseline runs (now {n_window} of {config.baseline_runs})")
-    steadier = next((x for x in ({"allocated": ("requested",)}.get(metric, ("allocated",)))
-                     if x != metric and metrics.value(m, x) is not None), None)
-    tips.append("a budget on this metric" + (f", or gating on a steadier one ({steadier})"
-                                              if steadier else ""))
+    steadier = next(
+        (
+            x
+            for x in ({"allocated": ("requested",)}.get(metric, ("allocated",)))
+            if x != metric and metrics.value(m, x) is not None
+        ),
+        None,
+    )
+    tips.append(
+        "a budget on this metric"
+        + (f", or gating on a steadier one ({steadier})" if steadier else "")
+    )
     return ", ".join(tips)
 
 
@@ -196,39 +227,56 @@ def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
         return None
     value, budget, over, details = figure
     common: dict[str, Any] = dict(
-        case_id=m.case_id, workload=m.workload, metric=metric, candidate_value=float(value),
+        case_id=m.case_id,
+        workload=m.workload,
+        metric=metric,
+        candidate_value=float(value),
         budget_bytes=budget.limit_bytes if budget else None,
-        budget_reason=budget.reason if budget else None, details=details, context=c.context)
+        budget_reason=budget.reason if budget else None,
+        details=details,
+        context=c.context,
+    )
     window = [p for p in reversed(c.points) if p.status == "ok" and metric in p.values]
     if not window:
         if budget is None:
             return None  # the baseline never measured this view: nothing to compare
-        return Verdict(kind="over_budget" if over else "ok", blocking=over,
-                       message=f"{metric}: {format_size(value)}, the baseline has no {metric} "
-                               f"figure to compare{c.budget_part(metric, value, budget)}",
-                       **common)
+        return Verdict(
+            kind="over_budget" if over else "ok",
+            blocking=over,
+            message=f"{metric}: {format_size(value)}, the baseline has no {metric} "
+            f"figure to compare{c.budget_part(metric, value, budget)}",
+            **common,
+        )
     values = [float(p.values[metric]) for p in window]
     factor = config.headroom_factor
     floor = metrics.floor(metric, statistics.median(values))
     s_iter = iteration_noise(window) if metric == "allocated" else 0.0
     n_window = len(values)
     young = n_window < config.min_baseline_runs
-    lows = ([float(min(p.samples)) if p.samples else v for p, v in zip(window, values,
-                                                                       strict=True)]
-            if metric == "allocated" else None)
+    lows = (
+        [float(min(p.samples)) if p.samples else v for p, v in zip(window, values, strict=True)]
+        if metric == "allocated"
+        else None
+    )
     level = current_level(values, factor, floor, s_iter, lows)
     # A noisy figure's spread is not known from a few runs (three can fall close by chance):
     # its verdicts stay provisional for twice as many runs as a deterministic one's.
-    provisional = young or (n_window < 2 * config.min_baseline_runs
-                            and max(level.spread, s_iter) > 0)
+    provisional = young or (
+        n_window < 2 * config.min_baseline_runs and max(level.spread, s_iter) > 0
+    )
     if provisional:
         # Too few runs to tell a step from noise: the whole window is the level, and the
         # iterations of one run show how far the allocated view moves.
         level = whole_level(values)
         if metric == "allocated":
-            s_iter = max([s_iter, *(iteration_range(p.samples) for p in window),
-                          iteration_range(m.allocated_samples)])
-    level_points = window[level.start:]
+            s_iter = max(
+                [
+                    s_iter,
+                    *(iteration_range(p.samples) for p in window),
+                    iteration_range(m.allocated_samples),
+                ]
+            )
+    level_points = window[level.start :]
     n = len(level.values)
     base = level.median
     floor = metrics.floor(metric, base)
@@ -249,8 +297,11 @@ def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
     suggested, accepted_reason = None, None
     # Below min_baseline_runs nothing is known of the noise: only a jump beyond any noise
     # blocks (YOUNG_BLOCK_FRACTION and twice factor x floor).
-    jump, past = ((YOUNG_BLOCK_FRACTION, 2 * factor * floor) if young
-                  else (PROVISIONAL_BLOCK_FRACTION, factor * floor))
+    jump, past = (
+        (YOUNG_BLOCK_FRACTION, 2 * factor * floor)
+        if young
+        else (PROVISIONAL_BLOCK_FRACTION, factor * floor)
+    )
     if over:
         kind, blocking = "over_budget", True
     elif value > threshold:
@@ -258,8 +309,9 @@ def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
             kind, blocking, accepted_reason = "accepted", False, acceptance.reason
         else:
             kind = "regression"
-            blocking = not provisional or (delta_pct is not None and delta_pct >= 100 * jump
-                                           and delta > past)
+            blocking = not provisional or (
+                delta_pct is not None and delta_pct >= 100 * jump and delta > past
+            )
     elif too_wide:
         kind, blocking = "noisy", False
     elif delta < -room:
@@ -272,54 +324,89 @@ def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
     if c.context == "base":
         blocking = False  # the base branch is reported and recorded, never blocked
     words = {
-        "regression": "regression" + ("" if blocking or c.context == "base" else
-                                      f" (provisional: blocks only past a {jump:.0%} jump and "
-                                      f"past {format_size(int(past))})"),
+        "regression": "regression"
+        + (
+            ""
+            if blocking or c.context == "base"
+            else f" (provisional: blocks only past a {jump:.0%} jump and "
+            f"past {format_size(int(past))})"
+        ),
         "accepted": "accepted",
         "over_budget": "over budget",
-        "improvement": "improvement" + (f"; a budget of {format_size(suggested)} would hold it"
-                                        if suggested else ""),
-        "noisy": (f"noisy: the headroom is {fmt_pct(pct(room, base))[1:]} of the baseline, "
-                  f"wider than {config.noisy_above:.0%}, so a growth up to "
-                  f"{format_size(int(room))} would pass unseen; to sharpen it: "
-                  + _sharpen(m, metric, n_window, config)),
+        "improvement": "improvement"
+        + (f"; a budget of {format_size(suggested)} would hold it" if suggested else ""),
+        "noisy": (
+            f"noisy: the headroom is {fmt_pct(pct(room, base))[1:]} of the baseline, "
+            f"wider than {config.noisy_above:.0%}, so a growth up to "
+            f"{format_size(int(room))} would pass unseen; to sharpen it: "
+            + _sharpen(m, metric, n_window, config)
+        ),
         "ok": "ok",
     }[kind]
     if acceptance is not None and kind in ("accepted", "regression"):
         verb = "within" if kind == "accepted" else "beyond"
-        words += (f" ({verb} the {acceptance.amount()} accepted in commit "
-                  f"{acceptance.commit[:12]}: {acceptance.reason})")
+        words += (
+            f" ({verb} the {acceptance.amount()} accepted in commit "
+            f"{acceptance.commit[:12]}: {acceptance.reason})"
+        )
     if grew is not None:
         words += f"; {grew[0]} grew {fmt_delta(grew[1])}"
-    at_level = (f"median of {n} run{'s' * (n != 1)}"
-                + (f" at the level since {(level_points[0].commit or '?')[:12]}"
-                   if level.steps else "")
-                + (f", {n_window} in the window" if n_window != n else "")
-                + (", provisional" if provisional else ""))
-    cmp = ("> headroom" if delta > room else "< -headroom" if delta < -room
-           else "within ±headroom")
+    at_level = (
+        f"median of {n} run{'s' * (n != 1)}"
+        + (f" at the level since {(level_points[0].commit or '?')[:12]}" if level.steps else "")
+        + (f", {n_window} in the window" if n_window != n else "")
+        + (", provisional" if provisional else "")
+    )
+    cmp = "> headroom" if delta > room else "< -headroom" if delta < -room else "within ±headroom"
     message = (
         f"{metric}: baseline {format_size(int(base))} ({at_level}), spread "
         f"{format_size(int(spread))} (levels {format_size(int(level.spread))}"
         + (f", iterations {format_size(int(s_iter))}" if s_iter else "")
-        + (f", x {widen:.2f} for {n_window} runs" if widen > 1 and max(level.spread, s_iter)
-           else "")
+        + (
+            f", x {widen:.2f} for {n_window} runs"
+            if widen > 1 and max(level.spread, s_iter)
+            else ""
+        )
         + f", repeats {format_size(s_rep)}) x factor {factor:g}, floor "
         f"{format_size(int(floor))} -> "
         f"headroom {format_size(int(room))}, threshold {format_size(int(threshold))}; "
         f"candidate {format_size(value)}, delta {fmt_delta(delta)} {fmt_pct(delta_pct)} "
         f"{cmp}: {words}{c.budget_part(metric, value, budget)}"
     )
-    return Verdict(kind=kind, blocking=blocking, message=message, provisional=provisional,
-                   baseline_value=float(base), spread=spread, baseline_spread=level.spread,
-                   repeat_spread=float(s_rep), factor=factor, floor=float(floor),
-                   threshold=threshold, delta=float(delta), delta_pct=delta_pct,
-                   baseline_runs=n, suggested_budget=suggested, accepted_reason=accepted_reason,
-                   component=grew[0] if grew else None,
-                   component_delta=grew[1] if grew else None,
-                   level_commit=level_points[0].commit if level.steps else None, **common)
+    return Verdict(
+        kind=kind,
+        blocking=blocking,
+        message=message,
+        provisional=provisional,
+        baseline_value=float(base),
+        spread=spread,
+        baseline_spread=level.spread,
+        repeat_spread=float(s_rep),
+        factor=factor,
+        floor=float(floor),
+        threshold=threshold,
+        delta=float(delta),
+        delta_pct=delta_pct,
+        baseline_runs=n,
+        suggested_budget=suggested,
+        accepted_reason=accepted_reason,
+        component=grew[0] if grew else None,
+        component_delta=grew[1] if grew else None,
+        level_commit=level_points[0].commit if level.steps else None,
+        **common,
+    )
 
 
-__all__ = ["PROVISIONAL_BLOCK_FRACTION", "YOUNG_BLOCK_FRACTION", "Candidate", "headroom",
-           "iteration_noise", "iteration_range", "repeat_spread", "small_sample",
-           "suggest_budget", "verdict", "what_grew"]
+__all__ = [
+    "PROVISIONAL_BLOCK_FRACTION",
+    "YOUNG_BLOCK_FRACTION",
+    "Candidate",
+    "headroom",
+    "iteration_noise",
+    "iteration_range",
+    "repeat_spread",
+    "small_sample",
+    "suggest_budget",
+    "verdict",
+    "what_grew",
+]

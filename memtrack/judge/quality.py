@@ -37,8 +37,11 @@ def precision_change(case_id: str, reference: str) -> str | None:
         return None if case_id == reference else f"params differ from {reference}"
     if mine == ref:
         return None
-    diffs = [f"{k} {mine[1].get(k, '-')} (reference {ref[1].get(k, '-')})"
-             for k in sorted(set(mine[1]) | set(ref[1])) if mine[1].get(k) != ref[1].get(k)]
+    diffs = [
+        f"{k} {mine[1].get(k, '-')} (reference {ref[1].get(k, '-')})"
+        for k in sorted(set(mine[1]) | set(ref[1]))
+        if mine[1].get(k) != ref[1].get(k)
+    ]
     return ", ".join(diffs) or None
 
 
@@ -63,8 +66,9 @@ def saving_text(s: tuple[int, int, float] | None) -> str:
     return f"none: {format_size(-saved)} more ({-pct:.1f}%)"
 
 
-def verdict(m: Measurement, sibling: Measurement | None, context: str = "pull_request"
-            ) -> Verdict | None:
+def verdict(
+    m: Measurement, sibling: Measurement | None, context: str = "pull_request"
+) -> Verdict | None:
     """The quality verdict of one case; None where it declares no tolerance or failed (the
     `failed` verdict speaks for it)."""
     if m.quality_status is None or m.status != "ok" or not m.quality_reference:
@@ -72,32 +76,49 @@ def verdict(m: Measurement, sibling: Measurement | None, context: str = "pull_re
     ref = m.quality_reference
     changed = precision_change(m.case_id, ref)
     pinned = f" (sha256 {m.quality_reference_sha256[:12]})" if m.quality_reference_sha256 else ""
-    against = (f"{changed} against {ref}{pinned}" if changed
-               else f"at the reference's own precision, against {ref}{pinned}")
+    against = (
+        f"{changed} against {ref}{pinned}"
+        if changed
+        else f"at the reference's own precision, against {ref}{pinned}"
+    )
     s = saving(m, sibling) if changed else None
     figures: dict[str, Any] = dict(
-        baseline_value=float(s[0]) if s else None, candidate_value=float(s[1]) if s else None,
+        baseline_value=float(s[0]) if s else None,
+        candidate_value=float(s[1]) if s else None,
         delta=float(s[1] - s[0]) if s else None,
         delta_pct=100.0 * (s[1] - s[0]) / s[0] if s else None,
-        quality=m.quality_message, reference=ref)
-    base: dict[str, Any] = dict(case_id=m.case_id, workload=m.workload, metric="quality",
-                                context=context)
+        quality=m.quality_message,
+        reference=ref,
+    )
+    base: dict[str, Any] = dict(
+        case_id=m.case_id, workload=m.workload, metric="quality", context=context
+    )
     status = m.quality_status
     if status == "ok":
         memory = ""
         if changed:
-            memory = (f"; framework peak {format_size(s[1])} against {format_size(s[0])} at "
-                      f"full precision: saves {saving_text(s)}" if s else
-                      "; the full-precision sibling was not measured in this run: no saving "
-                      "shown")
-        return Verdict(**base, kind="ok", blocking=False,
-                       message=f"quality kept, {against}: {m.quality_message}{memory}",
-                       **figures)
+            memory = (
+                f"; framework peak {format_size(s[1])} against {format_size(s[0])} at "
+                f"full precision: saves {saving_text(s)}"
+                if s
+                else "; the full-precision sibling was not measured in this run: no saving shown"
+            )
+        return Verdict(
+            **base,
+            kind="ok",
+            blocking=False,
+            message=f"quality kept, {against}: {m.quality_message}{memory}",
+            **figures,
+        )
     if status == "none":
-        return Verdict(**base, kind="quality", blocking=False,
-                       message=f"{NOT_COMPARED}: {m.quality_message}", **figures)
-    what = ("the precision change breaks its tolerance" if changed
-            else "the result changed")
+        return Verdict(
+            **base,
+            kind="quality",
+            blocking=False,
+            message=f"{NOT_COMPARED}: {m.quality_message}",
+            **figures,
+        )
+    what = "the precision change breaks its tolerance" if changed else "the result changed"
     if status == "error":
         text = f"quality error ({against}): {m.quality_message}"
     else:
@@ -105,8 +126,7 @@ def verdict(m: Measurement, sibling: Measurement | None, context: str = "pull_re
     return Verdict(**base, kind="quality", blocking=context != "base", message=text, **figures)
 
 
-def verdicts(measurements: Iterable[Measurement], context: str = "pull_request"
-             ) -> list[Verdict]:
+def verdicts(measurements: Iterable[Measurement], context: str = "pull_request") -> list[Verdict]:
     """Every case's quality verdict, each with its full-precision sibling of the same run."""
     ms = list(measurements)
     by_id = {m.case_id: m for m in ms}
@@ -118,5 +138,12 @@ def verdicts(measurements: Iterable[Measurement], context: str = "pull_request"
     return out
 
 
-__all__ = ["NOT_COMPARED", "missing_reference", "precision_change", "saving", "saving_text",
-           "verdict", "verdicts"]
+__all__ = [
+    "NOT_COMPARED",
+    "missing_reference",
+    "precision_change",
+    "saving",
+    "saving_text",
+    "verdict",
+    "verdicts",
+]

@@ -46,10 +46,17 @@ def verdict(c: Candidate, config: Config) -> Verdict | None:
         words = f"slower than all {n} baseline run{'s' * (n != 1)} (rank p = {p_value:.2g})"
     else:
         kind = "ok"
-        words = ("within the threshold" if value <= threshold else
-                 f"{as_slow} of {n} baseline runs were as slow: not a finding")
-    blocking = (kind == "time_regression" and config.time_regression == "block"
-                and not provisional and c.context != "base")
+        words = (
+            "within the threshold"
+            if value <= threshold
+            else f"{as_slow} of {n} baseline runs were as slow: not a finding"
+        )
+    blocking = (
+        kind == "time_regression"
+        and config.time_regression == "block"
+        and not provisional
+        and c.context != "base"
+    )
     if kind == "time_regression" and not blocking:
         words += " (warning)"
     message = (
@@ -59,11 +66,26 @@ def verdict(c: Candidate, config: Config) -> Verdict | None:
         f"{format_seconds(floor)} -> threshold {format_seconds(threshold)}; candidate median "
         f"{format_seconds(value)} of {len(cand)} iterations, delta {fmt_pct(delta_pct)}: {words}"
     )
-    return Verdict(case_id=m.case_id, workload=m.workload, metric="time", kind=kind,
-                   blocking=blocking, message=message, provisional=provisional,
-                   baseline_value=base, spread=spread, factor=factor, floor=floor,
-                   threshold=threshold, candidate_value=value, delta=delta,
-                   delta_pct=delta_pct, baseline_runs=n, p_value=p_value, context=c.context)
+    return Verdict(
+        case_id=m.case_id,
+        workload=m.workload,
+        metric="time",
+        kind=kind,
+        blocking=blocking,
+        message=message,
+        provisional=provisional,
+        baseline_value=base,
+        spread=spread,
+        factor=factor,
+        floor=floor,
+        threshold=threshold,
+        candidate_value=value,
+        delta=delta,
+        delta_pct=delta_pct,
+        baseline_runs=n,
+        p_value=p_value,
+        context=c.context,
+    )
 
 
 __all__ = ["TIME_MIN_EFFECT", "verdict"]

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KINDS = ("regression", "over_budget", "improvement", "new", "failed", "environment_changed",
-         "time_regression", "accepted", "noisy", "ok", "quality")
+KINDS = (
+    "regression",
+    "over_budget",
+    "improvement",
+    "new",
+    "failed",
+    "environment_changed",
+    "time_regression",
+    "accepted",
+    "noisy",
+    "ok",
+    "quality",
+)
 """Memory regressions, budgets and failures block; `accepted` and `noisy` never do (a
 noisy metric still blocks on its budget, as an `over_budget` verdict). `quality` (an output
 beyond its tolerance, or a refused reference) blocks; without a reference it warns."""

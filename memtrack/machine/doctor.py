@@ -109,25 +109,32 @@ def _bf16_checks(env: Environment, cases: Sequence[Case]) -> list[Check]:
         cc = re.fullmatch(r"(\d+)\.(\d+)", g.compute_capability or "")
         if cc and (int(cc[1]), int(cc[2])) < NATIVE_BF16:
             shown = ", ".join(bf16[:3]) + (f" and {len(bf16) - 3} more" if len(bf16) > 3 else "")
-            out.append(Check(
-                f"gpu {g.index} bf16", "warn",
-                f"{g.name} (cc {g.compute_capability}) has no native bfloat16 (cc 8.0 and "
-                f"newer have it): {len(bf16)} bf16 case(s) run emulated, with other kernels, "
-                f"workspaces and times than on the GPUs they stand for: {shown}"))
+            out.append(
+                Check(
+                    f"gpu {g.index} bf16",
+                    "warn",
+                    f"{g.name} (cc {g.compute_capability}) has no native bfloat16 (cc 8.0 and "
+                    f"newer have it): {len(bf16)} bf16 case(s) run emulated, with other kernels, "
+                    f"workspaces and times than on the GPUs they stand for: {shown}",
+                )
+            )
     return out
 
 
-def _shm_check(env: Environment, cases: Sequence[Case], shm: int | None,
-               container: bool) -> Check | None:
+def _shm_check(
+    env: Environment, cases: Sequence[Case], shm: int | None, container: bool
+) -> Check | None:
     ranks = max((ranks_of(c.params) or 1 for c in cases), default=1)
     if ranks < 2 or not env.gpus or shm is None or shm >= SHM_FOR_NCCL:
         return None
     where = "this container's" if container else "this machine's"
     return Check(
-        "shm", "warn",
+        "shm",
+        "warn",
         f"/dev/shm is {format_size(shm)} ({where}): NCCL keeps its buffers between the "
         f"{ranks} ranks of a case there, and they can fail; give it {format_size(SHM_FOR_NCCL)} "
-        "or more (docker run --shm-size=1g, or a memory-backed emptyDir in Kubernetes)")
+        "or more (docker run --shm-size=1g, or a memory-backed emptyDir in Kubernetes)",
+    )
 
 
 def _allocator_check(env: Environment) -> Check | None:
@@ -137,10 +144,12 @@ def _allocator_check(env: Environment) -> Check | None:
     if backend == "native":
         return Check("allocator", "info", "native (PyTorch's caching allocator)")
     return Check(
-        "allocator", "warn",
+        "allocator",
+        "warn",
         f"{backend}: peak requested bytes, allocation retries and OOM counts are not kept "
         "(recorded as none), reserved is an upper bound, and `memtrack snapshot` is refused; "
-        "runs are compared only with runs of the same PYTORCH_ALLOC_CONF")
+        "runs are compared only with runs of the same PYTORCH_ALLOC_CONF",
+    )
 
 
 def _build_check(env: Environment) -> Check | None:
@@ -159,9 +168,14 @@ def _build_check(env: Environment) -> Check | None:
     )
 
 
-def checks(env: Environment, db_path: Path, nvml_error: str | None,
-           cases: Sequence[Case] = (), shm: int | None = None,
-           container: bool = False) -> list[Check]:
+def checks(
+    env: Environment,
+    db_path: Path,
+    nvml_error: str | None,
+    cases: Sequence[Case] = (),
+    shm: int | None = None,
+    container: bool = False,
+) -> list[Check]:
     """The doctor's report. `cases`: the suite, for what its cases need of the machine;
     `shm`: the size of /dev/shm; `container`: whether this runs in a container."""
     out = [

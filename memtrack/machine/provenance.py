@@ -121,8 +121,12 @@ def git_ignore_rule(root: Path, path: Path) -> str | None:
     """The rule by which git ignores `path` in the work tree at `root` ('.gitignore:3:data/'),
     or None: not ignored, already tracked, outside a work tree, or no git."""
     try:
-        out = subprocess.run(["git", "check-ignore", "--verbose", str(path)], cwd=root,
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            ["git", "check-ignore", "--verbose", str(path)],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        )
     except OSError:
         return None
     if out.returncode != 0:

@@ -20,8 +20,13 @@ from memtrack.workload.registry import Case, ranks_of
 
 
 def run_case(
-    config: Config, case: Case, device: str, visible_uuids: tuple[str, ...] = (), *,
-    quality: QualitySpec | None = None, snapshot_path: Path | None = None,
+    config: Config,
+    case: Case,
+    device: str,
+    visible_uuids: tuple[str, ...] = (),
+    *,
+    quality: QualitySpec | None = None,
+    snapshot_path: Path | None = None,
     server: ForkServer | None = None,
 ) -> Measurement:
     """One case in a fresh worker. `quality`: what the worker does with the step's output
@@ -29,14 +34,22 @@ def run_case(
     `server`: the run's fork server, which forks the worker (ranks are spawned)."""
     world = ranks_of(case.params)
     if world is not None:  # one process per rank, all at once
-        return run_ranks(config, case, device, visible_uuids, world,
-                         snapshot_path=snapshot_path)
+        return run_ranks(config, case, device, visible_uuids, world, snapshot_path=snapshot_path)
     warmup, repeats, timeout_s = config.settings_for(case.workload)
     with tempfile.TemporaryDirectory(prefix="memtrack-") as tmp:
         scratch = Path(tmp) / "scratch"  # the case's ctx.scratch_dir, removed with tmp
         scratch.mkdir(mode=0o700)
-        spec = new_spec(config, case, device, warmup, repeats, Path(tmp) / "result.json",
-                        scratch_dir=scratch, quality=quality, snapshot_path=snapshot_path)
+        spec = new_spec(
+            config,
+            case,
+            device,
+            warmup,
+            repeats,
+            Path(tmp) / "result.json",
+            scratch_dir=scratch,
+            quality=quality,
+            snapshot_path=snapshot_path,
+        )
         sampler = start_sampler(device, config.nvml_interval_s, visible_uuids)
         (outcome,), _ = launch([spec], timeout_s, sampler=sampler, server=server)
     return to_measurement(case, spec, outcome, config.nvml_interval_s, timeout_s)

@@ -31,8 +31,11 @@ FRAMEWORK = "fake-tensor-estimate"
 DEVICES = ("cpu", "cuda")
 MEASURED_STEPS = 1
 """Fake tensors are deterministic: one measured step after the warm-up is the peak."""
-NOTE = ("estimate under fake tensors: live tensor bytes by the measured view's definition; "
-        "no allocator rounding or segments, workspaces or CUDA context")
+NOTE = (
+    "estimate under fake tensors: live tensor bytes by the measured view's definition; "
+    "no allocator rounding or segments, workspaces or CUDA context"
+)
+
 
 def check_device(device: str | None) -> str | None:
     """The target device, refused unless it is cpu or cuda."""
@@ -80,8 +83,9 @@ def estimate_cases(
     cases = with_dtype(cases, dtype)
     env = env or probe_environment()
     target = device or resolve_device(config, env)
-    return each_case(config, cases, lambda case: estimate_case(config, case, target), env=env,
-                     progress=progress)
+    return each_case(
+        config, cases, lambda case: estimate_case(config, case, target), env=env, progress=progress
+    )
 
 
 def estimate_case(config: Config, case: Case, device: str) -> Measurement:

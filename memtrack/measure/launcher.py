@@ -55,10 +55,19 @@ def worker_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def new_spec(config: Config, case: Case, device: str, warmup: int, repeats: int,
-             result_path: Path, *, scratch_dir: Path | None = None,
-             quality: QualitySpec | None = None, ranks: int | None = None,
-             snapshot_path: Path | None = None) -> Spec:
+def new_spec(
+    config: Config,
+    case: Case,
+    device: str,
+    warmup: int,
+    repeats: int,
+    result_path: Path,
+    *,
+    scratch_dir: Path | None = None,
+    quality: QualitySpec | None = None,
+    ranks: int | None = None,
+    snapshot_path: Path | None = None,
+) -> Spec:
     """What a worker needs to find and run one case: the same for a measured case, each rank
     of one, and an estimate."""
     return Spec(
@@ -139,8 +148,10 @@ def launch(
     in_time = False
     exited_pids: dict[int, float] = {}
     spawned: str | None = None
-    with tempfile.TemporaryDirectory(prefix="memtrack-spec-") as tmp, \
-            contextlib.ExitStack() as stack:
+    with (
+        tempfile.TemporaryDirectory(prefix="memtrack-spec-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
         errs = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(n)]
         stack.enter_context(subreaper())
         try:
@@ -156,16 +167,20 @@ def launch(
                 if proc is None:
                     proc = subprocess.Popen(
                         [sys.executable, "-m", worker, str(spec_path), str(os.getpid())],
-                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errs[i],
-                        env=envs[i], **_group(n, procs[0].pid if procs else None),
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=errs[i],
+                        env=envs[i],
+                        **_group(n, procs[0].pid if procs else None),
                     )
                 assert not isinstance(proc, str)
                 procs.append(proc)
                 if watch is not None:
                     watch(proc.pid)
                 if tree is None:
-                    tree = ProcessTree(proc.pid, on_member=watch,
-                                       forked=isinstance(proc, ForkedWorker))
+                    tree = ProcessTree(
+                        proc.pid, on_member=watch, forked=isinstance(proc, ForkedWorker)
+                    )
                 else:
                     tree.add(proc.pid)
                 if isinstance(proc, ForkedWorker):
@@ -173,8 +188,10 @@ def launch(
             by_pid = {p.pid: i for i, p in enumerate(procs)}
             assert tree is not None
             in_time, exited_pids = tree.wait_all(
-                list(by_pid), timeout_s,
-                lambda pid: read_result(Path(specs[by_pid[pid]].result_path)).status != "ok")
+                list(by_pid),
+                timeout_s,
+                lambda pid: read_result(Path(specs[by_pid[pid]].result_path)).status != "ok",
+            )
         finally:
             # Whatever happened, nothing the case started outlives it.
             if tree is not None:
@@ -190,10 +207,17 @@ def launch(
     exited = {by_pid[pid]: t for pid, t in exited_pids.items()}
     sampled = sampler.stop(memory_window(results)) if sampler is not None else None
     outcomes = [
-        CaseOutcome(results[i], procs[i].returncode if i < len(procs) else None,
-                    not in_time and i not in exited, tails[i], duration, sampled,
-                    (tree.peak or None) if tree else None, tree.source if tree else None,
-                    spawned)
+        CaseOutcome(
+            results[i],
+            procs[i].returncode if i < len(procs) else None,
+            not in_time and i not in exited,
+            tails[i],
+            duration,
+            sampled,
+            (tree.peak or None) if tree else None,
+            tree.source if tree else None,
+            spawned,
+        )
         for i in range(n)
     ]
     return outcomes, exited
@@ -202,8 +226,9 @@ def launch(
 def memory_window(results: list[Result]) -> tuple[float, ...] | None:
     """The workers' memory passes as one window: [first start, last end], with the latest
     last iteration between them where every worker held its level for the sampler."""
-    windows = [r.memory_window for r in results
-               if r.memory_window and len(r.memory_window) in (2, 3)]
+    windows = [
+        r.memory_window for r in results if r.memory_window and len(r.memory_window) in (2, 3)
+    ]
     if not windows:
         return None
     start, end = min(w[0] for w in windows), max(w[-1] for w in windows)
@@ -212,5 +237,12 @@ def memory_window(results: list[Result]) -> tuple[float, ...] | None:
     return (start, end)
 
 
-__all__ = ["MEASURE", "PINNED_ENV", "CaseOutcome", "launch", "memory_window", "new_spec",
-           "worker_env"]
+__all__ = [
+    "MEASURE",
+    "PINNED_ENV",
+    "CaseOutcome",
+    "launch",
+    "memory_window",
+    "new_spec",
+    "worker_env",
+]

@@ -50,8 +50,7 @@ def to_measurement(
         devices=tuple(devices),
         device_view=view,
         device_view_note=redact(view_note),
-        sample_interval_s=sample_interval(outcome.sampler, interval_s) if view == "nvml"
-        else None,
+        sample_interval_s=sample_interval(outcome.sampler, interval_s) if view == "nvml" else None,
         duration_s=round(outcome.duration_s, 4),
         notes=tuple(redact(n) or "" for n in notes),
         host_tree_peak_rss_bytes=tree_peak,
@@ -107,8 +106,10 @@ def _device_view(
         return [], None, "CPU case: no device view"
     if not sampled or not sampled.get("ok", True) or "devices" not in sampled:
         reason = (sampled or {}).get("reason", "NVML sampler gave no result")
-        devs = [DeviceMeasurement(**{k: v for k, v in x.items() if k in _DEVICE_FIELDS})
-                for x in cuda_devices.values()]
+        devs = [
+            DeviceMeasurement(**{k: v for k, v in x.items() if k in _DEVICE_FIELDS})
+            for x in cuda_devices.values()
+        ]
         return devs, None, reason
     out = []
     notes.extend(sampled.get("notes", []))
@@ -118,8 +119,9 @@ def _device_view(
         # job's growth on a GPU the case never touched is not the case's device figure.
         used = [s for s in watched if bare_uuid(s["uuid"]) in cuda_devices]
         if len(used) < len(watched):
-            notes.append(f"device view: {len(used)} of the {len(watched)} visible GPUs, those "
-                         "the case used")
+            notes.append(
+                f"device view: {len(used)} of the {len(watched)} visible GPUs, those the case used"
+            )
         watched = used
     for s in watched:
         a = cuda_devices.get(bare_uuid(s["uuid"]), {})
@@ -144,8 +146,9 @@ def _device_view(
     return out, "nvml", None
 
 
-def missed_spike(dm: DeviceMeasurement, quiet: int | None, reserved_after: int | None
-                 ) -> str | None:
+def missed_spike(
+    dm: DeviceMeasurement, quiet: int | None, reserved_after: int | None
+) -> str | None:
     """The note for a memory pass whose samples all missed the allocator's reserved peak.
 
     The device view holds memory the allocator does not see (the CUDA context, 0.3-0.5 GB,
@@ -162,12 +165,16 @@ def missed_spike(dm: DeviceMeasurement, quiet: int | None, reserved_after: int |
     if sampled - (outside or 0) >= reserved:
         return None
     if outside is None:
-        return (f"GPU {dm.index}: sampled device peak is below the allocator's exact reserved "
-                "peak: the sampler missed a spike")
-    return (f"GPU {dm.index}: sampled device peak less the {outside / 2**20:.1f} MiB outside "
-            f"the allocator (CUDA context, ...) is {(sampled - outside) / 2**20:.1f} MiB, below "
-            f"the allocator's exact reserved peak of {reserved / 2**20:.1f} MiB: the sampler "
-            "missed a spike")
+        return (
+            f"GPU {dm.index}: sampled device peak is below the allocator's exact reserved "
+            "peak: the sampler missed a spike"
+        )
+    return (
+        f"GPU {dm.index}: sampled device peak less the {outside / 2**20:.1f} MiB outside "
+        f"the allocator (CUDA context, ...) is {(sampled - outside) / 2**20:.1f} MiB, below "
+        f"the allocator's exact reserved peak of {reserved / 2**20:.1f} MiB: the sampler "
+        "missed a spike"
+    )
 
 
 def signal_name(number: int) -> str:
@@ -182,5 +189,11 @@ def signal_name(number: int) -> str:
     return f"signal {number}"
 
 
-__all__ = ["case_status", "figures", "missed_spike", "sample_interval", "signal_name",
-           "to_measurement"]
+__all__ = [
+    "case_status",
+    "figures",
+    "missed_spike",
+    "sample_interval",
+    "signal_name",
+    "to_measurement",
+]

@@ -45,9 +45,14 @@ def free_port() -> int:
 def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
     """The worker's environment: torchrun's variables, all on the loopback interface."""
     env = worker_env()
-    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-               LOCAL_WORLD_SIZE=str(world), MASTER_ADDR=LOOPBACK,
-               MASTER_PORT=str(port))
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR=LOOPBACK,
+        MASTER_PORT=str(port),
+    )
     # gloo and NCCL otherwise pick an interface from the host name, which may not reach
     # the others (or anything); a user's own choice is kept.
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -55,8 +60,15 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
     return env
 
 
-def run_ranks(config: Config, case: Case, device: str, visible_uuids: tuple[str, ...],
-              world: int, *, snapshot_path: Path | None = None) -> Measurement:
+def run_ranks(
+    config: Config,
+    case: Case,
+    device: str,
+    visible_uuids: tuple[str, ...],
+    world: int,
+    *,
+    snapshot_path: Path | None = None,
+) -> Measurement:
     """Measure a case of `world` ranks; one Measurement with a RankMeasurement per rank."""
     warmup, repeats, timeout_s = config.settings_for(case.workload)
     for attempt in range(PORT_RETRIES + 1):
@@ -65,13 +77,27 @@ def run_ranks(config: Config, case: Case, device: str, visible_uuids: tuple[str,
             for r in range(world):
                 scratch = Path(tmp) / f"scratch-{r}"  # each rank's own, removed with tmp
                 scratch.mkdir(mode=0o700)
-                specs.append(new_spec(config, case, device, warmup, repeats,
-                                      Path(tmp) / f"result-{r}.json", scratch_dir=scratch,
-                                      ranks=world, snapshot_path=snapshot_path))
+                specs.append(
+                    new_spec(
+                        config,
+                        case,
+                        device,
+                        warmup,
+                        repeats,
+                        Path(tmp) / f"result-{r}.json",
+                        scratch_dir=scratch,
+                        ranks=world,
+                        snapshot_path=snapshot_path,
+                    )
+                )
             port = free_port()
             sampler = start_sampler(device, config.nvml_interval_s, visible_uuids)
-            outcomes, exited = launch(specs, timeout_s, sampler=sampler,
-                                      envs=[rank_env(r, world, port) for r in range(world)])
+            outcomes, exited = launch(
+                specs,
+                timeout_s,
+                sampler=sampler,
+                envs=[rank_env(r, world, port) for r in range(world)],
+            )
         if attempt < PORT_RETRIES and any(_port_taken(o) for o in outcomes):
             continue
         break
@@ -86,8 +112,14 @@ def _port_taken(outcome: CaseOutcome) -> bool:
 # -- one record of the ranks' figures --------------------------------------------------------
 
 
-def to_case(case: Case, spec: Spec, outcomes: list[CaseOutcome],
-            exited: dict[int, float], interval_s: float, timeout_s: float) -> Measurement:
+def to_case(
+    case: Case,
+    spec: Spec,
+    outcomes: list[CaseOutcome],
+    exited: dict[int, float],
+    interval_s: float,
+    timeout_s: float,
+) -> Measurement:
     """The case's Measurement: its status is the first failing rank's, its figures the
     largest per-device peaks (host figures summed), and one RankMeasurement per rank."""
     statuses = [_rank_status(r, o, exited, timeout_s) for r, o in enumerate(outcomes)]
@@ -107,10 +139,15 @@ def to_case(case: Case, spec: Spec, outcomes: list[CaseOutcome],
     elif any(st != "ok" for st, _ in statuses):  # ended without a result, yet exited 'ok'
         first = next(r for r, (st, _) in enumerate(statuses) if st != "ok")
         status, message = statuses[first][0], f"rank {first}: {statuses[first][1]}"
-    data = {**merge_figures([o.result.to_dict() for o in outcomes]), "status": status,
-            "message": message, "traceback": traceback}
-    merged = dataclasses.replace(outcomes[0], result=Result(**data), returncode=0,
-                                 timed_out=False, stderr_tail="")
+    data = {
+        **merge_figures([o.result.to_dict() for o in outcomes]),
+        "status": status,
+        "message": message,
+        "traceback": traceback,
+    }
+    merged = dataclasses.replace(
+        outcomes[0], result=Result(**data), returncode=0, timed_out=False, stderr_tail=""
+    )
     m = to_measurement(case, spec, merged, interval_s, timeout_s)
     ranks = tuple(_rank(r, o, statuses[r], spec.device) for r, o in enumerate(outcomes))
     m = dataclasses.replace(m, ranks=ranks)
@@ -118,13 +155,17 @@ def to_case(case: Case, spec: Spec, outcomes: list[CaseOutcome],
         # a lower bound from samples: each rank's exact peak is one too (their sum is not)
         own = [r.host_peak_rss_bytes for r in ranks if r.host_peak_rss_bytes is not None]
         tree = max([merged.tree_peak_bytes or 0, *own])
-        m = dataclasses.replace(m, host_tree_peak_rss_bytes=tree or None,
-                                host_tree_source=merged.tree_source if tree else None)
+        m = dataclasses.replace(
+            m,
+            host_tree_peak_rss_bytes=tree or None,
+            host_tree_source=merged.tree_source if tree else None,
+        )
     return _rank_breakdown(m)
 
 
-def _rank_status(r: int, o: CaseOutcome, exited: dict[int, float],
-                 timeout_s: float) -> tuple[str, str | None]:
+def _rank_status(
+    r: int, o: CaseOutcome, exited: dict[int, float], timeout_s: float
+) -> tuple[str, str | None]:
     if o.timed_out or r in exited:
         return case_status(o, timeout_s)
     # ended by memtrack because another rank failed: unless it had finished, it did not end
@@ -140,8 +181,7 @@ def _failed_at(o: CaseOutcome, exited_at: float) -> float:
     return exited_at
 
 
-def _rank(r: int, o: CaseOutcome, status: tuple[str, str | None], device: str
-          ) -> RankMeasurement:
+def _rank(r: int, o: CaseOutcome, status: tuple[str, str | None], device: str) -> RankMeasurement:
     d = o.result.to_dict()
 
     def figure(key: str) -> Any:
@@ -153,26 +193,47 @@ def _rank(r: int, o: CaseOutcome, status: tuple[str, str | None], device: str
         device=f"cuda:{r}" if device == "cuda" else device,
         status=status[0],
         message=redact(status[1]),
-        **{k: figure(k) for k in ("peak_allocated_bytes", "peak_reserved_bytes",
-                                   "peak_requested_bytes", "persistent_bytes",
-                                   "host_peak_rss_bytes", "host_step_peak_rss_bytes",
-                                   "host_setup_rss_bytes", "host_file_rss_bytes")},
-        time_median_s=d.get("time_median_s") if isinstance(d.get("time_median_s"), float)
-        else None,
+        **{
+            k: figure(k)
+            for k in (
+                "peak_allocated_bytes",
+                "peak_reserved_bytes",
+                "peak_requested_bytes",
+                "persistent_bytes",
+                "host_peak_rss_bytes",
+                "host_step_peak_rss_bytes",
+                "host_setup_rss_bytes",
+                "host_file_rss_bytes",
+            )
+        },
+        time_median_s=d.get("time_median_s") if isinstance(d.get("time_median_s"), float) else None,
     )
 
 
 _PER_DEVICE = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_requested_bytes")
-_OWN = ("status", "message", "traceback", "written_at", "memory_window", "cuda_devices",
-        "notes", "phase")
+_OWN = (
+    "status",
+    "message",
+    "traceback",
+    "written_at",
+    "memory_window",
+    "cuda_devices",
+    "notes",
+    "phase",
+)
 """A rank's result keys that say how that rank ended: the case's are decided apart."""
-_SUMMED_HOST = ("host_peak_rss_bytes", "host_step_peak_rss_bytes", "host_setup_rss_bytes",
-                "host_file_rss_bytes")
+_SUMMED_HOST = (
+    "host_peak_rss_bytes",
+    "host_step_peak_rss_bytes",
+    "host_setup_rss_bytes",
+    "host_file_rss_bytes",
+)
 
 
 def _ints(datas: list[dict[str, Any]], key: str) -> list[int]:
-    return [d[key] for d in datas
-            if isinstance(d.get(key), int) and not isinstance(d.get(key), bool)]
+    return [
+        d[key] for d in datas if isinstance(d.get(key), int) and not isinstance(d.get(key), bool)
+    ]
 
 
 def merge_figures(datas: list[dict[str, Any]]) -> dict[str, Any]:
@@ -192,15 +253,19 @@ def merge_figures(datas: list[dict[str, Any]]) -> dict[str, Any]:
         values = _ints(datas, key)
         out[key] = sum(values) if len(values) == len(datas) else None  # a part would mislead
     times = [d.get("iteration_times_s") for d in datas]
-    if all(isinstance(t, (list, tuple)) and t and len(t) == len(datas[0]["iteration_times_s"])
-           for t in times):
+    if all(
+        isinstance(t, (list, tuple)) and t and len(t) == len(datas[0]["iteration_times_s"])
+        for t in times
+    ):
         # a step of collectives ends when its slowest rank does
         slowest = [max(ts) for ts in zip(*times, strict=True)]
         ordered = sorted(slowest)
-        out.update(iteration_times_s=tuple(slowest), time_median_s=statistics.median(slowest),
-                   time_p95_s=ordered[min(len(ordered) - 1,
-                                          max(0, round(0.95 * len(ordered) + 0.5) - 1))],
-                   time_min_s=ordered[0])
+        out.update(
+            iteration_times_s=tuple(slowest),
+            time_median_s=statistics.median(slowest),
+            time_p95_s=ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered) + 0.5) - 1))],
+            time_min_s=ordered[0],
+        )
     devices: dict[Any, dict[str, Any]] = {}
     for d in datas:
         for dev in d.get("cuda_devices", []):
@@ -220,8 +285,10 @@ def merge_figures(datas: list[dict[str, Any]]) -> dict[str, Any]:
                 notes.append(text)
     out["notes"] = tuple(notes)
     # the least advanced rank's phase: where the case as a whole was
-    out["phase"] = min((str(d.get("phase", "start")) for d in datas),
-                       key=lambda p: _PHASES.index(p) if p in _PHASES else 0)
+    out["phase"] = min(
+        (str(d.get("phase", "start")) for d in datas),
+        key=lambda p: _PHASES.index(p) if p in _PHASES else 0,
+    )
     return out
 
 
@@ -231,23 +298,37 @@ _PHASES = ["start", "setup", "warmup", "timing", "memory", "breakdown", "done"]
 def _rank_breakdown(m: Measurement) -> Measurement:
     """The breakdown of the rank with the largest allocated peak, so that its parts add up
     to the headline peak with that rank's own reserved, device and host figures."""
-    top = max((r for r in m.ranks if r.peak_allocated_bytes is not None),
-              key=lambda r: r.peak_allocated_bytes or 0, default=None)
+    top = max(
+        (r for r in m.ranks if r.peak_allocated_bytes is not None),
+        key=lambda r: r.peak_allocated_bytes or 0,
+        default=None,
+    )
     if top is None:
         return m
     index = int(top.device.split(":")[1]) if top.device.startswith("cuda:") else None
     own = dataclasses.replace(
-        m, peak_allocated_bytes=top.peak_allocated_bytes,
+        m,
+        peak_allocated_bytes=top.peak_allocated_bytes,
         peak_reserved_bytes=top.peak_reserved_bytes,
         host_step_peak_rss_bytes=top.host_step_peak_rss_bytes,
-        devices=tuple(d for d in m.devices if d.index == index))
+        devices=tuple(d for d in m.devices if d.index == index),
+    )
     b = with_breakdown(own)
-    parts = ("weights_bytes", "intermediates_bytes", "caches_bytes", "training_state_bytes",
-             "workspace_bytes", "gradients_bytes", "optimizer_state_bytes", "unattributed_bytes")
-    note = (f"{len(m.ranks)} ranks: framework figures are the largest per-device peak, the "
-            f"breakdown rank {top.rank}'s ({top.device}); host figures are summed over ranks")
-    return dataclasses.replace(m, notes=(*m.notes, note),
-                               **{k: getattr(b, k) for k in parts})
+    parts = (
+        "weights_bytes",
+        "intermediates_bytes",
+        "caches_bytes",
+        "training_state_bytes",
+        "workspace_bytes",
+        "gradients_bytes",
+        "optimizer_state_bytes",
+        "unattributed_bytes",
+    )
+    note = (
+        f"{len(m.ranks)} ranks: framework figures are the largest per-device peak, the "
+        f"breakdown rank {top.rank}'s ({top.device}); host figures are summed over ranks"
+    )
+    return dataclasses.replace(m, notes=(*m.notes, note), **{k: getattr(b, k) for k in parts})
 
 
 __all__ = ["LOOPBACK", "free_port", "merge_figures", "rank_env", "run_ranks", "to_case"]

@@ -37,8 +37,9 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def folder(config: Config) -> Path:
-    return config.references if config.references.is_absolute() else (
-        config.root / config.references)
+    return (
+        config.references if config.references.is_absolute() else (config.root / config.references)
+    )
 
 
 def manifest_path(config: Config) -> Path:
@@ -76,8 +77,9 @@ def load_manifest(config: Config) -> dict[str, dict[str, Any]]:
     return refs
 
 
-def quality_spec(config: Config, case: Case, manifest: dict[str, dict[str, Any]] | None = None
-                 ) -> QualitySpec | None:
+def quality_spec(
+    config: Config, case: Case, manifest: dict[str, dict[str, Any]] | None = None
+) -> QualitySpec | None:
     """What the worker needs to compare a case's output: its reference's id, file and pinned
     sha256 (None where none is recorded); None where the workload declares no tolerance."""
     if not case.tolerance:
@@ -85,10 +87,13 @@ def quality_spec(config: Config, case: Case, manifest: dict[str, dict[str, Any]]
     ref = case.reference_case().case_id
     entry = (load_manifest(config) if manifest is None else manifest).get(ref)
     device = entry.get("device") if entry else None
-    return QualitySpec(mode="compare", reference=ref,
-                       path=str(folder(config) / entry["file"]) if entry else None,
-                       sha256=entry["sha256"] if entry else None,
-                       device=device if isinstance(device, str) else None)
+    return QualitySpec(
+        mode="compare",
+        reference=ref,
+        path=str(folder(config) / entry["file"]) if entry else None,
+        sha256=entry["sha256"] if entry else None,
+        device=device if isinstance(device, str) else None,
+    )
 
 
 def file_name(case_id: str) -> str:
@@ -133,20 +138,25 @@ def record_references(
     when a case fails or its step returns no tensor."""
     refs = reference_cases(cases)
     if not refs:
-        raise WorkloadError("no selected case declares a tolerance: a reference is kept only "
-                            "for workloads declared with tolerance={...}")
+        raise WorkloadError(
+            "no selected case declares a tolerance: a reference is kept only "
+            "for workloads declared with tolerance={...}"
+        )
     manifest = load_manifest(config)  # a malformed manifest is refused before measuring
     target = folder(config)
     rule = git_ignore_rule(config.root, target / MANIFEST)
     if rule:
         where = f"set `references` in {config.path}" if config.path else "set `references`"
-        raise ConfigError(f"{target}: git ignores it ({rule}), and references must be "
-                          f"committed: {where} to a folder git keeps, or un-ignore it")
+        raise ConfigError(
+            f"{target}: git ignores it ({rule}), and references must be "
+            f"committed: {where} to a folder git keeps, or un-ignore it"
+        )
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"{target}: cannot create the references folder ({exc.strerror})"
-                          ) from None
+        raise ConfigError(
+            f"{target}: cannot create the references folder ({exc.strerror})"
+        ) from None
     done: list[tuple[Recorded, Path]] = []
     try:
         for ref_id, (ref, served) in refs.items():
@@ -161,10 +171,8 @@ def record_references(
             meta = json.loads(Path(f"{tmp}.json").read_text())
             Path(f"{tmp}.json").unlink()
             sha = hashlib.sha256(tmp.read_bytes()).hexdigest()
-            entry = {"file": file_name(ref_id), "sha256": sha, **meta,
-                     "commit": commit}
-            done.append((Recorded(ref_id, target / entry["file"], sha, entry, tuple(served)),
-                         tmp))
+            entry = {"file": file_name(ref_id), "sha256": sha, **meta, "commit": commit}
+            done.append((Recorded(ref_id, target / entry["file"], sha, entry, tuple(served)), tmp))
         for rec, tmp in done:
             tmp.replace(rec.path)
     finally:  # nothing half-recorded stays behind
@@ -180,8 +188,7 @@ def _write_manifest(config: Config, refs: dict[str, dict[str, Any]]) -> None:
     """Sorted and indented, so that a changed reference reads as a small diff."""
     path = manifest_path(config)
     tmp = path.with_name(path.name + ".tmp")
-    text = json.dumps({"version": MANIFEST_VERSION, "references": refs}, indent=2,
-                      sort_keys=True)
+    text = json.dumps({"version": MANIFEST_VERSION, "references": refs}, indent=2, sort_keys=True)
     try:
         tmp.write_text(text + "\n", encoding="utf-8")
         tmp.replace(path)
@@ -190,5 +197,13 @@ def _write_manifest(config: Config, refs: dict[str, dict[str, Any]]) -> None:
         raise ConfigError(f"{path}: cannot be written ({exc.strerror})") from None
 
 
-__all__ = ["MANIFEST", "Recorded", "file_name", "folder", "load_manifest", "quality_spec",
-           "record_references", "reference_cases"]
+__all__ = [
+    "MANIFEST",
+    "Recorded",
+    "file_name",
+    "folder",
+    "load_manifest",
+    "quality_spec",
+    "record_references",
+    "reference_cases",
+]

@@ -25,8 +25,9 @@ class NvmlSampler:
     """One sampler process for one case. `start()` returns whether it runs; where it does
     not, `stop()` returns why, as the device view's note."""
 
-    def __init__(self, interval_s: float, uuids: tuple[str, ...],
-                 timeout_s: float = START_TIMEOUT_S):
+    def __init__(
+        self, interval_s: float, uuids: tuple[str, ...], timeout_s: float = START_TIMEOUT_S
+    ):
         self.interval_s = interval_s
         self.uuids = uuids
         self.timeout_s = timeout_s
@@ -43,8 +44,16 @@ class NvmlSampler:
     def start(self) -> bool:
         self.folder = Path(tempfile.mkdtemp(prefix="memtrack-nvml-"))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "memtrack.probes.nvml", "--interval", str(self.interval_s),
-             "--clock", str(self.folder / "clock"), *self.uuids],
+            [
+                sys.executable,
+                "-m",
+                "memtrack.probes.nvml",
+                "--interval",
+                str(self.interval_s),
+                "--clock",
+                str(self.folder / "clock"),
+                *self.uuids,
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -54,8 +63,10 @@ class NvmlSampler:
         if not select.select([proc.stdout], [], [], self.timeout_s)[0]:  # a hung nvmlInit
             proc.kill()
             proc.wait()
-            self.first = {"ok": False,
-                          "reason": f"the NVML sampler did not start within {self.timeout_s:g} s"}
+            self.first = {
+                "ok": False,
+                "reason": f"the NVML sampler did not start within {self.timeout_s:g} s",
+            }
             self._remove_folder()
             return False
         line = proc.stdout.readline()
@@ -100,8 +111,10 @@ class NvmlSampler:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            return {"ok": False,
-                    "reason": f"the NVML sampler did not stop within {STOP_TIMEOUT_S:g} s"}
+            return {
+                "ok": False,
+                "reason": f"the NVML sampler did not stop within {STOP_TIMEOUT_S:g} s",
+            }
         finally:
             self._remove_folder()
         try:

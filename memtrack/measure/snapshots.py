@@ -38,25 +38,33 @@ class Snapshot:
 
     def how_to_open(self) -> str:
         if self.device == "cuda":
-            return (f"drag it onto {MEMORY_VIZ} (the page reads it in your browser; nothing "
-                    "is uploaded)")
-        return ("a JSON file: the step's peak by category, then every module's peak, largest "
-                f"first (e.g. `python -m json.tool {self.path}`)")
+            return (
+                f"drag it onto {MEMORY_VIZ} (the page reads it in your browser; nothing "
+                "is uploaded)"
+            )
+        return (
+            "a JSON file: the step's peak by category, then every module's peak, largest "
+            f"first (e.g. `python -m json.tool {self.path}`)"
+        )
 
 
 def default_dir() -> Path:
     """The user's cache folder ($XDG_CACHE_HOME, else ~/.cache)/memtrack/snapshots, or a
     folder of this user's under $TMPDIR where that cannot be made."""
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    for folder in (Path(cache) / "memtrack" / "snapshots",
-                   Path(tempfile.gettempdir()) / f"memtrack-snapshots-{os.getuid()}"):
+    for folder in (
+        Path(cache) / "memtrack" / "snapshots",
+        Path(tempfile.gettempdir()) / f"memtrack-snapshots-{os.getuid()}",
+    ):
         try:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             return folder
         except OSError:
             continue
-    raise ConfigError(f"{cache}: cannot create a folder for snapshots there or under "
-                      f"{tempfile.gettempdir()}; pass --out PATH")
+    raise ConfigError(
+        f"{cache}: cannot create a folder for snapshots there or under "
+        f"{tempfile.gettempdir()}; pass --out PATH"
+    )
 
 
 def default_path(case_id: str, device: str, folder: Path | None = None) -> Path:
@@ -72,12 +80,18 @@ def _inside(path: Path, folder: Path) -> bool:
 
 def _work_tree(root: Path) -> Path | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root,
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return Path(out.stdout.strip()).resolve() if out.returncode == 0 and out.stdout.strip() \
-        else None
+    return (
+        Path(out.stdout.strip()).resolve() if out.returncode == 0 and out.stdout.strip() else None
+    )
 
 
 def check_out(out: Path, config: Config, db: Path) -> Path:
@@ -86,13 +100,17 @@ def check_out(out: Path, config: Config, db: Path) -> Path:
     committed, uploaded as an artifact or read by the dashboard), or over an existing file."""
     path = out.expanduser().resolve()
     tree = _work_tree(config.root)
-    for folder, what in ((config.root / "data", "the data folder"),
-                         (db.expanduser().resolve().parent, "the database's folder"),
-                         (tree, "the repository's work tree")):
+    for folder, what in (
+        (config.root / "data", "the data folder"),
+        (db.expanduser().resolve().parent, "the database's folder"),
+        (tree, "the repository's work tree"),
+    ):
         if folder is not None and _inside(path, folder.resolve()):
-            raise ConfigError(f"--out {out}: inside {what} ({folder.resolve()}); a snapshot "
-                              "shows the model's structure: write it outside the repository, "
-                              "e.g. the default under ~/.cache/memtrack/snapshots")
+            raise ConfigError(
+                f"--out {out}: inside {what} ({folder.resolve()}); a snapshot "
+                "shows the model's structure: write it outside the repository, "
+                "e.g. the default under ~/.cache/memtrack/snapshots"
+            )
     if path.exists() or path.is_symlink():
         raise ConfigError(f"--out {out}: already exists; memtrack never overwrites a file")
     if not path.parent.is_dir():
@@ -127,16 +145,20 @@ def take(config: Config, name: str, db: Path, out: Path | None = None) -> Snapsh
     env = probe_environment()
     device = resolve_device(config, env)
     if device == "cuda" and env.allocator_backend == "cudaMallocAsync":
-        raise ConfigError("memtrack snapshot needs PyTorch's caching allocator: "
-                          "PYTORCH_ALLOC_CONF (or PYTORCH_CUDA_ALLOC_CONF) selects "
-                          "backend:cudaMallocAsync, which keeps no allocation history; "
-                          "unset that backend for the snapshot")
+        raise ConfigError(
+            "memtrack snapshot needs PyTorch's caching allocator: "
+            "PYTORCH_ALLOC_CONF (or PYTORCH_CUDA_ALLOC_CONF) selects "
+            "backend:cudaMallocAsync, which keeps no allocation history; "
+            "unset that backend for the snapshot"
+        )
     path = out or check_out(default_path(case.case_id, device), config, db)
     m = run_case(config, case, device, env.visible_uuids, snapshot_path=path)
     if m.status != "ok" or not path.is_file():
         path.unlink(missing_ok=True)  # a worker killed while writing leaves no half file
-        raise WorkloadError(f"{case.case_id}: no snapshot: {m.status}: "
-                            f"{m.message or 'the worker wrote no snapshot'}")
+        raise WorkloadError(
+            f"{case.case_id}: no snapshot: {m.status}: "
+            f"{m.message or 'the worker wrote no snapshot'}"
+        )
     return Snapshot(case.case_id, device, path, path.stat().st_size)
 
 

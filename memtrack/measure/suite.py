@@ -80,8 +80,10 @@ def device_note(config: Config, env: Environment, device: str) -> str | None:
     if config.device != "auto" or device != "cpu" or not env.gpus:
         return None
     why = env.cuda_unavailable_reason or "this torch build has no CUDA support"
-    return (f"device auto: NVML sees {len(env.gpus)} GPU(s) but torch cannot use CUDA "
-            f"({why}); measured on the CPU")
+    return (
+        f"device auto: NVML sees {len(env.gpus)} GPU(s) but torch cannot use CUDA "
+        f"({why}); measured on the CPU"
+    )
 
 
 def each_case(
@@ -147,13 +149,28 @@ def run_suite(
 
     def measure(case: Case) -> Measurement:
         quality = references.quality_spec(config, case, manifest)
-        return run_case(config, case, device, env.visible_uuids, quality=quality,
-                        server=server)
+        return run_case(config, case, device, env.visible_uuids, quality=quality, server=server)
 
-    return each_case(config, cases, measure, env=env, shard=shard, progress=progress,
-                     note=device_note(config, env, device), git=start.git,
-                     started=start.started_at)
+    return each_case(
+        config,
+        cases,
+        measure,
+        env=env,
+        shard=shard,
+        progress=progress,
+        note=device_note(config, env, device),
+        git=start.git,
+        started=start.started_at,
+    )
 
 
-__all__ = ["ProgressFn", "RunStart", "each_case", "now", "probe_environment", "resolve_device",
-           "run_suite", "start_run"]
+__all__ = [
+    "ProgressFn",
+    "RunStart",
+    "each_case",
+    "now",
+    "probe_environment",
+    "resolve_device",
+    "run_suite",
+    "start_run",
+]

@@ -44,9 +44,12 @@ extrapolation."""
 NOMINAL_NOTE = (
     "GPU memory is the vendor's nominal figure per device (a round figure); what a process "
     "can use is less than the device's total (the CUDA context, the driver's reservations, "
-    "ECC): `memtrack doctor` shows each GPU's real memory on the runner")
-NOT_POOLED = ("devices do not pool: N GPUs give N x memory only to what is sharded across "
-              "them; weights that are not sharded are whole on every device")
+    "ECC): `memtrack doctor` shows each GPU's real memory on the runner"
+)
+NOT_POOLED = (
+    "devices do not pool: N GPUs give N x memory only to what is sharded across "
+    "them; weights that are not sharded are whole on every device"
+)
 
 Number = int | float
 
@@ -72,8 +75,9 @@ class Fit:
     """Sum of squared residuals of the linear fit (bytes squared)."""
     residual_quadratic: float | None
     """Of the quadratic fit, where one was tried."""
-    exact: tuple[Fraction, Fraction, Fraction] = field(repr=False, compare=False,
-                                                       default=(Fraction(0),) * 3)
+    exact: tuple[Fraction, Fraction, Fraction] = field(
+        repr=False, compare=False, default=(Fraction(0),) * 3
+    )
     """(a, b, c) as exact fractions, for the arithmetic of what fits."""
     residual_se: float | None = None
     """The residual standard error s (bytes); None where the fit has no point to spare
@@ -91,8 +95,10 @@ class Fit:
         if not self.residual_se or not self.inverse:
             return Fraction(0)
         v = [Fraction(x) ** p for p in range(len(self.inverse))]
-        leverage = sum((v[i] * self.inverse[i][j] * v[j] for i in range(len(v))
-                        for j in range(len(v))), Fraction(0))
+        leverage = sum(
+            (v[i] * self.inverse[i][j] * v[j] for i in range(len(v)) for j in range(len(v))),
+            Fraction(0),
+        )
         return Fraction(FIT_ERROR_FACTOR * self.residual_se * math.sqrt(1 + float(leverage)))
 
     def formula(self) -> str:
@@ -118,28 +124,37 @@ def _solve(matrix: list[list[Fraction]], rhs: list[Fraction]) -> list[Fraction] 
     return [m[i][n] / m[i][i] for i in range(n)]
 
 
-def _least_squares(xs: list[Fraction], ys: list[Fraction], degree: int
-                   ) -> tuple[list[Fraction], Fraction] | None:
+def _least_squares(
+    xs: list[Fraction], ys: list[Fraction], degree: int
+) -> tuple[list[Fraction], Fraction] | None:
     """Coefficients (constant first) of the least-squares polynomial, and its residual sum
     of squares; None where the values cannot determine it."""
     k = degree + 1
     powers = [[x**p for p in range(k)] for x in xs]
-    normal = [[sum((row[i] * row[j] for row in powers), Fraction(0)) for j in range(k)]
-              for i in range(k)]
-    rhs = [sum((row[i] * y for row, y in zip(powers, ys, strict=True)), Fraction(0))
-           for i in range(k)]
+    normal = [
+        [sum((row[i] * row[j] for row in powers), Fraction(0)) for j in range(k)] for i in range(k)
+    ]
+    rhs = [
+        sum((row[i] * y for row, y in zip(powers, ys, strict=True)), Fraction(0)) for i in range(k)
+    ]
     coef = _solve(normal, rhs)
     if coef is None:
         return None
-    ssr = sum(((y - sum((c * p for c, p in zip(coef, row, strict=True)), Fraction(0))) ** 2
-               for row, y in zip(powers, ys, strict=True)), Fraction(0))
+    ssr = sum(
+        (
+            (y - sum((c * p for c, p in zip(coef, row, strict=True)), Fraction(0))) ** 2
+            for row, y in zip(powers, ys, strict=True)
+        ),
+        Fraction(0),
+    )
     return coef, ssr
 
 
 def _inverse(xs: list[Fraction], terms: int) -> tuple[tuple[Fraction, ...], ...]:
     """(X'X)^-1 for the polynomial of `terms` terms over `xs`, exactly."""
-    normal = [[sum((x ** (i + j) for x in xs), Fraction(0)) for j in range(terms)]
-              for i in range(terms)]
+    normal = [
+        [sum((x ** (i + j) for x in xs), Fraction(0)) for j in range(terms)] for i in range(terms)
+    ]
     cols = []
     for k in range(terms):
         col = _solve(normal, [Fraction(int(i == k)) for i in range(terms)])
@@ -161,31 +176,76 @@ def fit(points: Sequence[tuple[Number, int]]) -> Fit:
     ys = [Fraction(int(y)) for _, y in points]
     distinct = len(set(xs))
     if distinct < 2:
-        raise ConfigError(f"a fit needs measurements at 2 or more values of the swept param, "
-                          f"got {distinct}")
+        raise ConfigError(
+            f"a fit needs measurements at 2 or more values of the swept param, got {distinct}"
+        )
     linear = _least_squares(xs, ys, 1)
     assert linear is not None  # two distinct values determine a line
     (a, b), ssr_lin = linear
     quad = _least_squares(xs, ys, 2) if distinct >= QUADRATIC_MIN_POINTS else None
     if quad is None:
-        why = (f"constant + linear: {distinct} distinct values (a quadratic term needs "
-               f"{QUADRATIC_MIN_POINTS} or more)")
-        return _with_error(Fit("constant + linear", float(a), float(b), 0.0, why,
-                               float(ssr_lin), None, (a, b, Fraction(0))), xs, ssr_lin, 2)
+        why = (
+            f"constant + linear: {distinct} distinct values (a quadratic term needs "
+            f"{QUADRATIC_MIN_POINTS} or more)"
+        )
+        return _with_error(
+            Fit(
+                "constant + linear",
+                float(a),
+                float(b),
+                0.0,
+                why,
+                float(ssr_lin),
+                None,
+                (a, b, Fraction(0)),
+            ),
+            xs,
+            ssr_lin,
+            2,
+        )
     (qa, qb, qc), ssr_quad = quad
     share = f"{float(ssr_quad / ssr_lin):.1%}" if ssr_lin else "n/a"
     if qc > 0 and ssr_quad <= QUADRATIC_GAIN * ssr_lin:
-        why = (f"constant + linear + quadratic: x^2 term positive and residuals {share} of "
-               f"the linear fit's (kept at {float(QUADRATIC_GAIN):.0%} or less)")
-        return _with_error(Fit("constant + linear + quadratic", float(qa), float(qb),
-                               float(qc), why, float(ssr_lin), float(ssr_quad), (qa, qb, qc)),
-                           xs, ssr_quad, 3)
-    reason = ("the x^2 term is not positive" if qc <= 0 else
-              f"a quadratic leaves {share} of the linear fit's residuals "
-              f"(kept only at {float(QUADRATIC_GAIN):.0%} or less)")
-    return _with_error(Fit("constant + linear", float(a), float(b), 0.0,
-                           f"constant + linear: {reason}", float(ssr_lin), float(ssr_quad),
-                           (a, b, Fraction(0))), xs, ssr_lin, 2)
+        why = (
+            f"constant + linear + quadratic: x^2 term positive and residuals {share} of "
+            f"the linear fit's (kept at {float(QUADRATIC_GAIN):.0%} or less)"
+        )
+        return _with_error(
+            Fit(
+                "constant + linear + quadratic",
+                float(qa),
+                float(qb),
+                float(qc),
+                why,
+                float(ssr_lin),
+                float(ssr_quad),
+                (qa, qb, qc),
+            ),
+            xs,
+            ssr_quad,
+            3,
+        )
+    reason = (
+        "the x^2 term is not positive"
+        if qc <= 0
+        else f"a quadratic leaves {share} of the linear fit's residuals "
+        f"(kept only at {float(QUADRATIC_GAIN):.0%} or less)"
+    )
+    return _with_error(
+        Fit(
+            "constant + linear",
+            float(a),
+            float(b),
+            0.0,
+            f"constant + linear: {reason}",
+            float(ssr_lin),
+            float(ssr_quad),
+            (a, b, Fraction(0)),
+        ),
+        xs,
+        ssr_lin,
+        2,
+    )
 
 
 # -- GPUs ----------------------------------------------------------------------------------
@@ -234,7 +294,7 @@ def load_catalog(path: Path) -> tuple[tuple[Gpu, ...], str | None]:
         if any(g.name.lower() == name.strip().lower() for g in gpus):
             raise ConfigError(f"{where}.name: {name!r} is listed twice")
         if "memory" not in entry:
-            raise ConfigError(f"{where}.memory: is required (e.g. \"80 GB\")")
+            raise ConfigError(f'{where}.memory: is required (e.g. "80 GB")')
         memory = parse_size(entry["memory"], what=f"{where}.memory")
         if memory <= 0:
             raise ConfigError(f"{where}.memory: must be more than 0, got {entry['memory']!r}")
@@ -252,8 +312,9 @@ def select_gpus(gpus: Sequence[Gpu], names: Iterable[str], path: Path) -> tuple[
     for n in names:
         found = [g for g in gpus if n.lower() in g.name.lower()]
         if not found:
-            raise ConfigError(f"--gpu {n!r}: no such GPU in {path} "
-                              f"(has: {', '.join(g.name for g in gpus)})")
+            raise ConfigError(
+                f"--gpu {n!r}: no such GPU in {path} (has: {', '.join(g.name for g in gpus)})"
+            )
         chosen += [g for g in found if g not in chosen]
     return tuple(chosen)
 
@@ -316,8 +377,9 @@ def need(fit_: Fit, x: Number, headroom: Headroom) -> Fraction:
     return fit_.peak(x) * (1 + Fraction(str(headroom.fraction))) + fit_.error(x)
 
 
-def _largest_fitting(fit_: Fit, headroom: Headroom, cap: Fraction, lowest: Number,
-                     guide: float) -> float:
+def _largest_fitting(
+    fit_: Fit, headroom: Headroom, cap: Fraction, lowest: Number, guide: float
+) -> float:
     """The largest x in [lowest, guide] whose need fits (need(lowest) does; the guide, the
     root without the fit's error, is an upper bound), by bisection."""
     lo, hi = float(lowest), max(float(lowest), guide)
@@ -344,8 +406,15 @@ def _largest_root(fit_: Fit, budget: Fraction) -> float | None:
     return (-b + math.sqrt(disc)) / (2 * c)
 
 
-def fits_on(fit_: Fit, gpu: Gpu, headroom: Headroom, *, lowest: Number, integer: bool,
-            measured: Sequence[tuple[Number, int]] = ()) -> GpuFit:
+def fits_on(
+    fit_: Fit,
+    gpu: Gpu,
+    headroom: Headroom,
+    *,
+    lowest: Number,
+    integer: bool,
+    measured: Sequence[tuple[Number, int]] = (),
+) -> GpuFit:
     """The largest value of the param (at least `lowest`) whose predicted need fits."""
     cap = Fraction(gpu.memory_bytes)
     factor = 1 + Fraction(str(headroom.fraction))
@@ -373,8 +442,17 @@ def fits_on(fit_: Fit, gpu: Gpu, headroom: Headroom, *, lowest: Number, integer:
     return GpuFit(gpu, k, k + 1, False, k > top, measured_largest)
 
 
-def levers(fit_: Fit, gpu: Gpu, catalog: Sequence[Gpu], headroom: Headroom, *, param: str,
-           lowest: Number, integer: bool, params: dict[str, Any]) -> tuple[str, ...]:
+def levers(
+    fit_: Fit,
+    gpu: Gpu,
+    catalog: Sequence[Gpu],
+    headroom: Headroom,
+    *,
+    param: str,
+    lowest: Number,
+    integer: bool,
+    params: dict[str, Any],
+) -> tuple[str, ...]:
     """What would make the case fit where even the lowest value of the param does not."""
     out = []
     conc = params.get("concurrency")
@@ -384,29 +462,37 @@ def levers(fit_: Fit, gpu: Gpu, catalog: Sequence[Gpu], headroom: Headroom, *, p
         out.append(f"a shorter maximum input (max_len={params['max_len']} now)")
     dtype = str(params.get("dtype", ""))
     if dtype in ("float32", "fp32", "float64"):
-        out.append(f"lower precision (dtype={dtype} now: bfloat16 stores weights and caches "
-                   "in half the bytes or less)")
+        out.append(
+            f"lower precision (dtype={dtype} now: bfloat16 stores weights and caches "
+            "in half the bytes or less)"
+        )
     elif not dtype:
         out.append("lower precision (a dtype param for bfloat16 or 8-bit weights)")
     else:
         out.append(f"lower precision than dtype={dtype} (8-bit weights or caches)")
-    bigger = [g for g in sorted(catalog, key=lambda g: g.memory_bytes)
-              if g.memory_bytes > gpu.memory_bytes]
+    bigger = [
+        g
+        for g in sorted(catalog, key=lambda g: g.memory_bytes)
+        if g.memory_bytes > gpu.memory_bytes
+    ]
     for g in bigger:
         holds = fits_on(fit_, g, headroom, lowest=lowest, integer=integer)
         if holds.largest is not None or holds.unbounded:
             upto = "any value" if holds.unbounded else f"up to {param}={show_value(holds.largest)}"
-            out.append(f"another GPU: {g.name} ({g.stated}) is the smallest in the catalog "
-                       f"that fits it ({upto})")
+            out.append(
+                f"another GPU: {g.name} ({g.stated}) is the smallest in the catalog "
+                f"that fits it ({upto})"
+            )
             break
     else:
         out.append("another GPU: none in the catalog holds it on one device")
     total = need(fit_, lowest, headroom)
     n = math.ceil(total / gpu.memory_bytes)
-    out.append(f"{n} or more x {gpu.name} with a parallel strategy (tensor or pipeline "
-               f"parallel), each device holding its shard: {format_size(math.ceil(total))} "
-               f"at {param}={show_value(lowest)} split {n} ways if everything shards evenly; "
-               + NOT_POOLED)
+    out.append(
+        f"{n} or more x {gpu.name} with a parallel strategy (tensor or pipeline "
+        f"parallel), each device holding its shard: {format_size(math.ceil(total))} "
+        f"at {param}={show_value(lowest)} split {n} ways if everything shards evenly; " + NOT_POOLED
+    )
     return tuple(out)
 
 
@@ -416,48 +502,87 @@ def show_value(x: Number | None) -> str:
     return f"{x:,}" if isinstance(x, int) else f"{x:.4g}"
 
 
-def plan(points: Sequence[tuple[Number, int]], catalog: Sequence[Gpu], headroom: Headroom,
-         *, case: str, param: str, metric: str, metric_note: str, integer: bool,
-         params: dict[str, Any], gpus: Sequence[Gpu] | None = None,
-         notes: Sequence[str] = ()) -> Plan:
+def plan(
+    points: Sequence[tuple[Number, int]],
+    catalog: Sequence[Gpu],
+    headroom: Headroom,
+    *,
+    case: str,
+    param: str,
+    metric: str,
+    metric_note: str,
+    integer: bool,
+    params: dict[str, Any],
+    gpus: Sequence[Gpu] | None = None,
+    notes: Sequence[str] = (),
+) -> Plan:
     """Fit the points and say, for each GPU (`gpus`, else the whole catalog), the largest
     value of `param` that fits and the first that does not; where nothing fits, the levers
     (another GPU is looked for in the whole catalog)."""
     f = fit(points)
-    lowest: Number = 1 if integer and min(x for x, _ in points) >= 1 else min(
-        x for x, _ in points)
+    lowest: Number = 1 if integer and min(x for x, _ in points) >= 1 else min(x for x, _ in points)
     rows = []
-    for g in (gpus if gpus is not None else catalog):
+    for g in gpus if gpus is not None else catalog:
         row = fits_on(f, g, headroom, lowest=lowest, integer=integer, measured=points)
         if row.largest is None and not row.unbounded:
-            row = GpuFit(row.gpu, None, row.first_over, False, row.extrapolated,
-                         row.measured_largest,
-                         levers(f, g, catalog, headroom, param=param, lowest=lowest,
-                                integer=integer, params=params))
+            row = GpuFit(
+                row.gpu,
+                None,
+                row.first_over,
+                False,
+                row.extrapolated,
+                row.measured_largest,
+                levers(
+                    f,
+                    g,
+                    catalog,
+                    headroom,
+                    param=param,
+                    lowest=lowest,
+                    integer=integer,
+                    params=params,
+                ),
+            )
         rows.append(row)
     top = max(x for x, _ in points)
     far = [r for r in rows if r.largest is not None and r.largest > FAR_BEYOND * top]
     extra = [fit_error_note(f, param, top, rows)]
     if far:
-        extra.append(f"{len(far)} answer(s) lie more than {FAR_BEYOND}x beyond the largest "
-                     f"value measured ({param}={show_value(top)}): the model is extrapolated "
-                     "that far; measure near the answer to confirm it")
-    return Plan(case, param, metric, metric_note, tuple(points), f, headroom, lowest,
-                tuple(rows), (*notes, *extra, NOMINAL_NOTE))
+        extra.append(
+            f"{len(far)} answer(s) lie more than {FAR_BEYOND}x beyond the largest "
+            f"value measured ({param}={show_value(top)}): the model is extrapolated "
+            "that far; measure near the answer to confirm it"
+        )
+    return Plan(
+        case,
+        param,
+        metric,
+        metric_note,
+        tuple(points),
+        f,
+        headroom,
+        lowest,
+        tuple(rows),
+        (*notes, *extra, NOMINAL_NOTE),
+    )
 
 
 def fit_error_note(f: Fit, param: str, top: Number, rows: Sequence[GpuFit]) -> str:
     """How much of each need is the fit's own error, in words."""
     if f.residual_se is None:
-        return ("the fit passes through every point (as many values as its terms): its own "
-                "error cannot be estimated and is not in the need; measure another value")
+        return (
+            "the fit passes through every point (as many values as its terms): its own "
+            "error cannot be estimated and is not in the need; measure another value"
+        )
     answers = [r.largest for r in rows if r.largest is not None]
     far = max(answers, default=top)
-    return (f"each need includes the fit's own error: {FIT_ERROR_FACTOR} x its residual "
-            f"standard error ({format_size(round(f.residual_se))}), widened with the "
-            f"distance from the values measured: {format_size(math.ceil(f.error(top)))} at "
-            f"{param}={show_value(top)}, {format_size(math.ceil(f.error(far)))} at "
-            f"{param}={show_value(far)}")
+    return (
+        f"each need includes the fit's own error: {FIT_ERROR_FACTOR} x its residual "
+        f"standard error ({format_size(round(f.residual_se))}), widened with the "
+        f"distance from the values measured: {format_size(math.ceil(f.error(top)))} at "
+        f"{param}={show_value(top)}, {format_size(math.ceil(f.error(far)))} at "
+        f"{param}={show_value(far)}"
+    )
 
 
 def describe(row: GpuFit, param: str) -> str:
@@ -472,8 +597,9 @@ def describe(row: GpuFit, param: str) -> str:
     return text + (" (extrapolated beyond the values measured)" if row.extrapolated else "")
 
 
-def parse_sweep(text: str, declared: dict[str, tuple[Any, ...]], workload: str
-                ) -> tuple[str, tuple[Number, ...]]:
+def parse_sweep(
+    text: str, declared: dict[str, tuple[Any, ...]], workload: str
+) -> tuple[str, tuple[Number, ...]]:
     """'concurrency=1,2,4,8' -> ('concurrency', (1, 2, 4, 8)). The param must be one of the
     workload's, numeric, and each value parse as its declared type (an int param takes
     whole numbers only)."""
@@ -482,13 +608,16 @@ def parse_sweep(text: str, declared: dict[str, tuple[Any, ...]], workload: str
     if not eq or not name or not rest.strip():
         raise ConfigError(f"--sweep {text!r}: expected PARAM=V1,V2,... (e.g. concurrency=1,2,4)")
     if name not in declared:
-        raise ConfigError(f"--sweep {text!r}: {workload} has no param {name!r} "
-                          f"(has: {', '.join(declared)})")
+        raise ConfigError(
+            f"--sweep {text!r}: {workload} has no param {name!r} (has: {', '.join(declared)})"
+        )
     kinds = {type(v) for v in declared[name]}
     if kinds & {bool, str} or not kinds <= {int, float}:
-        raise ConfigError(f"--sweep {text!r}: param {name!r} is not numeric "
-                          f"(declared {', '.join(repr(v) for v in declared[name])}): a sweep "
-                          f"fits a curve over numbers")
+        raise ConfigError(
+            f"--sweep {text!r}: param {name!r} is not numeric "
+            f"(declared {', '.join(repr(v) for v in declared[name])}): a sweep "
+            f"fits a curve over numbers"
+        )
     integer = kinds == {int}
     values: list[Number] = []
     for item in rest.split(","):
@@ -497,11 +626,13 @@ def parse_sweep(text: str, declared: dict[str, tuple[Any, ...]], workload: str
             value: Number = int(item) if integer else float(item)
         except ValueError:
             kind = "a whole number" if integer else "a number"
-            raise ConfigError(f"--sweep {text!r}: value {item!r} of {name!r} is not "
-                              f"{kind}") from None
+            raise ConfigError(
+                f"--sweep {text!r}: value {item!r} of {name!r} is not {kind}"
+            ) from None
         if not math.isfinite(value) or value < 0:
-            raise ConfigError(f"--sweep {text!r}: value {item!r} of {name!r} must be a "
-                              "finite number, 0 or more")
+            raise ConfigError(
+                f"--sweep {text!r}: value {item!r} of {name!r} must be a finite number, 0 or more"
+            )
         if value in values:
             raise ConfigError(f"--sweep {text!r}: value {item!r} is listed twice")
         values.append(value)
@@ -510,6 +641,24 @@ def parse_sweep(text: str, declared: dict[str, tuple[Any, ...]], workload: str
     return name, tuple(sorted(values))
 
 
-__all__ = ["NOMINAL_NOTE", "NOT_POOLED", "QUADRATIC_GAIN", "QUADRATIC_MIN_POINTS", "Fit",
-           "Gpu", "GpuFit", "Headroom", "Plan", "describe", "fit", "fits_on", "levers",
-           "load_catalog", "need", "parse_sweep", "plan", "select_gpus", "show_value"]
+__all__ = [
+    "NOMINAL_NOTE",
+    "NOT_POOLED",
+    "QUADRATIC_GAIN",
+    "QUADRATIC_MIN_POINTS",
+    "Fit",
+    "Gpu",
+    "GpuFit",
+    "Headroom",
+    "Plan",
+    "describe",
+    "fit",
+    "fits_on",
+    "levers",
+    "load_catalog",
+    "need",
+    "parse_sweep",
+    "plan",
+    "select_gpus",
+    "show_value",
+]

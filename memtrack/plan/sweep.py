@@ -27,8 +27,9 @@ def default_catalog(config: Config) -> Path:
     return local if local.is_file() else PACKAGED_CATALOG
 
 
-def find_case(workloads: Sequence[Workload], name: str, param: str | None = None
-              ) -> tuple[Workload, dict[str, Any]]:
+def find_case(
+    workloads: Sequence[Workload], name: str, param: str | None = None
+) -> tuple[Workload, dict[str, Any]]:
     """The workload and params a plan starts from: a case id, or a workload name whose grid
     has one case once the swept `param` and the params pinned in brackets are set aside
     (`unet[dtype=float32]`: every other param has one value)."""
@@ -44,10 +45,16 @@ def find_case(workloads: Sequence[Workload], name: str, param: str | None = None
         others = {k: v for k, v in wl.params.items() if k != param and k not in pinned}
         grid = [k for k, v in others.items() if len(v) > 1]
         if grid:
-            ids = sorted({case_id(wl.name, {**c.params, **({param: "..."} if param else {})})
-                          for c in wl.cases()})
-            raise ConfigError(f"{name}: has several cases ({', '.join(grid)} vary); name one "
-                              f"of: {', '.join(ids[:6])}{' ...' if len(ids) > 6 else ''}")
+            ids = sorted(
+                {
+                    case_id(wl.name, {**c.params, **({param: "..."} if param else {})})
+                    for c in wl.cases()
+                }
+            )
+            raise ConfigError(
+                f"{name}: has several cases ({', '.join(grid)} vary); name one "
+                f"of: {', '.join(ids[:6])}{' ...' if len(ids) > 6 else ''}"
+            )
         return wl, {k: pinned.get(k, v[0]) for k, v in wl.params.items()}
     known = sorted({w.name for w in workloads})
     raise ConfigError(f"{name}: no such workload or case (workloads: {', '.join(known)})")
@@ -59,33 +66,37 @@ def _pinned(wl: Workload, name: str, pins: dict[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, text in pins.items():
         if key not in wl.params:
-            raise ConfigError(f"{name}: {wl.name} has no param {key!r} (params: "
-                              f"{', '.join(sorted(wl.params))})")
+            raise ConfigError(
+                f"{name}: {wl.name} has no param {key!r} (params: {', '.join(sorted(wl.params))})"
+            )
         match = [v for v in wl.params[key] if str(v) == text]
         if not match:
-            raise ConfigError(f"{name}: {key}={text} is not one of the declared values "
-                              f"({', '.join(str(v) for v in wl.params[key])})")
+            raise ConfigError(
+                f"{name}: {key}={text} is not one of the declared values "
+                f"({', '.join(str(v) for v in wl.params[key])})"
+            )
         out[key] = match[0]
     return out
 
 
-def sweep_cases(wl: Workload, params: dict[str, Any], param: str,
-                values: Sequence[Number]) -> list[Case]:
+def sweep_cases(
+    wl: Workload, params: dict[str, Any], param: str, values: Sequence[Number]
+) -> list[Case]:
     """One case per swept value, every other param as in `params`."""
     return [Case(wl.name, {**params, param: v}, wl.seed, wl.module) for v in values]
 
 
 _METRIC_NOTES = {
     "device": "device view: NVML's per-process peak on the largest device (what the GPU "
-              "held, the CUDA context included)",
+    "held, the CUDA context included)",
     "reserved": "framework reserved (the CUDA caching allocator's segments; the device view "
-                "was not measured): the CUDA context comes on top",
+    "was not measured): the CUDA context comes on top",
     "allocated_cuda": "framework allocated (the device view and reserved were not measured): "
-                      "the allocator's rounding and the CUDA context come on top",
+    "the allocator's rounding and the CUDA context come on top",
     "allocated_cpu": "framework peak of live tensors, measured on the CPU (MemTracker): on a "
-                     "GPU the CUDA context (about 300-550 MiB on current GPUs), the "
-                     "allocator's rounding and workspaces come on top; run the plan on the "
-                     "GPU for the device view",
+    "GPU the CUDA context (about 300-550 MiB on current GPUs), the "
+    "allocator's rounding and workspaces come on top; run the plan on the "
+    "GPU for the device view",
 }
 
 
@@ -101,8 +112,9 @@ def choose_metric(ms: Sequence[Measurement]) -> tuple[str, str]:
     raise ConfigError("no memory figure was measured at every swept value")
 
 
-def judge_headroom(store: Store, run: RunRecord, config: Config, metric: str,
-                   ms: Sequence[Measurement]) -> Headroom | None:
+def judge_headroom(
+    store: Store, run: RunRecord, config: Config, metric: str, ms: Sequence[Measurement]
+) -> Headroom | None:
     """The gate's headroom (factor x spread of the baseline's current level, floored), as a
     share of that baseline, for the swept cases that have one; the largest share. None
     where no swept case has a baseline on the base branch."""
@@ -115,8 +127,11 @@ def judge_headroom(store: Store, run: RunRecord, config: Config, metric: str,
     best: tuple[float, str] | None = None
     with_baseline = 0
     for m in ms:
-        window = [p.values[metric] for p in reversed(finder.points(m.case_id))
-                  if p.status == "ok" and metric in p.values]
+        window = [
+            p.values[metric]
+            for p in reversed(finder.points(m.case_id))
+            if p.status == "ok" and metric in p.values
+        ]
         if not window:
             continue
         with_baseline += 1
@@ -128,11 +143,13 @@ def judge_headroom(store: Store, run: RunRecord, config: Config, metric: str,
         room = headroom(spread, factor, floor)
         share = room / base if base > 0 else 0.0
         if best is None or share > best[0]:
-            detail = (f"the gate's headroom over the baseline of {m.case_id} "
-                      f"(median of {len(level.values)} run(s) on {config.base_branch}, "
-                      f"{format_size(int(base))}): max({factor:g} x spread "
-                      f"{format_size(int(spread))}, floor {format_size(int(floor))}) = "
-                      f"{format_size(int(room))}, {share:.2%} of it")
+            detail = (
+                f"the gate's headroom over the baseline of {m.case_id} "
+                f"(median of {len(level.values)} run(s) on {config.base_branch}, "
+                f"{format_size(int(base))}): max({factor:g} x spread "
+                f"{format_size(int(spread))}, floor {format_size(int(floor))}) = "
+                f"{format_size(int(room))}, {share:.2%} of it"
+            )
             best = (share, detail)
     if best is None:
         return None
@@ -154,45 +171,77 @@ def _set_in(config: Config, key: str) -> bool:
         data = tomllib.loads(config.path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    table = (data.get("tool", {}).get("memtrack", {}) if config.path.name == "pyproject.toml"
-             else data)
+    table = (
+        data.get("tool", {}).get("memtrack", {}) if config.path.name == "pyproject.toml" else data
+    )
     return isinstance(table, dict) and key in table
 
 
 def config_headroom(config: Config, why: str) -> Headroom:
     """plan_headroom, named where it comes from: the config file only where it sets it."""
-    where = (f"{config.path}: plan_headroom" if _set_in(config, "plan_headroom")
-             else "plan_headroom (the default"
-             + (f", not set in {config.path.name})" if config.path else ")"))
-    return Headroom(config.plan_headroom, "config",
-                    f"{where} = {config.plan_headroom:.0%} ({why})")
+    where = (
+        f"{config.path}: plan_headroom"
+        if _set_in(config, "plan_headroom")
+        else "plan_headroom (the default"
+        + (f", not set in {config.path.name})" if config.path else ")")
+    )
+    return Headroom(config.plan_headroom, "config", f"{where} = {config.plan_headroom:.0%} ({why})")
 
 
-def make_plan(run: RunRecord, config: Config, store: Store | None, *, case: str, param: str,
-              params: dict[str, Any], integer: bool, catalog: Sequence[Gpu],
-              gpus: Sequence[Gpu]) -> Plan:
+def make_plan(
+    run: RunRecord,
+    config: Config,
+    store: Store | None,
+    *,
+    case: str,
+    param: str,
+    params: dict[str, Any],
+    integer: bool,
+    catalog: Sequence[Gpu],
+    gpus: Sequence[Gpu],
+) -> Plan:
     """The plan of a measured sweep: the points that were measured, the figure that must
     fit, the justified headroom; failed points are named, not fitted."""
     ok = [m for m in run.measurements if m.status == "ok"]
-    notes = [f"{param}={m.params[param]}: {m.status}: {m.message or ''}".rstrip(": ")
-             for m in run.measurements if m.status != "ok"]
+    notes = [
+        f"{param}={m.params[param]}: {m.status}: {m.message or ''}".rstrip(": ")
+        for m in run.measurements
+        if m.status != "ok"
+    ]
     if len({m.params[param] for m in ok}) < 2:
-        raise ConfigError(f"{case}: fewer than 2 swept values measured ok "
-                          f"({'; '.join(notes) or 'none'}): nothing to fit")
+        raise ConfigError(
+            f"{case}: fewer than 2 swept values measured ok "
+            f"({'; '.join(notes) or 'none'}): nothing to fit"
+        )
     metric, metric_note = choose_metric(ok)
     if ok and all(m.kind == "estimate" for m in ok):
-        metric_note = (f"the estimated tensor peak (fake tensors, for {ok[0].device}): no "
-                       "allocator rounding or cache, workspace or CUDA context, so a GPU needs "
-                       "more than this")
+        metric_note = (
+            f"the estimated tensor peak (fake tensors, for {ok[0].device}): no "
+            "allocator rounding or cache, workspace or CUDA context, so a GPU needs "
+            "more than this"
+        )
     points = sorted((m.params[param], int(metrics.value(m, metric) or 0)) for m in ok)
     room = judge_headroom(store, run, config, metric, ok) if store is not None else None
     if room is None:
-        why = ("no baseline of these cases on " + config.base_branch if store is not None
-               else "no database to take a baseline from")
+        why = (
+            "no baseline of these cases on " + config.base_branch
+            if store is not None
+            else "no database to take a baseline from"
+        )
         room = config_headroom(config, why)
-    return plan(points, catalog, room, case=case, param=param, metric=metric,
-                metric_note=metric_note, integer=integer, params=params,
-                gpus=(*runner_gpus(run, ok), *gpus), notes=notes)
+    return plan(
+        points,
+        catalog,
+        room,
+        case=case,
+        param=param,
+        metric=metric,
+        metric_note=metric_note,
+        integer=integer,
+        params=params,
+        gpus=(*runner_gpus(run, ok), *gpus),
+        notes=notes,
+    )
 
 
 def runner_gpus(run: RunRecord, ms: Sequence[Measurement]) -> tuple[Gpu, ...]:
@@ -203,10 +252,20 @@ def runner_gpus(run: RunRecord, ms: Sequence[Measurement]) -> tuple[Gpu, ...]:
     out: dict[tuple[str, int], Gpu] = {}
     for g in run.environment.gpus:
         if g.name and g.total_bytes:
-            out[(g.name, g.total_bytes)] = Gpu(f"{g.name} (this runner)", g.total_bytes,
-                                               f"{format_size(g.total_bytes)} usable")
+            out[(g.name, g.total_bytes)] = Gpu(
+                f"{g.name} (this runner)", g.total_bytes, f"{format_size(g.total_bytes)} usable"
+            )
     return tuple(out.values())
 
 
-__all__ = ["PACKAGED_CATALOG", "choose_metric", "config_headroom", "default_catalog",
-           "find_case", "judge_headroom", "make_plan", "runner_gpus", "sweep_cases"]
+__all__ = [
+    "PACKAGED_CATALOG",
+    "choose_metric",
+    "config_headroom",
+    "default_catalog",
+    "find_case",
+    "judge_headroom",
+    "make_plan",
+    "runner_gpus",
+    "sweep_cases",
+]

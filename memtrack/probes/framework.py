@@ -91,8 +91,10 @@ def category_tracker_class() -> type:
             from torch.distributed._tools.common_utils import get_untyped_storages
 
             storages = get_untyped_storages(tensor)
-            before = {id(st): (self._WINFO[st][0].reftype if st in self._WINFO else None)
-                      for st in storages}
+            before = {
+                id(st): (self._WINFO[st][0].reftype if st in self._WINFO else None)
+                for st in storages
+            }
             self._update_and_maybe_create_winfos(tensor, category)
             for st in storages:
                 winfo = self._WINFO[st][0]
@@ -109,8 +111,13 @@ def category_tracker_class() -> type:
                 born = getattr(winfo, "memtrack_born", None)
                 died = getattr(winfo, "memtrack_died", None)
                 alive = born is not None and born <= at and (died is None or died > at)
-                if (alive and tagged > at and before is not None and before != category
-                        and winfo.device == device):
+                if (
+                    alive
+                    and tagged > at
+                    and before is not None
+                    and before != category
+                    and winfo.device == device
+                ):
                     moves[before] = moves.get(before, 0) + winfo.mem_consumed
             return moves
 
@@ -210,8 +217,9 @@ class _SharedModules:
 def trackable(objects: tuple[Any, ...]) -> list[Any]:
     """What the tracker counts of what `ctx.mark` was given: modules, optimizers, and
     tensors built in setup (the persistent set, as the CUDA allocator counts it)."""
-    return [o for o in objects
-            if isinstance(o, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor))]
+    return [
+        o for o in objects if isinstance(o, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor))
+    ]
 
 
 class MemTrackerProbe:
@@ -301,8 +309,9 @@ class MemTrackerProbe:
         # step (in the warm-up, after the mark), and tensors created outside the tracker are
         # otherwise never counted: the first measured iteration then read 8-27 % low.
         self._track_marked()
-        level = int(self.tracker.get_tracker_snapshot("current").get(self.device, {})
-                    .get("Total", 0))
+        level = int(
+            self.tracker.get_tracker_snapshot("current").get(self.device, {}).get("Total", 0)
+        )
         events = _allocator_events() if self.allocator else contextlib.nullcontext(None)
         with self.tracker:  # entering resets the peak to the current total
             with events as recorded:
@@ -372,8 +381,11 @@ def _allocator_events() -> Iterator[list[int]]:
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
     with prof:
         yield recorded
-    events = [e for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
-              if e.name() == "[memory]" and str(e.device_type()) == "DeviceType.CPU"]
+    events = [
+        e
+        for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+        if e.name() == "[memory]" and str(e.device_type()) == "DeviceType.CPU"
+    ]
     events.sort(key=lambda e: e.start_ns())
     recorded.extend(int(e.nbytes()) for e in events)  # type: ignore[union-attr]
 
@@ -419,8 +431,11 @@ def used_devices(device: torch.device) -> list[int]:
     device's counters creates one there (0.3-0.5 GB of device memory, in every worker and
     every rank), and a device the case never touched has nothing to count."""
     own = device.index if device.index is not None else torch.cuda.current_device()
-    return [i for i in range(torch.cuda.device_count())
-            if i == own or torch._C._cuda_hasPrimaryContext(i)]  # type: ignore[attr-defined]
+    return [
+        i
+        for i in range(torch.cuda.device_count())
+        if i == own or torch._C._cuda_hasPrimaryContext(i)  # type: ignore[attr-defined]
+    ]
 
 
 def counters(devices: list[int], backend: str) -> dict[str, int | None]:
@@ -453,8 +468,10 @@ def failure_figures() -> dict[str, Any]:
     over every device it used."""
     backend = allocator_backend()
     devices = used_devices(torch.device("cuda", torch.cuda.current_device()))
-    peaks = {i: (int(torch.cuda.max_memory_allocated(i)), int(torch.cuda.max_memory_reserved(i)))
-             for i in devices}
+    peaks = {
+        i: (int(torch.cuda.max_memory_allocated(i)), int(torch.cuda.max_memory_reserved(i)))
+        for i in devices
+    }
     return {
         "framework": CudaAllocatorProbe.name,
         "allocator_backend": backend,
@@ -525,8 +542,7 @@ class CudaAllocatorProbe:
             "peak_requested_bytes": max(self.requested) if self.requested else None,
             "allocated_samples": list(self.samples),
             **counters(devices, self.backend),
-            "cuda_devices": [device_entry(i, *self.per_device[i])
-                             for i in sorted(self.per_device)],
+            "cuda_devices": [device_entry(i, *self.per_device[i]) for i in sorted(self.per_device)],
         }
 
 
@@ -539,8 +555,9 @@ def device_uuid(props: Any) -> str | None:
     return text if text.startswith("GPU-") else f"GPU-{text}"
 
 
-def category_breakdown(step: Any, device: torch.device, objects: tuple[Any, ...],
-                       tagging: Any, sessions: int = 1) -> dict[str, int]:
+def category_breakdown(
+    step: Any, device: torch.device, objects: tuple[Any, ...], tagging: Any, sessions: int = 1
+) -> dict[str, int]:
     """One extra iteration under MemTracker, for the category breakdown on CUDA.
     `tagging(probe)` is a context in which the workload's cache tags reach this probe;
     with several `sessions`, `step` is the concurrent iteration (a `Sessions`), whose

@@ -101,8 +101,10 @@ class LoadingProbe:
         if self.duration_s is None:
             return {}
         if self.peak is None:
-            self.notes.append("loading host peak not measured: the high-water mark cannot be "
-                              "reset here (/proc/self/clear_refs refused)")
+            self.notes.append(
+                "loading host peak not measured: the high-water mark cannot be "
+                "reset here (/proc/self/clear_refs refused)"
+            )
         if self.io is None:
             self.notes.append("loading disk I/O not measured: /proc/self/io cannot be read")
         io = self.io or {}

@@ -45,8 +45,7 @@ def guarded(notes: list[str], what: str, query: Callable[..., Any], *args: Any) 
         return None
 
 
-def memory_info(nvml: Any, handle: Any, notes: list[str], what: str,
-                v2: bool | None = None) -> Any:
+def memory_info(nvml: Any, handle: Any, notes: list[str], what: str, v2: bool | None = None) -> Any:
     """Memory info, v2 where the driver has it: v2 reports driver-reserved memory apart from
     `used`, v1 folds it in. `v2` decided already (a sampler decides once: see Sampler), or
     None for a one-off reading that falls back to v1."""
@@ -56,8 +55,9 @@ def memory_info(nvml: Any, handle: Any, notes: list[str], what: str,
         except Exception:
             return guarded(notes, f"{what} memory info", nvml.nvmlDeviceGetMemoryInfo, handle)
     if v2:
-        return guarded(notes, f"{what} memory info", nvml.nvmlDeviceGetMemoryInfo, handle,
-                       nvml.nvmlMemory_v2)
+        return guarded(
+            notes, f"{what} memory info", nvml.nvmlDeviceGetMemoryInfo, handle, nvml.nvmlMemory_v2
+        )
     return guarded(notes, f"{what} memory info", nvml.nvmlDeviceGetMemoryInfo, handle)
 
 
@@ -106,8 +106,10 @@ def decide_v2(nvml: Any, handle: Any, notes: list[str], what: str) -> tuple[bool
     try:
         return True, nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
     except Exception as exc:
-        notes.append(f"{what} memory info v2 unavailable ({type(exc).__name__}: {exc}): "
-                     "v1 is read, whose used memory includes what the driver reserves")
+        notes.append(
+            f"{what} memory info v2 unavailable ({type(exc).__name__}: {exc}): "
+            "v1 is read, whose used memory includes what the driver reserves"
+        )
     return False, memory_info(nvml, handle, notes, what, v2=False)
 
 
@@ -217,8 +219,11 @@ class Sampler:
                     "samples": len(samples),
                 }
             )
-        return {"devices": devices, "notes": self.notes,
-                "achieved_interval_s": self.achieved_interval_s()}
+        return {
+            "devices": devices,
+            "notes": self.notes,
+            "achieved_interval_s": self.achieved_interval_s(),
+        }
 
 
 def _peak(samples: list[Sample], by_pid: bool, before: int | None) -> int | None:
@@ -251,9 +256,13 @@ def read_clock(path: str) -> tuple[int, float] | None:
         return None
 
 
-def wait_for_rounds(path: str, after: float, limit_s: float,
-                    clock: Callable[[], float] = time.monotonic,
-                    pause: Callable[[float], None] = time.sleep) -> float | None:
+def wait_for_rounds(
+    path: str,
+    after: float,
+    limit_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    pause: Callable[[float], None] = time.sleep,
+) -> float | None:
     """Wait until the sampler writing `path` has completed a round that began after `after`
     (two ends after it: the second round began after the first ended), at most `limit_s`.
     Returns when the wait ended (clock()), or None when the rounds did not come in time."""

@@ -46,12 +46,16 @@ def flatten(output: Any) -> tuple[str, dict[str, torch.Tensor]]:
     elif isinstance(output, dict) and output:
         kind, items = "dict", dict(output)
     else:
-        raise OutputError(f"the step returned {_describe(output)}, not a tensor, or a tuple, "
-                          "list or dict of tensors")
+        raise OutputError(
+            f"the step returned {_describe(output)}, not a tensor, or a tuple, "
+            "list or dict of tensors"
+        )
     for key, value in items.items():
         if not isinstance(key, str) or not isinstance(value, torch.Tensor):
-            raise OutputError(f"the step returned a {kind} whose item {key!r} is "
-                              f"{_describe(value)}: every item must be a tensor")
+            raise OutputError(
+                f"the step returned a {kind} whose item {key!r} is "
+                f"{_describe(value)}: every item must be a tensor"
+            )
     return kind, items
 
 
@@ -89,13 +93,19 @@ def record(step: Callable[[], Any], ctx: Any, path: Path) -> None:
     and what it is (structure, shapes, dtypes, torch) at `path`.json. Raises OutputError
     when the step returns no tensor."""
     structure, flat = _extra_call(step, ctx)
-    outputs = {k: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-               for k, t in flat.items()}
+    outputs = {
+        k: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+        for k, t in flat.items()
+    }
     tensors = {k: t.detach().to("cpu", torch.float32).contiguous() for k, t in flat.items()}
     del flat
     torch.save(tensors, path)
-    meta = {"structure": structure, "outputs": outputs, "torch": torch.__version__,
-            "device": str(ctx.device)}
+    meta = {
+        "structure": structure,
+        "outputs": outputs,
+        "torch": torch.__version__,
+        "device": str(ctx.device),
+    }
     Path(f"{path}.json").write_text(json.dumps(meta))
 
 
@@ -103,12 +113,17 @@ def compare(step: Callable[[], Any], ctx: Any, wl: Any, spec: QualitySpec) -> di
     """The output against the reference named in `spec` (its reference, path and sha256):
     the `quality_*` fields of the measurement. Never raises for the reference or the
     output: a problem with either is a quality error, recorded, and the case stands."""
-    out: dict[str, Any] = {"quality_reference": spec.reference,
-                           "quality_tolerance": dict(wl.tolerance)}
+    out: dict[str, Any] = {
+        "quality_reference": spec.reference,
+        "quality_tolerance": dict(wl.tolerance),
+    }
     if not spec.path or not spec.sha256:
-        return {**out, "quality_status": "none",
-                "quality_message": f"no reference recorded for {spec.reference}: record "
-                                   f"one with `memtrack reference -k '{spec.reference}'`"}
+        return {
+            **out,
+            "quality_status": "none",
+            "quality_message": f"no reference recorded for {spec.reference}: record "
+            f"one with `memtrack reference -k '{spec.reference}'`",
+        }
     elsewhere = other_device(spec, ctx.device)
     try:
         structure, flat = _extra_call(step, ctx)
@@ -123,8 +138,10 @@ def compare(step: Callable[[], Any], ctx: Any, wl: Any, spec: QualitySpec) -> di
             raise OutputError(f"the output has {_names(got)}, the reference {_names(ref)}")
         for k in sorted(got):
             if got[k].shape != ref[k].shape:
-                raise OutputError(f"output {k!r} has shape {list(got[k].shape)}, the "
-                                  f"reference {list(ref[k].shape)}")
+                raise OutputError(
+                    f"output {k!r} has shape {list(got[k].shape)}, the "
+                    f"reference {list(ref[k].shape)}"
+                )
     except OutputError as exc:
         return {**out, "quality_status": "error", "quality_message": elsewhere + str(exc)}
     figures, bad = _figures(got, ref)
@@ -133,13 +150,20 @@ def compare(step: Callable[[], Any], ctx: Any, wl: Any, spec: QualitySpec) -> di
             value = float(wl.quality(rebuild(structure, got), rebuild(structure, ref)))
         except Exception as exc:
             first = (str(exc).strip().splitlines() or [""])[0][:300]
-            return {**out, "quality_status": "error",
-                    "quality_message": f"the workload's quality function raised "
-                                       f"{type(exc).__name__}: {first}"}
+            return {
+                **out,
+                "quality_status": "error",
+                "quality_message": f"the workload's quality function raised "
+                f"{type(exc).__name__}: {first}",
+            }
         figures["value"] = value
     status, message = judge(figures, wl.tolerance, bad)
-    return {**out, **{f"quality_{k}": _finite(v) for k, v in figures.items()},
-            "quality_status": status, "quality_message": elsewhere + message}
+    return {
+        **out,
+        **{f"quality_{k}": _finite(v) for k, v in figures.items()},
+        "quality_status": status,
+        "quality_message": elsewhere + message,
+    }
 
 
 def other_device(spec: QualitySpec, device: torch.device) -> str:
@@ -149,9 +173,11 @@ def other_device(spec: QualitySpec, device: torch.device) -> str:
     where the devices are of one kind, or the manifest does not say."""
     if not spec.device or spec.device.partition(":")[0] == device.type:
         return ""
-    return (f"reference recorded on {spec.device}, compared on {device}: kernels differ "
-            "between them (TF32 convolutions on a GPU, ...); record it on this kind of "
-            f"device with `memtrack reference -k '{spec.reference}'`; ")
+    return (
+        f"reference recorded on {spec.device}, compared on {device}: kernels differ "
+        "between them (TF32 convolutions on a GPU, ...); record it on this kind of "
+        f"device with `memtrack reference -k '{spec.reference}'`; "
+    )
 
 
 def _names(flat: dict[str, Any]) -> str:
@@ -163,35 +189,44 @@ def _load(path: Path, expected: str) -> tuple[dict[str, torch.Tensor], str]:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise OutputError(f"{path}: reference file not found (the manifest names it); record "
-                          "it again with `memtrack reference`") from None
+        raise OutputError(
+            f"{path}: reference file not found (the manifest names it); record "
+            "it again with `memtrack reference`"
+        ) from None
     except OSError as exc:
         raise OutputError(f"{path}: cannot be read ({exc.strerror})") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != expected:
-        raise OutputError(f"{path}: sha256 {digest[:16]}... differs from the manifest's "
-                          f"{expected[:16]}...: reference refused (record it again with "
-                          "`memtrack reference`)")
+        raise OutputError(
+            f"{path}: sha256 {digest[:16]}... differs from the manifest's "
+            f"{expected[:16]}...: reference refused (record it again with "
+            "`memtrack reference`)"
+        )
     try:
         loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         raise OutputError(f"{path}: not a reference file ({first})") from None
-    if not isinstance(loaded, dict) or not loaded or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()):
+    if (
+        not isinstance(loaded, dict)
+        or not loaded
+        or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items())
+    ):
         raise OutputError(f"{path}: not a reference file (expected a dict of tensors)")
     return {k: v.to(torch.float64) for k, v in loaded.items()}, digest
 
 
-def _figures(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]
-             ) -> tuple[dict[str, float], str | None]:
+def _figures(
+    got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]
+) -> tuple[dict[str, float], str | None]:
     """max_abs, max_rel, cosine over every output (the worst of each); and why there are
     none, where an output or the reference holds NaN or infinity."""
     bad_out = sum(int((~torch.isfinite(t)).sum()) for t in got.values())
     bad_ref = sum(int((~torch.isfinite(t)).sum()) for t in ref.values())
     if bad_out or bad_ref:
-        return {}, (f"{bad_out} non-finite value(s) (NaN or inf) in the output, {bad_ref} in "
-                    "the reference")
+        return {}, (
+            f"{bad_out} non-finite value(s) (NaN or inf) in the output, {bad_ref} in the reference"
+        )
     max_abs, max_rel, cosine = 0.0, 0.0, 1.0
     for k in got:
         a, b = got[k].flatten(), ref[k].flatten()
@@ -209,8 +244,9 @@ def _figures(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]
     return {"max_abs": max_abs, "max_rel": max_rel, "cosine": cosine}, None
 
 
-def judge(figures: dict[str, float], tolerance: dict[str, float], bad: str | None
-          ) -> tuple[str, str]:
+def judge(
+    figures: dict[str, float], tolerance: dict[str, float], bad: str | None
+) -> tuple[str, str]:
     """('ok' | 'fail', one line naming each bounded figure against its tolerance)."""
     if bad is not None:
         return "fail", bad
@@ -225,10 +261,14 @@ def judge(figures: dict[str, float], tolerance: dict[str, float], bad: str | Non
         sign = ("<=" if ok else ">") if upper else (">=" if ok else "<")
         digits = 6 if name == "cosine" else 4  # a cosine's story is in its nines
         (kept if ok else broken).append(
-            f"{shown} {_num(value, digits)} {sign} {_num(bound, digits)}")
+            f"{shown} {_num(value, digits)} {sign} {_num(bound, digits)}"
+        )
     if broken:
-        return "fail", ("breaks tolerance: " + ", ".join(broken)
-                        + (f"; within: {', '.join(kept)}" if kept else ""))
+        return "fail", (
+            "breaks tolerance: "
+            + ", ".join(broken)
+            + (f"; within: {', '.join(kept)}" if kept else "")
+        )
     return "ok", "within tolerance: " + ", ".join(kept)
 
 

@@ -24,8 +24,12 @@ MAX_ENTRIES = 100_000
 """Allocator events kept (the newest): several KB each with their stacks, so about 0.5 GB at
 most, and enough for the allocations and frees of one step of a large model."""
 FORMAT = "memtrack-module-peaks/1"
-_SIZES = (("parameter_mem", "parameters_bytes"), ("buffer_mem", "buffers_bytes"),
-          ("input_mem", "inputs_bytes"), ("output_mem", "outputs_bytes"))
+_SIZES = (
+    ("parameter_mem", "parameters_bytes"),
+    ("buffer_mem", "buffers_bytes"),
+    ("input_mem", "inputs_bytes"),
+    ("output_mem", "outputs_bytes"),
+)
 
 
 @contextlib.contextmanager
@@ -40,8 +44,13 @@ def private_file(path: Path) -> Iterator[IO[bytes]]:
         raise
 
 
-def capture(step: Callable[[], Any], device: torch.device, objects: tuple[Any, ...],
-            path: Path, case_id: str) -> dict[str, Any]:
+def capture(
+    step: Callable[[], Any],
+    device: torch.device,
+    objects: tuple[Any, ...],
+    path: Path,
+    case_id: str,
+) -> dict[str, Any]:
     """Run `step` once under the recorder and write the snapshot to `path`."""
     if device.type == "cuda":
         return _cuda(step, device, path)
@@ -51,7 +60,8 @@ def capture(step: Callable[[], Any], device: torch.device, objects: tuple[Any, .
 ASYNC_REFUSED = (
     "memtrack snapshot needs PyTorch's caching allocator: this worker runs cudaMallocAsync "
     "(PYTORCH_ALLOC_CONF or PYTORCH_CUDA_ALLOC_CONF has backend:cudaMallocAsync), which keeps "
-    "no allocation history; take the snapshot without that backend")
+    "no allocation history; take the snapshot without that backend"
+)
 
 
 def _cuda(step: Callable[[], Any], device: torch.device, path: Path) -> dict[str, Any]:
@@ -104,21 +114,35 @@ def _module_table_tracker(device: torch.device) -> Any:
 
         def harvest(self) -> None:
             for stats in self.memory_tracking.values():
-                row = self.table.setdefault(stats.mod_fqn, {
-                    "module": stats.mod_fqn, "calls": 0, "peak_bytes": 0,
-                    "forward_peak": {}, "backward_peak": {}})
-                row["calls"] += sum(1 for k in stats.snapshots if _category(k) == "Pre-Forward"
-                                    for _ in stats.snapshots[k])
+                row = self.table.setdefault(
+                    stats.mod_fqn,
+                    {
+                        "module": stats.mod_fqn,
+                        "calls": 0,
+                        "peak_bytes": 0,
+                        "forward_peak": {},
+                        "backward_peak": {},
+                    },
+                )
+                row["calls"] += sum(
+                    1
+                    for k in stats.snapshots
+                    if _category(k) == "Pre-Forward"
+                    for _ in stats.snapshots[k]
+                )
                 for name, key in _SIZES:
                     value = getattr(stats, name, None)
                     if isinstance(value, int):
                         row[key] = max(row.get(key, 0), value)
                 peak = max((int(v) for v in stats.local_peak.values()), default=0)
                 row["peak_bytes"] = max(row["peak_bytes"], peak)
-                for state, field in (("Peak-Forward", "forward_peak"),
-                                     ("Peak-Backward", "backward_peak")):
-                    snaps = [s for k, v in stats.snapshots.items() if _category(k) == state
-                             for s in v]
+                for state, field in (
+                    ("Peak-Forward", "forward_peak"),
+                    ("Peak-Backward", "backward_peak"),
+                ):
+                    snaps = [
+                        s for k, v in stats.snapshots.items() if _category(k) == state for s in v
+                    ]
                     for snap in snaps:
                         cats = _by_category(snap, device)
                         if cats.get("Total", 0) > row[field].get("Total", 0):
@@ -127,8 +151,13 @@ def _module_table_tracker(device: torch.device) -> Any:
     return ModuleTable()
 
 
-def _modules(step: Callable[[], Any], device: torch.device, objects: tuple[Any, ...],
-             path: Path, case_id: str) -> dict[str, Any]:
+def _modules(
+    step: Callable[[], Any],
+    device: torch.device,
+    objects: tuple[Any, ...],
+    path: Path,
+    case_id: str,
+) -> dict[str, Any]:
     """MemTracker's peak per module and category over one step, as JSON."""
     tracker = _module_table_tracker(device)
     tracked = trackable(objects)
@@ -148,10 +177,12 @@ def _modules(step: Callable[[], Any], device: torch.device, objects: tuple[Any, 
         "case": case_id,
         "device": str(device),
         "tracker": "torch.distributed._tools.mem_tracker.MemTracker",
-        "about": ("Peak tensor memory of one step, in bytes: the step's peak by category, "
-                  "then each module (named by its path in the model) with the largest "
-                  "total seen while it ran (peak_bytes) and the categories at its forward "
-                  "and backward peaks. Private: it shows the model's structure."),
+        "about": (
+            "Peak tensor memory of one step, in bytes: the step's peak by category, "
+            "then each module (named by its path in the model) with the largest "
+            "total seen while it ran (peak_bytes) and the categories at its forward "
+            "and backward peaks. Private: it shows the model's structure."
+        ),
         "peak_bytes": peak.get("Total", 0),
         "peak_by_category": {k: v for k, v in peak.items() if k != "Total"},
         "modules": modules,

@@ -179,8 +179,9 @@ class ProcessTree:
     `on_member(pid)` is told of each process of the case when it is first seen (the NVML
     sampler watches them: a compile worker's device memory is the case's too)."""
 
-    def __init__(self, pid: int, on_member: Callable[[int], None] | None = None, *,
-                 forked: bool = False):
+    def __init__(
+        self, pid: int, on_member: Callable[[int], None] | None = None, *, forked: bool = False
+    ):
         self.pid = pid
         self.exact = not forked
         """Whether a cgroup's `memory.peak` is the tree's peak: not for a worker forked by
@@ -286,8 +287,9 @@ class ProcessTree:
             if pidfd is not None:
                 os.close(pidfd)
 
-    def wait_all(self, pids: list[int], timeout_s: float,
-                 failed: Callable[[int], bool]) -> tuple[bool, dict[int, float]]:
+    def wait_all(
+        self, pids: list[int], timeout_s: float, failed: Callable[[int], bool]
+    ) -> tuple[bool, dict[int, float]]:
         """Sample until every process of `pids` exits, or one exits that `failed(pid)` says
         failed (the others would wait for it forever in a collective), or the timeout comes
         (False). Returns whether it ended in time and, for each process seen to exit, when

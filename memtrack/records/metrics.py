@@ -49,15 +49,27 @@ _METRICS = (
     Metric("device", "device_peak_bytes", "device (NVML)", "whole case", 2 * MiB),
     # A whole case's RSS moves with glibc arenas being trimmed or not and with 2 MiB
     # transparent huge pages, a little more the larger the process: 4 MiB or 1 %.
-    Metric("host", "host_bytes", "host peak RSS (less file-backed)",
-           "setup, warm-up and timing pass", 4 * MiB, 0.01),
+    Metric(
+        "host",
+        "host_bytes",
+        "host peak RSS (less file-backed)",
+        "setup, warm-up and timing pass",
+        4 * MiB,
+        0.01,
+    ),
     # The step's growth above its starting level: file pages loaded at setup cancel out;
     # one transparent huge page is what is left.
     Metric("host_step", "host_step_bytes", "host step growth", "timing pass", 2 * MiB),
     # The whole process's RSS again (libraries, torch, the model being built), over the
     # loading only: the same arenas and huge pages move it, so the same 4 MiB or 1 %.
-    Metric("load_host", "load_host_bytes", "loading host peak RSS (less file-backed)",
-           "loading", 4 * MiB, 0.01),
+    Metric(
+        "load_host",
+        "load_host_bytes",
+        "loading host peak RSS (less file-backed)",
+        "loading",
+        4 * MiB,
+        0.01,
+    ),
     # File sizes are exact and repeat exactly; a change under one 4 KiB file-system block
     # (an archive's names, a header's padding) takes no more space on disk.
     Metric("disk", "disk_bytes", "disk space of the case's files", "end of loading", 4096),

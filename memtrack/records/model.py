@@ -362,8 +362,11 @@ def device_peak(m: Measurement) -> int | None:
     return max(peaks) if peaks else None
 
 
-_RANK_FIGURES = {"allocated": "peak_allocated_bytes", "reserved": "peak_reserved_bytes",
-                 "requested": "peak_requested_bytes"}
+_RANK_FIGURES = {
+    "allocated": "peak_allocated_bytes",
+    "reserved": "peak_reserved_bytes",
+    "requested": "peak_requested_bytes",
+}
 
 
 def peak_rank(m: Measurement, metric: str) -> RankMeasurement | None:

@@ -23,7 +23,9 @@ MASK = "[redacted]"
 
 SECRET_NAME = re.compile(
     r"TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|PRIVATE|KEY|AUTH(?!OR)|COOKIE|SESSION"
-    r"|SIGNATURE|CERT|_PWD|_PASS\b|^PASS|DSN|WEBHOOK", re.IGNORECASE)
+    r"|SIGNATURE|CERT|_PWD|_PASS\b|^PASS|DSN|WEBHOOK",
+    re.IGNORECASE,
+)
 """A variable whose value is a secret by its name."""
 MIN_SECRET_LENGTH = 8
 """Shorter values ('1', 'true', 'us-east') are too common in text to stand for a secret."""
@@ -67,8 +69,12 @@ _PATTERNS = [
 def _looks_secret(value: str) -> bool:
     """A value worth hunting for in text: long enough, one word, not a plain number, flag
     or lowercase word (a variable named *_KEY may hold 'production')."""
-    return (len(value) >= MIN_SECRET_LENGTH and not any(c.isspace() for c in value)
-            and not value.isdigit() and not (value.isalpha() and value.islower()))
+    return (
+        len(value) >= MIN_SECRET_LENGTH
+        and not any(c.isspace() for c in value)
+        and not value.isdigit()
+        and not (value.isalpha() and value.islower())
+    )
 
 
 def secret_values(environ: Any = None) -> tuple[str, ...]:
@@ -84,8 +90,9 @@ def _values_pattern(values: tuple[str, ...]) -> re.Pattern[str] | None:
     return re.compile("|".join(map(re.escape, values))) if values else None
 
 
-_ANY = re.compile("|".join(f"(?{'i' if p.flags & re.IGNORECASE else ''}:{p.pattern})"
-                           for p in _PATTERNS))
+_ANY = re.compile(
+    "|".join(f"(?{'i' if p.flags & re.IGNORECASE else ''}:{p.pattern})" for p in _PATTERNS)
+)
 """One search for them all: most text holds no secret, and is then left after one pass."""
 
 
@@ -123,8 +130,12 @@ def _text(value: Any, values: tuple[str, ...]) -> Any:
     if isinstance(value, tuple):
         return tuple(redact(x, values=values) if isinstance(x, str) else x for x in value)
     if isinstance(value, dict):  # env_vars: a variable named as a secret is masked whole
-        return {k: (MASK if v and SECRET_NAME.search(k) else redact(v, values=values))
-                if isinstance(v, str) else v for k, v in value.items()}
+        return {
+            k: (MASK if v and SECRET_NAME.search(k) else redact(v, values=values))
+            if isinstance(v, str)
+            else v
+            for k, v in value.items()
+        }
     return value
 
 
@@ -147,12 +158,24 @@ def redact_run(run: RunRecord, *, values: tuple[str, ...] | None = None) -> RunR
     the secret values to find (default: this process's, see `secret_values`)."""
     values = secret_values() if values is None else values
     measurements = tuple(
-        _redacted(dataclasses.replace(m, ranks=tuple(_redacted(r, values) for r in m.ranks))
-                  if m.ranks else m, values)
-        for m in run.measurements)
-    return _redacted(dataclasses.replace(
-        run, git=_redacted(run.git, values), ci=_redacted(run.ci, values),
-        environment=_redacted(run.environment, values), measurements=measurements), values)
+        _redacted(
+            dataclasses.replace(m, ranks=tuple(_redacted(r, values) for r in m.ranks))
+            if m.ranks
+            else m,
+            values,
+        )
+        for m in run.measurements
+    )
+    return _redacted(
+        dataclasses.replace(
+            run,
+            git=_redacted(run.git, values),
+            ci=_redacted(run.ci, values),
+            environment=_redacted(run.environment, values),
+            measurements=measurements,
+        ),
+        values,
+    )
 
 
 __all__ = ["MASK", "SECRET_NAME", "redact", "redact_run", "secret_values"]

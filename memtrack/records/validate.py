@@ -52,8 +52,17 @@ MAX_TRACEBACK = 100_000
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 _COMMIT_FIELDS = {"commit", "parent", "merge_base", "sha"}
 _BYTE_LISTS = {"allocated_samples", "categories"}
-_COUNTS = {"warmup", "repeats", "samples", "num_alloc_retries", "num_ooms", "index",
-           "cpu_count", "pr_number", "rank"}
+_COUNTS = {
+    "warmup",
+    "repeats",
+    "samples",
+    "num_alloc_retries",
+    "num_ooms",
+    "index",
+    "cpu_count",
+    "pr_number",
+    "rank",
+}
 
 
 def _rules(name: str) -> dict[str, Any]:
@@ -108,8 +117,11 @@ def _hint_schema(hint: Any, rules: dict[str, Any]) -> dict[str, Any]:
     if origin is tuple:
         return {"type": "array", "items": _hint_schema(args[0], rules)}
     if origin is dict:
-        return {"type": "object", "propertyNames": {"maxLength": MAX_TEXT},
-                "additionalProperties": _hint_schema(args[1], rules)}
+        return {
+            "type": "object",
+            "propertyNames": {"maxLength": MAX_TEXT},
+            "additionalProperties": _hint_schema(args[1], rules),
+        }
     if dataclasses.is_dataclass(hint):
         return {"$ref": f"#/$defs/{typing.cast(type, hint).__name__}"}
     if hint is Any:
@@ -134,9 +146,13 @@ def _field_docs(cls: type) -> dict[str, str]:
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs = {}
     for prev, node in zip(body, body[1:], strict=False):
-        if (isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name)
-                and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-                and isinstance(node.value.value, str)):
+        if (
+            isinstance(prev, ast.AnnAssign)
+            and isinstance(prev.target, ast.Name)
+            and isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
             docs[prev.target.id] = " ".join(node.value.value.split())
     return docs
 
@@ -376,8 +392,9 @@ def _maker(cls: type) -> typing.Callable[[dict[str, Any]], Any]:
     instance's __dict__ at once gives the same object."""
     fields = dataclasses.fields(cls)
     defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
-    factories = [(f.name, f.default_factory) for f in fields
-                 if f.default_factory is not dataclasses.MISSING]
+    factories = [
+        (f.name, f.default_factory) for f in fields if f.default_factory is not dataclasses.MISSING
+    ]
     if hasattr(cls, "__post_init__") or hasattr(cls, "__slots__"):
         return lambda values: cls(**values)
 
@@ -399,12 +416,12 @@ def _all_valid(hint: Any, rules: dict[str, Any]) -> typing.Callable[[Any], bool]
     when it says no, the items are checked one by one to name the bad one."""
     if hint is int:
         low, high = rules.get("minimum", _INT_MIN), rules.get("maximum", _INT_MAX)
-        return lambda v: not v or (set(map(type, v)) == {int} and low <= min(v)
-                                   and max(v) <= high)
+        return lambda v: not v or (set(map(type, v)) == {int} and low <= min(v) and max(v) <= high)
     if hint is float:
         low = rules.get("minimum", -math.inf)
-        return lambda v: not v or (set(map(type, v)) == {float} and all(map(math.isfinite, v))
-                                   and min(v) >= low)
+        return lambda v: (
+            not v or (set(map(type, v)) == {float} and all(map(math.isfinite, v)) and min(v) >= low)
+        )
     if hint is str and not rules:
         return lambda v: set(map(type, v)) <= {str} and max(map(len, v), default=0) <= MAX_TEXT
     if hint is Any:
@@ -416,9 +433,11 @@ def _all_valid(hint: Any, rules: dict[str, Any]) -> typing.Callable[[Any], bool]
             ints = [x for x in v if type(x) is int]
             floats = [x for x in v if type(x) is float]
             texts = [x for x in v if type(x) is str]
-            return ((not ints or (_INT_MIN <= min(ints) and max(ints) <= _INT_MAX))
-                    and all(map(math.isfinite, floats))
-                    and max(map(len, texts), default=0) <= MAX_TEXT)
+            return (
+                (not ints or (_INT_MIN <= min(ints) and max(ints) <= _INT_MAX))
+                and all(map(math.isfinite, floats))
+                and max(map(len, texts), default=0) <= MAX_TEXT
+            )
 
         return scalars
     return lambda v: False
@@ -471,8 +490,11 @@ def _fast_values(cls: type, checks: dict[str, Check]) -> typing.Callable[[dict, 
         lines += [f"    if {key} in data:", f"        v = data[{key}]"]
         test = _fast_test(hint, _rules(f.name), names)
         if test is not None:
-            lines += [f"        if not ({test}):", "            return None",
-                      f"        values[{key}] = v"]
+            lines += [
+                f"        if not ({test}):",
+                "            return None",
+                f"        values[{key}] = v",
+            ]
         elif typing.get_origin(hint) is tuple:
             lines.append(f"        values[{key}] = () if type(v) is list and not v else {call}")
         else:
@@ -527,22 +549,27 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
     if run.finished_at is not None:
         started, finished = parse_time(run.started_at), parse_time(run.finished_at)
         if started is not None and finished is not None and finished < started:
-            raise RecordError(f"{where}: finished_at: {run.finished_at} is before started_at "
-                              f"{run.started_at}")
+            raise RecordError(
+                f"{where}: finished_at: {run.finished_at} is before started_at {run.started_at}"
+            )
     seen: set[str] = set()
     for i, m in enumerate(run.measurements):
         expected = case_id(m.workload, m.params)
         if m.case_id != expected:
-            raise RecordError(f"{where}: measurements[{i}].case_id: {_short(m.case_id)} does "
-                              f"not match its workload and params (they make "
-                              f"{_short(expected)})")
+            raise RecordError(
+                f"{where}: measurements[{i}].case_id: {_short(m.case_id)} does "
+                f"not match its workload and params (they make "
+                f"{_short(expected)})"
+            )
         if m.case_id in seen:
             raise RecordError(f"{where}: case {m.case_id!r} is measured twice in one run")
         seen.add(m.case_id)
         numbers = [r.rank for r in m.ranks]
         if numbers != list(range(len(numbers))):
-            raise RecordError(f"{where}: measurements[{i}].ranks: ranks {numbers} are not "
-                              f"0..{len(numbers) - 1} in order, each once")
+            raise RecordError(
+                f"{where}: measurements[{i}].ranks: ranks {numbers} are not "
+                f"0..{len(numbers) - 1} in order, each once"
+            )
     return run
 
 

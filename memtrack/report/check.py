@@ -23,16 +23,45 @@ MARKDOWN_LIMIT = 1_000_000
 """GitHub refuses a job summary over 1 MiB; stay clearly below it."""
 REPORT_VERSION = 1
 
-_ORDER = {"failed": 0, "over_budget": 1, "regression": 2, "quality": 2, "noisy": 3,
-          "time_regression": 4,
-          "environment_changed": 5, "accepted": 6, "new": 7, "improvement": 8, "ok": 9}
-_STYLE = {"failed": "bold red", "over_budget": "bold red", "regression": "bold red",
-          "quality": "bold red", "noisy": "yellow", "time_regression": "yellow",
-          "environment_changed": "yellow",
-          "accepted": "magenta", "new": "cyan", "improvement": "green", "ok": "dim"}
-_EMOJI = {"failed": "💥", "over_budget": "⛔", "regression": "🔺", "quality": "🎯", "noisy": "〰️",
-          "time_regression": "🐢", "environment_changed": "🔀", "accepted": "☑️", "new": "🆕",
-          "improvement": "🔻", "ok": "✅"}
+_ORDER = {
+    "failed": 0,
+    "over_budget": 1,
+    "regression": 2,
+    "quality": 2,
+    "noisy": 3,
+    "time_regression": 4,
+    "environment_changed": 5,
+    "accepted": 6,
+    "new": 7,
+    "improvement": 8,
+    "ok": 9,
+}
+_STYLE = {
+    "failed": "bold red",
+    "over_budget": "bold red",
+    "regression": "bold red",
+    "quality": "bold red",
+    "noisy": "yellow",
+    "time_regression": "yellow",
+    "environment_changed": "yellow",
+    "accepted": "magenta",
+    "new": "cyan",
+    "improvement": "green",
+    "ok": "dim",
+}
+_EMOJI = {
+    "failed": "💥",
+    "over_budget": "⛔",
+    "regression": "🔺",
+    "quality": "🎯",
+    "noisy": "〰️",
+    "time_regression": "🐢",
+    "environment_changed": "🔀",
+    "accepted": "☑️",
+    "new": "🆕",
+    "improvement": "🔻",
+    "ok": "✅",
+}
 _QUIET = ("ok", "improvement", "new", "accepted", "noisy")
 """Kinds that are neither blocking nor a warning: counted, not listed. `noisy` is a property
 of the case (its headroom too wide to judge a small growth), said once."""
@@ -58,8 +87,9 @@ def _hinted(verdicts: list[Verdict]) -> set[int]:
 
 def ordered(verdicts: tuple[Verdict, ...] | list[Verdict]) -> list[Verdict]:
     """Blocking first, then warnings, then the rest; by kind, then case."""
-    return sorted(verdicts, key=lambda v: (not v.blocking, _ORDER.get(v.kind, 9), v.case_id,
-                                           v.metric))
+    return sorted(
+        verdicts, key=lambda v: (not v.blocking, _ORDER.get(v.kind, 9), v.case_id, v.metric)
+    )
 
 
 def label(v: Verdict) -> str:
@@ -84,8 +114,11 @@ def _delta(v: Verdict) -> str:
     if v.delta is None:
         return "-"
     sign = "+" if v.delta >= 0 else "-"
-    magnitude = (format_seconds(abs(v.delta)) if v.metric == "time"
-                 else format_size(abs(int(round(v.delta)))))
+    magnitude = (
+        format_seconds(abs(v.delta))
+        if v.metric == "time"
+        else format_size(abs(int(round(v.delta))))
+    )
     pct = f" ({v.delta_pct:+.2f}%)" if v.delta_pct is not None else ""
     return f"{sign}{magnitude}{pct}"
 
@@ -96,31 +129,43 @@ def _budget(v: Verdict) -> str:
     if v.candidate_value is None:
         return format_size(v.budget_bytes)
     margin = v.budget_bytes - int(v.candidate_value)
-    return f"{format_size(v.budget_bytes)} ({'margin ' if margin >= 0 else 'over '}" \
-           f"{format_size(abs(margin))})"
+    return (
+        f"{format_size(v.budget_bytes)} ({'margin ' if margin >= 0 else 'over '}"
+        f"{format_size(abs(margin))})"
+    )
 
 
 def summary_line(result: CheckResult) -> str:
     counts: dict[str, int] = {}
     for v in result.verdicts:
         counts[v.kind] = counts.get(v.kind, 0) + 1
-    parts = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in
-                      sorted(counts.items(), key=lambda kv: _ORDER.get(kv[0], 9)))
+    parts = ", ".join(
+        f"{n} {k.replace('_', ' ')}"
+        for k, n in sorted(counts.items(), key=lambda kv: _ORDER.get(kv[0], 9))
+    )
     blocking = result.blocking
     if result.estimate_only:
-        return (f"estimate run: nothing measured, nothing judged "
-                f"({len(result.estimates)} case(s) estimated)")
+        return (
+            f"estimate run: nothing measured, nothing judged "
+            f"({len(result.estimates)} case(s) estimated)"
+        )
     if result.context == "base":
         regressed = sum(_reported(v) for v in result.verdicts)
         opened = len(result.open_regressions)
-        head = (f"base branch: {regressed} regression{'s' * (regressed != 1)} reported"
-                if regressed else "base branch: no new regression")
+        head = (
+            f"base branch: {regressed} regression{'s' * (regressed != 1)} reported"
+            if regressed
+            else "base branch: no new regression"
+        )
         if opened:
             head += f", {opened} still open (not fixed or accepted)"
         head += " (never blocking)" if regressed or opened else ""
     else:
-        head = (f"BLOCKED: {len(blocking)} blocking verdict{'s' * (len(blocking) != 1)}"
-                if blocking else "passed: nothing blocks")
+        head = (
+            f"BLOCKED: {len(blocking)} blocking verdict{'s' * (len(blocking) != 1)}"
+            if blocking
+            else "passed: nothing blocks"
+        )
     return f"{head} ({parts or 'no verdicts'})"
 
 
@@ -136,8 +181,10 @@ def _baseline_line(result: CheckResult) -> str:
         how = f"at or before merge-base {(result.merge_base or '?')[:12]}"
     else:
         how = "by commit time (see note)"
-    return (f"baseline: runs on {result.base_branch} {how}, same environment "
-            f"({result.fingerprint[:12]})")
+    return (
+        f"baseline: runs on {result.base_branch} {how}, same environment "
+        f"({result.fingerprint[:12]})"
+    )
 
 
 # -- terminal -------------------------------------------------------------------------------
@@ -154,52 +201,92 @@ def terminal(result: CheckResult) -> list[Any]:
     """Rich renderables: header, table, one arithmetic line per verdict, the outcome."""
     from rich.table import Table
 
-    out: list[Any] = [shown(f"memtrack check · {_where(result)} against {result.base_branch}",
-                            style="bold"), shown(_baseline_line(result))]
+    out: list[Any] = [
+        shown(f"memtrack check · {_where(result)} against {result.base_branch}", style="bold"),
+        shown(_baseline_line(result)),
+    ]
     for note in result.notes:
         out.append(shown(f"note: {note}", style="yellow"))
     for change in result.budget_changes:
         out.append(shown(change.describe(), style="magenta"))
     verdicts = ordered(result.verdicts)
     t = Table(title_justify="left")
-    for col in ("verdict", "case", "metric", "baseline", "threshold", "candidate", "delta",
-                "budget"):
-        t.add_column(col, justify="right" if col in ("baseline", "threshold", "candidate",
-                                                      "delta", "budget") else "left")
+    for col in (
+        "verdict",
+        "case",
+        "metric",
+        "baseline",
+        "threshold",
+        "candidate",
+        "delta",
+        "budget",
+    ):
+        t.add_column(
+            col,
+            justify="right"
+            if col in ("baseline", "threshold", "candidate", "delta", "budget")
+            else "left",
+        )
     labels = short_case_labels(v.case_id for v in verdicts)  # full ids in the lines below
     for v in verdicts:
-        cells = (labels[v.case_id], v.metric, _value(v, v.baseline_value), _value(v, v.threshold),
-                 _value(v, v.candidate_value), _delta(v), _budget(v))
+        cells = (
+            labels[v.case_id],
+            v.metric,
+            _value(v, v.baseline_value),
+            _value(v, v.threshold),
+            _value(v, v.candidate_value),
+            _delta(v),
+            _budget(v),
+        )
         # Text, not str: case ids like 'w[batch=8]' would be read as rich markup.
         t.add_row(shown(label(v), style=_STYLE.get(v.kind, "")), *(shown(c) for c in cells))
     if not result.estimate_only:
         out.append(t)
     hinted = _hinted(verdicts)
     for i, v in enumerate(verdicts):
-        out.append(shown(f"{label(v)} · {v.case_id} · {v.message}",
-                         style=_STYLE.get(v.kind, "") if v.kind != "ok" else ""))
+        out.append(
+            shown(
+                f"{label(v)} · {v.case_id} · {v.message}",
+                style=_STYLE.get(v.kind, "") if v.kind != "ok" else "",
+            )
+        )
         for line in v.details:
             out.append(shown(f"    {line}", style="dim"))
         if i in hinted:
             out.append(shown(f"    {snapshot_hint(v.case_id)}"))
     for o in result.open_regressions:
         fixed = "; this run is back within it" if o.fixed_here else ""
-        out.append(shown(f"OPEN on {result.base_branch} · {o.case_id} · {o.describe()}: not "
-                         f"fixed or accepted, reported until it is (never blocking){fixed}",
-                         style="yellow"))
+        out.append(
+            shown(
+                f"OPEN on {result.base_branch} · {o.case_id} · {o.describe()}: not "
+                f"fixed or accepted, reported until it is (never blocking){fixed}",
+                style="yellow",
+            )
+        )
     noisy = [v for v in verdicts if v.kind == "noisy" and not v.blocking]
     if noisy:
-        out.append(shown("noisy, a property of the case and not of this change: a growth "
-                        + ", ".join(f"under {format_size(int(_room(v)))} of "
-                                    f"{labels[v.case_id]} {v.metric}" for v in noisy)
-                        + " cannot be told from its noise", style="dim"))
+        out.append(
+            shown(
+                "noisy, a property of the case and not of this change: a growth "
+                + ", ".join(
+                    f"under {format_size(int(_room(v)))} of {labels[v.case_id]} {v.metric}"
+                    for v in noisy
+                )
+                + " cannot be told from its noise",
+                style="dim",
+            )
+        )
     rows = quality_rows(result)
     if rows:
-        q = Table(title=quality_title(result).lower()[:1] + quality_title(result)[1:],
-                  title_justify="left")
+        q = Table(
+            title=quality_title(result).lower()[:1] + quality_title(result)[1:],
+            title_justify="left",
+        )
         for col in _QUALITY_COLUMNS:
-            q.add_column(col, justify="right" if col in ("framework peak", "full precision",
-                                                           "saved") else "left")
+            q.add_column(
+                col,
+                justify="right" if col in ("framework peak", "full precision", "saved") else "left",
+            )
         for v, row in rows:
             q.add_row(shown(label(v), style=_STYLE.get(v.kind, "")), *(shown(c) for c in row))
         out.append(q)
@@ -211,8 +298,15 @@ def terminal(result: CheckResult) -> list[Any]:
 
 # -- quality --------------------------------------------------------------------------------
 
-_QUALITY_COLUMNS = ("verdict", "case", "against", "framework peak", "full precision", "saved",
-                    "quality")
+_QUALITY_COLUMNS = (
+    "verdict",
+    "case",
+    "against",
+    "framework peak",
+    "full precision",
+    "saved",
+    "quality",
+)
 
 
 def quality_title(result: CheckResult) -> str:
@@ -226,9 +320,11 @@ def quality_title(result: CheckResult) -> str:
     if not broken and not missing:
         words = "memory saved and quality kept"
     else:
-        parts = [f"{broken} beyond tolerance" if broken else "",
-                 f"{missing} without a reference yet" if missing else "",
-                 f"{kept} kept" if kept else ""]
+        parts = [
+            f"{broken} beyond tolerance" if broken else "",
+            f"{missing} without a reference yet" if missing else "",
+            f"{kept} kept" if kept else "",
+        ]
         words = ", ".join(p for p in parts if p)
     return f"Quality after a precision change: {words}"
 
@@ -240,8 +336,9 @@ def quality_rows(result: CheckResult) -> list[tuple[Verdict, tuple[str, ...]]]:
 
     rows: list[tuple[Verdict, tuple[str, ...]]] = []
     verdicts = ordered([v for v in result.verdicts if v.metric == "quality"])
-    labels = short_case_labels([*{v.case_id for v in verdicts},
-                                *{v.reference for v in verdicts if v.reference}])
+    labels = short_case_labels(
+        [*{v.case_id for v in verdicts}, *{v.reference for v in verdicts if v.reference}]
+    )
     for v in verdicts:
         ref = v.reference or "-"
         changed = v.reference is not None and precision_change(v.case_id, v.reference)
@@ -249,14 +346,16 @@ def quality_rows(result: CheckResult) -> list[tuple[Verdict, tuple[str, ...]]]:
             full, own = int(v.baseline_value), int(v.candidate_value)
             saved = full - own
             pct = 100.0 * saved / full if full else 0.0
-            saved_text = (f"{format_size(saved)} ({pct:.1f}%)" if saved >= 0
-                          else f"none: {format_size(-saved)} more")
+            saved_text = (
+                f"{format_size(saved)} ({pct:.1f}%)"
+                if saved >= 0
+                else f"none: {format_size(-saved)} more"
+            )
             peaks: tuple[str, ...] = (format_size(own), format_size(full), saved_text)
         else:
             peaks = ("-", "-", "-" if changed else "(full precision)")
         against = "itself" if ref == v.case_id else labels.get(ref, ref)
-        rows.append((v, (labels[v.case_id], against, *peaks,
-                         v.quality or "-")))
+        rows.append((v, (labels[v.case_id], against, *peaks, v.quality or "-")))
     return rows
 
 
@@ -265,10 +364,19 @@ def quality_rows(result: CheckResult) -> list[tuple[Verdict, tuple[str, ...]]]:
 TABLE_ROWS = 12
 """Rows of what blocks or warns shown above the fold; the rest are counted there, listed in
 the folded arithmetic."""
-_WORD = {"regression": "regression", "over_budget": "over budget", "failed": "failed",
-         "quality": "quality", "time_regression": "slower", "environment_changed": "env. changed",
-         "noisy": "noisy", "accepted": "accepted", "new": "new", "improvement": "improvement",
-         "ok": "ok"}
+_WORD = {
+    "regression": "regression",
+    "over_budget": "over budget",
+    "failed": "failed",
+    "quality": "quality",
+    "time_regression": "slower",
+    "environment_changed": "env. changed",
+    "noisy": "noisy",
+    "accepted": "accepted",
+    "new": "new",
+    "improvement": "improvement",
+    "ok": "ok",
+}
 
 
 def _cell(text: object) -> str:
@@ -302,8 +410,7 @@ def compare_link(dashboard_url: str, b: str, a: str | None = None) -> str:
     return _page(dashboard_url, page="Compare", **({"a": a} if a else {}), b=b)
 
 
-def _md_case(case_id: str, dashboard_url: str | None,
-             labels: dict[str, str] | None = None) -> str:
+def _md_case(case_id: str, dashboard_url: str | None, labels: dict[str, str] | None = None) -> str:
     """A case as its short label (its full id without `labels`), linked to its History."""
     text = (labels or {}).get(case_id, case_id)
     if dashboard_url:
@@ -316,8 +423,11 @@ def _short_delta(v: Verdict) -> str:
     if v.delta is None:
         return "-"
     sign = "+" if v.delta >= 0 else "-"
-    magnitude = (format_seconds(abs(v.delta)) if v.metric == "time"
-                 else format_size(abs(int(round(v.delta)))))
+    magnitude = (
+        format_seconds(abs(v.delta))
+        if v.metric == "time"
+        else format_size(abs(int(round(v.delta))))
+    )
     pct = f" ({v.delta_pct:+.1f}%)" if v.delta_pct is not None else ""
     return f"{sign}{magnitude}{pct}"
 
@@ -334,18 +444,29 @@ def _limit(v: Verdict) -> str:
 
 
 def _md_row(v: Verdict, dashboard_url: str | None, labels: dict[str, str]) -> str:
-    candidate = (_value(v, v.candidate_value) if v.candidate_value is not None
-                 else v.message.split(":", 1)[1].split(";")[0].strip()[:24]
-                 if v.kind == "failed" else "-")
+    candidate = (
+        _value(v, v.candidate_value)
+        if v.candidate_value is not None
+        else v.message.split(":", 1)[1].split(";")[0].strip()[:24]
+        if v.kind == "failed"
+        else "-"
+    )
     # the case is escaped by _md_case, the figures are memtrack's own; the rest is recorded
-    cells = [_EMOJI.get(v.kind, v.kind), _md_case(v.case_id, dashboard_url, labels),
-             _cell(v.metric), _value(v, v.baseline_value), _cell(candidate), _short_delta(v),
-             _limit(v)]
+    cells = [
+        _EMOJI.get(v.kind, v.kind),
+        _md_case(v.case_id, dashboard_url, labels),
+        _cell(v.metric),
+        _value(v, v.baseline_value),
+        _cell(candidate),
+        _short_delta(v),
+        _limit(v),
+    ]
     return "| " + " | ".join(cells) + " |"
 
 
-_MD_HEAD = ("| | case | metric | baseline | candidate | delta | threshold |\n"
-            "|---|---|---|--:|--:|--:|--:|")
+_MD_HEAD = (
+    "| | case | metric | baseline | candidate | delta | threshold |\n|---|---|---|--:|--:|--:|--:|"
+)
 
 
 def _md_item(v: Verdict, labels: dict[str, str], hint: bool = False) -> str:
@@ -366,8 +487,10 @@ def _what(v: Verdict, labels: dict[str, str]) -> str:
     if v.kind == "failed":
         return f"{name} failed ({_cell(v.message.split(':', 1)[1].split(';')[0].strip()[:40])})"
     if v.kind == "over_budget" and v.budget_bytes is not None:
-        return (f"{name} {v.metric} {_value(v, v.candidate_value)} over its "
-                f"{format_size(v.budget_bytes)} budget")
+        return (
+            f"{name} {v.metric} {_value(v, v.candidate_value)} over its "
+            f"{format_size(v.budget_bytes)} budget"
+        )
     if v.kind == "quality":
         return f"{name} quality beyond its tolerance"
     grew = f", {v.component} grew" if v.component else ""
@@ -382,15 +505,21 @@ def _outcome(result: CheckResult, shown: list[Verdict], labels: dict[str, str]) 
     if result.context == "base":
         found = [v for v in shown if _reported(v)]
         opened = len(result.open_regressions)
-        parts = ([f"{len(found)} regression{'s' * (len(found) != 1)} found here: "
-                  + "; ".join(_what(v, labels) for v in found[:2])
-                  + (f" and {len(found) - 2} more" if len(found) > 2 else "")]
-                 if found else ["no new regression"])
+        parts = (
+            [
+                f"{len(found)} regression{'s' * (len(found) != 1)} found here: "
+                + "; ".join(_what(v, labels) for v in found[:2])
+                + (f" and {len(found) - 2} more" if len(found) > 2 else "")
+            ]
+            if found
+            else ["no new regression"]
+        )
         if opened:
             parts.append(f"{opened} still open")
         icon = "📌" if found or opened else "✅"
-        return (f"{icon} memtrack on {_cell(result.base_branch)}: {'; '.join(parts)} "
-                "(never blocking)")
+        return (
+            f"{icon} memtrack on {_cell(result.base_branch)}: {'; '.join(parts)} (never blocking)"
+        )
     if blocking:
         more = f" and {len(blocking) - 1} more" if len(blocking) > 1 else ""
         return f"❌ memtrack: blocked by {_what(blocking[0], labels)}{more}"
@@ -402,16 +531,17 @@ def _reported(v: Verdict) -> bool:
     """On the base branch: what would have blocked a pull request."""
     from memtrack.judge.quality import missing_reference
 
-    return (v.kind in ("regression", "over_budget", "failed", "quality")
-            and not missing_reference(v))
+    return v.kind in ("regression", "over_budget", "failed", "quality") and not missing_reference(v)
 
 
 def _counts(verdicts: list[Verdict]) -> str:
     counts: dict[str, int] = {}
     for v in verdicts:
         counts[v.kind] = counts.get(v.kind, 0) + 1
-    return " · ".join(f"{_EMOJI.get(k, '')} {n} {_WORD.get(k, k)}"
-                      for k, n in sorted(counts.items(), key=lambda kv: _ORDER.get(kv[0], 9)))
+    return " · ".join(
+        f"{_EMOJI.get(k, '')} {n} {_WORD.get(k, k)}"
+        for k, n in sorted(counts.items(), key=lambda kv: _ORDER.get(kv[0], 9))
+    )
 
 
 def _room(v: Verdict) -> float:
@@ -424,47 +554,56 @@ def _noisy_line(v: Verdict, labels: dict[str, str]) -> str:
     pct = f" ({100 * room / v.baseline_value:.0f}% of it)" if v.baseline_value else ""
     tip = v.message.split("to sharpen it: ", 1)[-1] if "to sharpen it: " in v.message else ""
     tip = tip.split("; budget ", 1)[0]  # the budget's own part is the arithmetic's
-    return (f"- {markdown_code(labels.get(v.case_id, v.case_id))} {v.metric}: a growth under "
-            f"{format_size(int(room))}{pct} cannot be told from its noise"
-            + (f"; to sharpen it: {_cell(tip)}" if tip else ""))
+    return (
+        f"- {markdown_code(labels.get(v.case_id, v.case_id))} {v.metric}: a growth under "
+        f"{format_size(int(room))}{pct} cannot be told from its noise"
+        + (f"; to sharpen it: {_cell(tip)}" if tip else "")
+    )
 
 
 def _folded(summary: str, lines: list[str]) -> list[str]:
     return [f"<details><summary>{summary}</summary>", "", *lines, "", "</details>", ""]
 
 
-def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT,
-             dashboard_url: str | None = None) -> str:
+def markdown(
+    result: CheckResult, *, limit: int = MARKDOWN_LIMIT, dashboard_url: str | None = None
+) -> str:
     """What a reviewer reads in ten seconds: one line of outcome, links to the run and to a
     Compare with its merge-base (with `dashboard_url`), a short table of what blocks or
     warns, every other verdict counted, the base branch's open regressions, and the rest
     folded: noise (a property of a case, said once), the arithmetic, notes, quality and
     estimates. Cut to stay under `limit` bytes."""
     verdicts = ordered(result.verdicts)
-    shown = [v for v in verdicts if v.blocking or v.kind not in _QUIET
-             or (result.context == "base" and _reported(v))]
+    shown = [
+        v
+        for v in verdicts
+        if v.blocking or v.kind not in _QUIET or (result.context == "base" and _reported(v))
+    ]
     quiet = [v for v in verdicts if v not in shown]
     noisy = [v for v in quiet if v.kind == "noisy"]
-    labels = short_case_labels([*(v.case_id for v in verdicts),
-                                *(o.case_id for o in result.open_regressions)])
+    labels = short_case_labels(
+        [*(v.case_id for v in verdicts), *(o.case_id for o in result.open_regressions)]
+    )
     head = [f"### {_outcome(result, shown, labels)}", ""]
     where = f"{_cell(_where(result))} against {markdown_code(result.base_branch)}"
     if dashboard_url:
         links = [f"[run detail]({run_link(dashboard_url, result.run_id)})"]
         if result.context != "base" and result.merge_base:
-            links.append(f"[compare with the merge-base {result.merge_base[:10]}]"
-                         f"({compare_link(dashboard_url, result.run_id, result.merge_base)})")
+            links.append(
+                f"[compare with the merge-base {result.merge_base[:10]}]"
+                f"({compare_link(dashboard_url, result.run_id, result.merge_base)})"
+            )
         elif result.context == "base":
-            links.append(f"[compare with the previous run]"
-                         f"({compare_link(dashboard_url, result.run_id)})")
+            links.append(
+                f"[compare with the previous run]({compare_link(dashboard_url, result.run_id)})"
+            )
         where += " · " + " · ".join(links)
     head += [where, ""]
     body: list[str] = []
     if shown:
         body += [_MD_HEAD, *(_md_row(v, dashboard_url, labels) for v in shown[:TABLE_ROWS])]
         if len(shown) > TABLE_ROWS:
-            body.append(f"| | _{len(shown) - TABLE_ROWS} more in the arithmetic below_ "
-                        "| | | | | |")
+            body.append(f"| | _{len(shown) - TABLE_ROWS} more in the arithmetic below_ | | | | | |")
         # The first column is an emoji, which keeps the table within a comment's width
         # (760 px unwrapped for the shipped suite); this line says what each one is.
         kinds = dict.fromkeys(v.kind for v in shown[:TABLE_ROWS])
@@ -474,18 +613,23 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT,
                 return "reported"
             return "blocks" if any(v.blocking for v in shown if v.kind == k) else "warns"
 
-        body += ["", " · ".join(f"{_EMOJI.get(k, k)} {_WORD.get(k, k)}: {said(k)}"
-                                for k in kinds), ""]
+        body += [
+            "",
+            " · ".join(f"{_EMOJI.get(k, k)} {_WORD.get(k, k)}: {said(k)}" for k in kinds),
+            "",
+        ]
     if quiet:
         body += [f"Not listed: {_counts(quiet)}.", ""]
     if result.open_regressions:
-        where_open = ("" if result.context == "base" else ", not caused here")
-        body.append(f"**Open on {_cell(result.base_branch)}{where_open}** (until "
-                    "fixed or accepted):")
+        where_open = "" if result.context == "base" else ", not caused here"
+        body.append(
+            f"**Open on {_cell(result.base_branch)}{where_open}** (until fixed or accepted):"
+        )
         for o in result.open_regressions[:3]:
             fixed = " — this change is back within it" if o.fixed_here else ""
-            body.append(f"- {markdown_code(labels.get(o.case_id, o.case_id))} "
-                        f"{_cell(o.describe())}{fixed}")
+            body.append(
+                f"- {markdown_code(labels.get(o.case_id, o.case_id))} {_cell(o.describe())}{fixed}"
+            )
         if len(result.open_regressions) > 3:
             body.append(f"- and {len(result.open_regressions) - 3} more (see the JSON report)")
         body.append("")
@@ -494,36 +638,43 @@ def markdown(result: CheckResult, *, limit: int = MARKDOWN_LIMIT,
         body += [f"- {_cell(c.describe())}" for c in result.budget_changes]
         body.append("")
     if noisy:
-        body += _folded(f"〰️ {len(noisy)} figure{'s' * (len(noisy) != 1)} too noisy to judge "
-                        "a small growth: a property of the case, not of this change",
-                        [_noisy_line(v, labels) for v in noisy])
+        body += _folded(
+            f"〰️ {len(noisy)} figure{'s' * (len(noisy) != 1)} too noisy to judge "
+            "a small growth: a property of the case, not of this change",
+            [_noisy_line(v, labels) for v in noisy],
+        )
     hinted = _hinted(shown)
     items = [_md_item(v, labels, i in hinted) for i, v in enumerate(shown)]
     if items:
         what = "blocks or warns" if result.context != "base" else "is reported"
-        body += _folded(f"The arithmetic of what {what} ({len(items)})",
-                        [f"{_baseline_line(result)}.", "", *items])
+        body += _folded(
+            f"The arithmetic of what {what} ({len(items)})",
+            [f"{_baseline_line(result)}.", "", *items],
+        )
     if result.notes:
         body += _folded(f"Notes ({len(result.notes)})", [f"- {_cell(n)}" for n in result.notes])
     quality = quality_rows(result)
     if quality:
         rows = ["| " + " | ".join(_QUALITY_COLUMNS) + " |", "|---|---|---|--:|--:|--:|---|"]
         for v, (case, against, *rest) in quality:
-            cells = (f"{_EMOJI.get(v.kind, '')} {_cell(label(v))}",
-                     markdown_code(case, in_table=True),
-                     against if against == "itself" else markdown_code(against, in_table=True),
-                     *(_cell(c) for c in rest))
+            cells = (
+                f"{_EMOJI.get(v.kind, '')} {_cell(label(v))}",
+                markdown_code(case, in_table=True),
+                against if against == "itself" else markdown_code(against, in_table=True),
+                *(_cell(c) for c in rest),
+            )
             rows.append("| " + " | ".join(cells) + " |")
         body += _folded(quality_title(result), rows)
     if result.estimates:
-        est = [f"- {markdown_code(e.case_id)}: {_cell(e.describe())}"
-               for e in result.estimates[:50]]
+        est = [
+            f"- {markdown_code(e.case_id)}: {_cell(e.describe())}" for e in result.estimates[:50]
+        ]
         if len(result.estimates) > 50:
             est.append(f"- _{len(result.estimates) - 50} more in the JSON report_")
         body += _folded(f"Estimates ({len(result.estimates)}, fake tensors, not judged)", est)
     text = "\n".join(head + body).rstrip() + "\n"
     if len(text.encode()) > limit:  # keep the outcome and the table, cut the folded rest
-        kept = "\n".join(head + body[:body.index("") + 1] if shown else head)
+        kept = "\n".join(head + body[: body.index("") + 1] if shown else head)
         text = kept + "\n_(report cut to the size limit; see the JSON report)_\n"
     return text
 
@@ -548,30 +699,52 @@ def to_json(result: CheckResult) -> dict[str, Any]:
 def history_terminal(h: HistoryResult) -> list[Any]:
     from rich.table import Table
 
-    out: list[Any] = [shown(f"memtrack history · {h.base_branch} · {h.series} series, "
-                            f"{h.commits} commits, environment {h.fingerprint[:12]}",
-                            style="bold")]
+    out: list[Any] = [
+        shown(
+            f"memtrack history · {h.base_branch} · {h.series} series, "
+            f"{h.commits} commits, environment {h.fingerprint[:12]}",
+            style="bold",
+        )
+    ]
     out += [shown(f"note: {n}", style="yellow") for n in h.notes]
     steps = Table(title="steps: the commits where a series moved", title_justify="left")
     for col in ("case", "metric", "commit", "subject", "before", "after", "delta"):
         steps.add_column(col)
     for s in h.steps:
-        steps.add_row(*(shown(c) for c in (
-            s.case_id, s.metric, s.commit[:12], (s.subject or "")[:50],
-            format_size(int(s.before)), format_size(int(s.after)),
-            f"{_signed(s.delta)} ({s.delta_pct:+.2f}%)")))
+        steps.add_row(
+            *(
+                shown(c)
+                for c in (
+                    s.case_id,
+                    s.metric,
+                    s.commit[:12],
+                    (s.subject or "")[:50],
+                    format_size(int(s.before)),
+                    format_size(int(s.after)),
+                    f"{_signed(s.delta)} ({s.delta_pct:+.2f}%)",
+                )
+            )
+        )
     out.append(steps if h.steps else shown("steps: none found"))
     creep = Table(title=shown(f"creep against {h.anchor_label}"), title_justify="left")
     for col in ("", "case", "metric", "anchor", "latest", "growth", "allowed", "steps"):
         creep.add_column(col)
     for c in h.creeps:
-        creep.add_row(shown(_creep_label(c), style="bold red" if c.flagged else "dim"),
-                      *(shown(x) for x in (
-                          c.case_id, c.metric,
-                          f"{format_size(int(c.anchor_value))} @{c.anchor_commit[:10]}",
-                          format_size(int(c.latest_value)),
-                          f"{_signed(c.delta)} ({c.delta_pct:+.2f}%)",
-                          format_size(int(c.allowed)), str(c.steps_between))))
+        creep.add_row(
+            shown(_creep_label(c), style="bold red" if c.flagged else "dim"),
+            *(
+                shown(x)
+                for x in (
+                    c.case_id,
+                    c.metric,
+                    f"{format_size(int(c.anchor_value))} @{c.anchor_commit[:10]}",
+                    format_size(int(c.latest_value)),
+                    f"{_signed(c.delta)} ({c.delta_pct:+.2f}%)",
+                    format_size(int(c.allowed)),
+                    str(c.steps_between),
+                )
+            ),
+        )
     out.append(creep if h.creeps else shown("creep: no series reaches back to the anchor"))
     for c in h.creeps:
         if c.flagged:
@@ -589,38 +762,53 @@ def _creep_label(c: Any) -> str:
 
 def _history_summary(h: HistoryResult) -> str:
     flagged = sum(c.flagged for c in h.creeps)
-    return (f"{len(h.steps)} step(s), {flagged} series grown past the tolerance since the "
-            "anchor")
+    return f"{len(h.steps)} step(s), {flagged} series grown past the tolerance since the anchor"
 
 
 def _signed(x: float) -> str:
     return ("+" if x >= 0 else "-") + format_size(abs(int(round(x))))
 
 
-def history_markdown(h: HistoryResult, *, limit: int = MARKDOWN_LIMIT,
-                     dashboard_url: str | None = None) -> str:
+def history_markdown(
+    h: HistoryResult, *, limit: int = MARKDOWN_LIMIT, dashboard_url: str | None = None
+) -> str:
     flagged = [c for c in h.creeps if c.flagged]
-    lines = [f"## {'❌' if flagged else '✅'} memtrack history: {_history_summary(h)}", "",
-             f"Base branch {markdown_code(h.base_branch)}, {h.series} series over "
-             f"{h.commits} commits; creep against {_cell(h.anchor_label)}.", ""]
+    lines = [
+        f"## {'❌' if flagged else '✅'} memtrack history: {_history_summary(h)}",
+        "",
+        f"Base branch {markdown_code(h.base_branch)}, {h.series} series over "
+        f"{h.commits} commits; creep against {_cell(h.anchor_label)}.",
+        "",
+    ]
     for n in h.notes:
         lines += [f"> **Note:** {_cell(n)}", ""]
     if flagged:
         lines += ["", "### Grown since the anchor", ""] + [
             f"- **{_creep_label(c)}** {_md_case(c.case_id, dashboard_url)} {_cell(c.metric)}: "
             f"{_cell(c.message)}"
-            for c in flagged]
+            for c in flagged
+        ]
     if h.steps:
-        lines += ["", "<details><summary>Steps</summary>", "",
-                  "| case | metric | commit | subject | before | after | delta |",
-                  "|---|---|---|---|--:|--:|--:|"]
+        lines += [
+            "",
+            "<details><summary>Steps</summary>",
+            "",
+            "| case | metric | commit | subject | before | after | delta |",
+            "|---|---|---|---|--:|--:|--:|",
+        ]
         for s in h.steps:
-            lines.append(f"| {_md_case(s.case_id, dashboard_url)} | "
-                         f"{_cell(s.metric)} | {markdown_code(s.commit[:12], in_table=True)} | "
-                         f"{_cell((s.subject or '')[:60])} | {format_size(int(s.before))} | "
-                         f"{format_size(int(s.after))} | {_signed(s.delta)} "
-                         f"({s.delta_pct:+.2f}%) |")
+            lines.append(
+                f"| {_md_case(s.case_id, dashboard_url)} | "
+                f"{_cell(s.metric)} | {markdown_code(s.commit[:12], in_table=True)} | "
+                f"{_cell((s.subject or '')[:60])} | {format_size(int(s.before))} | "
+                f"{format_size(int(s.after))} | {_signed(s.delta)} "
+                f"({s.delta_pct:+.2f}%) |"
+            )
         lines += ["", "</details>"]
     text = "\n".join(lines) + "\n"
-    return text if len(text.encode()) <= limit else text.encode()[:limit - 100].decode(
-        "utf-8", "ignore") + "\n\n_(cut to the size limit)_\n"
+    return (
+        text
+        if len(text.encode()) <= limit
+        else text.encode()[: limit - 100].decode("utf-8", "ignore")
+        + "\n\n_(cut to the size limit)_\n"
+    )

@@ -31,8 +31,11 @@ def _header(p: Plan) -> list[str]:
 def _largest(row: Any) -> str:
     if row.unbounded:
         return "any"
-    return "none" if row.largest is None else show_value(row.largest) + (
-        " (extrapolated)" if row.extrapolated else "")
+    return (
+        "none"
+        if row.largest is None
+        else show_value(row.largest) + (" (extrapolated)" if row.extrapolated else "")
+    )
 
 
 def terminal(p: Plan) -> list[Any]:
@@ -45,18 +48,35 @@ def terminal(p: Plan) -> list[Any]:
 
     out: list[Any] = [text(line) for line in _header(p)]
     table = Table(title=None)
-    for col, justify in (("GPU", "left"), ("memory (nominal)", "right"),
-                         (f"largest {p.param}", "right"), ("first not fitting", "right"),
-                         ("largest measured that fits", "right"),
-                         ("need at largest", "right")):
+    for col, justify in (
+        ("GPU", "left"),
+        ("memory (nominal)", "right"),
+        (f"largest {p.param}", "right"),
+        ("first not fitting", "right"),
+        ("largest measured that fits", "right"),
+        ("need at largest", "right"),
+    ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for row in p.gpus:
         at = row.largest if row.largest is not None else None
-        need_at = "-" if at is None else format_size(round(
-            float(p.fit.peak(at)) * (1 + p.headroom.fraction)))
-        table.add_row(*(text(c) for c in (
-            row.gpu.name, f"{row.gpu.stated} ({row.gpu.memory_bytes:,} B)", _largest(row),
-            show_value(row.first_over), show_value(row.measured_largest), need_at)))
+        need_at = (
+            "-"
+            if at is None
+            else format_size(round(float(p.fit.peak(at)) * (1 + p.headroom.fraction)))
+        )
+        table.add_row(
+            *(
+                text(c)
+                for c in (
+                    row.gpu.name,
+                    f"{row.gpu.stated} ({row.gpu.memory_bytes:,} B)",
+                    _largest(row),
+                    show_value(row.first_over),
+                    show_value(row.measured_largest),
+                    need_at,
+                )
+            )
+        )
     out.append(table)
     for row in p.gpus:
         if row.levers:
@@ -74,12 +94,18 @@ def markdown(p: Plan) -> str:
     lines += [f"- {md(line)}" for line in _header(p)[1:]]
     lines += ["", f"| {md(p.param)} | measured peak |", "|---:|---:|"]
     lines += [f"| {md(show_value(x))} | {md(_exact(y))} |" for x, y in p.points]
-    lines += ["", f"| GPU | memory (nominal) | largest {md(p.param)} | first not fitting | "
-                  "largest measured that fits |", "|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        f"| GPU | memory (nominal) | largest {md(p.param)} | first not fitting | "
+        "largest measured that fits |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for row in p.gpus:
-        lines.append(f"| {md(row.gpu.name)} | {md(row.gpu.stated)} | {md(_largest(row))} | "
-                     f"{md(show_value(row.first_over))} | "
-                     f"{md(show_value(row.measured_largest))} |")
+        lines.append(
+            f"| {md(row.gpu.name)} | {md(row.gpu.stated)} | {md(_largest(row))} | "
+            f"{md(show_value(row.first_over))} | "
+            f"{md(show_value(row.measured_largest))} |"
+        )
     for row in p.gpus:
         if row.levers:
             lines += ["", f"**{md(row.gpu.name)}**: {md(describe(row, p.param))}. Levers:"]
@@ -96,17 +122,35 @@ def to_json(p: Plan) -> dict[str, Any]:
         "metric": p.metric,
         "metric_note": p.metric_note,
         "points": [{"value": x, "peak_bytes": y} for x, y in p.points],
-        "fit": {"model": f.model, "a_bytes": f.a, "b_bytes": f.b, "c_bytes": f.c,
-                "rule": f.rule, "residual_linear": f.residual_linear,
-                "residual_quadratic": f.residual_quadratic},
-        "headroom": {"fraction": p.headroom.fraction, "source": p.headroom.source,
-                     "detail": p.headroom.detail},
+        "fit": {
+            "model": f.model,
+            "a_bytes": f.a,
+            "b_bytes": f.b,
+            "c_bytes": f.c,
+            "rule": f.rule,
+            "residual_linear": f.residual_linear,
+            "residual_quadratic": f.residual_quadratic,
+        },
+        "headroom": {
+            "fraction": p.headroom.fraction,
+            "source": p.headroom.source,
+            "detail": p.headroom.detail,
+        },
         "lowest": p.lowest,
-        "gpus": [{"name": r.gpu.name, "memory_bytes": r.gpu.memory_bytes,
-                  "memory_stated": r.gpu.stated, "largest": r.largest,
-                  "first_over": r.first_over, "unbounded": r.unbounded,
-                  "extrapolated": r.extrapolated, "measured_largest": r.measured_largest,
-                  "levers": list(r.levers)} for r in p.gpus],
+        "gpus": [
+            {
+                "name": r.gpu.name,
+                "memory_bytes": r.gpu.memory_bytes,
+                "memory_stated": r.gpu.stated,
+                "largest": r.largest,
+                "first_over": r.first_over,
+                "unbounded": r.unbounded,
+                "extrapolated": r.extrapolated,
+                "measured_largest": r.measured_largest,
+                "levers": list(r.levers),
+            }
+            for r in p.gpus
+        ],
         "notes": list(p.notes),
     }
 

@@ -60,10 +60,22 @@ def estimate_table(run: RunRecord) -> Table:
     """One line per case: the estimated peak and its parts, or why it could not be made."""
     m0 = run.measurements[0] if run.measurements else None
     target = f" · for {m0.device}" if m0 else ""
-    t = Table(title=_t(f"estimate run {run.run_id[:12]} · {_where(run)}{target} · "
-                       "fake tensors, not measured"), title_justify="left")
-    for col in ("case", "status", "estimated peak", "weights", "caches", "gradients",
-                "optimizer state", "intermediates"):
+    t = Table(
+        title=_t(
+            f"estimate run {run.run_id[:12]} · {_where(run)}{target} · fake tensors, not measured"
+        ),
+        title_justify="left",
+    )
+    for col in (
+        "case",
+        "status",
+        "estimated peak",
+        "weights",
+        "caches",
+        "gradients",
+        "optimizer state",
+        "intermediates",
+    ):
         t.add_column(col, justify="left" if col in ("case", "status") else "right")
     labels = short_case_labels(m.case_id for m in run.measurements)
     for m in run.measurements:
@@ -87,8 +99,12 @@ def estimate_view(run: RunRecord) -> list[Any]:
     out: list[Any] = [estimate_table(run)]
     for m in run.measurements:
         if m.status != "ok":
-            out.append(Text(terminal_text(f"{m.status} · {m.case_id} · "
-                                          f"{m.message or 'no message'}"), style="red"))
+            out.append(
+                Text(
+                    terminal_text(f"{m.status} · {m.case_id} · {m.message or 'no message'}"),
+                    style="red",
+                )
+            )
     return out
 
 
@@ -105,13 +121,16 @@ def _status(m: Measurement) -> str:
 
 def loading_line(m: Measurement) -> str:
     """The loading step's figures in one line: host peak, reads, writes, disk space, time."""
+
     def size(x: int | None) -> str:
         return "not measured" if x is None else format_size(x)
 
-    return (f"host peak {size(m.load_host_peak_rss_bytes)}, read {size(m.load_rchar_bytes)} "
-            f"({size(m.load_read_bytes)} from storage), written {size(m.load_wchar_bytes)} "
-            f"({size(m.load_write_bytes)} to storage), files on disk {size(m.disk_bytes)}, "
-            f"{format_seconds(m.load_duration_s)}")
+    return (
+        f"host peak {size(m.load_host_peak_rss_bytes)}, read {size(m.load_rchar_bytes)} "
+        f"({size(m.load_read_bytes)} from storage), written {size(m.load_wchar_bytes)} "
+        f"({size(m.load_write_bytes)} to storage), files on disk {size(m.disk_bytes)}, "
+        f"{format_seconds(m.load_duration_s)}"
+    )
 
 
 def history_table(case: str, rows: list[dict[str, Any]]) -> Table:
@@ -159,8 +178,7 @@ def cudnn_version(value: str | None) -> str | None:
     return f"{major}.{rest // 100}.{rest % 100}"
 
 
-def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = None
-               ) -> list[Any]:
+def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = None) -> list[Any]:
     """The run's context, then one block per case. `estimates` (case id -> the store's
     `latest_estimates` row) puts each measured case's estimate beside its framework peak."""
     estimate_run = is_estimate_run(run)
@@ -180,8 +198,10 @@ def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = Non
         ("git notes", "; ".join(g.notes) or None),
         ("ci", f"{ci.event} #{ci.pr_number}" if ci.pr_number else ci.event),
         ("gpus", ", ".join(f"{x.name} ({format_size(x.total_bytes)})" for x in e.gpus) or "none"),
-        ("driver / CUDA / cuDNN", " / ".join(
-            v or "none" for v in (e.driver, e.cuda_runtime, cudnn_version(e.cudnn)))),
+        (
+            "driver / CUDA / cuDNN",
+            " / ".join(v or "none" for v in (e.driver, e.cuda_runtime, cudnn_version(e.cudnn))),
+        ),
         ("torch / python", f"{e.torch or 'none'} / {e.python or 'none'}"),
         ("fingerprint", e.fingerprint),
         ("variables", ", ".join(f"{k}={v}" for k, v in e.env_vars.items()) or None),
@@ -198,23 +218,37 @@ def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = Non
         if m.message:
             t.add_row("message", _t(m.message))
         if m.kind == "estimate":
-            t.add_row("estimated peak", _t(f"{format_size(m.peak_allocated_bytes)} for "
-                                           f"{m.device}, {m.dtype} "
-                                           f"({m.framework or 'fake tensors'})"))
+            t.add_row(
+                "estimated peak",
+                _t(
+                    f"{format_size(m.peak_allocated_bytes)} for "
+                    f"{m.device}, {m.dtype} "
+                    f"({m.framework or 'fake tensors'})"
+                ),
+            )
         elif m.case_id in estimates:
             est = estimates[m.case_id]
-            r = (est["peak_allocated_bytes"] / m.peak_allocated_bytes
-                 if m.peak_allocated_bytes else None)
+            r = (
+                est["peak_allocated_bytes"] / m.peak_allocated_bytes
+                if m.peak_allocated_bytes
+                else None
+            )
             ratio = f", estimate / measured {r:.3f}" if r is not None else ""
             commit = (est["git_commit"] or "no commit")[:12]
-            t.add_row("estimate", f"{format_size(est['peak_allocated_bytes'])} (estimate run "
-                                  f"{est['run_id'][:12]} of {commit}); measured framework peak "
-                                  f"{format_size(m.peak_allocated_bytes)}{ratio}")
+            t.add_row(
+                "estimate",
+                f"{format_size(est['peak_allocated_bytes'])} (estimate run "
+                f"{est['run_id'][:12]} of {commit}); measured framework peak "
+                f"{format_size(m.peak_allocated_bytes)}{ratio}",
+            )
         # On a GPU the gap is the device's beyond the allocator (context, libraries); on
         # the CPU it is the process's RSS beyond live tensors: the interpreter and the
         # libraries, not a workspace of the model's.
-        gap = ("workspace/runtime" if m.device.startswith("cuda") else
-               "host RSS beyond tensors (interpreter, libraries)")
+        gap = (
+            "workspace/runtime"
+            if m.device.startswith("cuda")
+            else "host RSS beyond tensors (interpreter, libraries)"
+        )
         for label, value in (
             ("weights", m.weights_bytes),
             ("intermediates", m.intermediates_bytes),
@@ -231,11 +265,15 @@ def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = Non
             t.add_row("host peak", _t(host_line(m)))
             if m.load_duration_s is not None:
                 t.add_row("loading", _t(loading_line(m)))
-            t.add_row("device view", _t(
-                m.device_view or f"absent: {m.device_view_note or 'no reason recorded'}"))
+            t.add_row(
+                "device view",
+                _t(m.device_view or f"absent: {m.device_view_note or 'no reason recorded'}"),
+            )
         if m.quality_status is not None:
-            t.add_row("quality", _t(f"{m.quality_status} against {m.quality_reference}: "
-                                        f"{m.quality_message or '-'}"))
+            t.add_row(
+                "quality",
+                _t(f"{m.quality_status} against {m.quality_reference}: {m.quality_message or '-'}"),
+            )
         for note in m.notes:
             t.add_row("note", _t(note))
         blocks.append(t)
@@ -251,8 +289,10 @@ def host_line(m: Measurement) -> str:
     line = f"{format_size(m.host_peak_rss_bytes)}{source}"
     gated = host_peak(m)
     if gated is not None:
-        line += (f" = {format_size(m.host_file_rss_bytes)} file-backed (shared libraries) + "
-                 f"{format_size(gated)} gated as `host`")
+        line += (
+            f" = {format_size(m.host_file_rss_bytes)} file-backed (shared libraries) + "
+            f"{format_size(gated)} gated as `host`"
+        )
     step = host_step(m)
     if step is not None:
         line += f"; the step's growth {format_size(step)}, gated as `host_step`"
@@ -262,8 +302,17 @@ def host_line(m: Measurement) -> str:
 def rank_table(m: Measurement) -> Table:
     """A multi-rank case: one row per rank, each on its own device (devices do not pool)."""
     t = Table(title=f"{_t(m.case_id)} · per rank", title_justify="left")
-    for col in ("rank", "device", "status", "framework peak", "reserved", "requested",
-                "device (NVML)", "host peak", "median time"):
+    for col in (
+        "rank",
+        "device",
+        "status",
+        "framework peak",
+        "reserved",
+        "requested",
+        "device (NVML)",
+        "host peak",
+        "median time",
+    ):
         t.add_column(col, justify="left" if col in ("device", "status") else "right")
     nvml = {f"cuda:{d.index}": d.peak_process_bytes for d in m.devices}
     for r in m.ranks:

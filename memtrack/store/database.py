@@ -46,19 +46,42 @@ BUSY_TIMEOUT_S = 30.0
 MIN_FREE_BYTES = 4 * 2**20
 """Room a run needs where it is written: a database refuses a run before its first case
 with less free (a run's rows, the write-ahead log, a checkpoint), as a JSON record does."""
-VERDICT_COLUMNS = ("run_id", "case_id", "workload", "metric", "kind", "blocking",
-                   "provisional", "baseline_value", "spread", "factor", "floor", "threshold",
-                   "candidate_value", "delta", "delta_pct", "budget_bytes", "budget_reason",
-                   "baseline_runs", "message", "checked_at", "context", "accepted_reason",
-                   "component", "component_delta", "level_commit")
+VERDICT_COLUMNS = (
+    "run_id",
+    "case_id",
+    "workload",
+    "metric",
+    "kind",
+    "blocking",
+    "provisional",
+    "baseline_value",
+    "spread",
+    "factor",
+    "floor",
+    "threshold",
+    "candidate_value",
+    "delta",
+    "delta_pct",
+    "budget_bytes",
+    "budget_reason",
+    "baseline_runs",
+    "message",
+    "checked_at",
+    "context",
+    "accepted_reason",
+    "component",
+    "component_delta",
+    "level_commit",
+)
 """The columns of table `verdicts` that `memtrack check` writes and the dashboard reads."""
 _BATCH = 500
 """Records buffered before their rows are written with executemany (inside one transaction)."""
 _LOOKUP = 64
 """Records whose run ids are looked up in the store by one query."""
 
-MEASURED_RUN = ("and exists (select 1 from measurements x where x.run_id = runs.run_id "
-                "and x.kind = 'measured')")
+MEASURED_RUN = (
+    "and exists (select 1 from measurements x where x.run_id = runs.run_id and x.kind = 'measured')"
+)
 """SQL: the run (of table `runs`, unaliased) measured something: it is not an estimate run."""
 
 last_path: Path | None = None
@@ -144,8 +167,14 @@ def _unprefixed(cls: type, row: dict[str, Any], prefix: str, json_fields: set[st
 
 _GIT_JSON = {"notes"}
 _ENV_JSON = {"gpus", "torch_cuda_arch_list", "packages", "env_vars", "visible_uuids", "notes"}
-_MEASUREMENT_JSON = {"params", "allocated_samples", "categories", "iteration_times_s", "notes",
-                     "quality_tolerance"}
+_MEASUREMENT_JSON = {
+    "params",
+    "allocated_samples",
+    "categories",
+    "iteration_times_s",
+    "notes",
+    "quality_tolerance",
+}
 
 
 def _chunks(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
@@ -164,8 +193,18 @@ def _insert_sql(table: str, columns: list[str], verb: str = "insert") -> str:
     return f"{verb} into {table} ({cols}) values ({', '.join('?' for _ in columns)})"
 
 
-_RUN_OWN = ["run_id", "started_at", "finished_at", "recorded_at", "suite_hash", "config_path",
-            "shard", "schema_version", "env_id", "fingerprint"]
+_RUN_OWN = [
+    "run_id",
+    "started_at",
+    "finished_at",
+    "recorded_at",
+    "suite_hash",
+    "config_path",
+    "shard",
+    "schema_version",
+    "env_id",
+    "fingerprint",
+]
 
 
 # -- failures, in plain words --------------------------------------------------------------
@@ -245,8 +284,10 @@ def room_problem(path: Path) -> str | None:
     except OSError:
         return None  # the folder's own problem is found when it is written
     if free < MIN_FREE_BYTES:
-        return (f"disk full ({format_size(free)} free; a run needs at least "
-                f"{format_size(MIN_FREE_BYTES)})")
+        return (
+            f"disk full ({format_size(free)} free; a run needs at least "
+            f"{format_size(MIN_FREE_BYTES)})"
+        )
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     if limit != resource.RLIM_INFINITY:
         try:
@@ -254,8 +295,10 @@ def room_problem(path: Path) -> str | None:
         except OSError:
             size = 0
         if limit - size < MIN_FREE_BYTES:
-            return (f"disk full (the file size limit, {format_size(limit)}, leaves less than "
-                    f"{format_size(MIN_FREE_BYTES)} for a run)")
+            return (
+                f"disk full (the file size limit, {format_size(limit)}, leaves less than "
+                f"{format_size(MIN_FREE_BYTES)} for a run)"
+            )
     return None
 
 
@@ -283,19 +326,28 @@ def _column_affinity(f: dataclasses.Field[Any]) -> str:
 def _expected_schema() -> dict[str, dict[str, str | None]]:
     """Table -> column -> affinity: what memtrack writes and reads, from the records it
     stores (None: any type)."""
+
     def of(cls: type, prefix: str = "", without: tuple[str, ...] = ()) -> dict[str, str | None]:
-        return {prefix + f.name: _column_affinity(f) for f in dataclasses.fields(cls)
-                if f.name not in without}
+        return {
+            prefix + f.name: _column_affinity(f)
+            for f in dataclasses.fields(cls)
+            if f.name not in without
+        }
 
     own: dict[str, str | None] = {c: "text" for c in _RUN_OWN}
     own["schema_version"] = "integer"
     return {
         "environments": {"env_id": "text", **of(Environment)},
         "runs": {**own, **of(GitInfo, "git_"), **of(CIInfo, "ci_")},
-        "measurements": {"id": "integer", "run_id": "text", "device_peak_bytes": "integer",
-                         "host_bytes": "integer", "host_step_bytes": "integer",
-                         "load_host_bytes": "integer",
-                         **of(Measurement, without=("devices", "ranks"))},
+        "measurements": {
+            "id": "integer",
+            "run_id": "text",
+            "device_peak_bytes": "integer",
+            "host_bytes": "integer",
+            "host_step_bytes": "integer",
+            "load_host_bytes": "integer",
+            **of(Measurement, without=("devices", "ranks")),
+        },
         "device_measurements": {"measurement_id": "integer", **of(DeviceMeasurement)},
         "rank_measurements": {"measurement_id": "integer", **of(RankMeasurement)},
         "verdicts": dict.fromkeys(VERDICT_COLUMNS),
@@ -314,15 +366,19 @@ def schema_problem(conn: sqlite3.Connection) -> str | None:
             if column not in found:
                 return f"column {table}.{column} is missing"
             if affinity is not None and _affinity(found[column]) != affinity:
-                return (f"column {table}.{column} is of type {found[column] or 'none'}, "
-                        f"expected {affinity}")
+                return (
+                    f"column {table}.{column} is of type {found[column] or 'none'}, "
+                    f"expected {affinity}"
+                )
     return None
 
 
 def damaged(path: Path, problem: str) -> StoreError:
     """The error of a database found damaged, in one line naming it."""
-    return StoreError(f"{path}: damaged database ({problem}); restore it from a backup "
-                      "(`memtrack backup` makes one) or rebuild it with `memtrack ingest`")
+    return StoreError(
+        f"{path}: damaged database ({problem}); restore it from a backup "
+        "(`memtrack backup` makes one) or rebuild it with `memtrack ingest`"
+    )
 
 
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
@@ -394,8 +450,13 @@ class Store:
         if readonly:
             # A quoted file: URI, so '#' or '?' in a folder name stays part of the path.
             uri = path.resolve().as_uri()
-            conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S,
-                                   isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(
+                f"{uri}?mode=ro",
+                uri=True,
+                timeout=BUSY_TIMEOUT_S,
+                isolation_level=None,
+                check_same_thread=False,
+            )
             try:
                 conn.execute("select count(*) from sqlite_master").fetchone()
             except sqlite3.OperationalError:
@@ -404,15 +465,20 @@ class Store:
                 # A WAL database on a read-only file system cannot make its -shm file; nothing
                 # can write there, so reading it as immutable is safe.
                 conn.close()
-                conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True,
-                                       timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                       check_same_thread=False)
+                conn = sqlite3.connect(
+                    f"{uri}?mode=ro&immutable=1",
+                    uri=True,
+                    timeout=BUSY_TIMEOUT_S,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
         else:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise StoreError(f"{path}: cannot create its folder "
-                                 f"({describe_failure(exc, None)})") from None
+                raise StoreError(
+                    f"{path}: cannot create its folder ({describe_failure(exc, None)})"
+                ) from None
             if path.is_dir():
                 raise StoreError(f"{path}: is a directory, not a database")
             conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
@@ -431,8 +497,10 @@ class Store:
             return
         if not create and not self.applied_migrations():
             empty = self.path.stat().st_size == 0
-            raise StoreError(f"{self.path}: {'an empty file' if empty else 'empty database'}, "
-                             "not a memtrack database (record a run with `memtrack run`)")
+            raise StoreError(
+                f"{self.path}: {'an empty file' if empty else 'empty database'}, "
+                "not a memtrack database (record a run with `memtrack run`)"
+            )
         self.check_schema(allow_pending=True)  # refuses a foreign file before any change
         try:
             if set(migrations.names()) - self.applied_migrations():
@@ -503,8 +571,10 @@ class Store:
         if not applied and "runs" in tables:
             raise StoreError(f"{self.path}: has a 'runs' table but no memtrack schema record")
         if not applied and tables:
-            raise StoreError(f"{self.path}: not a memtrack database (it holds other tables: "
-                             f"{', '.join(sorted(tables)[:5])})")
+            raise StoreError(
+                f"{self.path}: not a memtrack database (it holds other tables: "
+                f"{', '.join(sorted(tables)[:5])})"
+            )
         if not allow_pending and known - applied:
             if not applied:
                 raise StoreError(f"{self.path}: empty database (record a run with `memtrack run`)")
@@ -539,8 +609,10 @@ class Store:
         except FileNotFoundError:
             now = None
         if self._identity is not None and (now is None or not _same_file(now, self._identity)):
-            raise StoreError(f"{self.path}: the database file was deleted or replaced while "
-                             "memtrack had it open; nothing written to it")
+            raise StoreError(
+                f"{self.path}: the database file was deleted or replaced while "
+                "memtrack had it open; nothing written to it"
+            )
 
     def close(self) -> None:
         self.conn.close()
@@ -611,8 +683,10 @@ class Store:
     def _same_as_stored(self, run: RunRecord) -> None:
         # Compared as read, unchecked: a stored run that differs is refused either way.
         if self._read_run(run.run_id, check=False) != run:
-            raise StoreError(f"{self.path}: run id {run.run_id!r} is already stored with "
-                             "different content; nothing written")
+            raise StoreError(
+                f"{self.path}: run id {run.run_id!r} is already stored with "
+                "different content; nothing written"
+            )
 
     # -- reading ---------------------------------------------------------------------
 
@@ -640,8 +714,9 @@ class Store:
         except RecordError as exc:
             raise damaged(self.path, str(exc)) from None
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise damaged(self.path, f"run {run_id}: {type(exc).__name__}: {exc}"
-                          .splitlines()[0][:300]) from None
+            raise damaged(
+                self.path, f"run {run_id}: {type(exc).__name__}: {exc}".splitlines()[0][:300]
+            ) from None
 
     def _build_run(self, run_id: str) -> RunRecord:
         row = dict(self.conn.execute("select * from runs where run_id = ?", [run_id]).fetchone())
@@ -704,8 +779,9 @@ class Store:
                 quality_tolerance=m.quality_tolerance or {},  # NULL in rows from before m009
             )
 
-    def run_ids(self, *, commit: str | None = None, limit: int = 50,
-                measured: bool = False) -> list[str]:
+    def run_ids(
+        self, *, commit: str | None = None, limit: int = 50, measured: bool = False
+    ) -> list[str]:
         """Run ids, newest first; only those of `commit` (a SHA prefix) when given; with
         `measured`, only runs that measured something (not estimate runs)."""
         if commit:
@@ -738,15 +814,21 @@ class Store:
         rows = self.conn.execute(sql, params).fetchall()
         return [dict(r) for r in rows]
 
-    def latest_estimates(self, case_ids: Iterable[str],
-                         commit: str | None = None) -> dict[str, dict[str, Any]]:
+    def latest_estimates(
+        self, case_ids: Iterable[str], commit: str | None = None
+    ) -> dict[str, dict[str, Any]]:
         """Per case id, its estimate (`memtrack estimate`) of `commit` if there is one, else
         its newest: run_id, git_commit, started_at, peak_allocated_bytes. Cases never
         estimated (successfully) are left out."""
         conn, case_ids = self.conn, list(case_ids)
         ok = "kind = 'estimate' and status = 'ok' and peak_allocated_bytes is not null"
-        wanted = {case for case in case_ids if conn.execute(
-            f"select 1 from measurements where case_id = ? and {ok} limit 1", [case]).fetchone()}
+        wanted = {
+            case
+            for case in case_ids
+            if conn.execute(
+                f"select 1 from measurements where case_id = ? and {ok} limit 1", [case]
+            ).fetchone()
+        }
         out: dict[str, dict[str, Any]] = {}
         if not wanted:
             return out
@@ -756,7 +838,9 @@ class Store:
         runs = conn.execute(
             "select run_id, git_commit, started_at from runs where run_id in "
             "(select run_id from measurements where kind = 'estimate') "
-            "order by coalesce(git_commit = ?, 0) desc, started_at desc", [commit])
+            "order by coalesce(git_commit = ?, 0) desc, started_at desc",
+            [commit],
+        )
 
         def rank(run: sqlite3.Row) -> tuple[bool, str]:  # that order, to group its ties
             return commit is not None and run[1] == commit, run[2]
@@ -765,13 +849,21 @@ class Store:
             found: dict[str, tuple[int, dict[str, Any]]] = {}
             for run_id, git_commit, started_at in tied:
                 for case, peak, mid in conn.execute(
-                        "select case_id, peak_allocated_bytes, id from measurements "
-                        f"where run_id = ? and {ok}", [run_id]):
+                    "select case_id, peak_allocated_bytes, id from measurements "
+                    f"where run_id = ? and {ok}",
+                    [run_id],
+                ):
                     # of runs started at one time, the one written last
                     if case in wanted and case not in out and mid > found.get(case, (0,))[0]:
-                        found[case] = (mid, {"run_id": run_id, "git_commit": git_commit,
-                                             "started_at": started_at,
-                                             "peak_allocated_bytes": peak})
+                        found[case] = (
+                            mid,
+                            {
+                                "run_id": run_id,
+                                "git_commit": git_commit,
+                                "started_at": started_at,
+                                "peak_allocated_bytes": peak,
+                            },
+                        )
             out.update((case, row) for case, (_, row) in found.items())
             if len(out) == len(wanted):
                 break
@@ -803,8 +895,18 @@ class _Batch:
         "environments": ("insert or ignore", ["env_id", *_ENV.names]),
         "runs": ("insert", _RUN_COLUMNS),
         # the derived metrics are stored beside the figures, so baselines read plain SQL
-        "measurements": ("insert", ["id", "run_id", "device_peak_bytes", "host_bytes",
-                                    "host_step_bytes", "load_host_bytes", *_M.names]),
+        "measurements": (
+            "insert",
+            [
+                "id",
+                "run_id",
+                "device_peak_bytes",
+                "host_bytes",
+                "host_step_bytes",
+                "load_host_bytes",
+                *_M.names,
+            ],
+        ),
         "device_measurements": ("insert", ["measurement_id", *_D.names]),
         "rank_measurements": ("insert", ["measurement_id", *_R.names]),
     }
@@ -833,14 +935,27 @@ class _Batch:
         if eid not in self.envs:
             self.envs[eid] = self._ENV.values(env, eid)
         self.run_ids.add(run.run_id)
-        own = [run.run_id, run.started_at, run.finished_at, self.recorded_at, run.suite_hash,
-               run.config_path, run.shard, run.schema_version, eid, env.fingerprint]
+        own = [
+            run.run_id,
+            run.started_at,
+            run.finished_at,
+            self.recorded_at,
+            run.suite_hash,
+            run.config_path,
+            run.shard,
+            run.schema_version,
+            eid,
+            env.fingerprint,
+        ]
         self.runs.append(own + self._GIT.values(run.git) + self._CI.values(run.ci))
         for m in run.measurements:
             mid = self.next_id
             self.next_id += 1
-            self.measurements.append(self._M.values(m, mid, run.run_id, device_peak(m),
-                                                    host_peak(m), host_step(m), load_host(m)))
+            self.measurements.append(
+                self._M.values(
+                    m, mid, run.run_id, device_peak(m), host_peak(m), host_step(m), load_host(m)
+                )
+            )
             for d in m.devices:
                 self.devices.append(self._D.values(d, mid))
             for r in m.ranks:
@@ -867,11 +982,17 @@ class _Batch:
             return
         verb, columns = self._TABLES[table]
         if table not in self.defaults:
-            self.defaults[table] = {r[1] for r in self.conn.execute(
-                f"pragma table_info({table})") if r[4] is not None or r[3]}
+            self.defaults[table] = {
+                r[1]
+                for r in self.conn.execute(f"pragma table_info({table})")
+                if r[4] is not None or r[3]
+            }
         kept = self.defaults[table]
-        keep = [i for i, values in enumerate(zip(*rows, strict=True))
-                if values.count(None) < len(values) or columns[i] in kept]
+        keep = [
+            i
+            for i, values in enumerate(zip(*rows, strict=True))
+            if values.count(None) < len(values) or columns[i] in kept
+        ]
         sql = _insert_sql(table, [columns[i] for i in keep], verb)
         if len(keep) == len(columns):
             self.conn.executemany(sql, rows)

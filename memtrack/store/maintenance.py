@@ -68,8 +68,7 @@ def backup(db: Path, dest: Path, *, overwrite: bool = False) -> BackupResult:
     # Read-only, so a backup can never change the live file; the busy timeout waits out a
     # writer's checkpoint instead of failing. A quoted URI: '#' or '?' in a folder name is
     # part of the path.
-    source = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True,
-                             timeout=BUSY_TIMEOUT_S)
+    source = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     leftovers = [tmp, *(tmp.with_name(tmp.name + s) for s in ("-journal", "-wal", "-shm"))]
     try:

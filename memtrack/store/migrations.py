@@ -183,11 +183,17 @@ def m003_gate(db: sqlite_utils.Database) -> None:
     """The gate's figures: a breakdown that adds up, host metrics that follow the code, and
     verdicts that say their context, what grew, and what was accepted."""
     measurements = db.table("measurements")
-    for column in ("gradients_bytes", "optimizer_state_bytes", "unattributed_bytes",
-                   "host_setup_rss_bytes", "host_file_rss_bytes",
-                   # the `host` and `host_step` metrics, derived when written (as is
-                   # device_peak_bytes) so that baselines read them with plain SQL
-                   "host_bytes", "host_step_bytes"):
+    for column in (
+        "gradients_bytes",
+        "optimizer_state_bytes",
+        "unattributed_bytes",
+        "host_setup_rss_bytes",
+        "host_file_rss_bytes",
+        # the `host` and `host_step` metrics, derived when written (as is
+        # device_peak_bytes) so that baselines read them with plain SQL
+        "host_bytes",
+        "host_step_bytes",
+    ):
         measurements.add_column(column, int)
     db.execute("alter table verdicts add column context text")
     db.execute("alter table verdicts add column accepted_reason text")
@@ -248,8 +254,9 @@ def m008_ranks(db: sqlite_utils.Database) -> None:
         )
         """
     )
-    db.execute("create index idx_rank_measurements_measurement_id "
-               "on rank_measurements (measurement_id)")
+    db.execute(
+        "create index idx_rank_measurements_measurement_id on rank_measurements (measurement_id)"
+    )
 
 
 def m009_quality(db: sqlite_utils.Database) -> None:
@@ -297,8 +304,10 @@ def m012_estimate_index(db: sqlite_utils.Database) -> None:
     its measured figure, and without it the lookup read every measured row of the case (2 s
     of `check` at a million rows). Partial, so measured rows (nearly all) cost nothing more
     to write; it holds what the lookup tests, so no measurement row is read to find one."""
-    db.execute("create index idx_measurements_estimates on measurements "
-               "(case_id, status, peak_allocated_bytes, run_id) where kind = 'estimate'")
+    db.execute(
+        "create index idx_measurements_estimates on measurements "
+        "(case_id, status, peak_allocated_bytes, run_id) where kind = 'estimate'"
+    )
 
 
 STEPS = (

@@ -29,8 +29,10 @@ class Rank:
 def _env_int(name: str) -> int:
     value = os.environ.get(name, "")
     if not value.isdigit():
-        raise WorkloadError(f"multi-rank case: environment variable {name}={value!r} is not "
-                            "a rank number (the runner sets it)")
+        raise WorkloadError(
+            f"multi-rank case: environment variable {name}={value!r} is not "
+            "a rank number (the runner sets it)"
+        )
     return int(value)
 
 
@@ -45,8 +47,10 @@ def setup(spec: Spec) -> Rank | None:
     rank, world, local = (_env_int(n) for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     if spec.device == "cuda":
         if local >= torch.cuda.device_count():
-            raise WorkloadError(f"rank {rank} needs cuda:{local}, but torch sees "
-                                f"{torch.cuda.device_count()} CUDA device(s)")
+            raise WorkloadError(
+                f"rank {rank} needs cuda:{local}, but torch sees "
+                f"{torch.cuda.device_count()} CUDA device(s)"
+            )
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
         # device_id: the communicator is made now, in setup, not inside a measured pass

@@ -46,9 +46,11 @@ def _cuda_support() -> str | None:
         why = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     else:
         why = "no CUDA generator for seeded inputs"
-    return (f"this torch build has no CUDA support: torch {torch.__version__} cannot run ops "
-            f"on fake CUDA tensors ({why}); estimate with --device cpu, or with a CUDA "
-            "build of torch")
+    return (
+        f"this torch build has no CUDA support: torch {torch.__version__} cannot run ops "
+        f"on fake CUDA tensors ({why}); estimate with --device cpu, or with a CUDA "
+        "build of torch"
+    )
 
 
 def describe(exc: BaseException, root: Path | None = None) -> str:
@@ -71,8 +73,9 @@ def workload_line(exc: BaseException, root: Path | None = None) -> str | None:
     found = None
     for frame in traceback.extract_tb(exc.__traceback__):
         path = Path(frame.filename)
-        if not path.is_absolute() or (any(path.is_relative_to(d) for d in skip)
-                                      and not path.is_relative_to(examples)):
+        if not path.is_absolute() or (
+            any(path.is_relative_to(d) for d in skip) and not path.is_relative_to(examples)
+        ):
             continue
         found = frame
     if found is None:
@@ -87,19 +90,27 @@ def workload_line(exc: BaseException, root: Path | None = None) -> str | None:
 def _what(exc: BaseException) -> str:
     from torch._subclasses import fake_tensor as ft
 
-    fake_errors = (ft.DynamicOutputShapeException, ft.DataDependentOutputException,
-                   ft.UnsupportedOperatorException, ft.UnsupportedFakeTensorException)
+    fake_errors = (
+        ft.DynamicOutputShapeException,
+        ft.DataDependentOutputException,
+        ft.UnsupportedOperatorException,
+        ft.UnsupportedFakeTensorException,
+    )
     cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, fake_errors):
         cause = cause.__cause__ or cause.__context__
     exc = cause or exc
     func = getattr(exc, "func", None)
     if isinstance(exc, ft.DynamicOutputShapeException):
-        return (f"cannot be faked: {func} has a data-dependent output shape "
-                "(e.g. torch.nonzero, boolean-mask indexing, torch.unique)")
+        return (
+            f"cannot be faked: {func} has a data-dependent output shape "
+            "(e.g. torch.nonzero, boolean-mask indexing, torch.unique)"
+        )
     if isinstance(exc, ft.DataDependentOutputException):
-        return (f"cannot be faked: {func} reads a tensor's value "
-                "(e.g. .item(), .tolist(), a tensor in an `if`), which fake tensors do not hold")
+        return (
+            f"cannot be faked: {func} reads a tensor's value "
+            "(e.g. .item(), .tolist(), a tensor in an `if`), which fake tensors do not hold"
+        )
     if isinstance(exc, ft.UnsupportedOperatorException):
         return f"cannot be faked: {func} has no fake (meta) implementation (a custom kernel?)"
     if isinstance(exc, ft.UnsupportedFakeTensorException):
@@ -108,15 +119,19 @@ def _what(exc: BaseException) -> str:
     if "hasPrimaryContext" in str(exc):
         # autograd's engine asks the driver for each device's context before it runs a
         # backward pass, even over fake tensors: without a GPU there is none to ask
-        return ("cannot be estimated: backward on fake CUDA tensors needs a CUDA device "
-                "(autograd asks the driver for its context, and this machine has no GPU); "
-                "estimate the training step with --device cpu and the target dtype "
-                f"({type(exc).__name__}: {text[0] if text else ''})")[:2000]
+        return (
+            "cannot be estimated: backward on fake CUDA tensors needs a CUDA device "
+            "(autograd asks the driver for its context, and this machine has no GPU); "
+            "estimate the training step with --device cpu and the target dtype "
+            f"({type(exc).__name__}: {text[0] if text else ''})"
+        )[:2000]
     frames = traceback.extract_tb(exc.__traceback__)
     if any(f.filename.replace("\\", "/").endswith("torch/serialization.py") for f in frames):
-        return ("cannot be faked: the workload saves or loads a checkpoint (torch.save / "
-                "torch.load), and fake tensors hold no data to write or read "
-                f"({type(exc).__name__}: {text[0] if text else ''})")[:2000]
+        return (
+            "cannot be faked: the workload saves or loads a checkpoint (torch.save / "
+            "torch.load), and fake tensors hold no data to write or read "
+            f"({type(exc).__name__}: {text[0] if text else ''})"
+        )[:2000]
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:2000]
 
 
@@ -153,8 +168,9 @@ def _fake_module_support(mode: Any) -> Iterator[None]:
         return swap(t1, t2)
 
     class DeepcopyInMode(TorchFunctionMode):
-        def __torch_function__(self, func: Any, types: Any, args: Any = (),
-                               kwargs: Any = None) -> Any:
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
             kwargs = kwargs or {}
             if func is torch.Tensor.__deepcopy__ and isinstance(args[0], FakeTensor):
                 tensor, copies = args
@@ -229,7 +245,8 @@ def estimate_case(spec: Spec, result: ResultFile) -> None:
         result.notes.append(
             f"concurrency {sessions}: an upper bound, every session at its peak at once (one "
             f"session's step above the persistent set, x {sessions}); overlapping sessions "
-            "measure less, see `memtrack plan --sweep concurrency=...`")
+            "measure less, see `memtrack plan --sweep concurrency=...`"
+        )
     result.update(phase="done", **summary)
 
 
@@ -237,25 +254,27 @@ PER_SESSION = ("Activation", "Temp", "Other", "Gradient")
 """MemTracker's categories that each session holds for itself (the rest is shared)."""
 
 
-def _all_sessions_at_peak(summary: dict[str, Any], persistent: int, sessions: int
-                          ) -> dict[str, Any]:
+def _all_sessions_at_peak(
+    summary: dict[str, Any], persistent: int, sessions: int
+) -> dict[str, Any]:
     """One session's figures scaled to `sessions` of them peaking together. Fake tensors
     run the sessions one after another in this thread (a dispatch mode is per thread), so
     their overlap is not observed: this bounds it from above."""
     out = dict(summary)
     extra = sessions - 1
-    out["allocated_samples"] = [s + extra * max(0, s - persistent)
-                                for s in summary.get("allocated_samples", [])]
+    out["allocated_samples"] = [
+        s + extra * max(0, s - persistent) for s in summary.get("allocated_samples", [])
+    ]
     out["peak_allocated_bytes"] = max(out["allocated_samples"], default=None)
-    out["categories"] = {k: v * sessions if k in PER_SESSION else v
-                         for k, v in summary.get("categories", {}).items()}
+    out["categories"] = {
+        k: v * sessions if k in PER_SESSION else v for k, v in summary.get("categories", {}).items()
+    }
     return out
 
 
 def failure(exc: Exception, spec: Spec) -> dict[str, Any]:
     """A case that raised: what could not be faked, in one line, naming the workload's line."""
-    message = (str(exc) if isinstance(exc, NotFakeable)
-               else describe(exc, Path(spec.root).resolve()))
+    message = str(exc) if isinstance(exc, NotFakeable) else describe(exc, Path(spec.root).resolve())
     return {"status": "error", "message": message.splitlines()[0][:2000]}
 
 

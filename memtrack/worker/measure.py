@@ -68,15 +68,23 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     rank = distributed.setup(spec)  # None unless the case has the `ranks` param
     import_workload_module(spec.module, Path(spec.root))
     wl = find(spec.workload)
-    ctx = Context(spec.params, spec.seed, spec.device, Path(spec.data_dir),
-                  Path(spec.scratch_dir) if spec.scratch_dir else None)
+    ctx = Context(
+        spec.params,
+        spec.seed,
+        spec.device,
+        Path(spec.data_dir),
+        Path(spec.scratch_dir) if spec.scratch_dir else None,
+    )
     ctx.loading_probe = loading = LoadingProbe(host)
     if rank is not None:
         ctx.rank, ctx.world_size = rank.rank, rank.world_size
     is_cuda = ctx.device.type == "cuda"
     sessions = ctx.concurrency
-    probe = (CudaAllocatorProbe(ctx.device) if is_cuda
-             else MemTrackerProbe(ctx.device, sessions, allocator=True))
+    probe = (
+        CudaAllocatorProbe(ctx.device)
+        if is_cuda
+        else MemTrackerProbe(ctx.device, sessions, allocator=True)
+    )
 
     step = wl.fn(ctx)
     if not callable(step):
@@ -87,8 +95,10 @@ def run_case(spec: Spec, result: ResultFile) -> None:
         from memtrack.workload.sessions import Sessions
 
         step = Sessions(step, sessions, ctx.device, probe.session_scope)
-        result.notes.append(f"{sessions} concurrent sessions per iteration (threads"
-                                    + (", one CUDA stream each)" if is_cuda else ")"))
+        result.notes.append(
+            f"{sessions} concurrent sessions per iteration (threads"
+            + (", one CUDA stream each)" if is_cuda else ")")
+        )
     objects = ctx.marked_objects if ctx.marked_objects is not None else ()
     if ctx.marked_objects is None:
         result.notes.append("no ctx.mark(): the persistent set is what setup left")
@@ -104,8 +114,9 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     if spec.snapshot_path:  # `memtrack snapshot`: one more step under the recorder
         from memtrack.probes.snapshot import capture
 
-        snap = capture(step, ctx.device, objects, Path(spec.snapshot_path),
-                       spec.case_id or spec.workload)
+        snap = capture(
+            step, ctx.device, objects, Path(spec.snapshot_path), spec.case_id or spec.workload
+        )
         result.update(phase="done", **snap)
         _close(step)
         return
@@ -146,7 +157,8 @@ def run_case(spec: Spec, result: ResultFile) -> None:
         result.update(phase="breakdown", **summary)
         try:
             summary["categories"] = category_breakdown(
-                step, ctx.device, objects, lambda p: _tags_to(ctx, p), sessions)
+                step, ctx.device, objects, lambda p: _tags_to(ctx, p), sessions
+            )
         except Exception as exc:  # the allocator figures stand without it
             result.notes.append(f"category breakdown unavailable: {exc}")
     quality = spec.quality
@@ -187,8 +199,10 @@ def _hold_for_sampler(spec: Spec, start: float, end: float, notes: list[str]) ->
 
     held = wait_for_rounds(spec.sampler_clock, end, HOLD_LIMIT_S)
     if held is None:
-        notes.append(f"the NVML sampler took fewer than two samples in the {HOLD_LIMIT_S:g} s "
-                     "after the memory pass")
+        notes.append(
+            f"the NVML sampler took fewer than two samples in the {HOLD_LIMIT_S:g} s "
+            "after the memory pass"
+        )
         return [start, end]
     return [start, end, held]
 
@@ -216,8 +230,13 @@ def _cuda_partial() -> dict[str, Any]:
         return {}
 
 
-OOM_WORDS = ("out of memory", "cudaerrormemoryallocation", "cuda_error_out_of_memory",
-             "can't allocate memory", "cannot allocate memory")
+OOM_WORDS = (
+    "out of memory",
+    "cudaerrormemoryallocation",
+    "cuda_error_out_of_memory",
+    "can't allocate memory",
+    "cannot allocate memory",
+)
 """How torch, the CUDA runtime and the driver say that an allocation failed; torch's
 DefaultCPUAllocator says "can't allocate memory" (under RLIMIT_AS or a full host)."""
 NCCL_CUDA_ERROR = "unhandled cuda error"
@@ -238,8 +257,9 @@ def is_oom(exc: BaseException) -> bool:
         text = str(cause).lower()
         if type(cause).__name__ == "OutOfMemoryError" or any(w in text for w in OOM_WORDS):
             return True
-        if isinstance(cause, MemoryError) or (isinstance(cause, OSError)
-                                              and cause.errno == errno.ENOMEM):
+        if isinstance(cause, MemoryError) or (
+            isinstance(cause, OSError) and cause.errno == errno.ENOMEM
+        ):
             return True
         if NCCL_CUDA_ERROR in text and any(w in text for w in NCCL_ALLOC_WORDS):
             return True

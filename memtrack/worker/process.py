@@ -27,8 +27,11 @@ def die_with_parent(runner_pid: int) -> None:
             os._exit(1)
 
 
-def serve(argv: list[str], run: Callable[[Spec, ResultFile], None],
-          failure: Callable[[Exception, Spec], dict[str, Any]]) -> int:
+def serve(
+    argv: list[str],
+    run: Callable[[Spec, ResultFile], None],
+    failure: Callable[[Exception, Spec], dict[str, Any]],
+) -> int:
     """`argv` is SPEC_PATH RUNNER_PID. Runs the case; `failure(exc, spec)` gives the result
     fields of a case that raised (its status and message)."""
     die_with_parent(int(argv[1]))

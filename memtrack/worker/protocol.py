@@ -162,9 +162,19 @@ class Result:
 WORKER_STATUSES = ("running", "ok", "oom", "error")
 """What a worker may say of its case; `crashed` and `timeout` are the parent's to say."""
 RESULT_FIELDS = frozenset(f.name for f in dataclasses.fields(Result))
-OWN_FIELDS = ("status", "phase", "notes", "message", "traceback", "written_at",
-              "memory_window", "cuda_devices", "snapshot_kind", "snapshot_events",
-              "snapshot_modules")
+OWN_FIELDS = (
+    "status",
+    "phase",
+    "notes",
+    "message",
+    "traceback",
+    "written_at",
+    "memory_window",
+    "cuda_devices",
+    "snapshot_kind",
+    "snapshot_events",
+    "snapshot_modules",
+)
 """How the worker ended and what only the parent reads: not figures of the Measurement."""
 FIGURES = tuple(f for f in (x.name for x in dataclasses.fields(Result)) if f not in OWN_FIELDS)
 """The result's figures, each a Measurement field of the same name."""
@@ -265,8 +275,9 @@ class Channel:
         message: dict[str, Any] = pickle.loads(body)
         return message, fds
 
-    def _read(self, n: int, timeout_s: float | None, *, with_fds: bool = False
-              ) -> tuple[bytes, list[int]]:
+    def _read(
+        self, n: int, timeout_s: float | None, *, with_fds: bool = False
+    ) -> tuple[bytes, list[int]]:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         chunks: list[bytes] = []
         fds: list[int] = []
@@ -356,5 +367,16 @@ def _value(hint: Any, v: Any, where: str) -> Any:
     raise ProtocolError(f"{where}: no rule for {hint!r}")  # pragma: no cover
 
 
-__all__ = ["FIGURES", "OWN_FIELDS", "RESULT_FIELDS", "Channel", "ChannelClosed", "ProtocolError",
-           "QualitySpec", "Result", "ResultFile", "Spec", "read_result"]
+__all__ = [
+    "FIGURES",
+    "OWN_FIELDS",
+    "RESULT_FIELDS",
+    "Channel",
+    "ChannelClosed",
+    "ProtocolError",
+    "QualitySpec",
+    "Result",
+    "ResultFile",
+    "Spec",
+    "read_result",
+]

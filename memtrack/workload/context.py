@@ -43,8 +43,16 @@ class Context:
     marks the loading step (reading a checkpoint, building the model), measured apart.
     """
 
-    def __init__(self, params: dict[str, Any], seed: int, device: str, data_dir: Path,
-                 scratch_dir: Path | None = None, *, fake: bool = False):
+    def __init__(
+        self,
+        params: dict[str, Any],
+        seed: int,
+        device: str,
+        data_dir: Path,
+        scratch_dir: Path | None = None,
+        *,
+        fake: bool = False,
+    ):
         import torch
 
         self.params = dict(params)
@@ -94,12 +102,10 @@ class Context:
         with self._cache_lock:
             for t in tensors:
                 storage = t.untyped_storage()
-                self._cache_storages[storage.data_ptr()] = (
-                    weakref.ref(storage), storage.nbytes())
+                self._cache_storages[storage.data_ptr()] = (weakref.ref(storage), storage.nbytes())
             alive = {k: v for k, v in self._cache_storages.items() if v[0]() is not None}
             self._cache_storages = alive
-            self.cache_peak_bytes = max(self.cache_peak_bytes,
-                                        sum(n for _, n in alive.values()))
+            self.cache_peak_bytes = max(self.cache_peak_bytes, sum(n for _, n in alive.values()))
 
     @property
     def scratch_dir(self) -> Path:

@@ -56,8 +56,14 @@ class Workload:
         """One case per combination of parameter values, in declaration order."""
         names = list(self.params)
         return [
-            Case(self.name, dict(zip(names, values, strict=True)), self.seed, self.module,
-                 self.tolerance, self.precision)
+            Case(
+                self.name,
+                dict(zip(names, values, strict=True)),
+                self.seed,
+                self.module,
+                self.tolerance,
+                self.precision,
+            )
             for values in itertools.product(*(self.params[n] for n in names))
         ]
 
@@ -170,10 +176,13 @@ def workload(
         tol, precision = _check_quality(wname, grid, tolerance, quality, precision_params)
         previous = _REGISTRY.get((f.__module__, wname))
         if previous is not None and _place(previous.fn) != _place(f):
-            raise WorkloadError(f"workload {wname!r} is declared twice in {_where(f.__module__)}"
-                                f" (lines {_place(previous.fn)[2]} and {_place(f)[2]})")
+            raise WorkloadError(
+                f"workload {wname!r} is declared twice in {_where(f.__module__)}"
+                f" (lines {_place(previous.fn)[2]} and {_place(f)[2]})"
+            )
         _REGISTRY[(f.__module__, wname)] = Workload(
-            wname, f, grid, seed, f.__module__, tol, quality, precision)
+            wname, f, grid, seed, f.__module__, tol, quality, precision
+        )
         return f
 
     return register(fn) if fn is not None else register
@@ -184,16 +193,16 @@ def _place(fn: Callable[..., Any]) -> tuple[str, str, int]:
     more) is at the same place; a second declaration of the name is not, even under the
     same function name."""
     code = getattr(fn, "__code__", None)
-    return (fn.__qualname__, getattr(code, "co_filename", ""),
-            getattr(code, "co_firstlineno", 0))
+    return (fn.__qualname__, getattr(code, "co_filename", ""), getattr(code, "co_firstlineno", 0))
 
 
 def check_ranks(where: str, values: Iterable[Any]) -> None:
     """The `ranks` param counts processes: a whole number, at least 1."""
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise WorkloadError(f"{where}: {v!r} is not a number of ranks (a whole number, "
-                                "at least 1)")
+            raise WorkloadError(
+                f"{where}: {v!r} is not a number of ranks (a whole number, at least 1)"
+            )
 
 
 def ranks_of(params: dict[str, Any]) -> int | None:
@@ -218,8 +227,10 @@ def _check_quality(
     where = f"workload {wname!r}"
     if tolerance is None:
         if quality is not None or precision_params:
-            raise WorkloadError(f"{where}: quality and precision_params need a tolerance "
-                                "(e.g. tolerance={'cosine': 0.999})")
+            raise WorkloadError(
+                f"{where}: quality and precision_params need a tolerance "
+                "(e.g. tolerance={'cosine': 0.999})"
+            )
         return {}, {}
     if not isinstance(tolerance, dict) or not tolerance:
         raise WorkloadError(f"{where}: tolerance must be a non-empty dict, got {tolerance!r}")
@@ -228,44 +239,63 @@ def _check_quality(
         if key not in TOLERANCE_KEYS:
             close = difflib.get_close_matches(str(key), TOLERANCE_KEYS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise WorkloadError(f"{where}: tolerance key {key!r} is not one of "
-                                f"{', '.join(TOLERANCE_KEYS)}{hint}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value):
-            raise WorkloadError(f"{where}: tolerance {key!r} must be a finite number, "
-                                f"got {value!r}")
+            raise WorkloadError(
+                f"{where}: tolerance key {key!r} is not one of {', '.join(TOLERANCE_KEYS)}{hint}"
+            )
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
+            raise WorkloadError(
+                f"{where}: tolerance {key!r} must be a finite number, got {value!r}"
+            )
         if key in ("max_abs", "max_rel") and value < 0:
             raise WorkloadError(f"{where}: tolerance {key!r} must be at least 0, got {value!r}")
         if key == "cosine" and not -1 <= value <= 1:
-            raise WorkloadError(f"{where}: tolerance 'cosine' must be between -1 and 1, "
-                                f"got {value!r}")
+            raise WorkloadError(
+                f"{where}: tolerance 'cosine' must be between -1 and 1, got {value!r}"
+            )
         tol[key] = float(value)
     bounds_metric = {"metric", "metric_min"} & set(tol)
     if quality is not None and not callable(quality):
-        raise WorkloadError(f"{where}: quality must be a function (output, reference) -> "
-                            f"float, got {quality!r}")
+        raise WorkloadError(
+            f"{where}: quality must be a function (output, reference) -> float, got {quality!r}"
+        )
     if quality is not None and not bounds_metric:
-        raise WorkloadError(f"{where}: quality needs a bound: tolerance 'metric' (at most) "
-                            "or 'metric_min' (at least)")
+        raise WorkloadError(
+            f"{where}: quality needs a bound: tolerance 'metric' (at most) "
+            "or 'metric_min' (at least)"
+        )
     if bounds_metric and quality is None:
-        raise WorkloadError(f"{where}: tolerance {sorted(bounds_metric)[0]!r} bounds the "
-                            "workload's own metric: pass quality=fn(output, reference)")
+        raise WorkloadError(
+            f"{where}: tolerance {sorted(bounds_metric)[0]!r} bounds the "
+            "workload's own metric: pass quality=fn(output, reference)"
+        )
     precision: dict[str, Any] = {"dtype": "float32"} if "dtype" in grid else {}
-    if isinstance(precision_params, str) or not isinstance(precision_params, (dict, list,
-                                                                               tuple)):
-        raise WorkloadError(f"{where}: precision_params must be a tuple of param names or a "
-                            f"dict of param -> reference value, got {precision_params!r}")
-    named = (precision_params.items() if isinstance(precision_params, dict)
-             else ((k, None) for k in precision_params))
+    if isinstance(precision_params, str) or not isinstance(precision_params, (dict, list, tuple)):
+        raise WorkloadError(
+            f"{where}: precision_params must be a tuple of param names or a "
+            f"dict of param -> reference value, got {precision_params!r}"
+        )
+    named = (
+        precision_params.items()
+        if isinstance(precision_params, dict)
+        else ((k, None) for k in precision_params)
+    )
     for key, value in named:
         if key not in grid:
-            raise WorkloadError(f"{where}: precision_params names {key!r}, which is not a "
-                                f"param (has: {', '.join(grid) or 'none'})")
+            raise WorkloadError(
+                f"{where}: precision_params names {key!r}, which is not a "
+                f"param (has: {', '.join(grid) or 'none'})"
+            )
         if value is None:
             value = grid[key][0] if key != "dtype" else "float32"
         elif not isinstance(value, (str, int, float, bool)):
-            raise WorkloadError(f"{where}: precision_params {key!r}: reference value "
-                                f"{value!r} must be str, int, float or bool")
+            raise WorkloadError(
+                f"{where}: precision_params {key!r}: reference value "
+                f"{value!r} must be str, int, float or bool"
+            )
         precision[key] = value
     return tol, precision
 
@@ -368,8 +398,11 @@ def discover(config: Config, importing: Callable[[str], None] | None = None) -> 
             close = difflib.get_close_matches(wname, sorted(found), n=3)
             raise WorkloadError(
                 f"{config.path}: workloads.{wname}: no such workload "
-                + (f"(nearest: {', '.join(close)})" if close
-                   else f"(known: {', '.join(sorted(found))})")
+                + (
+                    f"(nearest: {', '.join(close)})"
+                    if close
+                    else f"(known: {', '.join(sorted(found))})"
+                )
             )
         wl = found[wname]
         for key in settings.params:
@@ -380,8 +413,7 @@ def discover(config: Config, importing: Callable[[str], None] | None = None) -> 
                 )
             _check_distinct(f"{config.path}: workloads.{wname}.params.{key}", settings.params[key])
             if key == RANKS_PARAM:
-                check_ranks(f"{config.path}: workloads.{wname}.params.{key}",
-                            settings.params[key])
+                check_ranks(f"{config.path}: workloads.{wname}.params.{key}", settings.params[key])
         if settings.params:
             found[wname] = replace(wl, params={**wl.params, **settings.params})
     _check_size(found.values(), config)
@@ -443,8 +475,14 @@ def suite_hash(cases: Iterable[Case], config: Config) -> str:
 def workload_data(wl: Workload) -> dict[str, Any]:
     """A discovered workload as plain data, for a process that does not import its module:
     all but its functions."""
-    return {"name": wl.name, "params": wl.params, "seed": wl.seed, "module": wl.module,
-            "tolerance": wl.tolerance, "precision": wl.precision}
+    return {
+        "name": wl.name,
+        "params": wl.params,
+        "seed": wl.seed,
+        "module": wl.module,
+        "tolerance": wl.tolerance,
+        "precision": wl.precision,
+    }
 
 
 def imported_elsewhere(*_args: Any, **_kwargs: Any) -> Any:
@@ -455,8 +493,16 @@ def imported_elsewhere(*_args: Any, **_kwargs: Any) -> Any:
 
 def from_data(data: dict[str, Any]) -> Workload:
     """A workload from `workload_data`: its grid, seed and checks, its function elsewhere."""
-    return Workload(data["name"], imported_elsewhere, data["params"], data["seed"],
-                    data["module"], data["tolerance"], None, data["precision"])
+    return Workload(
+        data["name"],
+        imported_elsewhere,
+        data["params"],
+        data["seed"],
+        data["module"],
+        data["tolerance"],
+        None,
+        data["precision"],
+    )
 
 
 def find(name: str) -> Workload:

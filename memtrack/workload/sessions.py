@@ -46,8 +46,13 @@ class Sessions:
     sessions' common start is then broken, so that no thread waits for one that failed.
     """
 
-    def __init__(self, step: Callable[[], Any], n: int, device: Any,
-                 scope: Callable[[], contextlib.AbstractContextManager[Any]] | None = None):
+    def __init__(
+        self,
+        step: Callable[[], Any],
+        n: int,
+        device: Any,
+        scope: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    ):
         self.step, self.n, self.device = step, n, device
         self.scope = scope or contextlib.nullcontext
         self.streams: list[Any] = [None] * n
@@ -63,9 +68,12 @@ class Sessions:
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
         self._closed = False
-        self.threads = [threading.Thread(target=self._serve, args=(s,), daemon=True,
-                                         name=f"memtrack-session-{i}")
-                        for i, s in enumerate(self.streams)]
+        self.threads = [
+            threading.Thread(
+                target=self._serve, args=(s,), daemon=True, name=f"memtrack-session-{i}"
+            )
+            for i, s in enumerate(self.streams)
+        ]
         for t in self.threads:
             t.start()
 

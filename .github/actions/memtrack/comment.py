@@ -87,8 +87,11 @@ def whoami(api: str, token: str) -> str | None:
     GITHUB_TOKEN of Actions alike; REST `/user` only for a personal token."""
     graphql = os.environ.get("GITHUB_GRAPHQL_URL") or f"{api}/graphql"
     try:
-        return _login(_request("POST", graphql, token, {"query": "{ viewer { login } }"})
-                      ["data"]["viewer"]["login"])
+        return _login(
+            _request("POST", graphql, token, {"query": "{ viewer { login } }"})["data"]["viewer"][
+                "login"
+            ]
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     try:
