@@ -45,9 +45,12 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> dict:
     work = tmp_path_factory.mktemp("history")
     db = work / "memtrack.db"
     out = realistic_history(db)
-    # the repository's own config: the shipped budgets (1 GiB of host per case on the CPU)
+    # the repository's own config: the shipped budgets (1 GiB of host per case on the CPU),
+    # less those of gpt_generate, a shipped case newer than the reruns the history is made of
+    head, *blocks = (ROOT / "pyproject.toml").read_text().split("[[tool.memtrack.budgets]]")
+    kept = [b for b in blocks if 'workload = "gpt_generate"' not in b]
     config = work / "pyproject.toml"
-    config.write_text((ROOT / "pyproject.toml").read_text())
+    config.write_text("[[tool.memtrack.budgets]]".join([head, *kept]))
     return {**out, "db": db, "config": config, "work": work}
 
 

@@ -75,7 +75,7 @@ def test_the_measurement_finds_a_cycle_and_a_private_import_in_a_made_up_package
     assert s.private == [("pkg.a", "pkg.b", "_g")]
 
 
-DOTTED = re.compile(r"\bmemtrack(?:\.[a-z_]+)+")
+DOTTED = re.compile(r"(?<![\w./])memtrack(?:\.[a-z_]+)+")
 FILE_NAMES = {"memtrack.db", "memtrack.toml", "memtrack.invalid"}
 
 

@@ -18,7 +18,7 @@ from memtrack.config import load_config
 from memtrack.errors import ConfigError, RecordError, WorkloadError
 from memtrack.judge.quality import precision_change
 from memtrack.measure.case import run_case
-from memtrack.measure.references import load_manifest
+from memtrack.measure.references import load_manifest, manifest_path
 from memtrack.records import run_from_dict, to_dict
 from memtrack.store.database import Store
 from memtrack.units import format_size
@@ -236,7 +236,7 @@ def test_a_reference_recorded_on_another_device_is_compared_with_a_warning(proje
     config = load_config(repo / "memtrack.toml")
     manifest = load_manifest(config)
     assert manifest[F32]["device"] == "cpu"  # recorded here, on the CPU
-    path = repo / "data" / "references" / "manifest.json"
+    path = manifest_path(config)
     data = json.loads(path.read_text())
     data["references"][F32]["device"] = "cuda:0"
     path.write_text(json.dumps(data))
