@@ -24,7 +24,11 @@ from typing import Any
 
 from memtrack.config import load_config
 from memtrack.judge.check import check
-from memtrack.store.database import Store
+
+try:
+    from memtrack.store.database import Store
+except ImportError:  # an older tree, timed beside this one: store.py was one module
+    from memtrack.store import Store  # type: ignore[attr-defined,no-redef]
 
 Stat = list  # [calls, seconds]
 
