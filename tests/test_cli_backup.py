@@ -46,11 +46,12 @@ _WRITER = textwrap.dedent(
     import sys, time
     sys.path.insert(0, {tests!r})
     from factories import make_measurement, make_run
-    from memtrack.store.database import Store, _Batch
+    from memtrack.store.database import Store
+    from memtrack.store.rows import Batch
 
     store = Store.open({db!r})
     store.conn.execute("BEGIN IMMEDIATE")
-    held = _Batch(store.conn)
+    held = Batch(store.conn)
     held.add(make_run([make_measurement("decoder", {{"batch": 99}})], subject="held"))
     held.flush()
     print("holding", flush=True)

@@ -5,9 +5,9 @@ from pathlib import Path
 import click
 
 from memtrack.commands.options import config_option, db_option, resolve
-from memtrack.records import read_all
-from memtrack.records.redact import redact_run, secret_values
+from memtrack.records.redact import secret_values
 from memtrack.store.database import Store
+from memtrack.store.ingest import read_runs
 
 
 @click.command()
@@ -26,10 +26,8 @@ def ingest(files, config_path, db_path) -> None:
     new = not db.exists()
     secrets = secret_values()  # once: this machine's secret variables, for every record
     try:
-        with Store.open(db) as store:
-            added, present = store.write_runs(
-                redact_run(r, values=secrets) for r in read_all(files)
-            )
+        with read_runs(files, secrets, db) as runs, Store.open(db) as store:
+            added, present = store.write_runs(runs)
     except BaseException:
         if new:  # a refused batch leaves no empty database behind
             for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):

@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import hashlib
 import itertools
 import json
-import math
-import operator
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +29,11 @@ from memtrack.records import (
     Measurement,
     RankMeasurement,
     RunRecord,
-    device_peak,
-    host_peak,
-    host_step,
-    load_host,
     run_from_dict,
     to_dict,
 )
 from memtrack.store import migrations
+from memtrack.store.rows import RUN_OWN, Batch, Prepared
 
 BUSY_TIMEOUT_S = 30.0
 MIN_FREE_BYTES = 4 * 2**20
@@ -88,72 +81,6 @@ last_path: Path | None = None
 """The database this process opened last: the CLI names it when an SQLite error escapes."""
 
 
-_SORTED = json.JSONEncoder(sort_keys=True)  # built once: json.dumps(sort_keys=...) builds one
-
-
-def _json(value: Any) -> str:
-    if isinstance(value, tuple) and not (value and dataclasses.is_dataclass(value[0])):
-        if set(map(type, value)) <= {int, float} and all(map(math.isfinite, value)):
-            # finite figures: their repr is their JSON text, without the encoder's overhead
-            return f"[{', '.join(map(repr, value))}]"
-        return json.dumps(value)  # the common case, without walking it
-    if isinstance(value, dict):
-        return _SORTED.encode(value)  # records' mappings hold plain values
-    return _SORTED.encode(to_dict(value))
-
-
-def _numbers_json(value: Any) -> str:
-    if not value:
-        return "[]"
-    if set(map(type, value)) <= {int, float} and all(map(math.isfinite, value)):
-        # finite figures: their repr is their JSON text, without the encoder's overhead
-        return f"[{', '.join(map(repr, value))}]"
-    return json.dumps(value)
-
-
-def _texts_json(value: Any) -> str:
-    return json.dumps(value) if value else "[]"
-
-
-def _mapping_json(value: Any) -> str:
-    return _SORTED.encode(value) if value else "{}"  # records' mappings hold plain values
-
-
-def _records_json(value: Any) -> str:
-    return _SORTED.encode(to_dict(value))
-
-
-class _Columns:
-    """A dataclass's fields as table columns: lists and mappings stored as JSON text, each
-    by the converter its annotation calls for (as `_json` would, without asking each value
-    what it is: a row of a measurement has six of them)."""
-
-    def __init__(self, cls: type, *, without: tuple[str, ...] = ()):
-        fields = [f for f in dataclasses.fields(cls) if f.name not in without]
-        self.names = [f.name for f in fields]
-        self._get = operator.attrgetter(*self.names)
-        self._json = []
-        for i, f in enumerate(fields):
-            hint = str(f.type)
-            if hint.startswith("dict"):
-                self._json.append((i, _mapping_json))
-            elif hint.startswith(("tuple[int", "tuple[float")):
-                self._json.append((i, _numbers_json))
-            elif hint.startswith("tuple[str"):
-                self._json.append((i, _texts_json))
-            elif hint.startswith(("tuple", "list")):
-                self._json.append((i, _records_json))
-
-    def values(self, obj: Any, *head: Any) -> list[Any]:
-        """The row of `obj`, after the values `head`."""
-        out = [*head, *self._get(obj)]
-        n = len(head)
-        for i, convert in self._json:
-            if out[i + n] is not None:
-                out[i + n] = convert(out[i + n])
-        return out
-
-
 def _unprefixed(cls: type, row: dict[str, Any], prefix: str, json_fields: set[str]) -> Any:
     kwargs = {}
     for f in dataclasses.fields(cls):
@@ -182,29 +109,6 @@ def _chunks(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
     it = iter(items)
     while chunk := list(itertools.islice(it, n)):
         yield chunk
-
-
-def env_id(env: Environment) -> str:
-    return hashlib.sha256(_json(env).encode()).hexdigest()[:16]
-
-
-def _insert_sql(table: str, columns: list[str], verb: str = "insert") -> str:
-    cols = ", ".join(f'"{c}"' for c in columns)
-    return f"{verb} into {table} ({cols}) values ({', '.join('?' for _ in columns)})"
-
-
-_RUN_OWN = [
-    "run_id",
-    "started_at",
-    "finished_at",
-    "recorded_at",
-    "suite_hash",
-    "config_path",
-    "shard",
-    "schema_version",
-    "env_id",
-    "fingerprint",
-]
 
 
 # -- failures, in plain words --------------------------------------------------------------
@@ -334,7 +238,7 @@ def _expected_schema() -> dict[str, dict[str, str | None]]:
             if f.name not in without
         }
 
-    own: dict[str, str | None] = {c: "text" for c in _RUN_OWN}
+    own: dict[str, str | None] = {c: "text" for c in RUN_OWN}
     own["schema_version"] = "integer"
     return {
         "environments": {"env_id": "text", **of(Environment)},
@@ -393,20 +297,23 @@ def _read_only_fs(folder: Path) -> bool:
 
 
 def _import_sqlite_utils() -> Any:
-    """sqlite-utils, imported only where migrations are applied. It imports pandas when that
-    is installed (half a second and 70 MiB) for DataFrame inserts that migrations never
-    make, so pandas is hidden from that one import unless something already loaded it."""
+    """sqlite-utils, imported only where migrations are applied. It imports pandas and numpy
+    when they are installed (half a second and 70 MiB) for DataFrame and array inserts that
+    migrations never make, so they are hidden from that one import unless already loaded."""
     import sys
 
-    if "sqlite_utils" in sys.modules or "pandas" in sys.modules:
+    if "sqlite_utils" in sys.modules:
         import sqlite_utils
 
         return sqlite_utils
-    sys.modules["pandas"] = None  # type: ignore[assignment]  # import fails: ImportError
+    hidden = [name for name in ("pandas", "numpy") if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # its import fails: ImportError
     try:
         import sqlite_utils
     finally:
-        del sys.modules["pandas"]
+        for name in hidden:
+            del sys.modules[name]
     return sqlite_utils
 
 
@@ -635,12 +542,13 @@ class Store:
         """Insert a run and its measurements in one transaction. False if already there."""
         return self.write_runs([run])[0] == 1
 
-    def write_runs(self, runs: Iterable[RunRecord]) -> tuple[int, int]:
+    def write_runs(self, runs: Iterable[RunRecord | Prepared]) -> tuple[int, int]:
         """Insert runs in one transaction: all or none. Returns (added, already present).
 
         A run id already stored with the same content is skipped; with other content it is
         refused (StoreError). An exception raised by `runs` itself (a bad file further on)
-        rolls everything back.
+        rolls everything back. A run may come as its rows, made in another process
+        (`memtrack.store.ingest`).
         """
         if self.readonly:
             raise StoreError(f"{self.path}: opened read-only")
@@ -648,18 +556,22 @@ class Store:
         added = present = 0
         try:
             self.conn.execute("BEGIN IMMEDIATE")
-            batch = _Batch(self.conn)
+            batch = Batch(self.conn)
+            written: set[str] = set()  # by this call: a run twice is compared as stored
             for chunk in _chunks(runs, _LOOKUP):
                 stored = self._stored([run.run_id for run in chunk])
                 for run in chunk:
-                    if run.run_id in batch.run_ids:  # twice in one batch: compared as stored
+                    if run.run_id in batch.run_ids:  # its rows are not written yet
                         batch.flush()
-                    if run.run_id in stored:
-                        self._same_as_stored(run)
+                    if run.run_id in stored or run.run_id in written:
+                        if not isinstance(run, Prepared):
+                            self._same_as_stored(run)
+                        elif not run.same_as_stored:  # else compared by its reader
+                            self._same_as_stored(run.record())
                         present += 1
                         continue
                     batch.add(run)
-                    stored.add(run.run_id)
+                    written.add(run.run_id)
                     added += 1
                     if len(batch.run_ids) >= _BATCH:
                         batch.flush()
@@ -680,9 +592,13 @@ class Store:
         rows = self.conn.execute(f"select run_id from runs where run_id in ({marks})", run_ids)
         return {r[0] for r in rows}
 
-    def _same_as_stored(self, run: RunRecord) -> None:
+    def holds(self, run: RunRecord) -> bool:
+        """Whether `run` is stored with this very content."""
         # Compared as read, unchecked: a stored run that differs is refused either way.
-        if self._read_run(run.run_id, check=False) != run:
+        return self.has_run(run.run_id) and self._read_run(run.run_id, check=False) == run
+
+    def _same_as_stored(self, run: RunRecord) -> None:
+        if not self.holds(run):
             raise StoreError(
                 f"{self.path}: run id {run.run_id!r} is already stored with "
                 "different content; nothing written"
@@ -882,121 +798,3 @@ class Store:
         for case in self.case_ids():
             names.update((case, case.partition("[")[0]))
         return difflib.get_close_matches(name, sorted(names), n=n, cutoff=0.5)
-
-
-class _Batch:
-    """Rows of several runs, written with one executemany per table."""
-
-    _ENV, _GIT, _CI = _Columns(Environment), _Columns(GitInfo), _Columns(CIInfo)
-    _M, _D = _Columns(Measurement, without=("devices", "ranks")), _Columns(DeviceMeasurement)
-    _R = _Columns(RankMeasurement)
-    _RUN_COLUMNS = [*_RUN_OWN, *("git_" + n for n in _GIT.names), *("ci_" + n for n in _CI.names)]
-    _TABLES = {
-        "environments": ("insert or ignore", ["env_id", *_ENV.names]),
-        "runs": ("insert", _RUN_COLUMNS),
-        # the derived metrics are stored beside the figures, so baselines read plain SQL
-        "measurements": (
-            "insert",
-            [
-                "id",
-                "run_id",
-                "device_peak_bytes",
-                "host_bytes",
-                "host_step_bytes",
-                "load_host_bytes",
-                *_M.names,
-            ],
-        ),
-        "device_measurements": ("insert", ["measurement_id", *_D.names]),
-        "rank_measurements": ("insert", ["measurement_id", *_R.names]),
-    }
-
-    def __init__(self, conn: sqlite3.Connection):
-        self.conn = conn
-        row = conn.execute("select coalesce(max(id), 0) + 1 from measurements").fetchone()
-        self.next_id = row[0]
-        self.run_ids: set[str] = set()
-        self.envs: dict[str, list[Any]] = {}
-        self.runs: list[list[Any]] = []
-        self.measurements: list[list[Any]] = []
-        self.devices: list[list[Any]] = []
-        self.ranks: list[list[Any]] = []
-        self.recorded_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        self.last_env: Environment | None = None
-        self.last_env_id = ""
-        self.defaults: dict[str, set[str]] = {}
-        """Per table, its columns with a default other than NULL, or NOT NULL."""
-
-    def add(self, run: RunRecord) -> None:
-        env = run.environment
-        if env != self.last_env:  # runs of one batch mostly share their environment
-            self.last_env, self.last_env_id = env, env_id(env)
-        eid = self.last_env_id
-        if eid not in self.envs:
-            self.envs[eid] = self._ENV.values(env, eid)
-        self.run_ids.add(run.run_id)
-        own = [
-            run.run_id,
-            run.started_at,
-            run.finished_at,
-            self.recorded_at,
-            run.suite_hash,
-            run.config_path,
-            run.shard,
-            run.schema_version,
-            eid,
-            env.fingerprint,
-        ]
-        self.runs.append(own + self._GIT.values(run.git) + self._CI.values(run.ci))
-        for m in run.measurements:
-            mid = self.next_id
-            self.next_id += 1
-            self.measurements.append(
-                self._M.values(
-                    m, mid, run.run_id, device_peak(m), host_peak(m), host_step(m), load_host(m)
-                )
-            )
-            for d in m.devices:
-                self.devices.append(self._D.values(d, mid))
-            for r in m.ranks:
-                self.ranks.append(self._R.values(r, mid))
-
-    def flush(self) -> None:
-        self._insert("environments", list(self.envs.values()))
-        self._insert("runs", self.runs)
-        self._insert("measurements", self.measurements)
-        self._insert("device_measurements", self.devices)
-        self._insert("rank_measurements", self.ranks)
-        self.run_ids.clear()
-        self.envs.clear()
-        self.runs.clear()
-        self.measurements.clear()
-        self.devices.clear()
-        self.ranks.clear()
-
-    def _insert(self, table: str, rows: list[list[Any]]) -> None:
-        """The rows, with one executemany. sqlite3 spends as long binding a NULL as a value,
-        and most columns of a batch hold none (figures a CPU run has not, CI facts outside
-        CI): a column that is NULL in every row and whose default is NULL is left out."""
-        if not rows:
-            return
-        verb, columns = self._TABLES[table]
-        if table not in self.defaults:
-            self.defaults[table] = {
-                r[1]
-                for r in self.conn.execute(f"pragma table_info({table})")
-                if r[4] is not None or r[3]
-            }
-        kept = self.defaults[table]
-        keep = [
-            i
-            for i, values in enumerate(zip(*rows, strict=True))
-            if values.count(None) < len(values) or columns[i] in kept
-        ]
-        sql = _insert_sql(table, [columns[i] for i in keep], verb)
-        if len(keep) == len(columns):
-            self.conn.executemany(sql, rows)
-        elif len(keep) > 1:
-            self.conn.executemany(sql, map(operator.itemgetter(*keep), rows))
-        else:
-            self.conn.executemany(sql, ([row[keep[0]]] for row in rows))
