@@ -142,6 +142,11 @@ def test_two_percent_growth_in_one_case_blocks_and_names_it(project, tmp_path, m
         in res.output
     )
     assert "+2.00%" in res.output and f"at or before merge-base {shas[-1][:12]}" in res.output
+    # the terminal table lists what blocks; the ok verdicts are counted, each still a line
+    rows = [line for line in res.output.splitlines() if line.startswith("│")]
+    assert len(rows) == 1 and "BLOCK regression" in rows[0] and "allocated" in rows[0]
+    assert "7 ok: not in the table; each has its line below" in res.output
+    assert f"ok · {BIG_ID} · allocated: baseline" in res.output
     data = json.loads((tmp_path / "v.json").read_text())
     assert data["exit_code"] == 1
     blocking = [v for v in data["verdicts"] if v["blocking"]]
@@ -358,6 +363,8 @@ def test_a_comment_only_change_passes(project, tmp_path):
     assert res.exit_code == 0, res.output
     assert "passed: nothing blocks" in res.output
     assert "regression" not in res.output
+    assert "8 ok: nothing blocks or warns; each has its line below" in res.output
+    assert not [line for line in res.output.splitlines() if line.startswith(("┏", "│"))]
 
 
 def test_a_case_left_out_of_the_candidate_is_named(project):

@@ -5,6 +5,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -135,9 +136,14 @@ def check(
                 patterns=tuple(patterns),
                 anchor=history_anchor,
             )
-            md = report.history_markdown(h, dashboard_url=config.dashboard_url)
             renderables, code = report.history_terminal(h), h.exit_code
-            data = dataclasses.asdict(h)
+
+            def md() -> str:
+                return report.history_markdown(h, dashboard_url=config.dashboard_url)
+
+            def data() -> Any:
+                return dataclasses.asdict(h)
+
         else:
             from memtrack.judge.check import check as run_check
             from memtrack.judge.check import save_verdicts
@@ -145,19 +151,26 @@ def check(
             result = run_check(store, config, run_id=run_id, commit=commit, base_branch=base_branch)
             if not no_record:
                 save_verdicts(store, result)
-            md = report.markdown(result, dashboard_url=config.dashboard_url)
             renderables, code = report.terminal(result), result.exit_code
-            data = report.to_json(result)
+
+            def md() -> str:
+                return report.markdown(result, dashboard_url=config.dashboard_url)
+
+            def data() -> Any:
+                return report.to_json(result)
+
     from rich.text import Text
 
     for r in renderables:
         # One verdict, one line: unwrapped lines stay whole in CI logs and for grep.
         console.print(r, soft_wrap=isinstance(r, Text))
-    if markdown_path:
-        _write(markdown_path, md)
+    # the Markdown and JSON reports, made only where they are written
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    text = md() if markdown_path or summary else ""
+    if markdown_path:
+        _write(markdown_path, text)
     if summary:
-        _write(Path(summary), md + "\n", append=True)
+        _write(Path(summary), text + "\n", append=True)
     if json_path:
-        _write(json_path, json.dumps(data, indent=2, default=str) + "\n")
+        _write(json_path, json.dumps(data(), indent=2, default=str) + "\n")
     sys.exit(code)

@@ -197,8 +197,21 @@ def shown(text: str, style: str = "") -> Any:
     return Text(terminal_text(text), style=style)
 
 
+def _counted(verdicts: list[Verdict], listed: list[Verdict]) -> str:
+    """The verdicts left out of the table, counted by kind."""
+    kinds: dict[str, int] = {}
+    ids = {id(v) for v in listed}
+    for v in verdicts:
+        if id(v) not in ids:
+            kinds[v.kind] = kinds.get(v.kind, 0) + 1
+    counts = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+    what = "nothing blocks or warns" if not listed else "not in the table"
+    return f"{counts}: {what}; each has its line below"
+
+
 def terminal(result: CheckResult) -> list[Any]:
-    """Rich renderables: header, table, one arithmetic line per verdict, the outcome."""
+    """Rich renderables: header, a table of what blocks or warns (the other verdicts
+    counted), one arithmetic line per verdict, the outcome."""
     from rich.table import Table
 
     out: list[Any] = [
@@ -228,7 +241,8 @@ def terminal(result: CheckResult) -> list[Any]:
             else "left",
         )
     labels = short_case_labels(v.case_id for v in verdicts)  # full ids in the lines below
-    for v in verdicts:
+    listed = _listed(result, verdicts)
+    for v in listed:
         cells = (
             labels[v.case_id],
             v.metric,
@@ -241,7 +255,10 @@ def terminal(result: CheckResult) -> list[Any]:
         # Text, not str: case ids like 'w[batch=8]' would be read as rich markup.
         t.add_row(shown(label(v), style=_STYLE.get(v.kind, "")), *(shown(c) for c in cells))
     if not result.estimate_only:
-        out.append(t)
+        if listed:
+            out.append(t)
+        if len(listed) < len(verdicts):
+            out.append(shown(_counted(verdicts, listed), style="dim"))
     hinted = _hinted(verdicts)
     for i, v in enumerate(verdicts):
         out.append(
@@ -527,6 +544,15 @@ def _outcome(result: CheckResult, shown: list[Verdict], labels: dict[str, str]) 
     return f"✅ memtrack: nothing blocks{tail}"
 
 
+def _listed(result: CheckResult, verdicts: list[Verdict]) -> list[Verdict]:
+    """The verdicts a reviewer must read (what blocks or warns); the others are counted."""
+    return [
+        v
+        for v in verdicts
+        if v.blocking or v.kind not in _QUIET or (result.context == "base" and _reported(v))
+    ]
+
+
 def _reported(v: Verdict) -> bool:
     """On the base branch: what would have blocked a pull request."""
     from memtrack.judge.quality import missing_reference
@@ -574,12 +600,9 @@ def markdown(
     folded: noise (a property of a case, said once), the arithmetic, notes, quality and
     estimates. Cut to stay under `limit` bytes."""
     verdicts = ordered(result.verdicts)
-    shown = [
-        v
-        for v in verdicts
-        if v.blocking or v.kind not in _QUIET or (result.context == "base" and _reported(v))
-    ]
-    quiet = [v for v in verdicts if v not in shown]
+    shown = _listed(result, verdicts)
+    listed = {id(v) for v in shown}  # by identity: comparing verdicts field by field is n²
+    quiet = [v for v in verdicts if id(v) not in listed]
     noisy = [v for v in quiet if v.kind == "noisy"]
     labels = short_case_labels(
         [*(v.case_id for v in verdicts), *(o.case_id for o in result.open_regressions)]
