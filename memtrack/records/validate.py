@@ -630,6 +630,12 @@ def read_json(path: Path) -> RunRecord:
     return run_from_dict(data, where=str(path))
 
 
+def bad_files(errors: list[Any]) -> RecordError:
+    """The error of a batch with bad files: the first one's reason, and how many more."""
+    more = f" (and {len(errors) - 1} more bad file(s))" if len(errors) > 1 else ""
+    return RecordError(f"{errors[0]}{more}; nothing ingested")
+
+
 def read_all(paths: Iterable[Path]) -> Iterator[RunRecord]:
     """Each file's record, reading every file even after a bad one; then, if any was bad,
     RecordError naming the first. A consumer writing in one transaction rolls back."""
@@ -643,5 +649,4 @@ def read_all(paths: Iterable[Path]) -> Iterator[RunRecord]:
         if not errors:
             yield record
     if errors:
-        more = f" (and {len(errors) - 1} more bad file(s))" if len(errors) > 1 else ""
-        raise RecordError(f"{errors[0]}{more}; nothing ingested")
+        raise bad_files(errors)

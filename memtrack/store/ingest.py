@@ -26,6 +26,7 @@ from typing import BinaryIO
 from memtrack.errors import MemtrackError, RecordError
 from memtrack.records import RunRecord, read_all, read_json
 from memtrack.records.redact import redact_run
+from memtrack.records.validate import bad_files
 from memtrack.store.database import Store
 from memtrack.store.rows import Prepared, RowMaker
 
@@ -53,7 +54,7 @@ def _read(paths: list[Path], secrets: tuple[str, ...], store: Store | None) -> l
     out: list[Prepared | str] = []
     for path in paths:
         try:
-            run = redact_run(read_json(path), values=secrets)
+            run = _record(path, secrets)
         except RecordError as exc:
             out.append(str(exc))
             continue
@@ -173,5 +174,4 @@ def _in_order(
             elif not errors:
                 yield result._replace(record=functools.partial(_record, path, secrets))
     if errors:
-        more = f" (and {len(errors) - 1} more bad file(s))" if len(errors) > 1 else ""
-        raise RecordError(f"{errors[0]}{more}; nothing ingested")
+        raise bad_files(errors)

@@ -65,14 +65,12 @@ _sorted_json = _sorted_encoder()
 
 
 def _json(value: Any) -> str:
+    """Any stored value as JSON text, as the column converters below write it."""
     if isinstance(value, tuple) and not (value and dataclasses.is_dataclass(value[0])):
-        if set(map(type, value)) <= {int, float} and all(map(math.isfinite, value)):
-            # finite figures: their repr is their JSON text, without the encoder's overhead
-            return f"[{', '.join(map(repr, value))}]"
-        return json.dumps(value)  # the common case, without walking it
+        return _numbers_json(value)  # texts too: json.dumps, without walking them
     if isinstance(value, dict):
-        return _sorted_json(value)  # records' mappings hold plain values
-    return _sorted_json(to_dict(value))
+        return _mapping_json(value)
+    return _records_json(value)
 
 
 def _numbers_json(value: Any) -> str:
