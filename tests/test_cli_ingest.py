@@ -7,6 +7,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,8 +16,9 @@ from click.testing import CliRunner
 from factories import commit_all, init_repo, make_measurement, make_run
 
 from memtrack.cli import main
+from memtrack.errors import StoreError
 from memtrack.records import RankMeasurement, to_dict, write_json
-from memtrack.store.database import Store
+from memtrack.store.database import Store, create_file, remove_if_unused
 
 
 def _ingest(db: Path, *files: Path):
@@ -143,6 +145,64 @@ def test_eight_processes_ingesting_into_a_new_database_lose_nothing(tmp_path):
     assert conn.execute("select count(*) from measurements").fetchone()[0] == 8 * 25 * 2
     assert conn.execute("select count(*) from _sqlite_migrations").fetchone()[0] >= 2
     conn.close()
+
+
+def test_a_new_database_switched_to_wal_while_another_process_writes_waits_for_it(tmp_path):
+    # Two processes switching a new database to WAL at once: SQLite answers one SQLITE_BUSY
+    # at once, without waiting (a deadlock of read locks). Made here without the race: the
+    # database is migrated but in rollback mode, and another connection holds its write lock.
+    db = tmp_path / "m.db"
+    Store.open(db).close()
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=delete")
+    conn.close()
+    held, release = threading.Event(), threading.Event()
+
+    def writer():
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        held.set()
+        release.wait()
+        other.execute("COMMIT")
+        other.close()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    held.wait()
+    threading.Timer(0.2, release.set).start()
+    try:
+        with Store.open(db) as store:
+            assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        release.set()
+        thread.join()
+    res = _ingest(db, *_records(tmp_path / "in", 2))
+    assert res.exit_code == 0, res.output
+    assert _runs(db) == 2
+
+
+def test_a_failed_first_ingest_keeps_runs_another_ingest_wrote_into_the_new_database(tmp_path):
+    # The process that made a new database removes it when its batch is refused, but not the
+    # runs another process wrote there meanwhile; and a process that opened it before the
+    # removal is refused when it writes, rather than told its runs are stored.
+    db = tmp_path / "new" / "m.db"
+    assert create_file(db) and not create_file(db)
+    first = Store.open(db)
+    late = Store.open(db)
+    first.write_runs([make_run([make_measurement("decoder", {"batch": 1})])])
+    first.close()
+    assert not remove_if_unused(db)
+    assert _runs(db) == 1
+    late.close()
+
+    empty = tmp_path / "empty" / "m.db"
+    assert create_file(empty)
+    opened = Store.open(empty)
+    assert remove_if_unused(empty) and not empty.exists()
+    with pytest.raises(StoreError, match="deleted or replaced"):
+        opened.write_runs([make_run([make_measurement("decoder", {"batch": 1})])])
+    opened.close()
+    assert not empty.exists()
 
 
 def test_a_refused_batch_into_a_new_database_leaves_no_database(tmp_path):

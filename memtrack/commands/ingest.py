@@ -6,7 +6,7 @@ import click
 
 from memtrack.commands.options import config_option, db_option, resolve
 from memtrack.records.redact import secret_values
-from memtrack.store.database import Store
+from memtrack.store.database import Store, create_file, remove_if_unused
 from memtrack.store.ingest import read_runs
 
 
@@ -23,14 +23,13 @@ def ingest(files, config_path, db_path) -> None:
     subject, variables, CI fields) are redacted, as `memtrack run` does.
     """
     _, db = resolve(config_path, db_path)
-    new = not db.exists()
     secrets = secret_values()  # once: this machine's secret variables, for every record
+    created = create_file(db)
     try:
         with read_runs(files, secrets, db) as runs, Store.open(db) as store:
             added, present = store.write_runs(runs)
     except BaseException:
-        if new:  # a refused batch leaves no empty database behind
-            for path in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
-                path.unlink(missing_ok=True)
+        if created:  # a refused batch leaves no empty database behind, unless another
+            remove_if_unused(db)  # ingest into it has written runs meanwhile
         raise
     click.echo(f"{added} run(s) added, {present} already present, in {db}")

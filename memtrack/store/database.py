@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -317,6 +318,50 @@ def _import_sqlite_utils() -> Any:
     return sqlite_utils
 
 
+def create_file(path: Path) -> bool:
+    """Make `path` an empty file (SQLite's new database), and its folder; True when this
+    call made it, False when it was there. Raises StoreError."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        words = describe_failure(exc, None)
+        raise StoreError(f"{path}: cannot create its folder ({words})") from None
+    if path.is_dir():
+        raise StoreError(f"{path}: is a directory, not a database")
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    except FileExistsError:
+        return False
+    except OSError:
+        return False  # SQLite's open names what is wrong
+    return True
+
+
+def remove_if_unused(path: Path) -> bool:
+    """Delete the database at `path` (and its -wal and -shm files) if it holds no run, under
+    its write lock: a process that opened it meanwhile finds it gone when it writes, and is
+    refused, rather than writing where nobody can see. True when deleted. For a database this
+    process created and failed to fill."""
+    try:
+        conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    except sqlite3.Error:
+        return False
+    try:
+        conn.execute("BEGIN EXCLUSIVE")
+        has_runs = conn.execute(
+            "select 1 from sqlite_master where type = 'table' and name = 'runs'"
+        ).fetchone()
+        if has_runs and conn.execute("select 1 from runs limit 1").fetchone():
+            return False
+        for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            name.unlink(missing_ok=True)
+        return True
+    except (sqlite3.Error, OSError):
+        return False
+    finally:
+        conn.close()
+
+
 class Store:
     """A memtrack database. Open it with `Store.open(path)`; read-only for viewers."""
 
@@ -343,6 +388,8 @@ class Store:
             raise StoreError(describe_failure(exc, path)) from None
         store = cls(conn, path, readonly)
         try:
+            if not readonly:  # the file as opened: a write checks it is still the one there
+                store._identity = os.stat(path)
             store._prepare(create=create)
         except BaseException:
             conn.close()
@@ -380,14 +427,7 @@ class Store:
                     check_same_thread=False,
                 )
         else:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise StoreError(
-                    f"{path}: cannot create its folder ({describe_failure(exc, None)})"
-                ) from None
-            if path.is_dir():
-                raise StoreError(f"{path}: is a directory, not a database")
+            create_file(path)
             conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
         conn.row_factory = sqlite3.Row
         try:
@@ -412,12 +452,25 @@ class Store:
         try:
             if set(migrations.names()) - self.applied_migrations():
                 self._migrate()
-            if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                self.conn.execute("PRAGMA journal_mode=wal")
+            self._use_wal()
         except sqlite3.Error as exc:
             raise StoreError(describe_failure(exc, self.path)) from None
         self._check_whole()
-        self._identity = os.stat(self.path)
+
+    def _use_wal(self) -> None:
+        """Switch to write-ahead logging (kept in the file). Processes switching a new
+        database at once deadlock on the upgrade of their read locks, and SQLite answers one
+        of them SQLITE_BUSY at once, without waiting: so it is tried again here, up to the
+        busy timeout."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            try:
+                self.conn.execute("PRAGMA journal_mode=wal")
+            except sqlite3.OperationalError as exc:
+                busy = getattr(exc, "sqlite_errorname", "").startswith("SQLITE_BUSY")
+                if not busy or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def _check_whole(self) -> None:
         """Refuse, on opening, a database with a table or column gone or made anew with
