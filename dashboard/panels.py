@@ -379,33 +379,45 @@ def view_panel(
 def time_panel(
     rows: Sequence[dict[str, Any]], fmt: str, times: Sequence[str], height: int = 180
 ) -> str | None:
-    """Median (solid) and p95 (dashed) iteration time per run (rows carry their x)."""
+    """Median (solid) and p95 (dashed) iteration time per run (rows carry their x). Each
+    run has one mark, on its median, whose tooltip gives both: a second mark per run (on
+    the p95) doubled the panel's elements, and SVG tooltips are what a browser pays most
+    for in a panel."""
     series = {
-        stat: [(r["x"], r[col], r) for r in rows if r.get(col) is not None]
+        stat: [(r["x"], r[col]) for r in rows if r.get(col) is not None]
         for col, stat in (("time_median_s", "median"), ("time_p95_s", "p95"))
     }
-    seconds = [s for pts in series.values() for _, s, _ in pts]
+    seconds = [s for pts in series.values() for _, s in pts]
     if not seconds:
         return None
     scale, unit = (1000, "ms") if max(seconds) < 1 else (1, "s")
     frame = _Frame(times, min(seconds) * scale, max(seconds) * scale, height)
     body = frame.axes(fmt, "iteration time", unit)
     for stat, color, dash in (("median", "#1f77b4", ""), ("p95", "#6baed6", "5 3")):
-        pts = series[stat]
-        xy = " ".join(f"{frame.x(x):.1f},{frame.y(s * scale):.1f}" for x, s, _ in pts)
+        xy = " ".join(f"{frame.x(x):.1f},{frame.y(s * scale):.1f}" for x, s in series[stat])
         body.append(
             f'<polyline class="line {stat}" points="{xy}" fill="none" '
             f'stroke="{color}" stroke-width="1.4" stroke-dasharray="{dash}"/>'
         )
-        for x, s, r in pts:
-            tip = (
-                f"{stat} {format_seconds(s)} · {(r.get('git_commit') or '-')[:10]} "
-                f"{(r.get('git_subject') or '')[:60]} · {x[:16].replace('T', ' ')}"
-            )
-            body.append(
-                f'<circle class="point {stat}" cx="{frame.x(x):.1f}" '
-                f'cy="{frame.y(s * scale):.1f}" r="2.4" fill="{color}">'
-                f"<title>{_a(tip)}</title></circle>"
-            )
+    for r in rows:
+        median, p95 = r.get("time_median_s"), r.get("time_p95_s")
+        if median is None and p95 is None:
+            continue
+        figures = " · ".join(
+            f"{stat} {format_seconds(v)}"
+            for stat, v in (("median", median), ("p95", p95))
+            if v is not None
+        )
+        tip = (
+            f"{figures} · {(r.get('git_commit') or '-')[:10]} "
+            f"{(r.get('git_subject') or '')[:60]} · {r['x'][:16].replace('T', ' ')}"
+        )
+        stat, at = ("median", median) if median is not None else ("p95", p95)
+        assert at is not None
+        body.append(
+            f'<circle class="point {stat}" cx="{frame.x(r["x"]):.1f}" '
+            f'cy="{frame.y(at * scale):.1f}" r="2.4" fill="#1f77b4">'
+            f"<title>{_a(tip)}</title></circle>"
+        )
     body.append(f'<text x="{WIDTH - RIGHT - 150}" y="18">— median   - - p95</text>')
     return _svg(frame, body, "iteration time", unit, "time")

@@ -518,10 +518,12 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
         textwrap.dedent(f"""
         import sys
         from streamlit.testing.v1 import AppTest
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from apptables import table
         sys.argv = [{str(app.stdout.strip())!r}, "--db", {str(db)!r}]
         at = AppTest.from_file(sys.argv[0], default_timeout=120).run()
         assert not at.exception, at.exception
-        row = at.dataframe[0].value.set_index("case id").loc[{case!r}]
+        row = table(at, "overview_table").set_index("case id").loc[{case!r}]
         print(row["status"], len(row["trend"]))
         """),
         cwd=repo,

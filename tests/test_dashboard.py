@@ -24,6 +24,7 @@ from memtrack.records import CIInfo
 from memtrack.store.database import Store
 
 pytest.importorskip("streamlit")
+from apptables import table, tables  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -301,8 +302,8 @@ def _plain(text: str) -> str:
     return text.replace("\\", "")
 
 
-def _table(at: AppTest, index: int = 0):
-    return at.dataframe[index].value
+def _table(at: AppTest, which: int | str = 0):
+    return table(at, which)
 
 
 # -- pages ----------------------------------------------------------------------------
@@ -431,6 +432,11 @@ def test_history_draws_each_view_on_its_own_scale(app) -> None:
     ticks = [t.text for t in _drawn(first, "xtick")]
     assert ticks and all(re.fullmatch(r"Jan \d\d", t) for t in ticks), ticks  # dates
     assert "iteration time" in "".join(panels[-1].itertext())
+    # One mark a run on the time panel, its tooltip giving the median and the p95.
+    times = _drawn(panels[-1], "point")
+    tips = ["".join(m.itertext()) for m in times]
+    assert tips and all(t.startswith("median ") and " · p95 " in t for t in tips), tips
+    assert len({m.get("cx") for m in times}) == len(times)
     events = _table(at)
     kinds = set(events["event"])
     assert {"step", "environment", "regression", "over budget"} <= kinds  # as said
@@ -441,6 +447,12 @@ def test_history_draws_each_view_on_its_own_scale(app) -> None:
     ]
     assert list(step["commit"]) == ["09aaaaaaaa"] and "+64.00 MiB" in step["what"].iloc[0]
     assert "regression" in _texts(at.markdown)
+    # The commit opens its run.
+    from urllib.parse import parse_qsl
+
+    run = _ok(app(**dict(parse_qsl(step["commit href"].iloc[0].lstrip("?")))))
+    assert run.radio(key="page").value == "Run detail"
+    assert "main commit 9" in _texts(run.markdown)
 
 
 def test_history_scale_follows_the_data_and_a_far_budget_is_a_marker_at_the_edge(
@@ -489,7 +501,7 @@ def test_a_blocking_run_says_so_first_with_labels_that_tell_cases_apart(app, see
     assert "decoder · allocated +0 B" not in _plain(banner)
     assert "over budget" in _plain(banner)
     at = _ok(app(page="Run detail", run=seeded["runs"][-1].run_id))
-    cases = at.dataframe[2].value
+    cases = _table(at, 2)
     assert list(cases["case"]) == [D1, D8, "training", "vision"]
     assert list(cases["case id"]) == [D1, D8, TRAIN, VISION]
 
@@ -498,15 +510,16 @@ def test_the_overview_lists_pull_requests_with_their_verdict_one_click_from_thei
     app, seeded
 ) -> None:
     at = _ok(app())
-    prs = at.dataframe(key="ov_prs").value
+    prs = _table(at, "ov_prs")
     assert list(prs["branch"]) == ["feature/long-context", "feature/slim"]
     assert list(prs["verdict"]) == ["BLOCKS (1)", "not checked"]
     assert prs["what blocks"][0] == "decoder allocated 400.00 MiB over its 350.00 MiB budget"
-    assert prs["compare"][0] == f"?page=Compare&b={seeded['big'].run_id}"  # its own merge-base
+    assert prs["compare"][0] == "with its merge-base"
+    assert prs["compare href"][0] == f"?page=Compare&b={seeded['big'].run_id}"  # its own one
     from urllib.parse import parse_qsl
 
     # its run, one click away: the link opens the run, which says it blocks and why
-    at = _ok(app(**dict(parse_qsl(prs["run"][0].lstrip("?")))))
+    at = _ok(app(**dict(parse_qsl(prs["run href"][0].lstrip("?")))))
     assert at.radio(key="page").value == "Run detail"
     assert _plain(at.error[0].value).startswith("**This run blocks**")
 
@@ -531,7 +544,7 @@ def test_history_marks_and_lists_failures(app) -> None:
 
 def test_history_filters_change_the_points(app) -> None:
     at = _ok(app(page="History", case=D1))
-    at.toggle(key="h_all").set_value(True).run()
+    at.button_group(key="h_all").set_value("all").run()
     assert len(_table(at, -1)) == MAIN + 1  # main, and the feature branch
     at.multiselect(key="h_branches").set_value(["main"]).run()
     assert set(_table(_ok(at), -1)["branch"]) == {"main"}
@@ -549,7 +562,7 @@ def test_rows_recorded_before_the_host_metrics_have_no_host_figure(app, seeded: 
             "'2026-01-08')"
         )
     at = _ok(app(page="History", case=D8))
-    at.toggle(key="h_all").set_value(True).run()
+    at.button_group(key="h_all").set_value("all").run()
     points = _table(at, -1).set_index("commit")
     assert points.loc["05aaaaaaaa", "host RSS"] == "-"
     assert points.loc["09aaaaaaaa", "host RSS"] == "301.00 MiB"
@@ -599,7 +612,7 @@ def test_run_detail_shows_environment_breakdown_gap_and_errors(app, seeded: dict
     assert "CUDA out of memory" in _texts(at.error)
     text = _texts(at.markdown) + _texts(at.code)
     assert "main commit 14" in text and '"batch": 8' in text
-    frames = [d.value for d in at.dataframe]
+    frames = tables(at)
     facts = frames[1]  # after the commit's facts: the environment's
     assert "NVIDIA H200" in " ".join(facts["value"]) and "2.14.1+cu130" in " ".join(facts["value"])
     gap = next(f for f in frames if "gap (context, workspaces, non-torch)" in f.columns)
@@ -938,7 +951,7 @@ def test_case_ids_are_shortened_to_what_tells_them_apart() -> None:
 
 def test_history_filters_come_from_the_link(app) -> None:
     at = _ok(app(page="History", case=D1, h_branches="main", h_limit="10"))
-    at.toggle(key="h_all").set_value(True).run()
+    at.button_group(key="h_all").set_value("all").run()
     points = _table(_ok(at), -1)
     assert set(points["branch"]) == {"main"} and len(points) == 10
 
@@ -1037,3 +1050,27 @@ def test_plan_keeps_its_choices_in_the_url_and_says_when_nothing_was_swept(
     at = _ok(app(db=solo, page="Plan"))
     assert "No workload has recorded two or more values" in _texts(at.info)
     assert not _charts(at)
+
+
+def test_a_drawn_table_shows_recorded_text_as_text_and_links_only_within_the_dashboard() -> None:
+    """The Overview's and History's tables are HTML made on the server: a recorded name that
+    holds markup, a Markdown link or an address reads as itself, and the one link of a cell
+    opens the dashboard's own page for exactly that name, however it is spelt."""
+    from urllib.parse import parse_qsl
+
+    from apptables import read_html_table
+    from memtrack.dashboard.tables import Column, html_table, page_url
+
+    name = '<script>alert(1)</script> [x](https://e.example) a&b="c" #1 | www.e.example'
+    markup = html_table(
+        "t",
+        [{"case": name, "history": page_url("History", case=name), "trend": [1.0, 2.5]}],
+        [Column("case", link="history"), Column("trend", spark=True)],
+    )
+    assert "<script" not in markup and "](" not in markup
+    row = read_html_table(markup).iloc[0]
+    assert row["case"].replace("\u2060", "") == name
+    href = row["case href"]
+    assert href.startswith("?page=History&case=") and "&" not in href.split("case=", 1)[1]
+    assert dict(parse_qsl(href.lstrip("?"))) == {"page": "History", "case": name}
+    assert row["trend"] == [1.0, 2.5]

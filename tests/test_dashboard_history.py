@@ -25,6 +25,7 @@ from factories import (
 from memtrack.store.database import Store
 
 pytest.importorskip("streamlit")
+from apptables import table as read_table  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 pytestmark = pytest.mark.slow  # 160 checks build the history, once for the module
@@ -80,7 +81,7 @@ def _texts(elements) -> str:
 
 def test_the_overview_lists_the_old_step_and_nothing_false(app) -> None:
     at = app()
-    table = at.dataframe(key="overview_table").value.set_index("case id")
+    table = read_table(at, "overview_table").set_index("case id")
     # The step is 60 runs old, beyond the 30-run trend: still open, on the view that moved.
     assert table.loc[TRAIN, "status"] == "regression"
     assert table.loc[TRAIN, "view"] == "allocated"
@@ -97,11 +98,11 @@ def test_the_overview_lists_the_old_step_and_nothing_false(app) -> None:
 
 
 def test_the_regressing_pull_request_is_one_click_from_the_overview(app, history) -> None:
-    prs = app().dataframe(key="ov_prs").value
+    prs = read_table(app(), "ov_prs")
     assert prs["verdict"][0] == "BLOCKS (1)" and prs["branch"][0] == f"feature/pr-{GROW_PR}"
     assert prs["what blocks"][0] == "decoder_generate[sessions=4] allocated +2.00 MiB (regression)"
     assert set(prs["verdict"][1:]) <= {"passes", "passes, 1 warning", "passes, 2 warnings"}
-    at = app(**dict(parse_qsl(prs["run"][0].lstrip("?"))))  # its run, one click away
+    at = app(**dict(parse_qsl(prs["run href"][0].lstrip("?"))))  # its run, one click away
     assert at.radio(key="page").value == "Run detail"
     banner = _plain(at.error[0].value)
     assert banner.startswith("**This run blocks**: 1 blocking verdict")

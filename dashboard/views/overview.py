@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
 import streamlit as st
 from memtrack.dashboard import data, model
-from memtrack.dashboard.views import STATUS_LOOK, Context, esc, goto, short, status_cell_style, when
+from memtrack.dashboard.tables import Column, html_table, page_url
+from memtrack.dashboard.views import STATUS_LOOK, Context, esc, short, status_cell_style, when
 
 from memtrack.units import format_size
 
@@ -102,10 +102,68 @@ def _used_style(used: float | str | None) -> str:
     return ""
 
 
-def _open_history(table_key: str, cases: list[str]) -> None:
-    rows = st.session_state[table_key].selection.rows
-    if rows:
-        goto("History", case=cases[rows[0]])
+CASE_COLUMNS = (
+    Column("status", width=95, style=status_cell_style),
+    Column(
+        "case",
+        width=190,
+        link="history",
+        help="The workload and the parameters that set its cases apart (the full id is the "
+        "last column); it opens the case's history",
+    ),
+    Column(
+        "view", width=95, help="The view that decides the status: the one closest to its budget"
+    ),
+    Column("peak", width=80),
+    Column("budget", width=80),
+    Column(
+        "used", width=60, style=_used_style, help="Peak as a share of the budget; red past 100%"
+    ),
+    Column("margin", width=105),
+    Column("trend", title=f"trend ({TREND_POINTS} runs)", width=110, spark=True),
+    Column(
+        "noise",
+        width=170,
+        wrap=True,
+        help="A property of the case: the views whose headroom its noise makes too wide to "
+        "judge a small growth (the gate's newest verdict), and how wide",
+    ),
+    Column(
+        "last change",
+        width=420,
+        wrap=True,
+        help="Every step in the trend's window, newest first: a shift of the series' level "
+        "past its headroom, at the first commit of the new level",
+    ),
+    Column("commit"),
+    Column("branch"),
+    Column("latest run"),
+    Column("environment"),
+    Column("note", width=300, wrap=True),
+    Column("case id"),
+)
+"""The Overview's table of cases, in the order shown."""
+
+PR_COLUMNS = (
+    Column(
+        "verdict",
+        width=110,
+        style=lambda v: status_cell_style("failed") if v.startswith("BLOCKS") else "",
+    ),
+    Column("branch"),
+    Column("what blocks", width=300, wrap=True),
+    Column("run", link="run", text="its run", help="The run's detail: what blocks and why"),
+    Column(
+        "compare",
+        link="compare",
+        text="with its merge-base",
+        help="Compare of the run with the base-branch commit it branched from",
+    ),
+    Column("commit"),
+    Column("subject", width=240, wrap=True),
+    Column("latest run"),
+)
+"""The Overview's table of pull requests and other branches."""
 
 
 def _callout(s: model.CaseStatus, row: dict[str, Any]) -> str:
@@ -142,9 +200,12 @@ def render(ctx: Context) -> None:
     st.title("Overview")
     branches = ctx.choices["branches"]
     fps = _fingerprints(ctx)
-    left, right = st.columns(2)
+    # In a popover: select boxes drawn on the page cost a new visitor about 0.15 s in
+    # Chromium (their code loaded by every fresh browser); in a popover they are drawn, and
+    # their code loaded, only when it is opened.
+    pop = st.popover("Branch and environment", icon=":material/filter_list:")
     branch_opts = [ALL, *branches]
-    branch = left.selectbox(
+    branch = pop.selectbox(
         "Branch",
         branch_opts,
         key="ov_branch",
@@ -152,12 +213,16 @@ def render(ctx: Context) -> None:
         index=branch_opts.index(ctx.base_branch) if ctx.base_branch in branches else 0,
         format_func=lambda b: b or "all branches",
     )
-    fp = right.selectbox(
+    fp = pop.selectbox(
         "Environment",
         [ALL, *fps],
         key="ov_env",
         bind="query-params",
         format_func=lambda f: fps.get(f, "all environments"),
+    )
+    st.caption(
+        f"Showing {esc(branch) if branch else 'all branches'} · "
+        f"{esc(fps[fp]) if fp and fp in fps else 'all environments'}."
     )
     cases = data.latest_by_case(
         ctx.db,
@@ -202,66 +267,16 @@ def render(ctx: Context) -> None:
     if len(attention) > 8:
         st.caption(f"... and {len(attention) - 8} more in the table below.")
 
-    df = pd.DataFrame([{k: v for k, v in row.items() if k != "open"} for _, row in pairs])
-    st.dataframe(
-        df.style.map(status_cell_style, subset=["status"]).map(_used_style, subset=["used"]),
-        hide_index=True,
-        key="overview_table",
-        on_select=lambda: _open_history("overview_table", list(df["case id"])),
-        selection_mode="single-row",
-        column_order=[
-            "status",
-            "case",
-            "view",
-            "peak",
-            "budget",
-            "used",
-            "margin",
-            "trend",
-            "noise",
-            "last change",
-            "commit",
-            "branch",
-            "latest run",
-            "environment",
-            "note",
-            "case id",
-        ],
-        column_config={
-            "status": st.column_config.TextColumn(width=95),
-            "case": st.column_config.TextColumn(
-                width=190,
-                help="The workload and the parameters that set its cases apart; "
-                "the full id is the last column",
-            ),
-            "view": st.column_config.TextColumn(
-                width=95, help="The view that decides the status: the one closest to its budget"
-            ),
-            "peak": st.column_config.TextColumn(width=80),
-            "budget": st.column_config.TextColumn(width=80),
-            "used": st.column_config.TextColumn(
-                "used", width=60, help="Peak as a share of the budget; red past 100%"
-            ),
-            "margin": st.column_config.TextColumn(width=105),
-            "trend": st.column_config.LineChartColumn(f"trend ({TREND_POINTS} runs)", width=110),
-            "last change": st.column_config.TextColumn(
-                width=420,
-                help="Every step in the trend's window, newest first: a shift of "
-                "the series' level past its headroom, at the first commit of "
-                "the new level",
-            ),
-            "noise": st.column_config.TextColumn(
-                width=170,
-                help="A property of the case: the views whose headroom its noise "
-                "makes too wide to judge a small growth (the gate's newest "
-                "verdict), and how wide",
-            ),
-        },
+    for _, row in pairs:
+        row["history"] = page_url("History", case=row["case id"])
+    st.markdown(
+        html_table("overview_table", [row for _, row in pairs], CASE_COLUMNS),
+        unsafe_allow_html=True,
     )
     st.caption(
         f"Latest run of each case {scope}, most urgent first. A regression the gate "
         "found on the base branch holds, whatever its age, until a later run is back "
-        "within its threshold or it is accepted. Select a row to open its history."
+        "within its threshold or it is accepted. A case's name opens its history."
     )
     _pull_requests(ctx)
 
@@ -297,12 +312,6 @@ def _verdict_of(run: dict[str, Any], labels: dict[str, str]) -> tuple[str, str]:
     return f"BLOCKS ({len(blocking)})", what
 
 
-def _open_run(table_key: str, run_ids: list[str]) -> None:
-    rows = st.session_state[table_key].selection.rows
-    if rows:
-        goto("Run detail", run=run_ids[rows[0]])
-
-
 def _pull_requests(ctx: Context) -> None:
     """The other branches' newest runs with their verdict: a blocking pull request is one
     click from here (its Run detail), and its Compare with its merge-base another."""
@@ -324,49 +333,18 @@ def _pull_requests(ctx: Context) -> None:
                 "subject": r.get("git_subject") or "",
                 "latest run": when(r["started_at"]),
                 "run_id": r["run_id"],
-                "run": f"?page=Run+detail&run={r['run_id']}",
+                "run": page_url("Run detail", run=r["run_id"]),
                 "compare": (
-                    f"?page=Compare&a={mb}&b={r['run_id']}"
+                    page_url("Compare", a=mb, b=r["run_id"])
                     if mb and mb != r["git_commit"]
-                    else f"?page=Compare&b={r['run_id']}"
+                    else page_url("Compare", b=r["run_id"])
                 ),
             }
         )
     rows.sort(key=lambda x: (not x["verdict"].startswith("BLOCKS"), x["verdict"] == "not checked"))
-    df = pd.DataFrame(rows)
-    st.dataframe(
-        df.style.map(
-            lambda v: status_cell_style("failed") if v.startswith("BLOCKS") else "",
-            subset=["verdict"],
-        ),
-        hide_index=True,
-        key="ov_prs",
-        selection_mode="single-row",
-        on_select=lambda: _open_run("ov_prs", list(df["run_id"])),
-        column_order=[
-            "verdict",
-            "branch",
-            "what blocks",
-            "run",
-            "compare",
-            "commit",
-            "subject",
-            "latest run",
-        ],
-        column_config={
-            "verdict": st.column_config.TextColumn(width=110),
-            "run": st.column_config.LinkColumn(
-                display_text="its run", help="The run's detail: what blocks and why"
-            ),
-            "what blocks": st.column_config.TextColumn(width=300),
-            "compare": st.column_config.LinkColumn(
-                display_text="with its merge-base",
-                help="Compare of the run with the base-branch commit it branched from",
-            ),
-        },
-    )
+    st.markdown(html_table("ov_prs", rows, PR_COLUMNS), unsafe_allow_html=True)
     st.caption(
         f"The newest run of each branch other than {esc(ctx.base_branch)} among the "
-        "newest 200 runs, blocking first, with what the gate recorded. Select a row "
-        "to open its run."
+        "newest 200 runs, blocking first, with what the gate recorded: its run says what "
+        "blocks and why, its merge-base shows what changed since it branched."
     )
