@@ -154,8 +154,11 @@ def big_database(
         conn.execute("COMMIT")
         candidate = make_run(
             [
+                # At the history's level: `host` is the gated figure (the history's
+                # host_bytes, peak RSS less 90 MiB of file pages), so the check passes, as
+                # most pull requests' do.
                 make_measurement(
-                    w, p, peak=(c + 1) * 10 * MiB, host=400 * MiB, times=(0.01, 0.0101, 0.0099)
+                    w, p, peak=(c + 1) * 10 * MiB, host=310 * MiB, times=(0.01, 0.0101, 0.0099)
                 )
                 for c, (w, p) in enumerate(names)
             ],
