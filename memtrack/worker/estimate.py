@@ -12,6 +12,7 @@ included. Like the measuring worker, it writes its result file after every phase
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 import traceback
 import weakref
@@ -202,6 +203,7 @@ def estimate_case(spec: Spec, result: ResultFile) -> None:
     from memtrack.workload.context import Context
     from memtrack.workload.registry import find, import_workload_module
 
+    gc.freeze()  # as a measured case does (worker.measure): a collection walks the case's objects
     result.update(phase="setup")
     device = spec.device
     if device == "cuda":
