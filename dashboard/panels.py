@@ -401,7 +401,8 @@ def time_panel(
         )
     for r in rows:
         median, p95 = r.get("time_median_s"), r.get("time_p95_s")
-        if median is None and p95 is None:
+        at = median if median is not None else p95
+        if at is None:
             continue
         figures = " · ".join(
             f"{stat} {format_seconds(v)}"
@@ -412,8 +413,7 @@ def time_panel(
             f"{figures} · {(r.get('git_commit') or '-')[:10]} "
             f"{(r.get('git_subject') or '')[:60]} · {r['x'][:16].replace('T', ' ')}"
         )
-        stat, at = ("median", median) if median is not None else ("p95", p95)
-        assert at is not None
+        stat = "median" if median is not None else "p95"
         body.append(
             f'<circle class="point {stat}" cx="{frame.x(r["x"]):.1f}" '
             f'cy="{frame.y(at * scale):.1f}" r="2.4" fill="#1f77b4">'

@@ -2,8 +2,9 @@
 events. A link in a cell opens what its row is about (a case's History, a run's detail, a
 Compare) in the same tab, by the dashboard's own URL, so the address bar can be shared.
 
-`st.dataframe` cost a new visitor about 0.25 s of a page in Chromium (its grid library is
-loaded by every fresh browser) for tables of tens of rows that need no grid. A table here
+One small `st.dataframe` cost a new visitor 0.38 s in Chromium beside an empty page
+(scripts/bench_dashboard.py: its grid library is loaded by every fresh browser), for tables
+of tens of rows that need no grid. A table here
 arrives drawn, through Markdown as an HTML block, as History's panels do: one line, no blank
 line, every recorded text escaped (memtrack.escape.html_text), so neither Markdown nor math
 reads inside it. The markup is well-formed XML, and each cell names its column

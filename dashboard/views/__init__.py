@@ -48,7 +48,7 @@ def badge(status: str) -> str:
 
 
 def status_cell_style(status: str) -> str:
-    """CSS for a status cell of a table (pandas Styler)."""
+    """CSS for a status cell of a table (a drawn table's, or a pandas Styler's)."""
     _, _, background, text = STATUS_LOOK.get(status, STATUS_LOOK["ok"])
     return f"background-color: {background}; color: {text}; font-weight: 600"
 
