@@ -69,6 +69,8 @@ from memtrack.units import format_size  # noqa: E402
 MiB = 2**20
 MEMTRACK = [sys.executable, "-c", "from memtrack.cli import main; main()"]
 RECORDS = ROOT / "tests" / "data" / "reruns.json.gz"
+PR_RUN = "e" * 32
+"""The pull request's run in the comment's history."""
 
 
 def _git(repo: Path, *args: str, **kw) -> str:
@@ -422,8 +424,9 @@ def comment_result(runs: list[RunRecord], work: Path, cases: int | None = None):
             store.write_run(
                 replace(
                     r,
-                    run_id=f"base{i:04d}",
+                    run_id=f"{i:032x}",  # run ids are 32 hex digits, as records hold them
                     started_at=f"2026-01-01T00:{i:02d}:00+00:00",
+                    finished_at=f"2026-01-01T00:{i:02d}:30+00:00",
                     git=replace(
                         r.git, commit=f"{i:02d}" + "a" * 38, branch="main", subject=f"main {i}"
                     ),
@@ -445,8 +448,9 @@ def comment_result(runs: list[RunRecord], work: Path, cases: int | None = None):
         store.write_run(
             replace(
                 cand,
-                run_id="pr" + "0" * 30,
+                run_id=PR_RUN,
                 started_at="2026-01-01T01:00:00+00:00",
+                finished_at="2026-01-01T01:00:30+00:00",
                 measurements=tuple(grown),
                 git=replace(
                     cand.git,
@@ -457,7 +461,7 @@ def comment_result(runs: list[RunRecord], work: Path, cases: int | None = None):
                 ),
             )
         )
-        result = check(store, config, run_id="pr" + "0" * 30, root=work)
+        result = check(store, config, run_id=PR_RUN, root=work)
     from memtrack.report import check as report
 
     return result, report.markdown(result, dashboard_url=config.dashboard_url)
