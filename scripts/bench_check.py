@@ -2,7 +2,7 @@
 
 1. false blocks: real runs of every shipped case (concurrency included) on one unchanged
    commit, either re-run here (`--reruns N`) or read from recorded reruns (`--records
-   FILE`, by default tests/data/reruns.json.gz). From them, a thousand histories of the
+   FILE`, by default tests/data/reruns*.json.gz). From them, a thousand histories of the
    base branch are resampled per case (each distinct real runs in a random order, of every
    length from 1 to 20 runs: a young project as well as a mature one), and one more real
    run is judged against each, per metric, as the gate judges a pull request. Goal: 0
@@ -68,7 +68,10 @@ from memtrack.units import format_size  # noqa: E402
 
 MiB = 2**20
 MEMTRACK = [sys.executable, "-c", "from memtrack.cli import main; main()"]
-RECORDS = ROOT / "tests" / "data" / "reruns.json.gz"
+RECORDS = [
+    ROOT / "tests" / "data" / "reruns.json.gz",
+    ROOT / "tests" / "data" / "reruns-gpt_generate.json.gz",  # a case added later
+]
 PR_RUN = "e" * 32
 """The pull request's run in the comment's history."""
 
@@ -393,6 +396,20 @@ h3 { font-size: 1.25em; } code { font-size: 85%; padding: .2em .4em; }
 which is about 760 px wide in a pull request's conversation on a laptop screen)."""
 
 
+def shipped_suite(runs: list[RunRecord]) -> list[RunRecord]:
+    """Runs of the whole shipped suite: each recorded run of the suite, with the cases it
+    lacks (recorded apart, in later reruns of those cases alone) taken from the next of
+    those reruns, in order."""
+    widest = max(len(r.measurements) for r in runs)
+    suite = [r for r in runs if len(r.measurements) == widest]
+    held = {m.case_id for m in suite[0].measurements}
+    apart = [r for r in runs if not held & {m.case_id for m in r.measurements}]
+    return [
+        replace(r, measurements=r.measurements + (apart[i].measurements if i < len(apart) else ()))
+        for i, r in enumerate(suite)
+    ]
+
+
 def comment_result(runs: list[RunRecord], work: Path, cases: int | None = None):
     """`memtrack check` of a pull request that grows one case's KV cache by 2 MiB, against
     20 real runs of the shipped suite on main (or, with `cases`, a made-up suite of that
@@ -400,7 +417,7 @@ def comment_result(runs: list[RunRecord], work: Path, cases: int | None = None):
     db = work / f"comment-{cases or 'shipped'}.db"
     config = Config(path=None, root=work, dashboard_url="https://memtrack.example.org")
     if cases is None:
-        base = runs[:20]
+        base = shipped_suite(runs)[:20]
     else:
         names = [
             (f"w{c // 5:02d}", {"batch": 2 ** (c % 5), "dtype": "float32"}) for c in range(cases)
@@ -718,8 +735,9 @@ def main() -> int:
     ap.add_argument(
         "--records",
         type=Path,
-        default=RECORDS,
-        help="recorded reruns to read (a .json.gz written by --save)",
+        action="append",
+        help="recorded reruns to read (a .json.gz written by --save; repeatable; default: "
+        "tests/data's, which hold every shipped case)",
     )
     ap.add_argument("--save", type=Path, help="with --reruns: write the reruns here")
     ap.add_argument(
@@ -777,8 +795,12 @@ def main() -> int:
                 if args.save:
                     save_records(args.save, runs, how)
             else:
-                runs, how = load_records(args.records)
-                how = f"{args.records.name}: {how}"
+                runs, hows = [], []
+                for path in args.records or RECORDS:
+                    more, how = load_records(path)
+                    runs += more
+                    hows.append(f"{path.name}: {how}")
+                how = "; ".join(hows)
             report_reruns(config, runs, how, args)
             comment_size(runs, work)
         if args.skip_speed:

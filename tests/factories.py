@@ -197,6 +197,8 @@ def commit_all(repo: Path, message: str) -> str:
 RERUNS = Path(__file__).parent / "data" / "reruns.json.gz"
 """Real runs of the shipped example suite on one unchanged commit (how they were made:
 its "how" field; scripts/bench_check.py --reruns N --save FILE makes another)."""
+RERUNS_APART = [Path(__file__).parent / "data" / "reruns-gpt_generate.json.gz"]
+"""Real reruns of the shipped cases added to the suite after RERUNS was recorded, alone."""
 
 
 def read_reruns(path: Path = RERUNS) -> list[RunRecord]:

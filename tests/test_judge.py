@@ -7,7 +7,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from factories import CPU_ENV, GPU_ENV, MiB, make_measurement, make_run, read_reruns
+from factories import (
+    CPU_ENV,
+    GPU_ENV,
+    RERUNS,
+    RERUNS_APART,
+    MiB,
+    make_measurement,
+    make_run,
+    read_reruns,
+)
 
 from memtrack.config import Budget, Config
 from memtrack.errors import ConfigError
@@ -189,20 +198,25 @@ def test_a_discrete_figure_has_noise_and_is_not_split_where_it_repeats_itself():
 
 
 def test_no_shipped_case_blocks_against_baselines_drawn_from_its_own_real_reruns(tmp_path):
-    """Real reruns of every shipped case on one commit (tests/data/reruns.json.gz), each
+    """Real reruns of every shipped case on one commit (tests/data/reruns*.json.gz), each
     judged against 60 baselines of 1 to 20 of the others in random order: unchanged code
     never blocks, however few runs its baseline has and however its figure moves."""
     import random
 
+    from memtrack.config import load_config
     from memtrack.judge.baseline import Point
     from memtrack.judge.memory import Candidate, verdict
     from memtrack.records import metrics
+    from memtrack.workload.registry import discover
 
     cases: dict[str, list] = {}
-    for r in read_reruns():
-        for m in r.measurements:
-            cases.setdefault(m.case_id, []).append(m)
-    assert len(cases) == 6 and min(len(ms) for ms in cases.values()) >= 20
+    for path in (RERUNS, *RERUNS_APART):
+        for r in read_reruns(path):
+            for m in r.measurements:
+                cases.setdefault(m.case_id, []).append(m)
+    shipped = {c.case_id for w in discover(load_config(None, cwd=tmp_path)) for c in w.cases()}
+    assert set(cases) == shipped  # every shipped case, none other
+    assert min(len(ms) for ms in cases.values()) >= 20
     config, rng, blocked = _config(tmp_path), random.Random(7), []
     for case_id, ms in cases.items():
         for h in range(60):
