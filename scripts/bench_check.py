@@ -680,8 +680,10 @@ def big_database(work: Path, shas: list[str], pr: str, cases: int) -> tuple[Path
         conn.execute("COMMIT")
         candidate = make_run(
             [
+                # At the history's level, as bench_check_speed's candidate: its gated
+                # host figure is the history's host_bytes (peak RSS less 90 MiB).
                 make_measurement(
-                    w, p, peak=(c + 1) * 10 * MiB, host=400 * MiB, times=(0.01, 0.0101, 0.0099)
+                    w, p, peak=(c + 1) * 10 * MiB, host=310 * MiB, times=(0.01, 0.0101, 0.0099)
                 )
                 for c, (w, p) in enumerate(names)
             ],
