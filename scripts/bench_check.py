@@ -48,7 +48,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from factories import CPU_ENV, GIT_ENV, make_measurement, make_run  # noqa: E402
+from factories import (  # noqa: E402
+    CPU_ENV,
+    GIT_ENV,
+    RERUNS,
+    RERUNS_APART,
+    make_measurement,
+    make_run,
+)
 
 from memtrack.config import Config, load_config  # noqa: E402
 from memtrack.judge.baseline import COMPONENTS, Point  # noqa: E402
@@ -68,10 +75,7 @@ from memtrack.units import format_size  # noqa: E402
 
 MiB = 2**20
 MEMTRACK = [sys.executable, "-c", "from memtrack.cli import main; main()"]
-RECORDS = [
-    ROOT / "tests" / "data" / "reruns.json.gz",
-    ROOT / "tests" / "data" / "reruns-gpt_generate.json.gz",  # a case added later
-]
+RECORDS = [RERUNS, *RERUNS_APART]  # every shipped case, the later ones recorded apart
 PR_RUN = "e" * 32
 """The pull request's run in the comment's history."""
 

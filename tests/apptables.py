@@ -17,7 +17,6 @@ HTML_TABLE = '<div class="mt-table"'
 def read_html_table(markup: str) -> pd.DataFrame:
     """One table of dashboard/tables.py as a DataFrame of its shown texts."""
     root = ET.fromstring(markup)
-    heads = ["".join(th.itertext()) for th in root.iter("th")]
     rows = []
     for tr in root.find("table/tbody") or []:
         row: dict[str, Any] = {}
@@ -33,7 +32,6 @@ def read_html_table(markup: str) -> pd.DataFrame:
                 row[f"{col} href"] = link.get("href")
         rows.append(row)
     frame = pd.DataFrame(rows)
-    frame.attrs["headers"] = heads
     frame.attrs["id"] = root.get("id")
     return frame
 

@@ -493,7 +493,6 @@ def _events(
             "commit": short(r["git_commit"]),
             "branch": r["git_branch"],
             "subject": r["git_subject"],
-            "run_id": r["run_id"],
             "run": page_url("Run detail", run=r["run_id"]),
         }
 

@@ -332,7 +332,6 @@ def _pull_requests(ctx: Context) -> None:
                 "commit": short(r["git_commit"]),
                 "subject": r.get("git_subject") or "",
                 "latest run": when(r["started_at"]),
-                "run_id": r["run_id"],
                 "run": page_url("Run detail", run=r["run_id"]),
                 "compare": (
                     page_url("Compare", a=mb, b=r["run_id"])
