@@ -6,6 +6,7 @@ Pure functions over the plain rows that `queries` returns; no Streamlit, no SQL.
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from memtrack.judge.budgets import choose_budgets
 
 # The gate's step finder, imported here only: where the gate's history analysis lives is a
 # one-line change for the dashboard.
-from memtrack.judge.levels import segment
+from memtrack.judge.levels import segment, within_runs
 from memtrack.records import metrics
 from memtrack.units import format_size
 from memtrack.workload.registry import short_case_labels  # noqa: F401 (the views use it from here)
@@ -34,6 +35,7 @@ SHORT_LABELS = {
     "host_step": "host step",
     "load_host": "loading host RSS",
     "disk": "disk",
+    "sessions": "sum of sessions",
 }
 """Names for narrow table columns; METRIC_LABELS says what each one is."""
 CHART_METRICS = ("allocated", "reserved", "device", "host", "host_step")
@@ -54,6 +56,16 @@ def metric_value(row: dict[str, Any], metric: str) -> int | None:
     metrics, recorded before they existed)."""
     value = row.get(METRIC_COLUMNS[metric])
     return None if value is None else int(value)
+
+
+def samples_of(row: dict[str, Any]) -> list[int]:
+    """A row's allocated peak of each measured iteration ([] where not read or recorded)."""
+    raw = row.get("allocated_samples")
+    try:
+        found = json.loads(raw) if raw else []
+    except ValueError:
+        return []
+    return [int(x) for x in found if isinstance(x, (int, float))] if isinstance(found, list) else []
 
 
 def default_metric(row: dict[str, Any]) -> str:
@@ -166,9 +178,9 @@ def case_status(
             used = value / chosen.limit_bytes if value is not None and chosen.limit_bytes else None
         note = v.get("message") if v else ""
         return CaseStatus("over budget", metric, value, chosen, used, note or "")
-    if "regression" in kinds or still_open:
+    if "regression" in kinds or "leak" in kinds or still_open:
         # The view that regressed, not the one nearest its budget.
-        v = kinds.get("regression") or still_open[0]
+        v = kinds.get("regression") or kinds.get("leak") or still_open[0]
         if v.get("metric") in METRIC_COLUMNS:
             metric = v["metric"]
             value = metric_value(row, metric)
@@ -178,7 +190,7 @@ def case_status(
                 if chosen is not None and value is not None and chosen.limit_bytes > 0
                 else None
             )
-        if "regression" in kinds:
+        if "regression" in kinds or "leak" in kinds:
             return CaseStatus("regression", metric, value, chosen, used, v.get("message") or "")
         return CaseStatus(
             "regression",
@@ -251,7 +263,10 @@ def _steps(rows_newest_first: Sequence[dict[str, Any]], metric: str, factor: flo
     if len(values) < 2:
         return []
     out: list[Step] = []
-    starts, room = segment(values, factor, metrics.floor(metric, statistics.median(values)))
+    # the allocated view's iterations: how far one run already moves (a concurrent peak)
+    within = within_runs([samples_of(r) for r, _ in points]) if metric == "allocated" else 0.0
+    seg = segment(values, factor, metrics.floor(metric, statistics.median(values)), within=within)
+    starts, room = list(seg.starts), seg.room
     bounds = [0, *starts, len(values)]
     for k, i in enumerate(starts, start=1):
         # Each level is its own segment: a step and a later fix are two steps.

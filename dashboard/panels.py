@@ -147,6 +147,7 @@ SHAPES = {
     "failed": "cross",
     "over_budget": "square",
     "regression": "up",
+    "leak": "up",
     "time_regression": "up-open",
     "improvement": "down",
     "accepted": "diamond",

@@ -44,6 +44,8 @@ _MEASUREMENT_COLUMNS = (
     "host_step_bytes",
     "load_host_bytes",
     "disk_bytes",
+    "sessions_sum_bytes",
+    "allocated_samples",
     "time_median_s",
     "time_p95_s",
     "time_min_s",

@@ -26,7 +26,17 @@ else:  # pragma: no cover
 DEFAULT_MODULES = ("memtrack.examples",)
 MAX_COUNT = 1_000_000
 """The largest count a key takes (repeats, runs, cases): a bound against typos."""
-METRICS = ("allocated", "reserved", "requested", "device", "host", "host_step", "load_host", "disk")
+METRICS = (
+    "allocated",
+    "reserved",
+    "requested",
+    "device",
+    "host",
+    "host_step",
+    "load_host",
+    "disk",
+    "sessions",
+)
 """Memory metrics a budget or a verdict can name (see compare.metric_value)."""
 
 

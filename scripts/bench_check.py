@@ -2,7 +2,7 @@
 
 1. false blocks: real runs of every shipped case (concurrency included) on one unchanged
    commit, either re-run here (`--reruns N`) or read from recorded reruns (`--records
-   FILE`, by default tests/data/reruns*.json.gz). From them, a thousand histories of the
+   FILE`, by default tests/data/reruns.json.gz). From them, a thousand histories of the
    base branch are resampled per case (each distinct real runs in a random order, of every
    length from 1 to 20 runs: a young project as well as a mature one), and one more real
    run is judged against each, per metric, as the gate judges a pull request. Goal: 0
@@ -52,7 +52,6 @@ from factories import (  # noqa: E402
     CPU_ENV,
     GIT_ENV,
     RERUNS,
-    RERUNS_APART,
     make_measurement,
     make_run,
 )
@@ -61,6 +60,8 @@ from memtrack.config import Config, load_config  # noqa: E402
 from memtrack.judge.baseline import COMPONENTS, Point  # noqa: E402
 from memtrack.judge.check import check  # noqa: E402
 from memtrack.judge.history import judge_series  # noqa: E402
+from memtrack.judge.levels import within_runs  # noqa: E402
+from memtrack.judge.load import Load  # noqa: E402
 from memtrack.judge.memory import Candidate, verdict  # noqa: E402
 from memtrack.records import (  # noqa: E402
     Measurement,
@@ -75,7 +76,7 @@ from memtrack.units import format_size  # noqa: E402
 
 MiB = 2**20
 MEMTRACK = [sys.executable, "-c", "from memtrack.cli import main; main()"]
-RECORDS = [RERUNS, *RERUNS_APART]  # every shipped case, the later ones recorded apart
+RECORDS = [RERUNS]  # every shipped case
 PR_RUN = "e" * 32
 """The pull request's run in the comment's history."""
 
@@ -158,7 +159,7 @@ def by_case(runs: list[RunRecord], patterns: list[str]) -> dict[str, list[tuple]
     return out
 
 
-def _point(run, m: Measurement, i: int) -> Point:
+def _point(run, m: Measurement, i: int, fingerprint: str = "env") -> Point:
     values = {name: v for name in metrics.NAMES if (v := metrics.value(m, name)) is not None}
     parts = {
         name: getattr(m, col)
@@ -176,14 +177,20 @@ def _point(run, m: Measurement, i: int) -> Point:
         m.iteration_times_s,
         parts,
         m.allocated_samples,
+        fingerprint,
+        m.retained_samples,
+        m.iteration_cpu_times_s,
+        m.iteration_device_times_s,
+        Load.of(m),
     )
 
 
-def _judge(config: Config, m: Measurement, base: list[tuple]) -> dict:
+def _judge(config: Config, m: Measurement, base: list[tuple], before: list | None = None) -> dict:
     """Verdicts per measured metric of `m` against the baseline (run, measurement) pairs,
-    oldest first."""
+    oldest first; `before`: the pairs of an older environment, whose noise the gate knows."""
     points = [_point(r, b, i) for i, (r, b) in enumerate(base)][::-1]  # newest first
-    c = Candidate(m, points, {}, len(points) < config.min_baseline_runs)
+    known = [_point(r, b, i, "older") for i, (r, b) in enumerate(before or [])][::-1]
+    c = Candidate(m, points, {}, len(points) < config.min_baseline_runs, known=known)
     return {
         metric: verdict(c, metric, config)
         for metric in metrics.NAMES
@@ -233,10 +240,18 @@ def false_blocks(
 
 def _inject(m: Measurement, metric: str, delta: int) -> Measurement:
     if metric == "allocated":
+        # a growth of the step moves every view of it: each iteration's peak, and with
+        # concurrent sessions one session's own and their sum
         return replace(
             m,
             peak_allocated_bytes=(m.peak_allocated_bytes or 0) + delta,
             allocated_samples=tuple(s + delta for s in m.allocated_samples),
+            session_peak_bytes=None
+            if m.session_peak_bytes is None
+            else m.session_peak_bytes + delta,
+            sessions_sum_bytes=None
+            if m.sessions_sum_bytes is None
+            else m.sessions_sum_bytes + delta,
         )
     if metric == "host":
         return replace(m, host_peak_rss_bytes=(m.host_peak_rss_bytes or 0) + delta)
@@ -245,6 +260,13 @@ def _inject(m: Measurement, metric: str, delta: int) -> Measurement:
     if metric == "load_host":
         return replace(m, load_host_peak_rss_bytes=(m.load_host_peak_rss_bytes or 0) + delta)
     return replace(m, disk_bytes=(m.disk_bytes or 0) + delta)
+
+
+def _blocks(verdicts: dict, metric: str) -> bool:
+    """Whether a growth of `metric` blocks: its verdict, or for the allocated view of a
+    concurrent case the sum of its sessions (the same step, seen without its interleaving)."""
+    seen = [verdicts.get(metric)] + ([verdicts.get("sessions")] if metric == "allocated" else [])
+    return any(v is not None and v.blocking for v in seen)
 
 
 def detection(config: Config, cases: dict[str, list], histories: int, seed: int) -> list[dict]:
@@ -261,8 +283,7 @@ def detection(config: Config, cases: dict[str, list], histories: int, seed: int)
             for base, m in drawn:
 
                 def blocks(delta: int, m=m, base=base, metric=metric) -> bool:
-                    v = _judge(config, _inject(m, metric, delta), base)[metric]
-                    return v is not None and v.blocking
+                    return _blocks(_judge(config, _inject(m, metric, delta), base), metric)
 
                 lo, hi = 0, 1 << 30  # lo never blocks, hi does
                 if not blocks(hi):
@@ -290,6 +311,103 @@ def detection(config: Config, cases: dict[str, list], histories: int, seed: int)
     return out
 
 
+MESSY = ("revert", "second cycle", "accepted step", "environment change")
+"""The histories real teams make, each around a growth of the case (see `messy`)."""
+
+
+def _growth(m: Measurement, metric: str) -> int:
+    """The regression a messy history merges, reverts or accepts: 15 % of the figure (past
+    the 10 % a provisional verdict needs), and at least four times its floor (a figure
+    under its floor's reach is no regression)."""
+    value = metrics.value(m, metric) or 0
+    return max(int(0.15 * value), int(4 * metrics.floor(metric, value)))
+
+
+def messy(config: Config, cases: dict[str, list], histories: int, seed: int) -> list[dict]:
+    """Per case and metric, over `histories` histories of 5 to 20 distinct real runs in
+    random order, each with one growth of the case (`_growth`) at a random place:
+
+    - revert: one run of main at +growth, then the runs after it back at the old level;
+    - second cycle: two such runs (a merge and revert, twice);
+    - accepted step: every run from a place on at +growth (a change accepted and merged);
+    - environment change: the history's runs on an older environment, then one to three
+      runs of the new one (host moved by 6 MiB, as a torch upgrade moved it).
+
+    An unchanged candidate judged against each must pass (a false block otherwise); the
+    same candidate re-landing the growth (on top of the accepted step's level, or on the
+    new environment) must block (a miss otherwise), where the same growth blocks against the
+    same runs without the mess (the control: a growth the gate cannot see on a clean
+    history is no history's fault)."""
+    rng = random.Random(seed + 3)
+    out = []
+    for case_id, pairs in cases.items():
+        for metric in sorted(GROWN):
+            if metrics.value(pairs[0][1], metric) is None:
+                continue
+            counts = {k: [0, 0, 0, 0] for k in MESSY}  # judged, false blocks, misses, control
+            for h in range(histories):
+                n = min(5 + h % 16, len(pairs) - 1)
+                drawn = rng.sample(pairs, n + 1)
+                base, m = drawn[:-1], drawn[-1][1]
+                delta = _growth(m, metric)
+                grown = _inject(m, metric, delta)
+
+                def up(pair: tuple, d: int = delta, metric: str = metric) -> tuple:
+                    return (pair[0], _inject(pair[1], metric, d))
+
+                def blocks(
+                    cand: Measurement, hist: list, before: list | None = None, metric: str = metric
+                ) -> bool:
+                    return _blocks(_judge(config, cand, hist, before), metric)
+
+                control = blocks(grown, base)
+                at = rng.randrange(3, n - 1)
+                second = rng.randrange(at + 2, n - 1) if at + 2 < n - 1 else None
+                scenes = {
+                    "revert": ([*base[:at], up(base[at]), *base[at + 1 :]], m, grown, None),
+                    "second cycle": (
+                        [up(p) if i == at or i == second else p for i, p in enumerate(base)],
+                        m,
+                        grown,
+                        None,
+                    ),
+                    "accepted step": (
+                        [*base[:at], *(up(p) for p in base[at:])],
+                        grown,
+                        _inject(grown, metric, delta),
+                        None,
+                    ),
+                }
+                moved = min(3, max(1, n - at))
+                if metric in ("host", "load_host"):
+                    shift = 6 * MiB
+                    new_env = [up(p, shift) for p in base[-moved:]]
+                    same, again = _inject(m, metric, shift), _inject(grown, metric, shift)
+                else:
+                    new_env, same, again = base[-moved:], m, grown
+                scenes["environment change"] = (new_env, same, again, base[:-moved])
+                for name, (hist, unchanged, relanded, before) in scenes.items():
+                    c = counts[name]
+                    c[0] += 1
+                    c[1] += blocks(unchanged, hist, before)
+                    if control:
+                        c[3] += 1
+                        c[2] += not blocks(relanded, hist, before)
+            for name, (judged, false, missed, control) in counts.items():
+                out.append(
+                    {
+                        "case": case_id,
+                        "metric": metric,
+                        "history": name,
+                        "judged": judged,
+                        "false": false,
+                        "missed": missed,
+                        "control": control,
+                    }
+                )
+    return out
+
+
 def history_false(
     config: Config, cases: dict[str, list], histories: int, commits: int, seed: int
 ) -> list[dict]:
@@ -314,6 +432,9 @@ def history_false(
                     metric,
                     config,
                     anchor_index=max(0, commits - 1 - 50),
+                    within=within_runs([m.allocated_samples for m in draws])
+                    if metric == "allocated"
+                    else 0.0,
                 )
                 c = counts.setdefault(metric, [0, 0, 0])
                 c[0] += 1
@@ -374,6 +495,28 @@ def report_reruns(config: Config, runs: list[RunRecord], how: str, args) -> None
             f"{shown(worst):>11} ({100 * (worst or 0) / max(r['value'], 1):.2f}%)  goal "
             f"{format_size(r['goal'])}: {met}"
         )
+    rows = messy(config, cases, args.messy, args.seed)
+    print(
+        f"2b. messy histories: {args.messy} histories of 5-20 real runs per case, metric and "
+        "kind, each around one growth (15 %, at least 4 x the floor): an unchanged candidate "
+        "must pass, the growth re-landed must block wherever it blocks on the same runs "
+        f"without the mess: {sum(r['false'] for r in rows)} false blocks, "
+        f"{sum(r['missed'] for r in rows)} missed of {sum(r['control'] for r in rows):,} "
+        "re-landed growths"
+    )
+    for name in MESSY:
+        mine = [r for r in rows if r["history"] == name]
+        print(
+            f"  {name:19} {sum(r['false'] for r in mine):4} false blocks of "
+            f"{sum(r['judged'] for r in mine):5}, {sum(r['missed'] for r in mine):4} missed of "
+            f"{sum(r['control'] for r in mine):5} re-landed"
+        )
+    for r in rows:
+        if r["false"] or r["missed"]:
+            print(
+                f"    {_label(r['case'], labels):34} {r['metric']:9} {r['history']}: "
+                f"{r['false']} false, {r['missed']} missed of {r['control']}"
+            )
     rows = history_false(config, cases, args.history_runs, 150, args.seed)
     print(
         f"3. history: `check --history` on {args.history_runs} resampled histories of 150 "
@@ -769,6 +912,12 @@ def main() -> int:
         type=int,
         default=40,
         help="resampled 20-run baselines per case for the detection",
+    )
+    ap.add_argument(
+        "--messy",
+        type=int,
+        default=200,
+        help="histories per case, metric and kind of mess (revert, accepted step, ...)",
     )
     ap.add_argument(
         "--history-runs",

@@ -195,10 +195,9 @@ def commit_all(repo: Path, message: str) -> str:
 # -- a realistic history, from real reruns of the shipped suite -----------------------------
 
 RERUNS = Path(__file__).parent / "data" / "reruns.json.gz"
-"""Real runs of the shipped example suite on one unchanged commit (how they were made:
-its "how" field; scripts/bench_check.py --reruns N --save FILE makes another)."""
-RERUNS_APART = [Path(__file__).parent / "data" / "reruns-gpt_generate.json.gz"]
-"""Real reruns of the shipped cases added to the suite after RERUNS was recorded, alone."""
+"""Real runs of the shipped example suite on one unchanged commit, every case and figure of
+today's records (how they were made: its "how" field; scripts/bench_check.py --reruns N
+--save FILE makes another)."""
 
 
 def read_reruns(path: Path = RERUNS) -> list[RunRecord]:

@@ -365,3 +365,27 @@ def test_a_token_in_a_quality_or_rank_message_is_redacted_as_run_redacts_it(tmp_
     assert got.quality_message == "reference fetch with [redacted] failed"
     assert [r.message for r in got.ranks] == [None, "401 for [redacted]"]
     assert kept == clean  # a measurement without a secret is stored as it was
+
+
+def test_an_ingested_record_keeps_its_iteration_timing_and_session_figures(tmp_path):
+    m = make_measurement(
+        "serve",
+        {"concurrency": 4},
+        retained_samples=(0, -4096, 4096),
+        iteration_cpu_times_s=(0.02, 0.021, 0.019),
+        iteration_device_times_s=(0.005, 0.005, 0.006),
+        timing_cpu_pressure=0.5,
+        timing_runnable=1.5,
+        timing_steal=0.01,
+        timing_cores=8,
+        session_peak_bytes=3 * 2**20,
+        sessions_sum_bytes=9 * 2**20,
+    )
+    run = make_run([m])
+    path = tmp_path / "run.json"
+    write_json(run, path)
+    db = tmp_path / "m.db"
+    res = _ingest(db, path)
+    assert res.exit_code == 0, res.output
+    with Store.open(db, readonly=True) as store:
+        assert store.get_run(run.run_id) == run

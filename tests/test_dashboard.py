@@ -901,11 +901,16 @@ def test_a_step_is_found_at_the_first_run_of_the_new_level() -> None:
     assert [(s.row["run_id"], s.delta) for s in found] == [("6", 10 * MiB)]
 
 
-def test_noise_and_a_lone_outlier_are_not_steps() -> None:
+def test_noise_is_no_step_and_a_run_far_beyond_it_is_a_change_and_its_revert() -> None:
     rng = random.Random(1)
     noisy = [int(500 * MiB + rng.gauss(0, 2 * MiB)) for _ in range(30)]
-    noisy[15] += 40 * MiB
     assert model.steps(_series(noisy), "allocated") == []
+    noisy[15] += 4 * MiB  # within the noise's reach: an outlier of the level
+    assert model.steps(_series(noisy), "allocated") == []
+    noisy[15] += 36 * MiB  # 20 sigma: merged, and reverted by the next run
+    up, down = sorted(model.steps(_series(noisy), "allocated"), key=lambda s: s.row["run_id"])
+    assert up.after - up.before > 30 * MiB and down.after < down.before
+    assert up.fixed_by is not None and up.fixed_by["run_id"] == "16"
 
 
 def test_the_most_specific_budget_applies() -> None:

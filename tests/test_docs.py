@@ -60,3 +60,22 @@ def test_every_relative_link_names_a_file_and_anchor_that_exist(page):
         assert target.is_file(), f"{page.name}: {link}: no such file"
         if anchor:
             assert anchor in _anchors(target), f"{page.name}: {link}: no such heading"
+
+
+def test_the_docs_state_the_one_provisional_rule_the_gate_applies():
+    """Every page that says how far a provisional regression must jump says the jump the
+    code uses: one rule, written once in the code, the same in every page."""
+    from memtrack.judge.memory import PROVISIONAL_BLOCK_FRACTION
+
+    rule = f"{PROVISIONAL_BLOCK_FRACTION:.0%}".replace("%", " %")
+    said = {}
+    for page in [README, *PAGES]:
+        text = _FENCE.sub("", page.read_text())
+        for sentence in re.split(r"(?<=[.|])\s", text.replace("\n", " ")):
+            if "provisional" in sentence.lower():
+                for pct in re.findall(r"(\d+(?:\.\d+)?) ?%(?! of the)", sentence):
+                    said.setdefault(f"{pct} %", []).append(page.name)
+    assert rule in said, "no page states the provisional rule"
+    assert set(said) == {rule}, said
+    # gate.md states it in full, and each short form points there
+    assert f"a regression blocks only past a {rule} jump" in (DOCS / "gate.md").read_text()

@@ -1,7 +1,7 @@
 """The CPU framework view (probes/framework.py): the CPU allocator's peak with the tensor
 tracker's breakdown. Kernel scratch, setup tensors given to `ctx.mark`, a cache the model
-builds inside its forward, a forward with autograd on; measured by real workers on the CPU,
-and judged by `memtrack check` in a real repository."""
+builds inside its forward, a forward with autograd on, what each iteration retains; measured
+by real workers on the CPU, and judged by `memtrack check` in a real repository."""
 
 from __future__ import annotations
 
@@ -11,13 +11,18 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 from factories import commit_all, git, init_repo
 
+from memtrack.config import load_config
 from memtrack.examples.gpt import GPT, generate
+from memtrack.measure.suite import run_suite
 from memtrack.probes.framework import MemTrackerProbe
 from memtrack.workload.context import Context
+from memtrack.workload.registry import discover, select_cases
 
 MiB = 2**20
 
@@ -228,3 +233,81 @@ def test_the_cpu_view_is_the_allocators_and_repeats_with_autograd_on(tmp_path):
         x for x in lines if x.startswith("BLOCK regression · autograd_on") and "allocated" in x
     )
     assert "delta +1.00 MiB (+1,048,576 B)" in grad_line, grad_line
+
+
+RETAINING = textwrap.dedent(
+    """
+    import torch
+    import memtrack
+
+    KEPT = []
+
+
+    @memtrack.workload()
+    def leaks(ctx):
+        def step():
+            KEPT.append(torch.ones(1600))  # float32: 6,400 B kept by every call
+        return step
+
+
+    @memtrack.workload()
+    def frees(ctx):
+        lin = torch.nn.Linear(64, 64)
+        ctx.mark(lin)
+        x = ctx.randn(32, 64)
+
+        @torch.no_grad()
+        def step():
+            return lin(x).relu().sum()
+
+        return step
+
+
+    @memtrack.workload()
+    def autograd_graph(ctx):
+        # gradients on: the result holds its graph, which the tracker's module hooks keep in
+        # a reference cycle until a collection
+        model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(),
+                                    torch.nn.Linear(1024, 256))
+        ctx.mark(model)
+        x = ctx.randn(64, 256)
+        return lambda: model(x).sum()
+
+
+    @memtrack.workload(params={"concurrency": 3})
+    def leaks_per_session(ctx):
+        def step():
+            KEPT.append(torch.ones(1600))
+        return step
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def retaining(tmp_path_factory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("retaining")
+    (root / "wl.py").write_text(RETAINING)
+    (root / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 4\n')
+    config = load_config(root / "memtrack.toml")
+    run = run_suite(config, select_cases(discover(config)))
+    return {m.workload: m for m in run.measurements}
+
+
+def test_each_iteration_retains_exactly_what_it_leaves_alive(retaining):
+    assert all(m.status == "ok" for m in retaining.values()), retaining
+    assert retaining["leaks"].retained_samples == (6400,) * 4
+    assert retaining["frees"].retained_samples == (0,) * 4
+    # the graph is collected inside the iteration's window: freed, not retained; the peak
+    # of every iteration is the same
+    graph = retaining["autograd_graph"]
+    assert graph.retained_samples == (0,) * 4
+    assert len(set(graph.allocated_samples)) == 1, graph.allocated_samples
+    # with sessions in threads, the tracker's totals: every session's tensor
+    assert retaining["leaks_per_session"].retained_samples == (3 * 6400,) * 4
+
+
+def test_every_timed_iteration_has_its_cpu_time_and_no_device_time_on_the_cpu(retaining):
+    for m in retaining.values():
+        assert len(m.iteration_cpu_times_s) == m.repeats == 4
+        assert all(t > 0 for t in m.iteration_cpu_times_s), m.iteration_cpu_times_s
+        assert m.iteration_device_times_s == ()

@@ -86,3 +86,50 @@ def test_cuda_visible_devices_narrow_what_is_recorded(gpu_run, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     env = environment.probe()
     assert env.cuda_available is False and env.cuda_unavailable_reason
+
+
+RETAINING = textwrap.dedent(
+    """
+    import torch, memtrack
+
+    KEPT = []
+
+    @memtrack.workload
+    def leaks(ctx):
+        def step():
+            KEPT.append(torch.ones(1600, device=ctx.device))  # 6,400 B kept by every call
+        return step
+
+    @memtrack.workload
+    def autograd_graph(ctx):
+        model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(),
+                                    torch.nn.Linear(1024, 256)).to(ctx.device)
+        ctx.mark(model)
+        x = ctx.randn(64, 256)
+        return lambda: model(x).sum()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def retaining(tmp_path_factory):
+    root = tmp_path_factory.mktemp("retaining")
+    (root / "wl.py").write_text(RETAINING)
+    (root / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 4\n')
+    config = load_config(root / "memtrack.toml")
+    return {m.workload: m for m in run_suite(config, select_cases(discover(config))).measurements}
+
+
+def test_each_iteration_retains_what_it_leaves_allocated_on_the_gpu(retaining):
+    leaks, graph = retaining["leaks"], retaining["autograd_graph"]
+    assert leaks.status == graph.status == "ok", (leaks.message, graph.message)
+    assert leaks.device == "cuda"
+    # the caching allocator rounds every block up to a multiple of 512 B
+    assert leaks.retained_samples == (6656,) * 4
+    assert graph.retained_samples == (0,) * 4
+
+
+def test_every_timed_iteration_has_its_device_time(retaining):
+    for m in retaining.values():
+        assert len(m.iteration_device_times_s) == len(m.iteration_cpu_times_s) == m.repeats
+        assert all(t > 0 for t in m.iteration_device_times_s), m.iteration_device_times_s

@@ -282,3 +282,57 @@ def test_a_plain_value_tested_inline_is_judged_as_its_check_judges_it():
     ]
     assert not differ
     assert {type(x) for x in by_checks} == {str, records.RunRecord}  # both outcomes occur
+
+
+def test_the_iteration_figures_are_checked_and_a_record_from_before_them_loads():
+    data = _good()
+    before = copy.deepcopy(data)
+    fine = _measurement(
+        copy.deepcopy(data),
+        retained_samples=[-6400, 0, 6400],  # an iteration may free what an earlier one made
+        iteration_cpu_times_s=[0.01, 0.02],
+        timing_cpu_pressure=1.0,
+        timing_runnable=0.5,
+        timing_steal=0.0,
+        timing_cores=16,
+        session_peak_bytes=MiB,
+        sessions_sum_bytes=4 * MiB,
+    )
+    m = run_from_dict(fine).measurements[0]
+    assert m.retained_samples == (-6400, 0, 6400) and m.timing_cores == 16
+    validator = jsonschema.Draft202012Validator(json_schema())
+    assert validator.is_valid(fine)
+    for bad in (
+        {"timing_cpu_pressure": 1.5},
+        {"timing_steal": -0.1},
+        {"timing_runnable": -1.0},
+        {"timing_cores": -1},
+        {"iteration_cpu_times_s": [0.01, -0.01]},
+        {"iteration_device_times_s": [-1.0]},
+        {"session_peak_bytes": -1},
+        {"sessions_sum_bytes": "many"},
+        {"retained_samples": [2**62]},
+        {"retained_samples": [1.5]},
+    ):
+        changed = _measurement(copy.deepcopy(data), **bad)
+        with pytest.raises(RecordError, match=next(iter(bad))):
+            run_from_dict(copy.deepcopy(changed))
+        assert not validator.is_valid(changed), bad
+    for m in data["measurements"]:  # a record written before the fields: without them
+        for name in ITERATION_FIGURES:
+            del m[name]
+    assert run_from_dict(data) == run_from_dict(before)  # read with their defaults
+    assert validator.is_valid(data)
+
+
+ITERATION_FIGURES = (
+    "retained_samples",
+    "iteration_cpu_times_s",
+    "iteration_device_times_s",
+    "timing_cpu_pressure",
+    "timing_runnable",
+    "timing_steal",
+    "timing_cores",
+    "session_peak_bytes",
+    "sessions_sum_bytes",
+)

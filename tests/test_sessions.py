@@ -53,6 +53,20 @@ def test_concurrent_sessions_peak_above_one_and_below_n_times_one(serve_cpu):
     assert not any("concurrent" in note for note in one.notes)  # the single-thread path
 
 
+def test_one_session_alone_and_the_sum_of_sessions_bound_the_concurrent_peak(serve_cpu):
+    one = serve_cpu[1]
+    assert one.session_peak_bytes is None and one.sessions_sum_bytes is None  # no sessions
+    for n in (2, 4):
+        m = serve_cpu[n]
+        # One session alone, in the concurrent case's process, is the one-session case.
+        assert m.session_peak_bytes == one.peak_allocated_bytes
+        # Every session adds its rise above the shared weights: the sum, what N sessions
+        # would hold if each peaked at once, does not depend on how the threads interleave.
+        rise = m.session_peak_bytes - m.weights_bytes
+        assert m.sessions_sum_bytes == m.weights_bytes + n * rise
+        assert m.session_peak_bytes <= m.peak_allocated_bytes <= m.sessions_sum_bytes
+
+
 def test_concurrency_must_be_a_count():
     assert concurrency({}) == 1 and concurrency({"concurrency": 3}) == 3
     for bad in (0, -1, "2", True, 1.5):
@@ -135,6 +149,23 @@ def test_after_a_failed_call_the_same_sessions_run_the_next_one():
         assert calls[0] == before + 3
 
 
+def test_solo_runs_the_step_in_the_first_session_alone():
+    import torch
+
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def step() -> None:
+        with lock:
+            seen.append(threading.current_thread().name)
+
+    with Sessions(step, 3, torch.device("cpu")) as run:
+        run.solo()
+        assert seen == [run.threads[0].name]
+        run()  # then every session again, together
+        assert sorted(seen[1:]) == sorted(t.name for t in run.threads)
+
+
 WORKLOAD = """
 import os, threading
 import memtrack
@@ -161,9 +192,38 @@ def test_a_concurrent_case_runs_every_iteration_in_the_same_threads(tmp_path):
     assert m.status == "ok", m.message
     ids = (tmp_path / "threads.log").read_text().split()
     iterations = 2 + 3 + 3  # warm-up, timing, memory pass
-    assert len(ids) == 3 * iterations
-    calls = [set(ids[i : i + 3]) for i in range(0, len(ids), 3)]
+    # then the first session alone, primed and measured, in its own thread
+    sessions, alone = ids[: 3 * iterations], ids[3 * iterations :]
+    calls = [set(sessions[i : i + 3]) for i in range(0, len(sessions), 3)]
+    assert len(calls) == iterations
     assert len(calls[0]) == 3 and all(c == calls[0] for c in calls)
+    assert len(alone) == 2 and alone[0] == alone[1] and alone[0] in calls[0]
+
+
+WAITING = """
+import threading
+import memtrack
+
+
+@memtrack.workload(params={"concurrency": 2})
+def waits_for_the_other(ctx):
+    together = threading.Barrier(ctx.concurrency)  # as overlapping requests are written
+
+    def session():
+        together.wait()
+    return session
+"""
+
+
+def test_sessions_that_wait_for_one_another_are_measured_together_but_not_alone(tmp_path):
+    (tmp_path / "wl.py").write_text(WAITING)
+    (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 2\n')
+    config = load_config(tmp_path / "memtrack.toml")
+    (m,) = run_suite(config, select_cases(discover(config))).measurements
+    assert m.status == "ok", m.message
+    assert m.peak_allocated_bytes is not None and len(m.iteration_times_s) == 2
+    assert m.session_peak_bytes is None and m.sessions_sum_bytes is None
+    assert any(n.startswith("one session alone did not end within") for n in m.notes), m.notes
 
 
 def test_cache_tags_from_concurrent_sessions_are_all_counted(tmp_path):
@@ -233,6 +293,10 @@ def test_concurrent_sessions_on_cuda_each_on_a_stream(tmp_path):
     assert one.peak_allocated_bytes < four.peak_allocated_bytes < 4 * one.peak_allocated_bytes
     assert four.persistent_bytes == one.persistent_bytes  # the weights, once
     assert four.time_median_s > 0 and len(four.iteration_times_s) == four.repeats
+    # one session alone, in its own thread and on its own stream, bounds the peak from
+    # below; every session's rise above the weights at once bounds it from above
+    assert four.session_peak_bytes <= four.peak_allocated_bytes <= four.sessions_sum_bytes
+    assert len(four.iteration_device_times_s) == four.repeats
 
 
 @pytest.mark.gpu

@@ -463,3 +463,80 @@ def test_runs_read_back_whatever_columns_their_batch_leaves_empty(tmp_path):
             assert store.get_run(run.run_id) == run
         kinds = {r[0] for r in store.conn.execute("select kind from measurements")}
     assert kinds == {"measured"}
+
+
+ITERATION_FIGURES = {
+    "retained_samples": (6400, 0, -6400),  # an iteration may free what an earlier one made
+    "iteration_cpu_times_s": (0.0105, 0.0098, 0.0101),
+    "iteration_device_times_s": (0.0042, 0.0041, 0.0043),
+    "timing_cpu_pressure": 0.031,
+    "timing_runnable": 0.25,
+    "timing_steal": 0.0,
+    "timing_cores": 2,
+    "session_peak_bytes": 5 * MiB,
+    "sessions_sum_bytes": 12 * MiB,
+}
+
+
+def test_the_iteration_timing_and_session_figures_read_back_exactly(tmp_path):
+    run = make_run(
+        [
+            make_measurement("serve", {"concurrency": 4}, **ITERATION_FIGURES),
+            make_measurement("decoder"),  # none of them: defaults read back as defaults
+        ]
+    )
+    with Store.open(tmp_path / "m.db") as store:
+        store.write_run(run)
+        back = store.get_run(run.run_id)
+        row = store.conn.execute(
+            "select retained_samples, timing_cores from measurements where case_id = ?",
+            ["serve[concurrency=4]"],
+        ).fetchone()
+    assert back == run
+    assert back.measurements[0].retained_samples == (6400, 0, -6400)
+    assert back.measurements[1].retained_samples == () and back.measurements[1].timing_cores is None
+    assert json.loads(row["retained_samples"]) == [6400, 0, -6400] and row["timing_cores"] == 2
+
+
+def test_a_database_from_before_the_iteration_figures_reads_its_runs_as_they_were(tmp_path):
+    db = tmp_path / "m.db"
+    run = make_run([make_measurement()])
+    with Store.open(db) as store:
+        store.write_run(run)
+    with sqlite3.connect(db) as conn:  # as memtrack left it before m013
+        for name in ITERATION_FIGURES:
+            conn.execute(f"alter table measurements drop column {name}")
+        conn.execute("delete from _sqlite_migrations where name = 'm013_iteration_figures'")
+    with pytest.raises(StoreError, match="pending: m013_iteration_figures"):
+        Store.open(db, readonly=True)
+    with Store.open(db) as store:  # migrated: the old rows hold NULL, read as the defaults
+        assert store.get_run(run.run_id) == run
+        later = make_run([make_measurement(**ITERATION_FIGURES)])
+        store.write_run(later)
+        assert store.get_run(later.run_id) == later
+
+
+def test_show_prints_what_each_iteration_retained_the_timing_load_and_the_sessions(tmp_path):
+    db = tmp_path / "m.db"
+    run = make_run(
+        [
+            make_measurement("serve", {"concurrency": 4}, peak=10 * MiB, **ITERATION_FIGURES),
+            make_measurement("decoder"),
+        ]
+    )
+    with Store.open(db) as store:
+        store.write_run(run)
+    res = CliRunner().invoke(main, ["show", run.run_id, "--db", str(db)], terminal_width=240)
+    assert res.exit_code == 0, res.output
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in res.output.splitlines()
+        if line.count("│") == 3
+    }
+    assert rows["retained per iteration"] == "6.25 KiB, 0 B, -6.25 KiB"
+    assert rows["timing pass"] == (
+        "CPU time median 10.1 ms; device time median 4.2 ms; "
+        "machine: CPU pressure 3%, 0.2 runnable others, steal 0%, 2 cores"
+    )
+    assert rows["sessions"] == "one alone 5.00 MiB, sum of 4 12.00 MiB, measured peak 10.00 MiB"
+    assert res.output.count("retained per iteration") == 1  # the case without them: no row

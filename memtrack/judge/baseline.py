@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from memtrack.judge.load import Load, own_demand
 from memtrack.records import COMMIT_PATTERN, RunRecord, metrics
 from memtrack.store.database import Store
 from memtrack.units import parse_time
@@ -113,11 +114,23 @@ class Point:
     components: dict[str, int] = field(default_factory=dict)
     samples: tuple[int, ...] = ()
     """The framework's allocated peak of each measured iteration."""
+    fingerprint: str | None = None
+    """Its run's environment fingerprint."""
+    retained: tuple[int, ...] = ()
+    """What each measured iteration left allocated (a leak leaves the same every time)."""
+    cpu_times: tuple[float, ...] = ()
+    """Process CPU time of each timed iteration."""
+    device_times: tuple[float, ...] = ()
+    """CUDA event time of each timed iteration."""
+    load: Load = field(default_factory=lambda: Load())
+    """How busy the machine was while the run was timed."""
 
 
 _POINT_SQL = f"""
 select r.run_id, r.git_commit, r.started_at, r.git_committed_at, r.env_id, r.fingerprint,
-       m.status, m.iteration_times_s, m.allocated_samples,
+       m.status, m.iteration_times_s, m.allocated_samples, m.retained_samples,
+       m.iteration_cpu_times_s, m.iteration_device_times_s, m.timing_cpu_pressure,
+       m.timing_runnable, m.timing_cores, m.timing_steal,
        {", ".join("m." + c for c in (*metrics.COLUMNS.values(), *COMPONENTS.values()))}
 from runs r cross join measurements m
 where r.git_branch = :branch and r.run_id != :candidate {{fingerprint}}
@@ -245,6 +258,18 @@ class BaselineFinder:
                 break
         return out
 
+    def other_points(self, case_id: str) -> list[Point]:
+        """The newest `limit` eligible points of this case on other environments, newest
+        first: what the history knows of the case's noise, which a change of driver or
+        torch moves no more than it moves the code."""
+        out = []
+        for row in self._rows(case_id, same_env=False):
+            if row["fingerprint"] != self.run.environment.fingerprint:
+                out.append(_point(row))
+                if len(out) >= self.limit:
+                    break
+        return out
+
     def other_env(self, case_id: str) -> Point | None:
         """The newest eligible point of this case on another environment."""
         for row in self._rows(case_id, same_env=False):
@@ -288,9 +313,12 @@ def _point(row: Any) -> Point:
     def figures(columns: dict[str, str]) -> dict[str, int]:
         return {name: int(row[col]) for name, col in columns.items() if row[col] is not None}
 
-    times = tuple(json.loads(row["iteration_times_s"]) or ()) if row["iteration_times_s"] else ()
-    raw = row["allocated_samples"]
-    samples = tuple(int(x) for x in json.loads(raw) or ()) if raw else ()
+    def numbers(column: str) -> tuple[Any, ...]:
+        raw = row[column]
+        return tuple(json.loads(raw) or ()) if raw else ()
+
+    cpu = tuple(float(x) for x in numbers("iteration_cpu_times_s"))
+    wall = tuple(float(x) for x in numbers("iteration_times_s"))
     return Point(
         row["run_id"],
         row["git_commit"],
@@ -298,9 +326,20 @@ def _point(row: Any) -> Point:
         row["env_id"],
         row["status"],
         figures(metrics.COLUMNS),
-        times,
+        wall,
         figures(COMPONENTS),
-        samples,
+        tuple(int(x) for x in numbers("allocated_samples")),
+        row["fingerprint"],
+        tuple(int(x) for x in numbers("retained_samples")),
+        cpu,
+        tuple(float(x) for x in numbers("iteration_device_times_s")),
+        Load(
+            row["timing_cpu_pressure"],
+            row["timing_runnable"],
+            row["timing_cores"],
+            row["timing_steal"],
+            own_demand(cpu, wall),
+        ),
     )
 
 

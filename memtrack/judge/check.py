@@ -17,7 +17,7 @@ from pathlib import Path
 
 from memtrack.config import Config
 from memtrack.errors import ConfigError, StoreError
-from memtrack.judge import accept, memory, quality, timing
+from memtrack.judge import accept, leak, memory, quality, timing
 from memtrack.judge.baseline import (
     BaselineFinder,
     OpenRegression,
@@ -243,11 +243,57 @@ def _judge_case(
             if c.context == "base":
                 v = replace(v, blocking=False)
         out.append(v)
+    leaked = leak.verdict(m, c.points, c.context)
+    if leaked is not None:
+        out.append(leaked)
     if time_on and c.points:
         t = timing.verdict(c, config)
         if t is not None:
             out.append(t)
     return out
+
+
+def _renamed(
+    store: Store, run: RunRecord, missing: list[str], points: dict[str, list[Point]]
+) -> dict[str, tuple[str, str]]:
+    """New case id -> (the vanished case it replaces, 'batch 16 -> 32'). A case with no
+    baseline whose workload lost a case of the same param names in this run is that case
+    with its params changed: the one differing in the fewest values, where one is nearest.
+    A changed param renames a series; the growth it brings is still the change's."""
+    new = [m for m in run.measurements if not points[m.case_id]]
+    if not new or not missing:
+        return {}
+    gone = store.case_params(missing)
+    out: dict[str, tuple[str, str]] = {}
+    for m in new:
+        differing = []
+        taken = {old for old, _ in out.values()}
+        for old, (workload, params) in gone.items():
+            if workload != m.workload or set(params) != set(m.params) or old in taken:
+                continue
+            keys = [k for k in sorted(params) if params[k] != m.params[k]]
+            differing.append((len(keys), old, keys))
+        differing.sort()
+        if not differing or (len(differing) > 1 and differing[0][0] == differing[1][0]):
+            continue  # none, or no single nearest: said as new and removed
+        _, old, keys = differing[0]
+        params = gone[old][1]
+        change = ", ".join(f"{k} {params[k]} -> {m.params[k]}" for k in keys)
+        out[m.case_id] = (old, change)
+    return out
+
+
+def _removed_verdict(case_id: str, base_branch: str, context: str) -> Verdict:
+    return Verdict(
+        case_id=case_id,
+        workload=case_id.partition("[")[0],
+        metric="status",
+        kind="removed",
+        blocking=False,
+        context=context,
+        message=f"removed: a case of the newest baseline run on {base_branch} that this run "
+        "does not hold (its series ends here; or it was left out with -k)",
+    )
 
 
 # -- the check -----------------------------------------------------------------------------
@@ -394,6 +440,11 @@ def check(
         m.case_id: finder.points(m.case_id) if finder.seen_anywhere(m.case_id) else []
         for m in run.measurements
     }
+    newest = finder.newest_cases() or set()
+    missing = sorted(newest - {m.case_id for m in run.measurements})
+    renamed = _renamed(store, run, missing, points)
+    for new_case, (old_case, _) in renamed.items():
+        points[new_case] = finder.points(old_case)
     acceptances, accept_notes = _acceptances(run, context, finder.merge_base, points, root)
     known = _known_targets(store, run, {a.target for a in acceptances}) | known
     notes += accept_notes + accept.unknown_targets(acceptances, known)
@@ -405,6 +456,8 @@ def check(
         budgets = budgets_for(config.budgets, m, run.environment)
         touched = [ch for ch in changes if ch.workload in (m.workload, m.case_id)]
         ok_runs = sum(p.status == "ok" for p in case_points)
+        # A short window borrows what other environments' runs know of the case's noise.
+        short = 0 < len(case_points) < 2 * config.min_baseline_runs
         c = Candidate(
             m,
             case_points,
@@ -413,6 +466,7 @@ def check(
             touched,
             acceptances,
             context,
+            known=finder.other_points(m.case_id) if short else [],
         )
         other = None
         if not case_points and finder.seen_anywhere(m.case_id):
@@ -428,19 +482,32 @@ def check(
                     f"{m.case_id}: budget on {metric} ({format_size(b.limit_bytes)}) "
                     f"not checked: {metric} was not measured on this run"
                 )
+        if m.case_id in renamed:
+            old_case, change = renamed[m.case_id]
+            verdicts += [
+                replace(
+                    v,
+                    compared_with=old_case,
+                    param_change=change,
+                    message=f"{change} (against {old_case}, the case it replaces): {v.message}",
+                )
+                for v in _judge_case(c, config, base, other, False)
+            ]
+            continue
         verdicts.extend(_judge_case(c, config, base, other, time_on))
     opened, open_notes = _still_open(store, run, base, context, verdicts, acceptances)
     notes += open_notes
     verdicts.extend(quality.verdicts(run.measurements, context))
-    missing = sorted((finder.newest_cases() or set()) - {m.case_id for m in run.measurements})
-    if missing:
-        shown = ", ".join(missing[:5]) + (
-            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        )
+    replaced = {old for old, _ in renamed.values()}
+    gone = [case for case in missing if case not in replaced]
+    if run.shard and gone:
+        shown = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
         notes.append(
-            f"{len(missing)} case(s) of the newest baseline run are not in this run "
-            f"(removed, or left out with -k/--shard), so not checked: {shown}"
+            f"{len(gone)} case(s) of the newest baseline run are not in this shard's run "
+            f"(another shard's, or removed), so not checked: {shown}"
         )
+    else:
+        verdicts += [_removed_verdict(case, base, context) for case in gone]
     found = store.latest_estimates([m.case_id for m in run.measurements], run.git.commit)
     estimates = tuple(
         Estimate(

@@ -17,15 +17,16 @@ so a noisy run at either end moves neither. Nothing here prints.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memtrack.config import Config
 from memtrack.judge.baseline import git_output, iso_epoch
-from memtrack.judge.levels import noise, segment
+from memtrack.judge.levels import noise, segment, within_runs
 from memtrack.records import metrics
 from memtrack.store.database import MEASURED_RUN, Store
 from memtrack.units import format_size
@@ -99,6 +100,16 @@ class _Point:
     commit: str
     subject: str | None
     values: dict[str, float]
+    samples: list[list[int]] = field(default_factory=list)
+    """Each run's allocated peak of every measured iteration."""
+
+
+def _samples(raw: str | None) -> list[int]:
+    try:
+        found = json.loads(raw) if raw else []
+    except ValueError:
+        return []
+    return [int(x) for x in found] if isinstance(found, list) else []
 
 
 def _order(root: Path, base_branch: str, notes: list[str]) -> dict[str, int] | None:
@@ -140,6 +151,7 @@ def _series(
         )
     rows = store.conn.execute(
         "select r.git_commit, r.git_subject, r.started_at, r.git_committed_at, m.case_id, "
+        "m.allocated_samples, "
         f"{', '.join('m.' + c for c in metrics.COLUMNS.values())} "
         f"from (select * from runs where git_branch = ? and fingerprint = ? {MEASURED_RUN} "
         "      order by started_at desc limit ?) r "
@@ -177,7 +189,8 @@ def _series(
             xs = [r[col] for r in runs if r[col] is not None]
             if xs:
                 values[metric] = float(statistics.median(xs))
-        series[case].append(_Point(order[commit], commit, subjects[commit], values))
+        samples = [_samples(r["allocated_samples"]) for r in runs]
+        series[case].append(_Point(order[commit], commit, subjects[commit], values, samples))
     for points in series.values():
         points.sort(key=lambda p: p.position)
     return fp, dict(series)
@@ -259,12 +272,15 @@ def judge_series(
     *,
     anchor_index: int | None = None,
     positions: list[float] | None = None,
+    within: float = 0.0,
 ) -> SeriesFit:
     """Steps of one series (oldest first) and, from `anchor_index`, its growth on a fitted
-    trend: levels at the steps plus one slope within them (see the module)."""
+    trend: levels at the steps plus one slope within them (see the module). `within`: the
+    noise one run shows in its own iterations (levels.within_runs)."""
     factor = config.headroom_factor
     floor = metrics.floor(metric, statistics.median(values))
-    found, room = segment(values, factor, floor)
+    seg = segment(values, factor, floor, within=within)
+    found, room = list(seg.starts), seg.room
     if anchor_index is None or anchor_index >= len(values) - 1:
         return SeriesFit(tuple(found), room, anchor_index)
     xs = positions or [float(i) for i in range(len(values))]
@@ -353,6 +369,9 @@ def analyze_history(
                 config,
                 anchor_index=anchor_i,
                 positions=[float(p.position) for p in pts],
+                within=within_runs([s for p in pts for s in p.samples])
+                if metric == "allocated"
+                else 0.0,
             )
             bounds = [0, *fit.starts, len(values)]
             case_steps = []

@@ -1,16 +1,23 @@
 """A series split at its steps: the level a case is at now, and the noise within levels.
 
-A merged regression is a new level, not noise. The spread that justifies a headroom is
-measured within levels, never across a step, and a candidate is judged against the level
-its base branch is at now. Steps are change points of a least-squares segmentation (the
-optimal partition, found with PELT's pruning), kept only where the move exceeds the same
-headroom a verdict would use.
+A merged regression is a new level, not noise; so is its revert, an accepted change and a
+re-land. The spread that justifies a headroom is measured within levels, never across a
+step, and a candidate is judged against the level its base branch is at now. Steps are
+change points of a least-squares segmentation (the optimal partition, found with PELT's
+pruning), kept only where the move exceeds the same headroom a verdict would use.
+
+The noise that sets that headroom is itself read within levels, in two passes: the first
+finds where the series clearly moved with a noise no step can inflate (the median of the
+successive differences, and the spread of one run's own iterations); the second reads the
+noise between those places only and splits the series with it. One run away and back in a
+series that never varied is a change and its revert, not an outlier.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,14 +61,64 @@ def noise(values: Sequence[float]) -> float:
     differences are then exactly 0 and the MAD is 0, yet the figure moves by whole steps.
     The largest fifth of the differences is left out, so a few steps do not count as noise;
     a deterministic figure keeps a noise of 0."""
-    if len(values) < 3:
+    return _diff_noise([b - a for a, b in zip(values[:-1], values[1:], strict=True)])
+
+
+def noise_within(values: Sequence[float], starts: Sequence[int]) -> float:
+    """`noise` from the successive differences inside levels only (`starts`: where each
+    level after the first begins): a step, or a run away and back, moves no difference.
+    Where levels hold fewer than two differences, nothing is known of the noise within
+    them: the whole series' `noise`, steps and all (the larger, the safer)."""
+    cut = set(starts)
+    inside = [values[i] - values[i - 1] for i in range(1, len(values)) if i not in cut]
+    return _diff_noise(inside) if len(inside) >= 2 else noise(values)
+
+
+def _diff_noise(diffs: Sequence[float]) -> float:
+    if len(diffs) < 2:
         return 0.0
-    diffs = [b - a for a, b in zip(values[:-1], values[1:], strict=True)]
     med = statistics.median(diffs)
     mad = 1.4826 * statistics.median(abs(d - med) for d in diffs) / 2**0.5
     small = sorted(abs(d) for d in diffs)[: max(1, int(0.8 * len(diffs)))]
     # E[|d| | |d| below its 80th percentile] = 0.790 sigma for d ~ N(0, 2 sigma^2)
     return max(mad, statistics.fmean(small) / 0.790)
+
+
+_PAIRS_UP_TO = 40
+"""Windows up to this many runs also read their noise from every pair of runs."""
+
+
+def _rough_noise(values: Sequence[float]) -> float:
+    """A noise no step can inflate, for a first look: 1.4826 x MAD / sqrt(2) of the
+    differences of successive runs (a step moves one of them), and in a short window of
+    every pair of runs, the smaller (a run away and back moves two successive
+    differences, half of them in a window of five, but only the pairs it is in)."""
+    diffs = [b - a for a, b in zip(values[:-1], values[1:], strict=True)]
+    if len(diffs) < 2:
+        return 0.0
+    found = _mad(diffs)
+    if len(values) <= _PAIRS_UP_TO:
+        found = min(found, _mad([b - a for i, a in enumerate(values) for b in values[i + 1 :]]))
+    return 1.4826 * found / 2**0.5
+
+
+def _mad(xs: Sequence[float]) -> float:
+    med = statistics.median(xs)
+    return statistics.median(abs(x - med) for x in xs)
+
+
+def within_runs(samples: Sequence[Sequence[float]]) -> float:
+    """The noise runs show in their own iterations: each run's range over the range
+    expected of its count (d2), the median over runs of two or more iterations. A figure
+    that takes a few discrete values (a peak set by how concurrent sessions interleave)
+    moves within one run too; a deterministic one reads 0."""
+    sigmas = [(max(s) - min(s)) / _D2[min(len(s), 20) - 2] for s in samples if len(s) >= 2]
+    return float(statistics.median(sigmas)) if sigmas else 0.0
+
+
+def _flat(values: Sequence[float]) -> bool:
+    """Half the runs or more hold one value exactly."""
+    return bool(values) and 2 * max(Counter(values).values()) >= len(values)
 
 
 def spread(values: Sequence[float]) -> float:
@@ -130,13 +187,19 @@ def apart(before: Sequence[float], after: Sequence[float]) -> bool:
 
 
 def find_steps(
-    values: Sequence[float], room: float, sigma: float, lows: Sequence[float] | None = None
+    values: Sequence[float],
+    room: float,
+    sigma: float,
+    lows: Sequence[float] | None = None,
+    *,
+    settle: bool = True,
 ) -> list[int]:
     """Indexes where a new level starts: moved by more than `room` (bytes), and told apart
     from the values the level before it produced (see `apart`). `lows`: each run's lowest
     iteration, where the figure is the peak of several: a level below the one before must
     also be below every iteration of the runs before it (a run that peaks only where
-    another run's iterations already went is no improvement)."""
+    another run's iterations already went is no improvement). `settle`: in a noisy series,
+    a level of fewer than NEW_LEVEL_RUNS runs joins its neighbour (off for a first look)."""
     if len(values) < 2 or room <= 0:
         return []
     center = statistics.median(values)
@@ -174,26 +237,12 @@ def find_steps(
                 break
             i = min(weak, key=lambda k: gap(*pairs[k]))
             segments[i : i + 2] = [(segments[i][0], segments[i + 1][1])]
-        # One run away and straight back (its neighbours not a step apart) is an outlier of
-        # the level, not a step and its return.
-        lone = next(
-            (
-                i
-                for i in range(1, len(segments) - 1)
-                if segments[i][1] - segments[i][0] == 1
-                and not is_step(segments[i - 1], segments[i + 1])
-            ),
-            None,
-        )
-        if lone is not None:
-            segments[lone - 1 : lone + 2] = [(segments[lone - 1][0], segments[lone + 1][1])]
-            continue
         # A level stands on one run only in a series whose levels are flat (a deterministic
-        # figure, where one run is proof). In a noisy one, a run or two apart cannot be told
-        # from outliers of a neighbouring level, unless they are beyond twice the room: a
-        # level takes NEW_LEVEL_RUNS, the newest as the oldest; a short one joins the
-        # nearer of its neighbours.
-        noisy = sigma > 0 or pooled_spread([vals(x) for x in segments]) > 0
+        # figure, where one run is proof: a change merged and reverted is two steps). In a
+        # noisy one, a run or two apart cannot be told from outliers of a neighbouring
+        # level, unless they are beyond twice the room: a level takes NEW_LEVEL_RUNS, the
+        # newest as the oldest; a short one joins the nearer of its neighbours.
+        noisy = settle and (sigma > 0 or pooled_spread([vals(x) for x in segments]) > 0)
         short = next(
             (
                 i
@@ -206,30 +255,62 @@ def find_steps(
             ),
             None,
         )
-        if short is not None:
-            near = [j for j in (short - 1, short + 1) if 0 <= j < len(segments)]
-            j = min(near, key=lambda k: gap(segments[k], segments[short]))
-            a, b = sorted((short, j))
-            segments[a : b + 1] = [(segments[a][0], segments[b][1])]
-            continue
-        break
+        if short is None:
+            break
+        near = [j for j in (short - 1, short + 1) if 0 <= j < len(segments)]
+        j = min(near, key=lambda k: gap(segments[k], segments[short]))
+        a, b = sorted((short, j))
+        segments[a : b + 1] = [(segments[a][0], segments[b][1])]
     return [seg[0] for seg in segments[1:]]
+
+
+@dataclass(frozen=True)
+class Segmentation:
+    """A series split at its steps, with the noise that set the room."""
+
+    starts: tuple[int, ...]
+    """Indexes where a new level starts (the steps)."""
+    room: float
+    """max(factor x noise, floor): the smallest move that is a step."""
+    noise: float
+    """The series' noise within levels (`noise_within`)."""
+    also_noise: float = 0.0
+    """The companion series' noise within the same levels (see `segment`)."""
 
 
 def segment(
     values: Sequence[float],
     factor: float,
     floor: float,
-    sigma_floor: float = 0.0,
+    *,
+    also: Sequence[float] | None = None,
+    within: float = 0.0,
     lows: Sequence[float] | None = None,
-) -> tuple[list[int], float]:
+) -> Segmentation:
     """The starts of a series' levels (its steps), and the room a step had to exceed:
     max(factor x noise, floor). One rule for the gate, `check --history` and the
-    dashboard. `sigma_floor`: noise known from elsewhere (another view of the same runs);
-    `lows`: each run's lowest iteration (see find_steps)."""
-    sigma = max(noise(values), sigma_floor)
+    dashboard.
+
+    The noise is read within levels: a first pass finds where the series clearly moved,
+    with the MAD of its differences (which steps cannot move) and `within`, the noise one
+    run shows in its own iterations (which no step between runs reaches), and keeps every
+    such place; the noise of the differences between those places then sets the room of
+    the second pass, which settles short levels of a noisy series. `also`: another view of
+    the same runs (the median iteration of each), whose noise within the same levels
+    counts too: a figure that takes a few discrete values shows its noise there where a
+    short window of peaks happens to repeat one value. `lows`: each run's lowest
+    iteration (see find_steps)."""
+    # A figure whose runs mostly repeat one value exactly is flat between its moves: any
+    # move is a level (a merge, a revert), whatever share of the differences the moves
+    # are. Otherwise the MAD of the differences: robust while steps are fewer than half.
+    first = within if _flat(values) else max(_rough_noise(values), within)
+    rough = find_steps(values, max(factor * first, floor), first, lows, settle=False)
+    own = noise_within(values, rough)
+    other = noise_within(also, rough) if also is not None and len(also) == len(values) else 0.0
+    sigma = max(own, other, within)
     room = max(factor * sigma, floor)
-    return find_steps(values, room, sigma, lows), room
+    starts = find_steps(values, room, sigma, lows)
+    return Segmentation(tuple(starts), room, own, other)
 
 
 @dataclass(frozen=True)
@@ -244,25 +325,23 @@ class Level:
     """The noise of unchanged code: within levels, pooled over the window."""
     steps: int
     """Steps found in the window (the newest one starts the current level)."""
+    also_noise: float = 0.0
+    """The companion series' noise within levels (see `segment`)."""
+    segments: tuple[tuple[float, ...], ...] = ()
+    """Every level of the window, oldest first (the last is `values`)."""
 
     @property
     def median(self) -> float:
         return float(statistics.median(self.values))
 
 
-def whole_level(values: Sequence[float]) -> Level:
-    """A window too short to split: all of it is the level."""
-    values = list(values)
-    if not values:
-        raise ValueError("an empty series has no level")
-    return Level(start=0, values=tuple(values), spread=pooled_spread([values]), steps=0)
-
-
 def current_level(
     values: Sequence[float],
     factor: float,
     floor: float,
-    sigma_floor: float = 0.0,
+    *,
+    also: Sequence[float] | None = None,
+    within: float = 0.0,
     lows: Sequence[float] | None = None,
 ) -> Level:
     """Split a window at its steps; the current level is the newest segment.
@@ -274,8 +353,8 @@ def current_level(
     values = list(values)
     if not values:
         raise ValueError("an empty series has no level")
-    found, _ = segment(values, factor, floor, sigma_floor, lows)
-    starts = [0, *found]
+    seg = segment(values, factor, floor, also=also, within=within, lows=lows)
+    starts = [0, *seg.starts]
     segments = [values[a:b] for a, b in zip(starts, [*starts[1:], len(values)], strict=True)]
     if len(segments) > 1 and len(segments[-1]) == 1:
         before = segments[-2]
@@ -288,18 +367,22 @@ def current_level(
         values=tuple(segments[-1]),
         spread=pooled_spread(segments),
         steps=len(segments) - 1,
+        also_noise=seg.also_noise,
+        segments=tuple(tuple(x) for x in segments),
     )
 
 
 __all__ = [
     "NEW_LEVEL_RUNS",
     "Level",
+    "Segmentation",
     "apart",
     "current_level",
     "find_steps",
     "noise",
+    "noise_within",
     "pooled_spread",
     "segment",
     "spread",
-    "whole_level",
+    "within_runs",
 ]

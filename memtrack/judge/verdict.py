@@ -16,10 +16,16 @@ KINDS = (
     "noisy",
     "ok",
     "quality",
+    "removed",
+    "leak",
+    "abstained",
 )
 """Memory regressions, budgets and failures block; `accepted` and `noisy` never do (a
 noisy metric still blocks on its budget, as an `over_budget` verdict). `quality` (an output
-beyond its tolerance, or a refused reference) blocks; without a reference it warns."""
+beyond its tolerance, or a refused reference) blocks; without a reference it warns.
+`removed` (a case of the newest baseline run that this run does not hold) warns. `leak`
+(every measured iteration left memory behind) blocks unless the baseline leaked as much.
+`abstained`: time not judged, the machine oversubscribed while the case was timed."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,11 @@ class Verdict:
     sibling in the same run and of the case, delta what the change saved (negative)."""
     reference: str | None = None
     """Quality verdicts: the reference case id."""
+    compared_with: str | None = None
+    """A new case that replaces one of the same workload whose params changed: the case its
+    figures were judged against (its series ends where this one starts)."""
+    param_change: str | None = None
+    """That change in words: 'batch 16 -> 32'."""
 
 
 __all__ = ["KINDS", "Verdict"]

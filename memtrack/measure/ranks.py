@@ -292,7 +292,17 @@ def merge_figures(datas: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-_PHASES = ["start", "setup", "warmup", "timing", "memory", "breakdown", "done"]
+_PHASES = [
+    "start",
+    "setup",
+    "warmup",
+    "timing",
+    "memory",
+    "breakdown",
+    "quality",
+    "sessions",
+    "done",
+]
 
 
 def _rank_breakdown(m: Measurement) -> Measurement:

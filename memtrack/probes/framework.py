@@ -19,6 +19,12 @@ import torch
 
 class FrameworkProbe(Protocol):
     name: str
+    samples: list[int]
+    """Each measured iteration's peak."""
+    levels: list[int]
+    """The level each measured iteration started from."""
+    retained: list[int]
+    """What each measured iteration left allocated at its end, after a collection."""
 
     def mark(self, objects: tuple[Any, ...]) -> int: ...
 
@@ -29,6 +35,8 @@ class FrameworkProbe(Protocol):
     def session_scope(self) -> contextlib.AbstractContextManager[None]: ...
 
     def prime(self, step: Any) -> None: ...
+
+    def priming(self) -> contextlib.AbstractContextManager[None]: ...
 
 
 def _category_tracker(sessions: int = 1) -> Any:
@@ -250,6 +258,10 @@ class MemTrackerProbe:
         self.allocator = allocator and sessions == 1
         self.samples: list[int] = []
         self.tracker_samples: list[int] = []
+        self.levels: list[int] = []
+        """The level each iteration started from (what its peak is the rise above)."""
+        self.retained: list[int] = []
+        """What each iteration left allocated at its end: its allocations less its frees."""
         self.peak_snapshot: dict[str, int] = {}
         self.tracked: list[Any] = []
         self.active = False
@@ -291,10 +303,19 @@ class MemTrackerProbe:
         profiler knows the size of a block only if it saw it allocated: a block made in the
         uninstrumented timing pass and freed in a measured iteration (last step's gradients)
         would be missed, and the running sum read high after it."""
+        if self.allocator and not self.primed:
+            with self.priming():
+                step()
+
+    @contextlib.contextmanager
+    def priming(self) -> Iterator[None]:
+        """`prime`'s context, for a step run in another thread (it starts the profiler in
+        the thread that enters it, as `iteration` does)."""
         if not self.allocator or self.primed:
+            yield
             return
         with _allocator_events():
-            step()
+            yield
         self.primed = True
 
     @contextlib.contextmanager
@@ -309,15 +330,18 @@ class MemTrackerProbe:
         # step (in the warm-up, after the mark), and tensors created outside the tracker are
         # otherwise never counted: the first measured iteration then read 8-27 % low.
         self._track_marked()
-        level = int(
-            self.tracker.get_tracker_snapshot("current").get(self.device, {}).get("Total", 0)
-        )
+        level = self._current_total()
         events = _allocator_events() if self.allocator else contextlib.nullcontext(None)
         with self.tracker:  # entering resets the peak to the current total
             with events as recorded:
                 self.active = True
                 try:
                     yield
+                    # Inside the window: a graph held in a reference cycle (see above) is
+                    # freed, and counted, before it closes, so that what the iteration
+                    # retained is what it left alive. Frees only lower the running sum: the
+                    # peak stands.
+                    gc.collect()
                 finally:
                     self.active = False
         snap = self.tracker.get_tracker_snapshot("peak")
@@ -334,9 +358,17 @@ class MemTrackerProbe:
             total = max(tracked, level + _highest_running_sum(recorded))
         self.tracker_samples.append(tracked)
         self.samples.append(total)
+        self.levels.append(level)
+        self.retained.append(
+            sum(recorded) if recorded is not None else self._current_total() - level
+        )
         if total >= max(self.samples):
             self.peak_snapshot = {str(getattr(k, "value", k)): int(v) for k, v in by_device.items()}
             self.peak_snapshot["Total"] = total
+
+    def _current_total(self) -> int:
+        snap = self.tracker.get_tracker_snapshot("current")
+        return int(snap.get(self.device, {}).get("Total", 0))
 
     @contextlib.contextmanager
     def session_scope(self) -> Iterator[None]:
@@ -366,6 +398,7 @@ class MemTrackerProbe:
             "framework": "cpu-allocator" if self.allocator else self.name,
             "peak_allocated_bytes": max(self.samples) if self.samples else None,
             "allocated_samples": list(self.samples),
+            "retained_samples": list(self.retained),
             "categories": cats,
         }
         return out
@@ -499,6 +532,8 @@ class CudaAllocatorProbe:
         self.samples: list[int] = []
         self.reserved: list[int] = []
         self.requested: list[int] = []
+        self.levels: list[int] = []
+        self.retained: list[int] = []
         self.per_device: dict[int, tuple[int, int]] = {}
 
     def mark(self, objects: tuple[Any, ...]) -> int:
@@ -512,14 +547,28 @@ class CudaAllocatorProbe:
     def prime(self, step: Any) -> None:
         """Nothing to prime: the allocator's counters are exact from the process's start."""
 
+    def priming(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
     @contextlib.contextmanager
     def iteration(self) -> Iterator[None]:
-        for i in used_devices(self.device):
+        # What the timing pass left in reference cycles is freed before the level is read,
+        # as the step's own is after it: else a collection that runs inside the first
+        # iteration frees it there, and that iteration reads as having freed memory.
+        gc.collect()
+        before = {i: int(torch.cuda.memory_allocated(i)) for i in used_devices(self.device)}
+        for i in before:
             torch.cuda.reset_peak_memory_stats(i)
         yield
+        gc.collect()  # frees only: the peaks stand
         used = used_devices(self.device)  # a device first used in this iteration counts too
         for i in used:
             torch.cuda.synchronize(i)
+        own = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        self.levels.append(before.get(own, 0))
+        self.retained.append(
+            sum(int(torch.cuda.memory_allocated(i)) - before.get(i, 0) for i in used)
+        )
         stats = torch.cuda.memory_stats(self.device)
         self.samples.append(int(stats.get("allocated_bytes.all.peak", 0)))
         self.reserved.append(int(stats.get("reserved_bytes.all.peak", 0)))
@@ -541,6 +590,7 @@ class CudaAllocatorProbe:
             "peak_reserved_bytes": max(self.reserved) if self.reserved else None,
             "peak_requested_bytes": max(self.requested) if self.requested else None,
             "allocated_samples": list(self.samples),
+            "retained_samples": list(self.retained),
             **counters(devices, self.backend),
             "cuda_devices": [device_entry(i, *self.per_device[i]) for i in sorted(self.per_device)],
         }

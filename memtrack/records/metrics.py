@@ -9,6 +9,7 @@ which pass, where it is stored, and the smallest change that can be a change in 
     host_step  timing pass's RSS peak above its start  timing pass
     load_host  peak RSS less file-backed pages         the workload's ctx.loading()
     disk       size of the case's files                at the end of loading
+    sessions   sum of concurrent sessions' own peaks    one session alone, after the memory pass
 """
 
 from __future__ import annotations
@@ -73,6 +74,15 @@ _METRICS = (
     # File sizes are exact and repeat exactly; a change under one 4 KiB file-system block
     # (an archive's names, a header's padding) takes no more space on disk.
     Metric("disk", "disk_bytes", "disk space of the case's files", "end of loading", 4096),
+    # Concurrent cases: the level plus `concurrency` times one session's own need, measured
+    # alone. How the sessions interleave does not move it; the allocator's granularity does.
+    Metric(
+        "sessions",
+        "sessions_sum_bytes",
+        "sum of concurrent sessions",
+        "one session alone, after the memory pass",
+        512,
+    ),
 )
 
 METRICS: dict[str, Metric] = {m.name: m for m in _METRICS}

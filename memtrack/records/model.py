@@ -346,6 +346,43 @@ class Measurement:
     kind: str = "measured"
     """'measured', or 'estimate': predicted under fake tensors (`memtrack estimate`), never
     a baseline, budget figure or history point."""
+    retained_samples: tuple[int, ...] = ()
+    """Framework bytes each measured iteration left allocated when it ended, after a garbage
+    collection (its allocations less its frees): 0 for a step that frees what it makes, the
+    same positive figure in every iteration for a leak. CPU: the allocator's events (the
+    tensor tracker's totals with concurrent sessions); CUDA: `memory_allocated` after less
+    before, over the devices the case used."""
+    iteration_cpu_times_s: tuple[float, ...] = ()
+    """Process CPU time (user + system, every thread) of each timing-pass iteration. Other
+    processes' load moves it less than the wall time where the step runs in one thread;
+    intra-op threads that spin while they wait for one another (OpenMP) burn CPU time as
+    they wait, so on a loaded machine it grows with the wall time."""
+    iteration_device_times_s: tuple[float, ...] = ()
+    """CUDA only: each timing-pass iteration's time on the device, between two CUDA events
+    on the case's stream (every session's stream joins it); empty on the CPU."""
+    timing_cpu_pressure: float | None = None
+    """Share of the timing pass's wall time in which some task on the machine waited for a
+    CPU (Linux PSI, /proc/pressure/cpu `some`); None where the kernel has no PSI."""
+    timing_runnable: float | None = None
+    """Runnable tasks of other processes during the timing pass (the kernel's procs_running,
+    read from /proc/loadavg, less this process's threads in state R), the mean of samples
+    taken before and after every iteration."""
+    timing_steal: float | None = None
+    """Share of the machine's CPU time a hypervisor took for others during the timing pass
+    (/proc/stat steal); None where the kernel does not count it, or for a pass within one
+    clock tick."""
+    timing_cores: int | None = None
+    """CPUs this process may run on (its affinity) during the timing pass."""
+    session_peak_bytes: int | None = None
+    """Concurrent cases: one session's step run alone, after the memory pass, in the same
+    process (in the first session's thread, on its stream): its framework peak, the level
+    shared by every session included. None where it did not end alone (sessions that wait
+    for one another), which a note says."""
+    sessions_sum_bytes: int | None = None
+    """Concurrent cases: the level at the solo session's start plus `concurrency` times what
+    that session added to it: the peak if every session peaked at once. The measured peak lies
+    between `session_peak_bytes` and this, by how the sessions interleave; this figure does
+    not depend on the interleaving."""
 
 
 def case_id(workload: str, params: dict[str, Any]) -> str:

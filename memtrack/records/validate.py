@@ -52,6 +52,9 @@ MAX_TRACEBACK = 100_000
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 _COMMIT_FIELDS = {"commit", "parent", "merge_base", "sha"}
 _BYTE_LISTS = {"allocated_samples", "categories"}
+_BYTE_CHANGES = {"retained_samples"}
+"""Byte figures that may be negative: an iteration can free what an earlier one made."""
+_SHARES = {"timing_cpu_pressure", "timing_steal"}
 _COUNTS = {
     "warmup",
     "repeats",
@@ -62,13 +65,19 @@ _COUNTS = {
     "cpu_count",
     "pr_number",
     "rank",
+    "timing_cores",
+    "timing_runnable",  # a mean of counts
 }
 
 
 def _rules(name: str) -> dict[str, Any]:
     """JSON Schema keywords a field's values (or items) obey beyond their type."""
+    if name in _BYTE_CHANGES:
+        return {"minimum": 1 - MAX_BYTES, "maximum": MAX_BYTES - 1}
     if name.endswith("_bytes") or name in _BYTE_LISTS:
         return {"minimum": 0, "maximum": MAX_BYTES - 1}
+    if name in _SHARES:
+        return {"minimum": 0, "maximum": 1}
     if name.endswith("_s") or name in _COUNTS:
         return {"minimum": 0}
     if name.endswith("_at"):

@@ -24,6 +24,7 @@ MARKDOWN_LIMIT = 1_000_000
 REPORT_VERSION = 1
 
 _ORDER = {
+    "leak": 2,
     "failed": 0,
     "over_budget": 1,
     "regression": 2,
@@ -31,12 +32,15 @@ _ORDER = {
     "noisy": 3,
     "time_regression": 4,
     "environment_changed": 5,
+    "removed": 5,
+    "abstained": 7,
     "accepted": 6,
     "new": 7,
     "improvement": 8,
     "ok": 9,
 }
 _STYLE = {
+    "leak": "bold red",
     "failed": "bold red",
     "over_budget": "bold red",
     "regression": "bold red",
@@ -44,12 +48,15 @@ _STYLE = {
     "noisy": "yellow",
     "time_regression": "yellow",
     "environment_changed": "yellow",
+    "removed": "yellow",
+    "abstained": "dim",
     "accepted": "magenta",
     "new": "cyan",
     "improvement": "green",
     "ok": "dim",
 }
 _EMOJI = {
+    "leak": "🚰",
     "failed": "💥",
     "over_budget": "⛔",
     "regression": "🔺",
@@ -57,12 +64,14 @@ _EMOJI = {
     "noisy": "〰️",
     "time_regression": "🐢",
     "environment_changed": "🔀",
+    "removed": "➖",
+    "abstained": "⏸️",
     "accepted": "☑️",
     "new": "🆕",
     "improvement": "🔻",
     "ok": "✅",
 }
-_QUIET = ("ok", "improvement", "new", "accepted", "noisy")
+_QUIET = ("ok", "improvement", "new", "accepted", "noisy", "abstained")
 """Kinds that are neither blocking nor a warning: counted, not listed. `noisy` is a property
 of the case (its headroom too wide to judge a small growth), said once."""
 SNAPSHOT_METRICS = ("allocated", "reserved", "requested", "device", "host", "host_step")
@@ -166,7 +175,21 @@ def summary_line(result: CheckResult) -> str:
             if blocking
             else "passed: nothing blocks"
         )
-    return f"{head} ({parts or 'no verdicts'})"
+    changed = "".join(f"; {c}" for c in param_changes(result))
+    return f"{head} ({parts or 'no verdicts'}){changed}"
+
+
+def param_changes(result: CheckResult, but: str | None = None) -> list[str]:
+    """'vit_infer batch 16 -> 32: allocated +44.00 MiB (+44.00%)': each case whose params
+    changed (but case `but`), against the case it replaced, by its first memory figure."""
+    out, seen = [], {but}
+    for v in result.verdicts:
+        key = v.case_id
+        if v.param_change is None or v.metric in ("status", "time") or key in seen:
+            continue
+        seen.add(key)
+        out.append(f"{v.workload} {v.param_change}: {v.metric} {_delta(v)}")
+    return out
 
 
 def _where(result: CheckResult) -> str:
@@ -388,6 +411,9 @@ _WORD = {
     "quality": "quality",
     "time_regression": "slower",
     "environment_changed": "env. changed",
+    "removed": "removed",
+    "leak": "leak",
+    "abstained": "time not judged",
     "noisy": "noisy",
     "accepted": "accepted",
     "new": "new",
@@ -501,6 +527,8 @@ def _what(v: Verdict, labels: dict[str, str]) -> str:
     """One blocking item in words: 'decoder[sessions=4] allocated +2.00 MiB (+17.1%),
     caches grew'."""
     name = markdown_code(labels.get(v.case_id, v.case_id))
+    if v.param_change:  # a renamed series: what changed says more than the new name
+        name = f"{markdown_code(v.workload)} {_cell(v.param_change)}:"
     if v.kind == "failed":
         return f"{name} failed ({_cell(v.message.split(':', 1)[1].split(';')[0].strip()[:40])})"
     if v.kind == "over_budget" and v.budget_bytes is not None:
@@ -510,6 +538,8 @@ def _what(v: Verdict, labels: dict[str, str]) -> str:
         )
     if v.kind == "quality":
         return f"{name} quality beyond its tolerance"
+    if v.kind == "leak":
+        return f"{name} leaks {_value(v, v.candidate_value)} per iteration"
     grew = f", {v.component} grew" if v.component else ""
     return f"{name} {v.metric} {_short_delta(v)}{grew}"
 
@@ -537,11 +567,13 @@ def _outcome(result: CheckResult, shown: list[Verdict], labels: dict[str, str]) 
         return (
             f"{icon} memtrack on {_cell(result.base_branch)}: {'; '.join(parts)} (never blocking)"
         )
+    named = blocking[0].case_id if blocking else None
+    changed = "".join(f"; {_cell(c)}" for c in param_changes(result, but=named))
     if blocking:
         more = f" and {len(blocking) - 1} more" if len(blocking) > 1 else ""
-        return f"❌ memtrack: blocked by {_what(blocking[0], labels)}{more}"
+        return f"❌ memtrack: blocked by {_what(blocking[0], labels)}{more}{changed}"
     tail = f"; {len(warnings)} warning{'s' * (len(warnings) != 1)}" if warnings else ""
-    return f"✅ memtrack: nothing blocks{tail}"
+    return f"✅ memtrack: nothing blocks{tail}{changed}"
 
 
 def _listed(result: CheckResult, verdicts: list[Verdict]) -> list[Verdict]:
@@ -557,7 +589,13 @@ def _reported(v: Verdict) -> bool:
     """On the base branch: what would have blocked a pull request."""
     from memtrack.judge.quality import missing_reference
 
-    return v.kind in ("regression", "over_budget", "failed", "quality") and not missing_reference(v)
+    return v.kind in (
+        "regression",
+        "over_budget",
+        "failed",
+        "quality",
+        "leak",
+    ) and not missing_reference(v)
 
 
 def _counts(verdicts: list[Verdict]) -> str:

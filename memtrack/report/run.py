@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from statistics import median
 from typing import Any
 
 from rich.markup import escape
@@ -265,6 +266,8 @@ def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = Non
             t.add_row("host peak", _t(host_line(m)))
             if m.load_duration_s is not None:
                 t.add_row("loading", _t(loading_line(m)))
+            for label, line in iteration_rows(m):
+                t.add_row(label, _t(line))
             t.add_row(
                 "device view",
                 _t(m.device_view or f"absent: {m.device_view_note or 'no reason recorded'}"),
@@ -297,6 +300,50 @@ def host_line(m: Measurement) -> str:
     if step is not None:
         line += f"; the step's growth {format_size(step)}, gated as `host_step`"
     return line
+
+
+def iteration_rows(m: Measurement) -> list[tuple[str, str]]:
+    """What each measured iteration retained, the timing pass's CPU (and device) time and
+    the machine's load meanwhile, and a concurrent case's bounds: one line each, where
+    recorded."""
+    rows = []
+    if m.retained_samples:
+        rows.append(("retained per iteration", ", ".join(map(format_size, m.retained_samples))))
+    timing = []
+    if m.iteration_cpu_times_s:
+        timing.append(f"CPU time median {format_seconds(median(m.iteration_cpu_times_s))}")
+    if m.iteration_device_times_s:
+        timing.append(f"device time median {format_seconds(median(m.iteration_device_times_s))}")
+    load = machine_load(m)
+    if load:
+        timing.append(f"machine: {load}")
+    if timing:
+        rows.append(("timing pass", "; ".join(timing)))
+    if m.session_peak_bytes is not None and m.sessions_sum_bytes is not None:
+        n = m.params.get("concurrency", "N")
+        rows.append(
+            (
+                "sessions",
+                f"one alone {format_size(m.session_peak_bytes)}, sum of {n} "
+                f"{format_size(m.sessions_sum_bytes)}, measured peak "
+                f"{format_size(m.peak_allocated_bytes)}",
+            )
+        )
+    return rows
+
+
+def machine_load(m: Measurement) -> str:
+    """The machine's load during the timing pass in a few words ('' where none was read)."""
+    parts = []
+    if m.timing_cpu_pressure is not None:
+        parts.append(f"CPU pressure {m.timing_cpu_pressure:.0%}")
+    if m.timing_runnable is not None:
+        parts.append(f"{m.timing_runnable:.1f} runnable others")
+    if m.timing_steal is not None:
+        parts.append(f"steal {m.timing_steal:.0%}")
+    if m.timing_cores is not None:
+        parts.append(f"{m.timing_cores} cores")
+    return ", ".join(parts)
 
 
 def rank_table(m: Measurement) -> Table:

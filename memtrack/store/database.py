@@ -102,6 +102,9 @@ _MEASUREMENT_JSON = {
     "iteration_times_s",
     "notes",
     "quality_tolerance",
+    "retained_samples",
+    "iteration_cpu_times_s",
+    "iteration_device_times_s",
 }
 
 
@@ -746,6 +749,10 @@ class Store:
                 devices=tuple(_unprefixed(DeviceMeasurement, dict(d), "", set()) for d in devs),
                 ranks=tuple(_unprefixed(RankMeasurement, dict(r), "", set()) for r in ranks),
                 quality_tolerance=m.quality_tolerance or {},  # NULL in rows from before m009
+                # NULL in rows from before m013
+                retained_samples=m.retained_samples or (),
+                iteration_cpu_times_s=m.iteration_cpu_times_s or (),
+                iteration_device_times_s=m.iteration_device_times_s or (),
             )
 
     def run_ids(
@@ -837,6 +844,24 @@ class Store:
             if len(out) == len(wanted):
                 break
         return {case: out[case] for case in case_ids if case in out}
+
+    def case_params(self, case_ids: Iterable[str]) -> dict[str, tuple[str, dict[str, Any]]]:
+        """Each measured case's workload and params, as its newest row holds them; a case
+        never measured, or whose params do not read as an object, is left out."""
+        out: dict[str, tuple[str, dict[str, Any]]] = {}
+        for case in case_ids:
+            row = self.conn.execute(
+                "select workload, params from measurements where case_id = ? "
+                "and kind = 'measured' order by rowid desc limit 1",
+                [case],
+            ).fetchone()
+            try:
+                params = json.loads(row["params"]) if row else None
+            except (TypeError, ValueError):
+                continue
+            if isinstance(params, dict):
+                out[case] = (str(row["workload"]), params)
+        return out
 
     def case_ids(self) -> list[str]:
         return [

@@ -310,6 +310,24 @@ def m012_estimate_index(db: sqlite_utils.Database) -> None:
     )
 
 
+def m013_iteration_figures(db: sqlite_utils.Database) -> None:
+    """What each measured iteration retained, the timing pass's CPU and device times and
+    the machine's load during it, and a concurrent case's one session alone and the sum of
+    its sessions. Lists are JSON text, as allocated_samples."""
+    for name, kind in (
+        ("retained_samples", "text"),
+        ("iteration_cpu_times_s", "text"),
+        ("iteration_device_times_s", "text"),
+        ("timing_cpu_pressure", "real"),
+        ("timing_runnable", "real"),
+        ("timing_steal", "real"),
+        ("timing_cores", "integer"),
+        ("session_peak_bytes", "integer"),
+        ("sessions_sum_bytes", "integer"),
+    ):
+        db.execute(f"alter table measurements add column {name} {kind}")
+
+
 STEPS = (
     m001_initial,
     m002_verdicts,
@@ -323,6 +341,7 @@ STEPS = (
     m010_loading,
     m011_allocator_backend,
     m012_estimate_index,
+    m013_iteration_figures,
 )
 
 

@@ -241,6 +241,9 @@ def estimate_case(spec: Spec, result: ResultFile) -> None:
                 step()
         summary = probe.summary()
     summary["framework"] = FRAMEWORK
+    # What an iteration retains is the allocator's to say, in a measured run: under fake
+    # tensors a concurrent case's step is one session's, and nothing here scales it.
+    summary.pop("retained_samples", None)
     sessions = ctx.concurrency
     if sessions > 1:
         summary = _all_sessions_at_peak(summary, persistent, sessions)

@@ -28,16 +28,50 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timing_pass(step: Any, device: Any, repeats: int) -> list[float]:
-    """Uninstrumented: only a clock (and a device sync on CUDA) around each iteration."""
-    times = []
+def _timing_pass(step: Any, device: Any, repeats: int) -> dict[str, Any]:
+    """Uninstrumented: only clocks (and a device sync on CUDA) around each iteration: the
+    wall clock, the process's CPU time and, on CUDA, two events on the current stream (the
+    sessions' streams join it). The machine's load is read around each iteration, outside
+    its clocks."""
+    from memtrack.probes.load import TimingLoad
+
+    load = TimingLoad()
+    events = _device_events(device)
+    times, cpu_times, device_times = [], [], []
+    load.start()
     for _ in range(repeats):
         _sync(device)
-        t0 = time.perf_counter()
+        load.sample()
+        c0, t0 = time.process_time(), time.perf_counter()
+        if events:
+            events[0].record(events[2])
         step()
+        if events:
+            events[1].record(events[2])
         _sync(device)
-        times.append(time.perf_counter() - t0)
-    return times
+        t1, c1 = time.perf_counter(), time.process_time()
+        load.sample()
+        times.append(t1 - t0)
+        cpu_times.append(c1 - c0)
+        if events:
+            device_times.append(events[0].elapsed_time(events[1]) / 1000)  # ms to s
+    return {
+        **_time_summary(times),
+        "iteration_cpu_times_s": cpu_times,
+        "iteration_device_times_s": device_times,
+        **load.figures(),
+    }
+
+
+def _device_events(device: Any) -> tuple[Any, Any, Any] | None:
+    """A CUDA case's two timing events and the stream they are recorded on (this thread's
+    current one); None on the CPU."""
+    if device.type != "cuda":
+        return None
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    return start, end, torch.cuda.current_stream(device)
 
 
 def _time_summary(times: list[float]) -> dict[str, Any]:
@@ -133,7 +167,7 @@ def run_case(spec: Spec, result: ResultFile) -> None:
 
     result.update(phase="timing")
     distributed.barrier(rank)
-    times = _timing_pass(step, ctx.device, spec.repeats)
+    timing = _timing_pass(step, ctx.device, spec.repeats)
     step_peak = host.peak()
     result.update(
         phase="memory",
@@ -141,24 +175,10 @@ def run_case(spec: Spec, result: ResultFile) -> None:
         host_step_peak_rss_bytes=step_peak,
         host_setup_rss_bytes=setup_level,
         host_file_rss_bytes=file_backed_rss(),
-        **_time_summary(times),
+        **timing,
     )
 
-    if not is_cuda:
-        ctx.new_iteration()
-        probe.prime(step)  # one more step, unmeasured, for the CPU allocator's view
-    ctx.cache_peak_bytes = 0
-    distributed.barrier(rank)
-    start = time.monotonic()  # system-wide: the NVML sampler's clock too
-    with _tags_to(ctx, probe):
-        for _ in range(spec.repeats):
-            ctx.new_iteration()
-            with probe.iteration():
-                step()
-    _sync(ctx.device)
-    end = time.monotonic()
-    result.update(memory_window=_hold_for_sampler(spec, start, end, result.notes))
-    summary = probe.summary()
+    summary = _memory_pass(spec, ctx, probe, step, result, rank)
     if is_cuda:
         result.update(phase="breakdown", **summary)
         try:
@@ -176,9 +196,87 @@ def run_case(spec: Spec, result: ResultFile) -> None:
             q.record(step, ctx, Path(str(quality.path)))
         else:
             summary.update(q.compare(step, ctx, wl, quality))
+    if sessions > 1:  # last: a session that never ends alone leaves the sessions closed
+        result.update(phase="sessions", **summary)
+        limit = SOLO_LIMIT_S + 20 * max(timing["iteration_times_s"])
+        try:
+            summary.update(_one_session(step, ctx, objects, limit, result.notes))
+        except Exception as exc:  # the concurrent figures stand without it
+            result.notes.append(f"one session alone could not be measured: {exc}")
     _close(step)
     result.update(phase="done", caches_bytes=ctx.cache_peak_bytes or None, **summary)
     distributed.teardown(rank)
+
+
+def _memory_pass(
+    spec: Spec, ctx: Any, probe: Any, step: Any, result: ResultFile, rank: Any
+) -> dict[str, Any]:
+    """`repeats` iterations, each under the framework probe; the probe's summary. The
+    window the NVML sampler's samples count in is written to the result."""
+    from memtrack.worker import distributed
+
+    if ctx.device.type != "cuda":
+        ctx.new_iteration()
+        probe.prime(step)  # one more step, unmeasured, for the CPU allocator's view
+    ctx.cache_peak_bytes = 0
+    distributed.barrier(rank)
+    start = time.monotonic()  # system-wide: the NVML sampler's clock too
+    with _tags_to(ctx, probe):
+        for _ in range(spec.repeats):
+            ctx.new_iteration()
+            with probe.iteration():
+                step()
+    _sync(ctx.device)
+    end = time.monotonic()
+    result.update(memory_window=_hold_for_sampler(spec, start, end, result.notes))
+    summary: dict[str, Any] = probe.summary()
+    return summary
+
+
+SOLO_LIMIT_S = 5.0
+"""The least time one session of a concurrent case is given to end alone (twenty timed
+iterations of all the sessions are added to it)."""
+
+
+def _one_session(
+    step: Any, ctx: Any, objects: tuple[Any, ...], limit_s: float, notes: list[str]
+) -> dict[str, int]:
+    """A concurrent case's first session run alone after the memory pass, in its own thread
+    and on its own stream (`Sessions.solo`), under a fresh probe of the case's kind, primed
+    by one unmeasured run: its framework peak, and the peak that `concurrency` sessions
+    would reach if each peaked at once (the level it started from plus N times its rise
+    above it). The concurrent peak lies between the two; the second does not depend on how
+    the sessions' threads interleave. Nothing where it does not end within `limit_s`."""
+    from memtrack.probes.framework import CudaAllocatorProbe, MemTrackerProbe
+
+    cuda = ctx.device.type == "cuda"
+    probe: Any = (
+        CudaAllocatorProbe(ctx.device) if cuda else MemTrackerProbe(ctx.device, 1, allocator=True)
+    )
+    probe.mark(objects)
+    # Its tags reach its own tracker while it measures and are dropped otherwise: the
+    # case's cache figure stays that of the sessions together.
+    tag = getattr(probe, "tag", None)
+    scope, hook = step.scope, ctx.tag_hook
+    ctx.tag_hook = lambda tensors: (tag is not None and tag(tensors)) or True
+    try:
+        for enter in (probe.priming, probe.iteration):
+            step.scope = enter  # entered by the session's thread, around its step
+            ctx.new_iteration()
+            if not step.solo(limit_s):
+                notes.append(
+                    f"one session alone did not end within {limit_s:.0f} s (do the sessions "
+                    "wait for one another?): no one-session figures"
+                )
+                return {}
+    finally:
+        step.scope, ctx.tag_hook = scope, hook
+    _sync(ctx.device)
+    peak, level = probe.samples[-1], probe.levels[-1]
+    return {
+        "session_peak_bytes": peak,
+        "sessions_sum_bytes": level + ctx.concurrency * max(0, peak - level),
+    }
 
 
 def _close(step: Any) -> None:

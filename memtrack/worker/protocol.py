@@ -147,6 +147,15 @@ class Result:
     quality_cosine: float | None = None
     quality_value: float | None = None
     quality_tolerance: dict[str, float] = field(default_factory=dict)
+    retained_samples: tuple[int, ...] = ()
+    iteration_cpu_times_s: tuple[float, ...] = ()
+    iteration_device_times_s: tuple[float, ...] = ()
+    timing_cpu_pressure: float | None = None
+    timing_runnable: float | None = None
+    timing_steal: float | None = None
+    timing_cores: int | None = None
+    session_peak_bytes: int | None = None
+    sessions_sum_bytes: int | None = None
     snapshot_kind: str | None = None
     snapshot_events: int | None = None
     snapshot_modules: int | None = None

@@ -68,40 +68,54 @@ class Sessions:
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._alone = False  # a call by `solo`: the first session only
         self.threads = [
             threading.Thread(
-                target=self._serve, args=(s,), daemon=True, name=f"memtrack-session-{i}"
+                target=self._serve, args=(i, s), daemon=True, name=f"memtrack-session-{i}"
             )
             for i, s in enumerate(self.streams)
         ]
         for t in self.threads:
             t.start()
 
-    def _serve(self, stream: Any) -> None:
+    def _serve(self, index: int, stream: Any) -> None:
         try:
             _bind(self.device, stream)
             unbound: BaseException | None = None
         except BaseException as exc:  # said at every call, raised by the caller
             unbound = exc
-        while True:
-            self._go.wait()
-            if self._closed:
-                return
-            try:
-                if unbound is not None:
-                    raise unbound
-                with self.scope():
+        try:
+            while True:
+                self._go.wait()
+                if self._closed:
+                    return
+                alone = self._alone
+                if not alone or index == 0:  # a call by `solo` is the first session's
+                    self._session(unbound, together=not alone)
+                self._done.wait()
+        except threading.BrokenBarrierError:
+            return  # abandoned: a session run alone did not end (see `solo`)
+
+    def _session(self, unbound: BaseException | None, *, together: bool) -> None:
+        try:
+            if unbound is not None:
+                raise unbound
+            with self.scope():
+                if together:
                     self._start.wait()
-                    self.step()
-            except threading.BrokenBarrierError:
-                pass  # another session failed first: its error is the one to report
-            except BaseException as exc:
-                with self._lock:
-                    self._errors.append(exc)
-                self._start.abort()
-            self._done.wait()
+                self.step()
+        except threading.BrokenBarrierError:
+            pass  # another session failed first: its error is the one to report
+        except BaseException as exc:
+            with self._lock:
+                self._errors.append(exc)
+            self._start.abort()
 
     def __call__(self) -> None:
+        self._call(None)
+
+    def _call(self, timeout_s: float | None) -> bool:
+        """One call; False when the sessions did not end within `timeout_s`."""
         if self._closed:
             raise RuntimeError("the sessions were closed")
         if self.device.type == "cuda":
@@ -111,7 +125,11 @@ class Sessions:
             for s in self.streams:
                 s.wait_stream(current)  # what setup queued (the weights) comes first
         self._go.wait()
-        self._done.wait()
+        try:
+            self._done.wait(timeout_s)
+        except threading.BrokenBarrierError:
+            self._abandon()
+            return False
         if self.device.type == "cuda":
             for s in self.streams:
                 current.wait_stream(s)  # the caller's synchronisation now covers every session
@@ -120,6 +138,27 @@ class Sessions:
             self._start.reset()
         if errors:
             raise errors[0]
+        return True
+
+    def solo(self, timeout_s: float | None = None) -> bool:
+        """Run the step once in the first session alone: in its thread, on its stream, with
+        its cuBLAS handle and workspace, so that one session's figures are read beside the
+        concurrent ones without a workspace no session has (the caller's thread would make
+        one for its own handle and stream). False when it did not end within `timeout_s`:
+        a session that waits for the others (at a barrier, as overlapping requests are
+        written) never ends alone. It is then left waiting and the sessions are closed."""
+        self._alone = True
+        try:
+            return self._call(timeout_s)
+        finally:
+            self._alone = False
+
+    def _abandon(self) -> None:
+        """Close without waiting for a session that does not end: the other threads leave
+        at their next barrier, the waiting one stays (a daemon thread holds no exit)."""
+        self._closed = True
+        self._go.abort()
+        self._done.abort()
 
     def close(self) -> None:
         """End the session threads (idempotent)."""

@@ -1,0 +1,77 @@
+"""Leaks: memory a step keeps from one call to the next.
+
+A step that frees what it makes leaves nothing allocated when it ends. One that leaves
+memory behind in every measured iteration (a list of outputs kept at module level, a cache
+without a bound) grows for as long as the process serves calls: a leak, a verdict of its
+own, and never noise. Its growth from repeat to repeat must not become the spread that
+sets the headroom: `steady` takes it out of the iterations' peaks.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from memtrack.judge.baseline import Point
+from memtrack.judge.verdict import Verdict
+from memtrack.records import Measurement
+from memtrack.units import format_size
+
+CALLS = 1000
+"""The leak is also said as what this many calls would keep."""
+
+
+def rate(retained: Sequence[int]) -> int | None:
+    """Bytes per iteration where every measured iteration (two or more) left memory
+    allocated when it ended; else None."""
+    if len(retained) < 2 or min(retained) <= 0:
+        return None
+    return int(statistics.median(retained))
+
+
+def steady(m: Measurement) -> tuple[int, ...]:
+    """The iterations' peaks without a leak's growth: each less what the iterations before
+    it kept (a leak raises every later peak by what it kept)."""
+    if rate(m.retained_samples) is None:
+        return m.allocated_samples
+    kept, out = 0, []
+    for i, peak in enumerate(m.allocated_samples):
+        out.append(peak - kept)
+        if i < len(m.retained_samples):
+            kept += m.retained_samples[i]
+    return tuple(out)
+
+
+def verdict(m: Measurement, points: list[Point], context: str) -> Verdict | None:
+    """A leak verdict where the candidate leaks; None where it does not. It blocks a pull
+    request unless the newest baseline run leaked as much or more (a known leak)."""
+    per = rate(m.retained_samples)
+    if per is None:
+        return None
+    newest = next((p for p in points if p.status == "ok" and p.retained), None)
+    before = rate(newest.retained) if newest is not None else None
+    known = before is not None and before >= per
+    shown = ", ".join(f"{b:,} B" for b in m.retained_samples)
+    why = (
+        f"the newest baseline run leaked {before:,} B per iteration too: a known leak, "
+        "not caused here"
+        if known and before is not None
+        else "memory that grows with every call is a leak, never noise"
+    )
+    return Verdict(
+        case_id=m.case_id,
+        workload=m.workload,
+        metric="retained",
+        kind="leak",
+        blocking=not known and context != "base",
+        baseline_value=float(before or 0),
+        candidate_value=float(per),
+        delta=float(per - (before or 0)),
+        context=context,
+        message=f"retained: leak: +{per:,} B per iteration (each of the "
+        f"{len(m.retained_samples)} measured iterations left memory allocated when it "
+        f"ended: {shown}), {format_size(per * CALLS)} after {CALLS:,} calls; {why}",
+    )
+
+
+__all__ = ["CALLS", "rate", "steady", "verdict"]

@@ -1,0 +1,160 @@
+"""The machine's load around the timing pass: what other processes and the hypervisor took
+from the CPUs while the case was timed, so that a slow pass on a busy machine can be told
+from a slow step. Linux /proc only; a figure the kernel does not give is None, never 0.
+
+The pass's start and end read /proc/pressure/cpu and /proc/stat; a sample before and after
+every iteration, outside its clocks, reads /proc/loadavg and, when more than one task runs,
+the state of each of this process's threads (a small file each: ~50 us in all for a few
+threads here). The timed region is as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any
+
+PRESSURE = "/proc/pressure/cpu"
+STAT = "/proc/stat"
+LOADAVG = "/proc/loadavg"
+TASKS = "/proc/self/task"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("ascii", "replace")
+    except OSError:  # absent, or PSI compiled in and turned off (EOPNOTSUPP)
+        return None
+
+
+def cpu_pressure_us() -> int | None:
+    """Microseconds so far in which some task waited for a CPU (PSI `some` total); None where
+    the kernel keeps no pressure figures."""
+    text = _read(PRESSURE)
+    for line in (text or "").splitlines():
+        if line.startswith("some "):
+            for word in line.split():
+                if word.startswith("total=") and word[6:].isdigit():
+                    return int(word[6:])
+    return None
+
+
+def cpu_ticks() -> tuple[int, int | None] | None:
+    """The machine's CPU time so far in clock ticks (user to steal: guest time is already in
+    user), and the part a hypervisor stole (None where the line has no steal column): the
+    first line of /proc/stat."""
+    text = _read(STAT)
+    if not text or not text.startswith("cpu "):
+        return None
+    words = text.split("\n", 1)[0].split()[1:9]
+    if len(words) < 4 or not all(w.isdigit() for w in words):
+        return None
+    values = [int(w) for w in words]
+    return sum(values), values[7] if len(values) == 8 else None
+
+
+def own_running() -> int:
+    """This process's threads in state R now (running or waiting for a CPU), from each
+    thread's /proc/self/task/TID/stat (the state follows the command's closing bracket)."""
+    try:
+        tids = os.listdir(TASKS)
+    except OSError:
+        return 0
+    n = 0
+    for tid in tids:
+        text = _read(f"{TASKS}/{tid}/stat")
+        if text is None:  # the thread has ended
+            continue
+        at = text.rfind(")")
+        if at >= 0 and text[at + 2 : at + 3] == "R":
+            n += 1
+    return n
+
+
+def runnable_others() -> int | None:
+    """Runnable tasks on the machine now that are not this process's threads, or None where
+    the kernel does not say. The count is the kernel's nr_running(): /proc/stat's
+    `procs_running`, read from /proc/loadavg ("0.17 0.40 0.22 1/89 9995": running/threads),
+    which prints the same counter in 30 bytes, where /proc/stat first sums every interrupt's
+    counts over every CPU (milliseconds on a large machine)."""
+    text = _read(LOADAVG)
+    words = (text or "").split()
+    running = words[3].partition("/")[0] if len(words) > 3 else ""
+    if not running.isdigit():
+        return None
+    if int(running) <= 1:  # the one running is the thread reading: no thread list to read
+        return 0
+    return max(0, int(running) - own_running())
+
+
+def cores() -> int | None:
+    """CPUs this process may run on (its affinity), or None where the platform cannot say."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+class TimingLoad:
+    """The load over one timing pass: `start()` before its first iteration, `sample()` before
+    and after each iteration (outside its clocks), `figures()` after the last."""
+
+    def __init__(self) -> None:
+        self.runnable: list[int] = []
+        self._start = 0.0
+        self._pressure: int | None = None
+        self._ticks: tuple[int, int | None] | None = None
+        self._cores: int | None = None
+
+    def start(self) -> None:
+        self._cores = cores()
+        self._ticks = cpu_ticks()
+        self._pressure = cpu_pressure_us()
+        self._start = time.perf_counter()
+
+    def sample(self) -> None:
+        others = runnable_others()
+        if others is not None:
+            self.runnable.append(others)
+
+    def figures(self) -> dict[str, Any]:
+        """The Measurement's `timing_*` figures."""
+        wall = time.perf_counter() - self._start
+        pressure, ticks = cpu_pressure_us(), cpu_ticks()
+        return {
+            "timing_cpu_pressure": _pressure_share(self._pressure, pressure, wall),
+            "timing_runnable": statistics.fmean(self.runnable) if self.runnable else None,
+            "timing_steal": _steal_share(self._ticks, ticks),
+            "timing_cores": self._cores,
+        }
+
+
+def _pressure_share(before: int | None, after: int | None, wall_s: float) -> float | None:
+    if before is None or after is None or wall_s <= 0:
+        return None
+    return min(1.0, max(0.0, (after - before) / (wall_s * 1e6)))
+
+
+def _steal_share(
+    before: tuple[int, int | None] | None, after: tuple[int, int | None] | None
+) -> float | None:
+    """Stolen ticks over all ticks of the pass; None without a steal column, or for a pass
+    within one clock tick (nothing was counted either way)."""
+    if before is None or after is None or before[1] is None or after[1] is None:
+        return None
+    total = after[0] - before[0]
+    if total <= 0:
+        return None
+    return min(1.0, max(0.0, (after[1] - before[1]) / total))
+
+
+__all__ = [
+    "TimingLoad",
+    "cores",
+    "cpu_pressure_us",
+    "cpu_ticks",
+    "own_running",
+    "runnable_others",
+]
