@@ -107,6 +107,8 @@ class History:
         self.db = root / "memtrack.db"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")}
         self.commits = 0
+        self.report: dict[str, Any] = {}
+        """The JSON report of the newest main commit's check."""
 
     def write(self, **code: Any) -> None:
         kw = {"scratch": 0, "leak": 0, "work": 1, "session": 0, "batch": 16, "more": EMBED}
@@ -131,8 +133,10 @@ class History:
         sha = commit_all(self.repo, message)
         run = self.memtrack("run", env=env)
         assert run.returncode == 0, run.stdout + run.stderr
-        checked = self.memtrack("check", env=env)
+        report = self.root / f"main-{self.commits}.json"
+        checked = self.memtrack("check", "--json", str(report), env=env)
         assert checked.returncode == 0, checked.stdout + checked.stderr  # main never blocks
+        self.report = json.loads(report.read_text())
         return sha, checked
 
     def pull_request(
@@ -226,6 +230,10 @@ def test_an_accepted_step_is_a_level_and_leaves_no_wide_headroom(fresh: History)
     _, accepted = h.merge(trailer, scratch=big)
     assert "accepted" in accepted.stdout
     h.merge("docs", scratch=big)  # the first main run after the accepted step
+    for metric in ("allocated", "host", "host_step"):
+        v = _one(h.report, metric)
+        # the accepted 64 MiB step is a level, not noise: no wide window opens behind it
+        assert v["kind"] != "noisy" and v["threshold"] - v["baseline_value"] < 16 * MiB, v
     checked, report = h.pull_request("more", "grow it a little more", scratch=big + 256 * 1024)
     v = _one(report, "allocated")
     assert (v["kind"], v["blocking"]) == ("regression", True), v["message"]
