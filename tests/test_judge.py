@@ -714,3 +714,21 @@ def test_time_is_judged_on_cpu_time_and_not_on_an_oversubscribed_machine(store, 
     assert (t.kind, t.blocking) == ("abstained", False)
     assert "not judged: the machine was oversubscribed" in t.message
     assert "4.0 runnable tasks of other processes" in t.message
+
+
+def test_sixteen_real_reruns_of_a_concurrent_case_raise_nothing(store, tmp_path):
+    """decoder_serve (4 sessions), recorded 16 times alone on one commit, each run checked as
+    a pull request against the ones before it: its peak moves with how the sessions
+    interleave, and nothing blocks, warns or is waved through as noisy."""
+    runs = [r for r in read_reruns() if {m.workload for m in r.measurements} == {"decoder_serve"}]
+    assert len(runs) == 16
+    peaks = {r.measurements[0].peak_allocated_bytes for r in runs}
+    assert len(peaks) > 1  # the interleaving moves it
+    for i, r in enumerate(runs):
+        if i >= 3:
+            cand = _candidate(store, r.measurements, 30 + i)
+            result = check(store, _config(tmp_path), run_id=cand)
+            assert not result.blocking, [v.message for v in result.blocking]
+            for metric in ("allocated", "sessions"):
+                assert _verdict(result, metric).kind == "ok", _verdict(result, metric).message
+        _record(store, r.measurements, i)

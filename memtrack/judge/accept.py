@@ -53,6 +53,10 @@ class Acceptance:
     def amount(self) -> str:
         return f"+{format_size(self.bytes)}" if self.bytes is not None else f"+{self.percent:g}%"
 
+    def describe(self) -> str:
+        """'the +2.00 MiB accepted in commit 1a2b3c4d5e6f: a longer context is the feature'."""
+        return f"the {self.amount()} accepted in commit {self.commit[:12]}: {self.reason}"
+
 
 def parse(commit: str, value: str) -> Acceptance:
     """One trailer's value; raises ConfigError naming the commit and what is wrong."""

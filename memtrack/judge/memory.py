@@ -277,6 +277,54 @@ def _level(window: Sequence[Point], values: list[float], metric: str, factor: fl
     )
 
 
+@dataclass(frozen=True)
+class _Noise:
+    """The level a candidate is judged against, and what is known of the case's noise."""
+
+    level: Level
+    level_spread: float
+    """The spread within levels, other environments' included where the window is short."""
+    s_iter: float
+    """The median iteration's noise (allocated), or one run's iteration range (provisional)."""
+    window_runs: int
+    runs: int
+    """Runs the noise is known from: the window's and other environments'."""
+    known_runs: int
+    provisional: bool
+
+
+def _noise(
+    c: Candidate, window: list[Point], values: list[float], metric: str, config: Config
+) -> _Noise:
+    """The window split at its steps and the noise within its levels (see the module)."""
+    factor = config.headroom_factor
+    level = _level(window, values, metric, factor)
+    # Where this environment's window is short, what other environments' runs know of the
+    # case's noise counts too (the level itself is this environment's).
+    short = len(values) < 2 * config.min_baseline_runs
+    known = known_noise(c.known, metric, factor) if c.known and short else KnownNoise()
+    level_spread = pooled_spread([*level.segments, *known.segments])
+    s_iter = max(level.also_noise, known.also_noise)
+    runs = len(values) + known.runs
+    # A noisy figure's spread is not known from a few runs (three can fall close by chance):
+    # its verdicts stay provisional for twice as many runs as a deterministic one's. The
+    # level is still the one the history moved to: a step, accepted or not, is no noise.
+    provisional = runs < config.min_baseline_runs or (
+        runs < 2 * config.min_baseline_runs and max(level_spread, s_iter) > 0
+    )
+    if provisional and metric == "allocated":
+        # Too few runs to know the noise: the iterations of one run show how far the
+        # allocated view moves.
+        s_iter = max(
+            [
+                s_iter,
+                *(iteration_range(p.samples) for p in window),
+                iteration_range(leak.steady(c.m)),
+            ]
+        )
+    return _Noise(level, level_spread, s_iter, len(values), runs, known.runs, provisional)
+
+
 def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
     """Headroom arithmetic against the baseline's current level, and the budget."""
     m = c.m
@@ -285,157 +333,55 @@ def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
         return None
     value, budget, over, details = figure
     common: dict[str, Any] = dict(
-        case_id=m.case_id,
-        workload=m.workload,
-        metric=metric,
-        candidate_value=float(value),
-        budget_bytes=budget.limit_bytes if budget else None,
-        budget_reason=budget.reason if budget else None,
-        details=details,
-        context=c.context,
+        case_id=m.case_id, workload=m.workload, metric=metric, candidate_value=float(value)
     )
+    common.update(details=details, context=c.context, **_budget_fields(budget))
     window = [p for p in reversed(c.points) if p.status == "ok" and metric in p.values]
-    if not window:
-        if budget is None:
-            return None  # the baseline never measured this view: nothing to compare
-        return Verdict(
-            kind="over_budget" if over else "ok",
-            blocking=over,
-            message=f"{metric}: {format_size(value)}, the baseline has no {metric} "
-            f"figure to compare{c.budget_part(metric, value, budget)}",
-            **common,
-        )
+    if not window:  # the baseline never measured this view: only a budget to hold it to
+        return None if budget is None else _budget_only(c, metric, value, budget, over, common)
     values = [float(p.values[metric]) for p in window]
     factor = config.headroom_factor
-    floor = metrics.floor(metric, statistics.median(values))
-    n_window = len(values)
-    allocated = metric == "allocated"
-    level = _level(window, values, metric, factor)
-    # Where this environment's window is short, what other environments' runs know of the
-    # case's noise counts too (the level itself is this environment's).
-    known = (
-        known_noise(c.known, metric, factor)
-        if c.known and n_window < 2 * config.min_baseline_runs
-        else KnownNoise()
-    )
-    level_spread = pooled_spread([*level.segments, *known.segments])
-    s_iter = max(level.also_noise, known.also_noise)
-    n_noise = n_window + known.runs
-    young = n_noise < config.min_baseline_runs
-    # A noisy figure's spread is not known from a few runs (three can fall close by chance):
-    # its verdicts stay provisional for twice as many runs as a deterministic one's. The
-    # level is still the one the history moved to: a step, accepted or not, is no noise.
-    provisional = young or (
-        n_noise < 2 * config.min_baseline_runs and max(level_spread, s_iter) > 0
-    )
-    if provisional and allocated:
-        # Too few runs to know the noise: the iterations of one run show how far the
-        # allocated view moves.
-        s_iter = max(
-            [
-                s_iter,
-                *(iteration_range(p.samples) for p in window),
-                iteration_range(leak.steady(m)),
-            ]
-        )
+    noise = _noise(c, window, values, metric, config)
+    level, provisional = noise.level, noise.provisional
     level_points = window[level.start :]
-    n = len(level.values)
     base = level.median
     floor = metrics.floor(metric, base)
-    s_rep = repeat_spread(m, metric)
-    # A spread estimated from n runs bounds the next run less tightly than the true one
-    # would: widened as Student's t widens a prediction from n samples.
-    widen = small_sample(n_noise)
-    spread = max(max(level_spread, s_iter) * widen, float(s_rep))
+    s_rep, widen, spread = _spread(m, metric, noise)
     room = headroom(spread, factor, floor)
-    bound = sessions_bound(m, window, factor) if allocated else None
+    # Concurrent sessions: the peak lies wherever their interleaving puts it, up to the sum
+    # of the sessions (exact, whatever the interleaving); above it, the code changed.
+    bound = sessions_bound(m, window, factor) if metric == "allocated" else None
     if bound is not None:
-        # Concurrent sessions: the peak lies wherever their interleaving puts it, up to
-        # the sum of the sessions (exact, whatever the interleaving); above it, the code
-        # changed.
         room, provisional = max(bound + floor - base, float(floor)), False
-    threshold = base + room
-    delta = value - base
-    delta_pct = pct(delta, base)
+    delta, delta_pct = value - base, pct(value - base, base)
+    grew = what_grew(m, level_points, metric) if delta > 0 else None
+    acceptance = accept.find(c.acceptances, m.workload, m.case_id, metric, delta, delta_pct)
     # Too wide to judge: the observed noise, not the granularity floor, has pushed the
     # headroom past `noisy_above` of the baseline.
     too_wide = bound is None and room > floor and room > config.noisy_above * base
-    grew = what_grew(m, level_points, metric) if delta > 0 else None
-    acceptance = accept.find(c.acceptances, m.workload, m.case_id, metric, delta, delta_pct)
-    suggested, accepted_reason = None, None
-    jump, past = PROVISIONAL_BLOCK_FRACTION, factor * floor
-    if over:
-        kind, blocking = "over_budget", True
-    elif value > threshold:
-        if acceptance is not None and acceptance.allows(delta, delta_pct):
-            kind, blocking, accepted_reason = "accepted", False, acceptance.reason
-        else:
-            kind = "regression"
-            blocking = not provisional or (
-                delta_pct is not None and delta_pct >= 100 * jump and delta > past
-            )
-    elif too_wide:
-        kind, blocking = "noisy", False
-    elif delta < -room:
-        kind, blocking = "improvement", False
-        suggestion = suggest_budget(value, room)
-        if budget is None or suggestion < budget.limit_bytes:
-            suggested = suggestion
-    else:
-        kind, blocking = "ok", False
+    kind, blocking, suggested = _decide(
+        value, base, room, over, too_wide, provisional, acceptance, budget, factor * floor
+    )
     if c.context == "base":
         blocking = False  # the base branch is reported and recorded, never blocked
-    words = {
-        "regression": "regression"
-        + (
-            ""
-            if blocking or c.context == "base"
-            else f" (provisional: blocks only past a {jump:.0%} jump and "
-            f"past {format_size(int(past))})"
-        ),
-        "accepted": "accepted",
-        "over_budget": "over budget",
-        "improvement": "improvement"
-        + (f"; a budget of {format_size(suggested)} would hold it" if suggested else ""),
-        "noisy": (
-            f"noisy: the headroom is {fmt_pct(pct(room, base))[1:]} of the baseline, "
-            f"wider than {config.noisy_above:.0%}, so a growth up to "
-            f"{format_size(int(room))} would pass unseen; to sharpen it: "
-            + _sharpen(m, metric, n_window, config)
-        ),
-        "ok": "ok",
-    }[kind]
+    words = _words(kind, blocking, c, room, base, suggested, factor * floor, metric, noise, config)
     if acceptance is not None and kind in ("accepted", "regression"):
-        verb = "within" if kind == "accepted" else "beyond"
-        words += (
-            f" ({verb} the {acceptance.amount()} accepted in commit "
-            f"{acceptance.commit[:12]}: {acceptance.reason})"
-        )
+        words += f" ({'within' if kind == 'accepted' else 'beyond'} {acceptance.describe()})"
     if grew is not None:
         words += f"; {grew[0]} grew {fmt_delta(grew[1])}"
-    at_level = (
-        f"median of {n} run{'s' * (n != 1)}"
-        + (f" at the level since {(level_points[0].commit or '?')[:12]}" if level.steps else "")
-        + (f", {n_window} in the window" if n_window != n else "")
-        + (", provisional" if provisional else "")
+    n = len(level.values)
+    at_level = _at_level(level, level_points, noise.window_runs, provisional)
+    arithmetic = (
+        _bound_words(m, bound, floor, room)
+        if bound is not None
+        else _headroom_words(spread, noise, widen, s_rep, factor, floor, room)
     )
     cmp = "> headroom" if delta > room else "< -headroom" if delta < -room else "within ±headroom"
-    if bound is not None:
-        sessions = m.params.get("concurrency", "its")
-        arithmetic = (
-            f"bounded by the sum of {sessions} sessions {format_size(int(bound))} (the peak "
-            "if every session peaked at once; how they interleave moves it below that), "
-            f"floor {format_size(int(floor))} -> headroom {format_size(int(room))}"
-        )
-    else:
-        arithmetic = _headroom_words(
-            spread, level_spread, s_iter, widen, n_noise, known.runs, s_rep, factor, floor, room
-        )
     message = (
         f"{metric}: baseline {format_size(int(base))} ({at_level}), {arithmetic}, threshold "
-        f"{format_size(int(threshold))}; candidate {format_size(value)}, delta "
-        f"{fmt_delta(delta)} {fmt_pct(delta_pct)} "
-        f"{cmp}: {words}{c.budget_part(metric, value, budget)}"
+        f"{format_size(int(base + room))}; candidate {format_size(value)}, delta "
+        f"{fmt_delta(delta)} {fmt_pct(delta_pct)} {cmp}: {words}"
+        f"{c.budget_part(metric, value, budget)}"
     )
     return Verdict(
         kind=kind,
@@ -444,21 +390,131 @@ def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
         provisional=provisional,
         baseline_value=float(base),
         spread=spread,
-        baseline_spread=level_spread,
+        baseline_spread=noise.level_spread,
         repeat_spread=float(s_rep),
         factor=factor,
         floor=float(floor),
-        threshold=threshold,
+        threshold=base + room,
         delta=float(delta),
         delta_pct=delta_pct,
         baseline_runs=n,
         suggested_budget=suggested,
-        accepted_reason=accepted_reason,
+        accepted_reason=acceptance.reason if kind == "accepted" and acceptance else None,
         component=grew[0] if grew else None,
         component_delta=grew[1] if grew else None,
         level_commit=level_points[0].commit if level.steps else None,
         **common,
     )
+
+
+def _spread(m: Measurement, metric: str, noise: _Noise) -> tuple[int, float, float]:
+    """The candidate's repeat spread, the small-sample widening and the spread. A spread
+    estimated from n runs bounds the next run less tightly than the true one would: widened
+    as Student's t widens a prediction from n samples."""
+    s_rep = repeat_spread(m, metric)
+    widen = small_sample(noise.runs)
+    return s_rep, widen, max(max(noise.level_spread, noise.s_iter) * widen, float(s_rep))
+
+
+def _at_level(level: Level, points: Sequence[Point], window_runs: int, provisional: bool) -> str:
+    """'median of 1 run at the level since 3f2a9c1e0b7d, 6 in the window'."""
+    n = len(level.values)
+    return (
+        f"median of {n} run{'s' * (n != 1)}"
+        + (f" at the level since {(points[0].commit or '?')[:12]}" if level.steps else "")
+        + (f", {window_runs} in the window" if window_runs != n else "")
+        + (", provisional" if provisional else "")
+    )
+
+
+def _bound_words(m: Measurement, bound: float, floor: float, room: float) -> str:
+    """'bounded by the sum of 4 sessions 11.90 MiB (...), floor 512 B -> headroom ...'."""
+    return (
+        f"bounded by the sum of {m.params.get('concurrency', 'its')} sessions "
+        f"{format_size(int(bound))} (the peak if every session peaked at once; how they "
+        f"interleave moves it below that), floor {format_size(int(floor))} -> headroom "
+        f"{format_size(int(room))}"
+    )
+
+
+def _budget_fields(budget: Budget | None) -> dict[str, Any]:
+    if budget is None:
+        return {"budget_bytes": None, "budget_reason": None}
+    return {"budget_bytes": budget.limit_bytes, "budget_reason": budget.reason}
+
+
+def _budget_only(
+    c: Candidate, metric: str, value: int, budget: Budget, over: bool, common: dict[str, Any]
+) -> Verdict:
+    return Verdict(
+        kind="over_budget" if over else "ok",
+        blocking=over,
+        message=f"{metric}: {format_size(value)}, the baseline has no {metric} "
+        f"figure to compare{c.budget_part(metric, value, budget)}",
+        **common,
+    )
+
+
+def _decide(
+    value: int,
+    base: float,
+    room: float,
+    over: bool,
+    too_wide: bool,
+    provisional: bool,
+    acceptance: accept.Acceptance | None,
+    budget: Budget | None,
+    past: float,
+) -> tuple[str, bool, int | None]:
+    """The verdict's kind, whether it blocks (a pull request), and a tighter budget for an
+    improvement. A provisional regression blocks only past the provisional rule's jump and
+    `past` (factor x floor)."""
+    delta = value - base
+    delta_pct = pct(delta, base)
+    if over:
+        return "over_budget", True, None
+    if value > base + room:
+        if acceptance is not None and acceptance.allows(delta, delta_pct):
+            return "accepted", False, None
+        jumped = delta_pct is not None and delta_pct >= 100 * PROVISIONAL_BLOCK_FRACTION
+        return "regression", not provisional or (jumped and delta > past), None
+    if too_wide:
+        return "noisy", False, None
+    if delta < -room:
+        suggestion = suggest_budget(value, room)
+        tighter = budget is None or suggestion < budget.limit_bytes
+        return "improvement", False, suggestion if tighter else None
+    return "ok", False, None
+
+
+def _words(
+    kind: str,
+    blocking: bool,
+    c: Candidate,
+    room: float,
+    base: float,
+    suggested: int | None,
+    past: float,
+    metric: str,
+    noise: _Noise,
+    config: Config,
+) -> str:
+    """The verdict in words, at the end of its line of arithmetic."""
+    if kind == "regression" and not blocking and c.context != "base":
+        return (
+            f"regression (provisional: blocks only past a {PROVISIONAL_BLOCK_FRACTION:.0%} "
+            f"jump and past {format_size(int(past))})"
+        )
+    if kind == "improvement" and suggested:
+        return f"improvement; a budget of {format_size(suggested)} would hold it"
+    if kind == "noisy":
+        return (
+            f"noisy: the headroom is {fmt_pct(pct(room, base))[1:]} of the baseline, "
+            f"wider than {config.noisy_above:.0%}, so a growth up to "
+            f"{format_size(int(room))} would pass unseen; to sharpen it: "
+            + _sharpen(c.m, metric, noise.window_runs, config)
+        )
+    return kind.replace("_", " ")
 
 
 def sessions_bound(m: Measurement, window: Sequence[Point], factor: float) -> float | None:
@@ -475,25 +531,26 @@ def sessions_bound(m: Measurement, window: Sequence[Point], factor: float) -> fl
 
 def _headroom_words(
     spread: float,
-    level_spread: float,
-    s_iter: float,
+    noise: _Noise,
     widen: float,
-    n_noise: int,
-    known_runs: int,
     s_rep: int,
     factor: float,
     floor: float,
     room: float,
 ) -> str:
     """'spread 0 B (levels 0 B, repeats 0 B) x factor 3, floor 512 B -> headroom 512 B'."""
+    known = noise.known_runs
     return (
-        f"spread {format_size(int(spread))} (levels {format_size(int(level_spread))}"
-        + (f", iterations {format_size(int(s_iter))}" if s_iter else "")
-        + (f", x {widen:.2f} for {n_noise} runs" if widen > 1 and max(level_spread, s_iter) else "")
+        f"spread {format_size(int(spread))} (levels {format_size(int(noise.level_spread))}"
+        + (f", iterations {format_size(int(noise.s_iter))}" if noise.s_iter else "")
         + (
-            f", the noise known from {known_runs} more run{'s' * (known_runs != 1)} on other "
-            "environments"
-            if known_runs
+            f", x {widen:.2f} for {noise.runs} runs"
+            if widen > 1 and max(noise.level_spread, noise.s_iter)
+            else ""
+        )
+        + (
+            f", the noise known from {known} more run{'s' * (known != 1)} on other environments"
+            if known
             else ""
         )
         + f", repeats {format_size(s_rep)}) x factor {factor:g}, floor "
