@@ -72,7 +72,7 @@ def main() -> None:
         bs, ts = [], []
         for _ in range(args.rounds):  # interleaved, so drift hits both sides alike
             bs.append(bare(step, ctx.device, args.iters))
-            ts.append(sum(_timing_pass(step, ctx.device, args.iters)))
+            ts.append(sum(_timing_pass(step, ctx.device, args.iters)["iteration_times_s"]))
         b, t = sum(bs), sum(ts)
         min_bare += min(bs)
         min_tracked += min(ts)
