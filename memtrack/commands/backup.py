@@ -17,7 +17,7 @@ from memtrack.units import format_size
 @config_option
 @db_option
 @click.option("--overwrite", is_flag=True, help="Replace DEST if it exists.")
-def backup(dest, config_path, db_path, overwrite) -> None:
+def backup(dest: Path, config_path: Path | None, db_path: Path | None, overwrite: bool) -> None:
     """Copy the database to DEST (a file, or a directory for a time-stamped name).
 
     The copy is one consistent snapshot, safe to take while a run is being recorded.
@@ -35,7 +35,9 @@ def backup(dest, config_path, db_path, overwrite) -> None:
 @click.option(
     "--since", help="Only runs started at or after this date or time (UTC), e.g. 2026-01-31."
 )
-def export(directory, config_path, db_path, since) -> None:
+def export(
+    directory: Path, config_path: Path | None, db_path: Path | None, since: str | None
+) -> None:
     """Write every run as a JSON record DIRECTORY/<run_id>.json.
 
     `memtrack ingest DIRECTORY/*.json` rebuilds a database from them.

@@ -55,7 +55,7 @@ def _fail(message: str) -> None:
     help="Address to serve on. Keep 127.0.0.1 behind a reverse proxy with "
     "sign-on; 0.0.0.0 exposes it, without any, to the network.",
 )
-def dashboard(config_path, db_path, port, address) -> None:
+def dashboard(config_path: Path | None, db_path: Path | None, port: int, address: str) -> None:
     """Serve the Streamlit dashboard over the database, read-only."""
     _, db = resolve(config_path, db_path)
     app = app_path()

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from memtrack.commands.options import config_option, db_option, resolve
@@ -12,7 +14,7 @@ _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "info": "    "}
 @click.command()
 @config_option
 @db_option
-def doctor(config_path, db_path) -> None:
+def doctor(config_path: Path | None, db_path: Path | None) -> None:
     """Check this machine: torch build vs GPU, driver, CUDA, NVML, VRAM, host RAM, disk, the
     allocator, and what the suite's cases need (native bf16, /dev/shm for NCCL)."""
     from memtrack.errors import MemtrackError

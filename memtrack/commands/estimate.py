@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-import os
+from contextlib import nullcontext
 from pathlib import Path
 
 import click
@@ -9,12 +9,13 @@ from memtrack.commands.options import (
     check_json_folder,
     config_option,
     db_option,
+    fail_on,
+    plain_output,
+    progress_echo,
     resolve,
     rich_console,
-    save_run,
 )
-from memtrack.errors import ConfigError, StoreError
-from memtrack.records.redact import redact_run
+from memtrack.errors import ConfigError
 from memtrack.store.database import Store
 from memtrack.workload.registry import discover, select_cases
 
@@ -46,15 +47,26 @@ from memtrack.workload.registry import discover, select_cases
     help="Also write the estimate run as a JSON record here.",
 )
 @click.option("--no-db", is_flag=True, help="Do not write the database (use with --json).")
-def estimate(config_path, db_path, patterns, device, dtype, json_path, no_db) -> None:
+def estimate(
+    config_path: Path | None,
+    db_path: Path | None,
+    patterns: tuple[str, ...],
+    device: str | None,
+    dtype: str | None,
+    json_path: Path | None,
+    no_db: bool,
+) -> None:
     """Predict each case's tensor-memory peak under fake tensors: no GPU, no real memory.
 
     Each case runs setup, warm-up and one step in a fresh process under FakeTensorMode.
     The estimate is recorded beside measured runs, labelled as such: it is never a baseline.
     Exit 0 when the estimates ran (a case that cannot be faked is recorded with the reason).
     """
+    from rich.text import Text
+
     from memtrack.measure.estimate import check_device, check_dtype, estimate_cases
     from memtrack.report.run import estimate_view
+    from memtrack.store.save import record_run
 
     config, db = resolve(config_path, db_path)
     check_device(device)
@@ -64,32 +76,16 @@ def estimate(config_path, db_path, patterns, device, dtype, json_path, no_db) ->
         raise ConfigError(f"no case matches {' or '.join(patterns) or 'the suite'}")
     if json_path:
         check_json_folder(json_path)
-    store = None if no_db else Store.open(db)
-    try:
-        if store:
-            store.check_writable()
-        plain = os.environ.get("CI") == "true" or not rich_console(stderr=True).is_terminal
-
-        def progress(event, case, m):
-            if event == "start" and plain:
-                click.echo(f"estimating {case.case_id} ...", err=True)
-            elif event == "done":
-                click.echo(f"  {m.status:8} {case.case_id} ({m.duration_s:.1f} s)", err=True)
-
-        record = redact_run(
-            estimate_cases(config, cases, device=device, dtype=dtype, progress=progress)
+    progress = progress_echo("estimating", plain_output())
+    with Store.open(db) if not no_db else nullcontext() as store:
+        done = record_run(
+            lambda: estimate_cases(config, cases, device=device, dtype=dtype, progress=progress),
+            store,
+            json_path,
         )
-        saved, failures = save_run(record, store, json_path)
-    finally:
-        if store:
-            store.close()
-    from rich.text import Text
-
-    for r in estimate_view(record):
+    for r in estimate_view(done.record):
         rich_console().print(r, soft_wrap=isinstance(r, Text))
-    commit = (record.git.commit or "no commit")[:12]
-    click.echo(
-        f"estimate run {record.run_id} of {commit} recorded in {', '.join(saved) or 'nothing'}"
-    )
-    if failures:
-        raise StoreError("; ".join(failures))
+    commit = (done.record.git.commit or "no commit")[:12]
+    where = ", ".join(done.saved) or "nothing"
+    click.echo(f"estimate run {done.record.run_id} of {commit} recorded in {where}")
+    fail_on(done.failures)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
@@ -22,7 +24,9 @@ from memtrack.store.database import Store
     help="How many rows.",
 )
 @click.option("--branch", help="Only runs on this branch.")
-def history(case, config_path, db_path, limit, branch) -> None:
+def history(
+    case: str, config_path: Path | None, db_path: Path | None, limit: int, branch: str | None
+) -> None:
     """Show a workload's (or one case's) series, newest first.
 
     CASE is a workload name or a whole case id, matched literally.

@@ -14,7 +14,7 @@ from memtrack.store.ingest import read_runs
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
 @config_option
 @db_option
-def ingest(files, config_path, db_path) -> None:
+def ingest(files: tuple[Path, ...], config_path: Path | None, db_path: Path | None) -> None:
     """Merge JSON run records into the database, all or none.
 
     Every file is read and checked, and all runs are written in one transaction: one bad

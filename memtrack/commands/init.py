@@ -29,7 +29,7 @@ _VERB = {"create": "created ", "append": "appended", "exists": "exists  "}
     help="The branch whose runs are the baseline (default: origin's default "
     "branch, else the branch checked out).",
 )
-def init(check_only, requirement, base_branch) -> None:
+def init(check_only: bool, requirement: str | None, base_branch: str | None) -> None:
     """Set up this git repository for memtrack: the [tool.memtrack] table (in
     pyproject.toml, else memtrack.toml), perf/workloads.py to adapt, the CI workflow and
     the GPU runner's pre-job hook. Never overwrites a file; prints the next steps."""

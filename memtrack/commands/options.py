@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import tempfile
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
 from memtrack.config import Config, load_config
-from memtrack.errors import ConfigError, MemtrackError
+from memtrack.errors import ConfigError, StoreError
 from memtrack.files import output_problem
-from memtrack.records import RunRecord, write_fallback, write_json
-from memtrack.store.database import Store, describe_failure, room_problem
+from memtrack.store.database import room_problem
 
 config_option = click.option(
     "--config",
@@ -53,37 +53,25 @@ def check_json_folder(json_path: Path) -> None:
         raise ConfigError(f"--json {json_path}: {problem}")
 
 
-def save_run(
-    record: RunRecord, store: Store | None, json_path: Path | None
-) -> tuple[list[str], list[str]]:
-    """Write the database first, then the JSON record, each whatever became of the other.
-    A run written nowhere (the database locked past its timeout, full, damaged or deleted
-    by a workload, and no JSON record) is kept in a fallback file: a measured run is never
-    lost. Returns where the run was saved, and what failed (one line each)."""
-    saved, failures = [], []
-    if store:
-        try:
-            store.write_run(record)
-            saved.append(str(store.path))
-        except MemtrackError as exc:
-            failures.append(str(exc))
-    if json_path:
-        try:
-            write_json(record, json_path)
-            saved.append(str(json_path))
-        except OSError as exc:
-            failures.append(describe_failure(exc, json_path))
-    if failures and saved and store and str(store.path) not in saved:
-        failures.append(f"the run is kept in {saved[0]}: `memtrack ingest {saved[0]}` records it")
-    elif failures and not saved:
-        folders = [p.parent for p in (store.path if store else None, json_path) if p]
-        try:
-            kept = write_fallback(record, [*folders, Path.cwd(), Path(tempfile.gettempdir())])
-        except OSError as exc:
-            failures.append(
-                f"the run could not be kept anywhere either ({describe_failure(exc, None)})"
-            )
-        else:
-            saved.append(str(kept))
-            failures.append(f"the run is kept in {kept}: `memtrack ingest {kept}` records it")
-    return saved, failures
+def progress_echo(verb: str, plain: bool) -> Callable[[str, Any, Any], None]:
+    """A suite's progress as lines on stderr: '{verb} CASE ...' at each start where `plain`
+    (CI, or not a terminal), and each case's status and time when it is done."""
+
+    def progress(event: str, case: Any, m: Any) -> None:
+        if event == "start" and plain:
+            click.echo(f"{verb} {case.case_id} ...", err=True)
+        elif event == "done":
+            click.echo(f"  {m.status:8} {case.case_id} ({m.duration_s:.1f} s)", err=True)
+
+    return progress
+
+
+def plain_output() -> bool:
+    """Progress as plain lines: in CI, or where stderr is not a terminal."""
+    return os.environ.get("CI") == "true" or not rich_console(stderr=True).is_terminal
+
+
+def fail_on(failures: tuple[str, ...] | list[str]) -> None:
+    """What could not be written, as one error (exit 2), after the run was shown."""
+    if failures:
+        raise StoreError("; ".join(failures))

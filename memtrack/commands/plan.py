@@ -1,13 +1,23 @@
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from memtrack.commands.options import config_option, db_option, resolve, rich_console
-from memtrack.commands.run import save_run
-from memtrack.errors import StoreError
+from memtrack.commands.options import (
+    config_option,
+    db_option,
+    fail_on,
+    progress_echo,
+    resolve,
+    rich_console,
+)
+
+if TYPE_CHECKING:
+    from memtrack.records import RunRecord
 
 
 @click.command()
@@ -50,17 +60,17 @@ from memtrack.errors import StoreError
     help="With --estimate: the device to estimate for (default: the config's).",
 )
 def plan(
-    case,
-    config_path,
-    db_path,
-    sweep_text,
-    catalog_path,
-    gpu_names,
-    as_markdown,
-    as_json,
-    no_record,
-    estimated,
-    device,
+    case: str,
+    config_path: Path | None,
+    db_path: Path | None,
+    sweep_text: str,
+    catalog_path: Path | None,
+    gpu_names: tuple[str, ...],
+    as_markdown: bool,
+    as_json: bool,
+    no_record: bool,
+    estimated: bool,
+    device: str | None,
 ) -> None:
     """Will it fit? Measure CASE at each value of a param, fit how its peak grows, and say
     the largest value each GPU of the catalog holds (and the levers where nothing fits).
@@ -68,9 +78,8 @@ def plan(
     from memtrack.measure.suite import run_suite
     from memtrack.plan import fit as planning
     from memtrack.plan import sweep
-    from memtrack.records.redact import redact_run
-    from memtrack.report import plan as report_plan
     from memtrack.store.database import Store
+    from memtrack.store.save import record_run
     from memtrack.workload.registry import discover
 
     if as_markdown and as_json:
@@ -80,33 +89,33 @@ def plan(
             "--device goes with --estimate (a measured sweep runs on the config's device)"
         )
     config, db = resolve(config_path, db_path)
-    workloads = discover(config)
     param_name = sweep_text.partition("=")[0].strip()
-    wl, params = sweep.find_case(workloads, case, param_name)
+    wl, params = sweep.find_case(discover(config), case, param_name)
     param, values = planning.parse_sweep(sweep_text, wl.params, wl.name)
     catalog_file = catalog_path or sweep.default_catalog(config)
     catalog, _ = planning.load_catalog(catalog_file)
     gpus = planning.select_gpus(catalog, gpu_names, catalog_file)
     cases = sweep.sweep_cases(wl, params, param, values)
-    store = None
-    if no_record:
-        store = Store.open(db, readonly=True, create=False) if db.is_file() else None
-    else:
-        store = Store.open(db)
-        store.check_writable()  # before the first case, not after the sweep
-    try:
+    progress = progress_echo("measuring", plain=False)
+
+    def measure() -> RunRecord:
         if estimated:
             from memtrack.measure.estimate import estimate_cases
 
-            record = estimate_cases(config, cases, device=device, dtype=None, progress=_progress)
-        else:
-            record = run_suite(config, cases, progress=_progress)
-        record = redact_run(record)
-        failures: list[str] = []
-        if not no_record and store is not None:
-            _, failures = save_run(record, store, None)
+            return estimate_cases(config, cases, device=device, dtype=None, progress=progress)
+        return run_suite(config, cases, progress=progress)
+
+    # Without recording, the database (if any) is only read, for the baselines' headroom.
+    if not no_record:
+        opened: Any = Store.open(db)
+    elif db.is_file():
+        opened = Store.open(db, readonly=True, create=False)
+    else:
+        opened = nullcontext()
+    with opened as store:
+        done = record_run(measure, None if no_record else store, None)
         result = sweep.make_plan(
-            record,
+            done.record,
             config,
             store,
             case=case,
@@ -116,9 +125,15 @@ def plan(
             catalog=catalog,
             gpus=gpus,
         )
-    finally:
-        if store is not None:
-            store.close()
+    _show(result, as_markdown, as_json)
+    where = "not recorded (--no-record)" if no_record else f"recorded in {db}"
+    click.echo(f"run {done.record.run_id} ({len(cases)} cases) {where}", err=True)
+    fail_on(done.failures)
+
+
+def _show(result: Any, as_markdown: bool, as_json: bool) -> None:
+    from memtrack.report import plan as report_plan
+
     if as_json:
         click.echo(json.dumps(report_plan.to_json(result), indent=2))
     elif as_markdown:
@@ -129,12 +144,3 @@ def plan(
         console = rich_console()
         for r in report_plan.terminal(result):
             console.print(r, soft_wrap=isinstance(r, Text))
-    where = "not recorded (--no-record)" if no_record else f"recorded in {db}"
-    click.echo(f"run {record.run_id} ({len(cases)} cases) {where}", err=True)
-    if failures:
-        raise StoreError("; ".join(failures))
-
-
-def _progress(event, case, m) -> None:
-    if event == "done":
-        click.echo(f"  {m.status:8} {case.case_id} ({m.duration_s:.1f} s)", err=True)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from memtrack.commands.options import config_option
@@ -17,7 +19,7 @@ from memtrack.errors import ConfigError
     multiple=True,
     help="Only cases whose id contains this text (repeatable).",
 )
-def reference(cases, config_path, patterns) -> None:
+def reference(cases: tuple[str, ...], config_path: Path | None, patterns: tuple[str, ...]) -> None:
     """Record the reference output of the selected cases (default: every case that declares
     a tolerance).
 

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-import os
 import re
+from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -10,16 +11,22 @@ from memtrack.commands.options import (
     check_json_folder,
     config_option,
     db_option,
+    fail_on,
+    plain_output,
+    progress_echo,
     resolve,
     rich_console,
-    save_run,
 )
-from memtrack.config import MAX_COUNT
-from memtrack.errors import ConfigError, StoreError
+from memtrack.config import MAX_COUNT, Config
+from memtrack.errors import ConfigError
 from memtrack.measure.forkserver import ForkServer
 from memtrack.measure.launcher import worker_env
 from memtrack.store.database import Store
-from memtrack.workload.registry import select_cases
+from memtrack.workload.registry import Case, select_cases
+
+if TYPE_CHECKING:
+    from memtrack.measure.suite import RunStart
+    from memtrack.records import Measurement, RunRecord
 
 
 def _parse_shard(value: str | None) -> tuple[int, int] | None:
@@ -54,7 +61,14 @@ def _parse_shard(value: str | None) -> tuple[int, int] | None:
 )
 @click.option("--shard", help="Run shard i of n of the suite (e.g. 2/4), for several runners.")
 @click.option("--no-db", is_flag=True, help="Do not write the database (use with --json).")
-def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
+def run(
+    config_path: Path | None,
+    db_path: Path | None,
+    patterns: tuple[str, ...],
+    json_path: Path | None,
+    shard: str | None,
+    no_db: bool,
+) -> None:
     """Measure the suite, one fresh process per case, and record the run."""
     if no_db and not json_path:
         raise click.UsageError(
@@ -68,8 +82,8 @@ def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
     with ForkServer.start(worker_env()) as server:
         from memtrack.judge.check import check_budget_targets
         from memtrack.measure.suite import RunStart
-        from memtrack.records.redact import redact_run
         from memtrack.report.run import run_table
+        from memtrack.store.save import record_run
 
         config, db = resolve(config_path, db_path)
         start = RunStart(config, server)
@@ -84,45 +98,28 @@ def run(config_path, db_path, patterns, json_path, shard, no_db) -> None:
         # The outputs are checked before the first case starts, not after an hour of measuring.
         if json_path:
             check_json_folder(json_path)
-        store = None if no_db else Store.open(db)
-        try:
-            if store:
-                store.check_writable()
-            # Secrets out of everything the run holds (subject, variables, messages) before
-            # it is stored, written or shown.
-            record = redact_run(_measure(config, cases, shard, start))
-            saved, failures = save_run(record, store, json_path)
-        finally:
-            if store:
-                store.close()
-    rich_console().print(run_table(record))
-    commit = (record.git.commit or "no commit")[:12]
-    click.echo(f"run {record.run_id} of {commit} recorded in {', '.join(saved) or 'nothing'}")
-    if failures:
-        raise StoreError("; ".join(failures))
+        with Store.open(db) if not no_db else nullcontext() as store:
+            done = record_run(lambda: _measure(config, cases, shard, start), store, json_path)
+    rich_console().print(run_table(done.record))
+    commit = (done.record.git.commit or "no commit")[:12]
+    click.echo(
+        f"run {done.record.run_id} of {commit} recorded in {', '.join(done.saved) or 'nothing'}"
+    )
+    fail_on(done.failures)
 
 
-def _measure(config, cases, shard, start):
+def _measure(config: Config, cases: list[Case], shard: str | None, start: RunStart) -> RunRecord:
     from memtrack.measure.suite import run_suite  # imported once the server started (above)
 
-    console = rich_console(stderr=True)
-    plain = os.environ.get("CI") == "true" or not console.is_terminal
-
-    def progress(event, case, m):
-        if event == "start" and plain:
-            click.echo(f"running {case.case_id} ...", err=True)
-        elif event == "done":
-            click.echo(f"  {m.status:8} {case.case_id} ({m.duration_s:.1f} s)", err=True)
-
+    plain = plain_output()
+    progress = progress_echo("running", plain)
     if plain:
-        record = run_suite(config, cases, shard=shard, progress=progress, start=start)
-    else:
-        with console.status("measuring ...") as status:
+        return run_suite(config, cases, shard=shard, progress=progress, start=start)
+    with rich_console(stderr=True).status("measuring ...") as status:
 
-            def live(event, case, m):
-                if event == "start":
-                    status.update(f"measuring {case.case_id} ...")
-                progress(event, case, m)
+        def live(event: str, case: Case, m: Measurement | None) -> None:
+            if event == "start":
+                status.update(f"measuring {case.case_id} ...")
+            progress(event, case, m)
 
-            record = run_suite(config, cases, shard=shard, progress=live, start=start)
-    return record
+        return run_suite(config, cases, shard=shard, progress=live, start=start)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -15,7 +16,7 @@ from memtrack.store.database import Store
 @config_option
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the whole record as JSON.")
-def show(run_id, config_path, db_path, as_json) -> None:
+def show(run_id: str, config_path: Path | None, db_path: Path | None, as_json: bool) -> None:
     """Show one run: where it ran, and every case's figures (an estimate run's labelled as
     estimates; a measured case beside its latest estimate)."""
     _, db = resolve(config_path, db_path)

@@ -17,7 +17,7 @@ from memtrack.commands.options import config_option, db_option, resolve
     help="Write the snapshot here (a new file outside data/, the database's folder "
     "and the repository; default: ~/.cache/memtrack/snapshots/).",
 )
-def snapshot(case, config_path, db_path, out) -> None:
+def snapshot(case: str, config_path: Path | None, db_path: Path | None, out: Path | None) -> None:
     """Capture which allocations make one case's step peak, into a private file.
 
     CASE is a case id (as `memtrack check` names it) or a workload with one case. The case
