@@ -264,6 +264,36 @@ def view_panel(
     label = model.METRIC_LABELS[metric]
     figures = [p["bytes"] for p in points] + [m["bytes"] for m in marks]
     figures += [band[3], band[4]] if band else []
+    low, high, edge = _scale(figures, budget, scale)
+    unit, factor = unit_for(max(figures + [1]))
+    frame = _Frame(times, low / factor, high / factor, height)
+    body = frame.axes(fmt, label, unit)
+    if band is not None:
+        body.append(_band(frame, band, factor))
+    body += [_environment_rule(frame, e, height) for e in env_changes]
+    if budget is not None:
+        body.append(_budget(frame, budget, edge, points, factor, height))
+    body += _series(frame, points, factor, VIEW_COLORS.get(metric, "#1f77b4"))
+    body += [
+        _mark(
+            frame.x(m["x"]),
+            frame.y(m["bytes"] / factor),
+            f"{MARKER_NAMES.get(m['kind'], m['kind'])} · {m['commit']} · {m['message']}",
+            m["kind"],
+            m["bytes"],
+        )
+        for m in marks
+    ]
+    body += _legend(sorted({m["kind"] for m in marks}))
+    return _svg(frame, body, label, unit, metric)
+
+
+def _scale(
+    figures: list[Any], budget: tuple[str, int] | None, scale: str
+) -> tuple[float, float, str | None]:
+    """The y-range, and where a budget too far from the data to draw sits ('above' or
+    'below' the panel; None where it is drawn or there is none). `figures` gains what the
+    scale takes in."""
     edge = None
     if budget is not None:
         low, high = min(figures), max(figures)
@@ -280,54 +310,71 @@ def view_panel(
         # apart and a change of a few KiB does not fill the panel.
         mid = (high + low) / 2
         low, high = mid - 0.005 * high, mid + 0.005 * high
-    unit, factor = unit_for(max(figures + [1]))
-    frame = _Frame(times, low / factor, high / factor, height)
-    color = VIEW_COLORS.get(metric, "#1f77b4")
-    body = frame.axes(fmt, label, unit)
-    if band is not None:
-        what, x0, x1, low, high = band
-        top, bottom = frame.y(high / factor), frame.y(low / factor)
-        body.append(
-            f'<rect class="band" x="{frame.x(x0):.1f}" y="{top:.1f}" '
-            f'width="{max(1.0, frame.x(x1) - frame.x(x0)):.1f}" '
-            f'height="{max(1.0, bottom - top):.1f}" fill="#2ca02c" fill-opacity="0.18">'
-            f"<title>{_a(f'headroom ({what}): {format_size(low)} – {format_size(high)}')}"
-            f"</title></rect>"
-        )
-    for e in env_changes:
-        x = frame.x(e["x"])
-        body.append(
-            f'<line class="environment" x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" '
-            f'y2="{height - BOTTOM}" stroke="#8c564b" stroke-dasharray="2 3" '
-            f'stroke-width="1.5"><title>{_a("environment: " + e["change"])}</title>'
-            f"</line>"
-        )
-    if budget is not None and edge is not None:
-        text, limit = budget
+    return low, high, edge
+
+
+def _band(frame: _Frame, band: tuple[str, str, str, int, int], factor: float) -> str:
+    what, x0, x1, low, high = band
+    top, bottom = frame.y(high / factor), frame.y(low / factor)
+    return (
+        f'<rect class="band" x="{frame.x(x0):.1f}" y="{top:.1f}" '
+        f'width="{max(1.0, frame.x(x1) - frame.x(x0)):.1f}" '
+        f'height="{max(1.0, bottom - top):.1f}" fill="#2ca02c" fill-opacity="0.18">'
+        f"<title>{_a(f'headroom ({what}): {format_size(low)} – {format_size(high)}')}"
+        f"</title></rect>"
+    )
+
+
+def _environment_rule(frame: _Frame, e: dict[str, Any], height: int) -> str:
+    x = frame.x(e["x"])
+    return (
+        f'<line class="environment" x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" '
+        f'y2="{height - BOTTOM}" stroke="#8c564b" stroke-dasharray="2 3" '
+        f'stroke-width="1.5"><title>{_a("environment: " + e["change"])}</title>'
+        f"</line>"
+    )
+
+
+def _budget(
+    frame: _Frame,
+    budget: tuple[str, int],
+    edge: str | None,
+    points: Sequence[dict[str, Any]],
+    factor: float,
+    height: int,
+) -> str:
+    """The budget as a dashed line at its figure, or at the panel's edge saying how far."""
+    text, limit = budget
+    if edge is not None:
         highest = max(p["bytes"] for p in points)
         y = float(TOP + 4 if edge == "above" else height - BOTTOM - 4)
         far = (
             f"budget {format_size(limit)} {'↑ above' if edge == 'above' else '↓ below'} "
             f"the scale: the highest point is {100 * highest / limit:.0f}% of it"
         )
-        body.append(
+        return (
             f'<line class="budget edge" x1="{WIDTH - RIGHT - 260}" x2="{WIDTH - RIGHT}" '
             f'y1="{y:.1f}" y2="{y:.1f}" stroke="#d62728" stroke-dasharray="6 4" '
             f'stroke-width="2" data-bytes="{limit}"><title>{_a(far + text)}</title>'
             f'</line><text x="{WIDTH - RIGHT - 262}" y="{y + 4:.1f}" fill="#d62728" '
             f'text-anchor="end" font-weight="bold">{_a(far)}</text>'
         )
-    elif budget is not None:
-        text, limit = budget
-        y = frame.y(limit / factor)
-        body.append(
-            f'<line class="budget" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" '
-            f'y2="{y:.1f}" stroke="#d62728" stroke-dasharray="6 4" stroke-width="2" '
-            f'data-bytes="{limit}"><title>{_a(f"budget {format_size(limit)}{text}")}'
-            f'</title></line><text x="{LEFT + 4}" y="{y - 4:.1f}" fill="#d62728" '
-            f'font-weight="bold">{_a(f"budget {format_size(limit)}{text}"[:120])}'
-            f"</text>"
-        )
+    y = frame.y(limit / factor)
+    return (
+        f'<line class="budget" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" '
+        f'y2="{y:.1f}" stroke="#d62728" stroke-dasharray="6 4" stroke-width="2" '
+        f'data-bytes="{limit}"><title>{_a(f"budget {format_size(limit)}{text}")}'
+        f'</title></line><text x="{LEFT + 4}" y="{y - 4:.1f}" fill="#d62728" '
+        f'font-weight="bold">{_a(f"budget {format_size(limit)}{text}"[:120])}'
+        f"</text>"
+    )
+
+
+def _series(
+    frame: _Frame, points: Sequence[dict[str, Any]], factor: float, color: str
+) -> list[str]:
+    """The base branch as one line per environment (figures of two software stacks are
+    never joined), other branches as separate points."""
 
     def tip(p: dict[str, Any]) -> str:
         return (
@@ -335,7 +382,7 @@ def view_panel(
             f"{p['x'][:16].replace('T', ' ')} · {p['environment']}"
         )
 
-    # One line per environment: figures of two software stacks are never joined.
+    body = []
     by_env: dict[str, list[dict[str, Any]]] = {}
     for p in points:
         if p["line"] != OTHER_BRANCHES:
@@ -362,19 +409,7 @@ def view_panel(
         for p in points
         if p["line"] == OTHER_BRANCHES
     ]
-    kinds = sorted({m["kind"] for m in marks})
-    body += [
-        _mark(
-            frame.x(m["x"]),
-            frame.y(m["bytes"] / factor),
-            f"{MARKER_NAMES.get(m['kind'], m['kind'])} · {m['commit']} · {m['message']}",
-            m["kind"],
-            m["bytes"],
-        )
-        for m in marks
-    ]
-    body += _legend(kinds)
-    return _svg(frame, body, label, unit, metric)
+    return body
 
 
 def time_panel(

@@ -277,7 +277,60 @@ def render(ctx: Context) -> None:
         return
     base = ctx.base_branch
     on_base = [r for r in rows if r["git_branch"] == base]
-    line_rows = on_base or rows  # without the base branch in view, the runs shown
+    status, budgets = _status(ctx, hist, on_base or rows)
+    budgeted = {b.metric: b for b in budgets}
+    views, scale, zoom = _controls(rows, status, budgeted, hist["steps"])
+    old_first = sorted(rows, key=lambda r: (r["x"], r["started_at"]))
+    if zoom != "all":
+        old_first = old_first[-int(zoom) :]
+    line_old_first = [r for r in old_first if not on_base or r["git_branch"] == base]
+    by_run = {r["run_id"]: r for r in rows}
+    env_changes = _env_changes(ctx, line_old_first)
+    estimates = hist.get("estimates", [])
+    if zoom != "all" and old_first:
+        estimates = [e for e in estimates if e["x"] >= old_first[0]["x"]]
+        env_changes = [e for e in env_changes if e["x"] >= old_first[0]["x"]]
+    times = [r["x"] for r in old_first] + [e["x"] for e in estimates]
+    fmt = panels.time_format(times)
+    moved_by_view: dict[str, list[model.Step]] = {}
+    for metric in views or []:
+        moved_by_view[metric] = hist["steps"][metric]
+        panel = _view_panel(
+            ctx, hist, metric, old_first, by_run, bool(on_base), estimates, env_changes, times
+        )
+        if panel is not None:
+            st.markdown(panel(fmt, budgeted.get(metric), scale), unsafe_allow_html=True)
+    st.caption(
+        _captions(len(old_first), base, len(on_base) < len(rows), budgeted, estimates, env_changes)
+    )
+
+    st.subheader("Completion time")
+    tchart = panels.time_panel(old_first, fmt, times)
+    if tchart is None:
+        st.caption("No iteration times recorded for these runs.")
+    else:
+        st.markdown(tchart, unsafe_allow_html=True)
+
+    st.subheader("Where the series moved")
+    events = _events(ctx, rows, hist["verdicts"], moved_by_view, env_changes, by_run)
+    if events:
+        events.sort(key=lambda e: e["time"], reverse=True)
+        st.markdown(html_table("h_events", events[:300], EVENT_COLUMNS), unsafe_allow_html=True)
+        st.caption(
+            "A step is a shift of the series' level past its headroom (the gate's "
+            "change points); the run named is the first at the new level. A commit opens "
+            "its run."
+        )
+    else:
+        st.caption(f"No step, failure, environment change or verdict among these {len(rows)} runs.")
+    _points(rows)
+
+
+def _status(
+    ctx: Context, hist: dict[str, Any], line_rows: list[dict[str, Any]]
+) -> tuple[model.CaseStatus, list[model.CaseBudget]]:
+    """The case's status at its newest run of the line (the base branch where shown), said
+    in one line; and the budgets that apply to it."""
     latest = line_rows[0]
     latest_verdicts = [v for v in hist["verdicts"] if v["run_id"] == latest["run_id"]]
     budgets = ctx.budgets(latest, hist["latest_verdicts"])
@@ -290,16 +343,24 @@ def render(ctx: Context) -> None:
         f"at {esc(short(latest['git_commit']))}, {esc(when(latest['started_at']))} · "
         f"{esc(model.describe_status(status), 300)}"
     )
+    return status, budgets
 
+
+def _controls(
+    rows: list[dict[str, Any]],
+    status: model.CaseStatus,
+    budgeted: dict[str, model.CaseBudget],
+    steps: dict[str, list[model.Step]],
+) -> tuple[list[str], str, str]:
+    """The views to draw, the scale and the zoom, as the visitor picked them."""
     available = [
         m for m in model.CHART_METRICS if any(model.metric_value(r, m) is not None for r in rows)
     ]
-    budgeted = {b.metric: b for b in budgets}
     available.sort(key=lambda m: (m != status.metric, m not in budgeted))
     # Drawn at first: the view that decides the status, views with a budget, and views
     # that moved in this window; the others are a click away.
     shown = [
-        m for m in available if m == status.metric or m in budgeted or hist["steps"].get(m)
+        m for m in available if m == status.metric or m in budgeted or steps.get(m)
     ] or available[:1]
     left, mid, right = st.columns([3, 2, 2])
     with left:
@@ -336,69 +397,72 @@ def render(ctx: Context) -> None:
         )
         or "all"
     )
-    old_first = sorted(rows, key=lambda r: (r["x"], r["started_at"]))
-    if zoom != "all":
-        old_first = old_first[-int(zoom) :]
-    line_old_first = [r for r in old_first if not on_base or r["git_branch"] == base]
-    by_run = {r["run_id"]: r for r in rows}
-    env_changes = _env_changes(ctx, line_old_first)
-    estimates = hist.get("estimates", [])
-    if zoom != "all" and old_first:
-        estimates = [e for e in estimates if e["x"] >= old_first[0]["x"]]
-        env_changes = [e for e in env_changes if e["x"] >= old_first[0]["x"]]
-    times = [r["x"] for r in old_first] + [e["x"] for e in estimates]
-    fmt = panels.time_format(times)
-    moved_by_view: dict[str, list[model.Step]] = {}
-    envs = {e: model.env_short(ctx.env(e)) for e in {r["env_id"] for r in rows}}
-    for metric in views or []:
-        moved = hist["steps"][metric]
-        moved_by_view[metric] = moved
-        points = [
-            {
-                "x": r["x"],
-                "bytes": v,
-                "line": "base"
-                if (not on_base or r["git_branch"] == base)
-                else panels.OTHER_BRANCHES,
-                "environment": envs[r["env_id"]],
-                "commit": short(r["git_commit"]),
-                "subject": (r["git_subject"] or "")[:60],
-                "branch": r["git_branch"] or "-",
-            }
-            for r in old_first
-            if (v := model.metric_value(r, metric)) is not None
-        ]
-        if not points:
-            continue
-        b = budgeted.get(metric)
+    return list(views or []), scale, zoom
+
+
+def _view_panel(
+    ctx: Context,
+    hist: dict[str, Any],
+    metric: str,
+    old_first: list[dict[str, Any]],
+    by_run: dict[str, dict[str, Any]],
+    on_base: bool,
+    estimates: list[dict[str, Any]],
+    env_changes: list[dict[str, Any]],
+    times: list[Any],
+) -> Any:
+    """One view's panel, to draw with the time format, its budget and the scale; None where
+    no shown run has the figure."""
+    base = ctx.base_branch
+    envs = {e: model.env_short(ctx.env(e)) for e in {r["env_id"] for r in hist["rows"]}}
+    points = [
+        {
+            "x": r["x"],
+            "bytes": v,
+            "line": "base" if (not on_base or r["git_branch"] == base) else panels.OTHER_BRANCHES,
+            "environment": envs[r["env_id"]],
+            "commit": short(r["git_commit"]),
+            "subject": (r["git_subject"] or "")[:60],
+            "branch": r["git_branch"] or "-",
+        }
+        for r in old_first
+        if (v := model.metric_value(r, metric)) is not None
+    ]
+    if not points:
+        return None
+    line = [p for p in points if p["line"] == "base"]
+    band = _band(ctx, hist["latest_verdicts"], metric, line, hist["steps"][metric])
+    shown_runs = {r["run_id"] for r in old_first}
+    marks = (
+        _failure_marks(old_first, metric)
+        + _verdict_marks(
+            {k: r for k, r in by_run.items() if k in shown_runs}, hist["verdicts"], metric
+        )
+        + _estimate_marks(estimates, metric)
+    )
+    rules = [{"x": e["x"], "change": e["change"]} for e in env_changes]
+
+    def draw(fmt: Any, b: model.CaseBudget | None, scale: str) -> str:
         budget = (f" ({b.reason})" if b.reason else "", b.limit_bytes) if b else None
-        line = [p for p in points if p["line"] == "base"]
-        band = _band(ctx, hist["latest_verdicts"], metric, line, moved)
-        shown_runs = {r["run_id"] for r in old_first}
-        marks = (
-            _failure_marks(old_first, metric)
-            + _verdict_marks(
-                {k: r for k, r in by_run.items() if k in shown_runs}, hist["verdicts"], metric
-            )
-            + _estimate_marks(estimates, metric)
+        return panels.view_panel(
+            metric, points, fmt, budget, band, marks, rules, times, scale=scale
         )
-        st.markdown(
-            panels.view_panel(
-                metric,
-                points,
-                fmt,
-                budget,
-                band,
-                marks,
-                [{"x": e["x"], "change": e["change"]} for e in env_changes],
-                times,
-                scale=scale,
-            ),
-            unsafe_allow_html=True,
-        )
+
+    return draw
+
+
+def _captions(
+    runs: int,
+    base: str,
+    other_branches: bool,
+    budgeted: dict[str, model.CaseBudget],
+    estimates: list[dict[str, Any]],
+    env_changes: list[dict[str, Any]],
+) -> str:
+    """What the panels show, in one caption under them."""
     captions = [
-        f"{len(old_first)} runs; {esc(base)} as a line in commit order"
-        + (", other branches as separate ◇ points" if len(on_base) < len(rows) else "")
+        f"{runs} runs; {esc(base)} as a line in commit order"
+        + (", other branches as separate ◇ points" if other_branches else "")
     ]
     if budgeted:
         captions.append(
@@ -415,66 +479,49 @@ def render(ctx: Context) -> None:
     )
     if env_changes:
         captions.append("brown rules: environment changes")
-    st.caption(
+    return (
         " · ".join(captions) + ". Each view has its own scale. Hover a mark for its "
         "figure and commit."
     )
 
-    st.subheader("Completion time")
-    tchart = panels.time_panel(old_first, fmt, times)
-    if tchart is None:
-        st.caption("No iteration times recorded for these runs.")
-    else:
-        st.markdown(tchart, unsafe_allow_html=True)
 
-    st.subheader("Where the series moved")
-    events = _events(ctx, rows, hist["verdicts"], moved_by_view, env_changes, by_run)
-    if events:
-        events.sort(key=lambda e: e["time"], reverse=True)
-        st.markdown(html_table("h_events", events[:300], EVENT_COLUMNS), unsafe_allow_html=True)
-        st.caption(
-            "A step is a shift of the series' level past its headroom (the gate's "
-            "change points); the run named is the first at the new level. A commit opens "
-            "its run."
-        )
-    else:
-        st.caption(f"No step, failure, environment change or verdict among these {len(rows)} runs.")
-
-    # The table of every point is sent only on request: it is most of a page's data.
-    # A pill, not a toggle: the page's pills have loaded its code already, where a toggle
-    # cost a new visitor about 0.05 s more in Chromium.
-    if st.pills(
+def _points(rows: list[dict[str, Any]]) -> None:
+    """The table of every point, sent only on request: it is most of a page's data. A pill,
+    not a toggle: the page's pills have loaded its code already, where a toggle cost a new
+    visitor about 0.05 s more in Chromium."""
+    if not st.pills(
         "Table of points",
         ["all"],
         key="h_all",
         format_func=lambda _: f"Show all {len(rows)} points",
         label_visibility="collapsed",
     ):
-        points_df = pd.DataFrame(
-            [
-                {
-                    "time": r["started_at"][:19].replace("T", " "),
-                    "branch": r["git_branch"],
-                    "commit": short(r["git_commit"]),
-                    "status": r["status"],
-                    **{
-                        model.SHORT_LABELS[m]: format_size(model.metric_value(r, m))
-                        for m in model.CHART_METRICS
-                    },
-                    "median time": format_seconds(r["time_median_s"]),
-                    "subject": r["git_subject"],
-                    "run_id": r["run_id"],
-                }
-                for r in rows
-            ]
-        )
-        st.dataframe(
-            points_df,
-            hide_index=True,
-            key="h_points",
-            selection_mode="single-row",
-            on_select=lambda: _open_run("h_points", list(points_df["run_id"])),
-        )
+        return
+    points_df = pd.DataFrame(
+        [
+            {
+                "time": r["started_at"][:19].replace("T", " "),
+                "branch": r["git_branch"],
+                "commit": short(r["git_commit"]),
+                "status": r["status"],
+                **{
+                    model.SHORT_LABELS[m]: format_size(model.metric_value(r, m))
+                    for m in model.CHART_METRICS
+                },
+                "median time": format_seconds(r["time_median_s"]),
+                "subject": r["git_subject"],
+                "run_id": r["run_id"],
+            }
+            for r in rows
+        ]
+    )
+    st.dataframe(
+        points_df,
+        hide_index=True,
+        key="h_points",
+        selection_mode="single-row",
+        on_select=lambda: _open_run("h_points", list(points_df["run_id"])),
+    )
 
 
 def _events(

@@ -188,6 +188,40 @@ def _banner(ctx: Context, run: dict[str, Any], labels: dict[str, str]) -> None:
 
 def render(ctx: Context) -> None:
     st.title("Run detail")
+    run = _choose(ctx)
+    if run is None:
+        return
+    ms = run["measurements"]
+    failed = [m for m in ms if m["status"] != "ok"]
+    st.markdown(
+        f"**{esc(run['git_subject'] or '(no subject)', 200)}**  \n"
+        f"{esc(short(run['git_commit']))} on {esc(run['git_branch'] or '-')} · "
+        f"{esc(when(run['started_at']))} · {esc(model.env_label(run['environment']))} · "
+        f"{len(ms)} case{'s' * (len(ms) != 1)}" + (f" · **{len(failed)} failed**" if failed else "")
+    )
+    # Case ids cut to a common prefix cannot be told apart: the params that differ.
+    case_labels = model.short_case_labels(
+        {m["case_id"] for m in ms} | {v["case_id"] for v in run["verdicts"]}
+    )
+    _banner(ctx, run, case_labels)
+    if ms and all(m.get("kind") == "estimate" for m in ms):
+        st.info(
+            "An estimate run (`memtrack estimate`, fake tensors): its figures are "
+            "predicted tensor memory, not measured, and never judged."
+        )
+    _failures(failed)
+    _context_tables(run)
+    _cases(ms, case_labels)
+    _breakdown(ms)
+    _device_gap(ms)
+    if run["verdicts"]:
+        _verdicts(run["verdicts"], case_labels)
+    _parameters(ms)
+
+
+def _choose(ctx: Context) -> dict[str, Any] | None:
+    """The run the visitor asked for (an id or commit prefix, or a recent run; the newest
+    by default), or None with a warning where there is none."""
     recent = data.recent_runs(ctx.db, ctx.key)
     labels = {r["run_id"]: run_label(r) for r in recent}
     left, right = st.columns([1, 2])
@@ -210,29 +244,14 @@ def render(ctx: Context) -> None:
     )
     if run_id is None:
         st.warning(f"No run or commit starts with “{esc(text, 40)}”.")
-        return
-    run = data.run_detail(ctx.db, ctx.key, run_id)
+        return None
+    run: dict[str, Any] | None = data.run_detail(ctx.db, ctx.key, run_id)
     if run is None:
         st.warning(f"Run {run_id} is gone from the database.")
-        return
-    ms = run["measurements"]
-    failed = [m for m in ms if m["status"] != "ok"]
-    st.markdown(
-        f"**{esc(run['git_subject'] or '(no subject)', 200)}**  \n"
-        f"{esc(short(run['git_commit']))} on {esc(run['git_branch'] or '-')} · "
-        f"{esc(when(run['started_at']))} · {esc(model.env_label(run['environment']))} · "
-        f"{len(ms)} case{'s' * (len(ms) != 1)}" + (f" · **{len(failed)} failed**" if failed else "")
-    )
-    # Case ids cut to a common prefix cannot be told apart: the params that differ.
-    case_labels = model.short_case_labels(
-        {m["case_id"] for m in ms} | {v["case_id"] for v in run["verdicts"]}
-    )
-    _banner(ctx, run, case_labels)
-    if ms and all(m.get("kind") == "estimate" for m in ms):
-        st.info(
-            "An estimate run (`memtrack estimate`, fake tensors): its figures are "
-            "predicted tensor memory, not measured, and never judged."
-        )
+    return run
+
+
+def _failures(failed: list[dict[str, Any]]) -> None:
     for m in failed:
         st.error(
             f"{esc(m['case_id'])} **{esc(m['status'])}**: "
@@ -251,8 +270,8 @@ def render(ctx: Context) -> None:
             with right.expander(f"Traceback of {esc(m['case_id'])}"):
                 st.code(m["traceback"], language="text")
 
-    _context_tables(run)
 
+def _cases(ms: list[dict[str, Any]], case_labels: dict[str, str]) -> None:
     st.subheader("Cases")
     st.dataframe(
         pd.DataFrame(
@@ -278,46 +297,47 @@ def render(ctx: Context) -> None:
         hide_index=True,
     )
 
+
+def _breakdown(ms: list[dict[str, Any]]) -> None:
     st.subheader("Breakdown")
     chart = charts.breakdown_chart(ms)
     if chart is None:
         st.caption("No breakdown recorded for these cases.")
-    else:
-        st.altair_chart(chart, width="stretch")
-        st.caption(
-            "Weights: the persistent set at the mark; caches: tagged request-sized "
-            "state; gradients and optimizer state (older runs: training state, the "
-            "two together); intermediates: the rest of the framework peak; "
-            "unattributed: what no part explains; workspace/runtime: device view minus "
-            "framework reserved on a GPU, host RSS beyond live tensors on the CPU."
-        )
+        return
+    st.altair_chart(chart, width="stretch")
+    st.caption(
+        "Weights: the persistent set at the mark; caches: tagged request-sized "
+        "state; gradients and optimizer state (older runs: training state, the "
+        "two together); intermediates: the rest of the framework peak; "
+        "unattributed: what no part explains; workspace/runtime: device view minus "
+        "framework reserved on a GPU, host RSS beyond live tensors on the CPU."
+    )
 
-    _device_gap(ms)
 
-    if run["verdicts"]:
-        st.subheader("Verdicts")
-        order = sorted(
-            run["verdicts"], key=lambda v: (not v["blocking"], v.get("kind") == "ok", v["case_id"])
-        )
-        st.dataframe(
-            pd.DataFrame(
-                [
-                    {
-                        "case": case_labels[v["case_id"]],
-                        "metric": v["metric"],
-                        "kind": MARKER_NAMES.get(v["kind"], v["kind"]),
-                        "context": v.get("context") or "pull_request",
-                        "blocking": bool(v["blocking"]),
-                        "provisional": bool(v["provisional"]),
-                        "message": v.get("accepted_reason") or v.get("message"),
-                        "case id": v["case_id"],
-                    }
-                    for v in order
-                ]
-            ),
-            hide_index=True,
-        )
+def _verdicts(verdicts: list[dict[str, Any]], case_labels: dict[str, str]) -> None:
+    st.subheader("Verdicts")
+    order = sorted(verdicts, key=lambda v: (not v["blocking"], v.get("kind") == "ok", v["case_id"]))
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "case": case_labels[v["case_id"]],
+                    "metric": v["metric"],
+                    "kind": MARKER_NAMES.get(v["kind"], v["kind"]),
+                    "context": v.get("context") or "pull_request",
+                    "blocking": bool(v["blocking"]),
+                    "provisional": bool(v["provisional"]),
+                    "message": v.get("accepted_reason") or v.get("message"),
+                    "case id": v["case_id"],
+                }
+                for v in order
+            ]
+        ),
+        hide_index=True,
+    )
 
+
+def _parameters(ms: list[dict[str, Any]]) -> None:
     st.subheader("Exact parameters")
     for m in ms:
         with st.expander(f"{esc(m['case_id'])} · {esc(m['status'])}"):
