@@ -120,53 +120,67 @@ def _delta_rows(ctx: Context, a: dict[str, Any], b: dict[str, Any]) -> list[dict
             bb.metric: bb
             for bb in ctx.budgets({**y, "env_id": b.get("env_id")}, list(verdicts.values()))
         }
-        for view in VIEWS:
-            va, vb = model.metric_value(x, view), model.metric_value(y, view)
-            if va is None and vb is None:
-                continue
-            delta = None if va is None or vb is None else vb - va
-            budget = budgets.get(view)
-            verdict = verdicts.get(view)
-            used = f" ({vb / budget.limit_bytes:.0%})" if budget and vb is not None else ""
-            rows.append(
-                {
-                    **common,
-                    "view": model.SHORT_LABELS[view],
-                    "A": format_size(va),
-                    "B": format_size(vb),
-                    "delta": "-"
-                    if delta is None
-                    else ("+" if delta > 0 else "") + format_size(delta),
-                    "delta %": None if delta is None or not va else round(100 * delta / va, 2),
-                    "beyond": delta is not None and abs(delta) > _headroom(view, va or 0, verdict),
-                    "budget": (
-                        f"{format_size(budget.limit_bytes)}{used}"
-                        + (" OVER" if vb is not None and vb > budget.limit_bytes else "")
-                        if budget
-                        else ""
-                    ),
-                    "verdict": (verdict or {}).get("kind") or "",
-                }
-            )
-        ta, tb = x.get("time_median_s"), y.get("time_median_s")
-        if ta is not None or tb is not None:
-            pct = None if ta is None or tb is None or not ta else (tb - ta) / ta
-            rows.append(
-                {
-                    **common,
-                    "view": "median time",
-                    "A": format_seconds(ta),
-                    "B": format_seconds(tb),
-                    "delta": "-"
-                    if ta is None or tb is None
-                    else ("+" if tb >= ta else "-") + format_seconds(abs(tb - ta)),
-                    "delta %": None if pct is None else round(100 * pct, 2),
-                    "beyond": pct is not None and abs(pct) >= TIME_EFFECT,
-                    "budget": "",
-                    "verdict": (verdicts.get("time") or {}).get("kind") or "",
-                }
-            )
+        rows += [
+            {**common, **row}
+            for view in VIEWS
+            if (row := _view_row(view, x, y, budgets.get(view), verdicts.get(view))) is not None
+        ]
+        time_row = _time_row(x, y, verdicts.get("time"))
+        if time_row is not None:
+            rows.append({**common, **time_row})
     return rows
+
+
+def _view_row(
+    view: str,
+    x: dict[str, Any],
+    y: dict[str, Any],
+    budget: model.CaseBudget | None,
+    verdict: dict[str, Any] | None,
+) -> dict[str, Any] | None:
+    """One memory view of a case in A and B; None where neither measured it."""
+    va, vb = model.metric_value(x, view), model.metric_value(y, view)
+    if va is None and vb is None:
+        return None
+    delta = None if va is None or vb is None else vb - va
+    used = f" ({vb / budget.limit_bytes:.0%})" if budget and vb is not None else ""
+    return {
+        "view": model.SHORT_LABELS[view],
+        "A": format_size(va),
+        "B": format_size(vb),
+        "delta": "-" if delta is None else ("+" if delta > 0 else "") + format_size(delta),
+        "delta %": None if delta is None or not va else round(100 * delta / va, 2),
+        "beyond": delta is not None and abs(delta) > _headroom(view, va or 0, verdict),
+        "budget": (
+            f"{format_size(budget.limit_bytes)}{used}"
+            + (" OVER" if vb is not None and vb > budget.limit_bytes else "")
+            if budget
+            else ""
+        ),
+        "verdict": (verdict or {}).get("kind") or "",
+    }
+
+
+def _time_row(
+    x: dict[str, Any], y: dict[str, Any], verdict: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """A case's median time in A and B; None where neither has one."""
+    ta, tb = x.get("time_median_s"), y.get("time_median_s")
+    if ta is None and tb is None:
+        return None
+    pct = None if ta is None or tb is None or not ta else (tb - ta) / ta
+    return {
+        "view": "median time",
+        "A": format_seconds(ta),
+        "B": format_seconds(tb),
+        "delta": "-"
+        if ta is None or tb is None
+        else ("+" if tb >= ta else "-") + format_seconds(abs(tb - ta)),
+        "delta %": None if pct is None else round(100 * pct, 2),
+        "beyond": pct is not None and abs(pct) >= TIME_EFFECT,
+        "budget": "",
+        "verdict": (verdict or {}).get("kind") or "",
+    }
 
 
 def render(ctx: Context) -> None:
@@ -198,6 +212,12 @@ def render(ctx: Context) -> None:
     if a is None or b is None:
         st.warning("One of these runs is gone from the database.")
         return
+    _header(a, b)
+    _table(_delta_rows(ctx, a, b))
+
+
+def _header(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """The two runs, and whether their figures are like for like."""
     for name, r in (("A", a), ("B", b)):
         st.markdown(
             f"**{name}** {esc(short(r['git_commit']))} on "
@@ -217,7 +237,10 @@ def render(ctx: Context) -> None:
             "Same environment (fingerprint "
             f"{esc(a['fingerprint'])}): the figures are like for like."
         )
-    rows = _delta_rows(ctx, a, b)
+
+
+def _table(rows: list[dict[str, Any]]) -> None:
+    """The deltas, what grew the most said first."""
     only = st.toggle(
         "Only what changed past its headroom", key="cmp_only_changes", bind="query-params"
     )

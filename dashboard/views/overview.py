@@ -198,32 +198,7 @@ def _callout(s: model.CaseStatus, row: dict[str, Any]) -> str:
 
 def render(ctx: Context) -> None:
     st.title("Overview")
-    branches = ctx.choices["branches"]
-    fps = _fingerprints(ctx)
-    # In a popover: select boxes drawn on the page cost a new visitor about 0.15 s in
-    # Chromium (their code loaded by every fresh browser); in a popover they are drawn, and
-    # their code loaded, only when it is opened.
-    pop = st.popover("Branch and environment", icon=":material/filter_list:")
-    branch_opts = [ALL, *branches]
-    branch = pop.selectbox(
-        "Branch",
-        branch_opts,
-        key="ov_branch",
-        bind="query-params",
-        index=branch_opts.index(ctx.base_branch) if ctx.base_branch in branches else 0,
-        format_func=lambda b: b or "all branches",
-    )
-    fp = pop.selectbox(
-        "Environment",
-        [ALL, *fps],
-        key="ov_env",
-        bind="query-params",
-        format_func=lambda f: fps.get(f, "all environments"),
-    )
-    st.caption(
-        f"Showing {esc(branch) if branch else 'all branches'} · "
-        f"{esc(fps[fp]) if fp and fp in fps else 'all environments'}."
-    )
+    branch, fp = _filters(ctx)
     cases = data.latest_by_case(
         ctx.db,
         ctx.key,
@@ -279,6 +254,37 @@ def render(ctx: Context) -> None:
         "within its threshold or it is accepted. A case's name opens its history."
     )
     _pull_requests(ctx)
+
+
+def _filters(ctx: Context) -> tuple[str, str]:
+    """The branch and the environment shown ('' for all), as the visitor chose them. In a
+    popover: select boxes drawn on the page cost a new visitor about 0.15 s in Chromium
+    (their code loaded by every fresh browser); in a popover they are drawn, and their code
+    loaded, only when it is opened."""
+    branches = ctx.choices["branches"]
+    fps = _fingerprints(ctx)
+    pop = st.popover("Branch and environment", icon=":material/filter_list:")
+    branch_opts = [ALL, *branches]
+    branch = pop.selectbox(
+        "Branch",
+        branch_opts,
+        key="ov_branch",
+        bind="query-params",
+        index=branch_opts.index(ctx.base_branch) if ctx.base_branch in branches else 0,
+        format_func=lambda b: b or "all branches",
+    )
+    fp = pop.selectbox(
+        "Environment",
+        [ALL, *fps],
+        key="ov_env",
+        bind="query-params",
+        format_func=lambda f: fps.get(f, "all environments"),
+    )
+    st.caption(
+        f"Showing {esc(branch) if branch else 'all branches'} · "
+        f"{esc(fps[fp]) if fp and fp in fps else 'all environments'}."
+    )
+    return branch or "", fp or ""
 
 
 def _verdict_of(run: dict[str, Any], labels: dict[str, str]) -> tuple[str, str]:

@@ -84,6 +84,20 @@ def render(ctx: Context) -> None:
         params=sweep["others"],
         gpus=gpus,
     )
+    _show(workload, param, sweep, f, result, gpus, share)
+
+
+def _show(
+    workload: str,
+    param: str,
+    sweep: dict[str, Any],
+    f: Any,
+    result: Any,
+    gpus: list[Any],
+    share: float,
+) -> None:
+    """The sweep's model, its chart and what fits on each GPU."""
+    points = sweep["points"]
     lo, top = min(x for x, _ in points), max(x for x, _ in points)
     reach = [r.first_over for r in result.gpus if r.first_over is not None]
     hi = min(max([top, *reach]), top * 10**6)  # out to where the largest GPU is crossed

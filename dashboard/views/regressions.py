@@ -69,75 +69,80 @@ def _rows(ctx: Context) -> list[dict[str, Any]]:
         for metric in model.CHART_METRICS:
             for s in c["steps"][metric]:
                 grouped.setdefault((s.row["run_id"], s.delta > 0), []).append(s)
-        for group in grouped.values():
-            s = group[0]
-            said, component = _verdict(group, c["verdicts"])
-            sha, prev = s.row.get("git_commit") or "", s.previous.get("git_commit") or ""
-            linkable = repo and _SHA.match(sha)
-            out.append(
-                {
-                    "time": s.row["started_at"],
-                    "when": (s.row["started_at"] or "")[:16].replace("T", " "),
-                    "case": labels[c["case_id"]],
-                    "case id": c["case_id"],
-                    "view": model.SHORT_LABELS[s.metric],
-                    "change": s.describe(),
-                    "level": f"{format_size(s.before)} → {format_size(s.after)}",
-                    "also moved": ", ".join(model.SHORT_LABELS[x.metric] for x in group[1:]),
-                    "commit": short(sha),
-                    "subject": s.row.get("git_subject") or "",
-                    "component": component,
-                    "verdict": said,
-                    "fixed by": short(s.fixed_by.get("git_commit"))
-                    if s.fixed_by
-                    else ("" if s.delta < 0 else "not yet"),
-                    "on forge": f"{repo}/commit/{sha}" if linkable else None,
-                    "compare": f"{repo}/compare/{prev}...{sha}"
-                    if linkable and _SHA.match(prev)
-                    else None,
-                    "up": s.delta > 0,
-                }
-            )
+        mine = [_step_row(group, c, labels[c["case_id"]], repo) for group in grouped.values()]
         # What the gate found on the base branch and is still open, where no step of the
         # window tells it (a change within the views' headroom, or older than the window).
-        told = {(r["commit"], r["view"]) for r in out if r["case id"] == c["case_id"]}
-        for o in c.get("open", []):
-            sha = o.get("commit") or ""
-            view = model.SHORT_LABELS.get(o["metric"], o["metric"])
-            if (short(sha), view) in told:
-                continue
-            delta = o.get("delta")
-            out.append(
-                {
-                    "time": o["started_at"],
-                    "when": (o["started_at"] or "")[:16].replace("T", " "),
-                    "case": labels[c["case_id"]],
-                    "case id": c["case_id"],
-                    "view": view,
-                    "change": ""
-                    if delta is None
-                    else f"{'+' if delta >= 0 else '-'}{format_size(abs(int(delta)))}"
-                    + (f" ({o['delta_pct']:+.1f}%)" if o.get("delta_pct") is not None else ""),
-                    "level": (
-                        f"{format_size(int(o['baseline_value']))} → "
-                        f"{format_size(int(o['candidate_value']))}"
-                        if o.get("baseline_value") is not None
-                        and o.get("candidate_value") is not None
-                        else ""
-                    ),
-                    "also moved": "",
-                    "commit": short(sha),
-                    "subject": o.get("subject") or "",
-                    "component": o.get("component") or "",
-                    "verdict": "regression",
-                    "fixed by": "not yet",
-                    "on forge": f"{repo}/commit/{sha}" if repo and _SHA.match(sha) else None,
-                    "compare": None,
-                    "up": True,
-                }
-            )
+        told = {(r["commit"], r["view"]) for r in mine}
+        mine += [
+            row
+            for o in c.get("open", [])
+            if (row := _open_row(o, c["case_id"], labels[c["case_id"]], repo)) is not None
+            and (row["commit"], row["view"]) not in told
+        ]
+        out += mine
     out.sort(key=lambda r: r["time"], reverse=True)
     return out
+
+
+def _step_row(
+    group: list[model.Step], c: dict[str, Any], label: str, repo: str | None
+) -> dict[str, Any]:
+    """One change of a case: the views that stepped together at one run, one direction."""
+    s = group[0]
+    said, component = _verdict(group, c["verdicts"])
+    sha, prev = s.row.get("git_commit") or "", s.previous.get("git_commit") or ""
+    linkable = repo and _SHA.match(sha)
+    return {
+        "time": s.row["started_at"],
+        "when": (s.row["started_at"] or "")[:16].replace("T", " "),
+        "case": label,
+        "case id": c["case_id"],
+        "view": model.SHORT_LABELS[s.metric],
+        "change": s.describe(),
+        "level": f"{format_size(s.before)} → {format_size(s.after)}",
+        "also moved": ", ".join(model.SHORT_LABELS[x.metric] for x in group[1:]),
+        "commit": short(sha),
+        "subject": s.row.get("git_subject") or "",
+        "component": component,
+        "verdict": said,
+        "fixed by": short(s.fixed_by.get("git_commit"))
+        if s.fixed_by
+        else ("" if s.delta < 0 else "not yet"),
+        "on forge": f"{repo}/commit/{sha}" if linkable else None,
+        "compare": f"{repo}/compare/{prev}...{sha}" if linkable and _SHA.match(prev) else None,
+        "up": s.delta > 0,
+    }
+
+
+def _open_row(o: dict[str, Any], case_id: str, label: str, repo: str | None) -> dict[str, Any]:
+    """A regression the gate found on the base branch and still open."""
+    sha = o.get("commit") or ""
+    delta = o.get("delta")
+    return {
+        "time": o["started_at"],
+        "when": (o["started_at"] or "")[:16].replace("T", " "),
+        "case": label,
+        "case id": case_id,
+        "view": model.SHORT_LABELS.get(o["metric"], o["metric"]),
+        "change": ""
+        if delta is None
+        else f"{'+' if delta >= 0 else '-'}{format_size(abs(int(delta)))}"
+        + (f" ({o['delta_pct']:+.1f}%)" if o.get("delta_pct") is not None else ""),
+        "level": (
+            f"{format_size(int(o['baseline_value']))} → {format_size(int(o['candidate_value']))}"
+            if o.get("baseline_value") is not None and o.get("candidate_value") is not None
+            else ""
+        ),
+        "also moved": "",
+        "commit": short(sha),
+        "subject": o.get("subject") or "",
+        "component": o.get("component") or "",
+        "verdict": "regression",
+        "fixed by": "not yet",
+        "on forge": f"{repo}/commit/{sha}" if repo and _SHA.match(sha) else None,
+        "compare": None,
+        "up": True,
+    }
 
 
 def _open_history(table_key: str, cases: list[str]) -> None:
