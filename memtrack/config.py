@@ -349,6 +349,39 @@ def _plan_headroom(c: _Checker) -> float:
     return value
 
 
+def _workload_settings(source: str, prefix: str, sub: Any) -> WorkloadSettings:
+    w = _Checker(source, prefix, sub, _WORKLOAD_KEYS)
+    params: dict[str, tuple[Any, ...]] = {}
+    for key, value in w.get("params", dict, {}).items():
+        values = tuple(value) if isinstance(value, list) else (value,)
+        if not values or not all(isinstance(v, (str, int, float, bool)) for v in values):
+            raise w.fail(f"params.{key}", f"expected a value or a list of values, got {value!r}")
+        params[key] = values
+    return WorkloadSettings(
+        warmup=w.count("warmup", 0),
+        repeats=w.count("repeats", 1),
+        timeout_s=w.duration("timeout"),
+        params=params,
+    )
+
+
+def _budget(source: str, prefix: str, sub: Any) -> Budget:
+    b = _Checker(source, prefix, sub, _BUDGET_KEYS)
+    for required in ("workload", "limit", "reason"):
+        if required not in sub:
+            raise b.fail(required, "is required (a budget needs a workload, a limit and a reason)")
+    reason = b.get("reason", str)
+    if not reason.strip():
+        raise b.fail("reason", "must say in one line why this budget is justified")
+    return Budget(
+        workload=b.get("workload", str),
+        limit_bytes=parse_size(sub["limit"], what=f"{source}: {b.prefix}.limit"),
+        reason=reason.strip(),
+        metric=b.choice("metric", METRICS, None),
+        gpu=b.get("gpu", str),
+    )
+
+
 def _validate(table: Any, path: Path, prefix: str) -> Config:
     source = str(path)
     c = _Checker(source, prefix, table, _TOP_KEYS)
@@ -364,43 +397,14 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
     if not references_text.strip() or "\0" in references_text:
         raise c.fail("references", f"expected a folder path, got {references_text!r}")
     references = Path(references_text)
-    workloads: dict[str, WorkloadSettings] = {}
-    for name, sub in c.get("workloads", dict, {}).items():
-        w = _Checker(source, f"{prefix}.workloads.{name}", sub, _WORKLOAD_KEYS)
-        params: dict[str, tuple[Any, ...]] = {}
-        for key, value in w.get("params", dict, {}).items():
-            values = tuple(value) if isinstance(value, list) else (value,)
-            if not values or not all(isinstance(v, (str, int, float, bool)) for v in values):
-                raise w.fail(
-                    f"params.{key}", f"expected a value or a list of values, got {value!r}"
-                )
-            params[key] = values
-        workloads[name] = WorkloadSettings(
-            warmup=w.count("warmup", 0),
-            repeats=w.count("repeats", 1),
-            timeout_s=w.duration("timeout"),
-            params=params,
-        )
-    budgets = []
-    for i, sub in enumerate(c.get("budgets", list, [])):
-        b = _Checker(source, f"{prefix}.budgets[{i}]", sub, _BUDGET_KEYS)
-        for required in ("workload", "limit", "reason"):
-            if required not in sub:
-                raise b.fail(
-                    required, "is required (a budget needs a workload, a limit and a reason)"
-                )
-        reason = b.get("reason", str)
-        if not reason.strip():
-            raise b.fail("reason", "must say in one line why this budget is justified")
-        budgets.append(
-            Budget(
-                workload=b.get("workload", str),
-                limit_bytes=parse_size(sub["limit"], what=f"{source}: {b.prefix}.limit"),
-                reason=reason.strip(),
-                metric=b.choice("metric", METRICS, None),
-                gpu=b.get("gpu", str),
-            )
-        )
+    workloads = {
+        name: _workload_settings(source, f"{prefix}.workloads.{name}", sub)
+        for name, sub in c.get("workloads", dict, {}).items()
+    }
+    budgets = [
+        _budget(source, f"{prefix}.budgets[{i}]", sub)
+        for i, sub in enumerate(c.get("budgets", list, []))
+    ]
     anchor = table.get("creep_anchor", 50)
     if (
         isinstance(anchor, bool)

@@ -234,29 +234,7 @@ def _check_quality(
         return {}, {}
     if not isinstance(tolerance, dict) or not tolerance:
         raise WorkloadError(f"{where}: tolerance must be a non-empty dict, got {tolerance!r}")
-    tol: dict[str, float] = {}
-    for key, value in tolerance.items():
-        if key not in TOLERANCE_KEYS:
-            close = difflib.get_close_matches(str(key), TOLERANCE_KEYS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise WorkloadError(
-                f"{where}: tolerance key {key!r} is not one of {', '.join(TOLERANCE_KEYS)}{hint}"
-            )
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-        ):
-            raise WorkloadError(
-                f"{where}: tolerance {key!r} must be a finite number, got {value!r}"
-            )
-        if key in ("max_abs", "max_rel") and value < 0:
-            raise WorkloadError(f"{where}: tolerance {key!r} must be at least 0, got {value!r}")
-        if key == "cosine" and not -1 <= value <= 1:
-            raise WorkloadError(
-                f"{where}: tolerance 'cosine' must be between -1 and 1, got {value!r}"
-            )
-        tol[key] = float(value)
+    tol = {key: _tolerance(where, key, value) for key, value in tolerance.items()}
     bounds_metric = {"metric", "metric_min"} & set(tol)
     if quality is not None and not callable(quality):
         raise WorkloadError(
@@ -272,6 +250,30 @@ def _check_quality(
             f"{where}: tolerance {sorted(bounds_metric)[0]!r} bounds the "
             "workload's own metric: pass quality=fn(output, reference)"
         )
+    return tol, _precision(where, grid, precision_params)
+
+
+def _tolerance(where: str, key: Any, value: Any) -> float:
+    """One tolerance bound, checked."""
+    if key not in TOLERANCE_KEYS:
+        close = difflib.get_close_matches(str(key), TOLERANCE_KEYS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise WorkloadError(
+            f"{where}: tolerance key {key!r} is not one of {', '.join(TOLERANCE_KEYS)}{hint}"
+        )
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise WorkloadError(f"{where}: tolerance {key!r} must be a finite number, got {value!r}")
+    if key in ("max_abs", "max_rel") and value < 0:
+        raise WorkloadError(f"{where}: tolerance {key!r} must be at least 0, got {value!r}")
+    if key == "cosine" and not -1 <= value <= 1:
+        raise WorkloadError(f"{where}: tolerance 'cosine' must be between -1 and 1, got {value!r}")
+    return float(value)
+
+
+def _precision(
+    where: str, grid: dict[str, tuple[Any, ...]], precision_params: Any
+) -> dict[str, Any]:
+    """The precision params and their reference values, checked."""
     precision: dict[str, Any] = {"dtype": "float32"} if "dtype" in grid else {}
     if isinstance(precision_params, str) or not isinstance(precision_params, (dict, list, tuple)):
         raise WorkloadError(
@@ -297,7 +299,7 @@ def _check_quality(
                 f"{value!r} must be str, int, float or bool"
             )
         precision[key] = value
-    return tol, precision
+    return precision
 
 
 def _check_distinct(where: str, values: tuple[Any, ...]) -> None:
