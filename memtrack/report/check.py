@@ -26,9 +26,10 @@ from memtrack.report.rows import (
     QUALITY_COLUMNS,
     SNAPSHOT_METRICS,
     STYLE,
+    CheckRows,
     Row,
-    Shown,
     baseline_line,
+    check_rows,
     counts,
     label,
     ordered,
@@ -36,7 +37,6 @@ from memtrack.report.rows import (
     quality_rows,
     quality_title,
     shown,
-    shown_check,
     snapshot_hint,
     summary_line,
     where,
@@ -44,14 +44,23 @@ from memtrack.report.rows import (
 from memtrack.units import format_size
 
 REPORT_VERSION = 1
-TABLE_COLUMNS = ("verdict", "case", "metric", "baseline", "threshold", "candidate", "delta")
-"""The terminal table's columns, and a last one: the budget."""
+TABLE_COLUMNS = (
+    "verdict",
+    "case",
+    "metric",
+    "baseline",
+    "threshold",
+    "candidate",
+    "delta",
+    "budget",
+)
+"""The terminal table's columns: three of words, then the figures, aligned right."""
 
 
 def terminal(result: CheckResult) -> list[Any]:
     """Rich renderables: header, a table of what blocks or warns (the other verdicts
     counted), one arithmetic line per verdict, the outcome."""
-    s = shown_check(result)
+    s = check_rows(result)
     out: list[Any] = [
         shown(f"memtrack check · {where(result)} against {result.base_branch}", style="bold"),
         shown(baseline_line(result)),
@@ -92,13 +101,13 @@ def terminal(result: CheckResult) -> list[Any]:
     return out
 
 
-def _table(s: Shown) -> list[Any]:
+def _table(s: CheckRows) -> list[Any]:
     """The table of what blocks or warns, and the other verdicts counted."""
     from rich.table import Table
 
     t = Table(title_justify="left")
-    for col in (*TABLE_COLUMNS, "budget"):
-        t.add_column(col, justify="left" if col in TABLE_COLUMNS[:3] else "right")
+    for i, col in enumerate(TABLE_COLUMNS):
+        t.add_column(col, justify="left" if i < 3 else "right")
     for r in s.listed:
         v = r.verdict
         cells = (r.case, v.metric, r.baseline, r.threshold, r.candidate, r.delta, r.budget)
@@ -123,7 +132,7 @@ def _verdict_lines(r: Row) -> list[Any]:
     return out
 
 
-def _quality_table(s: Shown) -> Any:
+def _quality_table(s: CheckRows) -> Any:
     from rich.table import Table
 
     title = quality_title(s.result)
@@ -144,7 +153,7 @@ def to_json(result: CheckResult) -> dict[str, Any]:
     data = dataclasses.asdict(result)
     data["verdicts"] = [
         {k: x for k, x in dataclasses.asdict(r.verdict).items() if k not in RESTATED}
-        for r in shown_check(result).rows
+        for r in check_rows(result).rows
     ]
     data["exit_code"] = result.exit_code
     data["blocking"] = len(result.blocking)

@@ -15,14 +15,14 @@ from memtrack.report.rows import (
     EMOJI,
     QUALITY_COLUMNS,
     WORD,
+    CheckRows,
     Row,
-    Shown,
     baseline_line,
+    check_rows,
     counts,
     label,
     param_changes,
     quality_title,
-    shown_check,
     snapshot_hint,
     summary_line,
     value,
@@ -123,7 +123,7 @@ def _what(r: Row) -> str:
     return f"{name} {v.metric} {r.short_delta}{grew}"
 
 
-def _outcome(s: Shown) -> str:
+def _outcome(s: CheckRows) -> str:
     result, listed = s.result, s.listed
     blocking = [r for r in listed if r.verdict.blocking]
     warnings = [r for r in listed if not r.verdict.blocking]
@@ -169,7 +169,7 @@ def _folded(summary: str, lines: list[str]) -> list[str]:
     return [f"<details><summary>{summary}</summary>", "", *lines, "", "</details>", ""]
 
 
-def _head(s: Shown, dashboard_url: str | None) -> list[str]:
+def _head(s: CheckRows, dashboard_url: str | None) -> list[str]:
     """The outcome, where the run is, and the links to the dashboard."""
     result = s.result
     line = f"{cell(where(result))} against {markdown_code(result.base_branch)}"
@@ -188,7 +188,7 @@ def _head(s: Shown, dashboard_url: str | None) -> list[str]:
     return [f"### {_outcome(s)}", "", line, ""]
 
 
-def _table(s: Shown, dashboard_url: str | None) -> list[str]:
+def _table(s: CheckRows, dashboard_url: str | None) -> list[str]:
     """What blocks or warns, its first TABLE_ROWS rows, and what each emoji is."""
     listed = s.listed
     if not listed:
@@ -205,7 +205,7 @@ def _table(s: Shown, dashboard_url: str | None) -> list[str]:
     return [*body, "", " · ".join(legend), ""]
 
 
-def _open(s: Shown) -> list[str]:
+def _open(s: CheckRows) -> list[str]:
     """The base branch's open regressions (three of them) and the budget changes."""
     result, body = s.result, []
     if result.open_regressions:
@@ -228,7 +228,7 @@ def _open(s: Shown) -> list[str]:
     return body
 
 
-def _folds(s: Shown) -> list[str]:
+def _folds(s: CheckRows) -> list[str]:
     """The folded rest: noise, the arithmetic, notes, quality and estimates."""
     result, body = s.result, []
     noisy = s.noisy
@@ -274,7 +274,7 @@ def markdown(
     warns, every other verdict counted, the base branch's open regressions, and the rest
     folded: noise (a property of a case, said once), the arithmetic, notes, quality and
     estimates. Cut to stay under `limit` bytes."""
-    s = shown_check(result)
+    s = check_rows(result)
     head = _head(s, dashboard_url)
     table = _table(s, dashboard_url)
     body = list(table)

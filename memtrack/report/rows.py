@@ -206,12 +206,17 @@ class Row:
     """The first blocking step-memory verdict of its case: the snapshot command goes under
     it, once per case."""
     style: str
+    """Its kind's terminal style (STYLE)."""
     emoji: str
+    """Its kind's mark in the Markdown table (EMOJI)."""
     word: str
+    """Its kind in a word or two, beside the emoji (WORD)."""
     baseline: str
+    """The figures as shown, seconds for time and else bytes; '-' where there is none."""
     threshold: str
     candidate: str
     delta: str
+    """'+2.00 MiB (+17.14%)'."""
     budget: str
     """The budget and the margin to it: '64.00 MiB (margin 2.00 MiB)'."""
     short_delta: str
@@ -223,7 +228,7 @@ class Row:
 
 
 @dataclass(frozen=True)
-class Shown:
+class CheckRows:
     """A check as the reports show it: every verdict a row, in order, built once."""
 
     result: CheckResult
@@ -256,7 +261,7 @@ class Shown:
         return "blocks" if blocks else "warns"
 
 
-def shown_check(result: CheckResult) -> Shown:
+def check_rows(result: CheckResult) -> CheckRows:
     """The rows of a check: what is listed, counted and hinted, and each one's cells."""
     verdicts = ordered(result.verdicts)
     labels = short_case_labels(
@@ -294,7 +299,7 @@ def shown_check(result: CheckResult) -> Shown:
                 outcome=(v.failure or "")[:FAILURE_CELL] if failed else candidate,
             )
         )
-    return Shown(result, tuple(rows), labels, tuple(quality_rows(result)))
+    return CheckRows(result, tuple(rows), labels, tuple(quality_rows(result)))
 
 
 def summary_line(result: CheckResult) -> str:
