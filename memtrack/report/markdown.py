@@ -14,6 +14,7 @@ from memtrack.judge.check import CheckResult
 from memtrack.report.rows import (
     EMOJI,
     QUALITY_COLUMNS,
+    SNAPSHOT_WORDS,
     WORD,
     CheckRows,
     Row,
@@ -23,7 +24,7 @@ from memtrack.report.rows import (
     label,
     param_changes,
     quality_title,
-    snapshot_hint,
+    snapshot_command,
     summary_line,
     value,
     where,
@@ -96,8 +97,8 @@ def _item(r: Row) -> str:
     lines = [f"- **{cell(r.label)}** {markdown_code(r.case)}{full}: {cell(v.message)}"]
     lines += [f"  - {cell(d)}" for d in v.details]
     if r.hint:
-        words, _, command = snapshot_hint(v.case_id).partition(": ")
-        lines.append(f"  - {cell(words)}: {markdown_code(command)}")
+        command = markdown_code(snapshot_command(v.case_id))
+        lines.append(f"  - {cell(SNAPSHOT_WORDS)}: {command}")
     return "\n".join(lines)
 
 

@@ -94,13 +94,19 @@ QUIET = ("ok", "improvement", "new", "accepted", "noisy", "abstained")
 of the case (its headroom too wide to judge a small growth), said once."""
 SNAPSHOT_METRICS = ("allocated", "reserved", "requested", "device", "host", "host_step")
 """Metrics of the measured step, which `memtrack snapshot` captures (not the loading's)."""
+SNAPSHOT_WORDS = "To see which allocation"
 FAILURE_CELL = 24
 """Characters of a failure's reason in the candidate cell of the Markdown table."""
 
 
-def snapshot_hint(case_id: str) -> str:
+def snapshot_command(case_id: str) -> str:
     """The command that shows which allocations make a blocked case's step peak."""
-    return "To see which allocation: memtrack snapshot '" + case_id.replace("'", "'\\''") + "'"
+    return "memtrack snapshot '" + case_id.replace("'", "'\\''") + "'"
+
+
+def snapshot_hint(case_id: str) -> str:
+    """'To see which allocation: memtrack snapshot ...', the line under a blocked case."""
+    return f"{SNAPSHOT_WORDS}: {snapshot_command(case_id)}"
 
 
 def ordered(verdicts: Iterable[Verdict]) -> list[Verdict]:
