@@ -373,6 +373,7 @@ def test_the_quality_title_says_what_its_rows_say():
             kind=kind,
             blocking=blocking,
             message=message,
+            words=message.partition(":")[0],  # as the judge says it: what the message opens with
             reference="c[dtype=f32]",
         )
 

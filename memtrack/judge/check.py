@@ -185,6 +185,7 @@ def _unbased_verdict(
         budget_reason=budget.reason if budget else None,
         details=details,
         message=f"{metric} {format_size(value)}: {text}{c.budget_part(metric, value, budget)}",
+        words=text,
     )
 
 
@@ -205,7 +206,7 @@ def _failed_verdict(c: Candidate) -> Verdict:
     else:
         blocking, why = True, "no baseline: a case that does not run cannot be gated"
     msg = (m.message or "").strip().splitlines()
-    text = f" ({msg[-1][:160]})" if msg else ""
+    failure = m.status + (f" ({msg[-1][:160]})" if msg else "")
     return Verdict(
         case_id=m.case_id,
         workload=m.workload,
@@ -214,7 +215,9 @@ def _failed_verdict(c: Candidate) -> Verdict:
         blocking=blocking and c.context != "base",
         baseline_runs=len(c.points),
         context=c.context,
-        message=f"status: {m.status}{text}; {why}",
+        message=f"status: {failure}; {why}",
+        words=why,
+        failure=failure,
     )
 
 
@@ -284,6 +287,10 @@ def _renamed(
 
 
 def _removed_verdict(case_id: str, base_branch: str, context: str) -> Verdict:
+    words = (
+        f"a case of the newest baseline run on {base_branch} that this run does not hold "
+        "(its series ends here; or it was left out with -k)"
+    )
     return Verdict(
         case_id=case_id,
         workload=case_id.partition("[")[0],
@@ -291,8 +298,8 @@ def _removed_verdict(case_id: str, base_branch: str, context: str) -> Verdict:
         kind="removed",
         blocking=False,
         context=context,
-        message=f"removed: a case of the newest baseline run on {base_branch} that this run "
-        "does not hold (its series ends here; or it was left out with -k)",
+        message=f"removed: {words}",
+        words=words,
     )
 
 

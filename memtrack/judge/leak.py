@@ -71,6 +71,7 @@ def verdict(m: Measurement, points: list[Point], context: str) -> Verdict | None
         message=f"retained: leak: +{per:,} B per iteration (each of the "
         f"{len(m.retained_samples)} measured iterations left memory allocated when it "
         f"ended: {shown}), {format_size(per * CALLS)} after {CALLS:,} calls; {why}",
+        words=why,
     )
 
 

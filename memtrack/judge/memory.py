@@ -33,7 +33,7 @@ from memtrack.judge.budgets import (
     device_memory,
 )
 from memtrack.judge.levels import Level, current_level, pooled_spread, within_runs
-from memtrack.judge.verdict import Verdict
+from memtrack.judge.verdict import Headroom, Verdict
 from memtrack.records import Measurement, metrics
 from memtrack.units import format_size
 
@@ -353,6 +353,7 @@ def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
     bound = sessions_bound(m, window, factor) if metric == "allocated" else None
     if bound is not None:
         room, provisional = max(bound + floor - base, float(floor)), False
+    parts = Headroom(noise.s_iter, widen, noise.runs, noise.known_runs, bound)
     delta, delta_pct = value - base, pct(value - base, base)
     grew = what_grew(m, level_points, metric) if delta > 0 else None
     acceptance = accept.find(c.acceptances, m.workload, m.case_id, metric, delta, delta_pct)
@@ -364,29 +365,25 @@ def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
     )
     if c.context == "base":
         blocking = False  # the base branch is reported and recorded, never blocked
-    words = _words(kind, blocking, c, room, base, suggested, factor * floor, metric, noise, config)
+    sharpen = _sharpen(m, metric, noise.window_runs, config) if kind == "noisy" else None
+    words = _words(
+        kind, blocking, c.context, room, base, suggested, factor * floor, config, sharpen
+    )
     if acceptance is not None and kind in ("accepted", "regression"):
         words += f" ({'within' if kind == 'accepted' else 'beyond'} {acceptance.describe()})"
     if grew is not None:
         words += f"; {grew[0]} grew {fmt_delta(grew[1])}"
-    n = len(level.values)
     at_level = _at_level(level, level_points, noise.window_runs, provisional)
     arithmetic = (
         _bound_words(m, bound, floor, room)
         if bound is not None
-        else _headroom_words(spread, noise, widen, s_rep, factor, floor, room)
-    )
-    cmp = "> headroom" if delta > room else "< -headroom" if delta < -room else "within ±headroom"
-    message = (
-        f"{metric}: baseline {format_size(int(base))} ({at_level}), {arithmetic}, threshold "
-        f"{format_size(int(base + room))}; candidate {format_size(value)}, delta "
-        f"{fmt_delta(delta)} {fmt_pct(delta_pct)} {cmp}: {words}"
-        f"{c.budget_part(metric, value, budget)}"
+        else _headroom_words(spread, noise.level_spread, parts, s_rep, factor, floor, room)
     )
     return Verdict(
         kind=kind,
         blocking=blocking,
-        message=message,
+        message=f"{metric}: baseline {format_size(int(base))} ({at_level}), {arithmetic}, "
+        f"{_against(base, room, value)}: {words}{c.budget_part(metric, value, budget)}",
         provisional=provisional,
         baseline_value=float(base),
         spread=spread,
@@ -397,12 +394,15 @@ def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
         threshold=base + room,
         delta=float(delta),
         delta_pct=delta_pct,
-        baseline_runs=n,
+        baseline_runs=len(level.values),
         suggested_budget=suggested,
         accepted_reason=acceptance.reason if kind == "accepted" and acceptance else None,
         component=grew[0] if grew else None,
         component_delta=grew[1] if grew else None,
         level_commit=level_points[0].commit if level.steps else None,
+        words=words,
+        sharpen=sharpen,
+        headroom=parts,
         **common,
     )
 
@@ -414,6 +414,17 @@ def _spread(m: Measurement, metric: str, noise: _Noise) -> tuple[int, float, flo
     s_rep = repeat_spread(m, metric)
     widen = small_sample(noise.runs)
     return s_rep, widen, max(max(noise.level_spread, noise.s_iter) * widen, float(s_rep))
+
+
+def _against(base: float, room: float, value: int) -> str:
+    """'threshold 11.67 MiB; candidate 13.67 MiB, delta +2.00 MiB (+2,097,152 B) +17.14% >
+    headroom'."""
+    delta = value - base
+    cmp = "> headroom" if delta > room else "< -headroom" if delta < -room else "within ±headroom"
+    return (
+        f"threshold {format_size(int(base + room))}; candidate {format_size(value)}, delta "
+        f"{fmt_delta(delta)} {fmt_pct(pct(delta, base))} {cmp}"
+    )
 
 
 def _at_level(level: Level, points: Sequence[Point], window_runs: int, provisional: bool) -> str:
@@ -446,11 +457,12 @@ def _budget_fields(budget: Budget | None) -> dict[str, Any]:
 def _budget_only(
     c: Candidate, metric: str, value: int, budget: Budget, over: bool, common: dict[str, Any]
 ) -> Verdict:
+    words = f"the baseline has no {metric} figure to compare"
     return Verdict(
         kind="over_budget" if over else "ok",
         blocking=over,
-        message=f"{metric}: {format_size(value)}, the baseline has no {metric} "
-        f"figure to compare{c.budget_part(metric, value, budget)}",
+        message=f"{metric}: {format_size(value)}, {words}{c.budget_part(metric, value, budget)}",
+        words=words,
         **common,
     )
 
@@ -490,17 +502,16 @@ def _decide(
 def _words(
     kind: str,
     blocking: bool,
-    c: Candidate,
+    context: str,
     room: float,
     base: float,
     suggested: int | None,
     past: float,
-    metric: str,
-    noise: _Noise,
     config: Config,
+    sharpen: str | None,
 ) -> str:
     """The verdict in words, at the end of its line of arithmetic."""
-    if kind == "regression" and not blocking and c.context != "base":
+    if kind == "regression" and not blocking and context != "base":
         return (
             f"regression (provisional: blocks only past a {PROVISIONAL_BLOCK_FRACTION:.0%} "
             f"jump and past {format_size(int(past))})"
@@ -511,8 +522,7 @@ def _words(
         return (
             f"noisy: the headroom is {fmt_pct(pct(room, base))[1:]} of the baseline, "
             f"wider than {config.noisy_above:.0%}, so a growth up to "
-            f"{format_size(int(room))} would pass unseen; to sharpen it: "
-            + _sharpen(c.m, metric, noise.window_runs, config)
+            f"{format_size(int(room))} would pass unseen; to sharpen it: {sharpen}"
         )
     return kind.replace("_", " ")
 
@@ -531,21 +541,21 @@ def sessions_bound(m: Measurement, window: Sequence[Point], factor: float) -> fl
 
 def _headroom_words(
     spread: float,
-    noise: _Noise,
-    widen: float,
+    levels: float,
+    parts: Headroom,
     s_rep: int,
     factor: float,
     floor: float,
     room: float,
 ) -> str:
     """'spread 0 B (levels 0 B, repeats 0 B) x factor 3, floor 512 B -> headroom 512 B'."""
-    known = noise.known_runs
+    known = parts.known_runs
     return (
-        f"spread {format_size(int(spread))} (levels {format_size(int(noise.level_spread))}"
-        + (f", iterations {format_size(int(noise.s_iter))}" if noise.s_iter else "")
+        f"spread {format_size(int(spread))} (levels {format_size(int(levels))}"
+        + (f", iterations {format_size(int(parts.iterations))}" if parts.iterations else "")
         + (
-            f", x {widen:.2f} for {noise.runs} runs"
-            if widen > 1 and max(noise.level_spread, noise.s_iter)
+            f", x {parts.widen:.2f} for {parts.runs} runs"
+            if parts.widen > 1 and max(levels, parts.iterations)
             else ""
         )
         + (

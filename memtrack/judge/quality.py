@@ -26,7 +26,7 @@ NOT_COMPARED = "not compared"
 def missing_reference(v: Verdict) -> bool:
     """A quality verdict that only says no reference is recorded yet: on the base branch
     as on a pull request a warning, never a regression."""
-    return v.kind == "quality" and v.message.startswith(NOT_COMPARED + ":")
+    return v.kind == "quality" and v.words == NOT_COMPARED
 
 
 def precision_change(case_id: str, reference: str) -> str | None:
@@ -108,6 +108,7 @@ def verdict(
             kind="ok",
             blocking=False,
             message=f"quality kept, {against}: {m.quality_message}{memory}",
+            words="quality kept",
             **figures,
         )
     if status == "none":
@@ -116,14 +117,20 @@ def verdict(
             kind="quality",
             blocking=False,
             message=f"{NOT_COMPARED}: {m.quality_message}",
+            words=NOT_COMPARED,
             **figures,
         )
     what = "the precision change breaks its tolerance" if changed else "the result changed"
     if status == "error":
-        text = f"quality error ({against}): {m.quality_message}"
-    else:
-        text = f"{what} ({against}): {m.quality_message}"
-    return Verdict(**base, kind="quality", blocking=context != "base", message=text, **figures)
+        what = "quality error"
+    return Verdict(
+        **base,
+        kind="quality",
+        blocking=context != "base",
+        message=f"{what} ({against}): {m.quality_message}",
+        words=what,
+        **figures,
+    )
 
 
 def verdicts(measurements: Iterable[Measurement], context: str = "pull_request") -> list[Verdict]:

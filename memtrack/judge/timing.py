@@ -58,12 +58,9 @@ def verdict(c: Candidate, config: Config) -> Verdict | None:
     )
     busy = Load.of(m).oversubscribed()
     if busy:
+        words = f"not judged: the machine was oversubscribed while this case was timed ({busy})"
         return Verdict(
-            kind="abstained",
-            blocking=False,
-            message=f"time: not judged: the machine was oversubscribed while this case was "
-            f"timed ({busy})",
-            **common,
+            kind="abstained", blocking=False, message=f"time: {words}", words=words, **common
         )
     quiet = [p for p in c.points if p.status == "ok" and not p.load.oversubscribed()]
     found = _figure(m, quiet)
@@ -131,6 +128,7 @@ def verdict(c: Candidate, config: Config) -> Verdict | None:
         delta_pct=delta_pct,
         baseline_runs=n,
         p_value=p_value,
+        words=words,
         **common,
     )
 

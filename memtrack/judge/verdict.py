@@ -29,6 +29,26 @@ beyond its tolerance, or a refused reference) blocks; without a reference it war
 
 
 @dataclass(frozen=True)
+class Headroom:
+    """How a memory verdict's headroom was reached, beyond the verdict's own fields (its
+    spread, baseline_spread, repeat_spread, factor and floor): the parts its message says
+    in words. Bytes."""
+
+    iterations: float = 0.0
+    """The noise of the runs' median iteration (allocated), or, while provisional, how far
+    one run's iterations range."""
+    widen: float = 1.0
+    """How much wider the spread is taken for the few runs it is known from (t / z)."""
+    runs: int = 0
+    """Runs the noise is known from: the window's and other environments'."""
+    known_runs: int = 0
+    """Of those, the runs on other environments."""
+    bound: float | None = None
+    """A concurrent case: the sum of its sessions, which bounds the peak in place of the
+    spread; None for a case of one session."""
+
+
+@dataclass(frozen=True)
 class Verdict:
     """One case and metric of the candidate, judged. Figures are bytes (seconds for time)."""
 
@@ -90,6 +110,32 @@ class Verdict:
     figures were judged against (its series ends where this one starts)."""
     param_change: str | None = None
     """That change in words: 'batch 16 -> 32'."""
+    words: str | None = None
+    """The conclusion in words, as the message says it after its arithmetic and before the
+    budget's part: 'regression', 'the baseline passed (20 of 20 runs ok)'. A later step
+    that adds to the message (a rank, the VRAM fit, an accepted open regression) does not
+    add to it."""
+    sharpen: str | None = None
+    """A `noisy` verdict: what would narrow its headroom ('more repeats (now 3), a budget
+    on this metric')."""
+    failure: str | None = None
+    """A `failed` verdict: the case's status and, in brackets, the last line of its message
+    ('oom (CUDA out of memory. Tried to allocate 64.00 MiB)')."""
+    headroom: Headroom | None = None
+    """A memory verdict against a baseline: the parts of its headroom."""
+
+    @property
+    def room(self) -> float | None:
+        """The headroom allowed: threshold less baseline; None where either is unknown."""
+        if self.threshold is None or self.baseline_value is None:
+            return None
+        return self.threshold - self.baseline_value
 
 
-__all__ = ["KINDS", "Verdict"]
+RESTATED = ("words", "sharpen", "failure", "headroom")
+"""The fields that restate a verdict's message as data, for the renderers, so that none
+parses the message. The message says them already: the JSON report (report_version 1) and
+the database's verdicts table leave them out."""
+
+
+__all__ = ["KINDS", "RESTATED", "Headroom", "Verdict"]

@@ -182,8 +182,20 @@ def cudnn_version(value: str | None) -> str | None:
 def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = None) -> list[Any]:
     """The run's context, then one block per case. `estimates` (case id -> the store's
     `latest_estimates` row) puts each measured case's estimate beside its framework peak."""
-    estimate_run = is_estimate_run(run)
     estimates = estimates or {}
+    blocks: list[Any] = [
+        _context(run),
+        estimate_table(run) if is_estimate_run(run) else run_table(run),
+    ]
+    for m in run.measurements:
+        blocks.append(_case_detail(m, estimates.get(m.case_id)))
+        if m.ranks:
+            blocks.append(rank_table(m))
+    return blocks
+
+
+def _context(run: RunRecord) -> Table:
+    """Where the run ran: its commit, CI event and environment."""
     g, ci, e = run.git, run.ci, run.environment
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
@@ -208,81 +220,81 @@ def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = Non
         ("variables", ", ".join(f"{k}={v}" for k, v in e.env_vars.items()) or None),
     ):
         head.add_row(k, "-" if v is None else _t(v))
-    blocks: list[Any] = [head, estimate_table(run) if estimate_run else run_table(run)]
-    for m in run.measurements:
-        title = m.case_id + (" (estimate, not measured)" if m.kind == "estimate" else "")
-        t = Table(title=_t(title), title_justify="left", show_header=False)
-        t.add_column(style="bold")
-        t.add_column()
-        t.add_row("params", _t(", ".join(f"{k}={v}" for k, v in m.params.items())))
-        t.add_row("counts", f"seed {m.seed}, warm-up {m.warmup}, repeats {m.repeats}")
-        if m.message:
-            t.add_row("message", _t(m.message))
-        if m.kind == "estimate":
-            t.add_row(
-                "estimated peak",
-                _t(
-                    f"{format_size(m.peak_allocated_bytes)} for "
-                    f"{m.device}, {m.dtype} "
-                    f"({m.framework or 'fake tensors'})"
-                ),
-            )
-        elif m.case_id in estimates:
-            est = estimates[m.case_id]
-            r = (
-                est["peak_allocated_bytes"] / m.peak_allocated_bytes
-                if m.peak_allocated_bytes
-                else None
-            )
-            ratio = f", estimate / measured {r:.3f}" if r is not None else ""
-            commit = (est["git_commit"] or "no commit")[:12]
-            t.add_row(
-                "estimate",
-                f"{format_size(est['peak_allocated_bytes'])} (estimate run "
-                f"{est['run_id'][:12]} of {commit}); measured framework peak "
-                f"{format_size(m.peak_allocated_bytes)}{ratio}",
-            )
-        # On a GPU the gap is the device's beyond the allocator (context, libraries); on
-        # the CPU it is the process's RSS beyond live tensors: the interpreter and the
-        # libraries, not a workspace of the model's.
-        gap = (
-            "workspace/runtime"
-            if m.device.startswith("cuda")
-            else "host RSS beyond tensors (interpreter, libraries)"
+    return head
+
+
+def _case_detail(m: Measurement, estimate: dict[str, Any] | None) -> Table:
+    """One case: its params, counts, message, estimate, breakdown, host, loading, timing
+    pass, device view, quality and notes."""
+    title = m.case_id + (" (estimate, not measured)" if m.kind == "estimate" else "")
+    t = Table(title=_t(title), title_justify="left", show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("params", _t(", ".join(f"{k}={v}" for k, v in m.params.items())))
+    t.add_row("counts", f"seed {m.seed}, warm-up {m.warmup}, repeats {m.repeats}")
+    if m.message:
+        t.add_row("message", _t(m.message))
+    if m.kind == "estimate":
+        t.add_row(
+            "estimated peak",
+            _t(
+                f"{format_size(m.peak_allocated_bytes)} for "
+                f"{m.device}, {m.dtype} "
+                f"({m.framework or 'fake tensors'})"
+            ),
         )
-        for label, value in (
-            ("weights", m.weights_bytes),
-            ("intermediates", m.intermediates_bytes),
-            ("caches", m.caches_bytes),
-            ("gradients", m.gradients_bytes),
-            ("optimizer state", m.optimizer_state_bytes),
-            ("unattributed", m.unattributed_bytes),
-            (gap, m.workspace_bytes),
-        ):
-            if label == "unattributed" and not value:
-                continue  # only where the allocator held more than the tracker saw
-            t.add_row(label, format_size(value))
-        if m.kind != "estimate":
-            t.add_row("host peak", _t(host_line(m)))
-            if m.load_duration_s is not None:
-                t.add_row("loading", _t(loading_line(m)))
-            for label, line in iteration_rows(m):
-                t.add_row(label, _t(line))
-            t.add_row(
-                "device view",
-                _t(m.device_view or f"absent: {m.device_view_note or 'no reason recorded'}"),
-            )
-        if m.quality_status is not None:
-            t.add_row(
-                "quality",
-                _t(f"{m.quality_status} against {m.quality_reference}: {m.quality_message or '-'}"),
-            )
-        for note in m.notes:
-            t.add_row("note", _t(note))
-        blocks.append(t)
-        if m.ranks:
-            blocks.append(rank_table(m))
-    return blocks
+    elif estimate is not None:
+        t.add_row("estimate", _estimate_line(m, estimate))
+    # On a GPU the gap is the device's beyond the allocator (context, libraries); on
+    # the CPU it is the process's RSS beyond live tensors: the interpreter and the
+    # libraries, not a workspace of the model's.
+    gap = (
+        "workspace/runtime"
+        if m.device.startswith("cuda")
+        else "host RSS beyond tensors (interpreter, libraries)"
+    )
+    for label, value in (
+        ("weights", m.weights_bytes),
+        ("intermediates", m.intermediates_bytes),
+        ("caches", m.caches_bytes),
+        ("gradients", m.gradients_bytes),
+        ("optimizer state", m.optimizer_state_bytes),
+        ("unattributed", m.unattributed_bytes),
+        (gap, m.workspace_bytes),
+    ):
+        if label == "unattributed" and not value:
+            continue  # only where the allocator held more than the tracker saw
+        t.add_row(label, format_size(value))
+    if m.kind != "estimate":
+        t.add_row("host peak", _t(host_line(m)))
+        if m.load_duration_s is not None:
+            t.add_row("loading", _t(loading_line(m)))
+        for label, line in iteration_rows(m):
+            t.add_row(label, _t(line))
+        t.add_row(
+            "device view",
+            _t(m.device_view or f"absent: {m.device_view_note or 'no reason recorded'}"),
+        )
+    if m.quality_status is not None:
+        t.add_row(
+            "quality",
+            _t(f"{m.quality_status} against {m.quality_reference}: {m.quality_message or '-'}"),
+        )
+    for note in m.notes:
+        t.add_row("note", _t(note))
+    return t
+
+
+def _estimate_line(m: Measurement, est: dict[str, Any]) -> str:
+    """A measured case's estimate (the store's `latest_estimates` row) beside its peak."""
+    r = est["peak_allocated_bytes"] / m.peak_allocated_bytes if m.peak_allocated_bytes else None
+    ratio = f", estimate / measured {r:.3f}" if r is not None else ""
+    commit = (est["git_commit"] or "no commit")[:12]
+    return (
+        f"{format_size(est['peak_allocated_bytes'])} (estimate run "
+        f"{est['run_id'][:12]} of {commit}); measured framework peak "
+        f"{format_size(m.peak_allocated_bytes)}{ratio}"
+    )
 
 
 def host_line(m: Measurement) -> str:

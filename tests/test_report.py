@@ -1,0 +1,136 @@
+"""The reports of `memtrack check` (memtrack.report) render one row model, built once from
+the check's result, and read what they show of a verdict from its fields, never from its
+message: judged on records stored in a real SQLite file, then rendered as terminal text,
+Markdown and JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+
+import pytest
+from factories import MiB, make_measurement, make_run
+
+from memtrack.config import Config
+from memtrack.judge.check import CheckResult, check
+from memtrack.judge.verdict import RESTATED, Verdict
+from memtrack.report import check as report
+from memtrack.report.rows import check_rows
+from memtrack.store.database import Store
+
+BASE = 100 * MiB
+WILD = [BASE, BASE + 4 * MiB, BASE - 3 * MiB, BASE + 2 * MiB, BASE - 2 * MiB]
+"""A baseline too noisy to judge a growth of a MiB: the verdict is `noisy`."""
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    s = Store.open(tmp_path / "m.db")
+    yield s
+    s.close()
+
+
+def _record(store: Store, measurements, minute: int, **kw) -> str:
+    run = make_run(measurements, started_at=f"2026-01-01T00:{minute:02d}:00+00:00", **kw)
+    store.write_run(run)
+    return run.run_id
+
+
+def _checked(store: Store, tmp_path: Path, candidate) -> CheckResult:
+    """Five noisy runs of `decoder` and two steady ones of `loader` on main, then a pull
+    request's run of `candidate`."""
+    for i, peak in enumerate(WILD):
+        steady = make_measurement("loader", {"batch": 1}, peak=BASE)
+        _record(store, [make_measurement(peak=peak), steady], i)
+    run_id = _record(store, candidate, 30, branch="pr")
+    return check(store, Config(path=None, root=tmp_path), run_id=run_id)
+
+
+def _terminal(result: CheckResult) -> str:
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(file=io.StringIO(), width=200)
+    for r in report.terminal(result):
+        console.print(r, soft_wrap=isinstance(r, Text))
+    return console.file.getvalue()
+
+
+def _verdict(result: CheckResult, case: str, metric: str) -> Verdict:
+    (v,) = [v for v in result.verdicts if v.workload == case and v.metric == metric]
+    return v
+
+
+def test_a_noisy_verdict_carries_its_advice_and_the_comment_says_only_that(store, tmp_path):
+    grown = make_measurement(peak=BASE + MiB)
+    result = _checked(store, tmp_path, [grown, make_measurement("loader", peak=BASE)])
+    v = _verdict(result, "decoder", "allocated")
+    assert v.kind == "noisy" and v.sharpen is not None
+    assert "more baseline runs (now 5 of 20)" in v.sharpen
+    assert v.component == "intermediates"  # and the message says so after the advice
+    assert f"; to sharpen it: {v.sharpen}; intermediates grew +" in v.message
+    assert v.words is not None and v.message.endswith(v.words)
+    # The comment's line of noise gives the advice alone, not what the message says after it.
+    (line,) = [x for x in report.markdown(result).splitlines() if x.startswith("- `decoder`")]
+    assert line.endswith(f"; to sharpen it: {v.sharpen}")
+    assert v.headroom is not None and v.headroom.runs == 5 and v.headroom.bound is None
+    assert v.room == pytest.approx(v.threshold - v.baseline_value)
+
+
+def test_a_failure_is_shown_by_its_reason_whatever_its_last_line_holds(store, tmp_path):
+    oom = make_measurement(status="oom", message="Traceback\nCUDA out of memory; 2 GiB free")
+    result = _checked(store, tmp_path, [oom, make_measurement("loader", peak=BASE)])
+    v = _verdict(result, "decoder", "status")
+    assert (v.kind, v.blocking) == ("failed", True)
+    assert v.failure == "oom (CUDA out of memory; 2 GiB free)"
+    assert v.message == f"status: {v.failure}; {v.words}"
+    md = report.markdown(result)
+    # the reason whole, cut only to its room: 40 characters in the outcome, 24 in the table
+    assert md.startswith(
+        "### ❌ memtrack: blocked by `decoder` failed (oom (CUDA out of memory; 2 GiB free))"
+    )
+    assert "| status | - | oom (CUDA out of memory; | - | - |" in md
+
+
+def test_the_renderers_show_one_row_model_in_one_order(store, tmp_path):
+    grown = make_measurement(peak=BASE + MiB)
+    loader = make_measurement("loader", peak=BASE + 20 * MiB)  # a steady case that grew
+    result = _checked(store, tmp_path, [grown, loader])
+    s = check_rows(result)
+    assert [r.verdict.kind for r in s.listed] == ["regression"]
+    assert [r.verdict.case_id for r in s.rows if r.hint] == ["loader[batch=1]"]
+    assert {r.verdict.kind for r in s.noisy} == {"noisy"}
+    data = report.to_json(result)
+    assert [(v["case_id"], v["metric"]) for v in data["verdicts"]] == [
+        (r.verdict.case_id, r.verdict.metric) for r in s.rows
+    ]
+    text = _terminal(result)
+    counted = ", ".join(f"{n} {k}" for k, n in [("noisy", 1), ("ok", len(s.rows) - 2)])
+    assert f"{counted}: not in the table; each has its line below" in text
+    md = report.markdown(result)
+    assert f"Not listed: 〰️ 1 noisy · ✅ {len(s.rows) - 2} ok." in md
+    assert md.count("memtrack snapshot 'loader[batch=1]'") == 1
+    assert text.count("memtrack snapshot 'loader[batch=1]'") == 1
+
+
+def test_what_the_reports_decide_does_not_depend_on_the_messages(store, tmp_path):
+    oom = make_measurement("loader", status="oom", message="killed; no memory")
+    result = _checked(store, tmp_path, [make_measurement(peak=BASE + MiB), oom])
+    blank = dataclasses.replace(
+        result, verdicts=tuple(dataclasses.replace(v, message="") for v in result.verdicts)
+    )
+    # Above the fold and in the folded noise the comment shows no message; in the terminal,
+    # the table and the count above the lines of arithmetic: the same, whatever they say.
+    fold = "<details><summary>The arithmetic"
+    assert report.markdown(result).split(fold)[0] == report.markdown(blank).split(fold)[0]
+    lines = "each has its line below"
+    assert _terminal(result).split(lines)[0] == _terminal(blank).split(lines)[0]
+    assert report.summary_line(result) == report.summary_line(blank)
+
+
+def test_the_json_report_leaves_out_what_restates_the_message(store, tmp_path):
+    result = _checked(store, tmp_path, [make_measurement(peak=BASE + MiB)])
+    fields = [f.name for f in dataclasses.fields(Verdict)]
+    for v in report.to_json(result)["verdicts"]:
+        assert list(v) == [f for f in fields if f not in RESTATED]
