@@ -28,8 +28,9 @@ from typing import Any
 from memtrack.config import Config
 from memtrack.measure.forkserver import ForkedWorker, ForkServer
 from memtrack.measure.sampler import NvmlSampler
+from memtrack.probes.quality import QualitySpec
 from memtrack.probes.tree import ProcessTree, subreaper
-from memtrack.worker.protocol import QualitySpec, Result, Spec, read_result
+from memtrack.worker.protocol import Result, Spec, read_result
 from memtrack.workload.registry import Case
 
 MEASURE = "memtrack.worker"

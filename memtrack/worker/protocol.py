@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from memtrack.probes.quality import QualitySpec
 from memtrack.records.codec import Dialect, decode
 from memtrack.records.model import Measurement
 
@@ -52,23 +53,6 @@ def read_typed(cls: type[T], data: Any, where: str) -> T:
     `where` names it in the message ('spec', 'result')."""
     typed: T = decode(cls, data, PROTOCOL, where)
     return typed
-
-
-@dataclass(frozen=True)
-class QualitySpec:
-    """What the worker does with the step's output after the memory pass (probes.quality)."""
-
-    mode: str
-    """'compare' with the reference, or 'record' it (`memtrack reference`)."""
-    path: str | None = None
-    """The reference file to compare with, or the file to record into; None: none recorded."""
-    reference: str | None = None
-    """Case id of the reference (compare)."""
-    sha256: str | None = None
-    """The reference file's sha256 as the manifest pins it (compare)."""
-    device: str | None = None
-    """Where the reference was recorded ('cpu', 'cuda:0'), as the manifest says (compare);
-    None in entries recorded before it was kept."""
 
 
 @dataclass(frozen=True)
