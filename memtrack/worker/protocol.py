@@ -27,11 +27,14 @@ import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from memtrack.probes.quality import QualitySpec
-from memtrack.records.codec import Dialect, decode
+from memtrack.records.codec import Dialect, decode, required
 from memtrack.records.model import Measurement
+
+if TYPE_CHECKING:
+    from memtrack.config import Config
 
 T = TypeVar("T")
 
@@ -227,6 +230,151 @@ def _damaged(why: str) -> Result:
     return Result(status="crashed", message=f"the worker's result was lost: {why}")
 
 
+# -- the fork server's messages ----------------------------------------------------------------
+#
+# One frozen record per kind of message, on both sides of the channel. On the wire each is
+# {"op": its class's name, **its fields} (pickled: a config and a suite's data travel as they
+# are); `decode_message` refuses an unknown op, or a field unknown or missing.
+
+
+@dataclass(frozen=True)
+class Discover:
+    """runner -> server: import the suite's modules (registry.discover) and list its
+    workloads; `Importing` comes first for each module, then `Discovered` or `Failed`."""
+
+    config: Config
+
+
+@dataclass(frozen=True)
+class Importing:
+    """server -> runner: the module being imported now (named if its import ends the server)."""
+
+    ref: str
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """server -> runner: the suite's workloads, as registry.workload_data gives each."""
+
+    workloads: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Failed:
+    """server -> runner: a request that failed, or was refused as malformed."""
+
+    kind: str
+    """The MemtrackError subclass that says why (WorkloadError, ConfigError, ProtocolError)."""
+    message: str
+
+
+@dataclass(frozen=True)
+class AskEnvironment:
+    """runner -> server: the fingerprint of the environment probe forked at the start."""
+
+
+@dataclass(frozen=True)
+class EnvironmentProbed:
+    """server -> runner: the probe's environment.collect() data, or why there is none."""
+
+    data: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Fork:
+    """runner -> server: fork a worker that runs `python -m memtrack.worker ARGV` in effect.
+    Two descriptors travel with it: the case's stderr, and the read end of its `go` pipe."""
+
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Forked:
+    """server -> runner: the forked worker, waiting for its `go`."""
+
+    pid: int
+
+
+@dataclass(frozen=True)
+class Refused:
+    """server -> runner: why this server must not fork (CUDA or a thread in it)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reap:
+    """runner -> server: reap a forked worker whose whole tree has ended."""
+
+    pid: int
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """server -> runner: the reaped worker's exit status (negative: the signal)."""
+
+    returncode: int
+
+
+@dataclass(frozen=True)
+class AskStatus:
+    """runner -> server: its own view (tests ask it)."""
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    """server -> runner: why it would refuse a fork now, whether CUDA is initialised in it,
+    its pid."""
+
+    unsafe: str | None
+    cuda_initialized: bool
+    pid: int
+
+
+Message = (
+    Discover
+    | Importing
+    | Discovered
+    | Failed
+    | AskEnvironment
+    | EnvironmentProbed
+    | Fork
+    | Forked
+    | Refused
+    | Reap
+    | Reaped
+    | AskStatus
+    | ServerStatus
+)
+MESSAGES: dict[str, type[Message]] = {cls.__name__: cls for cls in typing.get_args(Message)}
+"""Each kind of message by its op."""
+
+
+def encode_message(message: Message) -> dict[str, Any]:
+    """A message as it travels: its op and its fields (each as it is: the channel pickles)."""
+    fields = {f.name: getattr(message, f.name) for f in dataclasses.fields(message)}
+    return {"op": type(message).__name__, **fields}
+
+
+def decode_message(data: Any) -> Message:
+    """A message from what travelled; ProtocolError for an unknown op, a field unknown or
+    missing."""
+    op = data.get("op") if isinstance(data, dict) else None
+    cls = MESSAGES.get(op) if isinstance(op, str) else None
+    if cls is None:
+        raise ProtocolError(f"no op {op!r}")
+    fields = {k: v for k, v in data.items() if k != "op"}
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = set(fields) - set(names)
+    if unknown:
+        raise ProtocolError(f"{op}: {PROTOCOL.unknown(unknown)}")
+    for f in dataclasses.fields(cls):
+        if f.name not in fields and required(f):
+            raise ProtocolError(f"{op}: {PROTOCOL.missing(f.name)}")
+    return cls(**fields)
+
+
 # -- the fork server's channel -----------------------------------------------------------------
 
 
@@ -248,8 +396,8 @@ class Channel:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
-        data = pickle.dumps(message)
+    def send(self, message: Message, fds: Sequence[int] = ()) -> None:
+        data = pickle.dumps(encode_message(message))
         head = struct.pack("!I", len(data))
         try:
             if fds:
@@ -260,13 +408,18 @@ class Channel:
         except OSError as exc:  # EPIPE, ECONNRESET: the other side has exited
             raise ChannelClosed(str(exc)) from None
 
-    def receive(self, timeout_s: float | None = None) -> tuple[dict[str, Any], list[int]]:
-        """The next message and its descriptors; ChannelClosed at end of file or timeout."""
+    def receive(self, timeout_s: float | None = None) -> tuple[Message, list[int]]:
+        """The next message and its descriptors; ChannelClosed at end of file or timeout,
+        ProtocolError (its descriptors closed) for a malformed message."""
         head, fds = self._read(4, timeout_s, with_fds=True)
         (size,) = struct.unpack("!I", head)
-        body, _ = self._read(size, timeout_s)
-        message: dict[str, Any] = pickle.loads(body)
-        return message, fds
+        try:
+            body, _ = self._read(size, timeout_s)
+            return decode_message(pickle.loads(body)), fds
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
 
     def _read(
         self, n: int, timeout_s: float | None, *, with_fds: bool = False
@@ -306,16 +459,33 @@ class Channel:
 
 __all__ = [
     "FIGURES",
+    "MESSAGES",
     "OWN_FIELDS",
     "PROTOCOL",
     "RESULT_FIELDS",
+    "AskEnvironment",
+    "AskStatus",
     "Channel",
     "ChannelClosed",
+    "Discover",
+    "Discovered",
+    "EnvironmentProbed",
+    "Failed",
+    "Fork",
+    "Forked",
+    "Importing",
+    "Message",
     "ProtocolError",
     "QualitySpec",
+    "Reap",
+    "Reaped",
+    "Refused",
     "Result",
     "ResultFile",
+    "ServerStatus",
     "Spec",
+    "decode_message",
+    "encode_message",
     "read_result",
     "read_typed",
 ]
