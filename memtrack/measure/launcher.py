@@ -28,6 +28,7 @@ from typing import Any
 from memtrack.config import Config
 from memtrack.measure.forkserver import ForkedWorker, ForkServer
 from memtrack.measure.sampler import NvmlSampler
+from memtrack.probes.nvml import SamplerResult
 from memtrack.probes.quality import QualitySpec
 from memtrack.probes.tree import ProcessTree, subreaper
 from memtrack.worker.protocol import Result, Spec, read_result
@@ -99,7 +100,7 @@ class CaseOutcome:
     timed_out: bool
     stderr_tail: str
     duration_s: float
-    sampler: dict[str, Any] | None
+    sampler: SamplerResult | None
     """The NVML sampler's result for the whole case (CUDA), or why there is none."""
     tree_peak_bytes: int | None = None
     """Host peak of the case's whole process tree (see probes.tree), where measured."""
