@@ -119,7 +119,8 @@ FIGURES = tuple(
 
 def _with_figures(names: Sequence[str]) -> Callable[[type[T]], type[T]]:
     """Adds the Measurement's fields `names` to a class before @dataclass reads it, with the
-    Measurement's types and defaults: they are declared once, there."""
+    Measurement's types and defaults: they are declared once, there. (A type checker sees
+    only the class's own fields: the figures are written and read by name.)"""
 
     def add(cls: type[T]) -> type[T]:
         hints = typing.get_type_hints(Measurement)
