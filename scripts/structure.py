@@ -36,38 +36,70 @@ class Structure:
 
     def cycles(self) -> list[list[str]]:
         """The strongly connected components of more than one module (Tarjan)."""
-        index: dict[str, int] = {}
-        low: dict[str, int] = {}
-        stack: list[str] = []
-        on: set[str] = set()
-        out: list[list[str]] = []
+        return _components(self.imports)
 
-        def visit(v: str) -> None:
-            index[v] = low[v] = len(index)
-            stack.append(v)
-            on.add(v)
-            for w in self.imports.get(v, ()):
-                if w not in index:
-                    visit(w)
-                    low[v] = min(low[v], low[w])
-                elif w in on:
-                    low[v] = min(low[v], index[w])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                if len(comp) > 1:
-                    out.append(sorted(comp))
+    def package_imports(self) -> dict[str, set[str]]:
+        """Subpackage -> the other subpackages its modules import (the flat top level, the
+        shared basics every stage may import, aside)."""
+        top = next(iter(self.modules)).split(".")[0]
 
-        sys.setrecursionlimit(10_000)
-        for v in self.modules:
-            if v not in index:
-                visit(v)
+        def package(module: str) -> str | None:
+            parts = module.split(".")
+            if len(parts) > 2 or (len(parts) == 2 and self.modules[module].name == "__init__.py"):
+                return ".".join(parts[:2])
+            return None  # the package itself, or a flat module of its top level
+
+        out: dict[str, set[str]] = {}
+        for importer, targets in self.imports.items():
+            a = package(importer)
+            if a is None or a == top:
+                continue
+            for target in targets:
+                b = package(target)
+                if b is not None and b != a:
+                    out.setdefault(a, set()).add(b)
         return out
+
+    def package_cycles(self) -> list[list[str]]:
+        """Loops between subpackages: one stage importing another that imports it back,
+        whichever modules carry the arrows."""
+        return _components(self.package_imports())
+
+
+def _components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node of `graph` (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10_000)
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return out
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -138,6 +170,10 @@ def main(argv: list[str]) -> int:
     cycles = s.cycles()
     print(f"import cycles: {len(cycles)}")
     for c in cycles:
+        print(f"  {' <-> '.join(c)}")
+    loops = s.package_cycles()
+    print(f"package loops: {len(loops)}")
+    for c in loops:
         print(f"  {' <-> '.join(c)}")
     print(f"private names imported across modules: {len(s.private)}")
     for importer, target, name in s.private:

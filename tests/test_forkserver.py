@@ -193,8 +193,8 @@ def test_the_server_itself_never_initialises_cuda(tmp_path):
         after = server.status()
     assert m.status == "ok" and not [n for n in m.notes if "fresh interpreter" in n]
     for status in (before, after):
-        assert status["unsafe"] is None and status["cuda_initialized"] is False
-    assert _seen(tmp_path)["small-1"]["ppid"] == before["pid"]
+        assert status.unsafe is None and status.cuda_initialized is False
+    assert _seen(tmp_path)["small-1"]["ppid"] == before.pid
 
 
 @pytest.mark.gpu
@@ -217,7 +217,33 @@ def test_a_cuda_case_is_forked_and_measured_with_the_server_untouched(tmp_path):
         status = server.status()
     assert m.status == "ok", m.message
     assert m.peak_allocated_bytes and m.peak_allocated_bytes >= 64 * 64 * 4
-    assert status["unsafe"] is None and status["cuda_initialized"] is False
+    assert status.unsafe is None and status.cuda_initialized is False
+
+
+def test_a_malformed_message_is_refused_and_the_server_keeps_serving():
+    import pickle
+    import struct
+
+    from memtrack.worker.protocol import Failed, Fork
+
+    def send_raw(server, message) -> object:
+        body = pickle.dumps(message)
+        server.chan.sock.sendall(struct.pack("!I", len(body)) + body)
+        reply, _ = server.chan.receive(600)
+        return reply
+
+    with ForkServer.start(worker_env()) as server:
+        assert send_raw(server, {"op": "fork", "argv": []}) == Failed(
+            "ProtocolError", "no op 'fork'"
+        )
+        assert send_raw(server, {"op": "Fork"}) == Failed("ProtocolError", "Fork: argv is missing")
+        assert send_raw(server, {"op": "Reap", "pid": 1, "signal": 9}) == Failed(
+            "ProtocolError", "Reap: no field 'signal'"
+        )
+        server.chan.send(Fork(("spec.json",)))  # without its two descriptors
+        reply, _ = server.chan.receive(600)
+        assert isinstance(reply, Failed) and reply.kind == "ProtocolError"
+        assert server.status().unsafe is None  # still answering
 
 
 KILLS_THE_SERVER = WORKLOADS + textwrap.dedent(

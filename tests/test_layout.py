@@ -1,7 +1,7 @@
-"""The package's layout keeps its rules: one package per stage, no import cycle, no private
-name taken from another module (imports inside functions counted), a flat top level of at
-most eight modules, and every module a docstring names exists. Measured by
-scripts/structure.py, the same command that prints the structure for people."""
+"""The package's layout keeps its rules: one package per stage, no import cycle (of modules or
+of packages), no private name taken from another module (imports inside functions counted), a
+flat top level of at most eight modules, and every module a docstring names exists. Measured
+by scripts/structure.py, the same command that prints the structure for people."""
 
 from __future__ import annotations
 
@@ -34,6 +34,14 @@ def structure():
 
 def test_no_import_cycle(structure):
     assert structure.cycles() == []
+
+
+def test_no_package_imports_a_package_that_imports_it_back(structure):
+    # The stages import down their order (measure -> worker -> probes -> records, ...): an
+    # arrow back up (probes taking the worker's QualitySpec once did) closes a loop of
+    # packages even where no two modules import each other.
+    assert structure.package_cycles() == []
+    assert "memtrack.worker" not in structure.package_imports().get("memtrack.probes", set())
 
 
 def test_no_private_name_is_imported_from_another_module(structure):
@@ -73,6 +81,25 @@ def test_the_measurement_finds_a_cycle_and_a_private_import_in_a_made_up_package
     s = _structure_module().measure(pkg)
     assert s.cycles() == [["pkg.a", "pkg.b"]]
     assert s.private == [("pkg.a", "pkg.b", "_g")]
+
+
+def test_the_measurement_finds_a_loop_of_packages_in_a_made_up_package(tmp_path):
+    # No module imports one that imports it back, yet the packages x and y do: x.a -> y.b,
+    # y.c -> x.d; the flat module pkg.basics, imported both ways, is no package of its own.
+    pkg = tmp_path / "pkg"
+    for folder in (pkg, pkg / "x", pkg / "y"):
+        folder.mkdir()
+        (folder / "__init__.py").write_text('"""A package."""\n')
+    (pkg / "basics.py").write_text("from pkg.x import d\n")
+    (pkg / "x" / "a.py").write_text("from pkg.y import b\nfrom pkg import basics\n")
+    (pkg / "x" / "d.py").write_text("X = 1\n")
+    (pkg / "y" / "b.py").write_text("Y = 1\n")
+    (pkg / "y" / "c.py").write_text("from pkg.x import d\n")
+    s = _structure_module().measure(pkg)
+    assert s.cycles() == []
+    assert s.package_cycles() == [["pkg.x", "pkg.y"]]
+    (pkg / "y" / "c.py").write_text("Z = 1\n")
+    assert _structure_module().measure(pkg).package_cycles() == []
 
 
 DOTTED = re.compile(r"(?<![\w./])memtrack(?:\.[a-z_]+)+")

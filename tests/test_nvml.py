@@ -3,6 +3,7 @@ loaded in-process or, for the sampler process, first on its PYTHONPATH."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -15,8 +16,8 @@ import pytest
 from memtrack.measure.launcher import CaseOutcome, launch
 from memtrack.measure.outcome import to_measurement
 from memtrack.measure.sampler import NvmlSampler, start_sampler
-from memtrack.probes.nvml import Sampler
-from memtrack.worker.protocol import Result, Spec
+from memtrack.probes.nvml import SampledDevice, Sampler, SamplerResult
+from memtrack.worker.protocol import ProtocolError, Result, Spec, read_typed
 from memtrack.workload.registry import Case
 
 GiB = 2**30
@@ -65,10 +66,10 @@ def test_sampler_with_fake_nvml_watches_only_the_visible_devices_numbered_as_tor
     s.sample({77})
     show(gpu("GPU-a", used=60 * GiB), gpu("GPU-b", used=GiB, procs=[[77, 3 * GiB]]))  # not ours
     s.sample({77})
-    (dev,) = s.result()["devices"]
-    assert (dev["index"], dev["uuid"]) == (0, "GPU-b")  # torch's device 0
-    assert dev["peak_process_bytes"] == 3 * GiB and dev["process_view"] == "pid"
-    assert dev["peak_device_used_bytes"] == GiB  # GPU-a's other job is nowhere
+    (dev,) = s.result().devices
+    assert (dev.index, dev.uuid) == (0, "GPU-b")  # torch's device 0
+    assert dev.peak_process_bytes == 3 * GiB and dev.process_view == "pid"
+    assert dev.peak_device_used_bytes == GiB  # GPU-a's other job is nowhere
 
 
 def test_sampler_with_fake_nvml_falls_back_to_device_deltas_all_or_nothing(fake_nvml):
@@ -77,19 +78,19 @@ def test_sampler_with_fake_nvml_falls_back_to_device_deltas_all_or_nothing(fake_
     s = Sampler(nvml, ["GPU-a", "GPU-b"])
     show(gpu("GPU-a", used=3 * GiB, procs=[[77, 2 * GiB]]), gpu("GPU-b", used=5 * GiB))
     s.sample({77})
-    a, b = s.result()["devices"]
+    a, b = s.result().devices
     # found by PID on GPU-a: GPU-b's growth is another process's, not this case's
-    assert (a["peak_process_bytes"], a["process_view"]) == (2 * GiB, "pid")
-    assert (b["peak_process_bytes"], b["process_view"]) == (0, "pid")
+    assert (a.peak_process_bytes, a.process_view) == (2 * GiB, "pid")
+    assert (b.peak_process_bytes, b.process_view) == (0, "pid")
 
     # found nowhere (a container's PID namespace): device-wide deltas on every device
     show(gpu("GPU-a", used=GiB), gpu("GPU-b", used=GiB))
     s = Sampler(nvml, ["GPU-a", "GPU-b"])
     show(gpu("GPU-a", used=3 * GiB), gpu("GPU-b", used=GiB))
     s.sample({77})
-    a, b = s.result()["devices"]
-    assert (a["peak_process_bytes"], a["process_view"]) == (2 * GiB, "device-delta")
-    assert (b["peak_process_bytes"], b["process_view"]) == (0, "device-delta")
+    a, b = s.result().devices
+    assert (a.peak_process_bytes, a.process_view) == (2 * GiB, "device-delta")
+    assert (b.peak_process_bytes, b.process_view) == (0, "device-delta")
 
 
 def test_sampler_with_fake_nvml_keeps_other_devices_when_one_query_fails(fake_nvml):
@@ -98,13 +99,12 @@ def test_sampler_with_fake_nvml_keeps_other_devices_when_one_query_fails(fake_nv
     s = Sampler(nvml, ["GPU-a", "GPU-b"])
     s.sample({77})
     result = s.result()
-    a, b = result["devices"]
-    assert a["peak_device_used_bytes"] == 2 * GiB and a["total_bytes"] == 141 * GiB
-    assert b["total_bytes"] is None and b["peak_device_used_bytes"] is None
-    assert b["peak_process_bytes"] is None  # not measured: None, never 0
+    a, b = result.devices
+    assert a.peak_device_used_bytes == 2 * GiB and a.total_bytes == 141 * GiB
+    assert b.total_bytes is None and b.peak_device_used_bytes is None
+    assert b.peak_process_bytes is None  # not measured: None, never 0
     assert any(
-        n.startswith("GPU 1 memory info unavailable (NVMLError_NoPermission")
-        for n in result["notes"]
+        n.startswith("GPU 1 memory info unavailable (NVMLError_NoPermission") for n in result.notes
     )
 
 
@@ -120,10 +120,10 @@ def test_sampler_with_fake_nvml_samples_a_mig_instance_not_its_parent(fake_nvml)
     # is recorded, which names a device that exists (MIG-...)
     s = Sampler(nvml, [f"GPU-{hex_x}"])
     s.sample(set())
-    (dev,) = s.result()["devices"]
-    assert dev["uuid"] == f"MIG-{hex_x}"
-    assert dev["peak_device_used_bytes"] == 3 * GiB  # the instance's, not all instances'
-    assert dev["total_bytes"] == 18 * GiB
+    (dev,) = s.result().devices
+    assert dev.uuid == f"MIG-{hex_x}"
+    assert dev.peak_device_used_bytes == 3 * GiB  # the instance's, not all instances'
+    assert dev.total_bytes == 18 * GiB
 
     # a parent in MIG mode cannot be attributed: the device view is refused, with the reason
     with pytest.raises(RuntimeError, match="MIG mode"):
@@ -137,20 +137,35 @@ def test_sampler_with_fake_nvml_takes_the_memory_pass_peak_within_its_window(fak
     for t, used in ((1.0, 9 * GiB), (2.0, 4 * GiB), (3.0, 5 * GiB), (4.0, 2 * GiB)):
         show(gpu("GPU-a", used=used))  # a setup spike at t=1, released before the pass
         s.sample(set(), clock=lambda t=t: t)
-    (dev,) = s.result(window=(1.5, 3.5))["devices"]
-    assert dev["peak_process_bytes"] == 8 * GiB  # the whole case: what must fit the GPU
-    assert dev["memory_pass_peak_bytes"] == 4 * GiB  # the pass alone: 5 GiB - 1 GiB before
+    (dev,) = s.result(window=(1.5, 3.5)).devices
+    assert dev.peak_process_bytes == 8 * GiB  # the whole case: what must fit the GPU
+    assert dev.memory_pass_peak_bytes == 4 * GiB  # the pass alone: 5 GiB - 1 GiB before
 
     result = s.result(window=(4.2, 4.3))  # a pass that fell between two samples
-    assert result["devices"][0]["memory_pass_peak_bytes"] is None
-    assert any("no sample fell inside the memory pass" in n for n in result["notes"])
+    assert result.devices[0].memory_pass_peak_bytes is None
+    assert any("no sample fell inside the memory pass" in n for n in result.notes)
+
+
+def test_the_samplers_answer_crosses_the_pipe_as_its_typed_record_with_fake_nvml(fake_nvml):
+    nvml, show = fake_nvml
+    show(gpu("GPU-a", used=2 * GiB, procs=[[77, GiB]]), gpu("GPU-b", fail=["procs"]))
+    s = Sampler(nvml, ["GPU-a", "GPU-b"])
+    s.sample({77}, clock=lambda: 1.0)
+    s.sample({77}, clock=lambda: 2.0)
+    result = s.result(window=(0.5, 2.5))
+    assert read_typed(SamplerResult, json.loads(result.to_json()), "sampler") == result
+    # a figure of another type is refused where it is read, naming it
+    data = json.loads(result.to_json())
+    data["devices"][1]["peak_process_bytes"] = "1 GiB"
+    with pytest.raises(ProtocolError, match=r"sampler.devices\[1\].peak_process_bytes"):
+        read_typed(SamplerResult, data, "sampler")
 
 
 def test_sampler_with_fake_nvml_counts_only_memory_a_process_can_use(fake_nvml):
     nvml, show = fake_nvml
     show(gpu("GPU-a", total=141 * GiB, reserved=GiB // 2))
-    (dev,) = Sampler(nvml, ["GPU-a"]).result()["devices"]
-    assert dev["total_bytes"] == 141 * GiB - GiB // 2  # the driver keeps the rest
+    (dev,) = Sampler(nvml, ["GPU-a"]).result().devices
+    assert dev.total_bytes == 141 * GiB - GiB // 2  # the driver keeps the rest
 
 
 def test_a_hung_sampler_with_fake_nvml_is_ended_and_the_view_absent(
@@ -160,7 +175,7 @@ def test_a_hung_sampler_with_fake_nvml_is_ended_and_the_view_absent(
     show(gpu("GPU-a"), init="hang")
     sampler = NvmlSampler(0.01, ("GPU-a",), timeout_s=1)
     assert sampler.start() is False
-    assert sampler.stop() == {"ok": False, "reason": "the NVML sampler did not start within 1 s"}
+    assert sampler.stop() == SamplerResult(reason="the NVML sampler did not start within 1 s")
 
 
 def test_a_sampler_with_fake_nvml_refuses_a_mig_parent_and_says_why(
@@ -171,8 +186,8 @@ def test_a_sampler_with_fake_nvml_refuses_a_mig_parent_and_says_why(
     sampler = NvmlSampler(0.01, ("GPU-parent",))
     assert sampler.start() is False
     first = sampler.stop()
-    assert first["ok"] is False
-    assert "MIG mode" in first["reason"]
+    assert first.ok is False
+    assert "MIG mode" in first.reason
 
 
 # A CPU case that drives the stand-in's GPU-b: a spike in setup, released, then 4 GiB in each
@@ -229,13 +244,13 @@ def test_the_device_peak_of_the_memory_pass_excludes_a_setup_spike_with_fake_nvm
     (outcome,), _ = launch([spec], 120, sampler=start_sampler("cuda", 0.005, ("GPU-b",)))
 
     assert outcome.result.status == "ok", outcome.stderr_tail
-    (dev,) = outcome.sampler["devices"]  # GPU-a (another job's 20 GiB) is not watched
-    assert (dev["index"], dev["uuid"], dev["process_view"]) == (0, "GPU-b", "device-delta")
-    assert dev["peak_process_bytes"] == 8 * GiB  # the setup spike, over the used-before
-    assert dev["memory_pass_peak_bytes"] == 3 * GiB  # the pass alone
+    (dev,) = outcome.sampler.devices  # GPU-a (another job's 20 GiB) is not watched
+    assert (dev.index, dev.uuid, dev.process_view) == (0, "GPU-b", "device-delta")
+    assert dev.peak_process_bytes == 8 * GiB  # the setup spike, over the used-before
+    assert dev.memory_pass_peak_bytes == 3 * GiB  # the pass alone
 
 
-def _sampled_h200(**fields) -> dict:
+def _sampled_h200(**fields) -> SamplerResult:
     device = {
         "index": 0,
         "uuid": "GPU-1",
@@ -248,7 +263,7 @@ def _sampled_h200(**fields) -> dict:
         "process_view": "pid",
         "samples": 50,
     }
-    return {"ok": True, "devices": [{**device, **fields}], "notes": []}
+    return SamplerResult(devices=(SampledDevice(**{**device, **fields}),), notes=())
 
 
 def _allocator_h200() -> dict:
@@ -272,7 +287,7 @@ def _allocator_h200() -> dict:
     }
 
 
-def _measure(data: dict, sampled: dict):
+def _measure(data: dict, sampled: SamplerResult):
     case = Case("w", {}, 0, "wl.py")
     spec = Spec(
         module="wl.py",
@@ -306,10 +321,10 @@ def test_a_spike_missed_within_the_memory_pass_is_said_from_fake_nvml_figures():
 
 
 def test_the_samplers_notes_reach_the_measurement_from_fake_nvml_figures():
-    sampled = _sampled_h200()
-    sampled["notes"] = ["GPU 0 process list unavailable (NVMLError_NoPermission: ...)"]
+    note = "GPU 0 process list unavailable (NVMLError_NoPermission: ...)"
+    sampled = dataclasses.replace(_sampled_h200(), notes=(note,))
     m = _measure(_allocator_h200(), sampled)
-    assert sampled["notes"][0] in m.notes
+    assert sampled.notes[0] in m.notes
 
 
 def test_the_device_view_is_joined_by_uuid_from_fake_nvml_figures():
@@ -322,7 +337,7 @@ def test_the_device_view_is_joined_by_uuid_from_fake_nvml_figures():
 
 def test_without_nvml_the_device_view_is_absent_not_zero():
     data = {"status": "ok", "notes": [], "peak_allocated_bytes": 10, "peak_reserved_bytes": 20}
-    m = _measure(data, {"ok": False, "reason": "NVML unavailable: NVMLError_LibraryNotFound"})
+    m = _measure(data, SamplerResult(reason="NVML unavailable: NVMLError_LibraryNotFound"))
     assert m.device_view is None and "NVML unavailable" in m.device_view_note
     assert m.workspace_bytes is None
 
@@ -332,7 +347,7 @@ def test_the_sampler_process_says_why_when_nvml_is_unreachable(fake_nvml, sample
     show(gpu("GPU-a"), init="fail")
     sampler = NvmlSampler(0.01, ("GPU-a",))
     assert sampler.start() is False
-    assert sampler.stop() == {"ok": False, "reason": "NVML unavailable: Driver Not Loaded"}
+    assert sampler.stop() == SamplerResult(reason="NVML unavailable: Driver Not Loaded")
 
 
 def test_a_mig_instance_is_recorded_as_nvml_names_it_and_joined_with_torchs_from_fake_nvml():
@@ -352,11 +367,11 @@ def test_memory_info_v2_is_decided_once_per_sampler_with_fake_nvml(fake_nvml):
     show(gpu("GPU-a", used=2 * GiB, reserved=GiB // 2))
     s.sample(set(), clock=lambda: 2.0)
     result = s.result()
-    (dev,) = result["devices"]
+    (dev,) = result.devices
     # the failed reading is missing, not v1's 2.5 GiB mixed with v2's figures
-    assert dev["peak_device_used_bytes"] == 2 * GiB
+    assert dev.peak_device_used_bytes == 2 * GiB
     assert any(
-        n.startswith("GPU 0 memory info unavailable (NVMLError_Unknown") for n in result["notes"]
+        n.startswith("GPU 0 memory info unavailable (NVMLError_Unknown") for n in result.notes
     )
 
     # a driver without v2 from the start: v1 for the whole case, and said
@@ -364,8 +379,8 @@ def test_memory_info_v2_is_decided_once_per_sampler_with_fake_nvml(fake_nvml):
     s = Sampler(nvml, ["GPU-a"])
     s.sample(set())
     result = s.result()
-    assert result["devices"][0]["used_before_bytes"] == GiB + GiB // 2
-    assert any("memory info v2 unavailable" in n and "v1 is read" in n for n in result["notes"])
+    assert result.devices[0].used_before_bytes == GiB + GiB // 2
+    assert any("memory info v2 unavailable" in n and "v1 is read" in n for n in result.notes)
 
 
 def test_the_achieved_sampling_period_is_recorded_not_the_nominal_one_with_fake_nvml(fake_nvml):
@@ -374,23 +389,23 @@ def test_the_achieved_sampling_period_is_recorded_not_the_nominal_one_with_fake_
     s = Sampler(nvml, ["GPU-a", "GPU-b"])
     for t in (1.0, 1.1, 1.4):  # rounds over two GPUs, slower than asked
         s.sample(set(), clock=lambda t=t: t)
-    assert s.result()["achieved_interval_s"] == pytest.approx(0.2)
-    m = _measure(_allocator_h200(), {**_sampled_h200(), "achieved_interval_s": 0.2})
+    assert s.result().achieved_interval_s == pytest.approx(0.2)
+    m = _measure(_allocator_h200(), dataclasses.replace(_sampled_h200(), achieved_interval_s=0.2))
     assert m.sample_interval_s == 0.2  # the nominal 0.01 was asked for
 
 
 def test_only_the_devices_the_case_used_are_charged_to_it_from_fake_nvml_figures():
     # device-delta view on a shared host: another job grew GPU 5 by 30 GiB meanwhile
-    other = {
-        **_sampled_h200()["devices"][0],
-        "index": 1,
-        "uuid": "GPU-5",
-        "peak_process_bytes": 30 * GiB,
-        "memory_pass_peak_bytes": 30 * GiB,
-        "process_view": "device-delta",
-    }
+    other = dataclasses.replace(
+        _sampled_h200().devices[0],
+        index=1,
+        uuid="GPU-5",
+        peak_process_bytes=30 * GiB,
+        memory_pass_peak_bytes=30 * GiB,
+        process_view="device-delta",
+    )
     sampled = _sampled_h200(process_view="device-delta")
-    sampled["devices"].append(other)
+    sampled = dataclasses.replace(sampled, devices=(*sampled.devices, other))
     m = _measure(_allocator_h200(), sampled)  # the worker used GPU-1 only
     assert [d.uuid for d in m.devices] == ["GPU-1"]
     assert m.workspace_bytes == GiB
@@ -463,10 +478,10 @@ def test_a_memory_pass_shorter_than_the_interval_still_gets_samples_with_fake_nv
     assert outcome.result.status == "ok", outcome.stderr_tail
     start, last, held = outcome.result.memory_window
     assert start <= last < held
-    (dev,) = outcome.sampler["devices"]
-    assert dev["memory_pass_peak_bytes"] == 0  # the level held: none grew (device delta)
-    assert dev["quiet_process_bytes"] == 0
-    assert not any("no sample fell inside" in n for n in outcome.sampler["notes"])
+    (dev,) = outcome.sampler.devices
+    assert dev.memory_pass_peak_bytes == 0  # the level held: none grew (device delta)
+    assert dev.quiet_process_bytes == 0
+    assert not any("no sample fell inside" in n for n in outcome.sampler.notes)
 
 
 class RecordingSampler(NvmlSampler):

@@ -15,11 +15,18 @@ from memtrack.measure.suite import run_suite
 from memtrack.records import Measurement
 from memtrack.worker.protocol import (
     FIGURES,
+    MESSAGES,
+    Discovered,
+    Failed,
+    Fork,
     ProtocolError,
     QualitySpec,
     Result,
     ResultFile,
+    ServerStatus,
     Spec,
+    decode_message,
+    encode_message,
     read_result,
 )
 from memtrack.workload.registry import discover, select_cases
@@ -118,6 +125,35 @@ def test_a_lone_surrogate_in_a_message_is_kept_as_text_that_can_be_stored(tmp_pa
     message = read_result(tmp_path / "result.json").message
     assert message == "RuntimeError: ?"
     message.encode("utf-8")  # would raise UnicodeEncodeError with the surrogate
+
+
+def test_each_fork_server_message_travels_as_its_op_and_fields_and_comes_back_equal():
+    sent = [
+        Fork(("spec.json", "12")),
+        Failed("WorkloadError", "wl.py: cannot import"),
+        Discovered(({"name": "w", "params": {"n": [1, 2]}},)),
+        ServerStatus(None, False, 4321),
+    ]
+    assert encode_message(sent[0]) == {"op": "Fork", "argv": ("spec.json", "12")}
+    for message in sent:
+        assert decode_message(encode_message(message)) == message
+    assert {"Discover", "Fork", "Reap", "AskEnvironment", "AskStatus"} <= set(MESSAGES)
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"op": "fork", "argv": []}, "no op 'fork'"),
+        ({"argv": []}, "no op None"),
+        ([1, 2], "no op None"),
+        ({"op": "Fork"}, "Fork: argv is missing"),
+        ({"op": "Reap", "pid": 1, "signal": 9}, "Reap: no field 'signal'"),
+    ],
+)
+def test_a_malformed_fork_server_message_is_refused(data, message):
+    with pytest.raises(ProtocolError) as err:
+        decode_message(data)
+    assert str(err.value) == message
 
 
 VANDALS = textwrap.dedent(

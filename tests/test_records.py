@@ -262,17 +262,17 @@ def test_a_plain_value_tested_inline_is_judged_as_its_check_judges_it():
     """The loader tests plain values (numbers in range, strings, flags) inline, for speed:
     a record with any one value replaced by an edge case loads to the same record, or the
     same error, as when each value is checked by its own call (the inline tests off)."""
+    import dataclasses
+
     from memtrack.records import validate as records
 
     cases = [_replaced(path, value) for path in _ALL_PATHS for value in _EDGES]
-    made = records._fast_values
-    records._fast_values = lambda cls, checks: lambda data, path: None
-    records._builder.cache_clear()
+    inline = records.RECORD
+    records.RECORD = dataclasses.replace(inline, inline=False)  # every value by its call
     try:
         by_checks = [_outcome(d) for d in cases]
     finally:
-        records._fast_values = made
-        records._builder.cache_clear()
+        records.RECORD = inline
     differ = [
         (path, value)
         for (path, value), d, want in zip(

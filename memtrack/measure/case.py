@@ -14,8 +14,8 @@ from memtrack.measure.launcher import launch, new_spec
 from memtrack.measure.outcome import to_measurement
 from memtrack.measure.ranks import run_ranks
 from memtrack.measure.sampler import start_sampler
+from memtrack.probes.quality import QualitySpec
 from memtrack.records import Measurement
-from memtrack.worker.protocol import QualitySpec
 from memtrack.workload.registry import Case, ranks_of
 
 

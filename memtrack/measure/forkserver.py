@@ -18,14 +18,32 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO, TypeVar
 
 from memtrack import errors
 from memtrack.config import Config
 from memtrack.errors import MemtrackError, WorkloadError
 from memtrack.machine import environment
 from memtrack.records import Environment
-from memtrack.worker.protocol import Channel, ChannelClosed
+from memtrack.worker.protocol import (
+    AskEnvironment,
+    AskStatus,
+    Channel,
+    ChannelClosed,
+    Discover,
+    Discovered,
+    EnvironmentProbed,
+    Failed,
+    Fork,
+    Forked,
+    Importing,
+    Message,
+    ProtocolError,
+    Reap,
+    Reaped,
+    Refused,
+    ServerStatus,
+)
 from memtrack.workload.registry import Workload, discover, from_data, modules_where
 
 SERVER = "memtrack.worker.server"
@@ -36,6 +54,8 @@ REPLY_TIMEOUT_S = 60.0
 STARTUP_TIMEOUT_S = 600.0
 """How long the server may take to import torch and the suite, and the environment probe."""
 CLOSE_TIMEOUT_S = 10.0
+
+M = TypeVar("M", bound=Message)
 
 
 def fork_unavailable() -> str | None:
@@ -141,11 +161,11 @@ class ForkServer:
             return self.discovered
         importing: str | None = None
         try:
-            self.chan.send({"op": "discover", "config": config})
+            self.chan.send(Discover(config))
             while True:
                 reply, _ = self.chan.receive(STARTUP_TIMEOUT_S)
-                if reply["op"] == "importing":
-                    importing = reply["ref"]
+                if isinstance(reply, Importing):
+                    importing = reply.ref
                     continue
                 break
         except ChannelClosed:
@@ -160,11 +180,10 @@ class ForkServer:
                     f"process ({code}){self._stderr_line()}"
                 )
             raise WorkloadError(self.discovery_error) from None
-        if reply["op"] == "error":
-            self.discovery_error = str(reply["message"])
-            error = _error_class(str(reply.get("kind")))
-            raise error(self.discovery_error)
-        self.discovered = [from_data(d) for d in reply["workloads"]]
+        if isinstance(reply, Failed):
+            self.discovery_error = reply.message
+            raise _error_class(reply.kind)(self.discovery_error)
+        self.discovered = [from_data(d) for d in _expect(reply, Discovered).workloads]
         return self.discovered
 
     def ready(self, config: Config) -> bool:
@@ -183,14 +202,13 @@ class ForkServer:
         if self.chan is None or self.note is not None:
             return None
         try:
-            self.chan.send({"op": "environment"})
-            reply, _ = self.chan.receive(STARTUP_TIMEOUT_S)
+            reply = self._ask(AskEnvironment(), EnvironmentProbed, STARTUP_TIMEOUT_S)
         except ChannelClosed:
             self.stop(f"the fork server exited ({self._ended()})")
             return None
-        if "data" not in reply:
+        if reply.data is None:
             return None
-        return environment.from_dict(reply["data"])
+        return environment.from_dict(reply.data)
 
     # -- cases -----------------------------------------------------------------------------
 
@@ -204,37 +222,42 @@ class ForkServer:
             return "the case's environment is not the fork server's"
         go_read, go_write = os.pipe()
         try:
-            self.chan.send({"op": "fork", "argv": argv}, fds=[stderr, go_read])
+            self.chan.send(Fork(tuple(argv)), fds=[stderr, go_read])
             reply, _ = self.chan.receive(REPLY_TIMEOUT_S)
         except ChannelClosed:
             os.close(go_write)
             return self.stop(f"the fork server exited ({self._ended()})")
         finally:
             os.close(go_read)
-        if reply["op"] != "forked":
-            os.close(go_write)
-            return self.stop(str(reply.get("reason") or reply.get("message")))
-        return ForkedWorker(self, int(reply["pid"]), go_write)
+        if isinstance(reply, Forked):
+            return ForkedWorker(self, reply.pid, go_write)
+        os.close(go_write)
+        if isinstance(reply, Refused):
+            return self.stop(reply.reason)
+        return self.stop(_expect(reply, Failed).message)
 
     def reap(self, pid: int) -> int:
         """The exit status of a forked worker whose tree has ended, reaped by the server."""
         if self.chan is not None:
             try:
-                self.chan.send({"op": "reap", "pid": pid})
-                reply, _ = self.chan.receive(REPLY_TIMEOUT_S)
-                return int(reply["returncode"])
+                return self._ask(Reap(pid), Reaped, REPLY_TIMEOUT_S).returncode
             except ChannelClosed:
                 self.stop(f"the fork server exited ({self._ended()})")
         # The server has gone, and its parent-death signal took the worker with it.
         return -signal.SIGKILL
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ServerStatus:
         """The server's own view: why it would refuse a fork now, whether CUDA is initialised
         in it, its pid."""
+        return self._ask(AskStatus(), ServerStatus, REPLY_TIMEOUT_S)
+
+    def _ask(self, request: Message, kind: type[M], timeout_s: float) -> M:
+        """The server's reply to `request`, of the kind asked for; ChannelClosed where the
+        server has gone or does not answer in time."""
         assert self.chan is not None
-        self.chan.send({"op": "status"})
-        reply, _ = self.chan.receive(REPLY_TIMEOUT_S)
-        return reply
+        self.chan.send(request)
+        reply, _ = self.chan.receive(timeout_s)
+        return _expect(reply, kind)
 
     # -- its end ---------------------------------------------------------------------------
 
@@ -288,6 +311,13 @@ class ForkServer:
         self.stderr.seek(0)
         lines = self.stderr.read()[-4000:].decode(errors="replace").strip().splitlines()
         return f": {lines[-1][:300]}" if lines else ""
+
+
+def _expect(reply: Message, kind: type[M]) -> M:
+    """`reply` if it is of `kind`; another reply is a bug of the server's (ProtocolError)."""
+    if not isinstance(reply, kind):
+        raise ProtocolError(f"the fork server answered {type(reply).__name__}, not {kind.__name__}")
+    return reply
 
 
 def _error_class(kind: str) -> type[MemtrackError]:

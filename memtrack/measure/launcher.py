@@ -20,16 +20,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from memtrack.config import Config
 from memtrack.measure.forkserver import ForkedWorker, ForkServer
 from memtrack.measure.sampler import NvmlSampler
+from memtrack.probes.nvml import SamplerResult
+from memtrack.probes.quality import QualitySpec
 from memtrack.probes.tree import ProcessTree, subreaper
-from memtrack.worker.protocol import QualitySpec, Result, Spec, read_result
+from memtrack.worker.protocol import Result, Spec, read_result
 from memtrack.workload.registry import Case
 
 MEASURE = "memtrack.worker"
@@ -98,7 +100,7 @@ class CaseOutcome:
     timed_out: bool
     stderr_tail: str
     duration_s: float
-    sampler: dict[str, Any] | None
+    sampler: SamplerResult | None
     """The NVML sampler's result for the whole case (CUDA), or why there is none."""
     tree_peak_bytes: int | None = None
     """Host peak of the case's whole process tree (see probes.tree), where measured."""
@@ -120,6 +122,16 @@ def _group(n: int, first_pid: int | None) -> dict[str, Any]:
     return {"preexec_fn": lambda: os.setpgid(0, pgid)}  # pragma: no cover (Python 3.10)
 
 
+@dataclass
+class _Started:
+    """The processes a launch has started so far: all of them are ended, whatever happens."""
+
+    procs: list[subprocess.Popen[bytes] | ForkedWorker] = field(default_factory=list)
+    tree: ProcessTree | None = None
+    spawned: str | None = None
+    """Why a case that had a fork server was started as a fresh interpreter instead."""
+
+
 def launch(
     specs: list[Spec],
     timeout_s: float,
@@ -137,17 +149,15 @@ def launch(
     measuring worker is forked by it."""
     n = len(specs)
     forking = server is not None and n == 1 and worker == MEASURE and envs is None
+    fork_by = server if forking else None
     envs = envs or [worker_env() for _ in specs]
     clock = sampler.clock_path if sampler is not None else None
     if clock is not None:
         specs = [dataclasses.replace(s, sampler_clock=str(clock)) for s in specs]
-    watch = sampler.watch if sampler is not None else None
     t0 = time.perf_counter()
-    procs: list[subprocess.Popen[bytes] | ForkedWorker] = []
-    tree: ProcessTree | None = None
+    started = _Started()
     in_time = False
     exited_pids: dict[int, float] = {}
-    spawned: str | None = None
     with (
         tempfile.TemporaryDirectory(prefix="memtrack-spec-") as tmp,
         contextlib.ExitStack() as stack,
@@ -155,48 +165,19 @@ def launch(
         errs = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(n)]
         stack.enter_context(subreaper())
         try:
-            for i, spec in enumerate(specs):
-                spec_path = Path(tmp) / f"spec-{i}.json"
-                spec.write(spec_path)
-                proc: subprocess.Popen[bytes] | ForkedWorker | str | None = None
-                if forking:
-                    assert server is not None
-                    proc = server.fork([str(spec_path)], errs[i].fileno(), envs[i])
-                    if isinstance(proc, str):
-                        spawned, proc = proc, None
-                if proc is None:
-                    proc = subprocess.Popen(
-                        [sys.executable, "-m", worker, str(spec_path), str(os.getpid())],
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.DEVNULL,
-                        stderr=errs[i],
-                        env=envs[i],
-                        **_group(n, procs[0].pid if procs else None),
-                    )
-                assert not isinstance(proc, str)
-                procs.append(proc)
-                if watch is not None:
-                    watch(proc.pid)
-                if tree is None:
-                    tree = ProcessTree(
-                        proc.pid, on_member=watch, forked=isinstance(proc, ForkedWorker)
-                    )
-                else:
-                    tree.add(proc.pid)
-                if isinstance(proc, ForkedWorker):
-                    proc.start()  # in the cgroup and watched: it may run now
-            by_pid = {p.pid: i for i, p in enumerate(procs)}
-            assert tree is not None
-            in_time, exited_pids = tree.wait_all(
+            _start(started, specs, Path(tmp), errs, envs, worker, fork_by, sampler)
+            by_pid = {p.pid: i for i, p in enumerate(started.procs)}
+            assert started.tree is not None
+            in_time, exited_pids = started.tree.wait_all(
                 list(by_pid),
                 timeout_s,
                 lambda pid: read_result(Path(specs[by_pid[pid]].result_path)).status != "ok",
             )
         finally:
             # Whatever happened, nothing the case started outlives it.
-            if tree is not None:
-                tree.end()
-            for p in procs:
+            if started.tree is not None:
+                started.tree.end()
+            for p in started.procs:
                 p.wait()
         duration = time.perf_counter() - t0
         tails = []
@@ -206,6 +187,7 @@ def launch(
     results = [read_result(Path(s.result_path)) for s in specs]
     exited = {by_pid[pid]: t for pid, t in exited_pids.items()}
     sampled = sampler.stop(memory_window(results)) if sampler is not None else None
+    tree, procs = started.tree, started.procs
     outcomes = [
         CaseOutcome(
             results[i],
@@ -216,11 +198,57 @@ def launch(
             sampled,
             (tree.peak or None) if tree else None,
             tree.source if tree else None,
-            spawned,
+            started.spawned,
         )
         for i in range(n)
     ]
     return outcomes, exited
+
+
+def _start(
+    started: _Started,
+    specs: list[Spec],
+    folder: Path,
+    errs: Sequence[IO[bytes]],
+    envs: list[dict[str, str]],
+    worker: str,
+    server: ForkServer | None,
+    sampler: NvmlSampler | None,
+) -> None:
+    """Start one worker per spec (forked by `server` where it forks it), each in the case's
+    process tree and watched by the sampler before it runs; each goes into `started` at
+    once, so that the caller ends it whatever happens next."""
+    watch = sampler.watch if sampler is not None else None
+    for i, spec in enumerate(specs):
+        spec_path = folder / f"spec-{i}.json"
+        spec.write(spec_path)
+        proc: subprocess.Popen[bytes] | ForkedWorker | None = None
+        if server is not None:
+            forked = server.fork([str(spec_path)], errs[i].fileno(), envs[i])
+            if isinstance(forked, str):
+                started.spawned = forked
+            else:
+                proc = forked
+        if proc is None:
+            first = started.procs[0].pid if started.procs else None
+            proc = subprocess.Popen(
+                [sys.executable, "-m", worker, str(spec_path), str(os.getpid())],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=errs[i],
+                env=envs[i],
+                **_group(len(specs), first),
+            )
+        started.procs.append(proc)
+        if watch is not None:
+            watch(proc.pid)
+        if started.tree is None:
+            forked_tree = isinstance(proc, ForkedWorker)
+            started.tree = ProcessTree(proc.pid, on_member=watch, forked=forked_tree)
+        else:
+            started.tree.add(proc.pid)
+        if isinstance(proc, ForkedWorker):
+            proc.start()  # in the cgroup and watched: it may run now
 
 
 def memory_window(results: list[Result]) -> tuple[float, ...] | None:

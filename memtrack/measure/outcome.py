@@ -9,7 +9,7 @@ import signal
 from typing import Any
 
 from memtrack.measure.launcher import CaseOutcome
-from memtrack.probes.nvml import bare_uuid
+from memtrack.probes.nvml import SamplerResult, bare_uuid
 from memtrack.probes.tree import CGROUP
 from memtrack.records import DeviceMeasurement, Measurement
 from memtrack.records.breakdown import with_breakdown
@@ -88,58 +88,58 @@ def figures(r: Result) -> dict[str, Any]:
     return out
 
 
-def sample_interval(sampled: dict[str, Any] | None, nominal_s: float) -> float:
+def sample_interval(sampled: SamplerResult | None, nominal_s: float) -> float:
     """The sampling period the sampler achieved (first to last round), else the one asked."""
-    achieved = (sampled or {}).get("achieved_interval_s")
-    return float(achieved) if isinstance(achieved, (int, float)) and achieved > 0 else nominal_s
+    achieved = sampled.achieved_interval_s if sampled is not None else None
+    return achieved if achieved is not None and achieved > 0 else nominal_s
 
 
 _DEVICE_FIELDS = {f.name for f in dataclasses.fields(DeviceMeasurement)}
 
 
 def _device_view(
-    r: Result, sampled: dict[str, Any] | None, device: str, notes: list[str]
+    r: Result, sampled: SamplerResult | None, device: str, notes: list[str]
 ) -> tuple[list[DeviceMeasurement], str | None, str | None]:
     # Joined by the bare UUID: NVML names a MIG instance MIG-..., torch GPU-...
     cuda_devices = {bare_uuid(x.get("uuid")): x for x in r.cuda_devices}
     if device != "cuda":
         return [], None, "CPU case: no device view"
-    if not sampled or not sampled.get("ok", True) or "devices" not in sampled:
-        reason = (sampled or {}).get("reason", "NVML sampler gave no result")
+    if sampled is None or not sampled.ok:
+        reason = sampled.reason if sampled is not None else "NVML sampler gave no result"
         devs = [
             DeviceMeasurement(**{k: v for k, v in x.items() if k in _DEVICE_FIELDS})
             for x in cuda_devices.values()
         ]
         return devs, None, reason
     out = []
-    notes.extend(sampled.get("notes", []))
-    watched = sampled["devices"]
+    notes.extend(sampled.notes)
+    watched = sampled.devices
     if cuda_devices:
         # Only the devices the worker used (a primary context): on a shared host another
         # job's growth on a GPU the case never touched is not the case's device figure.
-        used = [s for s in watched if bare_uuid(s["uuid"]) in cuda_devices]
+        used = tuple(s for s in watched if bare_uuid(s.uuid) in cuda_devices)
         if len(used) < len(watched):
             notes.append(
                 f"device view: {len(used)} of the {len(watched)} visible GPUs, those the case used"
             )
         watched = used
     for s in watched:
-        a = cuda_devices.get(bare_uuid(s["uuid"]), {})
+        a = cuda_devices.get(bare_uuid(s.uuid), {})
         dm = DeviceMeasurement(
-            index=a.get("index", s["index"]),
-            uuid=s["uuid"],
-            name=s["name"],
-            total_bytes=a.get("total_bytes") or s["total_bytes"],  # torch's: what it can use
-            used_before_bytes=s["used_before_bytes"],
-            peak_device_used_bytes=s["peak_device_used_bytes"],
-            peak_process_bytes=s["peak_process_bytes"],
-            process_view=s["process_view"],
+            index=a.get("index", s.index),
+            uuid=s.uuid,
+            name=s.name,
+            total_bytes=a.get("total_bytes") or s.total_bytes,  # torch's: what it can use
+            used_before_bytes=s.used_before_bytes,
+            peak_device_used_bytes=s.peak_device_used_bytes,
+            peak_process_bytes=s.peak_process_bytes,
+            process_view=s.process_view,
             peak_allocated_bytes=a.get("peak_allocated_bytes"),
             peak_reserved_bytes=a.get("peak_reserved_bytes"),
-            samples=s["samples"],
-            memory_pass_peak_bytes=s.get("memory_pass_peak_bytes"),
+            samples=s.samples,
+            memory_pass_peak_bytes=s.memory_pass_peak_bytes,
         )
-        missed = missed_spike(dm, s.get("quiet_process_bytes"), a.get("reserved_after_bytes"))
+        missed = missed_spike(dm, s.quiet_process_bytes, a.get("reserved_after_bytes"))
         if missed:
             notes.append(missed)
         out.append(dm)

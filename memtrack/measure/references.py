@@ -26,7 +26,7 @@ from memtrack.errors import ConfigError, WorkloadError
 from memtrack.files import NotReadable, read_text
 from memtrack.machine.provenance import git_ignore_rule
 from memtrack.measure.case import run_case
-from memtrack.worker.protocol import QualitySpec
+from memtrack.probes.quality import QualitySpec
 from memtrack.workload.registry import Case
 
 MANIFEST = "manifest.json"

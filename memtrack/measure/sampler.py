@@ -14,7 +14,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+
+from memtrack.probes.nvml import SamplerResult
+from memtrack.worker.protocol import ProtocolError, read_typed
 
 START_TIMEOUT_S = 60.0
 """NVML's first initialisation can take seconds per GPU when persistence mode is off."""
@@ -32,7 +34,7 @@ class NvmlSampler:
         self.uuids = uuids
         self.timeout_s = timeout_s
         self.proc: subprocess.Popen[str] | None = None
-        self.first: dict[str, Any] = {"ok": False, "reason": "the NVML sampler was not started"}
+        self.first = SamplerResult(reason="the NVML sampler was not started")
         self.watched: set[int] = set()
         self.folder: Path | None = None
 
@@ -63,19 +65,17 @@ class NvmlSampler:
         if not select.select([proc.stdout], [], [], self.timeout_s)[0]:  # a hung nvmlInit
             proc.kill()
             proc.wait()
-            self.first = {
-                "ok": False,
-                "reason": f"the NVML sampler did not start within {self.timeout_s:g} s",
-            }
+            self.first = SamplerResult(
+                reason=f"the NVML sampler did not start within {self.timeout_s:g} s"
+            )
             self._remove_folder()
             return False
         line = proc.stdout.readline()
-        try:
-            first = json.loads(line or '{"ok": false, "reason": "the NVML sampler died at start"}')
-        except json.JSONDecodeError:
-            first = {"ok": False, "reason": f"the NVML sampler said {line.strip()[:200]!r}"}
-        self.first = first
-        if not first.get("ok"):
+        if not line:
+            self.first = SamplerResult(reason="the NVML sampler died at start")
+        else:
+            self.first = _read(line) or _said(line)
+        if not self.first.ok:
             proc.kill()
             proc.wait()
             self._remove_folder()
@@ -96,7 +96,7 @@ class NvmlSampler:
         except BrokenPipeError:  # the sampler died: stop() says so
             pass
 
-    def stop(self, window: tuple[float, ...] | None = None) -> dict[str, Any]:
+    def stop(self, window: tuple[float, ...] | None = None) -> SamplerResult:
         """The sampler's result; `window` is the memory pass [start, end] or [start, last
         iteration, end of the hold] (time.monotonic())."""
         proc, first = self.proc, self.first
@@ -111,21 +111,33 @@ class NvmlSampler:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            return {
-                "ok": False,
-                "reason": f"the NVML sampler did not stop within {STOP_TIMEOUT_S:g} s",
-            }
+            return SamplerResult(
+                reason=f"the NVML sampler did not stop within {STOP_TIMEOUT_S:g} s"
+            )
         finally:
             self._remove_folder()
-        try:
-            return {**first, **json.loads(out.strip().splitlines()[-1])}
-        except (IndexError, json.JSONDecodeError):
-            return {"ok": False, "reason": f"the NVML sampler exited with {proc.returncode}"}
+        lines = out.strip().splitlines()
+        result = _read(lines[-1]) if lines else None
+        if result is None:
+            return SamplerResult(reason=f"the NVML sampler exited with {proc.returncode}")
+        return result
 
     def _remove_folder(self) -> None:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
+
+
+def _read(line: str) -> SamplerResult | None:
+    """The sampler's line as its typed answer; None where it is not one."""
+    try:
+        return read_typed(SamplerResult, json.loads(line), "sampler")
+    except (ValueError, ProtocolError):  # JSONDecodeError is a ValueError
+        return None
+
+
+def _said(line: str) -> SamplerResult:
+    return SamplerResult(reason=f"the NVML sampler said {line.strip()[:200]!r}")
 
 
 def start_sampler(device: str, interval_s: float, uuids: tuple[str, ...]) -> NvmlSampler | None:

@@ -96,38 +96,12 @@ def category_tracker_class() -> type:
         def tag(self, tensor: torch.Tensor, category: Any) -> None:
             """Count `tensor`'s storages as `category` from now on, and remember the first
             tag of each, so that a storage tagged after the peak can count at the peak."""
-            from torch.distributed._tools.common_utils import get_untyped_storages
-
-            storages = get_untyped_storages(tensor)
-            before = {
-                id(st): (self._WINFO[st][0].reftype if st in self._WINFO else None)
-                for st in storages
-            }
-            self._update_and_maybe_create_winfos(tensor, category)
-            for st in storages:
-                winfo = self._WINFO[st][0]
-                self.tags.setdefault(id(winfo), (winfo, self.seq, before[id(st)]))
+            _tag(self, tensor, category)
 
         def tagged_at_peak(self, device: Any, category: Any) -> dict[Any, int]:
             """Bytes to move to `category` in the peak snapshot of `device`, by the category
             they had there: storages tagged after the peak that were alive at it."""
-            at = self.peak_seq.get(device)
-            moves: dict[Any, int] = {}
-            if at is None:
-                return moves
-            for winfo, tagged, before in self.tags.values():
-                born = getattr(winfo, "memtrack_born", None)
-                died = getattr(winfo, "memtrack_died", None)
-                alive = born is not None and born <= at and (died is None or died > at)
-                if (
-                    alive
-                    and tagged > at
-                    and before is not None
-                    and before != category
-                    and winfo.device == device
-                ):
-                    moves[before] = moves.get(before, 0) + winfo.mem_consumed
-            return moves
+            return _tagged_at_peak(self, device, category)
 
         def _pre_fw_hook(self, module: Any, inputs: Any) -> None:
             try:
@@ -145,6 +119,42 @@ def category_tracker_class() -> type:
                 super()._post_bw_hook(module, args)
 
     return CategoryTracker
+
+
+def _tag(tracker: Any, tensor: torch.Tensor, category: Any) -> None:
+    """CategoryTracker.tag: each storage's category before its first tag, and when."""
+    from torch.distributed._tools.common_utils import get_untyped_storages
+
+    storages = get_untyped_storages(tensor)
+    before = {
+        id(st): (tracker._WINFO[st][0].reftype if st in tracker._WINFO else None) for st in storages
+    }
+    tracker._update_and_maybe_create_winfos(tensor, category)
+    for st in storages:
+        winfo = tracker._WINFO[st][0]
+        tracker.tags.setdefault(id(winfo), (winfo, tracker.seq, before[id(st)]))
+
+
+def _tagged_at_peak(tracker: Any, device: Any, category: Any) -> dict[Any, int]:
+    """CategoryTracker.tagged_at_peak: the storages tagged after the peak that were alive at
+    it, by the category they had there."""
+    at = tracker.peak_seq.get(device)
+    moves: dict[Any, int] = {}
+    if at is None:
+        return moves
+    for winfo, tagged, before in tracker.tags.values():
+        born = getattr(winfo, "memtrack_born", None)
+        died = getattr(winfo, "memtrack_died", None)
+        alive = born is not None and born <= at and (died is None or died > at)
+        if (
+            alive
+            and tagged > at
+            and before is not None
+            and before != category
+            and winfo.device == device
+        ):
+            moves[before] = moves.get(before, 0) + winfo.mem_consumed
+    return moves
 
 
 def _shared_tracker_class(base: type) -> type:

@@ -4,13 +4,15 @@ A thread inside the measured process would fight its GIL, so the runner starts t
 as its own process (`python -m memtrack.probes.nvml --interval S UUID...`), naming the
 devices torch sees: NVML ignores CUDA_VISIBLE_DEVICES and numbers devices its own way, so
 only those UUIDs are watched, numbered as torch numbers them. Protocol over stdin/stdout,
-one JSON line each way:
-  sampler -> runner: {"ok": true, "interval_s": ...}  or  {"ok": false, "reason": "..."}
+one line each way:
+  sampler -> runner: a `SamplerResult` as JSON, without figures: ready, or the `reason` why
+                     it cannot sample
   runner -> sampler: a PID to watch (a worker, a rank, or one of their descendants), at any
                      time; "window T0 T1 [T2]" (the memory pass, in time.monotonic, which is
                      system-wide on Linux: T1 its last synchronised iteration, T2 the end of
                      the hold after it); then "stop" (or EOF)
-  sampler -> runner: {"devices": [...], "notes": [...], "achieved_interval_s": ...}
+  sampler -> runner: the `SamplerResult` as JSON: a `SampledDevice` per device, the notes,
+                     the period achieved (the runner reads it with worker.protocol.read_typed)
 With `--clock PATH` the sampler also writes "ROUNDS STAMP" to PATH (atomically) after each
 round over the devices, so that a worker can hold its level until two rounds have begun
 after its memory pass (`wait_for_rounds`): a pass shorter than the interval then still has
@@ -21,16 +23,74 @@ compares the sampled peak with the allocator's exact reserved peak and says so.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 Sample = tuple[float, "int | None", "int | None"]
 """(monotonic time, device-wide used, the watched processes' used: 0 when absent)."""
+
+
+@dataclass(frozen=True)
+class SampledDevice:
+    """One watched device's figures over a case: the NVML side of a DeviceMeasurement."""
+
+    index: int
+    """As torch numbers the visible devices."""
+    uuid: str
+    """NVML's UUID for the device (a MIG instance's MIG-..., which torch spells GPU-...)."""
+    name: str | None
+    total_bytes: int | None
+    """Memory a process can use (v2's total less what the driver keeps for itself)."""
+    used_before_bytes: int | None = None
+    """Device-wide used memory at the sampler's start."""
+    peak_device_used_bytes: int | None = None
+    peak_process_bytes: int | None = None
+    """The watched processes' peak (`process_view` says how it was taken)."""
+    memory_pass_peak_bytes: int | None = None
+    """The same within the memory pass; None where no sample fell inside it."""
+    quiet_process_bytes: int | None = None
+    """The last sample of the hold after the memory pass: the level at a quiet moment."""
+    process_view: str | None = None
+    """'pid', or 'device-delta' where no watched PID was found on any device."""
+    samples: int = 0
+
+
+@dataclass(frozen=True)
+class SamplerResult:
+    """The sampler's answer: each watched device's figures and its notes, or why it gives
+    none (`reason`: NVML unavailable, a GPU in MIG mode, a sampler that did not start)."""
+
+    devices: tuple[SampledDevice, ...] = ()
+    notes: tuple[str, ...] = ()
+    achieved_interval_s: float | None = None
+    """The sampling period achieved, first to last round; None with fewer than two."""
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+
+@dataclass
+class _Watched:
+    """A device while it is sampled: what it is, and its samples so far."""
+
+    index: int
+    uuid: str
+    name: str | None
+    total_bytes: int | None
+    used_before_bytes: int | None
+    samples: list[Sample] = field(default_factory=list)
 
 
 def guarded(notes: list[str], what: str, query: Callable[..., Any], *args: Any) -> Any:
@@ -128,7 +188,7 @@ class Sampler:
         self.v2: list[bool] = []
         self.rounds: list[float] = []
         """When each round over the devices ended (the achieved period is read from it)."""
-        self.devices: list[dict[str, Any]] = []
+        self.devices: list[_Watched] = []
         for index, (uuid, handle) in enumerate(zip(uuids, self.handles, strict=True)):
             if is_mig_parent(nvml, handle):
                 raise RuntimeError(
@@ -140,24 +200,23 @@ class Sampler:
             name = guarded(self.notes, f"GPU {index} name", nvml.nvmlDeviceGetName, handle)
             own = guarded(self.notes, f"GPU {index} UUID", nvml.nvmlDeviceGetUUID, handle)
             self.devices.append(
-                {
-                    "index": index,
-                    "uuid": uuid if own is None else _text(own),
-                    "name": None if name is None else _text(name),
-                    "total_bytes": usable_total(info),
-                    "used_before_bytes": None if info is None else int(info.used),
-                    "samples": [],
-                }
+                _Watched(
+                    index,
+                    uuid if own is None else _text(own),
+                    None if name is None else _text(name),
+                    usable_total(info),
+                    None if info is None else int(info.used),
+                )
             )
 
     def sample(self, pids: set[int], clock: Callable[[], float] = time.monotonic) -> float:
         """One round over the devices; returns when it ended (clock())."""
         for dev, handle, v2 in zip(self.devices, self.handles, self.v2, strict=True):
-            info = memory_info(self.nvml, handle, self.notes, f"GPU {dev['index']}", v2)
+            info = memory_info(self.nvml, handle, self.notes, f"GPU {dev.index}", v2)
             # Stamped after the reading: a figure read inside a window is stamped inside it.
             now = clock()
             used = None if info is None else int(info.used)
-            dev["samples"].append((now, used, self._process_bytes(dev["index"], handle, pids)))
+            dev.samples.append((now, used, self._process_bytes(dev.index, handle, pids)))
         end = clock()
         self.rounds.append(end)
         return end
@@ -186,44 +245,44 @@ class Sampler:
             return None
         return sum(int(b) for b in mine)
 
-    def result(self, window: tuple[float, ...] | None = None) -> dict[str, Any]:
+    def result(self, window: tuple[float, ...] | None = None) -> SamplerResult:
         """Per-device peaks, over the whole case and within `window`: the memory pass [T0,
         T1], or [T0, T1, T2] with the hold after it (T1 its last synchronised iteration);
         and, from the hold, each device's quiet level (the last sample after T1)."""
         # All or nothing: if the process was found on any device, the per-process view
         # holds everywhere (a device it never appeared on, it did not use). Found nowhere
         # (a container's PID namespace), every device falls back to its device-wide delta.
-        by_pid = any(p for dev in self.devices for _, _, p in dev["samples"])
+        by_pid = any(p for dev in self.devices for _, _, p in dev.samples)
         devices = []
         first, last = (window[0], window[-1]) if window else (0.0, 0.0)
         hold = window[1] if window and len(window) == 3 else None
         for dev in self.devices:
-            samples: list[Sample] = dev["samples"]
+            samples = dev.samples
             inside = [s for s in samples if window and first <= s[0] <= last]
             quiet = [s for s in inside if hold is not None and s[0] > hold]
             if window and not inside:
                 self.notes.append(
-                    f"GPU {dev['index']}: no sample fell inside the memory pass "
+                    f"GPU {dev.index}: no sample fell inside the memory pass "
                     f"({(last - first) * 1e3:.1f} ms): no device figure for it"
                 )
             used = [u for _, u, _ in samples if u is not None]
-            before = dev["used_before_bytes"]
+            before = dev.used_before_bytes
             devices.append(
-                {
-                    **{k: v for k, v in dev.items() if k != "samples"},
-                    "peak_device_used_bytes": max([*used, before or 0]) if used else before,
-                    "peak_process_bytes": _peak(samples, by_pid, before),
-                    "memory_pass_peak_bytes": _peak(inside, by_pid, before),
-                    "quiet_process_bytes": _peak(quiet[-1:], by_pid, before),
-                    "process_view": "pid" if by_pid else "device-delta",
-                    "samples": len(samples),
-                }
+                SampledDevice(
+                    index=dev.index,
+                    uuid=dev.uuid,
+                    name=dev.name,
+                    total_bytes=dev.total_bytes,
+                    used_before_bytes=before,
+                    peak_device_used_bytes=max([*used, before or 0]) if used else before,
+                    peak_process_bytes=_peak(samples, by_pid, before),
+                    memory_pass_peak_bytes=_peak(inside, by_pid, before),
+                    quiet_process_bytes=_peak(quiet[-1:], by_pid, before),
+                    process_view="pid" if by_pid else "device-delta",
+                    samples=len(samples),
+                )
             )
-        return {
-            "devices": devices,
-            "notes": self.notes,
-            "achieved_interval_s": self.achieved_interval_s(),
-        }
+        return SamplerResult(tuple(devices), tuple(self.notes), self.achieved_interval_s())
 
 
 def _peak(samples: list[Sample], by_pid: bool, before: int | None) -> int | None:
@@ -291,12 +350,12 @@ def main(argv: list[str] | None = None) -> int:
 
         pynvml.nvmlInit()
     except Exception as exc:
-        print(json.dumps({"ok": False, "reason": f"NVML unavailable: {exc}"}), flush=True)
+        print(SamplerResult(reason=f"NVML unavailable: {exc}").to_json(), flush=True)
         return 0
     try:
         sampler = Sampler(pynvml, args.uuids)
     except Exception as exc:  # no device torch sees, or one NVML cannot attribute (MIG)
-        print(json.dumps({"ok": False, "reason": f"no device view: {exc}"}), flush=True)
+        print(SamplerResult(reason=f"no device view: {exc}").to_json(), flush=True)
         pynvml.nvmlShutdown()
         return 0
     pids: set[int] = set()
@@ -318,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
 
     threading.Thread(target=read_commands, daemon=True).start()
-    print(json.dumps({"ok": True, "interval_s": args.interval}), flush=True)
+    print(SamplerResult().to_json(), flush=True)  # ready
     while not stop.is_set():
         stamp = sampler.sample(set(pids))
         if args.clock:
@@ -326,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.interval)
     sampler.sample(set(pids))
     result = sampler.result(tuple(window) if window else None)
-    print(json.dumps(result), flush=True)
+    print(result.to_json(), flush=True)
     pynvml.nvmlShutdown()
     return 0
 

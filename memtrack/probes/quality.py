@@ -10,6 +10,10 @@ is read. Figures are taken on the flattened outputs in float64 on the CPU:
     cosine  = <out, ref> / (|out| |ref|)
 
 With several outputs (a tuple or dict of tensors) the worst of each is kept.
+
+`QualitySpec`, what the parent asks of the worker, is defined here, below the worker that
+carries it in its spec (memtrack.worker.protocol): the parent imports it without torch, which
+only the functions that handle tensors import.
 """
 
 from __future__ import annotations
@@ -19,12 +23,30 @@ import io
 import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from memtrack.worker.protocol import QualitySpec
+
+@dataclass(frozen=True)
+class QualitySpec:
+    """What the worker does with the step's output after the memory pass."""
+
+    mode: str
+    """'compare' with the reference, or 'record' it (`memtrack reference`)."""
+    path: str | None = None
+    """The reference file to compare with, or the file to record into; None: none recorded."""
+    reference: str | None = None
+    """Case id of the reference (compare)."""
+    sha256: str | None = None
+    """The reference file's sha256 as the manifest pins it (compare)."""
+    device: str | None = None
+    """Where the reference was recorded ('cpu', 'cuda:0'), as the manifest says (compare);
+    None in entries recorded before it was kept."""
+
 
 UPPER = {"max_abs": "max_abs", "max_rel": "max_rel", "metric": "value"}
 """Tolerance keys that bound a figure from above, and the figure each bounds."""
@@ -39,6 +61,8 @@ class OutputError(Exception):
 def flatten(output: Any) -> tuple[str, dict[str, torch.Tensor]]:
     """(structure, name -> tensor): 'tensor' -> {'output'}, a tuple or list -> {'0', '1', ...},
     a dict -> its own keys. Anything else has no tensor output to compare."""
+    import torch
+
     if isinstance(output, torch.Tensor):
         return "tensor", {"output": output}
     if isinstance(output, (tuple, list)) and output:
@@ -78,6 +102,8 @@ def _describe(value: Any) -> str:
 
 
 def _extra_call(step: Callable[[], Any], ctx: Any) -> tuple[str, dict[str, torch.Tensor]]:
+    import torch
+
     caches = ctx.cache_peak_bytes  # the memory pass's figure: this call is not measured
     ctx.new_iteration()
     output = step()
@@ -92,6 +118,8 @@ def record(step: Callable[[], Any], ctx: Any, path: Path) -> None:
     """Save the output as CPU float32 tensors at `path` (torch.save of a dict of tensors),
     and what it is (structure, shapes, dtypes, torch) at `path`.json. Raises OutputError
     when the step returns no tensor."""
+    import torch
+
     structure, flat = _extra_call(step, ctx)
     outputs = {
         k: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
@@ -113,6 +141,8 @@ def compare(step: Callable[[], Any], ctx: Any, wl: Any, spec: QualitySpec) -> di
     """The output against the reference named in `spec` (its reference, path and sha256):
     the `quality_*` fields of the measurement. Never raises for the reference or the
     output: a problem with either is a quality error, recorded, and the case stands."""
+    import torch
+
     out: dict[str, Any] = {
         "quality_reference": spec.reference,
         "quality_tolerance": dict(wl.tolerance),
@@ -186,6 +216,8 @@ def _names(flat: dict[str, Any]) -> str:
 
 def _load(path: Path, expected: str) -> tuple[dict[str, torch.Tensor], str]:
     """The reference's tensors (float64), read once: the bytes checked are the bytes loaded."""
+    import torch
+
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -221,6 +253,8 @@ def _figures(
 ) -> tuple[dict[str, float], str | None]:
     """max_abs, max_rel, cosine over every output (the worst of each); and why there are
     none, where an output or the reference holds NaN or infinity."""
+    import torch
+
     bad_out = sum(int((~torch.isfinite(t)).sum()) for t in got.values())
     bad_ref = sum(int((~torch.isfinite(t)).sum()) for t in ref.values())
     if bad_out or bad_ref:

@@ -1,5 +1,6 @@
 """Records: the run and its measurements as frozen dataclasses (`model`), their validation,
-JSON Schema and files (`validate`), the figures derived from them (`metrics`, `breakdown`), and
+JSON Schema and files (`validate`), the typed-JSON decoder that validation and the worker's
+protocol share (`codec`), the figures derived from them (`metrics`, `breakdown`), and
 redaction of recorded text (`redact`). The records' names are importable from here."""
 
 from memtrack.records.model import (

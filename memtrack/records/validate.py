@@ -5,10 +5,7 @@ as JSON files."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-import math
-import re
 import types
 import typing
 from collections.abc import Iterable, Iterator
@@ -17,6 +14,7 @@ from typing import Any
 
 from memtrack.errors import RecordError
 from memtrack.files import NotReadable, read_bytes
+from memtrack.records.codec import Dialect, decode, hints, required, short
 from memtrack.records.model import (
     KINDS,
     QUALITY_STATUSES,
@@ -30,10 +28,11 @@ from memtrack.units import parse_time
 
 # -- validation and JSON Schema -------------------------------------------------------------
 #
-# Records come from other machines: every value is checked before it is stored. The rules are
-# derived from the dataclass fields and their type hints (plus a few naming conventions:
-# `*_bytes` are byte counts, `*_s` seconds, `*_at` ISO times), so a new field is validated and
-# described in the schema without further code. `json_schema()` writes the same rules as a JSON
+# Records come from other machines: every value is checked before it is stored (by the typed
+# JSON decoder of records.codec, in the dialect `RECORD`). The rules are derived from the
+# dataclass fields and their type hints (plus a few naming conventions: `*_bytes` are byte
+# counts, `*_s` seconds, `*_at` ISO times), so a new field is validated and described in the
+# schema without further code. `json_schema()` writes the same rules as a JSON
 # Schema; memtrack/records/schema/run-record.schema.json is its output, regenerated with
 # `python -m memtrack.records > memtrack/records/schema/run-record.schema.json`.
 
@@ -166,15 +165,6 @@ def _field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _hints(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
-    hints = typing.get_type_hints(cls)
-    return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
-
-
-def _required(f: dataclasses.Field[Any]) -> bool:
-    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-
-
 def _dataclasses() -> list[type]:
     """RunRecord and every dataclass nested in it, in order of first use."""
     out: list[type] = []
@@ -183,7 +173,7 @@ def _dataclasses() -> list[type]:
         if cls in out:
             return
         out.append(cls)
-        for _, hint in _hints(cls):
+        for _, hint in hints(cls):
             for t in (hint, *typing.get_args(hint)):
                 if dataclasses.is_dataclass(t):
                     visit(t)  # type: ignore[arg-type]
@@ -198,7 +188,7 @@ def json_schema() -> dict[str, Any]:
     for cls in _dataclasses():
         docs = _field_docs(cls)
         props = {}
-        for f, hint in _hints(cls):
+        for f, hint in hints(cls):
             prop = _hint_schema(hint, _rules(f.name))
             if f.name in docs:
                 prop = {"description": docs[f.name], **prop}
@@ -207,7 +197,7 @@ def json_schema() -> dict[str, Any]:
             "type": "object",
             "description": " ".join((cls.__doc__ or "").split()),
             "properties": props,
-            "required": [f.name for f, _ in _hints(cls) if _required(f)],
+            "required": [f.name for f, _ in hints(cls) if required(f)],
             "additionalProperties": False,
         }
     root = defs.pop("RunRecord")
@@ -220,325 +210,43 @@ def json_schema() -> dict[str, Any]:
     }
 
 
-# The validator interprets the same hints and rules: one closure per field, built once. Each
-# takes the value and its path, a linked tuple (parent, key) turned into text only for an
-# error message; the common case (a valid value) costs one type test and a comparison.
-Path_ = Any
-Check = typing.Callable[[Any, Path_], Any]
+class RecordDialect(Dialect):
+    """A run record's rules (`_rules`) and limits, and its words: the value is quoted."""
+
+    def rules(self, name: str) -> dict[str, Any]:
+        return _rules(name)
+
+    def text(self, rules: dict[str, Any]) -> typing.Callable[[str], str] | None:
+        return str.lower if rules.get("pattern") == COMMIT_PATTERN else None
+
+    def key(self, key: Any) -> str:
+        return short(key)
+
+    def expected(self, what: str, value: Any) -> str:
+        return f"expected {what}, got {short(value)}"
+
+    def not_object(self, value: Any) -> str:
+        return self.expected("an object", value)
+
+    def unknown(self, keys: set[str]) -> str:
+        return f"unknown key(s) {', '.join(sorted(short(k) for k in keys))}"
+
+    def missing(self, name: str) -> str:
+        return f"missing key {name}"
+
+    def too_long(self, length: int, limit: int) -> str:
+        return f"{length:,} characters, more than the {limit:,} a record's text may hold"
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _where(path: Path_) -> str:
-    """The text of a path: (((((), 'measurements'), 0), 'params'), ('batch',)) is
-    "measurements[0].params['batch']"."""
-    parts = []
-    while path:
-        path, key = path
-        if isinstance(key, int):
-            parts.append(f"[{key}]")
-        elif isinstance(key, tuple):  # a key of a mapping
-            parts.append(f"[{_short(key[0])}]")
-        else:
-            parts.append(f".{key}")
-    return "".join(reversed(parts)).lstrip(".") or "record"
-
-
-def _fail(path: Path_, message: str) -> typing.NoReturn:
-    raise RecordError(f"{_where(path)}: {message}")
-
-
-def _check_rules(value: Any, rules: dict[str, Any], path: Path_) -> None:
-    if "minimum" in rules and value < rules["minimum"]:
-        _fail(path, f"{_short(value)} is below {rules['minimum']}")
-    if "maximum" in rules and value > rules["maximum"]:
-        _fail(path, f"{_short(value)} is above {rules['maximum']}")
-    if "pattern" in rules and not re.match(rules["pattern"], value):
-        _fail(path, f"{_short(value)} does not match {rules['pattern']}")
-    if "enum" in rules and value not in rules["enum"]:
-        _fail(path, f"{_short(value)} is not one of {', '.join(rules['enum'])}")
-    if "const" in rules and value != rules["const"]:
-        _fail(path, f"{_short(value)} is not supported (expected {rules['const']})")
-    if "minLength" in rules and len(value) < rules["minLength"]:
-        _fail(path, "must not be empty")
-    if rules.get("format") == "date-time" and parse_time(value) is None:
-        _fail(path, f"{_short(value)} is not an ISO 8601 time")
-
-
-def _too_long(value: str, limit: int, path: Path_) -> typing.NoReturn:
-    _fail(path, f"{len(value):,} characters, more than the {limit:,} a record's text may hold")
-
-
-def _scalar(value: Any, path: Path_) -> Any:
-    if isinstance(value, str):
-        if len(value) > MAX_TEXT:
-            _too_long(value, MAX_TEXT, path)
-        return value
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        if not _INT_MIN <= value <= _INT_MAX:
-            _fail(path, f"{_short(value)} is out of range")
-        return value
-    if isinstance(value, float) and math.isfinite(value):
-        return value
-    _fail(path, f"{_short(value)} is not a string, number, boolean or null")
-
-
-def _compile(hint: Any, rules: dict[str, Any], nullable: bool = False) -> Check:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (types.UnionType, typing.Union):
-        inner = next(a for a in args if a is not type(None))
-        if inner in (int, float, str, bool):  # scalars take None themselves: one call less
-            return _compile(inner, rules, nullable=True)
-        check = _compile(inner, rules)
-        return lambda v, w: None if v is None else check(v, w)
-    if origin is tuple:
-        item, valid = _compile(args[0], rules), _all_valid(args[0], rules)
-
-        def check_list(v: Any, w: Path_) -> Any:
-            if type(v) is not list:
-                _fail(w, f"expected a list, got {_short(v)}")
-            if valid(v):
-                return tuple(v)
-            return tuple([item(x, (w, i)) for i, x in enumerate(v)])  # finds the bad one
-
-        return check_list
-    if origin is dict:
-        value, valid = _compile(args[1], rules), _all_valid(args[1], rules)
-
-        def check_dict(v: Any, w: Path_) -> Any:
-            if type(v) is not dict:
-                _fail(w, f"expected an object, got {_short(v)}")
-            for k in v:
-                if len(k) > MAX_TEXT:
-                    _too_long(k, MAX_TEXT, (w, (k[:20],)))
-            if valid(v.values()):
-                return v
-            return {k: value(x, (w, (k,))) for k, x in v.items()}
-
-        return check_dict
-    if dataclasses.is_dataclass(hint):
-        return lambda v, w: _builder(hint)(v, w)  # type: ignore[arg-type]
-    if hint is Any:
-        return _scalar
-    if hint is float:
-        low, high = rules.get("minimum", -math.inf), rules.get("maximum", math.inf)
-
-        def check_float(v: Any, w: Path_) -> Any:
-            if type(v) is float and low <= v < math.inf and v <= high:  # also False for NaN
-                return v
-            if v is None and nullable:
-                return None
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                _fail(w, f"expected a number, got {_short(v)}")
-            if not math.isfinite(v):
-                _fail(w, f"{v} is not a finite number")
-            _check_rules(float(v), rules, w)
-            return float(v)
-
-        return check_float
-    if hint is int:
-        bounds = {"minimum": _INT_MIN, "maximum": _INT_MAX, **rules}
-        low, high = bounds["minimum"], bounds["maximum"]
-
-        def check_int(v: Any, w: Path_) -> Any:
-            if type(v) is int and low <= v <= high:
-                return v
-            if v is None and nullable:
-                return None
-            if type(v) is not int:
-                _fail(w, f"expected an integer, got {_short(v)}")
-            _check_rules(v, bounds, w)
-            return v
-
-        return check_int
-    if hint is str:
-        pattern = re.compile(rules["pattern"]) if "pattern" in rules else None
-        lower = rules.get("pattern") == COMMIT_PATTERN
-        enum = set(rules.get("enum", ()))
-        nonempty = "minLength" in rules
-        longest = rules.get("maxLength", MAX_TEXT)
-        slow = {k: v for k, v in rules.items() if k in ("format", "const")}
-
-        def check_str(v: Any, w: Path_) -> Any:
-            if type(v) is not str:
-                if v is None and nullable:
-                    return None
-                _fail(w, f"expected a string, got {_short(v)}")
-            if len(v) > longest:
-                _too_long(v, longest, w)
-            if pattern is not None and not pattern.match(v):
-                _fail(w, f"{_short(v)} does not match {pattern.pattern}")
-            if enum and v not in enum:
-                _fail(w, f"{_short(v)} is not one of {', '.join(rules['enum'])}")
-            if nonempty and not v:
-                _fail(w, "must not be empty")
-            if slow:
-                _check_rules(v, slow, w)
-            return v.lower() if lower else v
-
-        return check_str
-    if hint is bool:
-
-        def check_bool(v: Any, w: Path_) -> Any:
-            if type(v) is not bool:
-                if v is None and nullable:
-                    return None
-                _fail(w, f"expected true or false, got {_short(v)}")
-            return v
-
-        return check_bool
-    raise TypeError(f"no validator for {hint!r}")  # a new field of a new type: extend this
-
-
-def _maker(cls: type) -> typing.Callable[[dict[str, Any]], Any]:
-    """Builds an instance from checked values. A frozen dataclass's __init__ sets each field
-    through object.__setattr__, a large share of loading 10,000 records; filling the
-    instance's __dict__ at once gives the same object."""
-    fields = dataclasses.fields(cls)
-    defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
-    factories = [
-        (f.name, f.default_factory) for f in fields if f.default_factory is not dataclasses.MISSING
-    ]
-    if hasattr(cls, "__post_init__") or hasattr(cls, "__slots__"):
-        return lambda values: cls(**values)
-
-    def make(values: dict[str, Any]) -> Any:
-        obj: Any = object.__new__(cls)
-        d = obj.__dict__
-        d.update(defaults)
-        for name, factory in factories:
-            if name not in values:
-                d[name] = factory()  # type: ignore[misc]
-        d.update(values)
-        return obj
-
-    return make
-
-
-def _all_valid(hint: Any, rules: dict[str, Any]) -> typing.Callable[[Any], bool]:
-    """A quick test that every item of a list or mapping of scalars is valid (loops in C);
-    when it says no, the items are checked one by one to name the bad one."""
-    if hint is int:
-        low, high = rules.get("minimum", _INT_MIN), rules.get("maximum", _INT_MAX)
-        return lambda v: not v or (set(map(type, v)) == {int} and low <= min(v) and max(v) <= high)
-    if hint is float:
-        low = rules.get("minimum", -math.inf)
-        return lambda v: (
-            not v or (set(map(type, v)) == {float} and all(map(math.isfinite, v)) and min(v) >= low)
-        )
-    if hint is str and not rules:
-        return lambda v: set(map(type, v)) <= {str} and max(map(len, v), default=0) <= MAX_TEXT
-    if hint is Any:
-        plain = {str, bool, type(None), int, float}
-
-        def scalars(v: Any) -> bool:
-            if not set(map(type, v)) <= plain:
-                return False
-            ints = [x for x in v if type(x) is int]
-            floats = [x for x in v if type(x) is float]
-            texts = [x for x in v if type(x) is str]
-            return (
-                (not ints or (_INT_MIN <= min(ints) and max(ints) <= _INT_MAX))
-                and all(map(math.isfinite, floats))
-                and max(map(len, texts), default=0) <= MAX_TEXT
-            )
-
-        return scalars
-    return lambda v: False
-
-
-def _fast_test(hint: Any, rules: dict[str, Any], names: dict[str, Any]) -> str | None:
-    """A Python expression true of `v` only where the field's check would return `v` itself
-    (so a value it passes needs no call), or None for a field always checked by a call
-    (lists, mappings, records, patterns, times). The bounds it reads are put in `names`."""
-    nullable = False
-    if typing.get_origin(hint) in (types.UnionType, typing.Union):
-        inner = next(a for a in typing.get_args(hint) if a is not type(None))
-        if inner not in (int, float, str, bool):
-            return None
-        hint, nullable = inner, True
-    key = f"_{len(names)}"
-    if hint is int:
-        bounds = {"minimum": _INT_MIN, "maximum": _INT_MAX, **rules}
-        names[key] = (bounds["minimum"], bounds["maximum"])
-        test = f"type(v) is int and {key}[0] <= v <= {key}[1]"
-    elif hint is float:
-        names[key] = (rules.get("minimum", -math.inf), rules.get("maximum", math.inf))
-        test = f"type(v) is float and {key}[0] <= v < inf and v <= {key}[1]"  # False for NaN
-    elif hint is str and not set(rules) - {"enum", "minLength"}:
-        names["MAX_TEXT"] = MAX_TEXT
-        test = "type(v) is str and len(v) <= MAX_TEXT"
-        if "enum" in rules:
-            names[key] = frozenset(rules["enum"])
-            test += f" and v in {key}"
-        if "minLength" in rules:
-            test += " and v != ''"
-    elif hint is bool:
-        test = "type(v) is bool"
-    else:
-        return None
-    return f"v is None or ({test})" if nullable else test
-
-
-def _fast_values(cls: type, checks: dict[str, Check]) -> typing.Callable[[dict, Path_], Any]:
-    """The checked values of a valid object of `cls`, by code made for its fields: a plain
-    field is tested inline, an empty list is (), the others are checked by their call. It
-    returns None at a value the test does not pass (the checks, in the object's own order,
-    then say what is wrong, or convert it). A call per value was most of loading a record:
-    most of its values are plain."""
-    names: dict[str, Any] = {"inf": math.inf}
-    lines = ["def fast(data, path):", "    values = {}"]
-    for i, (f, hint) in enumerate(_hints(cls)):
-        key, call = repr(f.name), f"check{i}(v, (path, {f.name!r}))"
-        names[f"check{i}"] = checks[f.name]
-        lines += [f"    if {key} in data:", f"        v = data[{key}]"]
-        test = _fast_test(hint, _rules(f.name), names)
-        if test is not None:
-            lines += [
-                f"        if not ({test}):",
-                "            return None",
-                f"        values[{key}] = v",
-            ]
-        elif typing.get_origin(hint) is tuple:
-            lines.append(f"        values[{key}] = () if type(v) is list and not v else {call}")
-        else:
-            lines.append(f"        values[{key}] = {call}")
-    lines.append("    return values")
-    exec("\n".join(lines), names)  # the source is made above, of the field names
-    return names["fast"]  # type: ignore[no-any-return]
-
-
-@functools.cache
-def _builder(cls: type) -> Check:
-    checks = {f.name: _compile(hint, _rules(f.name)) for f, hint in _hints(cls)}
-    names = set(checks)
-    required = [f.name for f, _ in _hints(cls) if _required(f)]
-    make = _maker(cls)
-    fast = _fast_values(cls, checks)
-
-    def build(data: Any, path: Path_) -> Any:
-        if type(data) is not dict:
-            _fail(path, f"expected an object, got {_short(data)}")
-        if not names.issuperset(data):
-            unknown = sorted(_short(k) for k in set(data) - names)
-            _fail(path, f"unknown key(s) {', '.join(unknown)}")
-        for name in required:
-            if name not in data:
-                _fail(path, f"missing key {name}")
-        try:
-            values = fast(data, path)
-        except RecordError:
-            values = None  # the checks below, in the record's order, name the first error
-        if values is None:
-            values = {k: checks[k](v, (path, k)) for k, v in data.items()}
-        return make(values)
-
-    return build
+RECORD = RecordDialect(
+    RecordError,
+    inline=True,
+    text_limit=MAX_TEXT,
+    int_range=(_INT_MIN, _INT_MAX),
+    finite=True,
+    scalar_any=True,
+)
+"""How a run record is read: every value checked against `_rules`, plain values inline."""
 
 
 def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
@@ -548,11 +256,10 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise RecordError(
-            f"{where}: schema_version {_short(version)} is not supported "
-            f"(expected {SCHEMA_VERSION})"
+            f"{where}: schema_version {short(version)} is not supported (expected {SCHEMA_VERSION})"
         )
     try:
-        run: RunRecord = _builder(RunRecord)(data, ())
+        run: RunRecord = decode(RunRecord, data, RECORD)
     except RecordError as exc:
         raise RecordError(f"{where}: {exc}") from None
     if run.finished_at is not None:
@@ -566,9 +273,9 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
         expected = case_id(m.workload, m.params)
         if m.case_id != expected:
             raise RecordError(
-                f"{where}: measurements[{i}].case_id: {_short(m.case_id)} does "
+                f"{where}: measurements[{i}].case_id: {short(m.case_id)} does "
                 f"not match its workload and params (they make "
-                f"{_short(expected)})"
+                f"{short(expected)})"
             )
         if m.case_id in seen:
             raise RecordError(f"{where}: case {m.case_id!r} is measured twice in one run")

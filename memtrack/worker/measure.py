@@ -14,6 +14,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,17 +86,33 @@ def _time_summary(times: list[float]) -> dict[str, Any]:
     }
 
 
+@dataclass
+class _Case:
+    """One case once set up: what its phases share."""
+
+    wl: Any
+    """The workload (registry.Workload)."""
+    ctx: Any
+    """Its Context."""
+    step: Any
+    """The step to measure (sessions of it, for a concurrent case)."""
+    probe: Any
+    """The framework probe (probes.framework)."""
+    objects: tuple[Any, ...]
+    """What `ctx.mark()` named: the persistent set."""
+    rank: Any
+    """This worker's distributed.Rank, or None."""
+    loading: Any
+    """The LoadingProbe `ctx.loading()` reports to."""
+
+
 def run_case(spec: Spec, result: ResultFile) -> None:
     from memtrack.probes.host import HostPeak, current_rss, file_backed_rss, release_free_heap
 
     host = HostPeak()  # first, so the whole case (imports aside) is under one high-water mark
     import torch
 
-    from memtrack.probes.framework import CudaAllocatorProbe, MemTrackerProbe, category_breakdown
-    from memtrack.probes.loading import LoadingProbe
     from memtrack.worker import distributed
-    from memtrack.workload.context import Context
-    from memtrack.workload.registry import find, import_workload_module
 
     # What the process holds now (the interpreter, torch, memtrack: some 290,000 objects)
     # is not the case's and never garbage. A full collection walked all of it, 0.11 s each
@@ -105,6 +122,60 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     result.update(phase="setup", host_peak_source=host.source)
     torch.manual_seed(spec.seed)
     torch.backends.cudnn.benchmark = False  # its workspace depends on what is cached
+    case = _set_up(spec, result, host)
+    ctx, step, loading = case.ctx, case.step, case.loading
+    persistent = case.probe.mark(case.objects)
+    result.update(phase="warmup", persistent_bytes=persistent, **loading.fields())
+    result.notes.extend(loading.notes)
+    distributed.barrier(case.rank)
+
+    for _ in range(spec.warmup):
+        ctx.new_iteration()
+        step()
+    _sync(ctx.device)
+    if spec.snapshot_path:  # `memtrack snapshot`: one more step under the recorder
+        from memtrack.probes.snapshot import capture
+
+        snap = capture(
+            step, ctx.device, case.objects, Path(spec.snapshot_path), spec.case_id or spec.workload
+        )
+        result.update(phase="done", **snap)
+        _close(step)
+        return
+    setup_peak = max(host.peak(), loading.before_peak)  # a loading phase reset the mark
+    release_free_heap()
+    host.reset()
+    setup_level = current_rss()
+
+    result.update(phase="timing")
+    distributed.barrier(case.rank)
+    timing = _timing_pass(step, ctx.device, spec.repeats)
+    step_peak = host.peak()
+    result.update(
+        phase="memory",
+        host_peak_rss_bytes=max(setup_peak, step_peak),
+        host_step_peak_rss_bytes=step_peak,
+        host_setup_rss_bytes=setup_level,
+        host_file_rss_bytes=file_backed_rss(),
+        **timing,
+    )
+
+    summary = _memory_pass(spec, ctx, case.probe, step, result, case.rank)
+    summary = _after_memory_pass(spec, case, result, summary, max(timing["iteration_times_s"]))
+    _close(step)
+    result.update(phase="done", caches_bytes=ctx.cache_peak_bytes or None, **summary)
+    distributed.teardown(case.rank)
+
+
+def _set_up(spec: Spec, result: ResultFile, host: Any) -> _Case:
+    """The case's process group (a multi-rank case), its workload imported, its Context, its
+    framework probe, and the step its setup returns."""
+    from memtrack.probes.framework import CudaAllocatorProbe, MemTrackerProbe
+    from memtrack.probes.loading import LoadingProbe
+    from memtrack.worker import distributed
+    from memtrack.workload.context import Context
+    from memtrack.workload.registry import find, import_workload_module
+
     rank = distributed.setup(spec)  # None unless the case has the `ranks` param
     import_workload_module(spec.module, Path(spec.root))
     wl = find(spec.workload)
@@ -142,48 +213,23 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     objects = ctx.marked_objects if ctx.marked_objects is not None else ()
     if ctx.marked_objects is None:
         result.notes.append("no ctx.mark(): the persistent set is what setup left")
-    persistent = probe.mark(objects)
-    result.update(phase="warmup", persistent_bytes=persistent, **loading.fields())
-    result.notes.extend(loading.notes)
-    distributed.barrier(rank)
+    return _Case(wl, ctx, step, probe, objects, rank, loading)
 
-    for _ in range(spec.warmup):
-        ctx.new_iteration()
-        step()
-    _sync(ctx.device)
-    if spec.snapshot_path:  # `memtrack snapshot`: one more step under the recorder
-        from memtrack.probes.snapshot import capture
 
-        snap = capture(
-            step, ctx.device, objects, Path(spec.snapshot_path), spec.case_id or spec.workload
-        )
-        result.update(phase="done", **snap)
-        _close(step)
-        return
-    setup_peak = max(host.peak(), loading.before_peak)  # a loading phase reset the mark
-    release_free_heap()
-    host.reset()
-    setup_level = current_rss()
+def _after_memory_pass(
+    spec: Spec, case: _Case, result: ResultFile, summary: dict[str, Any], slowest_s: float
+) -> dict[str, Any]:
+    """What follows the memory pass, each step apart from it: the category breakdown (CUDA),
+    the output against its reference, and one session alone (a concurrent case). Returns
+    `summary` (the memory pass's figures) with theirs, written with each phase."""
+    from memtrack.probes.framework import category_breakdown
 
-    result.update(phase="timing")
-    distributed.barrier(rank)
-    timing = _timing_pass(step, ctx.device, spec.repeats)
-    step_peak = host.peak()
-    result.update(
-        phase="memory",
-        host_peak_rss_bytes=max(setup_peak, step_peak),
-        host_step_peak_rss_bytes=step_peak,
-        host_setup_rss_bytes=setup_level,
-        host_file_rss_bytes=file_backed_rss(),
-        **timing,
-    )
-
-    summary = _memory_pass(spec, ctx, probe, step, result, rank)
-    if is_cuda:
-        result.update(phase="breakdown", **summary)
+    ctx, step, figures = case.ctx, case.step, dict(summary)
+    if ctx.device.type == "cuda":
+        result.update(phase="breakdown", **figures)
         try:
-            summary["categories"] = category_breakdown(
-                step, ctx.device, objects, lambda p: _tags_to(ctx, p), sessions
+            figures["categories"] = category_breakdown(
+                step, ctx.device, case.objects, lambda p: _tags_to(ctx, p), ctx.concurrency
             )
         except Exception as exc:  # the allocator figures stand without it
             result.notes.append(f"category breakdown unavailable: {exc}")
@@ -195,17 +241,15 @@ def run_case(spec: Spec, result: ResultFile) -> None:
         if quality.mode == "record":
             q.record(step, ctx, Path(str(quality.path)))
         else:
-            summary.update(q.compare(step, ctx, wl, quality))
-    if sessions > 1:  # last: a session that never ends alone leaves the sessions closed
-        result.update(phase="sessions", **summary)
-        limit = SOLO_LIMIT_S + 20 * max(timing["iteration_times_s"])
+            figures.update(q.compare(step, ctx, case.wl, quality))
+    if ctx.concurrency > 1:  # last: a session that never ends alone leaves the sessions closed
+        result.update(phase="sessions", **figures)
+        limit = SOLO_LIMIT_S + 20 * slowest_s
         try:
-            summary.update(_one_session(step, ctx, objects, limit, result.notes))
+            figures.update(_one_session(step, ctx, case.objects, limit, result.notes))
         except Exception as exc:  # the concurrent figures stand without it
             result.notes.append(f"one session alone could not be measured: {exc}")
-    _close(step)
-    result.update(phase="done", caches_bytes=ctx.cache_peak_bytes or None, **summary)
-    distributed.teardown(rank)
+    return figures
 
 
 def _memory_pass(

@@ -3,9 +3,11 @@ asked to do (`Spec`, written by the parent as JSON) and what it leaves (`Result`
 worker after every phase, read by the parent once the worker has ended).
 
 Both are frozen, typed records that both sides import: a misspelt field fails where it is
-written, not inside a subprocess. The parent treats a result file as untrusted (the workload
-runs in that process and can overwrite it): `read_result` checks every value's type and
-turns a damaged file into a crashed case, never a crash of the tool. `Channel` is the
+written, not inside a subprocess. The result's figures are the Measurement's own fields
+(`FIGURES`), declared once, in records.model. The parent treats a result file as untrusted
+(the workload runs in that process and can overwrite it): `read_result` checks every value's
+type (the typed-JSON decoder of records.codec, in the dialect `PROTOCOL`) and turns a damaged
+file into a crashed case, never a crash of the tool. `Channel` is the
 socket between the runner and its fork server (memtrack.worker.server). This module does not
 import torch.
 """
@@ -21,12 +23,20 @@ import select
 import socket
 import struct
 import time
-import types
 import typing
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from memtrack.probes.quality import QualitySpec
+from memtrack.records.codec import Dialect, decode, required
+from memtrack.records.model import Measurement
+
+if TYPE_CHECKING:
+    from memtrack.config import Config
+
+T = TypeVar("T")
 
 RESULT_LIMIT_BYTES = 64 * 2**20
 """A result file larger than this is not read (a workload that filled it): the case crashed."""
@@ -36,21 +46,16 @@ class ProtocolError(Exception):
     """A spec or result that does not match its record: a field unknown, missing or mistyped."""
 
 
-@dataclass(frozen=True)
-class QualitySpec:
-    """What the worker does with the step's output after the memory pass (probes.quality)."""
+PROTOCOL = Dialect(ProtocolError)
+"""How the spec, the result and the NVML sampler's answer are read (records.codec): typed,
+without the limits of a record from elsewhere, in terse words."""
 
-    mode: str
-    """'compare' with the reference, or 'record' it (`memtrack reference`)."""
-    path: str | None = None
-    """The reference file to compare with, or the file to record into; None: none recorded."""
-    reference: str | None = None
-    """Case id of the reference (compare)."""
-    sha256: str | None = None
-    """The reference file's sha256 as the manifest pins it (compare)."""
-    device: str | None = None
-    """Where the reference was recorded ('cpu', 'cuda:0'), as the manifest says (compare);
-    None in entries recorded before it was kept."""
+
+def read_typed(cls: type[T], data: Any, where: str) -> T:
+    """`data` (parsed JSON) as a `cls`, every value checked; ProtocolError where one is not.
+    `where` names it in the message ('spec', 'result')."""
+    typed: T = decode(cls, data, PROTOCOL, where)
+    return typed
 
 
 @dataclass(frozen=True)
@@ -89,13 +94,56 @@ class Spec:
 
     @classmethod
     def read(cls, path: Path) -> Spec:
-        return _build(cls, json.loads(path.read_text()), "spec")
+        return read_typed(cls, json.loads(path.read_text()), "spec")
+
+
+FIGURES = tuple(
+    """
+    framework allocator_backend peak_allocated_bytes peak_reserved_bytes peak_requested_bytes
+    persistent_bytes allocated_samples num_alloc_retries num_ooms
+    host_peak_rss_bytes host_step_peak_rss_bytes host_peak_source host_setup_rss_bytes
+    host_file_rss_bytes caches_bytes categories
+    iteration_times_s time_median_s time_p95_s time_min_s
+    load_duration_s load_host_peak_rss_bytes load_file_rss_bytes load_rchar_bytes
+    load_wchar_bytes load_read_bytes load_write_bytes disk_bytes
+    quality_status quality_message quality_reference quality_reference_sha256 quality_max_abs
+    quality_max_rel quality_cosine quality_value quality_tolerance
+    retained_samples iteration_cpu_times_s iteration_device_times_s
+    timing_cpu_pressure timing_runnable timing_steal timing_cores
+    session_peak_bytes sessions_sum_bytes
+    """.split()
+)
+"""The figures a worker may report: each a `records.Measurement` field, and a field of the
+`Result` of the same name, type and default (the Measurement says what each one is)."""
+
+
+def _with_figures(names: Sequence[str]) -> Callable[[type[T]], type[T]]:
+    """Adds the Measurement's fields `names` to a class before @dataclass reads it, with the
+    Measurement's types and defaults: they are declared once, there. (A type checker sees
+    only the class's own fields: the figures are written and read by name.)"""
+
+    def add(cls: type[T]) -> type[T]:
+        hints = typing.get_type_hints(Measurement)
+        fields = {f.name: f for f in dataclasses.fields(Measurement)}
+        for name in names:
+            f = fields[name]
+            cls.__annotations__[name] = hints[name]
+            setattr(
+                cls,
+                name,
+                dataclasses.field(default=f.default, default_factory=f.default_factory),
+            )
+        return cls
+
+    return add
 
 
 @dataclass(frozen=True)
+@_with_figures(FIGURES)
 class Result:
-    """What a worker leaves: how far it got, how it ended, and its figures so far. Figures are
-    those of `records.Measurement` under the same names; None where not measured."""
+    """What a worker leaves: how far it got, how it ended (the fields below), and its figures
+    so far: a field per name of FIGURES, as the Measurement declares it; None where not
+    measured."""
 
     status: str = "running"
     """'running' until the worker says how it ended: ok, oom, error."""
@@ -110,52 +158,6 @@ class Result:
     [start, last synchronised iteration, end of the hold for the sampler]."""
     cuda_devices: tuple[dict[str, Any], ...] = ()
     """The allocator's view per CUDA device: index, uuid, name, total and peak bytes."""
-    framework: str | None = None
-    allocator_backend: str | None = None
-    peak_allocated_bytes: int | None = None
-    peak_reserved_bytes: int | None = None
-    peak_requested_bytes: int | None = None
-    persistent_bytes: int | None = None
-    allocated_samples: tuple[int, ...] = ()
-    num_alloc_retries: int | None = None
-    num_ooms: int | None = None
-    host_peak_rss_bytes: int | None = None
-    host_step_peak_rss_bytes: int | None = None
-    host_peak_source: str | None = None
-    host_setup_rss_bytes: int | None = None
-    host_file_rss_bytes: int | None = None
-    caches_bytes: int | None = None
-    categories: dict[str, int] = field(default_factory=dict)
-    iteration_times_s: tuple[float, ...] = ()
-    time_median_s: float | None = None
-    time_p95_s: float | None = None
-    time_min_s: float | None = None
-    load_duration_s: float | None = None
-    load_host_peak_rss_bytes: int | None = None
-    load_file_rss_bytes: int | None = None
-    load_rchar_bytes: int | None = None
-    load_wchar_bytes: int | None = None
-    load_read_bytes: int | None = None
-    load_write_bytes: int | None = None
-    disk_bytes: int | None = None
-    quality_status: str | None = None
-    quality_message: str | None = None
-    quality_reference: str | None = None
-    quality_reference_sha256: str | None = None
-    quality_max_abs: float | None = None
-    quality_max_rel: float | None = None
-    quality_cosine: float | None = None
-    quality_value: float | None = None
-    quality_tolerance: dict[str, float] = field(default_factory=dict)
-    retained_samples: tuple[int, ...] = ()
-    iteration_cpu_times_s: tuple[float, ...] = ()
-    iteration_device_times_s: tuple[float, ...] = ()
-    timing_cpu_pressure: float | None = None
-    timing_runnable: float | None = None
-    timing_steal: float | None = None
-    timing_cores: int | None = None
-    session_peak_bytes: int | None = None
-    sessions_sum_bytes: int | None = None
     snapshot_kind: str | None = None
     snapshot_events: int | None = None
     snapshot_modules: int | None = None
@@ -165,28 +167,14 @@ class Result:
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "result") -> Result:
-        return _build(cls, data, where)
+        return read_typed(cls, data, where)
 
 
 WORKER_STATUSES = ("running", "ok", "oom", "error")
 """What a worker may say of its case; `crashed` and `timeout` are the parent's to say."""
 RESULT_FIELDS = frozenset(f.name for f in dataclasses.fields(Result))
-OWN_FIELDS = (
-    "status",
-    "phase",
-    "notes",
-    "message",
-    "traceback",
-    "written_at",
-    "memory_window",
-    "cuda_devices",
-    "snapshot_kind",
-    "snapshot_events",
-    "snapshot_modules",
-)
+OWN_FIELDS = tuple(f.name for f in dataclasses.fields(Result) if f.name not in FIGURES)
 """How the worker ended and what only the parent reads: not figures of the Measurement."""
-FIGURES = tuple(f for f in (x.name for x in dataclasses.fields(Result)) if f not in OWN_FIELDS)
-"""The result's figures, each a Measurement field of the same name."""
 
 
 class ResultFile:
@@ -243,6 +231,151 @@ def _damaged(why: str) -> Result:
     return Result(status="crashed", message=f"the worker's result was lost: {why}")
 
 
+# -- the fork server's messages ----------------------------------------------------------------
+#
+# One frozen record per kind of message, on both sides of the channel. On the wire each is
+# {"op": its class's name, **its fields} (pickled: a config and a suite's data travel as they
+# are); `decode_message` refuses an unknown op, or a field unknown or missing.
+
+
+@dataclass(frozen=True)
+class Discover:
+    """runner -> server: import the suite's modules (registry.discover) and list its
+    workloads; `Importing` comes first for each module, then `Discovered` or `Failed`."""
+
+    config: Config
+
+
+@dataclass(frozen=True)
+class Importing:
+    """server -> runner: the module being imported now (named if its import ends the server)."""
+
+    ref: str
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """server -> runner: the suite's workloads, as registry.workload_data gives each."""
+
+    workloads: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Failed:
+    """server -> runner: a request that failed, or was refused as malformed."""
+
+    kind: str
+    """The MemtrackError subclass that says why (WorkloadError, ConfigError, ProtocolError)."""
+    message: str
+
+
+@dataclass(frozen=True)
+class AskEnvironment:
+    """runner -> server: the fingerprint of the environment probe forked at the start."""
+
+
+@dataclass(frozen=True)
+class EnvironmentProbed:
+    """server -> runner: the probe's environment.collect() data, or why there is none."""
+
+    data: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Fork:
+    """runner -> server: fork a worker that runs `python -m memtrack.worker ARGV` in effect.
+    Two descriptors travel with it: the case's stderr, and the read end of its `go` pipe."""
+
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Forked:
+    """server -> runner: the forked worker, waiting for its `go`."""
+
+    pid: int
+
+
+@dataclass(frozen=True)
+class Refused:
+    """server -> runner: why this server must not fork (CUDA or a thread in it)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reap:
+    """runner -> server: reap a forked worker whose whole tree has ended."""
+
+    pid: int
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """server -> runner: the reaped worker's exit status (negative: the signal)."""
+
+    returncode: int
+
+
+@dataclass(frozen=True)
+class AskStatus:
+    """runner -> server: its own view (tests ask it)."""
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    """server -> runner: why it would refuse a fork now, whether CUDA is initialised in it,
+    its pid."""
+
+    unsafe: str | None
+    cuda_initialized: bool
+    pid: int
+
+
+Message = (
+    Discover
+    | Importing
+    | Discovered
+    | Failed
+    | AskEnvironment
+    | EnvironmentProbed
+    | Fork
+    | Forked
+    | Refused
+    | Reap
+    | Reaped
+    | AskStatus
+    | ServerStatus
+)
+MESSAGES: dict[str, type[Message]] = {cls.__name__: cls for cls in typing.get_args(Message)}
+"""Each kind of message by its op."""
+
+
+def encode_message(message: Message) -> dict[str, Any]:
+    """A message as it travels: its op and its fields (each as it is: the channel pickles)."""
+    fields = {f.name: getattr(message, f.name) for f in dataclasses.fields(message)}
+    return {"op": type(message).__name__, **fields}
+
+
+def decode_message(data: Any) -> Message:
+    """A message from what travelled; ProtocolError for an unknown op, a field unknown or
+    missing."""
+    op = data.get("op") if isinstance(data, dict) else None
+    cls = MESSAGES.get(op) if isinstance(op, str) else None
+    if cls is None:
+        raise ProtocolError(f"no op {op!r}")
+    fields = {k: v for k, v in data.items() if k != "op"}
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = set(fields) - set(names)
+    if unknown:
+        raise ProtocolError(f"{op}: {PROTOCOL.unknown(unknown)}")
+    for f in dataclasses.fields(cls):
+        if f.name not in fields and required(f):
+            raise ProtocolError(f"{op}: {PROTOCOL.missing(f.name)}")
+    return cls(**fields)
+
+
 # -- the fork server's channel -----------------------------------------------------------------
 
 
@@ -264,8 +397,8 @@ class Channel:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
-        data = pickle.dumps(message)
+    def send(self, message: Message, fds: Sequence[int] = ()) -> None:
+        data = pickle.dumps(encode_message(message))
         head = struct.pack("!I", len(data))
         try:
             if fds:
@@ -276,13 +409,18 @@ class Channel:
         except OSError as exc:  # EPIPE, ECONNRESET: the other side has exited
             raise ChannelClosed(str(exc)) from None
 
-    def receive(self, timeout_s: float | None = None) -> tuple[dict[str, Any], list[int]]:
-        """The next message and its descriptors; ChannelClosed at end of file or timeout."""
+    def receive(self, timeout_s: float | None = None) -> tuple[Message, list[int]]:
+        """The next message and its descriptors; ChannelClosed at end of file or timeout,
+        ProtocolError (its descriptors closed) for a malformed message."""
         head, fds = self._read(4, timeout_s, with_fds=True)
         (size,) = struct.unpack("!I", head)
-        body, _ = self._read(size, timeout_s)
-        message: dict[str, Any] = pickle.loads(body)
-        return message, fds
+        try:
+            body, _ = self._read(size, timeout_s)
+            return decode_message(pickle.loads(body)), fds
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
 
     def _read(
         self, n: int, timeout_s: float | None, *, with_fds: bool = False
@@ -320,72 +458,35 @@ class Channel:
         self.sock.close()
 
 
-# -- typed construction from JSON --------------------------------------------------------------
-
-
-def _build(cls: type, data: Any, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise ProtocolError(f"{where}: expected an object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ProtocolError(f"{where}: no field {', '.join(map(repr, unknown))}")
-    values = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ProtocolError(f"{where}: {f.name} is missing")
-            continue
-        values[f.name] = _value(hints[f.name], data[f.name], f"{where}.{f.name}")
-    return cls(**values)
-
-
-def _value(hint: Any, v: Any, where: str) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if v is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _value(inner, v, where)
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return _build(hint, v, where)
-    if origin is tuple:
-        if not isinstance(v, list):
-            raise ProtocolError(f"{where}: expected a list")
-        return tuple(_value(args[0], x, f"{where}[{i}]") for i, x in enumerate(v))
-    if origin is dict:
-        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
-            raise ProtocolError(f"{where}: expected an object")
-        return {k: _value(args[1], x, f"{where}[{k!r}]") for k, x in v.items()}
-    if hint is Any:
-        return v
-    if hint is float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ProtocolError(f"{where}: expected a number")
-        return float(v)
-    if hint is int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ProtocolError(f"{where}: expected an integer")
-        return v
-    if hint is str:
-        if not isinstance(v, str):
-            raise ProtocolError(f"{where}: expected a string")
-        # A lone surrogate (a workload's undecodable bytes) cannot be stored or printed.
-        return v.encode("utf-8", "replace").decode("utf-8")
-    raise ProtocolError(f"{where}: no rule for {hint!r}")  # pragma: no cover
-
-
 __all__ = [
     "FIGURES",
+    "MESSAGES",
     "OWN_FIELDS",
+    "PROTOCOL",
     "RESULT_FIELDS",
+    "AskEnvironment",
+    "AskStatus",
     "Channel",
     "ChannelClosed",
+    "Discover",
+    "Discovered",
+    "EnvironmentProbed",
+    "Failed",
+    "Fork",
+    "Forked",
+    "Importing",
+    "Message",
     "ProtocolError",
     "QualitySpec",
+    "Reap",
+    "Reaped",
+    "Refused",
     "Result",
     "ResultFile",
+    "ServerStatus",
     "Spec",
+    "decode_message",
+    "encode_message",
     "read_result",
+    "read_typed",
 ]

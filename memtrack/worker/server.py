@@ -38,7 +38,25 @@ from pathlib import Path
 from typing import Any
 
 from memtrack.worker.process import die_with_parent
-from memtrack.worker.protocol import Channel, ChannelClosed
+from memtrack.worker.protocol import (
+    AskEnvironment,
+    AskStatus,
+    Channel,
+    ChannelClosed,
+    Discover,
+    Discovered,
+    EnvironmentProbed,
+    Failed,
+    Fork,
+    Forked,
+    Importing,
+    Message,
+    ProtocolError,
+    Reap,
+    Reaped,
+    Refused,
+    ServerStatus,
+)
 
 CUDA_ERROR_NOT_INITIALIZED = 3
 WORKER_MAIN = str(Path(__file__).with_name("__main__.py"))
@@ -142,21 +160,18 @@ class Server:
         os.close(write)
         self.environment = (pid, read)
 
-    def collect_environment(self) -> dict[str, Any]:
+    def collect_environment(self) -> EnvironmentProbed:
         if self.environment is None:
-            return {"op": "environment", "error": "no environment probe was forked"}
+            return EnvironmentProbed(error="no environment probe was forked")
         pid, read = self.environment
         self.environment = None
         with os.fdopen(read, "rb") as f:
             data = f.read()
         code = self.reap(pid)
         try:
-            return {"op": "environment", "data": json.loads(data)}
+            return EnvironmentProbed(data=json.loads(data))
         except ValueError:
-            return {
-                "op": "environment",
-                "error": f"the forked environment probe exited with {code}",
-            }
+            return EnvironmentProbed(error=f"the forked environment probe exited with {code}")
 
     def reap(self, pid: int) -> int:
         self.children.discard(pid)
@@ -166,7 +181,7 @@ class Server:
             return -signal.SIGKILL
         return os.waitstatus_to_exitcode(status)
 
-    def discover(self, config: Any) -> dict[str, Any]:
+    def discover(self, config: Any) -> Discovered | Failed:
         from memtrack.errors import MemtrackError
         from memtrack.workload.registry import (
             discover,
@@ -179,7 +194,7 @@ class Server:
 
         def importing(ref: str) -> None:
             current[:] = [ref]
-            self.chan.send({"op": "importing", "ref": ref})
+            self.chan.send(Importing(ref))
 
         try:
             found = discover(config, importing)
@@ -187,22 +202,20 @@ class Server:
             # SIGINT is ignored here (the runner handles a terminal's ^C): this one was
             # raised by the module's own code, and is that module's failure.
             error: BaseException = import_failure(modules_where(config), current[0], exc)
-            return {"op": "error", "kind": type(error).__name__, "message": str(error)}
+            return Failed(type(error).__name__, str(error))
         except MemtrackError as exc:
-            return {"op": "error", "kind": type(exc).__name__, "message": str(exc)}
+            return Failed(type(exc).__name__, str(exc))
         except Exception as exc:  # a bug of memtrack's: still one line for the runner
-            return {
-                "op": "error",
-                "kind": "WorkloadError",
-                "message": f"discovery failed: {type(exc).__name__}: {exc}",
-            }
-        return {"op": "discovered", "workloads": [workload_data(w) for w in found]}
+            return Failed("WorkloadError", f"discovery failed: {type(exc).__name__}: {exc}")
+        return Discovered(tuple(workload_data(w) for w in found))
 
-    def fork_case(self, argv: list[str], fds: list[int]) -> dict[str, Any]:
+    def fork_case(self, argv: list[str], fds: list[int]) -> Forked | Refused | Failed:
+        if len(fds) != 2:
+            return Failed("ProtocolError", f"Fork: {len(fds)} descriptors, not its stderr and go")
         stderr, go = fds
         reason = fork_unsafe()
         if reason is not None:
-            return {"op": "refused", "reason": reason}
+            return Refused(reason)
         server_pid = os.getpid()
 
         def case() -> int:
@@ -222,8 +235,21 @@ class Server:
             sys.argv = [WORKER_MAIN, *argv, str(server_pid)]
             return main([*argv, str(server_pid)])
 
-        pid = self.fork(case)
-        return {"op": "forked", "pid": pid}
+        return Forked(self.fork(case))
+
+    def answer(self, message: Message, fds: list[int]) -> Message:
+        """The reply to one request (the descriptors that came with it are the caller's)."""
+        if isinstance(message, Discover):
+            return self.discover(message.config)
+        if isinstance(message, AskEnvironment):
+            return self.collect_environment()
+        if isinstance(message, Fork):
+            return self.fork_case(list(message.argv), fds)
+        if isinstance(message, Reap):
+            return Reaped(self.reap(message.pid))
+        if isinstance(message, AskStatus):
+            return ServerStatus(fork_unsafe(), _cuda_initialized(), os.getpid())
+        return Failed("ProtocolError", f"no op {type(message).__name__!r}")  # a reply's kind
 
     def loop(self) -> None:
         while True:
@@ -231,29 +257,15 @@ class Server:
                 message, fds = self.chan.receive()
             except ChannelClosed:  # the runner is done (or gone)
                 return
-            op = message.get("op")
-            try:
-                if op == "discover":
-                    reply = self.discover(message["config"])
-                elif op == "environment":
-                    reply = self.collect_environment()
-                elif op == "fork":
-                    reply = self.fork_case(message["argv"], fds)
-                elif op == "reap":
-                    reply = {"op": "reaped", "returncode": self.reap(message["pid"])}
-                elif op == "status":
-                    reply = {
-                        "op": "status",
-                        "unsafe": fork_unsafe(),
-                        "cuda_initialized": _cuda_initialized(),
-                        "pid": os.getpid(),
-                    }
-                else:
-                    reply = {"op": "error", "kind": "ProtocolError", "message": f"no op {op!r}"}
-            finally:
-                for fd in fds:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
+            except ProtocolError as exc:  # malformed: refused, its descriptors closed
+                reply: Message = Failed("ProtocolError", str(exc))
+            else:
+                try:
+                    reply = self.answer(message, fds)
+                finally:
+                    for fd in fds:
+                        with contextlib.suppress(OSError):
+                            os.close(fd)
             try:
                 self.chan.send(reply)
             except ChannelClosed:
