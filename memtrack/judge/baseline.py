@@ -245,8 +245,9 @@ class BaselineFinder:
             fingerprint=self.run.environment.fingerprint if same_env else None,
             figures=_FIGURES,
         )
+        cutoff, ancestor = self.cutoff, self._ancestor
         for row in rows:
-            if self._eligible(row):
+            if eligible(row, cutoff=cutoff, ancestor=ancestor):
                 yield row
 
     def points(self, case_id: str) -> list[Point]:
