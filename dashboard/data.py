@@ -97,7 +97,7 @@ def latest_by_case(
             c["verdicts"] = [v for v in c["window_verdicts"] if v["run_id"] == latest["run_id"]]
             c["open"] = model.open_dicts(
                 open_regressions(
-                    s.conn, base_branch, [c["case_id"]], fingerprint=latest.get("fingerprint")
+                    s, base_branch, [c["case_id"]], fingerprint=latest.get("fingerprint")
                 )
             )
     for c in out:
@@ -123,7 +123,7 @@ def base_series(
                         "verdicts": queries.verdicts_for_runs(
                             s.conn, [r["run_id"] for r in rows], case_id=case
                         ),
-                        "open": model.open_dicts(open_regressions(s.conn, base_branch, [case])),
+                        "open": model.open_dicts(open_regressions(s, base_branch, [case])),
                     }
                 )
     for c in out:
@@ -170,7 +170,7 @@ def history(
             limit=limit,
             kind="estimate",
         )
-        still = model.open_dicts(open_regressions(s.conn, base_branch, [case_id]))
+        still = model.open_dicts(open_regressions(s, base_branch, [case_id]))
     for r in estimates:
         r["x"] = r["started_at"]
     for r in rows:

@@ -21,8 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from memtrack.errors import StoreError
-from memtrack.store.database import BUSY_TIMEOUT_S, Store
+from memtrack.store.database import Store
 
 RARE_CASE_ROWS = 2000
 """Below this many measurements, a case's series is read from its own index entries."""
@@ -81,28 +80,7 @@ def open_readonly(path: Path) -> Store:
     older than this memtrack (migrations still pending) is read as it is: the dashboard
     needs only the first schema, and reads verdicts where the table exists. A newer or a
     foreign schema is refused as Store.open refuses it."""
-    try:
-        return Store.open(path, readonly=True)
-    except StoreError as refused:
-        if not path.is_file():
-            raise
-        conn = sqlite3.connect(
-            f"{path.resolve().as_uri()}?mode=ro",
-            uri=True,
-            timeout=BUSY_TIMEOUT_S,
-            isolation_level=None,
-            check_same_thread=False,
-        )
-        conn.row_factory = sqlite3.Row
-        store = Store(conn, path, readonly=True)
-        try:
-            store.check_schema(allow_pending=True)
-            if not store.applied_migrations():
-                raise refused from None
-        except (StoreError, sqlite3.DatabaseError):
-            conn.close()
-            raise refused from None
-        return store
+    return Store.open(path, readonly=True, older=True)
 
 
 def _dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:

@@ -256,7 +256,6 @@ def realistic_history(
 
     from memtrack.config import Config
     from memtrack.judge.check import check as run_check
-    from memtrack.judge.check import save_verdicts
     from memtrack.store.database import Store
 
     runs = reruns or read_reruns()
@@ -335,7 +334,7 @@ def realistic_history(
             )
             store.write_run(run)
             if check:
-                save_verdicts(store, run_check(store, config, run_id=run.run_id))
+                store.save_verdicts(run_check(store, config, run_id=run.run_id))
         for k in range(10):
             base = HISTORY_COMMITS - 9 + k
             src = order[HISTORY_COMMITS + k]
@@ -370,6 +369,6 @@ def realistic_history(
             )
             store.write_run(run)
             if check:
-                save_verdicts(store, run_check(store, config, run_id=run.run_id))
+                store.save_verdicts(run_check(store, config, run_id=run.run_id))
             prs.append(run.run_id)
     return {"prs": prs, "grow": prs[GROW_PR], "config": config}

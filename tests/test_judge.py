@@ -20,13 +20,13 @@ from factories import (
 from memtrack.config import Budget, Config
 from memtrack.errors import ConfigError
 from memtrack.judge.budgets import budgets_for
-from memtrack.judge.check import check, save_verdicts
+from memtrack.judge.check import check
 from memtrack.judge.levels import current_level, find_steps, noise, segment, within_runs
 from memtrack.judge.levels import spread as baseline_spread
 from memtrack.judge.memory import repeat_spread, suggest_budget
 from memtrack.records import Measurement
 from memtrack.records.metrics import FLOORS
-from memtrack.store.database import Store
+from memtrack.store.database import VERDICT_COLUMNS, Store
 
 BASE = 100 * MiB
 
@@ -310,7 +310,7 @@ def test_a_base_branch_run_is_judged_against_its_previous_level_never_blocking(s
     v = _verdict(result)
     assert (result.context, v.context, v.kind, v.blocking) == ("base", "base", "regression", False)
     assert result.exit_code == 0
-    save_verdicts(store, result)
+    store.save_verdicts(result)
     row = store.conn.execute(
         "select context, kind from verdicts where run_id = ? and metric = 'allocated'", [pushed]
     ).fetchone()
@@ -559,8 +559,8 @@ def test_verdicts_are_recorded_once_per_run(store, tmp_path):
     _baseline(store, [BASE] * 3)
     run_id = _candidate(store, [make_measurement(peak=BASE + MiB)], 10)
     result = check(store, _config(tmp_path), run_id=run_id)
-    assert save_verdicts(store, result) == len(result.verdicts)
-    save_verdicts(store, result)  # again: replaces, never duplicates
+    assert store.save_verdicts(result) == len(result.verdicts)
+    store.save_verdicts(result)  # again: replaces, never duplicates
     rows = [
         dict(r)
         for r in store.conn.execute("select * from verdicts where run_id = ? order by id", [run_id])
@@ -571,34 +571,10 @@ def test_verdicts_are_recorded_once_per_run(store, tmp_path):
     assert row["threshold"] == BASE + 512 and row["delta"] == MiB
     assert row["message"].startswith("allocated: baseline")
     cols = [r[1] for r in store.conn.execute("pragma table_info(verdicts)")]
-    assert cols == [
-        "id",
-        "run_id",
-        "case_id",
-        "workload",
-        "metric",
-        "kind",
-        "blocking",
-        "provisional",
-        "baseline_value",
-        "spread",
-        "factor",
-        "floor",
-        "threshold",
-        "candidate_value",
-        "delta",
-        "delta_pct",
-        "budget_bytes",
-        "budget_reason",
-        "baseline_runs",
-        "message",
-        "checked_at",
-        "context",
-        "accepted_reason",
-        "component",
-        "component_delta",
-        "level_commit",
-    ]
+    assert cols == ["id", *VERDICT_COLUMNS]
+    # every column the verdict's of its name, but the check's own
+    own = [c for c in VERDICT_COLUMNS if not hasattr(result.verdicts[0], c)]
+    assert own == ["run_id", "checked_at"]
 
 
 def test_judge_and_report_import_no_heavy_modules():

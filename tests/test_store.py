@@ -342,6 +342,82 @@ def test_a_replaced_database_file_is_not_written(tmp_path):
     assert not db.exists()
 
 
+def _checked(run_id: str, *verdicts):
+    from memtrack.judge.check import CheckResult
+
+    return CheckResult(
+        run_id=run_id,
+        commit=None,
+        branch="pr",
+        started_at="2026-01-01T00:00:00+00:00",
+        fingerprint="cpu",
+        base_branch="main",
+        merge_base=None,
+        baseline_mode="time",
+        verdicts=verdicts,
+        checked_at="2026-01-01T01:00:00+00:00",
+    )
+
+
+def test_verdicts_are_written_whole_or_not_at_all_through_the_stores_write_path(tmp_path):
+    from memtrack.judge.verdict import Verdict
+
+    db = tmp_path / "m.db"
+    run = make_run([make_measurement()], branch="pr")
+    ok = Verdict("decoder[batch=1]", "decoder", "allocated", "ok", False, "allocated: ok")
+    grew = replace(ok, metric="host", kind="regression", blocking=True, delta=float(MiB))
+
+    def stored(store):
+        rows = store.conn.execute("select metric, kind, blocking, delta, checked_at from verdicts")
+        return sorted(tuple(r) for r in rows)
+
+    first = [
+        ("allocated", "ok", 0, None, "2026-01-01T01:00:00+00:00"),
+        ("host", "regression", 1, MiB, "2026-01-01T01:00:00+00:00"),
+    ]
+    with Store.open(db) as store:
+        store.write_run(run)
+        assert store.save_verdicts(_checked(run.run_id, ok, grew)) == 2
+        assert stored(store) == first
+        # a row SQLite cannot take: the check's earlier verdicts are not deleted either
+        unbindable = replace(ok, message=["not", "text"])
+        with pytest.raises(StoreError, match="m.db"):
+            store.save_verdicts(_checked(run.run_id, ok, unbindable))
+        assert stored(store) == first and not store.conn.in_transaction
+    with Store.open(db, readonly=True) as store:
+        with pytest.raises(StoreError, match="read-only, cannot record verdicts"):
+            store.save_verdicts(_checked(run.run_id, ok))
+        assert stored(store) == first
+    with Store.open(db) as store:
+        db.rename(tmp_path / "moved.db")
+        with pytest.raises(StoreError, match="deleted or replaced"):
+            store.save_verdicts(_checked(run.run_id, ok))
+        assert stored(store) == first
+
+
+def test_an_older_schema_is_read_as_it_is_only_when_asked(tmp_path):
+    db = tmp_path / "m.db"
+    with Store.open(db) as store:
+        store.write_run(make_run([make_measurement()]))
+        store.conn.execute("drop table verdicts")
+        store.conn.execute("delete from _sqlite_migrations where name != 'm001_initial'")
+    with pytest.raises(StoreError, match="schema is older than this memtrack"):
+        Store.open(db, readonly=True)
+    with Store.open(db, readonly=True, older=True) as store:
+        assert store.readonly and len(store.run_ids()) == 1
+    # an empty or a newer schema is refused all the same
+    sqlite3.connect(tmp_path / "empty.db").close()
+    with pytest.raises(StoreError, match="empty database"):
+        Store.open(tmp_path / "empty.db", readonly=True, older=True)
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "insert into _sqlite_migrations (migration_set, name, applied_at) "
+            "values ('memtrack', 'm999_from_the_future', 'now')"
+        )
+    with pytest.raises(StoreError, match="m999_from_the_future"):
+        Store.open(db, readonly=True, older=True)
+
+
 def _estimate_db(db, commit):
     """30 measured runs of three cases, and estimate runs of the first two: one of `commit`
     (the first case only), then two started at one time (the second of them holds the

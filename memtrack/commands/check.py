@@ -30,6 +30,14 @@ def _anchor(value: str | None) -> str | int | None:
     return value
 
 
+def _refuse_mixed(history: bool, candidate: bool, history_options: bool) -> None:
+    """Refuse --history with a candidate (--run, --commit), and its options without it."""
+    if history and candidate:
+        raise ConfigError("--history looks at the base branch: it takes no --run or --commit")
+    if not history and history_options:
+        raise ConfigError("--anchor and -k/--workload go with --history")
+
+
 def _output(option: str, path: Path | None) -> None:
     """Refuse before judging (and recording verdicts) an output that cannot be written."""
     if path is not None:
@@ -113,10 +121,7 @@ def check(
     from memtrack.store.database import Store
 
     config, db = resolve(config_path, db_path)
-    if history and (run_id or commit):
-        raise ConfigError("--history looks at the base branch: it takes no --run or --commit")
-    if not history and (anchor is not None or patterns):
-        raise ConfigError("--anchor and -k/--workload go with --history")
+    _refuse_mixed(history, bool(run_id or commit), anchor is not None or bool(patterns))
     if base_branch is not None and not is_branch(base_branch):
         raise ConfigError(f"--base: {base_branch!r} is not a branch name")
     history_anchor = _anchor(anchor)
@@ -146,11 +151,10 @@ def check(
 
         else:
             from memtrack.judge.check import check as run_check
-            from memtrack.judge.check import save_verdicts
 
             result = run_check(store, config, run_id=run_id, commit=commit, base_branch=base_branch)
             if not no_record:
-                save_verdicts(store, result)
+                store.save_verdicts(result)
             renderables, code = report.terminal(result), result.exit_code
 
             def md() -> str:

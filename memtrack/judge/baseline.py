@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,7 +17,9 @@ from typing import Any
 
 from memtrack.judge.load import Load, own_demand
 from memtrack.records import COMMIT_PATTERN, RunRecord, metrics
+from memtrack.store import judging as reads
 from memtrack.store.database import Store
+from memtrack.store.judging import Row
 from memtrack.units import parse_time
 
 _ANCESTRY_FIRST = 512
@@ -126,19 +128,22 @@ class Point:
     """How busy the machine was while the run was timed."""
 
 
-_POINT_SQL = f"""
-select r.run_id, r.git_commit, r.started_at, r.git_committed_at, r.env_id, r.fingerprint,
-       m.status, m.iteration_times_s, m.allocated_samples, m.retained_samples,
-       m.iteration_cpu_times_s, m.iteration_device_times_s, m.timing_cpu_pressure,
-       m.timing_runnable, m.timing_cores, m.timing_steal,
-       {", ".join("m." + c for c in (*metrics.COLUMNS.values(), *COMPONENTS.values()))}
-from runs r cross join measurements m
-where r.git_branch = :branch and r.run_id != :candidate {{fingerprint}}
-  and m.case_id = :case and m.run_id = r.run_id and m.kind = 'measured'
-order by r.started_at desc
-"""
-# CROSS JOIN keeps `runs` as the outer loop: newest first through the (git_branch,
-# started_at) index, each probing measurements(case_id, run_id); the scan stops after N.
+_FIGURES = (*metrics.COLUMNS.values(), *COMPONENTS.values())
+"""The measurement columns a baseline point reads besides its timing and samples."""
+
+
+def eligible(
+    row: Row, *, cutoff: float | None, ancestor: Callable[[str, float | None], bool] | None
+) -> bool:
+    """Whether a base-branch run (git_commit, git_committed_at, started_at) may be a
+    baseline: with `ancestor` (git ancestry of the merge-base, given a commit and its
+    time), its commit is one of the merge-base's ancestors; without, its commit (or, not
+    known, the run) is no newer than `cutoff`."""
+    committed = iso_epoch(row["git_committed_at"])
+    if ancestor is not None:
+        return bool(row["git_commit"]) and ancestor(row["git_commit"], committed)
+    when = committed if committed is not None else iso_epoch(row["started_at"])
+    return when is not None and cutoff is not None and when <= cutoff
 
 
 class BaselineFinder:
@@ -165,6 +170,7 @@ class BaselineFinder:
         self.ancestry: _Ancestry | None = None
         self.cutoff: float | None = None
         self.mode = self._choose_mode()
+        self._ancestor = self.ancestry.contains if self.ancestry is not None else None
 
     def _choose_mode(self) -> str:
         git = self.run.git
@@ -211,10 +217,7 @@ class BaselineFinder:
                 git_output(self.root, "show", "-s", "--format=%cI", revs=(self.merge_base,))
             )
             if ref_time is None:
-                row = self.store.conn.execute(
-                    "select max(git_committed_at) from runs where git_commit = ?", [self.merge_base]
-                ).fetchone()
-                ref_time = iso_epoch(row[0]) if row else None
+                ref_time = iso_epoch(reads.commit_time(self.store, self.merge_base))
             ref_what = f"merge-base {self.merge_base[:12]}"
         if ref_time is None and git.committed_at:
             ref_time = iso_epoch(git.committed_at)
@@ -230,23 +233,21 @@ class BaselineFinder:
         )
         return "time"
 
-    def _eligible(self, row: Any) -> bool:
-        committed = iso_epoch(row["git_committed_at"])
-        if self.ancestry is not None:
-            return bool(row["git_commit"]) and self.ancestry.contains(row["git_commit"], committed)
-        when = committed if committed is not None else iso_epoch(row["started_at"])
-        return when is not None and self.cutoff is not None and when <= self.cutoff
+    def _eligible(self, row: Row) -> bool:
+        return eligible(row, cutoff=self.cutoff, ancestor=self._ancestor)
 
-    def _rows(self, case_id: str, same_env: bool) -> Iterator[Any]:
-        sql = _POINT_SQL.format(fingerprint="and r.fingerprint = :fp" if same_env else "")
-        params = {
-            "branch": self.base_branch,
-            "candidate": self.owners.get(case_id, self.run.run_id),
-            "case": case_id,
-            "fp": self.run.environment.fingerprint,
-        }
-        for row in self.store.conn.execute(sql, params):
-            if self._eligible(row):
+    def _rows(self, case_id: str, same_env: bool) -> Iterator[Row]:
+        rows = reads.baseline_rows(
+            self.store,
+            case_id,
+            branch=self.base_branch,
+            candidate=self.owners.get(case_id, self.run.run_id),
+            fingerprint=self.run.environment.fingerprint if same_env else None,
+            figures=_FIGURES,
+        )
+        cutoff, ancestor = self.cutoff, self._ancestor
+        for row in rows:
+            if eligible(row, cutoff=cutoff, ancestor=ancestor):
                 yield row
 
     def points(self, case_id: str) -> list[Point]:
@@ -279,37 +280,20 @@ class BaselineFinder:
 
     def newest_cases(self) -> set[str] | None:
         """The cases of the newest eligible same-environment base run, if there is one."""
-        candidates = sorted({self.run.run_id, *self.owners.values()})
-        rows = self.store.conn.execute(
-            "select run_id, git_commit, git_committed_at, started_at from runs "
-            "where git_branch = ? and fingerprint = ? "
-            f"and run_id not in ({', '.join('?' for _ in candidates)}) "
-            "order by started_at desc",
-            [self.base_branch, self.run.environment.fingerprint, *candidates],
-        )
-        for row in rows:
+        candidates = {self.run.run_id, *self.owners.values()}
+        fingerprint = self.run.environment.fingerprint
+        for row in reads.base_runs(self.store, self.base_branch, fingerprint, candidates):
             if self._eligible(row):
-                cases = {
-                    r[0]
-                    for r in self.store.conn.execute(
-                        "select case_id from measurements where run_id = ? and kind = 'measured'",
-                        [row["run_id"]],
-                    )
-                }
+                cases = reads.measured_cases(self.store, row["run_id"])
                 if cases:  # an estimate run is no baseline run
                     return cases
         return None
 
     def seen_anywhere(self, case_id: str) -> bool:
-        row = self.store.conn.execute(
-            "select 1 from measurements where case_id = ? and run_id != ? "
-            "and kind = 'measured' limit 1",
-            [case_id, self.run.run_id],
-        ).fetchone()
-        return row is not None
+        return reads.measured_elsewhere(self.store, case_id, self.run.run_id)
 
 
-def _point(row: Any) -> Point:
+def _point(row: Row) -> Point:
     def figures(columns: dict[str, str]) -> dict[str, int]:
         return {name: int(row[col]) for name, col in columns.items() if row[col] is not None}
 
@@ -388,19 +372,8 @@ class OpenRegression:
         )
 
 
-_OPEN_SQL = """
-select v.run_id, v.case_id, v.metric, v.baseline_value, v.threshold, v.candidate_value,
-       v.delta, v.delta_pct, v.component, v.component_delta,
-       r.git_commit, r.git_subject, r.started_at, r.fingerprint
-from verdicts v cross join runs r on r.run_id = v.run_id
-where v.context = 'base' and v.kind = 'regression' and v.case_id = :case
-  and r.git_branch = :branch and v.threshold is not null {more}
-order by r.started_at desc
-"""
-
-
 def open_regressions(
-    conn: Any,
+    store: Store,
     base_branch: str,
     case_ids: Iterable[str],
     *,
@@ -413,75 +386,50 @@ def open_regressions(
     base run of its environment within its threshold, or by a later `accepted` verdict of
     the same case and metric on the base branch. With `until`, as they stood before that
     time (runs started before it). Read-only; [] without a verdicts table."""
-    if not conn.execute(
-        "select 1 from sqlite_master where type = 'table' and name = 'verdicts'"
-    ).fetchone():
+    if not reads.has_verdicts(store):
         return []
     out: list[OpenRegression] = []
-    more = " and r.fingerprint = :fp" if fingerprint else ""
-    later = " and r.started_at < :until" if until else ""
     for case in case_ids:
-        rows = conn.execute(
-            _OPEN_SQL.format(more=more + later),
-            {
-                "case": case,
-                "branch": base_branch,
-                "fp": fingerprint,
-                "until": until,
-            },
-        ).fetchmany(limit)
-        for row in rows:
-            column = metrics.COLUMNS.get(row["metric"])
-            if column is None:
-                continue
-            fixed = conn.execute(
-                f"select 1 from runs r cross join measurements m on m.run_id = r.run_id "
-                f"and m.case_id = :case where r.git_branch = :branch and r.started_at > :t "
-                f"and r.fingerprint is :fp and m.kind = 'measured' and m.status = 'ok' "
-                f"and m.{column} <= :threshold{later} limit 1",
-                {
-                    "case": case,
-                    "branch": base_branch,
-                    "t": row["started_at"],
-                    "fp": row["fingerprint"],
-                    "threshold": row["threshold"],
-                    "until": until,
-                },
-            ).fetchone()
-            if fixed:
-                continue
-            accepted = conn.execute(
-                "select 1 from verdicts v cross join runs r on r.run_id = v.run_id "
-                "where v.context = 'base' and v.case_id = :case and v.metric = :metric "
-                f"and v.kind = 'accepted' and r.git_branch = :branch and r.started_at > :t"
-                f"{later} limit 1",
-                {
-                    "case": case,
-                    "metric": row["metric"],
-                    "branch": base_branch,
-                    "t": row["started_at"],
-                    "until": until,
-                },
-            ).fetchone()
-            if accepted:
-                continue
-            out.append(
-                OpenRegression(
-                    case,
-                    row["metric"],
-                    row["run_id"],
-                    row["git_commit"],
-                    row["git_subject"],
-                    row["started_at"],
-                    row["fingerprint"],
-                    row["baseline_value"],
-                    float(row["threshold"]),
-                    row["candidate_value"],
-                    row["delta"],
-                    row["delta_pct"],
-                    row["component"],
-                    row["component_delta"],
-                )
-            )
+        found = reads.base_regressions(
+            store, case, branch=base_branch, fingerprint=fingerprint, until=until, limit=limit
+        )
+        for row in found:
+            if row["metric"] in metrics.COLUMNS and not _closed(store, row, base_branch, until):
+                out.append(_open_regression(case, row))
     out.sort(key=lambda o: o.started_at, reverse=True)
     return out
+
+
+def _closed(store: Store, row: Row, base_branch: str, until: str | None) -> bool:
+    """A regression verdict closed: a later base run of its environment back within its
+    threshold, or a later acceptance of its case and metric (asked only without one)."""
+    case, metric, t = row["case_id"], row["metric"], row["started_at"]
+    return reads.back_within(
+        store,
+        case,
+        metric,
+        row["threshold"],
+        branch=base_branch,
+        after=t,
+        fingerprint=row["fingerprint"],
+        until=until,
+    ) or reads.accepted_after(store, case, metric, branch=base_branch, after=t, until=until)
+
+
+def _open_regression(case: str, row: Row) -> OpenRegression:
+    return OpenRegression(
+        case,
+        row["metric"],
+        row["run_id"],
+        row["git_commit"],
+        row["git_subject"],
+        row["started_at"],
+        row["fingerprint"],
+        row["baseline_value"],
+        float(row["threshold"]),
+        row["candidate_value"],
+        row["delta"],
+        row["delta_pct"],
+        row["component"],
+        row["component_delta"],
+    )

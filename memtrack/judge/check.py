@@ -34,8 +34,9 @@ from memtrack.judge.budgets import (
 )
 from memtrack.judge.memory import Candidate
 from memtrack.judge.verdict import Verdict
-from memtrack.records import Environment, RunRecord, metrics
-from memtrack.store.database import VERDICT_COLUMNS, Store
+from memtrack.records import Environment, Measurement, RunRecord, metrics
+from memtrack.store import judging as reads
+from memtrack.store.database import Store
 from memtrack.units import format_size
 
 
@@ -342,11 +343,7 @@ def with_sibling_shards(store: Store, run: RunRecord) -> tuple[RunRecord, dict[s
     if not run.shard or "/" not in run.shard or not run.git.commit:
         return run, owners
     total = run.shard.split("/", 1)[1]
-    rows = store.conn.execute(
-        "select run_id, shard from runs where git_commit = ? and fingerprint = ? "
-        "and shard like ? order by started_at desc",
-        [run.git.commit, run.environment.fingerprint, f"%/{total}"],
-    ).fetchall()
+    rows = reads.shard_runs(store, run.git.commit, run.environment.fingerprint, total)
     seen, measurements = {run.shard}, list(run.measurements)
     for row in rows:
         if row["shard"] in seen:
@@ -389,15 +386,20 @@ def _known_targets(store: Store, run: RunRecord, names: set[str]) -> set[str]:
     """The run's workloads and cases, and those of `names` that the store has recorded (a
     case id, or a workload: the prefix 'name[' of its case ids), each by an index lookup."""
     known = {x for m in run.measurements for x in (m.workload, m.case_id)}
-    for name in names - known:
-        # '\\' follows '[' in byte order: the range holds exactly the ids 'name[...'.
-        if store.conn.execute(
-            "select 1 from measurements where (case_id = ? or (case_id >= ? and "
-            "case_id < ?)) and kind = 'measured' limit 1",
-            [name, name + "[", name + "\\"],
-        ).fetchone():
-            known.add(name)
-    return known
+    return known | {name for name in names - known if reads.ever_measured(store, name)}
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """What every case of one check is judged in."""
+
+    config: Config
+    run: RunRecord
+    base: str
+    context: str
+    finder: BaselineFinder
+    changes: list[BudgetChange]
+    acceptances: list[accept.Acceptance]
 
 
 def check(
@@ -426,108 +428,20 @@ def check(
     unchecked = check_budget_targets(config, known, strict=False)
     context = context_of(run, base)
     finder = BaselineFinder(store, run, base, root, config.baseline_runs, owners)
-    notes = [*finder.notes, *unchecked]
-    if context == "base":
-        notes.append(
-            f"a run of {base} itself, judged against the previous level: verdicts "
-            "are reported and recorded, never blocking"
-        )
-    shard_runs = sorted(set(owners.values()) - {run.run_id})
-    if shard_runs:
-        notes.append(
-            f"shard {run.shard} checked together with the newest run of each other "
-            f"shard of this commit: {', '.join(r[:12] for r in shard_runs)}"
-        )
-    if run.git.dirty:
-        notes.append("the candidate was measured with uncommitted changes (dirty tree)")
+    notes = [*finder.notes, *unchecked, *_run_notes(run, base, context, owners)]
     changes, note = budget_changes(config, root, finder.merge_base or base)
     if note:
         notes.append(note)
-    points = {
-        m.case_id: finder.points(m.case_id) if finder.seen_anywhere(m.case_id) else []
-        for m in run.measurements
-    }
-    newest = finder.newest_cases() or set()
-    missing = sorted(newest - {m.case_id for m in run.measurements})
-    renamed = _renamed(store, run, missing, points)
-    for new_case, (old_case, _) in renamed.items():
-        points[new_case] = finder.points(old_case)
+    points, missing, renamed = _baselines(store, run, finder)
     acceptances, accept_notes = _acceptances(run, context, finder.merge_base, points, root)
     known = _known_targets(store, run, {a.target for a in acceptances}) | known
     notes += accept_notes + accept.unknown_targets(acceptances, known)
-    env_cache: dict[str | None, Environment | None] = {}
-    verdicts: list[Verdict] = []
-    time_on = config.time_regression != "off"
-    for m in run.measurements:
-        case_points = points[m.case_id]
-        budgets = budgets_for(config.budgets, m, run.environment)
-        touched = [ch for ch in changes if ch.workload in (m.workload, m.case_id)]
-        ok_runs = sum(p.status == "ok" for p in case_points)
-        # A short window borrows what other environments' runs know of the case's noise.
-        short = 0 < len(case_points) < 2 * config.min_baseline_runs
-        c = Candidate(
-            m,
-            case_points,
-            budgets,
-            ok_runs < config.min_baseline_runs,
-            touched,
-            acceptances,
-            context,
-            known=finder.other_points(m.case_id) if short else [],
-        )
-        other = None
-        if not case_points and finder.seen_anywhere(m.case_id):
-            p = finder.other_env(m.case_id)
-            if p is not None:
-                if p.env_id not in env_cache:
-                    env_cache[p.env_id] = store.get_environment(p.env_id)
-                old = env_cache[p.env_id]
-                other = (p, environment_diff(old, run.environment) if old else [])
-        for metric, b in budgets.items():
-            if metrics.value(m, metric) is None and m.status == "ok":
-                notes.append(
-                    f"{m.case_id}: budget on {metric} ({format_size(b.limit_bytes)}) "
-                    f"not checked: {metric} was not measured on this run"
-                )
-        if m.case_id in renamed:
-            old_case, change = renamed[m.case_id]
-            verdicts += [
-                replace(
-                    v,
-                    compared_with=old_case,
-                    param_change=change,
-                    message=f"{change} (against {old_case}, the case it replaces): {v.message}",
-                )
-                for v in _judge_case(c, config, base, other, False)
-            ]
-            continue
-        verdicts.extend(_judge_case(c, config, base, other, time_on))
+    setting = _Setting(config, run, base, context, finder, changes, acceptances)
+    verdicts = _judge_cases(store, setting, points, renamed, notes)
     opened, open_notes = _still_open(store, run, base, context, verdicts, acceptances)
     notes += open_notes
     verdicts.extend(quality.verdicts(run.measurements, context))
-    replaced = {old for old, _ in renamed.values()}
-    gone = [case for case in missing if case not in replaced]
-    if run.shard and gone:
-        shown = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
-        notes.append(
-            f"{len(gone)} case(s) of the newest baseline run are not in this shard's run "
-            f"(another shard's, or removed), so not checked: {shown}"
-        )
-    else:
-        verdicts += [_removed_verdict(case, base, context) for case in gone]
-    found = store.latest_estimates([m.case_id for m in run.measurements], run.git.commit)
-    estimates = tuple(
-        Estimate(
-            m.case_id,
-            e["peak_allocated_bytes"],
-            e["run_id"],
-            e["git_commit"],
-            measured_bytes=m.peak_allocated_bytes,
-            candidate_commit=run.git.commit,
-        )
-        for m in run.measurements
-        if (e := found.get(m.case_id)) and m.status == "ok"
-    )
+    verdicts += _gone(run, base, context, missing, renamed, notes)
     return CheckResult(
         case_runs=owners,
         run_id=run.run_id,
@@ -544,8 +458,162 @@ def check(
         checked_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         context=context,
         acceptances=tuple(acceptances),
-        estimates=estimates,
+        estimates=_estimates(store, run),
         open_regressions=tuple(opened),
+    )
+
+
+def _run_notes(run: RunRecord, base: str, context: str, owners: dict[str, str]) -> list[str]:
+    """What the report says of the candidate itself: a base-branch run, joined shards, a
+    dirty tree."""
+    notes = []
+    if context == "base":
+        notes.append(
+            f"a run of {base} itself, judged against the previous level: verdicts "
+            "are reported and recorded, never blocking"
+        )
+    shard_runs = sorted(set(owners.values()) - {run.run_id})
+    if shard_runs:
+        notes.append(
+            f"shard {run.shard} checked together with the newest run of each other "
+            f"shard of this commit: {', '.join(r[:12] for r in shard_runs)}"
+        )
+    if run.git.dirty:
+        notes.append("the candidate was measured with uncommitted changes (dirty tree)")
+    return notes
+
+
+def _baselines(
+    store: Store, run: RunRecord, finder: BaselineFinder
+) -> tuple[dict[str, list[Point]], list[str], dict[str, tuple[str, str]]]:
+    """Each case's baseline points; the cases of the newest baseline run that this run
+    lacks; and the cases renamed by a changed param (their points: the old case's)."""
+    points = {
+        m.case_id: finder.points(m.case_id) if finder.seen_anywhere(m.case_id) else []
+        for m in run.measurements
+    }
+    newest = finder.newest_cases() or set()
+    missing = sorted(newest - {m.case_id for m in run.measurements})
+    renamed = _renamed(store, run, missing, points)
+    for new_case, (old_case, _) in renamed.items():
+        points[new_case] = finder.points(old_case)
+    return points, missing, renamed
+
+
+def _judge_cases(
+    store: Store,
+    s: _Setting,
+    points: dict[str, list[Point]],
+    renamed: dict[str, tuple[str, str]],
+    notes: list[str],
+) -> list[Verdict]:
+    """Every case's verdicts, in the run's order; a budget on a figure not measured is a
+    note."""
+    env_cache: dict[str | None, Environment | None] = {}
+    verdicts: list[Verdict] = []
+    time_on = s.config.time_regression != "off"
+    for m in s.run.measurements:
+        c = _candidate(s, m, points[m.case_id])
+        other = _other_env(store, s, m, c.points, env_cache)
+        notes += _unmeasured_budgets(m, c)
+        if m.case_id in renamed:
+            old_case, change = renamed[m.case_id]
+            verdicts += [
+                replace(
+                    v,
+                    compared_with=old_case,
+                    param_change=change,
+                    message=f"{change} (against {old_case}, the case it replaces): {v.message}",
+                )
+                for v in _judge_case(c, s.config, s.base, other, False)
+            ]
+            continue
+        verdicts.extend(_judge_case(c, s.config, s.base, other, time_on))
+    return verdicts
+
+
+def _candidate(s: _Setting, m: Measurement, case_points: list[Point]) -> Candidate:
+    config = s.config
+    ok_runs = sum(p.status == "ok" for p in case_points)
+    # A short window borrows what other environments' runs know of the case's noise.
+    short = 0 < len(case_points) < 2 * config.min_baseline_runs
+    return Candidate(
+        m,
+        case_points,
+        budgets_for(config.budgets, m, s.run.environment),
+        ok_runs < config.min_baseline_runs,
+        [ch for ch in s.changes if ch.workload in (m.workload, m.case_id)],
+        s.acceptances,
+        s.context,
+        known=s.finder.other_points(m.case_id) if short else [],
+    )
+
+
+def _other_env(
+    store: Store,
+    s: _Setting,
+    m: Measurement,
+    case_points: list[Point],
+    env_cache: dict[str | None, Environment | None],
+) -> tuple[Point, list[str]] | None:
+    """A case without a baseline here: the newest run of it on another environment, and
+    what differs between the two environments."""
+    if case_points or not s.finder.seen_anywhere(m.case_id):
+        return None
+    p = s.finder.other_env(m.case_id)
+    if p is None:
+        return None
+    if p.env_id not in env_cache:
+        env_cache[p.env_id] = store.get_environment(p.env_id)
+    old = env_cache[p.env_id]
+    return p, environment_diff(old, s.run.environment) if old else []
+
+
+def _unmeasured_budgets(m: Measurement, c: Candidate) -> list[str]:
+    return [
+        f"{m.case_id}: budget on {metric} ({format_size(b.limit_bytes)}) "
+        f"not checked: {metric} was not measured on this run"
+        for metric, b in c.budgets.items()
+        if metrics.value(m, metric) is None and m.status == "ok"
+    ]
+
+
+def _gone(
+    run: RunRecord,
+    base: str,
+    context: str,
+    missing: list[str],
+    renamed: dict[str, tuple[str, str]],
+    notes: list[str],
+) -> list[Verdict]:
+    """The cases of the newest baseline run this run lacks (none renamed): `removed`, or
+    in a shard's run, a note (another shard may hold them)."""
+    replaced = {old for old, _ in renamed.values()}
+    gone = [case for case in missing if case not in replaced]
+    if run.shard and gone:
+        shown = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
+        notes.append(
+            f"{len(gone)} case(s) of the newest baseline run are not in this shard's run "
+            f"(another shard's, or removed), so not checked: {shown}"
+        )
+        return []
+    return [_removed_verdict(case, base, context) for case in gone]
+
+
+def _estimates(store: Store, run: RunRecord) -> tuple[Estimate, ...]:
+    """The estimates of the run's ok cases: its commit's, else the newest."""
+    found = store.latest_estimates([m.case_id for m in run.measurements], run.git.commit)
+    return tuple(
+        Estimate(
+            m.case_id,
+            e["peak_allocated_bytes"],
+            e["run_id"],
+            e["git_commit"],
+            measured_bytes=m.peak_allocated_bytes,
+            candidate_commit=run.git.commit,
+        )
+        for m in run.measurements
+        if (e := found.get(m.case_id)) and m.status == "ok"
     )
 
 
@@ -557,19 +625,33 @@ def _still_open(
     verdicts: list[Verdict],
     acceptances: list[accept.Acceptance],
 ) -> tuple[list[OpenRegression], list[str]]:
-    """The base branch's open regressions on this run's cases, as this run leaves them. A
-    run of the base branch back within a threshold fixes that regression (said in a note);
-    an acceptance of this change that allows the regression's growth accepts it: the
-    case's verdict on that metric becomes `accepted`, which closes it for later checks.
-    Everything else stays open, in this check's report as in every later one."""
-    by_case = {m.case_id: m for m in run.measurements}
+    """The base branch's open regressions on this run's cases, as this run leaves them
+    (see `still_open`)."""
     found = open_regressions(
-        store.conn,
+        store,
         base,
-        list(by_case),
+        list(dict.fromkeys(m.case_id for m in run.measurements)),
         fingerprint=run.environment.fingerprint,
         until=run.started_at,
     )
+    return still_open(found, run, base, context, verdicts, acceptances)
+
+
+def still_open(
+    found: list[OpenRegression],
+    run: RunRecord,
+    base: str,
+    context: str,
+    verdicts: list[Verdict],
+    acceptances: list[accept.Acceptance],
+) -> tuple[list[OpenRegression], list[str]]:
+    """Of the base branch's regressions open on this run's cases (`found`), those this run
+    leaves open, and notes. A run of the base branch back within a threshold fixes that
+    regression (said in a note); an acceptance of this change that allows the regression's
+    growth accepts it: the case's verdict on that metric (in `verdicts`, replaced there)
+    becomes `accepted`, which closes it for later checks. Everything else stays open, in
+    this check's report as in every later one."""
+    by_case = {m.case_id: m for m in run.measurements}
     index = {(v.case_id, v.metric): i for i, v in enumerate(verdicts)}
     still, notes = [], []
     for o in found:
@@ -672,57 +754,6 @@ def _acceptances(
     return accept.read(root, since, run.git.commit)
 
 
-def save_verdicts(store: Store, result: CheckResult) -> int:
-    """Record the verdicts (replacing earlier ones of the same run) in one transaction."""
-    if store.readonly:
-        raise StoreError(f"{store.path}: opened read-only, cannot record verdicts")
-    rows = [
-        (
-            result.case_runs.get(v.case_id, result.run_id),
-            v.case_id,
-            v.workload,
-            v.metric,
-            v.kind,
-            int(v.blocking),
-            int(v.provisional),
-            v.baseline_value,
-            v.spread,
-            v.factor,
-            v.floor,
-            v.threshold,
-            v.candidate_value,
-            v.delta,
-            v.delta_pct,
-            v.budget_bytes,
-            v.budget_reason,
-            v.baseline_runs,
-            v.message,
-            result.checked_at,
-            v.context,
-            v.accepted_reason,
-            v.component,
-            v.component_delta,
-            v.level_commit,
-        )
-        for v in result.verdicts
-    ]
-    conn = store.conn
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        for run_id in sorted({result.run_id, *result.case_runs.values()}):
-            conn.execute("delete from verdicts where run_id = ?", [run_id])
-        conn.executemany(
-            f"insert into verdicts ({', '.join(VERDICT_COLUMNS)}) "
-            f"values ({', '.join('?' for _ in VERDICT_COLUMNS)})",
-            rows,
-        )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    return len(rows)
-
-
 __all__ = [
     "CheckResult",
     "Estimate",
@@ -731,6 +762,6 @@ __all__ = [
     "context_of",
     "environment_diff",
     "find_candidate",
-    "save_verdicts",
+    "still_open",
     "with_sibling_shards",
 ]

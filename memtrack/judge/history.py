@@ -20,15 +20,17 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from memtrack.config import Config
 from memtrack.judge.baseline import git_output, iso_epoch
 from memtrack.judge.levels import noise, segment, within_runs
 from memtrack.records import metrics
-from memtrack.store.database import MEASURED_RUN, Store
+from memtrack.store import judging as reads
+from memtrack.store.database import Store
+from memtrack.store.judging import Row
 from memtrack.units import format_size
 
 
@@ -94,7 +96,9 @@ class HistoryResult:
 
 
 @dataclass(frozen=True)
-class _Point:
+class SeriesPoint:
+    """One commit of a series: its runs' figures, the median of each metric."""
+
     position: int
     """Order along the base branch (first-parent position, or time order)."""
     commit: str
@@ -132,34 +136,34 @@ def _series(
     patterns: tuple[str, ...],
     order: dict[str, int] | None,
     notes: list[str],
-) -> tuple[str, dict[str, list[_Point]]]:
-    newest = store.conn.execute(
-        f"select fingerprint from runs where git_branch = ? {MEASURED_RUN} "
-        "order by started_at desc limit 1",
-        [base_branch],
-    ).fetchone()
-    if newest is None:
+) -> tuple[str, dict[str, list[SeriesPoint]]]:
+    """The environment of the base branch's newest run, and its series on it."""
+    fp = reads.newest_fingerprint(store, base_branch)
+    if fp is None:
         return "", {}
-    fp = newest[0]
-    other = store.conn.execute(
-        "select count(*) from runs where git_branch = ? and fingerprint != ?", [base_branch, fp]
-    ).fetchone()[0]
+    other = reads.other_env_runs(store, base_branch, fp)
     if other:
         notes.append(
             f"{other} run(s) on {base_branch} of other environments are left out: "
             "a change of driver, torch or GPU is not a step in the code"
         )
-    rows = store.conn.execute(
-        "select r.git_commit, r.git_subject, r.started_at, r.git_committed_at, m.case_id, "
-        "m.allocated_samples, "
-        f"{', '.join('m.' + c for c in metrics.COLUMNS.values())} "
-        f"from (select * from runs where git_branch = ? and fingerprint = ? {MEASURED_RUN} "
-        "      order by started_at desc limit ?) r "
-        "join measurements m on m.run_id = r.run_id where m.status = 'ok' "
-        "and m.kind = 'measured'",
-        [base_branch, fp, limit],
-    ).fetchall()
-    per: dict[tuple[str, str], list[Any]] = defaultdict(list)
+    rows = reads.series_rows(store, base_branch, fp, limit)
+    return fp, series_points(rows, base_branch, patterns, order, notes)
+
+
+def series_points(
+    rows: Iterable[Row],
+    base_branch: str,
+    patterns: tuple[str, ...],
+    order: dict[str, int] | None,
+    notes: list[str],
+) -> dict[str, list[SeriesPoint]]:
+    """Case id -> its points, oldest first: the rows of the base branch's runs (a run's
+    commit, subject, times, case, samples and metric columns) grouped by case and commit,
+    only cases whose id holds one of `patterns` (when given). `order`: commit -> position
+    on the first-parent history (a commit not on it is left out, in a note); without, the
+    commits are ordered by time."""
+    per: dict[tuple[str, str], list[Row]] = defaultdict(list)
     times: dict[str, float] = {}
     subjects: dict[str, str | None] = {}
     dropped: set[str] = set()
@@ -182,7 +186,7 @@ def _series(
     if order is None:
         ranked = sorted(times, key=lambda c: times[c])
         order = {c: i for i, c in enumerate(ranked)}
-    series: dict[str, list[_Point]] = defaultdict(list)
+    series: dict[str, list[SeriesPoint]] = defaultdict(list)
     for (case, commit), runs in per.items():
         values = {}
         for metric, col in metrics.COLUMNS.items():
@@ -190,10 +194,10 @@ def _series(
             if xs:
                 values[metric] = float(statistics.median(xs))
         samples = [_samples(r["allocated_samples"]) for r in runs]
-        series[case].append(_Point(order[commit], commit, subjects[commit], values, samples))
+        series[case].append(SeriesPoint(order[commit], commit, subjects[commit], values, samples))
     for points in series.values():
         points.sort(key=lambda p: p.position)
-    return fp, dict(series)
+    return dict(series)
 
 
 def _anchor_position(
@@ -357,91 +361,10 @@ def analyze_history(
             if len(pts) < 2:
                 continue
             count += 1
-            values = [p.values[metric] for p in pts]
-            anchor_i = None
-            if anchor_pos is not None:
-                at = [i for i, p in enumerate(pts) if p.position <= anchor_pos]
-                # A series younger than the anchor is measured from its first run.
-                anchor_i = at[-1] if at else 0
-            fit = judge_series(
-                values,
-                metric,
-                config,
-                anchor_index=anchor_i,
-                positions=[float(p.position) for p in pts],
-                within=within_runs([s for p in pts for s in p.samples])
-                if metric == "allocated"
-                else 0.0,
-            )
-            bounds = [0, *fit.starts, len(values)]
-            case_steps = []
-            for k, i in enumerate(fit.starts, start=1):
-                before = statistics.median(values[bounds[k - 1] : i][-20:])
-                after = statistics.median(values[i : bounds[k + 1]][:20])
-                delta = after - before
-                case_steps.append(
-                    Step(
-                        case_id,
-                        metric,
-                        pts[i].commit,
-                        pts[i - 1].commit,
-                        pts[i].subject,
-                        before,
-                        after,
-                        delta,
-                        100 * delta / before if before else 0.0,
-                        fit.room,
-                    )
-                )
-            steps.extend(case_steps)
-            if fit.anchor_index is None or fit.anchor_index >= len(pts) - 1:
-                continue
-            a, latest = pts[fit.anchor_index], pts[-1]
-            young = not any(p.position <= (anchor_pos or 0) for p in pts)
-            pct = 100 * fit.growth / fit.anchor_value if fit.anchor_value else 0.0
-            between = [
-                st for i, st in zip(fit.starts, case_steps, strict=True) if i > fit.anchor_index
-            ]
-            if between:
-                biggest = max(between, key=lambda st: abs(st.delta))
-                how = (
-                    f"{len(between)} step(s) between, the largest "
-                    f"{_signed(biggest.delta)} at {biggest.commit[:12]}"
-                )
-            else:
-                how = "no single step: slow creep" if fit.flagged else "no step between"
-            since = (
-                f"its first run {a.commit[:12]} (the series starts after the anchor)"
-                if young
-                else f"anchor {a.commit[:12]}"
-            )
-            message = (
-                f"{metric}: fitted {format_size(int(fit.latest_value))} at "
-                f"{latest.commit[:12]} vs {format_size(int(fit.anchor_value))} at {since}, "
-                f"{fit.runs} runs: {_signed(fit.growth)} ({pct:+.2f}%; trend "
-                f"{_signed(fit.trend)}) {'>' if fit.flagged else '<='} allowed "
-                f"{format_size(int(fit.allowed))} = max(tolerance "
-                f"{config.creep_tolerance:.1%}, factor x standard error "
-                f"{format_size(int(fit.error))}); {how}"
-            )
-            creeps.append(
-                Creep(
-                    case_id,
-                    metric,
-                    a.commit,
-                    fit.anchor_value,
-                    latest.commit,
-                    fit.latest_value,
-                    fit.growth,
-                    pct,
-                    fit.allowed,
-                    fit.flagged,
-                    len(between),
-                    message,
-                    fit.trend,
-                    fit.runs,
-                )
-            )
+            found, creep = analyze_series(case_id, metric, pts, config, anchor_pos)
+            steps.extend(found)
+            if creep is not None:
+                creeps.append(creep)
     commits = len({p.commit for points in series.values() for p in points})
     steps.sort(key=lambda s: (s.case_id, s.metric))
     creeps.sort(key=lambda c: (not c.flagged, c.case_id, c.metric))
@@ -450,8 +373,123 @@ def analyze_history(
     )
 
 
+def analyze_series(
+    case_id: str,
+    metric: str,
+    pts: list[SeriesPoint],
+    config: Config,
+    anchor_pos: int | None,
+) -> tuple[list[Step], Creep | None]:
+    """One series (two points or more of `metric`, oldest first) judged: its steps, and
+    its creep since the point at or before `anchor_pos` (a series younger than the anchor
+    from its first point; None without an anchor, or with nothing after it)."""
+    values = [p.values[metric] for p in pts]
+    anchor_i = None
+    if anchor_pos is not None:
+        at = [i for i, p in enumerate(pts) if p.position <= anchor_pos]
+        # A series younger than the anchor is measured from its first run.
+        anchor_i = at[-1] if at else 0
+    fit = judge_series(
+        values,
+        metric,
+        config,
+        anchor_index=anchor_i,
+        positions=[float(p.position) for p in pts],
+        within=within_runs([s for p in pts for s in p.samples]) if metric == "allocated" else 0.0,
+    )
+    bounds = [0, *fit.starts, len(values)]
+    steps = []
+    for k, i in enumerate(fit.starts, start=1):
+        before = statistics.median(values[bounds[k - 1] : i][-20:])
+        after = statistics.median(values[i : bounds[k + 1]][:20])
+        delta = after - before
+        steps.append(
+            Step(
+                case_id,
+                metric,
+                pts[i].commit,
+                pts[i - 1].commit,
+                pts[i].subject,
+                before,
+                after,
+                delta,
+                100 * delta / before if before else 0.0,
+                fit.room,
+            )
+        )
+    if fit.anchor_index is None or fit.anchor_index >= len(pts) - 1:
+        return steps, None
+    young = not any(p.position <= (anchor_pos or 0) for p in pts)
+    return steps, _creep(case_id, metric, pts, fit.anchor_index, fit, steps, config, young)
+
+
+def _creep(
+    case_id: str,
+    metric: str,
+    pts: list[SeriesPoint],
+    at: int,
+    fit: SeriesFit,
+    steps: list[Step],
+    config: Config,
+    young: bool,
+) -> Creep:
+    """A series' growth from its anchor point (index `at`) to its latest, in words;
+    `young`: the series starts after the anchor."""
+    a, latest = pts[at], pts[-1]
+    pct = 100 * fit.growth / fit.anchor_value if fit.anchor_value else 0.0
+    between = [st for i, st in zip(fit.starts, steps, strict=True) if i > at]
+    if between:
+        biggest = max(between, key=lambda st: abs(st.delta))
+        how = (
+            f"{len(between)} step(s) between, the largest "
+            f"{_signed(biggest.delta)} at {biggest.commit[:12]}"
+        )
+    else:
+        how = "no single step: slow creep" if fit.flagged else "no step between"
+    since = (
+        f"its first run {a.commit[:12]} (the series starts after the anchor)"
+        if young
+        else f"anchor {a.commit[:12]}"
+    )
+    message = (
+        f"{metric}: fitted {format_size(int(fit.latest_value))} at "
+        f"{latest.commit[:12]} vs {format_size(int(fit.anchor_value))} at {since}, "
+        f"{fit.runs} runs: {_signed(fit.growth)} ({pct:+.2f}%; trend "
+        f"{_signed(fit.trend)}) {'>' if fit.flagged else '<='} allowed "
+        f"{format_size(int(fit.allowed))} = max(tolerance "
+        f"{config.creep_tolerance:.1%}, factor x standard error "
+        f"{format_size(int(fit.error))}); {how}"
+    )
+    return Creep(
+        case_id,
+        metric,
+        a.commit,
+        fit.anchor_value,
+        latest.commit,
+        fit.latest_value,
+        fit.growth,
+        pct,
+        fit.allowed,
+        fit.flagged,
+        len(between),
+        message,
+        fit.trend,
+        fit.runs,
+    )
+
+
 def _signed(x: float) -> str:
     return ("+" if x >= 0 else "-") + format_size(abs(int(round(x))))
 
 
-__all__ = ["Creep", "HistoryResult", "SeriesFit", "Step", "analyze_history", "judge_series"]
+__all__ = [
+    "Creep",
+    "HistoryResult",
+    "SeriesFit",
+    "SeriesPoint",
+    "Step",
+    "analyze_history",
+    "analyze_series",
+    "judge_series",
+    "series_points",
+]

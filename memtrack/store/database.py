@@ -9,6 +9,7 @@ that `sqlite3` or Datasette can open.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import itertools
@@ -16,9 +17,9 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from memtrack.errors import RecordError, StoreError
 from memtrack.records import (
@@ -67,7 +68,16 @@ VERDICT_COLUMNS = (
     "component_delta",
     "level_commit",
 )
-"""The columns of table `verdicts` that `memtrack check` writes and the dashboard reads."""
+"""The columns of table `verdicts` that `memtrack check` writes and the dashboard reads:
+each the verdict's field of the same name, but those in _CHECK_COLUMNS."""
+_CHECK_COLUMNS = {"run_id", "checked_at"}
+"""The columns of a verdict's row that are its check's: the run it is recorded against
+(the candidate, or the shard run holding its case) and when it was checked."""
+_VERDICT_FIELDS = tuple(c for c in VERDICT_COLUMNS if c not in _CHECK_COLUMNS)
+_INSERT_VERDICT = (
+    f"insert into verdicts ({', '.join(VERDICT_COLUMNS)}) "
+    f"values ({', '.join(':' + c for c in VERDICT_COLUMNS)})"
+)
 _BATCH = 500
 """Records buffered before their rows are written with executemany (inside one transaction)."""
 _LOOKUP = 64
@@ -77,6 +87,34 @@ MEASURED_RUN = (
     "and exists (select 1 from measurements x where x.run_id = runs.run_id and x.kind = 'measured')"
 )
 """SQL: the run (of table `runs`, unaliased) measured something: it is not an estimate run."""
+
+
+class CheckedRun(Protocol):
+    """What `Store.save_verdicts` records of a check (memtrack.judge.check.CheckResult):
+    its verdicts (memtrack.judge.verdict.Verdict: a field for each of VERDICT_COLUMNS but
+    the check's own), each on the run holding its case's figures (`case_runs`, else
+    `run_id`)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def checked_at(self) -> str: ...
+
+    @property
+    def case_runs(self) -> Mapping[str, str]: ...
+
+    @property
+    def verdicts(self) -> Sequence[Any]: ...
+
+
+def verdict_row(verdict: Any, run_id: str, checked_at: str) -> dict[str, Any]:
+    """A verdict's row of table `verdicts`: each column the verdict's field of its name (a
+    flag as 0 or 1), and the check's own columns."""
+    row = {c: getattr(verdict, c) for c in _VERDICT_FIELDS}
+    row.update(run_id=run_id, checked_at=checked_at)
+    return {c: int(v) if isinstance(v, bool) else v for c, v in row.items()}
+
 
 last_path: Path | None = None
 """The database this process opened last: the CLI names it when an SQLite error escapes."""
@@ -375,12 +413,17 @@ class Store:
         self._identity: os.stat_result | None = None
 
     @classmethod
-    def open(cls, path: Path, *, readonly: bool = False, create: bool = True) -> Store:
+    def open(
+        cls, path: Path, *, readonly: bool = False, create: bool = True, older: bool = False
+    ) -> Store:
         """Open a memtrack database. Raises StoreError.
 
         Writable opens migrate the schema, and create the file when `create` (run, ingest);
         with `create=False` a file that is not yet a memtrack database is refused, never
-        written. A foreign SQLite file is refused before anything in it changes.
+        written. A foreign SQLite file is refused before anything in it changes. Read-only
+        with `older` (the dashboard), a schema older than this memtrack (migrations still
+        pending) is read as it is, its tables and columns unchecked; a newer or a foreign
+        one is refused all the same.
         """
         global last_path
         path = Path(path)
@@ -393,7 +436,7 @@ class Store:
         try:
             if not readonly:  # the file as opened: a write checks it is still the one there
                 store._identity = os.stat(path)
-            store._prepare(create=create)
+            store._prepare(create=create, older=older)
         except BaseException:
             conn.close()
             raise
@@ -440,7 +483,9 @@ class Store:
             raise StoreError(describe_failure(exc, path)) from None
         return conn
 
-    def _prepare(self, *, create: bool) -> None:
+    def _prepare(self, *, create: bool, older: bool = False) -> None:
+        if self.readonly and older and self._read_as_it_is():
+            return
         if self.readonly:
             self.check_schema()
             self._check_whole()
@@ -459,6 +504,13 @@ class Store:
         except sqlite3.Error as exc:
             raise StoreError(describe_failure(exc, self.path)) from None
         self._check_whole()
+
+    def _read_as_it_is(self) -> bool:
+        """Whether a schema of this memtrack's or an older one's is read as it is (True),
+        rather than checked whole: refuses a newer or a foreign schema as `check_schema`
+        does, and leaves an empty file to it (False)."""
+        self.check_schema(allow_pending=True)
+        return bool(self.applied_migrations())
 
     def _use_wal(self) -> None:
         """Switch to write-ahead logging (kept in the file). Processes switching a new
@@ -606,12 +658,8 @@ class Store:
         rolls everything back. A run may come as its rows, made in another process
         (`memtrack.store.ingest`).
         """
-        if self.readonly:
-            raise StoreError(f"{self.path}: opened read-only")
-        self._check_same_file()
         added = present = 0
-        try:
-            self.conn.execute("BEGIN IMMEDIATE")
+        with self._writing():
             batch = Batch(self.conn)
             written: set[str] = set()  # by this call: a run twice is compared as stored
             for chunk in _chunks(runs, _LOOKUP):
@@ -632,6 +680,20 @@ class Store:
                     if len(batch.run_ids) >= _BATCH:
                         batch.flush()
             batch.flush()
+        return added, present
+
+    @contextlib.contextmanager
+    def _writing(self, refused: str = "opened read-only") -> Iterator[None]:
+        """One write transaction: refused on a read-only store (in the words `refused`) or a
+        file deleted or replaced since it was opened (checked again before the commit);
+        BEGIN IMMEDIATE, and rolled back whole on any error, an SQLite error said in one
+        line."""
+        if self.readonly:
+            raise StoreError(f"{self.path}: {refused}")
+        self._check_same_file()
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+            yield
             self._check_same_file()
             self.conn.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -640,7 +702,20 @@ class Store:
         except BaseException:
             self._rollback()
             raise
-        return added, present
+
+    def save_verdicts(self, checked: CheckedRun) -> int:
+        """Record a check's verdicts in one transaction, replacing those recorded before
+        about the runs it judged (the candidate, and the shard runs joined to it): each
+        verdict on the run holding its case's figures. Returns how many were written."""
+        rows = [
+            verdict_row(v, checked.case_runs.get(v.case_id, checked.run_id), checked.checked_at)
+            for v in checked.verdicts
+        ]
+        with self._writing("opened read-only, cannot record verdicts"):
+            for run_id in sorted({checked.run_id, *checked.case_runs.values()}):
+                self.conn.execute("delete from verdicts where run_id = ?", [run_id])
+            self.conn.executemany(_INSERT_VERDICT, rows)
+        return len(rows)
 
     def _stored(self, run_ids: list[str]) -> set[str]:
         """Those of `run_ids` already stored, by one query."""
