@@ -26,19 +26,9 @@ MiB = 2**20
 
 METRIC_COLUMNS = metrics.COLUMNS
 METRIC_LABELS = {name: m.label for name, m in metrics.METRICS.items()}
-SHORT_LABELS = {
-    "allocated": "allocated",
-    "reserved": "reserved",
-    "requested": "requested",
-    "device": "device (NVML)",
-    "host": "host RSS",
-    "host_step": "host step",
-    "load_host": "loading host RSS",
-    "disk": "disk",
-    "sessions": "sum of sessions",
-}
+SHORT_LABELS = metrics.SHORT
 """Names for narrow table columns; METRIC_LABELS says what each one is."""
-CHART_METRICS = ("allocated", "reserved", "device", "host", "host_step")
+CHART_METRICS = metrics.CHARTED
 """The views drawn on a history chart (requested sits within a few KiB of allocated)."""
 
 NEAR_BUDGET = 0.9
@@ -71,10 +61,7 @@ def samples_of(row: dict[str, Any]) -> list[int]:
 def default_metric(row: dict[str, Any]) -> str:
     """The view a budget without a metric applies to: device where measured, else reserved,
     else allocated (as the gate reads it)."""
-    for metric in ("device", "reserved", "allocated"):
-        if metric_value(row, metric) is not None:
-            return metric
-    return "allocated"
+    return metrics.default_budget_metric(lambda name: metric_value(row, name))
 
 
 @dataclass(frozen=True)
@@ -457,7 +444,7 @@ def newest_sweep(rows: Iterable[dict[str, Any]], param: str) -> dict[str, Any] |
         metric = next(
             (
                 m
-                for m in ("device", "reserved", "allocated")
+                for m in metrics.DEFAULT_BUDGET
                 if all(metric_value(r, m) is not None for r in chosen)
             ),
             None,

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from memtrack.records import metrics
 from memtrack.store.database import Store
 
 RARE_CASE_ROWS = 2000
@@ -34,16 +35,8 @@ _MEASUREMENT_COLUMNS = (
     "status",
     "message",
     "device",
-    "peak_allocated_bytes",
-    "peak_reserved_bytes",
-    "peak_requested_bytes",
-    "device_peak_bytes",
+    *metrics.COLUMNS.values(),
     "host_peak_rss_bytes",
-    "host_bytes",
-    "host_step_bytes",
-    "load_host_bytes",
-    "disk_bytes",
-    "sessions_sum_bytes",
     "allocated_samples",
     "time_median_s",
     "time_p95_s",

@@ -16,6 +16,7 @@ from typing import Any
 
 from memtrack.errors import ConfigError
 from memtrack.files import NotReadable, read_text
+from memtrack.records import metrics
 from memtrack.units import parse_duration, parse_fraction, parse_size
 
 if sys.version_info >= (3, 11):
@@ -26,18 +27,8 @@ else:  # pragma: no cover
 DEFAULT_MODULES = ("memtrack.examples",)
 MAX_COUNT = 1_000_000
 """The largest count a key takes (repeats, runs, cases): a bound against typos."""
-METRICS = (
-    "allocated",
-    "reserved",
-    "requested",
-    "device",
-    "host",
-    "host_step",
-    "load_host",
-    "disk",
-    "sessions",
-)
-"""Memory metrics a budget or a verdict can name (see compare.metric_value)."""
+METRICS = metrics.GATED
+"""Memory metrics a budget can name: the gated ones of the registry (memtrack.records.metrics)."""
 
 
 @dataclass(frozen=True)

@@ -616,3 +616,38 @@ def test_show_prints_what_each_iteration_retained_the_timing_load_and_the_sessio
     )
     assert rows["sessions"] == "one alone 5.00 MiB, sum of 4 12.00 MiB, measured peak 10.00 MiB"
     assert res.output.count("retained per iteration") == 1  # the case without them: no row
+
+
+def test_the_allocator_figures_of_a_gpu_case_are_stored_shown_and_not_gated(tmp_path):
+    """Device memory outside the allocator and fragmentation, derived from a GPU case's own
+    figures by the metric registry: stored in their columns (those of runs recorded before
+    them filled by the migration that adds them), shown by `memtrack show`, never judged."""
+    from memtrack.config import Config
+    from memtrack.judge.check import check
+
+    gpu = make_measurement(device="cuda", peak=100 * MiB, reserved=120 * MiB, device_peak=700 * MiB)
+    db = tmp_path / "m.db"
+    first = make_run([gpu], env=GPU_ENV)
+    with Store.open(db) as store:
+        store.write_run(first)
+    with sqlite3.connect(db) as conn:  # as memtrack left it before m014
+        for column in ("outside_allocator_bytes", "fragmentation_bytes"):
+            conn.execute(f"alter table measurements drop column {column}")
+        conn.execute("delete from _sqlite_migrations where name = 'm014_allocator_figures'")
+    later = make_run([gpu], env=GPU_ENV, started_at="2026-01-01T00:05:00+00:00", branch="pr")
+    with Store.open(db) as store:
+        store.write_run(later)
+        rows = store.conn.execute(
+            "select outside_allocator_bytes, fragmentation_bytes from measurements"
+        ).fetchall()
+        result = check(store, Config(path=None, root=tmp_path), run_id=later.run_id)
+    assert [tuple(r) for r in rows] == [(580 * MiB, 20 * MiB)] * 2  # backfilled, then written
+    assert {v.metric for v in result.verdicts}.isdisjoint({"outside", "fragmentation"})
+    res = CliRunner().invoke(main, ["show", later.run_id, "--db", str(db)], terminal_width=240)
+    assert "device memory outside the allocator │ 580.00 MiB" in res.output
+    assert "allocator reserved less allocated   │ 20.00 MiB" in res.output
+    cpu_run = make_run([make_measurement()])  # a CPU case has neither
+    with Store.open(db) as store:
+        store.write_run(cpu_run)
+    res = CliRunner().invoke(main, ["show", cpu_run.run_id, "--db", str(db)], terminal_width=240)
+    assert "outside the allocator" not in res.output and "reserved less" not in res.output

@@ -13,7 +13,7 @@ from memtrack.dashboard.views import Context, esc, resolve_run, run_label, short
 from memtrack.records import metrics
 from memtrack.units import format_seconds, format_size
 
-VIEWS = ("allocated", "reserved", "requested", "device", "host", "host_step")
+VIEWS = metrics.COMPARED
 TIME_EFFECT = 0.05
 """Time is noisy: a median moving less than this share is not a change (the gate's
 smallest tested effect)."""

@@ -68,8 +68,8 @@ def parse(commit: str, value: str) -> Acceptance:
             "<+size or +N%> <reason>'"
         )
     metric = match["metric"]
-    if metric not in metrics.NAMES:
-        raise ConfigError(f"{where}: unknown metric {metric!r} (one of {', '.join(metrics.NAMES)})")
+    if metric not in metrics.GATED:
+        raise ConfigError(f"{where}: unknown metric {metric!r} (one of {', '.join(metrics.GATED)})")
     number, unit = match["amount"], match["unit"] or ""
     if unit == "%":
         return Acceptance(

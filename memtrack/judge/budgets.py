@@ -42,10 +42,7 @@ class BudgetChange:
 
 def default_budget_metric(m: Measurement) -> str:
     """The device view where measured, else reserved, else allocated."""
-    for metric in ("device", "reserved"):
-        if metrics.value(m, metric) is not None:
-            return metric
-    return "allocated"
+    return metrics.default_budget_metric(lambda name: metrics.value(m, name))
 
 
 def choose_budgets(
@@ -162,7 +159,7 @@ def budget_part(value: int, budget: Budget | None, memory: tuple[int, str] | Non
     return f"; budget {format_size(budget.limit_bytes)} ({budget.reason}): {state}"
 
 
-PER_DEVICE = ("allocated", "reserved", "requested", "device")
+PER_DEVICE = tuple(x.name for x in metrics.METRICS.values() if x.per_device)
 """Metrics whose figure is one device's: budgets on them are per-device limits."""
 
 
@@ -191,7 +188,7 @@ def rank_part(m: Measurement, metric: str) -> str:
     """Which rank a multi-rank case's figure is of, in a verdict: devices do not pool."""
     if not m.ranks:
         return ""
-    if metric in ("host", "host_step"):
+    if metrics.METRICS[metric].ranks_summed:
         return f"; summed over {len(m.ranks)} ranks (they share the host)"
     rank = peak_rank(m, metric)
     if rank is None:

@@ -233,7 +233,7 @@ def _judge_case(
     if m.status != "ok":
         return [_failed_verdict(c)]
     out: list[Verdict] = []
-    for metric in metrics.NAMES:
+    for metric in metrics.GATED:
         if c.points:
             v = memory.verdict(c, metric, config)
         else:

@@ -356,7 +356,7 @@ def analyze_history(
     count = 0
     for case_id in sorted(series):
         points = series[case_id]
-        for metric in metrics.NAMES:
+        for metric in metrics.GATED:
             pts = [p for p in points if metric in p.values]
             if len(pts) < 2:
                 continue

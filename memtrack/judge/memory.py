@@ -194,7 +194,7 @@ def fmt_delta(d: float) -> str:
 
 def what_grew(m: Measurement, level: Sequence[Point], metric: str) -> tuple[str, float] | None:
     """The breakdown part that grew the most against the level (median per part)."""
-    if metric in ("host", "host_step", "load_host", "disk"):
+    if not metrics.METRICS[metric].breakdown:
         return None  # the breakdown is of tensor and device memory, not of the host
     grown = []
     for name, column in COMPONENTS.items():

@@ -103,7 +103,7 @@ _METRIC_NOTES = {
 def choose_metric(ms: Sequence[Measurement]) -> tuple[str, str]:
     """The figure that must fit, as the gate's default budget metric: the device view where
     every point measured it, else reserved, else allocated; and what it means."""
-    for metric in ("device", "reserved", "allocated"):
+    for metric in metrics.DEFAULT_BUDGET:
         if all(metrics.value(m, metric) is not None for m in ms):
             key = metric
             if metric == "allocated":

@@ -18,6 +18,7 @@ from typing import Any
 from memtrack.escape import terminal_text
 from memtrack.judge.check import CheckResult
 from memtrack.judge.verdict import Verdict
+from memtrack.records import metrics
 from memtrack.units import format_seconds, format_size
 from memtrack.workload.registry import short_case_labels
 
@@ -92,7 +93,7 @@ WORD = {
 QUIET = ("ok", "improvement", "new", "accepted", "noisy", "abstained")
 """Kinds that are neither blocking nor a warning: counted, not listed. `noisy` is a property
 of the case (its headroom too wide to judge a small growth), said once."""
-SNAPSHOT_METRICS = ("allocated", "reserved", "requested", "device", "host", "host_step")
+SNAPSHOT_METRICS = metrics.STEP
 """Metrics of the measured step, which `memtrack snapshot` captures (not the loading's)."""
 SNAPSHOT_WORDS = "To see which allocation"
 FAILURE_CELL = 24

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from memtrack.escape import terminal_text
-from memtrack.records import Measurement, RunRecord, device_peak, host_peak, host_step
+from memtrack.records import Measurement, RunRecord, device_peak, host_peak, host_step, metrics
 from memtrack.units import format_seconds, format_size
 from memtrack.workload.registry import short_case_labels
 
@@ -275,6 +275,10 @@ def _case_detail(m: Measurement, estimate: dict[str, Any] | None) -> Table:
             "device view",
             _t(m.device_view or f"absent: {m.device_view_note or 'no reason recorded'}"),
         )
+        # the registry's figures that are shown but not gated (the allocator's, on a GPU)
+        for x in metrics.METRICS.values():
+            if not x.gated and (shown := metrics.value(m, x.name)) is not None:
+                t.add_row(x.label, format_size(shown))
     if m.quality_status is not None:
         t.add_row(
             "quality",

@@ -31,6 +31,7 @@ from memtrack.records import (
     Measurement,
     RankMeasurement,
     RunRecord,
+    metrics,
     run_from_dict,
     to_dict,
 )
@@ -288,10 +289,7 @@ def _expected_schema() -> dict[str, dict[str, str | None]]:
         "measurements": {
             "id": "integer",
             "run_id": "text",
-            "device_peak_bytes": "integer",
-            "host_bytes": "integer",
-            "host_step_bytes": "integer",
-            "load_host_bytes": "integer",
+            **{x.column: "integer" for x in metrics.DERIVED},
             **of(Measurement, without=("devices", "ranks")),
         },
         "device_measurements": {"measurement_id": "integer", **of(DeviceMeasurement)},

@@ -328,6 +328,24 @@ def m013_iteration_figures(db: sqlite_utils.Database) -> None:
         db.execute(f"alter table measurements add column {name} {kind}")
 
 
+def m014_allocator_figures(db: sqlite_utils.Database) -> None:
+    """Two figures of the allocator's view on a GPU, derived and stored as the other derived
+    metrics are: device memory outside the allocator (the process peak less reserved) and
+    fragmentation (reserved less allocated); runs recorded before them get theirs."""
+    db.execute("alter table measurements add column outside_allocator_bytes integer")
+    db.execute("alter table measurements add column fragmentation_bytes integer")
+    db.execute(
+        "update measurements set outside_allocator_bytes = max(0, device_peak_bytes - "
+        "peak_reserved_bytes) where device_peak_bytes is not null and peak_reserved_bytes "
+        "is not null"
+    )
+    db.execute(
+        "update measurements set fragmentation_bytes = max(0, peak_reserved_bytes - "
+        "peak_allocated_bytes) where peak_reserved_bytes is not null and peak_allocated_bytes "
+        "is not null"
+    )
+
+
 STEPS = (
     m001_initial,
     m002_verdicts,
@@ -342,6 +360,7 @@ STEPS = (
     m011_allocator_backend,
     m012_estimate_index,
     m013_iteration_figures,
+    m014_allocator_figures,
 )
 
 

@@ -26,12 +26,9 @@ from memtrack.records import (
     Measurement,
     RankMeasurement,
     RunRecord,
-    device_peak,
-    host_peak,
-    host_step,
-    load_host,
     to_dict,
 )
+from memtrack.records.metrics import DERIVED
 
 _SORTED = json.JSONEncoder(sort_keys=True)  # built once: json.dumps(sort_keys=...) builds one
 _C_ENCODER = getattr(json.encoder, "c_make_encoder", None)
@@ -205,7 +202,7 @@ class RowMaker:
         ]
         measurements = [
             (
-                _M.values(m, run.run_id, device_peak(m), host_peak(m), host_step(m), load_host(m)),
+                _M.values(m, run.run_id, *(x.derive(m) for x in DERIVED if x.derive)),
                 [_D.values(d) for d in m.devices],
                 [_R.values(r) for r in m.ranks],
             )
@@ -228,18 +225,7 @@ class Batch:
         "environments": ("insert or ignore", ["env_id", *_ENV.names]),
         "runs": ("insert", _RUN_COLUMNS),
         # the derived metrics are stored beside the figures, so baselines read plain SQL
-        "measurements": (
-            "insert",
-            [
-                "id",
-                "run_id",
-                "device_peak_bytes",
-                "host_bytes",
-                "host_step_bytes",
-                "load_host_bytes",
-                *_M.names,
-            ],
-        ),
+        "measurements": ("insert", ["id", "run_id", *(x.column for x in DERIVED), *_M.names]),
         "device_measurements": ("insert", ["measurement_id", *_D.names]),
         "rank_measurements": ("insert", ["measurement_id", *_R.names]),
     }
