@@ -11,6 +11,7 @@ from memtrack.dashboard import charts, data, model
 from memtrack.dashboard.charts import MARKER_NAMES
 from memtrack.dashboard.views import Context, esc, goto, resolve_run, run_label, short, when
 
+from memtrack.records import metrics
 from memtrack.units import format_seconds, format_size
 
 
@@ -272,6 +273,12 @@ def _failures(failed: list[dict[str, Any]]) -> None:
 
 
 def _cases(ms: list[dict[str, Any]], case_labels: dict[str, str]) -> None:
+    # the figures that are shown but not gated only where a case of the run has them
+    views = [
+        k
+        for k, x in metrics.METRICS.items()
+        if x.gated or any(model.metric_value(m, k) is not None for m in ms)
+    ]
     st.subheader("Cases")
     st.dataframe(
         pd.DataFrame(
@@ -280,10 +287,7 @@ def _cases(ms: list[dict[str, Any]], case_labels: dict[str, str]) -> None:
                     "case": case_labels[m["case_id"]],
                     "status": m["status"],
                     "device": m["device"],
-                    **{
-                        model.SHORT_LABELS[k]: format_size(model.metric_value(m, k))
-                        for k in model.METRIC_COLUMNS
-                    },
+                    **{model.SHORT_LABELS[k]: format_size(model.metric_value(m, k)) for k in views},
                     "weights": format_size(m.get("weights_bytes")),
                     "alloc retries": _count(m.get("num_alloc_retries")),
                     "OOMs": _count(m.get("num_ooms")),
