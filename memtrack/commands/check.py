@@ -9,7 +9,14 @@ from typing import Any
 
 import click
 
-from memtrack.commands.options import config_option, db_option, resolve, rich_console
+from memtrack.commands.options import (
+    config_option,
+    db_option,
+    json_path_option,
+    patterns_option,
+    resolve,
+    rich_console,
+)
 from memtrack.config import MAX_COUNT, is_branch, is_revision
 from memtrack.errors import ConfigError, StoreError
 from memtrack.files import output_problem
@@ -74,12 +81,7 @@ def _write(path: Path, text: str, *, append: bool = False) -> None:
     type=click.Path(path_type=Path, dir_okay=False),
     help="Also write a compact Markdown report here.",
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Also write the verdicts as JSON here.",
-)
+@json_path_option("the verdicts as JSON")
 @click.option("--no-record", is_flag=True, help="Do not record the verdicts in the database.")
 @click.option(
     "--history",
@@ -92,13 +94,7 @@ def _write(path: Path, text: str, *, append: bool = False) -> None:
     help="With --history: a tag or commit, or N (the run N commits "
     "ago); default: the config's creep_anchor.",
 )
-@click.option(
-    "-k",
-    "--workload",
-    "patterns",
-    multiple=True,
-    help="With --history: only cases whose id contains this text (repeatable).",
-)
+@patterns_option("With --history:")
 def check(
     config_path,
     db_path,

@@ -10,6 +10,9 @@ from memtrack.commands.options import (
     config_option,
     db_option,
     fail_on,
+    json_path_option,
+    no_db_option,
+    patterns_option,
     plain_output,
     progress_echo,
     resolve,
@@ -23,13 +26,7 @@ from memtrack.workload.registry import discover, select_cases
 @click.command()
 @config_option
 @db_option
-@click.option(
-    "-k",
-    "--workload",
-    "patterns",
-    multiple=True,
-    help="Estimate only cases whose id contains this text (repeatable).",
-)
+@patterns_option("Estimate")
 @click.option(
     "--device",
     help="Target device: cpu or cuda (default: the config's device; "
@@ -40,13 +37,8 @@ from memtrack.workload.registry import discover, select_cases
     help="Estimate at this precision instead of each case's dtype param "
     "(float32, bf16, fp16, ...): the case id says so.",
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Also write the estimate run as a JSON record here.",
-)
-@click.option("--no-db", is_flag=True, help="Do not write the database (use with --json).")
+@json_path_option("the estimate run as a JSON record")
+@no_db_option
 def estimate(
     config_path: Path | None,
     db_path: Path | None,

@@ -21,6 +21,33 @@ config_option = click.option(
     help="memtrack.toml or pyproject.toml (default: found from the current directory; "
     "without one, the shipped example suite).",
 )
+no_db_option = click.option(
+    "--no-db", is_flag=True, help="Do not write the database (use with --json)."
+)
+
+
+def patterns_option(verb: str = "") -> Callable[[Any], Any]:
+    """-k/--workload: '[{verb}] only cases whose id contains this text (repeatable).'"""
+    words = "only cases whose id contains this text (repeatable)."
+    return click.option(
+        "-k",
+        "--workload",
+        "patterns",
+        multiple=True,
+        help=f"{verb} {words}" if verb else words[0].upper() + words[1:],
+    )
+
+
+def json_path_option(what: str) -> Callable[[Any], Any]:
+    """--json PATH: 'Also write {what} here.'"""
+    return click.option(
+        "--json",
+        "json_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        help=f"Also write {what} here.",
+    )
+
+
 db_option = click.option(
     "--db",
     "db_path",

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import click
 
-from memtrack.commands.options import config_option
+from memtrack.commands.options import config_option, patterns_option
 from memtrack.config import load_config
 from memtrack.errors import ConfigError
 
@@ -12,13 +12,7 @@ from memtrack.errors import ConfigError
 @click.command()
 @click.argument("cases", nargs=-1)
 @config_option
-@click.option(
-    "-k",
-    "--workload",
-    "patterns",
-    multiple=True,
-    help="Only cases whose id contains this text (repeatable).",
-)
+@patterns_option()
 def reference(cases: tuple[str, ...], config_path: Path | None, patterns: tuple[str, ...]) -> None:
     """Record the reference output of the selected cases (default: every case that declares
     a tolerance).

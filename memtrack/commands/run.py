@@ -12,6 +12,9 @@ from memtrack.commands.options import (
     config_option,
     db_option,
     fail_on,
+    json_path_option,
+    no_db_option,
+    patterns_option,
     plain_output,
     progress_echo,
     resolve,
@@ -46,21 +49,10 @@ def _parse_shard(value: str | None) -> tuple[int, int] | None:
 @click.command()
 @config_option
 @db_option
-@click.option(
-    "-k",
-    "--workload",
-    "patterns",
-    multiple=True,
-    help="Run only cases whose id contains this text (repeatable).",
-)
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Also write the run as a JSON record here.",
-)
+@patterns_option("Run")
+@json_path_option("the run as a JSON record")
 @click.option("--shard", help="Run shard i of n of the suite (e.g. 2/4), for several runners.")
-@click.option("--no-db", is_flag=True, help="Do not write the database (use with --json).")
+@no_db_option
 def run(
     config_path: Path | None,
     db_path: Path | None,

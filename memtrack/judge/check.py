@@ -14,6 +14,7 @@ import difflib
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from memtrack.config import Config
 from memtrack.errors import ConfigError, StoreError
@@ -444,12 +445,7 @@ def check(
     verdicts += _gone(run, base, context, missing, renamed, notes)
     return CheckResult(
         case_runs=owners,
-        run_id=run.run_id,
-        commit=run.git.commit,
-        branch=run.git.branch,
-        started_at=run.started_at,
-        fingerprint=run.environment.fingerprint,
-        base_branch=base,
+        **_about(run, base),
         merge_base=finder.merge_base,
         baseline_mode=finder.mode,
         verdicts=tuple(verdicts),
@@ -687,6 +683,18 @@ def still_open(
     return still, notes
 
 
+def _about(run: RunRecord, base: str) -> dict[str, Any]:
+    """The fields of a check's result that name the run checked and its base branch."""
+    return dict(
+        run_id=run.run_id,
+        commit=run.git.commit,
+        branch=run.git.branch,
+        started_at=run.started_at,
+        fingerprint=run.environment.fingerprint,
+        base_branch=base,
+    )
+
+
 def _estimate_run(store: Store, config: Config, run: RunRecord, base: str) -> CheckResult:
     """An estimate run judged: not at all. Its figures against the budgets, as information."""
     estimates = []
@@ -715,12 +723,7 @@ def _estimate_run(store: Store, config: Config, run: RunRecord, base: str) -> Ch
     ]
     notes += [f"estimate not made: {line}" for line in failed]
     return CheckResult(
-        run_id=run.run_id,
-        commit=run.git.commit,
-        branch=run.git.branch,
-        started_at=run.started_at,
-        fingerprint=run.environment.fingerprint,
-        base_branch=base,
+        **_about(run, base),
         merge_base=run.git.merge_base,
         baseline_mode="none",
         verdicts=(),

@@ -188,21 +188,7 @@ def fit(points: Sequence[tuple[Number, int]]) -> Fit:
             f"constant + linear: {distinct} distinct values (a quadratic term needs "
             f"{QUADRATIC_MIN_POINTS} or more)"
         )
-        return _with_error(
-            Fit(
-                "constant + linear",
-                float(a),
-                float(b),
-                0.0,
-                why,
-                float(ssr_lin),
-                None,
-                (a, b, Fraction(0)),
-            ),
-            xs,
-            ssr_lin,
-            2,
-        )
+        return _linear(a, b, why, xs, ssr_lin, None)
     (qa, qb, qc), ssr_quad = quad
     share = f"{float(ssr_quad / ssr_lin):.1%}" if ssr_lin else "n/a"
     if qc > 0 and ssr_quad <= QUADRATIC_GAIN * ssr_lin:
@@ -231,21 +217,29 @@ def fit(points: Sequence[tuple[Number, int]]) -> Fit:
         else f"a quadratic leaves {share} of the linear fit's residuals "
         f"(kept only at {float(QUADRATIC_GAIN):.0%} or less)"
     )
-    return _with_error(
-        Fit(
-            "constant + linear",
-            float(a),
-            float(b),
-            0.0,
-            f"constant + linear: {reason}",
-            float(ssr_lin),
-            float(ssr_quad),
-            (a, b, Fraction(0)),
-        ),
-        xs,
-        ssr_lin,
-        2,
+    return _linear(a, b, f"constant + linear: {reason}", xs, ssr_lin, ssr_quad)
+
+
+def _linear(
+    a: Fraction,
+    b: Fraction,
+    why: str,
+    xs: list[Fraction],
+    ssr_lin: Fraction,
+    ssr_quad: Fraction | None,
+) -> Fit:
+    """The constant + linear model, its residuals beside the quadratic's where one was fit."""
+    fit = Fit(
+        "constant + linear",
+        float(a),
+        float(b),
+        0.0,
+        why,
+        float(ssr_lin),
+        None if ssr_quad is None else float(ssr_quad),
+        (a, b, Fraction(0)),
     )
+    return _with_error(fit, xs, ssr_lin, 2)
 
 
 # -- GPUs ----------------------------------------------------------------------------------

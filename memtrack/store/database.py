@@ -448,13 +448,17 @@ class Store:
         if readonly:
             # A quoted file: URI, so '#' or '?' in a folder name stays part of the path.
             uri = path.resolve().as_uri()
-            conn = sqlite3.connect(
-                f"{uri}?mode=ro",
-                uri=True,
-                timeout=BUSY_TIMEOUT_S,
-                isolation_level=None,
-                check_same_thread=False,
-            )
+
+            def reading(query: str) -> sqlite3.Connection:
+                return sqlite3.connect(
+                    f"{uri}?{query}",
+                    uri=True,
+                    timeout=BUSY_TIMEOUT_S,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+
+            conn = reading("mode=ro")
             try:
                 conn.execute("select count(*) from sqlite_master").fetchone()
             except sqlite3.OperationalError:
@@ -463,13 +467,7 @@ class Store:
                 # A WAL database on a read-only file system cannot make its -shm file; nothing
                 # can write there, so reading it as immutable is safe.
                 conn.close()
-                conn = sqlite3.connect(
-                    f"{uri}?mode=ro&immutable=1",
-                    uri=True,
-                    timeout=BUSY_TIMEOUT_S,
-                    isolation_level=None,
-                    check_same_thread=False,
-                )
+                conn = reading("mode=ro&immutable=1")
         else:
             create_file(path)
             conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
