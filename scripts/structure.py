@@ -1,5 +1,8 @@
-"""Print the package's structure: modules, flat modules, import cycles, private names imported
-across modules (imports inside functions counted), and the largest files.
+"""Print the package's structure: modules, flat modules, import cycles, loops of packages,
+private names imported across modules (imports inside functions counted), the largest
+files, the functions over 80 lines (in the package and in dashboard/ beside it), the SQL
+run by the judge, report/check.py's size, and the pairs of places the `duplicates` tool
+finds in the package (where it is on the PATH).
 
     python scripts/structure.py [PACKAGE_DIR]     (default: memtrack/)
 
@@ -179,7 +182,49 @@ def main(argv: list[str]) -> int:
     for importer, target, name in s.private:
         print(f"  {importer} takes {name} from {target}")
     print("largest files: " + ", ".join(f"{m} {n}" for n, m in sizes[:5]))
+    long = long_functions([package, package.parent / "dashboard"])
+    print(f"functions over {LONG} lines: {len(long)}")
+    for n, where in long:
+        print(f"  {where} {n}")
+    judge = package / "judge"
+    sql = sum(p.read_text(encoding="utf-8").count("execute") for p in sorted(judge.glob("*.py")))
+    print(f"`execute` in {package.name}/judge: {sql}")
+    check = package / "report" / "check.py"
+    if check.is_file():
+        print(f"{package.name}/report/check.py: {len(check.read_text().splitlines())} lines")
+    print(f"duplicates in {package.name}/: {duplicate_pairs(package)}")
     return 0
+
+
+LONG = 80
+"""A function longer than this is several functions (schema literals aside)."""
+
+
+def long_functions(folders: list[Path]) -> list[tuple[int, str]]:
+    """(lines, 'file:function') of every function longer than LONG, longest first."""
+    out = []
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    n = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if n > LONG:
+                        out.append((n, f"{path.relative_to(folder.parent)}:{node.name}"))
+    return sorted(out, reverse=True)
+
+
+def duplicate_pairs(package: Path) -> str:
+    """The first line of `duplicates` run in the package's folder, where it is installed."""
+    import shutil
+    import subprocess
+
+    if shutil.which("duplicates") is None:
+        return "the `duplicates` tool is not on the PATH"
+    out = subprocess.run(
+        ["duplicates", "--seconds", "60"], cwd=package, capture_output=True, text=True
+    )
+    return (out.stdout.splitlines() or ["(no answer)"])[0]
 
 
 if __name__ == "__main__":
