@@ -153,6 +153,7 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     (repo / "README.md").write_text("the app\n")
     second = commit_all(repo, "docs")
     db = tmp / "runner" / "memtrack.db"  # the persistent path on the runner, outside the checkout
+    db.parent.mkdir()  # made once by whoever sets the runner up (docs/ci.md), as is its owner
     for n, sha in enumerate([first, second]):
         _checkout(repo, sha)
         out = _memtrack(

@@ -181,3 +181,86 @@ def test_backup_and_export_make_no_missing_folders(project):
         line = _one_line_error(_memtrack(*args, "--db", str(db), cwd=repo))
         assert "missing" in line and "no such directory" in line, line
         assert not (repo / "missing").exists()
+
+
+# -- first contact: what a newcomer meets in the first minutes ------------------------------
+
+BROKEN = """
+import memtrack
+
+@memtrack.workload(params={"batch": 2})
+def train_step(ctx):
+    def step():
+        raise ValueError("shapes (2, 3) and (4, 5) do not multiply")
+    return step
+"""
+
+
+def _repo(tmp_path: Path, workload: str = BROKEN) -> Path:
+    repo = init_repo(tmp_path / "repo")
+    (repo / "wl.py").write_text(workload)
+    (repo / "memtrack.toml").write_text('modules = ["wl.py"]\n')
+    commit_all(repo, "a suite")
+    return repo
+
+
+def test_run_outside_a_git_repository_is_refused_and_records_nothing(tmp_path):
+    (tmp_path / "wl.py").write_text(WORKLOAD)
+    (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\n')
+    line = _one_line_error(_memtrack("run", "--db", str(tmp_path / "m.db"), cwd=tmp_path))
+    assert "not inside a git repository with a commit" in line
+    assert not (tmp_path / "m.db").exists()
+
+
+def test_run_says_why_a_case_failed_on_its_line(tmp_path):
+    repo = _repo(tmp_path)
+    res = _memtrack("run", "--db", str(tmp_path / "m.db"), cwd=repo)
+    assert res.returncode == 0, res.stderr  # a failure is data, recorded
+    (line,) = [x for x in res.stderr.splitlines() if "train_step[batch=2] (" in x]
+    assert line.split()[0] == "error"
+    assert line.endswith(": ValueError: shapes (2, 3) and (4, 5) do not multiply")
+
+
+def test_run_into_a_folder_that_does_not_exist_is_refused_and_makes_none(tmp_path):
+    repo = _repo(tmp_path, WORKLOAD)
+    missing = tmp_path / "nonexistent" / "dir"
+    line = _one_line_error(_memtrack("run", "--db", str(missing / "x.db"), cwd=repo))
+    assert f"--db {missing / 'x.db'}: no such folder {missing}" in line
+    assert not (tmp_path / "nonexistent").exists()
+
+
+def test_check_under_a_config_whose_module_cannot_be_found_says_so(project):
+    repo, db, _ = project
+    (repo / "memtrack.toml").write_text('modules = ["perf/workloads.py"]\n')
+    line = _one_line_error(_memtrack("check", "--db", str(db), cwd=repo))
+    assert "modules: cannot find 'perf/workloads.py'" in line
+    (repo / "memtrack.toml").write_text('modules = ["perf.workloads"]\n')
+    assert "cannot find 'perf.workloads'" in _one_line_error(
+        _memtrack("check", "--db", str(db), cwd=repo)
+    )
+    assert _verdicts(db) == 0
+
+
+def test_show_takes_a_commit_and_history_lists_the_run_ids_it_takes(project):
+    repo, db, run_id = project
+    sha = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    shown = CliRunner().invoke(main, ["show", sha[:7], "--db", str(db)], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert run_id in shown.output
+    history = CliRunner().invoke(main, ["history", "decoder", "--db", str(db)], terminal_width=200)
+    assert run_id[:12] in history.output
+    by_id = CliRunner().invoke(main, ["show", run_id[:12], "--db", str(db)], terminal_width=200)
+    assert by_id.exit_code == 0 and run_id in by_id.output
+    nothing = CliRunner().invoke(main, ["show", "abcdef1", "--db", str(db)])
+    assert nothing.exit_code == 2 and "no run or commit 'abcdef1'" in nothing.output
+
+
+@pytest.mark.parametrize("command", [["run"], ["snapshot"]])
+def test_a_misspelt_case_gets_a_did_you_mean(tmp_path, command):
+    repo = _repo(tmp_path)
+    args = [*command, "-k", "trian"] if command == ["run"] else [*command, "trian"]
+    line = _one_line_error(_memtrack(*args, "--db", str(tmp_path / "m.db"), cwd=repo))
+    assert "did you mean train_step" in line
+    assert not (tmp_path / "m.db").exists()

@@ -20,6 +20,7 @@ from memtrack.commands.options import (
 from memtrack.config import MAX_COUNT, is_branch, is_revision
 from memtrack.errors import ConfigError, StoreError
 from memtrack.files import output_problem
+from memtrack.workload.registry import missing_modules
 
 
 def _anchor(value: str | None) -> str | int | None:
@@ -121,6 +122,10 @@ def check(
     if base_branch is not None and not is_branch(base_branch):
         raise ConfigError(f"--base: {base_branch!r} is not a branch name")
     history_anchor = _anchor(anchor)
+    # a suite whose module cannot be found could never be measured: said, not judged
+    missing = None if history else missing_modules(config)
+    if missing is not None:
+        raise missing
     _output("--markdown", markdown_path)
     _output("--json", json_path)
     if not db.is_file():

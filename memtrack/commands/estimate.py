@@ -18,9 +18,8 @@ from memtrack.commands.options import (
     resolve,
     rich_console,
 )
-from memtrack.errors import ConfigError
 from memtrack.store.database import Store
-from memtrack.workload.registry import discover, select_cases
+from memtrack.workload.registry import discover, no_match, select_cases
 
 
 @click.command()
@@ -63,9 +62,10 @@ def estimate(
     config, db = resolve(config_path, db_path)
     check_device(device)
     check_dtype(dtype)
-    cases = select_cases(discover(config), patterns)
+    workloads = discover(config)
+    cases = select_cases(workloads, patterns)
     if not cases:
-        raise ConfigError(f"no case matches {' or '.join(patterns) or 'the suite'}")
+        raise no_match(workloads, patterns)
     if json_path:
         check_json_folder(json_path)
     progress = progress_echo("estimating", plain_output())

@@ -58,7 +58,15 @@ db_option = click.option(
 
 
 def resolve(config_path: Path | None, db_path: Path | None) -> tuple[Config, Path]:
+    """The config, and the database: --db (or $MEMTRACK_DB) where given, whose folder must
+    exist (a typo must not plant folders anywhere), else the config's `database`, whose
+    folder is made with the database."""
     config = load_config(config_path)
+    if db_path is not None and not db_path.parent.is_dir():
+        raise ConfigError(
+            f"--db {db_path}: no such folder {db_path.parent} (memtrack makes the database "
+            "file, not the folders above it)"
+        )
     return config, db_path or config.database
 
 
@@ -88,9 +96,21 @@ def progress_echo(verb: str, plain: bool) -> Callable[[str, Any, Any], None]:
         if event == "start" and plain:
             click.echo(f"{verb} {case.case_id} ...", err=True)
         elif event == "done":
-            click.echo(f"  {m.status:8} {case.case_id} ({m.duration_s:.1f} s)", err=True)
+            why = f": {failure_line(m.message)}" if m.status != "ok" and m.message else ""
+            click.echo(f"  {m.status:8} {case.case_id} ({m.duration_s:.1f} s){why}", err=True)
 
     return progress
+
+
+def failure_line(message: str, limit: int = 200) -> str:
+    """A failed case's reason on one line: its message's last line, secrets redacted (it is
+    shown before the run is), control characters shown, cut to `limit` characters."""
+    from memtrack.escape import terminal_text
+    from memtrack.records.redact import redact
+
+    lines = message.strip().splitlines() or [""]
+    line = terminal_text(redact(lines[-1]) or "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def plain_output() -> bool:

@@ -25,7 +25,7 @@ from memtrack.errors import ConfigError
 from memtrack.measure.forkserver import ForkServer
 from memtrack.measure.launcher import worker_env
 from memtrack.store.database import Store
-from memtrack.workload.registry import Case, select_cases
+from memtrack.workload.registry import Case, no_match, select_cases
 
 if TYPE_CHECKING:
     from memtrack.measure.suite import RunStart
@@ -86,10 +86,15 @@ def run(
         )
         cases = select_cases(workloads, patterns, shard_t)
         if not cases:
-            raise ConfigError(f"no case matches {' or '.join(patterns) or 'the suite'}")
+            raise no_match(workloads, patterns)
         # The outputs are checked before the first case starts, not after an hour of measuring.
         if json_path:
             check_json_folder(json_path)
+        if start.git.commit is None:
+            raise ConfigError(
+                f"{config.root}: not inside a git repository with a commit: memtrack records "
+                "every run against its commit (`git init` and a first commit)"
+            )
         with Store.open(db) if not no_db else nullcontext() as store:
             done = record_run(lambda: _measure(config, cases, shard, start), store, json_path)
     rich_console().print(run_table(done.record))

@@ -12,16 +12,19 @@ from memtrack.store.database import Store
 
 
 @click.command()
-@click.argument("run_id")
+@click.argument("run_id", metavar="RUN")
 @config_option
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the whole record as JSON.")
 def show(run_id: str, config_path: Path | None, db_path: Path | None, as_json: bool) -> None:
     """Show one run: where it ran, and every case's figures (an estimate run's labelled as
-    estimates; a measured case beside its latest estimate)."""
+    estimates; a measured case beside its latest estimate).
+
+    RUN is a run id or a unique prefix of one (`memtrack history` lists them), or a commit
+    (a SHA prefix): its newest run."""
     _, db = resolve(config_path, db_path)
     with Store.open(db, readonly=True) as store:
-        record = store.get_run(run_id)
+        record = store.find_run(run_id)
         measured = [m.case_id for m in record.measurements if m.kind == "measured"]
         estimates = store.latest_estimates(measured, record.git.commit) if measured else {}
     if as_json:

@@ -9,6 +9,7 @@ stores or posts them. torch is imported only by the worker (memtrack.probes.snap
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import subprocess
@@ -130,8 +131,10 @@ def find_case(config: Config, name: str) -> Case:
     if of_workload:
         ids = ", ".join(c.case_id for c in of_workload[:5])
         raise WorkloadError(f"{name!r} has {len(of_workload)} cases; name one: {ids}")
-    close = [c.case_id for c in cases if name in c.case_id][:5]
-    hint = f"; did you mean {', '.join(close)}" if close else ""
+    close = [c.case_id for c in cases if name in c.case_id][:5] or difflib.get_close_matches(
+        name, sorted({x for c in cases for x in (c.workload, c.case_id)}), n=3, cutoff=0.5
+    )
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise WorkloadError(f"no case or workload {name!r} in the suite{hint}")
 
 

@@ -138,6 +138,7 @@ def history_table(case: str, rows: list[dict[str, Any]]) -> Table:
     t = Table(title=f"history of {_t(case)} (newest first)", title_justify="left")
     for col in (
         "time",
+        "run",
         "commit",
         "branch",
         "case",
@@ -153,6 +154,7 @@ def history_table(case: str, rows: list[dict[str, Any]]) -> Table:
     for r in rows:
         t.add_row(
             (r["started_at"] or "")[:19],
+            r["run_id"][:12],
             (r["git_commit"] or "-")[:10],
             _t(r["git_branch"] or "-"),
             _t(labels[r["case_id"]]),

@@ -15,6 +15,7 @@ import errno
 import itertools
 import json
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -732,6 +733,30 @@ class Store:
             )
 
     # -- reading ---------------------------------------------------------------------
+
+    def find_run(self, text: str) -> RunRecord:
+        """A run by id or unique id prefix, else the newest run of the commit `text` names
+        (a SHA prefix; a measured run before an estimate run)."""
+        try:
+            return self.get_run(text)
+        except StoreError:
+            if not re.fullmatch(r"[0-9a-fA-F]{4,40}", text):
+                raise
+        commits = {
+            r[0]
+            for r in self.conn.execute(
+                "select distinct git_commit from runs where substr(git_commit, 1, ?) = ? limit 2",
+                [len(text), text.lower()],
+            )
+        }
+        if len(commits) > 1:
+            raise StoreError(f"{self.path}: commit prefix {text!r} is ambiguous")
+        ids = self.run_ids(commit=text, limit=1, measured=True) or self.run_ids(
+            commit=text, limit=1
+        )
+        if not ids:
+            raise StoreError(f"{self.path}: no run or commit {text!r}")
+        return self.get_run(ids[0])
 
     def get_run(self, run_id: str) -> RunRecord:
         """A whole run by id or unique id prefix (matched literally)."""

@@ -356,6 +356,31 @@ def import_workload_module(ref: str, root: Path) -> str:
     return name
 
 
+def missing_modules(config: Config) -> WorkloadError | None:
+    """The error for a configured workload module that cannot be found, without importing
+    any (a .py path that is no file; a dotted name whose module no finder knows): what
+    `check` says before it judges a suite it could never measure. None where all are found."""
+    for ref in config.modules:
+        if _is_path(ref):
+            found = (config.root / ref).is_file()
+        else:
+            found = _findable(ref, config.root)
+        if not found:
+            return WorkloadError(f"{modules_where(config)}: cannot find {ref!r}")
+    return None
+
+
+def _findable(dotted: str, root: Path) -> bool:
+    """A dotted module under `root` (a file or a package folder) or on the import path."""
+    base = root.joinpath(*dotted.split("."))
+    if base.with_suffix(".py").is_file() or (base / "__init__.py").is_file():
+        return True
+    try:
+        return importlib.util.find_spec(dotted) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def modules_where(config: Config) -> str:
     """Where the suite's modules are configured, as an error names it."""
     return f"{config.path}: modules" if config.path else "default config: modules"
@@ -461,6 +486,21 @@ def select_cases(
         i, n = shard
         cases = [c for k, c in enumerate(sorted(cases, key=lambda c: c.case_id)) if k % n == i - 1]
     return cases
+
+
+def no_match(workloads: Iterable[Workload], patterns: Iterable[str]) -> WorkloadError:
+    """The error for patterns that select no case, naming the nearest workload names and
+    case ids ('did you mean train_step?')."""
+    names: set[str] = set()
+    for w in workloads:
+        names.add(w.name)
+        names.update(c.case_id for c in w.cases())
+    pats = list(patterns)
+    close = [
+        near for p in pats for near in difflib.get_close_matches(p, sorted(names), n=3, cutoff=0.5)
+    ]
+    hint = f"; did you mean {', '.join(dict.fromkeys(close))}?" if close else ""
+    return WorkloadError(f"no case matches {' or '.join(pats) or 'the suite'}{hint}")
 
 
 def suite_hash(cases: Iterable[Case], config: Config) -> str:
