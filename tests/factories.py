@@ -167,6 +167,28 @@ GIT_ENV = {
 }
 
 
+def venv_with_this_environment(venv: Path) -> Path:
+    """A fresh venv that sees the packages of the interpreter running the tests (torch,
+    Streamlit, ...), as an adopter's machine has them, whatever that interpreter is: its
+    system site-packages, and, through a .pth file, its own. `--system-site-packages` alone
+    sees the base interpreter's, which are not this one's when the tests run in a venv.
+    Returns the venv's python."""
+    import sys
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    here = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    Path(site, "memtrack-tests-parent.pth").write_text("\n".join(sorted(here)) + "\n")
+    return python
+
+
 def git(repo: Path, *args: str) -> str:
     """Run git in `repo` with a fixed identity; return stdout stripped."""
     out = subprocess.run(

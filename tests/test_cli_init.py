@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from factories import GIT_ENV, commit_all, git, init_repo
+from factories import GIT_ENV, commit_all, git, init_repo, venv_with_this_environment
 from gha import evaluate, load_yaml, run_job
 
 from memtrack.cli import main
@@ -353,7 +353,7 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
         PIP_NO_BUILD_ISOLATION="0",
     )
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    venv_with_this_environment(venv)
     subprocess.run(
         [
             venv / "bin/python",

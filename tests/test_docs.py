@@ -79,3 +79,14 @@ def test_the_docs_state_the_one_provisional_rule_the_gate_applies():
     assert set(said) == {rule}, said
     # gate.md states it in full, and each short form points there
     assert f"a regression blocks only past a {rule} jump" in (DOCS / "gate.md").read_text()
+
+
+def test_ci_runs_the_readme_test_command_in_a_fresh_venv_and_times_its_stages():
+    """As a newcomer runs it: in a venv made for the run, never the machine's own Python."""
+    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    command = lines.index('pip install -e ".[test]" && pytest')
+    made = max(i for i, line in enumerate(lines[:command]) if "-m venv --clear" in line)
+    activated = max(i for i, line in enumerate(lines[:command]) if line.startswith("source "))
+    assert made < activated < command
+    assert "deactivate" not in lines[activated:command]
+    assert sum(line.startswith("stage ") for line in lines) >= 5  # each stage prints its time

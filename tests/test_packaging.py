@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from factories import venv_with_this_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,8 +71,7 @@ def _free_port() -> int:
 def test_a_wheel_installed_outside_the_checkout_serves_the_dashboard(wheel, tmp_path):
     venv = tmp_path / "venv"
     # torch, Streamlit and the rest come from this environment; memtrack only from the wheel
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    python = venv / "bin" / "python"
+    python = venv_with_this_environment(venv)
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
     env = {**os.environ, "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
     env.pop("PYTHONPATH", None)  # memtrack from the wheel alone
