@@ -104,10 +104,10 @@ class _Group(click.Group):
             if type(exc).__name__ == "NoArgsIsHelpError":  # bare `memtrack`: the help
                 exc.show()
                 sys.exit(exc.exit_code)
-            click.echo(f"memtrack: error: {_usage(exc)}", err=True)
+            _error(_usage(exc))
             sys.exit(2)
         except click.exceptions.ClickException as exc:
-            click.echo(f"memtrack: error: {' '.join(exc.format_message().split())}", err=True)
+            _error(" ".join(exc.format_message().split()))
             sys.exit(2)
         except click.Abort:
             click.echo("memtrack: interrupted", err=True)
@@ -130,15 +130,31 @@ class _Group(click.Group):
             sys.exit(128 + signum)
         except MemtrackError as exc:
             if debug:
-                traceback.print_exc()
-            click.echo(f"memtrack: error: {exc}", err=True)
+                _traceback()
+            _error(str(exc))
             sys.exit(2)
         except Exception as exc:
             if debug:
-                traceback.print_exc()
+                _traceback()
             hint = "" if debug else " (--debug shows the traceback)"
-            click.echo(f"memtrack: error: {_unexpected(exc)}{hint}", err=True)
+            _error(f"{_unexpected(exc)}{hint}")
             sys.exit(2)
+
+
+def _traceback() -> None:
+    """--debug: the exception's traceback, secrets out as in every error."""
+    from memtrack.records.redact import redact
+
+    click.echo(redact(traceback.format_exc()), err=True, nl=False)
+
+
+def _error(text: str) -> None:
+    """An error in one line on stderr. Secrets out first: a message can quote a value of a
+    record, a config or a workload's exception (a token, a URL with its password), and CI
+    logs are public."""
+    from memtrack.records.redact import redact
+
+    click.echo(f"memtrack: error: {redact(text)}", err=True)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

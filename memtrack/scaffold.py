@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
 
-from memtrack.config import find_config, load_config
+from memtrack.config import find_config, is_branch, load_config
 from memtrack.errors import ConfigError, MemtrackError
 from memtrack.machine.provenance import git_ignore_rule
 
@@ -179,7 +179,7 @@ def config_table(base_branch: str, pyproject: bool) -> str:
         "# memtrack: see `memtrack --help`. Paths are relative to this file.\n"
         'modules = ["perf.workloads"]      # the workloads (module names or .py paths)\n'
         'database = "data/memtrack.db"     # git-ignored; CI points --db at the runner\'s\n'
-        f'base_branch = "{base_branch}"\n'
+        f"base_branch = {json.dumps(base_branch)}\n"
         f'references = "{REFERENCES}"    # reference outputs: commit them\n'
         "\n"
         "# An absolute ceiling, with the reason that makes raising it a reviewed change:\n"
@@ -202,7 +202,8 @@ def workflow_text(base_branch: str, requirement: str, install_project: bool) -> 
     )
     return (
         _template("workflow.yml")
-        .replace("@@BASE_BRANCH@@", base_branch)
+        # a YAML flow scalar of its own: quotes, commas, `]#` and newlines stay in it
+        .replace("@@BASE_BRANCH@@", json.dumps(base_branch))
         .replace("@@REQUIREMENT@@", requirement)
         .replace("@@INSTALL_PROJECT@@", project)
     )
@@ -213,7 +214,8 @@ def plan_files(
 ) -> list[Planned]:
     """What `memtrack init` would write in the repository at `root`, nothing written yet."""
     requirement = check_requirement(requirement or pinned_requirement())
-    branch = base_branch or _base_branch(root)
+    what = "--base-branch" if base_branch else "the branch checked out"
+    branch = check_branch(base_branch or _base_branch(root), what)
     package, installable = _project(root)
     out: list[Planned] = []
     pyproject = root / "pyproject.toml"
@@ -251,9 +253,38 @@ def plan_files(
     return out
 
 
+def check_branch(branch: str, what: str) -> str:
+    """A branch name init can write into the config and the workflow: one git accepts
+    (`git check-ref-format --branch`, closely), and no GitHub Actions expression (`${{`,
+    which Actions would evaluate inside any string of the workflow)."""
+    if not is_branch(branch) or "${{" in branch:
+        raise ConfigError(f"{what}: {branch!r} is not a branch name memtrack init can write")
+    return branch
+
+
+def check_links(root: Path, planned: list[Planned]) -> None:
+    """Refuse, before anything is written, a planned file whose path goes through a symbolic
+    link out of the repository (`perf/`, `data/`, `.github/` or a file itself): init writes
+    inside the repository or nowhere."""
+    top = root.resolve()
+    for item in planned:
+        if item.action == "exists":
+            continue
+        at = root
+        for part in item.path.parts:
+            at = at / part
+            if at.is_symlink() and not at.resolve().is_relative_to(top):
+                raise ConfigError(
+                    f"{at}: a symbolic link out of the repository (to {at.resolve()}): "
+                    "memtrack init writes nothing through it"
+                )
+
+
 def write_files(root: Path, planned: list[Planned]) -> list[Planned]:
     """Write what `plan_files` planned; return what was written. A file that appeared
-    meanwhile is left as it is (listed as existing)."""
+    meanwhile is left as it is (listed as existing). Nothing is written where a planned
+    path goes out of the repository through a link (`check_links`)."""
+    check_links(root, planned)
     done: list[Planned] = []
     for item in planned:
         path = root / item.path

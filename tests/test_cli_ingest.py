@@ -116,6 +116,7 @@ def test_a_merge_base_that_is_an_option_is_refused_and_never_reaches_git(tmp_pat
 
 def test_eight_processes_ingesting_into_a_new_database_lose_nothing(tmp_path):
     db = tmp_path / "new" / "m.db"
+    db.parent.mkdir()  # --db names a file, in a folder that is there
     folders = []
     for p in range(8):
         _records(tmp_path / f"p{p}", 25)
@@ -225,6 +226,8 @@ def test_an_interrupt_is_not_exit_1(tmp_path):
         "    return lambda: time.sleep(60)\n"
     )
     (tmp_path / "memtrack.toml").write_text('modules = ["w.py"]\n')
+    init_repo(tmp_path)
+    commit_all(tmp_path, "a slow suite")
     proc = subprocess.Popen(
         [sys.executable, "-m", "memtrack.cli", "run", "--db", str(tmp_path / "m.db")],
         cwd=tmp_path,

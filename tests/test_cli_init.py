@@ -529,3 +529,43 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
         cwd=repo,
     )
     assert shown.stdout.split() == ["ok", "3"], shown.stdout  # main's three runs, the series
+
+
+@pytest.mark.parametrize("link", ["perf", "data", ".github", ".github/workflows", "memtrack.toml"])
+def test_init_writes_nothing_through_a_link_out_of_the_repository(tmp_path, link):
+    repo = init_repo(tmp_path / "app")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (repo / link).parent.mkdir(parents=True, exist_ok=True)
+    if link == "memtrack.toml":  # a file of its own that does not exist yet, out there
+        (repo / link).symlink_to(outside / "memtrack.toml")
+    else:
+        (repo / link).symlink_to(outside, target_is_directory=True)
+    before = _files(repo)
+    res = _init(repo, "--requirement", "memtrack==0.1.0")
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.strip().splitlines()
+    assert f"{repo / link}: a symbolic link out of the repository" in line
+    assert _files(repo) == before and list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("branch", ['rel"ease', "main]#x", "a,b", "dev's"])
+def test_init_quotes_a_branch_name_git_accepts_in_the_config_and_the_workflow(tmp_path, branch):
+    import yaml
+
+    repo = init_repo(tmp_path / "app")
+    res = _init(repo, "--requirement", "memtrack==0.1.0", "--base-branch", branch)
+    assert res.exit_code == 0, res.output
+    assert load_config(repo / "memtrack.toml").base_branch == branch
+    workflow = yaml.safe_load((repo / WORKFLOW).read_text())
+    on = workflow[True]  # YAML 1.1 reads the key `on` as true
+    assert on["push"]["branches"] == [branch] and on["pull_request"]["branches"] == [branch]
+
+
+@pytest.mark.parametrize("branch", ["${{github.token}}", "a\nb", "x..y", "-main", "a b"])
+def test_init_refuses_a_branch_name_it_cannot_write_and_writes_nothing(tmp_path, branch):
+    repo = init_repo(tmp_path / "app")
+    res = _init(repo, "--requirement", "memtrack==0.1.0", "--base-branch", branch)
+    assert res.exit_code == 2, res.output
+    assert "is not a branch name memtrack init can write" in res.output
+    assert _files(repo) == {}

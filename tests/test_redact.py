@@ -156,7 +156,8 @@ def test_a_value_of_a_secret_variable_is_redacted_whatever_its_shape():
         "HOME": "/home/runner/work",
     }
     values = secret_values(env)
-    assert values == ("q7Vf2LmP9xR4tY8wZ1nB6cD3hJ5kS0aE2gU7iO9e", "s3kr1t-v4lue")
+    assert {"q7Vf2LmP9xR4tY8wZ1nB6cD3hJ5kS0aE2gU7iO9e", "s3kr1t-v4lue"} <= set(values)
+    assert not {"production", "dev@example.com", "/home/runner/work"} & set(values)
     text = f"boto: {env['AWS_SECRET_ACCESS_KEY']} / {env['MYAPP_SECRET']} in production"
     assert redact(text, values=values) == f"boto: {MASK} / {MASK} in production"
 
@@ -262,3 +263,41 @@ def test_ingest_redacts_what_run_would(tmp_path):
     # Ingesting the same file again finds the same (redacted) run: nothing changes.
     again = CliRunner().invoke(main, ["ingest", str(record), "--db", str(db)])
     assert again.exit_code == 0 and "1 already present" in again.output, again.output
+
+
+@pytest.mark.parametrize(
+    "name, value, quoted",
+    [
+        ("API_KEY", "k3y99z", "k3y99z"),  # short
+        ("DbPassword", "Pa55word!", "Pa55word!"),  # the word in another case style
+        ("db_passwd", "n0t-4-w0rd", "n0t-4-w0rd"),
+        ("AWS_SECRET_ACCESS_KEY", AWS_SECRET, "wJalrXUtnFEMI%2FK7MDENG%2FbPxRfiCYzEXAMPLEKEY"),
+        ("MYAPP_SECRET", "s3kr1t&v4lue=1", "s3kr1t%26v4lue%3D1"),  # a query string
+        ("MYAPP_SECRET", "s3kr1t-v4lue", "czNrcjF0LXY0bHVl"),  # base64
+        ("SERVICE_AUTH", "s3kr1t-v4lue", "dXNlcjpzM2tyMXQtdjRsdWU="),  # base64 of user:value
+    ],
+)
+def test_a_secret_variable_s_value_is_redacted_in_every_form_text_quotes_it(name, value, quoted):
+    values = secret_values({name: value})
+    out = redact(f"GET /api?key={quoted} failed (HTTP 401)", values=values)
+    assert MASK in out
+    # nothing of the value is left that says more than a few bits of it
+    assert quoted not in out and value not in out
+
+
+def test_an_error_that_quotes_a_secret_prints_it_redacted(tmp_path):
+    """A record whose field holds a token, and a config's URL with a password: the one-line
+    error quotes the value, and the secret goes out of it first (CI logs are public)."""
+    record = tmp_path / "bad.json"
+    write_json(make_run([make_measurement()]), record)
+    data = json.loads(record.read_text())
+    data["measurements"][0]["status"] = GITHUB
+    record.write_text(json.dumps(data))
+    res = CliRunner().invoke(main, ["ingest", str(record), "--db", str(tmp_path / "m.db")])
+    assert res.exit_code == 2 and "is not one of" in res.output, res.output
+    assert GITHUB not in res.output and MASK in res.output
+    config = tmp_path / "memtrack.toml"
+    config.write_text('dashboard_url = "ftp://admin:hunter2hunter@dash.example.org"\n')
+    res = CliRunner().invoke(main, ["history", "x", "--config", str(config)])
+    assert res.exit_code == 2 and "dashboard_url" in res.output, res.output
+    assert "hunter2hunter" not in res.output

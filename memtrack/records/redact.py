@@ -27,8 +27,9 @@ SECRET_NAME = re.compile(
     re.IGNORECASE,
 )
 """A variable whose value is a secret by its name."""
-MIN_SECRET_LENGTH = 8
-"""Shorter values ('1', 'true', 'us-east') are too common in text to stand for a secret."""
+MIN_SECRET_LENGTH = 4
+"""Shorter values ('1', 'on') are too common in text to stand for a secret; a value of a
+secret-named variable from four characters on is one (`API_KEY=k3y99z`)."""
 
 # Each pattern's group 1, where it has one, is kept: the name that says what was redacted.
 _PATTERNS = [
@@ -79,10 +80,35 @@ def _looks_secret(value: str) -> bool:
 
 def secret_values(environ: Any = None) -> tuple[str, ...]:
     """The values of the secret-looking variables of `environ` (default: this process's
-    environment, which the workers inherit), longest first."""
+    environment, which the workers inherit), in every form text quotes them (as they are,
+    URL-encoded, base64-encoded), longest first."""
     env = os.environ if environ is None else environ
     found = {v for k, v in env.items() if SECRET_NAME.search(k) and _looks_secret(v)}
-    return tuple(sorted(found, key=lambda v: (-len(v), v)))
+    forms = {form for v in found for form in _forms(v)}
+    return tuple(sorted(forms, key=lambda v: (-len(v), v)))
+
+
+def _forms(value: str) -> set[str]:
+    """A secret as text may quote it: itself; URL-encoded (a query string, a form); and
+    base64-encoded, alone or inside a longer encoded text (`user:token` in a Basic
+    authorization header): the characters of its encoding at each of the three offsets it
+    can start at that depend on it alone."""
+    import base64
+    import urllib.parse
+
+    forms = {value, urllib.parse.quote(value, safe=""), urllib.parse.quote_plus(value)}
+    raw = value.encode()
+    for offset in range(3):
+        encoded = base64.b64encode(b"\0" * offset + raw).decode().rstrip("=")
+        # the characters that hold a padding byte, and the last one of a short group,
+        # depend on bytes outside the value
+        start = -(-offset * 4 // 3)
+        end = (offset + len(raw)) * 4 // 3
+        for alphabet in (encoded, encoded.replace("+", "-").replace("/", "_")):
+            core = alphabet[start:end]
+            if len(core) >= MIN_SECRET_LENGTH + 2:
+                forms.add(core)
+    return {f for f in forms if len(f) >= MIN_SECRET_LENGTH}
 
 
 @functools.lru_cache(maxsize=8)
