@@ -214,6 +214,13 @@ def commit_all(repo: Path, message: str) -> str:
     return git(repo, "rev-parse", "HEAD")
 
 
+def committed(folder: Path, message: str = "a suite") -> str:
+    """`folder` made a git repository holding what is in it, in one commit: `memtrack run`
+    records a run against its commit, and refuses a tree without one."""
+    init_repo(folder)
+    return commit_all(folder, message)
+
+
 # -- a realistic history, from real reruns of the shipped suite -----------------------------
 
 RERUNS = Path(__file__).parent / "data" / "reruns.json.gz"

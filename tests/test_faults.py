@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from factories import make_measurement, make_run
+from factories import committed, make_measurement, make_run
 
 from memtrack.records import write_json
 from memtrack.store.database import Store
@@ -185,6 +185,7 @@ def tiny(ctx):
 def tiny_suite(tmp_path):
     (tmp_path / "wl.py").write_text(TINY)
     (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\n')
+    committed(tmp_path)
     return tmp_path / "memtrack.toml"
 
 
@@ -624,6 +625,7 @@ def test_a_signal_to_memtrack_run_mid_case_is_an_interrupt(tmp_path, sig):
     _seed(db)
     (tmp_path / "wl.py").write_text(SLOW)
     (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 1\n')
+    committed(tmp_path)
     proc = subprocess.Popen(
         [
             sys.executable,

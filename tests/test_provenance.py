@@ -46,16 +46,15 @@ def test_git_info_of_a_branch_names_commit_parent_and_merge_base(tmp_path):
     assert git_info(repo, "main", env={}).dirty is True
 
 
-def test_a_run_outside_a_git_repository_is_recorded_and_says_so(tmp_path):
+def test_a_run_outside_a_git_repository_is_refused_as_its_facts_say(tmp_path):
     (tmp_path / "wl.py").write_text(TINY)
     (tmp_path / "memtrack.toml").write_text('modules=["wl.py"]\nwarmup=0\nrepeats=1\n')
     result = _run(tmp_path, tmp_path / "m.db")
-    assert result.returncode == 0, result.stderr
-    with Store.open(tmp_path / "m.db", readonly=True) as store:
-        run = store.get_run(store.run_ids()[0])
-    assert run.git.commit is None
-    assert "not inside a git repository" in run.git.notes[0]
-    assert run.measurements[0].status == "ok"
+    assert result.returncode == 2, result.stderr
+    assert "not inside a git repository with a commit" in result.stderr
+    assert not (tmp_path / "m.db").exists()  # a run of no commit is no point of a series
+    info = git_info(tmp_path, "main")
+    assert info.commit is None and "not inside a git repository" in info.notes[0]
 
 
 def test_a_run_in_a_shallow_clone_is_recorded_with_a_clear_note(tmp_path):

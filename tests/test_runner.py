@@ -8,6 +8,7 @@ import signal
 import textwrap
 
 import pytest
+from factories import committed
 
 from memtrack.config import load_config
 from memtrack.measure.suite import run_suite
@@ -317,6 +318,7 @@ def test_no_process_a_case_started_outlives_memtrack_run(tmp_path):
 
     (tmp_path / "wl.py").write_text(ESCAPES)
     (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 1\n')
+    committed(tmp_path)
     res = subprocess.run(
         [
             sys.executable,

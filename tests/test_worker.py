@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from factories import committed
 
 WORKLOAD = textwrap.dedent(
     """
@@ -163,6 +164,7 @@ def test_torchs_cpu_allocator_failing_is_an_oom_not_an_error(tmp_path):
     can't allocate memory", not MemoryError: the case ran out of memory all the same."""
     (tmp_path / "wl.py").write_text(TORCH_HOST_OOM)
     (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 0\nrepeats = 1\n')
+    committed(tmp_path)
     res = subprocess.run(
         [sys.executable, "-m", "memtrack.cli", "run", "--no-db", "--json", "run.json"],
         cwd=tmp_path,
