@@ -320,6 +320,16 @@ def test_a_spike_missed_within_the_memory_pass_is_said_from_fake_nvml_figures():
     assert any("missed a spike" in n for n in m.notes)
 
 
+@pytest.mark.parametrize("in_pass", [3 * GiB, 0])
+def test_a_missed_spike_leaves_no_workspace_and_says_why_from_fake_nvml_figures(in_pass):
+    # 3 GiB sampled in the pass against 4 GiB reserved: -1 GiB was stored as the workspace,
+    # and the database then read as damaged. A pass read as 0 (the device-wide view, another
+    # process freeing memory) is a sample too: not replaced by the whole case's 8 GiB.
+    m = _measure(_allocator_h200(), _sampled_h200(memory_pass_peak_bytes=in_pass))
+    assert m.workspace_bytes is None
+    assert any("missed a spike" in n for n in m.notes), m.notes
+
+
 def test_the_samplers_notes_reach_the_measurement_from_fake_nvml_figures():
     note = "GPU 0 process list unavailable (NVMLError_NoPermission: ...)"
     sampled = dataclasses.replace(_sampled_h200(), notes=(note,))
