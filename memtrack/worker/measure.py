@@ -227,9 +227,11 @@ def _after_memory_pass(
     ctx, step, figures = case.ctx, case.step, dict(summary)
     if ctx.device.type == "cuda":
         result.update(phase="breakdown", **figures)
+        # by category on the device that holds the headline peak, which they must add up to
+        device = case.probe.peak_device()
         try:
             figures["categories"] = category_breakdown(
-                step, ctx.device, case.objects, lambda p: _tags_to(ctx, p), ctx.concurrency
+                step, device, case.objects, lambda p: _tags_to(ctx, p), ctx.concurrency
             )
         except Exception as exc:  # the allocator figures stand without it
             result.notes.append(f"category breakdown unavailable: {exc}")
