@@ -159,6 +159,28 @@ def test_an_nccl_out_of_memory_is_an_oom_and_other_cuda_errors_are_not(text, oom
     assert is_oom(DistBackendError(text)) is oom
 
 
+@pytest.mark.parametrize(
+    ("text", "oom"),
+    [
+        # each session thread creates a cuBLAS handle at its first matmul, outside the
+        # caching allocator: near full memory its allocation fails
+        ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", True),
+        ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasLtCreate(&handle)`", True),
+        ("cuDNN error: CUDNN_STATUS_ALLOC_FAILED", True),  # cuDNN 8
+        ("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED", True),  # cuDNN 9
+        (
+            "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, ...`",
+            False,
+        ),
+        ("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED", False),
+    ],
+)
+def test_a_cuda_librarys_failed_allocation_is_an_oom_and_its_other_errors_are_not(text, oom):
+    out = failure(RuntimeError(text))
+    assert out["status"] == ("oom" if oom else "error")
+    assert out["message"] == f"RuntimeError: {text}"
+
+
 def test_an_oom_the_workload_wrapped_in_its_own_error_is_still_an_oom():
     try:
         try:
