@@ -141,6 +141,7 @@ def run_case(spec: Spec, result: ResultFile) -> None:
         )
         result.update(phase="done", **snap)
         _close(step)
+        distributed.teardown(case.rank)  # every rank's file is written: the final barrier
         return
     setup_peak = max(host.peak(), loading.before_peak)  # a loading phase reset the mark
     release_free_heap()
