@@ -346,7 +346,8 @@ def _rank_breakdown(m: Measurement) -> Measurement:
         f"{len(m.ranks)} ranks: framework figures are the largest per-device peak, the "
         f"breakdown rank {top.rank}'s ({top.device}); host figures are summed over ranks"
     )
-    return dataclasses.replace(m, notes=(*m.notes, note), **{k: getattr(b, k) for k in parts})
+    # b's notes: m's, with the breakdown's own said again for this rank's figures
+    return dataclasses.replace(m, notes=(*b.notes, note), **{k: getattr(b, k) for k in parts})
 
 
 __all__ = [
