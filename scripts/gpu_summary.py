@@ -1,7 +1,11 @@
 """The figures of every case scripts/gpu-check.sh recorded, and the CUDA path's invariants,
-into OUT/summary.txt. Exit status 1 when an invariant fails.
+into a summary file. Exit status 1 when an invariant fails.
 
-    python scripts/gpu_summary.py OUT
+    python scripts/gpu_summary.py RECORDS [SUMMARY [DATABASE ...]]
+
+RECORDS holds the run and check records (run-1.json, ...); SUMMARY defaults to
+RECORDS/summary.txt. Each DATABASE given is read back whole, every value of every run
+checked as `memtrack show` reads it: a run the store would call damaged fails.
 """
 
 from __future__ import annotations
@@ -23,9 +27,13 @@ def mib(v: int | None) -> str:
 def invariant(m: dict[str, Any], dev: dict[str, Any]) -> str | None:
     """Why a case's figures break the CUDA path's invariants, or None.
 
-    allocated <= reserved always; reserved <= device (the process's sampled peak) where the
-    sampler saw the peak. `short_spike` is built so that a 10 ms sampler misses its spike:
-    it is judged by its note, which must say so whenever its samples missed it."""
+    Workspace is never below 0; allocated <= reserved always; reserved <= device (the
+    process's sampled peak) where the sampler saw the peak. `short_spike` is built so that a
+    10 ms sampler misses its spike: it is judged by its note, which must say so whenever its
+    samples missed it, and then it has no workspace figure."""
+    workspace = m.get("workspace_bytes")
+    if workspace is not None and workspace < 0:
+        return f"workspace {workspace} is below 0"
     if m["status"] != "ok" or m["device"] != "cuda":
         return None
     a, r, d = m["peak_allocated_bytes"], m["peak_reserved_bytes"], dev.get("peak_process_bytes")
@@ -36,6 +44,8 @@ def invariant(m: dict[str, Any], dev: dict[str, Any]) -> str | None:
             return f"allocated <= reserved fails: {a} {r}"
         if not said and (caught is None or caught < r):
             return f"its spike was missed ({caught} < {r}) and no note says so"
+        if caught is not None and caught < r and workspace is not None:
+            return f"its spike was missed ({caught} < {r}), yet it has a workspace: {workspace}"
         return None
     if None in (a, r, d) or not a <= r <= d:
         return f"allocated <= reserved <= device fails: {a} {r} {d}"
@@ -97,11 +107,34 @@ def summarise(out: Path) -> tuple[list[str], list[str]]:
     return lines, bad
 
 
+def read_back(db: Path) -> tuple[list[str], list[str]]:
+    """Every run of `db` read as `memtrack show` reads it, every value checked: the line
+    saying how many, and what failed."""
+    from memtrack.errors import MemtrackError
+    from memtrack.store.database import Store
+
+    if not db.exists():
+        return [], [f"{db.name}: no database"]
+    try:
+        with Store.open(db, readonly=True) as store:
+            ids = store.run_ids()
+            for run_id in ids:
+                store.get_run(run_id)
+    except MemtrackError as exc:
+        return [], [f"{db.name}: {exc}"]
+    return [f"# {db.name}: {len(ids)} run(s) read back whole"], []
+
+
 def main(argv: list[str]) -> int:
-    out = Path(argv[0])
-    lines, bad = summarise(out)
+    records = Path(argv[0])
+    summary = Path(argv[1]) if len(argv) > 1 else records / "summary.txt"
+    lines, bad = summarise(records)
+    for db in argv[2:]:
+        read, failed = read_back(Path(db))
+        lines += read
+        bad += failed
     lines += [f"INVARIANT FAILED: {b}" for b in bad]
-    (out / "summary.txt").write_text("\n".join(lines) + "\n")
+    summary.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 1 if bad else 0
 

@@ -194,3 +194,23 @@ def test_doctor_with_fake_nvml_reads_the_suite_for_bf16_cases_on_a_t4(tmp_path, 
     assert "Traceback" not in out.stderr, out.stderr
     (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("WARN gpu 0 bf16")]
     assert "Tesla T4 (cc 7.5)" in line and "half[dtype=bfloat16]" in line
+
+
+@pytest.mark.parametrize(
+    ("cuda_available", "says"),
+    [
+        (True, "cases run on CUDA without the device view"),
+        (False, "no device view; cases run on the CPU"),
+        (None, "no device view"),  # an environment recorded before it was
+    ],
+)
+def test_doctor_says_where_cases_run_when_only_nvml_is_unreachable(tmp_path, cuda_available, says):
+    # A container without the driver's `utility` capability, or nvidia-ml-py missing: NVML
+    # fails, yet torch starts CUDA and the cases run on the GPU, only without the device view.
+    env = dataclasses.replace(GPU_ENV, cuda_available=cuda_available, cuda_device_count=1)
+    error = "NVMLError_LibraryNotFound: NVML Shared Library Not Found"
+    nvml = {c.name: c for c in checks(env, tmp_path / "m.db", error)}["nvml"]
+    assert nvml.status == "warn"
+    assert nvml.detail.startswith(f"not reachable ({error}): {says}")
+    if cuda_available:
+        assert "CPU" not in nvml.detail

@@ -534,3 +534,36 @@ def test_a_cuda_estimate_where_torch_sees_no_gpu(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     (m,) = json.loads(out.read_text())["measurements"]
     assert m["status"] == "ok" and m["device"] == "cuda", m["message"]
+
+
+HISTOGRAM = """\
+import torch
+import memtrack
+
+
+@memtrack.workload()
+def histogram(ctx):
+    points = ctx.randn(4096, 2)
+    ctx.mark()
+    return lambda: torch.histogramdd(points, bins=[8, 8]).hist
+"""
+
+
+def test_an_op_without_a_fake_kernel_is_named_and_never_run_for_real(tmp_path):
+    # aten._histogramdd_bin_edges has no meta kernel in torch 2.13: FakeTensorMode's default
+    # fallback ran the real kernel on real zero-filled tensors of the full size (on the GPU,
+    # where there is one), and the estimate read "ok". Now it is an error naming the op.
+    repo = init_repo(tmp_path / "repo")
+    (repo / "memtrack.toml").write_text('modules = ["workloads.py"]\nwarmup = 1\nrepeats = 1\n')
+    (repo / "workloads.py").write_text(HISTOGRAM)
+    commit_all(repo, "a histogram")
+    res = _invoke(repo, "estimate", "--json", str(tmp_path / "e.json"), "--no-db")
+    assert res.exit_code == 0, res.output
+    (m,) = run_from_dict(json.loads((tmp_path / "e.json").read_text())).measurements
+    assert m.status == "error"
+    assert m.message.startswith(
+        "cannot be faked: aten._histogramdd_bin_edges.default has no fake (meta) kernel in "
+    ), m.message
+    code = "return lambda: torch.histogramdd(points, bins=[8, 8]).hist"
+    line = HISTOGRAM.splitlines().index(f"    {code}") + 1
+    assert m.message.endswith(f" at workloads.py:{line}: {code}"), m.message

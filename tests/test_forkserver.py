@@ -169,6 +169,28 @@ def test_a_server_that_must_not_fork_spawns_its_cases_and_says_why(tmp_path, sou
     assert len(notes) == 2 and all(why in n for n in notes), notes
 
 
+# Where the server and each case read torch's CUDA check from (a CPU build never asks).
+CHECK_AT_IMPORT = (
+    "import os, pathlib\n"
+    "(pathlib.Path(__file__).parent / 'check').write_text(\n"
+    "    os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK', 'unset'))\n" + WORKLOADS
+)
+
+
+def test_torch_asks_nvml_whether_cuda_is_available_in_the_server_and_its_cases(tmp_path):
+    # torch.cuda.is_available() at a workload module's import initialised the CUDA driver in
+    # the server (cudaGetDeviceCount), and every case was spawned; asked of NVML, it is not.
+    config, cases = _suite(tmp_path, CHECK_AT_IMPORT)
+    run = run_suite(config, [c for c in cases if c.workload == "small"])
+    assert [m.status for m in run.measurements] == ["ok", "ok"]
+    assert (tmp_path / "check").read_text() == "1"
+    assert _spawn_notes(run) == []
+    assert worker_env({})["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"
+    assert (
+        worker_env({"PYTORCH_NVML_BASED_CUDA_CHECK": "0"})["PYTORCH_NVML_BASED_CUDA_CHECK"] == "0"
+    )
+
+
 def test_the_server_itself_never_initialises_cuda(tmp_path):
     """Before and after forking a case (and the environment probe, which starts CUDA in its
     own fork), the server holds no CUDA: on a GPU machine this is the real check; here the
@@ -218,6 +240,22 @@ def test_a_cuda_case_is_forked_and_measured_with_the_server_untouched(tmp_path):
     assert m.status == "ok", m.message
     assert m.peak_allocated_bytes and m.peak_allocated_bytes >= 64 * 64 * 4
     assert status.unsafe is None and status.cuda_initialized is False
+
+
+@pytest.mark.gpu
+def test_a_workload_module_that_asks_for_cuda_at_import_keeps_its_cases_forked(tmp_path):
+    # `is_available()` and `device_count()` at import: NVML is asked, the driver is not
+    # initialised in the server, and the cases are forked and run on the GPU.
+    source = (
+        "import torch\n"
+        "DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+        "GPUS = torch.cuda.device_count()\n"
+        + WORKLOADS.replace("torch.nn.Linear(64, 64)", "torch.nn.Linear(64, 64).to(ctx.device)")
+    )
+    config, cases = _suite(tmp_path, source)
+    run = run_suite(config, [c for c in cases if c.workload == "small"])
+    assert [(m.status, m.device) for m in run.measurements] == [("ok", "cuda")] * 2
+    assert _spawn_notes(run) == []
 
 
 def test_a_malformed_message_is_refused_and_the_server_keeps_serving():

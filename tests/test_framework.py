@@ -159,6 +159,28 @@ def test_an_nccl_out_of_memory_is_an_oom_and_other_cuda_errors_are_not(text, oom
     assert is_oom(DistBackendError(text)) is oom
 
 
+@pytest.mark.parametrize(
+    ("text", "oom"),
+    [
+        # each session thread creates a cuBLAS handle at its first matmul, outside the
+        # caching allocator: near full memory its allocation fails
+        ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", True),
+        ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasLtCreate(&handle)`", True),
+        ("cuDNN error: CUDNN_STATUS_ALLOC_FAILED", True),  # cuDNN 8
+        ("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED", True),  # cuDNN 9
+        (
+            "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, ...`",
+            False,
+        ),
+        ("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED", False),
+    ],
+)
+def test_a_cuda_librarys_failed_allocation_is_an_oom_and_its_other_errors_are_not(text, oom):
+    out = failure(RuntimeError(text))
+    assert out["status"] == ("oom" if oom else "error")
+    assert out["message"] == f"RuntimeError: {text}"
+
+
 def test_an_oom_the_workload_wrapped_in_its_own_error_is_still_an_oom():
     try:
         try:
@@ -167,3 +189,45 @@ def test_an_oom_the_workload_wrapped_in_its_own_error_is_still_an_oom():
             raise RuntimeError("generation failed") from exc
     except RuntimeError as wrapped:
         assert failure(wrapped)["status"] == "oom"
+
+
+def test_one_process_on_two_gpus_reports_the_largest_per_device_peak_with_fake_cuda(monkeypatch):
+    # A model spread over two GPUs (device_map="auto" style): the case's own cuda:0 holds
+    # 300 MiB at its peak, cuda:3 holds 500 MiB. The headline read cuda:0 alone.
+    cuda = FakeCuda(monkeypatch)
+    probe = CudaAllocatorProbe(torch.device("cuda", 0))
+    cuda.stats[0]["allocated_bytes.all.peak"] = 40 * MiB  # what each holds at the mark
+    monkeypatch.setattr(
+        torch.cuda,
+        "memory_allocated",
+        lambda device=None: {0: 40 * MiB, 3: 200 * MiB}.get(cuda._touch(device), 0),
+    )
+    assert probe.mark(()) == 40 * MiB
+    with probe.iteration():
+        cuda.stats[0].update(
+            {
+                "allocated_bytes.all.peak": 300 * MiB,
+                "reserved_bytes.all.peak": 640 * MiB,  # the larger reserved is cuda:0's
+                "requested_bytes.all.peak": 290 * MiB,
+            }
+        )
+        cuda.stats[3].update(
+            {
+                "allocated_bytes.all.peak": 500 * MiB,
+                "reserved_bytes.all.peak": 520 * MiB,
+                "requested_bytes.all.peak": 498 * MiB,
+            }
+        )
+    summary = probe.summary()
+    # each the largest per-device peak, as a multi-rank case's: devices do not pool
+    assert summary["peak_allocated_bytes"] == 500 * MiB
+    assert summary["peak_reserved_bytes"] == 640 * MiB
+    assert summary["peak_requested_bytes"] == 498 * MiB
+    assert probe.peak_device() == torch.device("cuda", 3)
+    # the persistent set and the level are those of the device holding the peak
+    assert summary["persistent_bytes"] == 200 * MiB and probe.levels == [200 * MiB]
+    by_index = {d["index"]: d for d in summary["cuda_devices"]}
+    assert (by_index[0]["peak_reserved_bytes"], by_index[3]["peak_reserved_bytes"]) == (
+        640 * MiB,
+        520 * MiB,
+    )

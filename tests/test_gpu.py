@@ -133,3 +133,36 @@ def test_every_timed_iteration_has_its_device_time(retaining):
     for m in retaining.values():
         assert len(m.iteration_device_times_s) == len(m.iteration_cpu_times_s) == m.repeats
         assert all(t > 0 for t in m.iteration_device_times_s), m.iteration_device_times_s
+
+
+TWO_GPUS = textwrap.dedent(
+    """
+    import torch, memtrack
+
+    @memtrack.workload
+    def spread(ctx):
+        # a model spread over two GPUs: 64 MiB on the case's own, 256 MiB on the other
+        small = torch.ones(16 * 2**20, device="cuda:0")
+        large = torch.ones(64 * 2**20, device="cuda:1")
+        ctx.mark(small, large)
+        return lambda: (small * 2, large * 2)
+    """
+)
+
+
+def test_one_process_on_two_gpus_reports_its_largest_device(tmp_path):
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    (tmp_path / "wl.py").write_text(TWO_GPUS)
+    (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 2\n')
+    config = load_config(tmp_path / "memtrack.toml")
+    (m,) = run_suite(config, select_cases(discover(config))).measurements
+    assert m.status == "ok", m.message
+    assert {d.index for d in m.devices} == {0, 1}
+    one = next(d for d in m.devices if d.index == 1)
+    # cuda:1 holds 256 MiB and its copy at the peak: the headline is its, not cuda:0's
+    assert m.peak_allocated_bytes == one.peak_allocated_bytes >= 512 * 2**20
+    assert m.persistent_bytes == 256 * 2**20
+    assert m.workspace_bytes is None or m.workspace_bytes >= 0

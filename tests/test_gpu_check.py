@@ -1,7 +1,9 @@
 """scripts/gpu-check.sh, the one script a GPU session runs: its exit status must say whether
-every step ended as it should, and it must be able to install and run on the device's image.
-Run here with stand-ins for `python3` and `nvidia-smi` (this machine has no GPU), with real
-bash, git and pip, and with the parts of it that run on the CPU run for real: its summary
+every step ended as it should, it must be able to install and run on the device's image, and
+what it leaves in $OUT must come back from the device machine (at most 8 files, no more than
+2 folders down, plain names) within the device time planned for it. Run here with stand-ins
+for `python3` and `nvidia-smi` (this machine has no GPU), with real bash, git, pip, timeout
+and tar, and with the parts of it that run on the CPU run for real: its summary
 (scripts/gpu_summary.py) and its growth workload, measured by memtrack."""
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import re
 import stat
 import subprocess
 import sys
+import tarfile
 import zipfile
 from importlib import metadata
 from pathlib import Path
@@ -31,17 +34,18 @@ WHEELS = ROOT / "scripts" / "gpu-wheels.txt"
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_summary  # noqa: E402
 
-# Logs its arguments; hands pip to this interpreter; succeeds at everything but the GPU
-# tests (their collection succeeds: the script checks it before any step).
+# Logs its arguments; hands pip and the summary to this interpreter; succeeds at everything
+# but the GPU tests (their collection succeeds: the script checks it before any step).
 PYTHON = f"""#!/bin/sh
 echo "$*" >> "$STAND_IN_LOG"
 case "$1 $2" in "-m pip") exec {sys.executable} "$@";; esac
+case "$1" in *gpu_summary.py) exec {sys.executable} "$@";; esac
 case "$*" in *"--collect-only"*) exit 0;; *"-m pytest"*) echo "1 failed"; exit 1;; esac
 exit 0
 """
 
 
-def _bin(tmp_path: Path, *, without: tuple[str, ...] = ()) -> Path:
+def _bin(tmp_path: Path, *, without: tuple[str, ...] = (), python: str = PYTHON) -> Path:
     """A PATH of its own: the stand-ins, and every tool of the system's PATH but `without`."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -56,7 +60,7 @@ def _bin(tmp_path: Path, *, without: tuple[str, ...] = ()) -> Path:
                 and os.access(os.path.join(folder, name), os.X_OK)
             ):
                 target.symlink_to(os.path.join(folder, name))
-    for name, text in (("python3", PYTHON), ("nvidia-smi", "#!/bin/sh\necho 'NVIDIA H200'\n")):
+    for name, text in (("python3", python), ("nvidia-smi", "#!/bin/sh\necho 'NVIDIA H200'\n")):
         path = bin_dir / name
         path.unlink(missing_ok=True)
         if name in without:
@@ -72,13 +76,15 @@ def _env(tmp_path: Path, bin_dir: Path, **extra: str) -> dict[str, str]:
         **env,
         "PATH": str(bin_dir),
         "OUT": str(tmp_path / "out"),
+        "SCRATCH": str(tmp_path / "scratch"),  # kept, to look into: the device's is removed
         "STAND_IN_LOG": str(tmp_path / "python3.log"),
         **extra,
     }
 
 
-def _run(tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
-    env = _env(tmp_path, _bin(tmp_path), **extra)
+def _run(tmp_path: Path, python: str = PYTHON, **extra: str) -> subprocess.CompletedProcess[str]:
+    tmp_path.mkdir(exist_ok=True)
+    env = _env(tmp_path, _bin(tmp_path, python=python), **extra)
     return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True)
 
 
@@ -133,6 +139,143 @@ def test_gpu_check_runs_every_gpu_marked_test_of_the_suite(script_run):
         "test_ranks.py",
     ):
         assert f"tests/{name}" in files
+
+
+# What the device machine hands back from $OUT (its tool's README): at most 8 files, no more
+# than 2 folders down, each file and folder named in letters, digits, '.', '_' and '-' alone;
+# where $OUT holds more, nothing may come back.
+OUT_FILES = 8
+NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+STEPS = (
+    "nvidia-smi",
+    "doctor",
+    "gpu-tests",
+    "run-1",
+    "run-2",
+    "check-2",
+    "run-grow",
+    "check-grow",
+    "run-probe",
+    "summary",
+)
+
+
+def _returned(out: Path) -> list[str]:
+    """Every entry under `out`, relative, each checked against the device's limits."""
+    entries = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    files = [e for e in entries if (out / e).is_file()]
+    assert len(files) <= OUT_FILES, files
+    for entry in entries:
+        parts = entry.split("/")
+        assert len(parts) <= 3, entry  # $OUT/a/b/file at most
+        assert all(NAME.match(part) for part in parts), entry
+    return entries
+
+
+def _recording_python(record: Path) -> str:
+    """PYTHON, and a `memtrack run` or `check` that writes its --json record as memtrack
+    would (a run recorded here on the CPU; a check without verdicts)."""
+    return f"""#!/bin/sh
+echo "$*" >> "$STAND_IN_LOG"
+case "$1 $2" in "-m pip") exec {sys.executable} "$@";; esac
+case "$1" in *gpu_summary.py) exec {sys.executable} "$@";; esac
+case "$*" in *"--collect-only"*) exit 0;; *"-m pytest"*) exit 0;; esac
+json=""; previous=""
+for arg in "$@"; do [ "$previous" = "--json" ] && json=$arg; previous=$arg; done
+case "$*" in
+  *"memtrack.cli run"*) cp {record} "$json";;
+  *"memtrack.cli check"*) echo '{{"verdicts": []}}' > "$json";;
+esac
+exit 0
+"""
+
+
+def test_gpu_check_leaves_three_files_in_out_and_all_else_in_one_archive(tmp_path):
+    # Before: the wheels in $OUT/site (hundreds of files), the scratch repository with its
+    # .git in $OUT/repo, a log per step and six JSON records: ~20 files at the top alone.
+    from factories import make_measurement, make_run
+
+    from memtrack.records import to_dict
+
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps(to_dict(make_run([make_measurement("matmul")]))))
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for name, version in _requirements()[0].items():
+        _wheel(wheels, name, version)
+    out = _run(tmp_path, python=_recording_python(record), WHEELS=str(wheels))
+    assert out.returncode == 1, out.stdout + out.stderr  # check-grow does not block here
+    assert "FAILED: check-grow: exit 0, should be 1" in out.stdout
+    assert _returned(tmp_path / "out") == ["results.tar.gz", "steps.log", "summary.txt"]
+    with tarfile.open(tmp_path / "out" / "results.tar.gz") as archive:
+        names = set(archive.getnames())
+    for step in ("collect", "install", *STEPS):
+        assert f"logs/{step}.log" in names, sorted(names)
+    for record_name in ("run-1", "run-2", "check-2", "run-grow", "check-grow", "run-probe"):
+        assert f"records/{record_name}.json" in names
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "# run-probe: " in summary and "matmul[batch=1] | ok" in summary
+    # the scratch holds the rest: the installed wheels and the repository
+    assert (tmp_path / "scratch" / "site").is_dir()
+    assert (tmp_path / "scratch" / "repo" / ".git").is_dir()
+
+
+def test_gpu_check_fails_when_out_would_hold_more_than_the_device_hands_back(tmp_path):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    for i in range(6):  # what something else left there: 6 + 3 files is past 8
+        (out_dir / f"left-{i}.txt").write_text("x")
+    out = _run(tmp_path)
+    assert out.returncode == 1
+    assert "FAILED: OUT: 9 files (at most 8), 0 entries over 2 folders down" in out.stdout
+
+
+def test_gpu_check_refuses_a_scratch_inside_out(tmp_path):
+    out = _run(tmp_path, SCRATCH=str(tmp_path / "out" / "scratch"))
+    assert out.returncode == 2
+    assert "is inside OUT" in out.stderr and "nothing there may come back" in out.stderr
+    assert not (tmp_path / "python3.log").exists()
+
+
+def _plan(text: str) -> tuple[dict[str, int], int]:
+    steps = dict((m[1], int(m[2])) for m in re.finditer(r"^  (\S+) +(\d+) s$", text, re.MULTILINE))
+    (total,) = re.findall(r"^  total +(\d+) s ", text, re.MULTILINE)
+    return steps, int(total)
+
+
+def test_the_dry_run_prints_each_steps_deadline_and_a_total_within_6_minutes(tmp_path, script_run):
+    out = _run(tmp_path, DRY_RUN="1")
+    assert out.returncode == 0, out.stderr
+    steps, total = _plan(out.stdout)
+    assert total == sum(steps.values()) <= 6 * 60  # a rerun fits in 15 minutes of device time
+    # a deadline for every step the script runs, and nothing run to print them
+    script_tmp, _ = script_run
+    ran = re.findall(r"^== (\S+)$", (script_tmp / "out" / "steps.log").read_text(), re.MULTILINE)
+    assert list(steps) == ["install", "collect", *ran]
+    assert ran == [*STEPS, "archive"]
+    assert not (tmp_path / "python3.log").exists() and not (tmp_path / "out").exists()
+    # a plan past 6 minutes is refused
+    over = _run(tmp_path / "over", DRY_RUN="1", DEADLINES="gpu-tests=600")
+    assert over.returncode == 1 and "more than 360 s" in over.stderr
+
+
+HANGS = PYTHON.replace(
+    'case "$*" in *"--collect-only"*)',
+    'case "$*" in *"memtrack.cli doctor"*) exec sleep 600;; esac\ncase "$*" in *"--collect-only"*)',
+)
+
+
+def test_a_step_that_hangs_is_cut_at_its_deadline_and_every_later_step_still_runs(tmp_path):
+    out = _run(tmp_path, python=HANGS, DEADLINES="doctor=1")
+    assert out.returncode == 1
+    log = (tmp_path / "out" / "steps.log").read_text()
+    assert re.search(
+        r"doctor: exit 124 \(should be 0\) in \d+ s of 1 s planned, cut at its deadline", log
+    ), log
+    assert "FAILED: doctor: exit 124, should be 0" in out.stdout
+    for step in (*STEPS[2:], "archive"):
+        assert f"== {step}\n" in log
+    assert _returned(tmp_path / "out") == ["results.tar.gz", "steps.log", "summary.txt"]
 
 
 @pytest.mark.parametrize("tool", ["git", "nvidia-smi", "python3"])
@@ -243,7 +386,7 @@ def test_gpu_check_installs_every_carried_wheel_offline_without_dependencies(tmp
     (pip,) = [c for c in (tmp_path / "python3.log").read_text().splitlines() if "-m pip" in c]
     for flag in ("--no-index", "--no-deps", f"--find-links {wheels}", f"-r {WHEELS}"):
         assert flag in pip
-    site = tmp_path / "out" / "site"
+    site = tmp_path / "scratch" / "site"  # the scratch's: hundreds of files, never $OUT's
     installed = {canonicalize_name(p.name.split("-")[0]) for p in site.glob("*.dist-info")}
     assert installed == set(carried)
 
@@ -359,7 +502,7 @@ def test_the_growth_the_script_commits_is_64_mib_at_the_peak_measured_on_the_cpu
     # The same workload the script records on main and then grows, measured by memtrack on
     # the CPU (exact tensor bytes): its peak grows by 64 MiB, not 64 MiB and a second output.
     script_tmp, _ = script_run
-    repo = script_tmp / "out" / "repo"
+    repo = script_tmp / "scratch" / "repo"
 
     def show(ref: str) -> str:
         return subprocess.run(
@@ -372,3 +515,52 @@ def test_the_growth_the_script_commits_is_64_mib_at_the_peak_measured_on_the_cpu
     base, grown = show("main"), show("grow")
     assert "EXTRA_MIB = 0" in base and "EXTRA_MIB = 64" in grown
     assert _peak(tmp_path / "grow", grown) - _peak(tmp_path / "main", base) == 64 * 2**20
+
+
+def test_the_summary_holds_workspace_at_or_above_0_and_none_where_the_spike_was_missed(tmp_path):
+    base = _record(
+        workload="matmul",
+        peak_allocated_bytes=GiB,
+        peak_reserved_bytes=2 * GiB,
+        device=3 * GiB,
+        passed=3 * GiB,
+    )
+    code, text = _summary(tmp_path, {**base, "workspace_bytes": GiB})
+    assert code == 0, text
+    code, text = _summary(tmp_path, {**base, "workspace_bytes": -400 * 2**20})
+    assert code == 1 and "matmul: workspace -419430400 is below 0" in text
+    missed = _record(
+        workload="short_spike",
+        peak_allocated_bytes=GiB,
+        peak_reserved_bytes=GiB,
+        device=GiB // 2,
+        passed=GiB // 2,
+        notes=["GPU 0: ... : " + gpu_summary.MISSED],
+    )
+    assert _summary(tmp_path, missed)[0] == 0
+    code, text = _summary(tmp_path, {**missed, "workspace_bytes": 0})
+    assert code == 1 and "yet it has a workspace: 0" in text
+
+
+def test_the_summary_reads_every_run_of_each_database_back(tmp_path):
+    import sqlite3
+
+    from factories import make_measurement, make_run
+
+    from memtrack.store.database import Store
+
+    db = tmp_path / "probe.db"
+    run = make_run([make_measurement("short_spike")])
+    with Store.open(db) as store:
+        store.write_run(run)
+    summary = tmp_path / "summary.txt"
+    assert gpu_summary.main([str(tmp_path), str(summary), str(db)]) == 1  # no records here
+    text = summary.read_text()
+    assert "# probe.db: 1 run(s) read back whole" in text
+    assert "INVARIANT FAILED: probe.db" not in text
+    # a value the store reads as damage (written past memtrack, as a bug once did)
+    with sqlite3.connect(db) as conn:
+        conn.execute("update measurements set workspace_bytes = -419430400")
+    gpu_summary.main([str(tmp_path), str(summary), str(db)])
+    (line,) = [x for x in summary.read_text().splitlines() if "INVARIANT FAILED: probe.db" in x]
+    assert "damaged database" in line and "workspace_bytes: -419430400 is below 0" in line

@@ -93,6 +93,49 @@ def test_sampler_with_fake_nvml_falls_back_to_device_deltas_all_or_nothing(fake_
     assert (b.peak_process_bytes, b.process_view) == (0, "device-delta")
 
 
+def test_under_mps_the_case_is_found_among_nvmls_mps_clients_with_fake_nvml(
+    fake_nvml, tmp_path, monkeypatch
+):
+    # Under MPS the compute process list holds the MPS server (pid 999, every client's 6 GiB);
+    # the case's worker (77) is an MPS client: it fell back to device-wide deltas before.
+    nvml, show = fake_nvml
+    pipes = tmp_path / "mps"
+    pipes.mkdir()
+    (pipes / "control").touch()  # the MPS control daemon's pipe
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipes))
+    server = {"procs": [[999, 6 * GiB]], "mps_procs": [[77, 2 * GiB], [78, 3 * GiB]]}
+    show(gpu("GPU-a", used=GiB, **server))
+    s = Sampler(nvml, ["GPU-a"])
+    show(gpu("GPU-a", used=7 * GiB, **server))
+    s.sample({77})
+    result = s.result()
+    (dev,) = result.devices
+    assert (dev.peak_process_bytes, dev.process_view) == (2 * GiB, "pid")
+    assert "GPU 0: the case ran as an MPS client, read from NVML's MPS client list" in result.notes
+
+    # NVML lists no MPS client: the device-wide delta, and a note that it counts the others
+    show(gpu("GPU-a", used=GiB, procs=[[999, 6 * GiB]]))
+    s = Sampler(nvml, ["GPU-a"])
+    show(gpu("GPU-a", used=7 * GiB, procs=[[999, 6 * GiB]]))
+    s.sample({77})
+    result = s.result()
+    assert result.devices[0].process_view == "device-delta"
+    assert any("count every MPS client's memory" in n for n in result.notes)
+
+
+def test_without_mps_the_mps_client_list_is_never_asked_with_fake_nvml(
+    fake_nvml, tmp_path, monkeypatch
+):
+    nvml, show = fake_nvml
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "no-mps"))
+    show(gpu("GPU-a", used=GiB, mps_procs=[[77, 2 * GiB]], fail=["mps_procs"]))
+    s = Sampler(nvml, ["GPU-a"])
+    s.sample({77})  # a container's PID namespace: not listed, and no MPS to ask
+    result = s.result()
+    assert result.devices[0].process_view == "device-delta"
+    assert not any("MPS" in n for n in result.notes), result.notes
+
+
 def test_sampler_with_fake_nvml_keeps_other_devices_when_one_query_fails(fake_nvml):
     nvml, show = fake_nvml
     show(gpu("GPU-a", used=2 * GiB), gpu("GPU-b", used=GiB, fail=["memory", "procs"]))
@@ -318,6 +361,16 @@ def test_a_spike_missed_within_the_memory_pass_is_said_from_fake_nvml_figures():
     # the whole case's peak is above reserved, but the pass's samples all fell below it
     m = _measure(_allocator_h200(), _sampled_h200(memory_pass_peak_bytes=3 * GiB))
     assert any("missed a spike" in n for n in m.notes)
+
+
+@pytest.mark.parametrize("in_pass", [3 * GiB, 0])
+def test_a_missed_spike_leaves_no_workspace_and_says_why_from_fake_nvml_figures(in_pass):
+    # 3 GiB sampled in the pass against 4 GiB reserved: -1 GiB was stored as the workspace,
+    # and the database then read as damaged. A pass read as 0 (the device-wide view, another
+    # process freeing memory) is a sample too: not replaced by the whole case's 8 GiB.
+    m = _measure(_allocator_h200(), _sampled_h200(memory_pass_peak_bytes=in_pass))
+    assert m.workspace_bytes is None
+    assert any("missed a spike" in n for n in m.notes), m.notes
 
 
 def test_the_samplers_notes_reach_the_measurement_from_fake_nvml_figures():

@@ -119,6 +119,90 @@ def test_out_never_overwrites_and_an_unknown_case_is_named(project, tmp_path):
     assert result.returncode == 2 and "no case or workload 'train_stpe'" in result.stderr
 
 
+RANKS = """\
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import memtrack
+
+LEFT = Path({left!r})
+_destroy = dist.destroy_process_group
+
+
+def _leave(*args, **kwargs):  # each rank says that it left its group, then leaves it
+    (LEFT / f"rank{{dist.get_rank()}}").touch()
+    return _destroy(*args, **kwargs)
+
+
+dist.destroy_process_group = _leave
+
+
+@memtrack.workload(params={{"ranks": 2}})
+def sharded(ctx):
+    model = torch.nn.Linear(64, 64)
+    ctx.mark(model)
+
+    def step():
+        x = model(torch.ones(8, 64))
+        if ctx.rank == 1:  # 4 MiB that only rank 1 holds at its peak
+            x = x + torch.ones(2**20).sum()
+        dist.all_reduce(x)
+        return x.sum()
+
+    return step
+"""
+
+
+def test_a_case_of_two_ranks_writes_one_snapshot_per_rank_and_each_rank_leaves_its_group(
+    tmp_path,
+):
+    # Every rank was given the same path, opened with O_EXCL: rank 1 failed, the case failed,
+    # and rank 0's good file was deleted; the ranks exited without the final barrier.
+    repo = init_repo(tmp_path / "repo")
+    left = tmp_path / "left"
+    left.mkdir()
+    (repo / "wl.py").write_text(RANKS.format(left=str(left)))
+    (repo / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 1\n')
+    commit_all(repo, "two ranks")
+    out = tmp_path / "snaps" / "sharded.json"
+    out.parent.mkdir()
+    db = tmp_path / "db" / "memtrack.db"
+    result = _memtrack(repo, "snapshot", "sharded", "--out", str(out), "--db", str(db))
+    assert result.returncode == 0, result.stderr
+    rank1 = out.with_name("sharded.rank1.json")
+    assert sorted(out.parent.iterdir()) == [out, rank1]
+    assert f"rank 1 {rank1}" in result.stdout
+    peaks = []
+    for path in (out, rank1):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        peaks.append(json.loads(path.read_text())["peak_bytes"])
+    assert peaks[1] - peaks[0] >= 4 * 2**20  # each file is its own rank's
+    assert sorted(p.name for p in left.iterdir()) == ["rank0", "rank1"]  # teardown ran
+    assert not db.parent.exists()
+
+
+def test_a_rank_snapshot_path_that_exists_is_refused_before_anything_runs(tmp_path):
+    repo = init_repo(tmp_path / "repo")
+    left = tmp_path / "left"
+    left.mkdir()
+    (repo / "wl.py").write_text(RANKS.format(left=str(left)))
+    (repo / "memtrack.toml").write_text('modules = ["wl.py"]\n')
+    commit_all(repo, "two ranks")
+    out = tmp_path / "sharded.json"
+    taken = tmp_path / "sharded.rank1.json"
+    taken.write_text("keep")
+    db = tmp_path / "db" / "memtrack.db"
+    result = _memtrack(repo, "snapshot", "sharded", "--out", str(out), "--db", str(db))
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith(
+        f"{taken}: already exists; memtrack never overwrites a file"
+    )
+    assert taken.read_text() == "keep" and not out.exists()
+    assert list(left.iterdir()) == []  # no rank started
+
+
 def _verdict(case_id: str, metric: str, kind: str, blocking: bool) -> Verdict:
     return Verdict(
         case_id=case_id,

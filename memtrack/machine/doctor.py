@@ -79,6 +79,20 @@ def _cuda_check(env: Environment) -> Check | None:
     return Check("cuda", "info", f"no GPU: cases run on the CPU ({env.cuda_unavailable_reason})")
 
 
+def _without_nvml(env: Environment) -> str:
+    """What NVML's absence means here: CUDA does not need it (a container without the
+    driver's `utility` capability, nvidia-ml-py not installed), so where torch starts CUDA the
+    cases still run on the GPU, only without the device view."""
+    if env.cuda_available:
+        return (
+            "cases run on CUDA without the device view (no sampled device figures, no "
+            "`device` metric, no workspace); torch still starts CUDA"
+        )
+    if env.cuda_available is False:
+        return "no device view; cases run on the CPU"
+    return "no device view"  # an environment recorded before CUDA's availability was
+
+
 def shm_bytes(path: str = "/dev/shm") -> int | None:
     """The size of the shared-memory file system; None where there is none."""
     try:
@@ -184,13 +198,7 @@ def checks(
         Check("host", "info", f"{env.cpu} x{env.cpu_count}, RAM {format_size(env.host_ram_bytes)}"),
     ]
     if nvml_error:
-        out.append(
-            Check(
-                "nvml",
-                "warn",
-                f"not reachable ({nvml_error}): no device view; cases run on the CPU",
-            )
-        )
+        out.append(Check("nvml", "warn", f"not reachable ({nvml_error}): {_without_nvml(env)}"))
     else:
         out.append(Check("nvml", "ok", f"driver {env.driver}, {len(env.gpus)} GPU(s)"))
     cuda = _cuda_check(env)

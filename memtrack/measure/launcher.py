@@ -44,8 +44,15 @@ PINNED_ENV = {
     # A fixed threshold (glibc's default, 128 KiB) makes it follow live memory within
     # 1 MiB. A value the user set is kept; either way it is recorded in the environment.
     "MALLOC_MMAP_THRESHOLD_": "131072",
+    # torch.cuda.is_available() otherwise asks the CUDA runtime (cudaGetDeviceCount), which
+    # initialises the driver: a workload module that asks at import (`DEVICE = "cuda" if
+    # torch.cuda.is_available() else "cpu"`) made the fork server refuse to fork, and every
+    # case was spawned. Asked of NVML, as torch.cuda.device_count() already is, the driver
+    # stays uninitialised (torch falls back to the runtime where NVML fails). Not recorded:
+    # it changes no figure.
+    "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
 }
-"""Allocator settings every worker runs with, unless the user set them."""
+"""Settings every worker and the fork server run with, unless the user set them."""
 
 
 def worker_env(base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -155,7 +155,9 @@ def missed_spike(
     NCCL's buffers): a spike smaller than that could never show below the reserved peak.
     It is subtracted where a quiet moment measured it: the samples of the hold after the
     pass, against what the allocator reserved then."""
-    sampled = dm.memory_pass_peak_bytes or dm.peak_process_bytes
+    sampled = dm.memory_pass_peak_bytes
+    if sampled is None:  # no sample in the pass (said apart): the whole case's samples
+        sampled = dm.peak_process_bytes
     reserved = dm.peak_reserved_bytes
     if not reserved or sampled is None:
         return None

@@ -60,6 +60,13 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
     return env
 
 
+def snapshot_paths(path: Path, world: int) -> list[Path]:
+    """Where each rank of a `memtrack snapshot` writes its own file (each is created with
+    O_EXCL: one path for all would fail every rank but the first): rank 0 `path` itself,
+    rank r `<stem>.rank<r><suffix>` beside it."""
+    return [path, *(path.with_name(f"{path.stem}.rank{r}{path.suffix}") for r in range(1, world))]
+
+
 def run_ranks(
     config: Config,
     case: Case,
@@ -71,6 +78,7 @@ def run_ranks(
 ) -> Measurement:
     """Measure a case of `world` ranks; one Measurement with a RankMeasurement per rank."""
     warmup, repeats, timeout_s = config.settings_for(case.workload)
+    snapshots = snapshot_paths(snapshot_path, world) if snapshot_path else [None] * world
     for attempt in range(PORT_RETRIES + 1):
         with tempfile.TemporaryDirectory(prefix="memtrack-") as tmp:
             specs = []
@@ -87,7 +95,7 @@ def run_ranks(
                         Path(tmp) / f"result-{r}.json",
                         scratch_dir=scratch,
                         ranks=world,
-                        snapshot_path=snapshot_path,
+                        snapshot_path=snapshots[r],
                     )
                 )
             port = free_port()
@@ -338,7 +346,16 @@ def _rank_breakdown(m: Measurement) -> Measurement:
         f"{len(m.ranks)} ranks: framework figures are the largest per-device peak, the "
         f"breakdown rank {top.rank}'s ({top.device}); host figures are summed over ranks"
     )
-    return dataclasses.replace(m, notes=(*m.notes, note), **{k: getattr(b, k) for k in parts})
+    # b's notes: m's, with the breakdown's own said again for this rank's figures
+    return dataclasses.replace(m, notes=(*b.notes, note), **{k: getattr(b, k) for k in parts})
 
 
-__all__ = ["LOOPBACK", "free_port", "merge_figures", "rank_env", "run_ranks", "to_case"]
+__all__ = [
+    "LOOPBACK",
+    "free_port",
+    "merge_figures",
+    "rank_env",
+    "run_ranks",
+    "snapshot_paths",
+    "to_case",
+]

@@ -21,8 +21,9 @@ from pathlib import Path
 from memtrack.config import Config
 from memtrack.errors import ConfigError, WorkloadError
 from memtrack.measure.case import run_case
+from memtrack.measure.ranks import snapshot_paths
 from memtrack.measure.suite import probe_environment, resolve_device
-from memtrack.workload.registry import Case, discover, select_cases
+from memtrack.workload.registry import Case, discover, ranks_of, select_cases
 
 SUFFIX = {"cuda": ".pickle", "cpu": ".json"}
 MEMORY_VIZ = "https://pytorch.org/memory_viz"
@@ -35,18 +36,26 @@ class Snapshot:
     case_id: str
     device: str
     path: Path
+    """Rank 0's file, for a case of several ranks."""
     size_bytes: int
+    rank_paths: tuple[Path, ...] = ()
+    """The other ranks' files, rank 1 first (each rank's own device, or process)."""
 
     def how_to_open(self) -> str:
         if self.device == "cuda":
-            return (
+            how = (
                 f"drag it onto {MEMORY_VIZ} (the page reads it in your browser; nothing "
                 "is uploaded)"
             )
-        return (
-            "a JSON file: the step's peak by category, then every module's peak, largest "
-            f"first (e.g. `python -m json.tool {self.path}`)"
-        )
+        else:
+            how = (
+                "a JSON file: the step's peak by category, then every module's peak, largest "
+                f"first (e.g. `python -m json.tool {self.path}`)"
+            )
+        if self.rank_paths:
+            others = ", ".join(f"rank {r} {p}" for r, p in enumerate(self.rank_paths, 1))
+            how += f"; one file per rank, that one rank 0's, and {others}"
+        return how
 
 
 def default_dir() -> Path:
@@ -155,14 +164,19 @@ def take(config: Config, name: str, db: Path, out: Path | None = None) -> Snapsh
             "unset that backend for the snapshot"
         )
     path = out or check_out(default_path(case.case_id, device), config, db)
+    paths = snapshot_paths(path, ranks_of(case.params) or 1)
+    for other in paths[1:]:  # beside `path`: checked by check_out but for their own names
+        if other.exists() or other.is_symlink():
+            raise ConfigError(f"{other}: already exists; memtrack never overwrites a file")
     m = run_case(config, case, device, env.visible_uuids, snapshot_path=path)
-    if m.status != "ok" or not path.is_file():
-        path.unlink(missing_ok=True)  # a worker killed while writing leaves no half file
+    if m.status != "ok" or not all(p.is_file() for p in paths):
+        for p in paths:  # none existed before: each was made by this case's workers
+            p.unlink(missing_ok=True)  # a worker killed while writing leaves no half file
         raise WorkloadError(
             f"{case.case_id}: no snapshot: {m.status}: "
             f"{m.message or 'the worker wrote no snapshot'}"
         )
-    return Snapshot(case.case_id, device, path, path.stat().st_size)
+    return Snapshot(case.case_id, device, path, path.stat().st_size, tuple(paths[1:]))
 
 
 __all__ = ["Snapshot", "check_out", "default_dir", "default_path", "find_case", "take"]

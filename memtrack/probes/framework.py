@@ -532,6 +532,11 @@ class CudaAllocatorProbe:
     persistent set; the persistent set itself is read at the mark. Only the devices the
     case uses are asked (`used_devices`). Under cudaMallocAsync the requested bytes, the
     retries and the OOM count are not kept by the backend: they are None, not 0.
+
+    A process may use several GPUs (a model spread over them). Devices do not pool: each
+    iteration's allocated, reserved and requested peaks are the largest per-device peaks,
+    as a multi-rank case's are, and the persistent set and the level an iteration starts
+    from are those of the device that holds the allocated peak (`peak_device`).
     """
 
     name = "cuda-caching-allocator"
@@ -545,10 +550,27 @@ class CudaAllocatorProbe:
         self.levels: list[int] = []
         self.retained: list[int] = []
         self.per_device: dict[int, tuple[int, int]] = {}
+        self.marked: dict[int, int] = {}
+        """What each device used held at the mark: the persistent set, per device."""
+
+    @property
+    def own(self) -> int:
+        """The case's own device's index."""
+        return self.device.index if self.device.index is not None else torch.cuda.current_device()
 
     def mark(self, objects: tuple[Any, ...]) -> int:
-        torch.cuda.synchronize(self.device)
-        return int(torch.cuda.memory_allocated(self.device))
+        for i in used_devices(self.device):
+            torch.cuda.synchronize(i)
+            self.marked[i] = int(torch.cuda.memory_allocated(i))
+        return self.marked[self.own]
+
+    def peak_device(self) -> torch.device:
+        """The device that holds the largest allocated peak so far (the case's own before
+        any iteration, and on a tie)."""
+        top = max(
+            self.per_device, key=lambda i: (self.per_device[i][0], i == self.own), default=None
+        )
+        return self.device if top is None or top == self.own else torch.device("cuda", top)
 
     def session_scope(self) -> contextlib.AbstractContextManager[None]:
         """The allocator's counters are process-wide: sessions need nothing of their own."""
@@ -574,26 +596,28 @@ class CudaAllocatorProbe:
         used = used_devices(self.device)  # a device first used in this iteration counts too
         for i in used:
             torch.cuda.synchronize(i)
-        own = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        self.levels.append(before.get(own, 0))
         self.retained.append(
             sum(int(torch.cuda.memory_allocated(i)) - before.get(i, 0) for i in used)
         )
-        stats = torch.cuda.memory_stats(self.device)
-        self.samples.append(int(stats.get("allocated_bytes.all.peak", 0)))
-        self.reserved.append(int(stats.get("reserved_bytes.all.peak", 0)))
+        peaks = {i: _peaks(torch.cuda.memory_stats(i)) for i in used}
+        # the device holding this iteration's allocated peak (the case's own on a tie)
+        top = max(used, key=lambda i: (peaks[i][0], i == self.own))
+        self.levels.append(before.get(top, 0))
+        self.samples.append(max(a for a, _, _ in peaks.values()))
+        self.reserved.append(max(r for _, r, _ in peaks.values()))
         if self.backend == NATIVE:
-            self.requested.append(int(stats.get("requested_bytes.all.peak", 0)))
-        for i in used:
+            self.requested.append(max(q for _, _, q in peaks.values()))
+        for i, (a, r, _) in peaks.items():
             alloc, res = self.per_device.get(i, (0, 0))
-            self.per_device[i] = (
-                max(alloc, torch.cuda.max_memory_allocated(i)),
-                max(res, torch.cuda.max_memory_reserved(i)),
-            )
+            self.per_device[i] = (max(alloc, a), max(res, r))
 
     def summary(self) -> dict[str, Any]:
         devices = sorted(self.per_device) or used_devices(self.device)
+        top = self.peak_device().index
+        top = self.own if top is None else top
+        persistent = {"persistent_bytes": self.marked[top]} if top in self.marked else {}
         return {
+            **persistent,
             "framework": self.name,
             "allocator_backend": self.backend,
             "peak_allocated_bytes": max(self.samples) if self.samples else None,
@@ -604,6 +628,13 @@ class CudaAllocatorProbe:
             **counters(devices, self.backend),
             "cuda_devices": [device_entry(i, *self.per_device[i]) for i in sorted(self.per_device)],
         }
+
+
+def _peaks(stats: dict[str, Any]) -> tuple[int, int, int]:
+    """(allocated, reserved, requested) peaks of one device's `memory_stats`."""
+    return tuple(  # type: ignore[return-value]
+        int(stats.get(f"{k}_bytes.all.peak", 0)) for k in ("allocated", "reserved", "requested")
+    )
 
 
 def device_uuid(props: Any) -> str | None:

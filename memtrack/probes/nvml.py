@@ -173,17 +173,31 @@ def decide_v2(nvml: Any, handle: Any, notes: list[str], what: str) -> tuple[bool
     return False, memory_info(nvml, handle, notes, what, v2=False)
 
 
+def mps_running() -> bool:
+    """Whether an MPS control daemon serves this machine's CUDA clients: its control pipe is
+    in CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps), as the clients find it."""
+    folder = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
+    return os.path.exists(os.path.join(folder, "control"))
+
+
 class Sampler:
     """Peaks of device-wide and per-process used memory on the given devices. `nvml` is
     `pynvml` (or, in tests that run without a GPU, a stand-in with the same functions);
     `uuids` are the devices torch sees, in torch's order. Each device is recorded under the
-    UUID NVML gives for its handle (a MIG instance's MIG-..., which torch spells GPU-...)."""
+    UUID NVML gives for its handle (a MIG instance's MIG-..., which torch spells GPU-...).
+
+    Under MPS the list of compute processes holds the MPS server, not its clients: where
+    MPS runs and the case's process is not in that list, NVML's list of MPS clients is
+    asked too (only then: each list costs milliseconds)."""
 
     def __init__(self, nvml: Any, uuids: list[str]):
         if not uuids:
             raise RuntimeError("torch sees no CUDA device: nothing to sample")
         self.nvml = nvml
         self.notes: list[str] = []
+        mps_list = getattr(nvml, "nvmlDeviceGetMPSComputeRunningProcesses", None)
+        self.mps_list = mps_list if mps_list is not None and mps_running() else None
+        """NVML's list of MPS clients, where MPS runs; else None."""
         self.handles = [resolve(nvml, u) for u in uuids]
         self.v2: list[bool] = []
         self.rounds: list[float] = []
@@ -241,6 +255,12 @@ class Sampler:
         if procs is None:
             return None
         mine = [p.usedGpuMemory for p in procs if p.pid in pids]
+        if not mine and self.mps_list is not None:
+            clients = guarded(self.notes, f"GPU {index} MPS client list", self.mps_list, handle)
+            mine = [p.usedGpuMemory for p in clients or () if p.pid in pids]
+            note = f"GPU {index}: the case ran as an MPS client, read from NVML's MPS client list"
+            if mine and note not in self.notes:
+                self.notes.append(note)
         if any(b is None for b in mine):  # listed, but its memory is not reported
             return None
         return sum(int(b) for b in mine)
@@ -253,6 +273,12 @@ class Sampler:
         # holds everywhere (a device it never appeared on, it did not use). Found nowhere
         # (a container's PID namespace), every device falls back to its device-wide delta.
         by_pid = any(p for dev in self.devices for _, _, p in dev.samples)
+        shared = (
+            "MPS runs on this machine and NVML did not list the case's process: the "
+            "device-wide deltas count every MPS client's memory"
+        )
+        if not by_pid and self.mps_list is not None and shared not in self.notes:
+            self.notes.append(shared)
         devices = []
         first, last = (window[0], window[-1]) if window else (0.0, 0.0)
         hold = window[1] if window and len(window) == 3 else None

@@ -6,15 +6,20 @@ on CUDA in one extra iteration) each part is what was alive at that moment: weig
 parameters and buffers, caches the storages the workload tagged (each once), gradients and
 optimizer state apart, intermediates the activations and temporaries. Without one, weights
 are the persistent set at the mark and intermediates the rest. Workspace is beyond the
-framework: the device view's peak within the memory pass minus reserved on a GPU, host RSS
-beyond live tensors on the CPU.
+framework: on a GPU, each device's sampled peak within the memory pass minus that device's
+reserved peak (the largest over the devices), host RSS beyond live tensors on the CPU.
+
+Workspace is never below 0: a sampled figure below an exact one is a missed spike (a step
+that gives its cache back with `empty_cache()`, the allocator's flush-and-retry, another
+process freeing memory in the device-wide view) or, on the CPU, pages allocated but never
+touched. There is no workspace figure then (None), and a note says why.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from memtrack.records.model import Measurement, memory_pass_peak
+from memtrack.records.model import Measurement
 
 
 def with_breakdown(m: Measurement) -> Measurement:
@@ -36,18 +41,18 @@ def with_breakdown(m: Measurement) -> Measurement:
         weights = m.persistent_bytes or 0
         caches = m.caches_bytes or 0
         intermediates = max(0, peak - weights - caches)
+    notes = tuple(n for n in m.notes if not n.endswith(NO_WORKSPACE))  # made again below
     if m.device == "cuda":
-        # The same window on both sides: a setup spike released before the memory pass
-        # is not workspace.
-        device = memory_pass_peak(m)
-        reserved = m.peak_reserved_bytes
-        workspace = device - reserved if device is not None and reserved is not None else None
+        workspace = device_workspace(m)
     else:
         # On the CPU the gap is the host's: RSS beyond live tensors (interpreter, libraries).
         host = m.host_step_peak_rss_bytes
-        workspace = host - peak if host is not None else None
+        workspace = host - peak if host is not None and host >= peak else None
+        if host is not None and host < peak:
+            notes = (*notes, untouched_note(host, peak))
     return dataclasses.replace(
         m,
+        notes=notes,
         weights_bytes=weights,
         caches_bytes=caches,
         gradients_bytes=gradients,
@@ -59,4 +64,31 @@ def with_breakdown(m: Measurement) -> Measurement:
     )
 
 
-__all__ = ["with_breakdown"]
+def device_workspace(m: Measurement) -> int | None:
+    """The largest per-device workspace: each device's sampled peak within the memory pass
+    less its own reserved peak (devices do not pool: one GPU's process peak less another's
+    reserved is nothing). The same window on both sides: a setup spike released before the
+    memory pass is not workspace. A device whose samples stayed below its reserved peak
+    missed a spike (`measure.outcome.missed_spike` notes it) and has no figure."""
+    figures = []
+    for d in m.devices:
+        sampled, reserved = d.memory_pass_peak_bytes, d.peak_reserved_bytes
+        if reserved is None and len(m.devices) == 1:  # a record without per-device figures
+            reserved = m.peak_reserved_bytes
+        if sampled is not None and reserved is not None and sampled >= reserved:
+            figures.append(sampled - reserved)
+    return max(figures) if figures else None
+
+
+NO_WORKSPACE = "never written take no resident pages: no workspace figure"
+
+
+def untouched_note(host: int, peak: int) -> str:
+    """Why a CPU case has no workspace figure: its tensors hold pages never made resident."""
+    return (
+        f"host step peak RSS ({host / 2**20:.1f} MiB) is below the framework peak "
+        f"({peak / 2**20:.1f} MiB): tensors allocated but {NO_WORKSPACE}"
+    )
+
+
+__all__ = ["device_workspace", "untouched_note", "with_breakdown"]

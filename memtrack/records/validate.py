@@ -289,6 +289,14 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
     return run
 
 
+def check_run(run: RunRecord) -> None:
+    """Check a record made here by the rules a record from elsewhere obeys (`run_from_dict`),
+    before it is written: a value those rules refuse (a negative byte figure) would make the
+    database read as damaged, and the record file be refused by `memtrack ingest`. Raises
+    RecordError naming the run, the field and the value."""
+    run_from_dict(to_dict(run), where=f"run {run.run_id}")
+
+
 def write_json(run: RunRecord, path: Path) -> None:
     """Write atomically: a reader never sees half a record, and a failed write leaves nothing.
     The folder must exist: none is made."""

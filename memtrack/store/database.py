@@ -36,6 +36,7 @@ from memtrack.records import (
     run_from_dict,
     to_dict,
 )
+from memtrack.records.validate import check_run
 from memtrack.store import migrations
 from memtrack.store.rows import RUN_OWN, Batch, Prepared
 
@@ -644,7 +645,13 @@ class Store:
         )
 
     def write_run(self, run: RunRecord) -> bool:
-        """Insert a run and its measurements in one transaction. False if already there."""
+        """Insert a run and its measurements in one transaction. False if already there.
+        Every value is checked first, as an ingested record's is: what `get_run` would read
+        as damage is refused (StoreError), and nothing is written."""
+        try:
+            check_run(run)
+        except RecordError as exc:
+            raise StoreError(f"{self.path}: {exc}; nothing written") from None
         return self.write_runs([run])[0] == 1
 
     def write_runs(self, runs: Iterable[RunRecord | Prepared]) -> tuple[int, int]:

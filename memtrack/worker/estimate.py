@@ -113,7 +113,13 @@ def _what(exc: BaseException) -> str:
             "(e.g. .item(), .tolist(), a tensor in an `if`), which fake tensors do not hold"
         )
     if isinstance(exc, ft.UnsupportedOperatorException):
-        return f"cannot be faked: {func} has no fake (meta) implementation (a custom kernel?)"
+        import torch
+
+        return (
+            f"cannot be faked: {func} has no fake (meta) kernel in torch {torch.__version__} "
+            "(an op torch cannot fake, or a custom kernel), and an estimate never runs an "
+            "op's real kernel"
+        )
     if isinstance(exc, ft.UnsupportedFakeTensorException):
         return f"cannot be faked: {getattr(exc, 'reason', exc)}"
     text = str(exc).strip().splitlines()
@@ -215,7 +221,10 @@ def estimate_case(spec: Spec, result: ResultFile) -> None:
     import_workload_module(spec.module, Path(spec.root))
     wl = find(spec.workload)
     # Tensors a workload module made at import are real: they enter as fake constants.
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    # No fallback kernels: for an op without a meta kernel torch would run the real kernel on
+    # real zero-filled tensors of the full size (on the GPU where there is one), allocating
+    # what the estimate is there to predict; the op is named instead.
+    mode = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
     with mode, _fake_module_support(mode):
         ctx = Context(spec.params, spec.seed, device, Path(spec.data_dir), fake=True)
         probe = MemTrackerProbe(ctx.device)

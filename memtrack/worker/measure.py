@@ -141,6 +141,7 @@ def run_case(spec: Spec, result: ResultFile) -> None:
         )
         result.update(phase="done", **snap)
         _close(step)
+        distributed.teardown(case.rank)  # every rank's file is written: the final barrier
         return
     setup_peak = max(host.peak(), loading.before_peak)  # a loading phase reset the mark
     release_free_heap()
@@ -227,9 +228,11 @@ def _after_memory_pass(
     ctx, step, figures = case.ctx, case.step, dict(summary)
     if ctx.device.type == "cuda":
         result.update(phase="breakdown", **figures)
+        # by category on the device that holds the headline peak, which they must add up to
+        device = case.probe.peak_device()
         try:
             figures["categories"] = category_breakdown(
-                step, ctx.device, case.objects, lambda p: _tags_to(ctx, p), ctx.concurrency
+                step, device, case.objects, lambda p: _tags_to(ctx, p), ctx.concurrency
             )
         except Exception as exc:  # the allocator figures stand without it
             result.notes.append(f"category breakdown unavailable: {exc}")
@@ -387,6 +390,18 @@ OOM_WORDS = (
 )
 """How torch, the CUDA runtime and the driver say that an allocation failed; torch's
 DefaultCPUAllocator says "can't allocate memory" (under RLIMIT_AS or a full host)."""
+LIBRARY_ALLOC_WORDS = (
+    "cublas_status_alloc_failed",
+    "cudnn_status_alloc_failed",
+    "cudnn_status_internal_error_device_allocation_failed",
+    "cudnn_status_internal_error_host_allocation_failed",
+    "cusolver_status_alloc_failed",
+    "cusparse_status_alloc_failed",
+)
+"""A CUDA library's status for an allocation of its own that failed, outside the caching
+allocator: a handle (`cublasCreate`, made by each thread at its first matmul, so concurrent
+sessions near full memory meet it), cuDNN's workspace or plans (cuDNN 8 says ALLOC_FAILED,
+cuDNN 9 INTERNAL_ERROR_DEVICE/HOST_ALLOCATION_FAILED). torch raises them as RuntimeError."""
 NCCL_CUDA_ERROR = "unhandled cuda error"
 NCCL_ALLOC_WORDS = ("failed to cuda calloc", "failed to cuda malloc", "cumemcreate")
 """NCCL's own words for a device allocation of its buffers that failed. Its 'unhandled
@@ -396,14 +411,17 @@ NCCL's last error) it is an out-of-memory."""
 
 def is_oom(exc: BaseException) -> bool:
     """Whether `exc`, or what it was raised from, says the device or host ran out of memory:
-    torch's OutOfMemoryError, a CUDA or driver OOM in any wording, or NCCL's 'unhandled cuda
-    error' whose detail is an allocation that failed."""
+    torch's OutOfMemoryError, a CUDA or driver OOM in any wording, a CUDA library's own
+    allocation that failed (cuBLAS, cuDNN, ...), or NCCL's 'unhandled cuda error' whose
+    detail is an allocation that failed."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         text = str(cause).lower()
         if type(cause).__name__ == "OutOfMemoryError" or any(w in text for w in OOM_WORDS):
+            return True
+        if any(w in text for w in LIBRARY_ALLOC_WORDS):
             return True
         if isinstance(cause, MemoryError) or (
             isinstance(cause, OSError) and cause.errno == errno.ENOMEM

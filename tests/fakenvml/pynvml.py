@@ -9,9 +9,11 @@ a sampler runs (write the file atomically: see `write_scenario` in test_nvml.py)
    "driver": "580.65",
    "devices": [{"uuid": "GPU-...", "name": "NVIDIA H200", "total": 150000000000,
                 "reserved": 500000000, "used": 1000000000, "procs": [[pid, bytes], ...],
+                "mps_procs": [[pid, bytes], ...],
                 "capability": [9, 0], "mig": "none" | "disabled" | "enabled" | "instance",
                 "fail": ["memory", "procs", "name", ...]}]}
 
+"mps_procs" is NVML's list of MPS clients (under MPS, "procs" holds the MPS server).
 A device with "mig": "instance" is a MIG instance: found by UUID only, not by index, and its
 UUID spelt MIG-... A query named in "fail" raises NVMLError_NoPermission; "memory_v2" fails
 only memory info v2 (NVMLError_Unknown, a transient failure), "memory" both versions. Every
@@ -127,6 +129,11 @@ def nvmlDeviceGetMemoryInfo(handle: str, version: int | None = None) -> SimpleNa
 
 def nvmlDeviceGetComputeRunningProcesses(handle: str) -> list[SimpleNamespace]:
     procs = _device(handle, "procs").get("procs", [])
+    return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in procs]
+
+
+def nvmlDeviceGetMPSComputeRunningProcesses(handle: str) -> list[SimpleNamespace]:
+    procs = _device(handle, "mps_procs").get("mps_procs", [])
     return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in procs]
 
 
