@@ -59,7 +59,7 @@ def estimate(
     from memtrack.report.run import estimate_view
     from memtrack.store.save import record_run
 
-    config, db = resolve(config_path, db_path)
+    config, db = resolve(config_path, db_path, writes=not no_db)
     check_device(device)
     check_dtype(dtype)
     workloads = discover(config)

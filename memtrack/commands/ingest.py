@@ -22,7 +22,7 @@ def ingest(files: tuple[Path, ...], config_path: Path | None, db_path: Path | No
     with different content it is an error. Secrets in a record's free text (messages,
     subject, variables, CI fields) are redacted, as `memtrack run` does.
     """
-    _, db = resolve(config_path, db_path)
+    _, db = resolve(config_path, db_path, writes=True)
     secrets = secret_values()  # once: this machine's secret variables, for every record
     created = create_file(db)
     try:

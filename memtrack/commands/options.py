@@ -57,12 +57,15 @@ db_option = click.option(
 )
 
 
-def resolve(config_path: Path | None, db_path: Path | None) -> tuple[Config, Path]:
-    """The config, and the database: --db (or $MEMTRACK_DB) where given, whose folder must
-    exist (a typo must not plant folders anywhere), else the config's `database`, whose
-    folder is made with the database."""
+def resolve(
+    config_path: Path | None, db_path: Path | None, *, writes: bool = False
+) -> tuple[Config, Path]:
+    """The config, and the database: --db (or $MEMTRACK_DB) where given, else the config's
+    `database`. A command that `writes` the database refuses a --db whose folder does not
+    exist (a typo must not plant folders anywhere); the config's own path gets its folder
+    made with the database."""
     config = load_config(config_path)
-    if db_path is not None and not db_path.parent.is_dir():
+    if writes and db_path is not None and not db_path.parent.is_dir():
         raise ConfigError(
             f"--db {db_path}: no such folder {db_path.parent} (memtrack makes the database "
             "file, not the folders above it)"

@@ -88,7 +88,7 @@ def plan(
         raise click.UsageError(
             "--device goes with --estimate (a measured sweep runs on the config's device)"
         )
-    config, db = resolve(config_path, db_path)
+    config, db = resolve(config_path, db_path, writes=not no_record)
     param_name = sweep_text.partition("=")[0].strip()
     wl, params = sweep.find_case(discover(config), case, param_name)
     param, values = planning.parse_sweep(sweep_text, wl.params, wl.name)

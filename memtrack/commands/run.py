@@ -77,7 +77,7 @@ def run(
         from memtrack.report.run import run_table
         from memtrack.store.save import record_run
 
-        config, db = resolve(config_path, db_path)
+        config, db = resolve(config_path, db_path, writes=not no_db)
         start = RunStart(config, server)
         workloads = start.workloads()
         # A budget naming no workload or case guards nothing: refused before anything runs.
