@@ -305,7 +305,7 @@ def render(ctx: Context) -> None:
     )
 
     st.subheader("Completion time")
-    tchart = panels.time_panel(old_first, fmt, times)
+    tchart = panels.time_panel(old_first, fmt, times, base=base if on_base else None)
     if tchart is None:
         st.caption("No iteration times recorded for these runs.")
     else:
@@ -562,12 +562,18 @@ def _events(
         if r["status"] != "ok"
     ]
     out += [
-        event(
-            by_run[v["run_id"]],
-            MARKER_NAMES.get(v["kind"], v["kind"]),
-            f"{v.get('metric')}: {v.get('accepted_reason') or v.get('message') or ''}",
-        )
+        event(by_run[v["run_id"]], MARKER_NAMES.get(v["kind"], v["kind"]), _said(v))
         for v in verdicts
         if v.get("kind") in MARKED_KINDS and v["run_id"] in by_run
     ]
     return out
+
+
+def _said(v: dict[str, Any]) -> str:
+    """What a verdict said, once: its message names its metric first ('host: baseline
+    ...'), a reason does not ('allocated: accepted: the feature')."""
+    metric = v.get("metric") or ""
+    if v.get("accepted_reason"):
+        return f"{metric}: accepted: {v['accepted_reason']}"
+    message = v.get("message") or ""
+    return message if message.startswith((f"{metric}:", f"{metric} ")) else f"{metric}: {message}"
