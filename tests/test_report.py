@@ -172,3 +172,33 @@ def test_each_mark_and_column_means_one_thing(store, tmp_path):
         if line.startswith("│")
     ]
     assert [c[4] for c in cells] == ["+512 B"] * 3 and cells[2][0] == "warn regression"
+
+
+def test_a_case_that_is_its_own_reference_is_not_said_to_be_at_full_precision():
+    """A case without a dtype param is its own reference, whatever dtype its tensors hold
+    (a bf16 model says so in its notes): the quality table does not call it full precision."""
+    from memtrack.report.rows import quality_rows
+
+    v = Verdict(
+        case_id="gpt[batch=1]",
+        workload="gpt",
+        metric="quality",
+        kind="ok",
+        blocking=False,
+        message="quality: within tolerance",
+        reference="gpt[batch=1]",
+        quality="max abs 0",
+    )
+    result = CheckResult(
+        run_id="r" * 32,
+        commit=None,
+        branch=None,
+        started_at="2026-01-01T00:00:00+00:00",
+        fingerprint="f",
+        base_branch="main",
+        merge_base=None,
+        baseline_mode="time",
+        verdicts=(v,),
+    )
+    ((_, cells),) = quality_rows(result)
+    assert cells[1:5] == ("itself", "-", "-", "(its own reference)")

@@ -468,7 +468,9 @@ def quality_rows(result: CheckResult) -> list[tuple[Verdict, tuple[str, ...]]]:
             )
             peaks: tuple[str, ...] = (format_size(own), format_size(full), saved_text)
         else:
-            peaks = ("-", "-", "-" if changed else "(full precision)")
+            # at its reference's own precision, whatever that is: a case without a dtype
+            # param may hold bf16 tensors (its notes say which the worker found)
+            peaks = ("-", "-", "-" if changed else "(its own reference)")
         against = "itself" if ref == v.case_id else labels.get(ref, ref)
         rows.append((v, (labels[v.case_id], against, *peaks, v.quality or "-")))
     return rows
