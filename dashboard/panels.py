@@ -107,9 +107,11 @@ class _Frame:
         while t <= self.t1:
             x = LEFT + (t - self.t0) / span * (WIDTH - LEFT - RIGHT)
             label = datetime.fromtimestamp(t, timezone.utc).strftime(fmt)
+            # a label at an edge is drawn inside it, not cut in half
+            anchor = "end" if x > WIDTH - RIGHT - 40 else "middle"
             out.append(
                 f'<text class="xtick" x="{x:.1f}" y="{self.height - 6}" '
-                f'text-anchor="middle">{_a(label)}</text>'
+                f'text-anchor="{anchor}">{_a(label)}</text>'
             )
             t += step
         out.append(

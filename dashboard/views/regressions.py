@@ -224,7 +224,7 @@ def render(ctx: Context) -> None:
         return
     still = [r for r in rows if r["up"] and r["fixed by"] == "not yet"]
     st.markdown(
-        f"{len(rows)} step(s) on {esc(ctx.base_branch)} in the newest {POINTS} runs "
+        f"{len(rows)} change(s) on {esc(ctx.base_branch)} in the newest {POINTS} runs "
         f"of each case; **{len(still)} up and not fixed or accepted**"
         + (
             "".join(
@@ -278,5 +278,7 @@ def render(ctx: Context) -> None:
     st.caption(
         "A step is a shift of a series' level past its headroom on the base branch, "
         "found as `memtrack check --history` finds it; the verdict is what the gate "
-        "recorded about that run. Select a row to open the case's history."
+        "recorded about that run. A regression the gate found that no step tells (a "
+        "merge reverted after one run) has a row of its own, with the run that fixed it. "
+        "Select a row to open the case's history."
     )
