@@ -109,22 +109,31 @@ def open_database(db: Path) -> dict | None:
     return summary
 
 
+def _page_to_url() -> None:
+    """The selector's callback: the page chosen goes into the address, to share."""
+    st.query_params["page"] = st.session_state["page"]
+
+
 def choose_page() -> str:
-    """The page from the URL (any case), then the selector bound to it."""
+    """The page the address names (in any case; Overview where it names none), drawn in
+    this same run; the selector shows it and writes a choice back to the address. The
+    selector is not bound to the address by Streamlit: a bound one drops a name in
+    another case, and the rerun that said it right first could leave the page blank."""
     asked = st.query_params.get("page")
-    if asked is not None and asked not in PAGES:
-        known = page_name(asked)
-        if known:  # say it right in the URL, then draw from it
-            st.query_params["page"] = known
-            st.rerun()
-        else:
-            del st.query_params["page"]
-            st.warning(f"There is no page {esc(asked, 40)}: the pages are {', '.join(PAGES)}.")
-    page = st.radio(
+    page = page_name(asked)
+    if asked is not None and page is None:
+        del st.query_params["page"]
+        st.warning(f"There is no page {esc(asked, 40)}: the pages are {', '.join(PAGES)}.")
+    elif page is not None and asked != page:
+        st.query_params["page"] = page  # said right in the address
+    # The address decides (a link, or the browser's back and forward); set before the
+    # selector is drawn, so that it shows the page.
+    st.session_state["page"] = page or PAGES[0]
+    st.radio(
         "Page",
         PAGES,
         key="page",
-        bind="query-params",
+        on_change=_page_to_url,
         horizontal=True,
         label_visibility="collapsed",
     )

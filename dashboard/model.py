@@ -278,6 +278,100 @@ def _steps(rows_newest_first: Sequence[dict[str, Any]], metric: str, factor: flo
     return fixed
 
 
+def _size(delta: float | None, before: float | None = None) -> str:
+    """'+8.00 MiB (+4.4%)'; '' without a delta."""
+    if delta is None:
+        return ""
+    pct = f" ({delta / before:+.1%})" if before else ""
+    return f"{'+' if delta >= 0 else '-'}{format_size(abs(int(delta)))}{pct}"
+
+
+@dataclass(frozen=True)
+class GateRegression:
+    """A regression the gate found on the base branch (a `regression` verdict of a check of
+    a base-branch run), and what ended it: a later run of its environment back within its
+    threshold, or a later acceptance. Found by the gate when it happened, it is shown even
+    where the series' steps do not tell it: a merge reverted after one run is a step and
+    its revert to the gate, and one odd run to a step finder that reads the whole window."""
+
+    verdict: dict[str, Any]
+    row: dict[str, Any]
+    """Its run: the first at the regressed level."""
+    fixed_by: dict[str, Any] | None = None
+    """The first later base run of its environment back within its threshold."""
+    accepted_by: dict[str, Any] | None = None
+    """The run of a later `accepted` verdict of its case and metric (a reviewed trailer)."""
+
+    @property
+    def metric(self) -> str:
+        return str(self.verdict["metric"])
+
+    def describe(self) -> str:
+        """'+8.00 MiB (+4.4%)'."""
+        return _size(self.verdict.get("delta"), self.verdict.get("baseline_value"))
+
+
+def gate_regressions(
+    rows_newest_first: Sequence[dict[str, Any]],
+    verdicts: Iterable[dict[str, Any]],
+    base_branch: str,
+) -> list[GateRegression]:
+    """The regressions the gate found on the base branch's runs among these rows, newest
+    first, each with the run that fixed it or the one that accepted it, as the rows and
+    verdicts show them (memtrack.judge.baseline.open_regressions reads the same rule from
+    the store, whatever the age)."""
+    base = [r for r in reversed(rows_newest_first) if r.get("git_branch") == base_branch]
+    at = {r["run_id"]: i for i, r in enumerate(base)}
+    found = list(verdicts)
+    out = []
+    for v in found:
+        i = at.get(v.get("run_id"))
+        if (
+            i is None
+            or v.get("context") != "base"
+            or v.get("kind") != "regression"
+            or v.get("metric") not in METRIC_COLUMNS
+            or v.get("threshold") is None
+        ):
+            continue
+        row, metric = base[i], v["metric"]
+        fixed = next(
+            (
+                r
+                for r in base[i + 1 :]
+                if r.get("fingerprint") == row.get("fingerprint")
+                and r.get("status") == "ok"
+                and (x := metric_value(r, metric)) is not None
+                and x <= v["threshold"]
+            ),
+            None,
+        )
+        accepted = next(
+            (
+                base[j]
+                for a in found
+                if a.get("context") == "base"
+                and a.get("kind") == "accepted"
+                and a.get("metric") == metric
+                and a.get("case_id") == v.get("case_id")
+                and (j := at.get(a.get("run_id"), -1)) > i
+            ),
+            None,
+        )
+        out.append(GateRegression(v, row, fixed, accepted))
+    out.sort(key=lambda g: g.row.get("started_at") or "", reverse=True)
+    return out
+
+
+def accepted_reasons(verdicts: Iterable[dict[str, Any]]) -> dict[tuple[str, str], str]:
+    """(run id, metric) -> the reason of an `accepted` verdict recorded there."""
+    return {
+        (v["run_id"], v["metric"]): v.get("accepted_reason") or "accepted"
+        for v in verdicts
+        if v.get("kind") == "accepted"
+    }
+
+
 def open_dicts(found: Iterable[Any]) -> list[dict[str, Any]]:
     """The gate's open regressions of the base branch (memtrack.judge.baseline's
     OpenRegression, whatever their age) as plain dicts for the views, each with its line."""

@@ -32,6 +32,12 @@ WIDTH = 1000
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 40, 26
 """Margins of the plot area inside the panel's viewBox (it scales to the page's width)."""
 _STEPS = (
+    60,
+    2 * 60,
+    5 * 60,
+    10 * 60,
+    15 * 60,
+    30 * 60,
     3600,
     3 * 3600,
     6 * 3600,
@@ -45,7 +51,8 @@ _STEPS = (
     182 * 86400,
     365 * 86400,
 )
-"""Time-axis tick spacings, seconds: the smallest that gives at most 8 ticks is taken."""
+"""Time-axis tick spacings, seconds: the smallest that gives at most 8 ticks is taken
+(runs a few minutes apart get minutes: an hour's spacing left one label on the axis)."""
 
 
 def _epoch(iso: str) -> float:
@@ -100,9 +107,11 @@ class _Frame:
         while t <= self.t1:
             x = LEFT + (t - self.t0) / span * (WIDTH - LEFT - RIGHT)
             label = datetime.fromtimestamp(t, timezone.utc).strftime(fmt)
+            # a label at an edge is drawn inside it, not cut in half
+            anchor = "end" if x > WIDTH - RIGHT - 40 else "middle"
             out.append(
                 f'<text class="xtick" x="{x:.1f}" y="{self.height - 6}" '
-                f'text-anchor="middle">{_a(label)}</text>'
+                f'text-anchor="{anchor}">{_a(label)}</text>'
             )
             t += step
         out.append(
@@ -134,12 +143,14 @@ def _point(x: float, y: float, tip: str, cls: str, color: str, figure: float) ->
     )
 
 
-def _diamond(x: float, y: float, tip: str, figure: float) -> str:
+def _diamond(x: float, y: float, tip: str, figure: float, unit: str = "bytes") -> str:
+    """Another branch's run: an open diamond off the line; its figure in data-`unit`."""
     d = 5.5
+    data = f"{figure:.0f}" if unit == "bytes" else f"{figure:g}"
     return (
         f'<path class="point other" d="M{x:.1f},{y - d:.1f} L{x + d:.1f},{y:.1f} '
         f'L{x:.1f},{y + d:.1f} L{x - d:.1f},{y:.1f} Z" fill="none" stroke="#555" '
-        f'stroke-width="1.5" data-bytes="{figure:.0f}"><title>{_a(tip)}</title></path>'
+        f'stroke-width="1.5" data-{unit}="{data}"><title>{_a(tip)}</title></path>'
     )
 
 
@@ -370,6 +381,18 @@ def _budget(
     )
 
 
+def _held(xy: Sequence[tuple[float, float]]) -> str:
+    """A line's points drawn as steps: each figure holds until the next run, which moves it
+    at once. A run's memory is its commit's until another commit changes it; a line drawn
+    straight between two runs showed a step as a ramp across the time between them."""
+    out: list[tuple[float, float]] = []
+    for x, y in xy:
+        if out:
+            out.append((x, out[-1][1]))
+        out.append((x, y))
+    return " ".join(f"{x:.1f},{y:.1f}" for x, y in out)
+
+
 def _series(
     frame: _Frame, points: Sequence[dict[str, Any]], factor: float, color: str
 ) -> list[str]:
@@ -388,7 +411,7 @@ def _series(
         if p["line"] != OTHER_BRANCHES:
             by_env.setdefault(p["environment"], []).append(p)
     for line in by_env.values():
-        xy = " ".join(f"{frame.x(p['x']):.1f},{frame.y(p['bytes'] / factor):.1f}" for p in line)
+        xy = _held([(frame.x(p["x"]), frame.y(p["bytes"] / factor)) for p in line])
         body.append(
             f'<polyline class="line base" points="{xy}" fill="none" stroke="{color}" '
             f'stroke-width="1.6"/>'
@@ -413,17 +436,26 @@ def _series(
 
 
 def time_panel(
-    rows: Sequence[dict[str, Any]], fmt: str, times: Sequence[str], height: int = 180
+    rows: Sequence[dict[str, Any]],
+    fmt: str,
+    times: Sequence[str],
+    height: int = 180,
+    base: str | None = None,
 ) -> str | None:
     """Median (solid) and p95 (dashed) iteration time per run (rows carry their x). Each
-    run has one mark, on its median, whose tooltip gives both: a second mark per run (on
-    the p95) doubled the panel's elements, and SVG tooltips are what a browser pays most
-    for in a panel."""
+    run has one mark, on its median, whose tooltip gives both and its branch: a second mark
+    per run (on the p95) doubled the panel's elements, and SVG tooltips are what a browser
+    pays most for in a panel. With `base`, only that branch's runs make the lines; the
+    other branches' are separate ◇ points, as on the memory panels."""
+
+    def on_line(r: dict[str, Any]) -> bool:
+        return base is None or r.get("git_branch") == base
+
     series = {
-        stat: [(r["x"], r[col]) for r in rows if r.get(col) is not None]
+        stat: [(r["x"], r[col]) for r in rows if r.get(col) is not None and on_line(r)]
         for col, stat in (("time_median_s", "median"), ("time_p95_s", "p95"))
     }
-    seconds = [s for pts in series.values() for _, s in pts]
+    seconds = [r[c] for r in rows for c in ("time_median_s", "time_p95_s") if r.get(c) is not None]
     if not seconds:
         return None
     scale, unit = (1000, "ms") if max(seconds) < 1 else (1, "s")
@@ -447,9 +479,13 @@ def time_panel(
         )
         tip = (
             f"{figures} · {(r.get('git_commit') or '-')[:10]} "
-            f"{(r.get('git_subject') or '')[:60]} · {r['x'][:16].replace('T', ' ')}"
+            f"{(r.get('git_subject') or '')[:60]} · {r.get('git_branch') or '-'} · "
+            f"{r['x'][:16].replace('T', ' ')}"
         )
         stat = "median" if median is not None else "p95"
+        if not on_line(r):
+            body.append(_diamond(frame.x(r["x"]), frame.y(at * scale), tip, at, "seconds"))
+            continue
         body.append(
             f'<circle class="point {stat}" cx="{frame.x(r["x"]):.1f}" '
             f'cy="{frame.y(at * scale):.1f}" r="2.4" fill="#1f77b4">'

@@ -401,3 +401,116 @@ def realistic_history(
                 store.save_verdicts(run_check(store, config, run_id=run.run_id))
             prs.append(run.run_id)
     return {"prs": prs, "grow": prs[GROW_PR], "config": config}
+
+
+# -- a merge, its revert, and an accepted step: as a reviewer reads them -------------------
+
+STORY_MERGE, STORY_REVERT, STORY_ACCEPT = 9, 10, 15
+"""Main commits of `story_history`: decoder's KV cache grows 8 MiB at 9 and is reverted at
+10; encoder's new head (+48 MiB allocated, +40 MiB in the step's host growth) is accepted
+with a trailer at 15, merged from a pull request that was checked first."""
+STORY_REASON = "the new head is the feature"
+
+
+def story_history(work: Path, until: int = 18) -> dict[str, Any]:
+    """A real repository and its recorded history, one main commit an hour from
+    2026-02-01, each run checked as CI checks a push (verdicts recorded): two cases,
+    decoder and encoder, with a merge of +8 MiB to decoder's cache and its revert one
+    commit later, then a pull request that grows encoder by one intentional change and
+    accepts it with one trailer (`Memtrack-Accept: encoder +64 MiB ...`), checked, then
+    merged. `until`: the last main commit recorded (the story so far). Returns the
+    repository, the database, the config and each main commit's sha by number."""
+    from memtrack.config import load_config
+    from memtrack.judge.check import check as run_check
+    from memtrack.store.database import Store
+
+    repo = init_repo(work / "repo")
+    db = work / "memtrack.db"
+    (repo / "memtrack.toml").write_text('base_branch = "main"\nmin_baseline_runs = 3\n')
+    config = load_config(repo / "memtrack.toml", cwd=repo)
+    shas: dict[int, str] = {}
+
+    def figures(i: int, branch_grows: bool = False) -> list[Measurement]:
+        cache = 8 * MiB if i == STORY_MERGE else 0
+        head = 48 * MiB if i >= STORY_ACCEPT or branch_grows else 0
+        noise = (i * 7919 % 5) * 256 * 1024  # host RSS moves a little run to run
+        # decoder's allocations move with its sampled lengths: a few discrete values
+        jitter = (i * 7919 % 5) * 768 * 1024
+        return [
+            make_measurement(
+                "decoder",
+                {"batch": 1},
+                peak=900 * MiB + cache + jitter,
+                samples=(900 * MiB + cache + jitter,) * 3,
+                host=600 * MiB + noise + cache,
+                caches_bytes=32 * MiB + cache,
+            ),
+            make_measurement(
+                "encoder",
+                {"batch": 8},
+                peak=300 * MiB + head,
+                host=700 * MiB + noise + head,
+                host_step=20 * MiB + 40 * MiB * bool(head),
+            ),
+        ]
+
+    def at(i: int, minute: int = 0) -> str:
+        return f"2026-02-01T{i:02d}:{minute:02d}:00+00:00"
+
+    def record(i: int, sha: str, branch: str, ms: list[Measurement], when: str, **kw) -> None:
+        committed, subject = git(repo, "show", "-s", "--format=%cI%n%s", sha).splitlines()
+        run = make_run(ms, commit=sha, branch=branch, started_at=when, subject=subject, **kw)
+        run = replace(run, git=replace(run.git, committed_at=committed))
+        with Store.open(db) as store:
+            store.write_run(run)
+            store.save_verdicts(run_check(store, config, run_id=run.run_id, root=repo))
+
+    def commit(i: int, message: str, minute: int = 0) -> str:
+        os.environ["GIT_COMMITTER_DATE"] = os.environ["GIT_AUTHOR_DATE"] = at(i, minute)
+        (repo / "model.py").write_text(f"VERSION = {i}\nminute = {minute}\n")
+        return commit_all(repo, message)
+
+    dates = {k: os.environ.get(k) for k in ("GIT_COMMITTER_DATE", "GIT_AUTHOR_DATE")}
+    try:
+        _story(until, commit, record, figures, at, repo, shas)
+    finally:
+        for k, v in dates.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return {"repo": repo, "db": db, "config": repo / "memtrack.toml", "shas": shas}
+
+
+def _story(until, commit, record, figures, at, repo: Path, shas: dict[int, str]) -> None:
+    """The main commits of `story_history`, each recorded and checked."""
+    ci = CIInfo(provider="github-actions", event="push")
+    for i in range(1, until + 1):
+        if i == STORY_MERGE:
+            sha = commit(i, "a bigger KV cache for decoder")
+        elif i == STORY_REVERT:
+            sha = commit(i, 'Revert "a bigger KV cache for decoder"')
+        elif i == STORY_ACCEPT:
+            git(repo, "checkout", "-q", "-b", "feature/encoder-head")
+            pr = commit(
+                i - 1,
+                f"a wider head for encoder\n\nMemtrack-Accept: encoder +64 MiB {STORY_REASON}",
+                minute=30,
+            )
+            record(
+                i,
+                pr,
+                "feature/encoder-head",
+                figures(i - 1, branch_grows=True),
+                at(i - 1, 40),
+                merge_base=shas[i - 1],
+                ci=CIInfo(provider="github-actions", event="pull_request", pr_number=13),
+            )
+            git(repo, "checkout", "-q", "main")
+            os.environ["GIT_COMMITTER_DATE"] = os.environ["GIT_AUTHOR_DATE"] = at(i)
+            git(repo, "merge", "-q", "--no-ff", "-m", "Merge feature/encoder-head", pr)
+            sha = git(repo, "rev-parse", "HEAD")
+        else:
+            sha = commit(i, f"main commit {i}")
+        shas[i] = sha
+        record(i, sha, "main", figures(i), at(i, 5), merge_base=sha, ci=ci)

@@ -356,6 +356,89 @@ def test_a_regression_on_main_stays_in_every_check_until_fixed_or_accepted(
     )
 
 
+def test_a_branch_cut_before_a_regression_merged_is_said_to_predate_it_not_to_fix_it(
+    project, tmp_path, monkeypatch
+):
+    """main's newest commit regressed (+50 %, reported on main); the PR branch was cut
+    before it: within the threshold, it fixed nothing. A branch cut after it that brings
+    the figures back is said to be back within it."""
+    repo, db, shas, pr = project
+    later = git(repo, "rev-parse", "main")
+    (main_run,) = [
+        r
+        for (r,) in Store.open(db, readonly=True).conn.execute(
+            "select run_id from runs where git_commit = ?", [later]
+        )
+    ]
+    _checked(repo, db, tmp_path, main_run)  # main's push: the regressions are recorded
+    old = _record(db, repo, pr, _cases(), branch="feature", minute=30, merge_base=shas[-1])
+    code, data, out = _checked(repo, db, tmp_path, old)
+    assert code == 0 and len(data["open_regressions"]) == 2
+    assert all(o["predates"] and not o["fixed_here"] for o in data["open_regressions"])
+    assert "this branch was cut before it merged: not in this change" in out
+    assert "back within it" not in out
+    md = tmp_path / "old.md"
+    _check(repo, db, "--run", old, "--markdown", str(md), "--no-record")
+    assert "— this branch was cut before it merged: not in this change" in md.read_text()
+    assert "this change is back within it" not in md.read_text()
+
+    git(repo, "checkout", "-q", "main")
+    git(repo, "checkout", "-q", "-b", "fix")
+    (repo / "model.py").write_text("LAYERS = 2\nVERSION = 9\n")
+    fix = _commit(repo, monkeypatch, 31, "back to two layers")
+    run = _record(db, repo, fix, _cases(), branch="fix", minute=31, merge_base=later)
+    code, data, out = _checked(repo, db, tmp_path, run)
+    assert all(o["fixed_here"] and not o["predates"] for o in data["open_regressions"])
+    assert "this run is back within it" in out and "cut before it merged" not in out
+
+
+def test_one_trailer_without_a_metric_accepts_one_change_and_the_comment_says_why(
+    project, tmp_path, monkeypatch
+):
+    """One intentional change grows both cases' allocator view and their host peak: a
+    trailer that names the workload and no metric accepts all of it, and the PR comment
+    says so with its reason; a trailer naming one metric leaves the rest blocking, each
+    saying which trailer would accept it."""
+    repo, db, shas, pr = project
+    grown = _cases(small=102 * MiB, big=306 * MiB, host=64 * MiB)
+    (repo / "model.py").write_text("# a longer context\nLAYERS = 2\nVERSION = 4\n")
+    one = _commit(
+        repo,
+        monkeypatch,
+        12,
+        "a longer context\n\nMemtrack-Accept: decoder +64 MiB the 8k context is the feature",
+    )
+    run = _record(db, repo, one, grown, branch="feature", minute=12, merge_base=shas[-1])
+    md = tmp_path / "one.md"
+    res = _check(repo, db, "--run", run, "--markdown", str(md), "--no-record")
+    assert res.exit_code == 0, res.output
+    text = md.read_text()
+    assert "☑️ 4 accepted" in text
+    line = next(x for x in text.splitlines() if x.startswith("- ☑️ **accepted**"))
+    assert line.startswith(f"- ☑️ **accepted** (commit `{one[:12]}`): the 8k context is the feature")
+    assert "`decoder[batch=1]` allocated +2.00 MiB (+2.0%), host +64.00 MiB (+16.0%)" in line
+    assert text.index("Not listed: ") < text.index(line)  # beside the count, said once
+
+    git(repo, "checkout", "-q", "-b", "feature-2", shas[-1])
+    (repo / "model.py").write_text("# a longer context, again\nLAYERS = 2\nVERSION = 4\n")
+    only = _commit(
+        repo,
+        monkeypatch,
+        13,
+        "a longer context\n\nMemtrack-Accept: decoder allocated +6 MiB the allocator only",
+    )
+    run = _record(db, repo, only, grown, branch="feature", minute=13, merge_base=shas[-1])
+    code, data, out = _checked(repo, db, tmp_path, run)
+    kinds = {(v["case_id"], v["metric"]): v["kind"] for v in data["verdicts"]}
+    assert code == 1, out
+    assert kinds[(SMALL_ID, "allocated")] == kinds[(BIG_ID, "allocated")] == "accepted"
+    assert kinds[(SMALL_ID, "host")] == kinds[(BIG_ID, "host")] == "regression"
+    assert (
+        f"the Memtrack-Accept trailer of commit {only[:12]} names allocated only; "
+        "`Memtrack-Accept: decoder +64 MiB the allocator only` would accept this"
+    ) in out
+
+
 def test_a_comment_only_change_passes(project, tmp_path):
     repo, db, shas, pr = project
     _record(db, repo, pr, _cases(host=MiB), branch="feature", minute=11, merge_base=shas[-1])
@@ -510,6 +593,60 @@ def _main_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, figures) -> t
             merge_base=sha,
         )
     return repo, db
+
+
+def test_history_says_an_accepted_step_and_never_flags_it(tmp_path, monkeypatch):
+    """A +10 MiB step on main that a reviewed trailer accepted (in the merged commit's
+    message, read from git; or as main's recorded check accepted it): `check --history`
+    says so with its reason and exits 0; the same step without a trailer is GROWTH, exit 1;
+    a step past what its trailer allows is still GROWTH."""
+
+    def history(trailer: str, folder: str, record: bool = False) -> tuple[int, str, str]:
+        repo = init_repo(tmp_path / folder)
+        db = tmp_path / f"{folder}.db"
+        (repo / "memtrack.toml").write_text('base_branch = "main"\nmin_baseline_runs = 3\n')
+        for i in range(12):
+            (repo / "f.txt").write_text(str(i))
+            message = f"change {i}" + (f"\n\n{trailer}" if i == 6 and trailer else "")
+            sha = _commit(repo, monkeypatch, i, message)
+            peak = 110 * MiB if i >= 6 else 100 * MiB
+            run = _record(
+                db,
+                repo,
+                sha,
+                [make_measurement(params=SMALL, peak=peak)],
+                branch="main",
+                minute=i,
+                merge_base=sha,
+            )
+            if record:  # main's check, as CI runs it on a push: its verdicts recorded
+                assert _check(repo, db, "--run", run).exit_code == 0
+        config = repo / "memtrack.toml"
+        if record:  # read without git: what main's checks recorded is all there is
+            config = tmp_path / f"{folder}-no-git" / "memtrack.toml"
+            config.parent.mkdir()
+            config.write_text((repo / "memtrack.toml").read_text())
+        md = tmp_path / f"{folder}.md"
+        res = CliRunner().invoke(
+            main,
+            ["check", "--config", str(config), "--db", str(db), "--history"]
+            + ["--markdown", str(md)],
+        )
+        return res.exit_code, res.output, md.read_text()
+
+    code, out, md = history("", "plain")
+    assert code == 1 and f"GROWTH · {SMALL_ID} · allocated:" in out
+    trailer = "Memtrack-Accept: decoder +10 MiB the longer context is the feature"
+    code, out, md = history(trailer, "trailer")
+    assert code == 0, out
+    assert "0 series grown past the tolerance since the anchor, 1 grown by accepted steps" in out
+    assert f"accepted · {SMALL_ID} · allocated:" in out
+    assert "+10.00 MiB of it accepted (" in out and ": the longer context is the feature)" in out
+    assert "### Accepted growth" in md and "the longer context is the feature |" in md
+    code, out, _ = history(trailer, "recorded", record=True)
+    assert code == 0 and "the longer context is the feature" in out, out
+    code, out, _ = history(trailer.replace("+10 MiB", "+5 MiB"), "too-much")
+    assert code == 1 and f"GROWTH · {SMALL_ID} · allocated:" in out
 
 
 def test_history_measures_a_young_project_from_its_first_run(tmp_path, monkeypatch):

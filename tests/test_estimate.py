@@ -267,6 +267,48 @@ def test_an_estimate_on_main_is_never_a_baseline(tmp_path, monkeypatch):
     assert len(marks) == 3 and {r["kind"] for r in marks} == {"estimate"}
 
 
+def test_a_pull_request_shows_estimates_of_its_commit_or_its_merge_base_only(tmp_path, monkeypatch):
+    """Estimates of the merge-base on main (100 MiB), and a newer one of a commit of an
+    unrelated branch (80 MiB): the pull request's report shows the merge-base's, never the
+    other branch's; with only the other branch's, it shows none."""
+    repo, db, base = _estimates_on_main(tmp_path)
+    git(repo, "checkout", "-q", "-b", "elsewhere")
+    (repo / "model.py").write_text("V = 2\n")
+    other = commit_all(repo, "an unrelated branch")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "checkout", "-q", "-b", "feature")
+    (repo / "model.py").write_text("V = 1\n")
+    pr = commit_all(repo, "grow")
+    monkeypatch.chdir(repo)
+    alone = tmp_path / "without-the-merge-base.db"
+    for path in (db, alone):
+        with Store.open(path) as store:
+            store.write_run(
+                make_run(
+                    [dataclasses.replace(make_measurement(peak=80 * MiB), kind="estimate")],
+                    commit=other,
+                    branch="elsewhere",
+                    started_at="2026-01-01T00:09:00+00:00",
+                )
+            )
+            store.write_run(
+                make_run(
+                    [make_measurement(peak=200 * MiB)],
+                    commit=pr,
+                    branch="feature",
+                    merge_base=base,
+                    started_at="2026-01-01T00:10:00+00:00",
+                )
+            )
+    res = _invoke(repo, "check", "--db", str(db), "--no-record")
+    assert res.exit_code == 0, res.output
+    assert f"estimate of commit {base[:12]} (not the one checked) 100.00 MiB" in res.output
+    assert other[:12] not in res.output and "80.00 MiB" not in res.output
+    res = _invoke(repo, "check", "--db", str(alone), "--no-record")
+    assert res.exit_code == 0, res.output
+    assert "estimate" not in res.output and other[:12] not in res.output
+
+
 def test_history_of_the_base_branch_has_no_estimate_in_it(tmp_path, monkeypatch):
     """Five measured commits at 100 MiB on main, then estimates of 200 MiB on two more:
     as points of the series they would be a step and a creep."""

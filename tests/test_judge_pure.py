@@ -213,3 +213,86 @@ def test_a_series_step_and_its_growth_since_the_anchor(tmp_path):
     flat = [replace(p, values={"allocated": float(BASE)}) for p in pts]
     steps, creep = analyze_series("decoder[batch=1]", "allocated", flat, config, anchor_pos=2)
     assert steps == [] and creep is not None and not creep.flagged and creep.delta == 0
+
+
+# -- one trailer per change -----------------------------------------------------------------
+
+
+def _grown(tmp_path, acceptances, grow_small=True):
+    """Two cases of one workload, both grown in the allocator's view (+12 MiB) and in the
+    step's host growth (+14 MiB), judged against three identical runs: the verdicts."""
+    config = _config(tmp_path)
+    out = []
+    for batch in (1, 8):
+        base = make_measurement(params={"batch": batch}, peak=BASE, host_step=20 * MiB)
+        points = [_point(i, base) for i in range(3, 0, -1)]
+        grown = make_measurement(params={"batch": batch}, peak=BASE + 12 * MiB, host_step=34 * MiB)
+        c = Candidate(grown, points, {}, provisional=False, acceptances=acceptances)
+        out += [verdict(c, metric, config) for metric in ("allocated", "host_step")]
+    return [v for v in out if v is not None]
+
+
+def test_a_trailer_without_a_metric_accepts_every_memory_metric_of_its_cases(tmp_path):
+    from memtrack.judge.accept import parse
+
+    a = parse("d" * 40, "decoder +14 MiB one longer context, every view")
+    assert (a.target, a.metric, a.bytes, a.reason) == (
+        "decoder",
+        None,
+        14 * MiB,
+        "one longer context, every view",
+    )
+    assert parse("d" * 40, "decoder[batch=1] +50 % relative").percent == 50.0
+    # the workload's name covers both cases, and every memory metric of each
+    verdicts = _grown(tmp_path, [a])
+    assert [(v.case_id, v.metric, v.kind, v.blocking) for v in verdicts] == [
+        ("decoder[batch=1]", "allocated", "accepted", False),
+        ("decoder[batch=1]", "host_step", "accepted", False),
+        ("decoder[batch=8]", "allocated", "accepted", False),
+        ("decoder[batch=8]", "host_step", "accepted", False),
+    ]
+    assert {v.accepted_reason for v in verdicts} == {"one longer context, every view"}
+    assert {v.accepted_commit for v in verdicts} == {"d" * 40}
+    # a relative amount, for each metric against its own baseline: +12 % of 100 MiB and
+    # +70 % of 20 MiB
+    (relative,) = [parse("d" * 40, "decoder +70 % a longer context")]
+    assert {v.kind for v in _grown(tmp_path, [relative])} == {"accepted"}
+
+
+def test_a_trailer_with_a_metric_accepts_that_one_and_a_block_says_which_trailer_would(
+    tmp_path,
+):
+    from memtrack.judge.accept import parse
+
+    one = parse("d" * 40, "decoder allocated +12 MiB the longer context")
+    verdicts = _grown(tmp_path, [one])
+    kinds = {(v.case_id, v.metric): (v.kind, v.blocking) for v in verdicts}
+    assert kinds[("decoder[batch=1]", "allocated")] == ("accepted", False)
+    assert kinds[("decoder[batch=1]", "host_step")] == ("regression", True)
+    blocked = next(v for v in verdicts if v.metric == "host_step")
+    # it names the trailer that would accept it: the same, for every memory metric, with
+    # the amount this growth needs
+    assert blocked.would_accept == "decoder +14 MiB the longer context"
+    assert (
+        "the Memtrack-Accept trailer of commit dddddddddddd names allocated only; "
+        "`Memtrack-Accept: decoder +14 MiB the longer context` would accept this"
+    ) in blocked.message
+    # a trailer that allows too little: the same metric, with enough
+    small = parse("d" * 40, "decoder[batch=8] allocated +10 MiB too little")
+    (v,) = [
+        v
+        for v in _grown(tmp_path, [small])
+        if (v.case_id, v.metric) == ("decoder[batch=8]", "allocated")
+    ]
+    assert (v.kind, v.would_accept) == (
+        "regression",
+        "decoder[batch=8] allocated +12 MiB too little",
+    )
+    assert "beyond the +10.00 MiB accepted" in v.message and "allows +10.00 MiB" in v.message
+    # a percentage stays one, rounded up to a whole percent
+    pct = parse("d" * 40, "decoder allocated +5 % not enough")
+    (v,) = [v for v in _grown(tmp_path, [pct]) if v.metric == "allocated"][:1]
+    assert v.would_accept == "decoder allocated +12% not enough"
+    # a trailer naming another case says nothing of this one
+    other = parse("d" * 40, "encoder +1 GiB another workload")
+    assert all(v.would_accept is None for v in _grown(tmp_path, [other]))

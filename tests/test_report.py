@@ -134,3 +134,71 @@ def test_the_json_report_leaves_out_what_restates_the_message(store, tmp_path):
     fields = [f.name for f in dataclasses.fields(Verdict)]
     for v in report.to_json(result)["verdicts"]:
         assert list(v) == [f for f in fields if f not in RESTATED]
+
+
+def test_each_mark_and_column_means_one_thing(store, tmp_path):
+    """Two steady cases grow and block; a young case (two runs) grows 1 %, a provisional
+    regression that warns. The table marks the two apart and its legend says what each
+    does; its threshold column says what the terminal's says (the growth allowed over the
+    baseline); the outcome counts the other blocking verdicts apart from what grew."""
+    for i in range(5):
+        steady = [make_measurement(w, {"batch": 1}, peak=BASE) for w in ("loader", "encoder")]
+        young = [make_measurement("young", {"batch": 1}, peak=BASE)] if i >= 3 else []
+        _record(store, [*steady, *young], i)
+    grown = [
+        make_measurement("loader", {"batch": 1}, peak=BASE + 20 * MiB),
+        make_measurement("encoder", {"batch": 1}, peak=BASE + 5 * MiB),
+        make_measurement("young", {"batch": 1}, peak=BASE + MiB),
+    ]
+    pr = _record(store, grown, 30, branch="pr")
+    result = check(store, Config(path=None, root=tmp_path), run_id=pr)
+    young = _verdict(result, "young", "allocated")
+    assert (young.kind, young.blocking, young.provisional) == ("regression", False, True)
+    md = report.markdown(result)
+    rows = [line for line in md.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0] == "| | case | metric | baseline | candidate | delta | threshold |"
+    assert [r.split(" | ")[0] for r in rows[1:]] == ["| 🔺", "| 🔺", "| 🔸"], md
+    assert rows[-1].endswith("| +1.00 MiB (+1.0%) | +512 B |")  # baseline + headroom
+    assert "🔺 regression: blocks · 🔸 provisional regression: warns" in md
+    assert md.startswith(
+        "### ❌ memtrack: blocked by `encoder` allocated +5.00 MiB (+5.0%), intermediates "
+        "grew; 1 more verdict blocks"
+    )
+    # the terminal's threshold column says the same: the growth allowed over the baseline
+    text = _terminal(result)
+    cells = [
+        [c.strip() for c in line.split("│")[1:-1]]
+        for line in text.splitlines()
+        if line.startswith("│")
+    ]
+    assert [c[4] for c in cells] == ["+512 B"] * 3 and cells[2][0] == "warn regression"
+
+
+def test_a_case_that_is_its_own_reference_is_not_said_to_be_at_full_precision():
+    """A case without a dtype param is its own reference, whatever dtype its tensors hold
+    (a bf16 model says so in its notes): the quality table does not call it full precision."""
+    from memtrack.report.rows import quality_rows
+
+    v = Verdict(
+        case_id="gpt[batch=1]",
+        workload="gpt",
+        metric="quality",
+        kind="ok",
+        blocking=False,
+        message="quality: within tolerance",
+        reference="gpt[batch=1]",
+        quality="max abs 0",
+    )
+    result = CheckResult(
+        run_id="r" * 32,
+        commit=None,
+        branch=None,
+        started_at="2026-01-01T00:00:00+00:00",
+        fingerprint="f",
+        base_branch="main",
+        merge_base=None,
+        baseline_mode="time",
+        verdicts=(v,),
+    )
+    ((_, cells),) = quality_rows(result)
+    assert cells[1:5] == ("itself", "-", "-", "(its own reference)")

@@ -175,3 +175,64 @@ def test_torchs_cpu_allocator_failing_is_an_oom_not_an_error(tmp_path):
     (m,) = json.loads((tmp_path / "run.json").read_text())["measurements"]
     assert m["status"] == "oom", m["message"]
     assert "DefaultCPUAllocator: can't allocate memory" in m["message"]
+
+
+PRECISIONS = textwrap.dedent(
+    """
+    import torch
+    import memtrack
+
+    def _linear(ctx, dtype, mark=True):
+        torch.set_num_threads(1)
+        w = torch.nn.Linear(64, 64, dtype=dtype)
+        if mark:
+            ctx.mark(w)
+        x = torch.randn(8, 64, dtype=dtype)
+        return lambda: w(x)
+
+    @memtrack.workload
+    def half(ctx):  # a bf16 model, in a case without a dtype param
+        return _linear(ctx, torch.bfloat16)
+
+    @memtrack.workload
+    def full(ctx):
+        return _linear(ctx, torch.float32)
+
+    @memtrack.workload
+    def unmarked(ctx):
+        return _linear(ctx, torch.bfloat16, mark=False)
+
+    @memtrack.workload(params={"dtype": ["float16"]})
+    def named(ctx):  # its param says float16, its model is bf16
+        return _linear(ctx, torch.bfloat16)
+    """
+)
+
+
+def test_the_dtype_a_case_really_used_is_recorded_where_its_params_do_not_say_it(tmp_path):
+    """A real run of a bf16 model in a case without a `dtype` param: its record says which
+    dtype its tensors had (the param's float32 default would say otherwise); a float32 one
+    says nothing more; one that marks nothing says the dtype is not known; one whose param
+    names another dtype says both."""
+    (tmp_path / "wl.py").write_text(PRECISIONS)
+    (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 2\n')
+    res = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "run", "--no-db", "--json", "run.json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
+    notes = {
+        m["workload"]: [n for n in m["notes"] if n.startswith("dtype: ")]
+        for m in json.loads((tmp_path / "run.json").read_text())["measurements"]
+    }
+    assert notes == {
+        "half": ["dtype: the case has no dtype param; its tensors are bfloat16"],
+        "full": [],
+        "unmarked": [
+            "dtype: the case has no dtype param; its tensors are not known (ctx.mark() "
+            "named no module or tensor)"
+        ],
+        "named": ["dtype: the case's dtype param is float16; its tensors are bfloat16"],
+    }

@@ -87,10 +87,12 @@ class Context:
 
 
 def goto(page: str, **state: Any) -> None:
-    """A callback: switch page and set its selections before the next rerun. The widgets
-    they belong to are bound to the URL, so the address bar then links to exactly what is
-    shown; the URL is set here too for a widget of another page, not drawn in this run."""
+    """A callback: switch page and set its selections before the next rerun. The page and
+    the widgets they belong to follow the URL, so the address bar then links to exactly
+    what is shown; the URL is set here too for a widget of another page, not drawn in this
+    run."""
     st.session_state["page"] = page
+    st.query_params["page"] = page
     for k, v in state.items():
         st.session_state[k] = v
         try:

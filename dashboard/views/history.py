@@ -3,6 +3,7 @@ headroom of the current level, failures, steps and environment changes."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import date, timedelta
 from itertools import pairwise
 from typing import Any
@@ -279,7 +280,8 @@ def render(ctx: Context) -> None:
     on_base = [r for r in rows if r["git_branch"] == base]
     status, budgets = _status(ctx, hist, on_base or rows)
     budgeted = {b.metric: b for b in budgets}
-    views, scale, zoom = _controls(rows, status, budgeted, hist["steps"])
+    flagged = {v.get("metric") for v in hist["verdicts"] if v.get("kind") == "regression"}
+    views, scale, zoom = _controls(rows, status, budgeted, hist["steps"], flagged)
     old_first = sorted(rows, key=lambda r: (r["x"], r["started_at"]))
     if zoom != "all":
         old_first = old_first[-int(zoom) :]
@@ -305,7 +307,7 @@ def render(ctx: Context) -> None:
     )
 
     st.subheader("Completion time")
-    tchart = panels.time_panel(old_first, fmt, times)
+    tchart = panels.time_panel(old_first, fmt, times, base=base if on_base else None)
     if tchart is None:
         st.caption("No iteration times recorded for these runs.")
     else:
@@ -351,16 +353,18 @@ def _controls(
     status: model.CaseStatus,
     budgeted: dict[str, model.CaseBudget],
     steps: dict[str, list[model.Step]],
+    flagged: Collection[Any] = (),
 ) -> tuple[list[str], str, str]:
     """The views to draw, the scale and the zoom, as the visitor picked them."""
     available = [
         m for m in model.CHART_METRICS if any(model.metric_value(r, m) is not None for r in rows)
     ]
     available.sort(key=lambda m: (m != status.metric, m not in budgeted))
-    # Drawn at first: the view that decides the status, views with a budget, and views
-    # that moved in this window; the others are a click away.
+    # Drawn at first: the view that decides the status, views with a budget, views that
+    # moved in this window, and views the gate found a regression on (a merge reverted
+    # after one run is no step); the others are a click away.
     shown = [
-        m for m in available if m == status.metric or m in budgeted or steps.get(m)
+        m for m in available if m == status.metric or m in budgeted or steps.get(m) or m in flagged
     ] or available[:1]
     left, mid, right = st.columns([3, 2, 2])
     with left:
@@ -562,12 +566,18 @@ def _events(
         if r["status"] != "ok"
     ]
     out += [
-        event(
-            by_run[v["run_id"]],
-            MARKER_NAMES.get(v["kind"], v["kind"]),
-            f"{v.get('metric')}: {v.get('accepted_reason') or v.get('message') or ''}",
-        )
+        event(by_run[v["run_id"]], MARKER_NAMES.get(v["kind"], v["kind"]), _said(v))
         for v in verdicts
         if v.get("kind") in MARKED_KINDS and v["run_id"] in by_run
     ]
     return out
+
+
+def _said(v: dict[str, Any]) -> str:
+    """What a verdict said, once: its message names its metric first ('host: baseline
+    ...'), a reason does not ('allocated: accepted: the feature')."""
+    metric = v.get("metric") or ""
+    if v.get("accepted_reason"):
+        return f"{metric}: accepted: {v['accepted_reason']}"
+    message = v.get("message") or ""
+    return message if message.startswith((f"{metric}:", f"{metric} ")) else f"{metric}: {message}"

@@ -25,16 +25,50 @@ def _fingerprints(ctx: Context) -> dict[str, str]:
     return out
 
 
-def _changes(moved: list[model.Step]) -> str:
+def _changes(
+    moved: list[model.Step],
+    gate: list[model.GateRegression],
+    accepted: dict[tuple[str, str], str],
+    metric: str,
+) -> str:
     """Every step of the window, newest first: '+2.00 MiB (+1.1%) at 1a2b3c4d5e, fixed at
-    6f7a8b9c0d'; a step down that fixed one is told with it."""
+    6f7a8b9c0d'; a step down that fixed one is told with it, a step up that was accepted
+    with its reason. And what the gate found on the base branch that no step tells (a
+    merge reverted after one run; another view, named), with what ended it."""
     fixes = {(s.fixed_by["run_id"], s.metric) for s in moved if s.fixed_by is not None}
-    return " · ".join(
-        f"{s.describe()} at {short(s.row.get('git_commit'))}"
-        + (f", fixed at {short(s.fixed_by.get('git_commit'))}" if s.fixed_by else "")
-        for s in moved
-        if (s.row["run_id"], s.metric) not in fixes
-    )
+    told = {s.row["run_id"] for s in moved}
+    items: list[tuple[str, str]] = []
+    for s in moved:
+        if (s.row["run_id"], s.metric) in fixes:
+            continue
+        text = f"{s.describe()} at {short(s.row.get('git_commit'))}"
+        if s.fixed_by:
+            text += f", fixed at {short(s.fixed_by.get('git_commit'))}"
+        reason = accepted.get((s.row["run_id"], s.metric)) if s.delta > 0 else None
+        if reason:
+            text += f", accepted: {reason}"
+        items.append((s.row.get("started_at") or "", text))
+    by_run: dict[str, list[model.GateRegression]] = {}
+    for g in gate:
+        if g.row["run_id"] not in told:
+            by_run.setdefault(g.row["run_id"], []).append(g)
+    for found in by_run.values():
+        g = found[0]
+        views = ", ".join(
+            (f"{model.SHORT_LABELS.get(x.metric, x.metric)} " if x.metric != metric else "")
+            + x.describe()
+            for x in sorted(found, key=lambda x: x.metric != metric)
+        )
+        if g.fixed_by is not None:
+            end = f"fixed at {short(g.fixed_by.get('git_commit'))}"
+        elif g.accepted_by is not None:
+            end = f"accepted at {short(g.accepted_by.get('git_commit'))}"
+        else:
+            end = "not fixed or accepted"
+        text = f"{views} at {short(g.row.get('git_commit'))} (the gate's regression), {end}"
+        items.append((g.row.get("started_at") or "", text))
+    items.sort(key=lambda item: item[0], reverse=True)
+    return " · ".join(text for _, text in items)
 
 
 def _noise(verdicts: list[dict[str, Any]]) -> str:
@@ -75,7 +109,13 @@ def _row(ctx: Context, case: dict[str, Any], branch: str) -> tuple[model.CaseSta
         if margin is None
         else (f"{format_size(-margin)} over" if margin < 0 else f"{format_size(margin)} left"),
         "trend": [v / 2**20 for v in trend if v is not None],
-        "last change": _changes(moved) or f"none in {_runs(len(rows))}",
+        "last change": _changes(
+            moved,
+            model.gate_regressions(rows, case["window_verdicts"], ctx.base_branch),
+            model.accepted_reasons(case["window_verdicts"]),
+            status.metric,
+        )
+        or f"none in {_runs(len(rows))}",
         "noise": _noise(case["budget_verdicts"]),
         "open": still_open[0] if still_open else None,
         "latest run": when(latest["started_at"]),
@@ -148,7 +188,10 @@ PR_COLUMNS = (
     Column(
         "verdict",
         width=110,
+        wrap=True,
         style=lambda v: status_cell_style("failed") if v.startswith("BLOCKS") else "",
+        help="What the gate recorded: blocks, or passes (with its warnings, and what a "
+        "reviewed trailer accepted, with its reason)",
     ),
     Column("branch"),
     Column("what blocks", width=300, wrap=True),
@@ -297,8 +340,12 @@ def _verdict_of(run: dict[str, Any], labels: dict[str, str]) -> tuple[str, str]:
         warned = [
             v for v in vs if v.get("kind") in ("time_regression", "environment_changed", "quality")
         ]
+        accepted = [v for v in vs if v.get("kind") == "accepted"]
+        reasons = "; ".join(dict.fromkeys(v.get("accepted_reason") or "" for v in accepted))
         return (
-            "passes" + (f", {len(warned)} warning{'s' * (len(warned) != 1)}" if warned else "")
+            "passes"
+            + (f", {len(warned)} warning{'s' * (len(warned) != 1)}" if warned else "")
+            + (f", {len(accepted)} accepted: {reasons}" if accepted else "")
         ), ""
     v = blocking[0]
     name = f"{labels.get(v['case_id'], v['case_id'])} {v.get('metric')}"

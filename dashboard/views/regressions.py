@@ -1,5 +1,6 @@
 """Regressions: every step of every series on the base branch, newest first, with what the
-gate said about it and whether a later step fixed it."""
+gate said about it and whether a later step fixed it; and every regression the gate found
+there that no step tells (a merge reverted after one run), with the run that fixed it."""
 
 from __future__ import annotations
 
@@ -70,8 +71,9 @@ def _rows(ctx: Context) -> list[dict[str, Any]]:
             for s in c["steps"][metric]:
                 grouped.setdefault((s.row["run_id"], s.delta > 0), []).append(s)
         mine = [_step_row(group, c, labels[c["case_id"]], repo) for group in grouped.values()]
-        # What the gate found on the base branch and is still open, where no step of the
-        # window tells it (a change within the views' headroom, or older than the window).
+        mine += _gate_rows(c, mine, labels[c["case_id"]], repo, ctx.base_branch)
+        # What the gate found on the base branch and is still open, where no row of the
+        # window tells it (older than the window).
         told = {(r["commit"], r["view"]) for r in mine}
         mine += [
             row
@@ -82,6 +84,63 @@ def _rows(ctx: Context) -> list[dict[str, Any]]:
         out += mine
     out.sort(key=lambda r: r["time"], reverse=True)
     return out
+
+
+def _gate_rows(
+    c: dict[str, Any], steps: list[dict[str, Any]], label: str, repo: str | None, base: str
+) -> list[dict[str, Any]]:
+    """The regressions the gate found on the base branch in the window, with what ended
+    them, where no step tells them (a merge reverted after one run is one odd run to the
+    step finder): a view of a step up at the same commit is one more view that moved with
+    it; the others are rows of their own, one per commit."""
+    ups = {r["commit"]: r for r in steps if r["up"]}
+    out: dict[str, dict[str, Any]] = {}
+    for g in model.gate_regressions(c["rows"], c["verdicts"], base):
+        view = model.SHORT_LABELS.get(g.metric, g.metric)
+        commit = short(g.row.get("git_commit"))
+        row = ups.get(commit) or out.get(commit)
+        if row is not None:
+            moved = [x for x in row["also moved"].split(", ") if x]
+            if view != row["view"] and view not in moved:
+                row["also moved"] = ", ".join([*moved, view])
+            continue
+        out[commit] = _regression_row(g, c["case_id"], label, repo)
+    return list(out.values())
+
+
+def _regression_row(
+    g: model.GateRegression, case_id: str, label: str, repo: str | None
+) -> dict[str, Any]:
+    """A regression the gate found, as a row: fixed by the run back within its threshold,
+    or accepted, or not yet."""
+    v, sha = g.verdict, g.row.get("git_commit") or ""
+    base, now = v.get("baseline_value"), v.get("candidate_value")
+    if g.fixed_by is not None:
+        fixed = short(g.fixed_by.get("git_commit"))
+    elif g.accepted_by is not None:
+        fixed = f"accepted at {short(g.accepted_by.get('git_commit'))}"
+    else:
+        fixed = "not yet"
+    return {
+        "time": g.row["started_at"],
+        "when": (g.row["started_at"] or "")[:16].replace("T", " "),
+        "case": label,
+        "case id": case_id,
+        "view": model.SHORT_LABELS.get(g.metric, g.metric),
+        "change": g.describe(),
+        "level": f"{format_size(int(base))} → {format_size(int(now))}"
+        if base is not None and now is not None
+        else "",
+        "also moved": "",
+        "commit": short(sha),
+        "subject": g.row.get("git_subject") or "",
+        "component": v.get("component") or "",
+        "verdict": "regression",
+        "fixed by": fixed,
+        "on forge": f"{repo}/commit/{sha}" if repo and _SHA.match(sha) else None,
+        "compare": None,
+        "up": True,
+    }
 
 
 def _step_row(
@@ -107,7 +166,7 @@ def _step_row(
         "verdict": said,
         "fixed by": short(s.fixed_by.get("git_commit"))
         if s.fixed_by
-        else ("" if s.delta < 0 else "not yet"),
+        else ("" if s.delta < 0 else "accepted" if said.startswith("accepted") else "not yet"),
         "on forge": f"{repo}/commit/{sha}" if linkable else None,
         "compare": f"{repo}/compare/{prev}...{sha}" if linkable and _SHA.match(prev) else None,
         "up": s.delta > 0,
@@ -163,13 +222,9 @@ def render(ctx: Context) -> None:
             f"case on {esc(ctx.base_branch)}."
         )
         return
-    still = [
-        r
-        for r in rows
-        if r["up"] and r["fixed by"] == "not yet" and not r["verdict"].startswith("accepted")
-    ]
+    still = [r for r in rows if r["up"] and r["fixed by"] == "not yet"]
     st.markdown(
-        f"{len(rows)} step(s) on {esc(ctx.base_branch)} in the newest {POINTS} runs "
+        f"{len(rows)} change(s) on {esc(ctx.base_branch)} in the newest {POINTS} runs "
         f"of each case; **{len(still)} up and not fixed or accepted**"
         + (
             "".join(
@@ -223,5 +278,7 @@ def render(ctx: Context) -> None:
     st.caption(
         "A step is a shift of a series' level past its headroom on the base branch, "
         "found as `memtrack check --history` finds it; the verdict is what the gate "
-        "recorded about that run. Select a row to open the case's history."
+        "recorded about that run. A regression the gate found that no step tells (a "
+        "merge reverted after one run) has a row of its own, with the run that fixed it. "
+        "Select a row to open the case's history."
     )

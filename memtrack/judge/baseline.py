@@ -289,6 +289,17 @@ class BaselineFinder:
                     return cases
         return None
 
+    def in_history(self, commit: str | None, started_at: str) -> bool:
+        """Whether a base-branch commit (its run started at `started_at`) is in the
+        candidate's history: an ancestor of its merge-base, else (by time) no newer than
+        it, as a baseline run must be."""
+        row = {
+            "git_commit": commit,
+            "git_committed_at": reads.commit_time(self.store, commit) if commit else None,
+            "started_at": started_at,
+        }
+        return self._eligible(row)
+
     def seen_anywhere(self, case_id: str) -> bool:
         return reads.measured_elsewhere(self.store, case_id, self.run.run_id)
 
@@ -354,6 +365,9 @@ class OpenRegression:
     component_delta: float | None = None
     fixed_here: bool = False
     """The run being checked is back within the threshold (a fix, on a pull request)."""
+    predates: bool = False
+    """The run being checked is of a branch cut before the regression merged: its commit
+    is not in the candidate's history, so being back within it fixes nothing."""
 
     def describe(self) -> str:
         """'allocated +4.55 MiB (+12.00%) since 1a2b3c4d5e6f (subject)'."""

@@ -11,6 +11,7 @@ shows as one. Nothing here prints; `memtrack.report.check` shows what this retur
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,11 +59,12 @@ class Estimate:
     """A budget of the case, where one applies (shown for an estimate run)."""
     budget_metric: str | None = None
     candidate_commit: str | None = None
-    """The commit checked, where the estimate is of another one (the newest estimate)."""
+    """The commit checked, where the estimate is of another one: its merge-base's."""
 
     def describe(self) -> str:
         """'estimate 4.90 MiB (measured 4.90 MiB, +0.0%)'; 'estimate of commit 1a2b3c4d5e6f
-        4.90 MiB ...' where it was made for another commit than the one checked."""
+        4.90 MiB ...' where it was made for another commit than the one checked (its
+        merge-base)."""
         text = f"estimate {format_size(self.estimate_bytes)}"
         if self.candidate_commit is not None and self.commit != self.candidate_commit:
             text = (
@@ -439,7 +441,7 @@ def check(
     notes += accept_notes + accept.unknown_targets(acceptances, known)
     setting = _Setting(config, run, base, context, finder, changes, acceptances)
     verdicts = _judge_cases(store, setting, points, renamed, notes)
-    opened, open_notes = _still_open(store, run, base, context, verdicts, acceptances)
+    opened, open_notes = _still_open(store, finder, base, context, verdicts, acceptances)
     notes += open_notes
     verdicts.extend(quality.verdicts(run.measurements, context))
     verdicts += _gone(run, base, context, missing, renamed, notes)
@@ -454,7 +456,7 @@ def check(
         checked_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         context=context,
         acceptances=tuple(acceptances),
-        estimates=_estimates(store, run),
+        estimates=_estimates(store, run, finder.merge_base),
         open_regressions=tuple(opened),
     )
 
@@ -596,9 +598,15 @@ def _gone(
     return [_removed_verdict(case, base, context) for case in gone]
 
 
-def _estimates(store: Store, run: RunRecord) -> tuple[Estimate, ...]:
-    """The estimates of the run's ok cases: its commit's, else the newest."""
-    found = store.latest_estimates([m.case_id for m in run.measurements], run.git.commit)
+def _estimates(store: Store, run: RunRecord, merge_base: str | None) -> tuple[Estimate, ...]:
+    """The estimates of the run's ok cases: of its commit, else of its merge-base (what
+    the change branched from); never another branch's."""
+    cases = [m.case_id for m in run.measurements]
+    found: dict[str, dict[str, Any]] = {}
+    for commit in dict.fromkeys(c for c in (run.git.commit, merge_base) if c):
+        for case, made in store.latest_estimates(cases, commit).items():
+            if made["git_commit"] == commit:  # else it is the newest one: of any commit
+                found.setdefault(case, made)
     return tuple(
         Estimate(
             m.case_id,
@@ -615,14 +623,16 @@ def _estimates(store: Store, run: RunRecord) -> tuple[Estimate, ...]:
 
 def _still_open(
     store: Store,
-    run: RunRecord,
+    finder: BaselineFinder,
     base: str,
     context: str,
     verdicts: list[Verdict],
     acceptances: list[accept.Acceptance],
 ) -> tuple[list[OpenRegression], list[str]]:
     """The base branch's open regressions on this run's cases, as this run leaves them
-    (see `still_open`)."""
+    (see `still_open`); each said to predate the branch where its commit is not in the
+    candidate's history."""
+    run = finder.run
     found = open_regressions(
         store,
         base,
@@ -630,7 +640,11 @@ def _still_open(
         fingerprint=run.environment.fingerprint,
         until=run.started_at,
     )
-    return still_open(found, run, base, context, verdicts, acceptances)
+
+    def in_history(o: OpenRegression) -> bool:
+        return finder.in_history(o.commit, o.started_at)
+
+    return still_open(found, run, base, context, verdicts, acceptances, in_history)
 
 
 def still_open(
@@ -640,13 +654,16 @@ def still_open(
     context: str,
     verdicts: list[Verdict],
     acceptances: list[accept.Acceptance],
+    in_history: Callable[[OpenRegression], bool] | None = None,
 ) -> tuple[list[OpenRegression], list[str]]:
     """Of the base branch's regressions open on this run's cases (`found`), those this run
     leaves open, and notes. A run of the base branch back within a threshold fixes that
     regression (said in a note); an acceptance of this change that allows the regression's
     growth accepts it: the case's verdict on that metric (in `verdicts`, replaced there)
     becomes `accepted`, which closes it for later checks. Everything else stays open, in
-    this check's report as in every later one."""
+    this check's report as in every later one. `in_history` says whether a regression's
+    commit is in the candidate's history: a branch cut before it merged predates it, and
+    being within its threshold fixes nothing there."""
     by_case = {m.case_id: m for m in run.measurements}
     index = {(v.case_id, v.metric): i for i, v in enumerate(verdicts)}
     still, notes = [], []
@@ -667,6 +684,7 @@ def still_open(
                 kind="accepted",
                 blocking=False,
                 accepted_reason=a.reason,
+                accepted_commit=a.commit,
                 message=f"{v.message}; accepted: the regression on {base} {o.describe()} is "
                 f"within the {a.amount()} accepted in commit {a.commit[:12]}: "
                 f"{a.reason}",
@@ -678,6 +696,9 @@ def still_open(
                 f"{o.case_id}: {o.metric} is back within the threshold of the "
                 f"regression {o.describe()}: fixed by this run"
             )
+            continue
+        if in_history is not None and not in_history(o):
+            still.append(replace(o, predates=True))
             continue
         still.append(replace(o, fixed_here=fixed))
     return still, notes

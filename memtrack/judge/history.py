@@ -20,11 +20,12 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from memtrack.config import Config
+from memtrack.judge import accept
 from memtrack.judge.baseline import git_output, iso_epoch
 from memtrack.judge.levels import noise, segment, within_runs
 from memtrack.records import metrics
@@ -52,6 +53,10 @@ class Step:
     delta_pct: float
     headroom: float
     """max(factor x noise, floor): the smallest move reported."""
+    accepted: str | None = None
+    """A step up that a reviewed `Memtrack-Accept` trailer allowed: its reason (the
+    acceptance the base branch's check recorded, else a trailer of the commits the step
+    brought that allows its growth)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,9 @@ class Creep:
     """The part of the growth the slope within levels makes (the rest is steps)."""
     runs: int = 0
     """Runs from the anchor to the latest, the fit's points."""
+    accepted: float = 0.0
+    """The growth of the steps between that were accepted: reviewed, never flagged. The
+    series is flagged only where the rest of its growth is past what is allowed."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +99,8 @@ class HistoryResult:
 
     @property
     def exit_code(self) -> int:
-        """1 when a series crept past the tolerance, else 0 (steps are already merged)."""
+        """1 when a series crept past the tolerance, else 0 (steps are already merged, and
+        an accepted step is never counted)."""
         return 1 if any(c.flagged for c in self.creeps) else 0
 
 
@@ -354,6 +363,7 @@ def analyze_history(
     steps: list[Step] = []
     creeps: list[Creep] = []
     count = 0
+    accepted = _Acceptances(store, root, base, fp)
     for case_id in sorted(series):
         points = series[case_id]
         for metric in metrics.GATED:
@@ -361,7 +371,7 @@ def analyze_history(
             if len(pts) < 2:
                 continue
             count += 1
-            found, creep = analyze_series(case_id, metric, pts, config, anchor_pos)
+            found, creep = analyze_series(case_id, metric, pts, config, anchor_pos, accepted)
             steps.extend(found)
             if creep is not None:
                 creeps.append(creep)
@@ -373,16 +383,52 @@ def analyze_history(
     )
 
 
+class _Acceptances:
+    """Which steps up of the base branch a reviewed trailer allowed: the acceptance the
+    base branch's check recorded on the step's commit, else a `Memtrack-Accept` trailer
+    of the commits the step brought (after the last commit at the old level) that allows
+    its growth, read from git."""
+
+    def __init__(self, store: Store, root: Path, base: str, fingerprint: str):
+        self.store, self.root, self.base, self.fingerprint = store, root, base, fingerprint
+        self.trailers: dict[tuple[str, str], list[accept.Acceptance]] = {}
+
+    def __call__(self, s: Step) -> str | None:
+        """The reason a step up was accepted, or None."""
+        if s.delta <= 0:
+            return None
+        row = reads.accepted_at(
+            self.store,
+            s.case_id,
+            s.metric,
+            commit=s.commit,
+            branch=self.base,
+            fingerprint=self.fingerprint,
+        )
+        if row is not None:
+            return str(row["accepted_reason"] or "accepted")
+        span = (s.previous_commit, s.commit)
+        if span not in self.trailers:
+            self.trailers[span] = accept.read(self.root, *span)[0]
+        workload = s.case_id.partition("[")[0]
+        pct = 100 * s.delta / s.before if s.before else None
+        a = accept.find(self.trailers[span], workload, s.case_id, s.metric, s.delta, pct)
+        return a.reason if a is not None and a.allows(s.delta, pct) else None
+
+
 def analyze_series(
     case_id: str,
     metric: str,
     pts: list[SeriesPoint],
     config: Config,
     anchor_pos: int | None,
+    accepted: Callable[[Step], str | None] | None = None,
 ) -> tuple[list[Step], Creep | None]:
     """One series (two points or more of `metric`, oldest first) judged: its steps, and
     its creep since the point at or before `anchor_pos` (a series younger than the anchor
-    from its first point; None without an anchor, or with nothing after it)."""
+    from its first point; None without an anchor, or with nothing after it). `accepted`
+    says the reason a step up was accepted (a reviewed trailer), or None: an accepted
+    step's growth is never flagged."""
     values = [p.values[metric] for p in pts]
     anchor_i = None
     if anchor_pos is not None:
@@ -417,6 +463,8 @@ def analyze_series(
                 fit.room,
             )
         )
+    if accepted is not None:
+        steps = [replace(st, accepted=accepted(st)) for st in steps]
     if fit.anchor_index is None or fit.anchor_index >= len(pts) - 1:
         return steps, None
     young = not any(p.position <= (anchor_pos or 0) for p in pts)
@@ -438,6 +486,9 @@ def _creep(
     a, latest = pts[at], pts[-1]
     pct = 100 * fit.growth / fit.anchor_value if fit.anchor_value else 0.0
     between = [st for i, st in zip(fit.starts, steps, strict=True) if i > at]
+    taken = [st for st in between if st.accepted]
+    accepted = sum((st.delta for st in taken), 0.0)
+    flagged = fit.flagged and fit.growth - accepted > fit.allowed
     if between:
         biggest = max(between, key=lambda st: abs(st.delta))
         how = (
@@ -446,6 +497,12 @@ def _creep(
         )
     else:
         how = "no single step: slow creep" if fit.flagged else "no step between"
+    if taken:
+        how += (
+            f"; {_signed(accepted)} of it accepted ("
+            + "; ".join(f"{st.commit[:12]}: {st.accepted}" for st in taken)
+            + "), which is never flagged"
+        )
     since = (
         f"its first run {a.commit[:12]} (the series starts after the anchor)"
         if young
@@ -470,11 +527,12 @@ def _creep(
         fit.growth,
         pct,
         fit.allowed,
-        fit.flagged,
+        flagged,
         len(between),
         message,
         fit.trend,
         fit.runs,
+        accepted,
     )
 
 

@@ -369,8 +369,7 @@ def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
     words = _words(
         kind, blocking, c.context, room, base, suggested, factor * floor, config, sharpen
     )
-    if acceptance is not None and kind in ("accepted", "regression"):
-        words += f" ({'within' if kind == 'accepted' else 'beyond'} {acceptance.describe()})"
+    words, would = _acceptance_words(words, c, metric, kind, acceptance, delta, delta_pct)
     if grew is not None:
         words += f"; {grew[0]} grew {fmt_delta(grew[1])}"
     at_level = _at_level(level, level_points, noise.window_runs, provisional)
@@ -396,7 +395,8 @@ def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
         delta_pct=delta_pct,
         baseline_runs=len(level.values),
         suggested_budget=suggested,
-        accepted_reason=acceptance.reason if kind == "accepted" and acceptance else None,
+        **_accepted_fields(kind, acceptance),
+        would_accept=would[1].value() if would else None,
         component=grew[0] if grew else None,
         component_delta=grew[1] if grew else None,
         level_commit=level_points[0].commit if level.steps else None,
@@ -405,6 +405,36 @@ def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
         headroom=parts,
         **common,
     )
+
+
+def _accepted_fields(kind: str, acceptance: accept.Acceptance | None) -> dict[str, Any]:
+    """An accepted verdict's reason and the commit of its trailer."""
+    if kind != "accepted" or acceptance is None:
+        return {"accepted_reason": None, "accepted_commit": None}
+    return {"accepted_reason": acceptance.reason, "accepted_commit": acceptance.commit}
+
+
+def _acceptance_words(
+    words: str,
+    c: Candidate,
+    metric: str,
+    kind: str,
+    acceptance: accept.Acceptance | None,
+    delta: float,
+    delta_pct: float | None,
+) -> tuple[str, tuple[accept.Acceptance, accept.Acceptance] | None]:
+    """The verdict's words with what the change's trailers say of it: within or beyond the
+    one covering it, and, for a regression a trailer names but does not cover, the trailer
+    that would accept it (and that trailer, given and wanted)."""
+    if acceptance is not None and kind in ("accepted", "regression"):
+        words += f" ({'within' if kind == 'accepted' else 'beyond'} {acceptance.describe()})"
+    if kind != "regression":
+        return words, None
+    m = c.m
+    would = accept.would_accept(c.acceptances, m.workload, m.case_id, metric, delta, delta_pct)
+    if would is not None:
+        words += f"; {accept.would_words(would, metric)}"
+    return words, would
 
 
 def _spread(m: Measurement, metric: str, noise: _Noise) -> tuple[int, float, float]:

@@ -123,6 +123,11 @@ class Verdict:
     ('oom (CUDA out of memory. Tried to allocate 64.00 MiB)')."""
     headroom: Headroom | None = None
     """A memory verdict against a baseline: the parts of its headroom."""
+    accepted_commit: str | None = None
+    """For `accepted`: the commit whose `Memtrack-Accept` trailer accepts it."""
+    would_accept: str | None = None
+    """A regression that a trailer of the change names but does not cover (another metric,
+    or less growth): the trailer's value that would accept it ('decoder +3 MiB reason')."""
 
     @property
     def room(self) -> float | None:
@@ -132,7 +137,7 @@ class Verdict:
         return self.threshold - self.baseline_value
 
 
-RESTATED = ("words", "sharpen", "failure", "headroom")
+RESTATED = ("words", "sharpen", "failure", "headroom", "accepted_commit", "would_accept")
 """The fields that restate a verdict's message as data, for the renderers, so that none
 parses the message. The message says them already: the JSON report (report_version 1) and
 the database's verdicts table leave them out."""

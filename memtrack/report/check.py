@@ -54,7 +54,9 @@ TABLE_COLUMNS = (
     "delta",
     "budget",
 )
-"""The terminal table's columns: three of words, then the figures, aligned right."""
+"""The terminal table's columns: three of words, then the figures, aligned right. The
+threshold is said as the Markdown says it: the growth allowed over the baseline, or the
+budget broken (the absolute figure is in the verdict's line of arithmetic)."""
 
 
 def terminal(result: CheckResult) -> list[Any]:
@@ -73,6 +75,8 @@ def terminal(result: CheckResult) -> list[Any]:
         out += _verdict_lines(row)
     for o in result.open_regressions:
         fixed = "; this run is back within it" if o.fixed_here else ""
+        if o.predates:
+            fixed = "; this branch was cut before it merged: not in this change"
         out.append(
             shown(
                 f"OPEN on {result.base_branch} · {o.case_id} · {o.describe()}: not "
@@ -110,7 +114,7 @@ def _table(s: CheckRows) -> list[Any]:
         t.add_column(col, justify="left" if i < 3 else "right")
     for r in s.listed:
         v = r.verdict
-        cells = (r.case, v.metric, r.baseline, r.threshold, r.candidate, r.delta, r.budget)
+        cells = (r.case, v.metric, r.baseline, r.limit, r.candidate, r.delta, r.budget)
         # Text, not str: case ids like 'w[batch=8]' would be read as rich markup.
         t.add_row(shown(r.label, style=r.style), *(shown(c) for c in cells))
     out: list[Any] = [t] if s.listed else []

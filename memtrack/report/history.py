@@ -26,23 +26,22 @@ def history_terminal(h: HistoryResult) -> list[Any]:
     ]
     out += [shown(f"note: {n}", style="yellow") for n in h.notes]
     steps = Table(title="steps: the commits where a series moved", title_justify="left")
+    accepted = any(s.accepted for s in h.steps)  # the column only where one was
     for col in ("case", "metric", "commit", "subject", "before", "after", "delta"):
         steps.add_column(col)
+    if accepted:
+        steps.add_column("accepted")
     for s in h.steps:
-        steps.add_row(
-            *(
-                shown(c)
-                for c in (
-                    s.case_id,
-                    s.metric,
-                    s.commit[:12],
-                    (s.subject or "")[:50],
-                    format_size(int(s.before)),
-                    format_size(int(s.after)),
-                    f"{_signed(s.delta)} ({s.delta_pct:+.2f}%)",
-                )
-            )
-        )
+        cells = [
+            s.case_id,
+            s.metric,
+            s.commit[:12],
+            (s.subject or "")[:50],
+            format_size(int(s.before)),
+            format_size(int(s.after)),
+            f"{_signed(s.delta)} ({s.delta_pct:+.2f}%)",
+        ]
+        steps.add_row(*(shown(c) for c in cells + ([s.accepted or ""] if accepted else [])))
     out.append(steps if h.steps else shown("steps: none found"))
     creep = Table(title=shown(f"creep against {h.anchor_label}"), title_justify="left")
     for col in ("", "case", "metric", "anchor", "latest", "growth", "allowed", "steps"):
@@ -65,26 +64,50 @@ def history_terminal(h: HistoryResult) -> list[Any]:
         )
     out.append(creep if h.creeps else shown("creep: no series reaches back to the anchor"))
     for c in h.creeps:
-        if c.flagged:
-            out.append(shown(f"{_creep_label(c)} · {c.case_id} · {c.message}", style="red"))
+        if c.flagged or c.accepted:
+            style = "red" if c.flagged else "magenta"
+            out.append(shown(f"{_creep_label(c)} · {c.case_id} · {c.message}", style=style))
     out.append(shown(_history_summary(h), style="bold red" if h.exit_code else "bold green"))
     return out
 
 
 def _creep_label(c: Any) -> str:
-    """CREEP: grown with no step to blame; GROWTH: grown, and steps explain it."""
+    """CREEP: grown with no step to blame; GROWTH: grown, and steps explain it; accepted:
+    grown by steps a reviewed trailer allowed, and no more."""
     if not c.flagged:
-        return "ok"
+        return "accepted" if c.accepted else "ok"
     return "GROWTH" if c.steps_between else "CREEP"
 
 
 def _history_summary(h: HistoryResult) -> str:
     flagged = sum(c.flagged for c in h.creeps)
-    return f"{len(h.steps)} step(s), {flagged} series grown past the tolerance since the anchor"
+    accepted = sum(bool(c.accepted) and not c.flagged for c in h.creeps)
+    return f"{len(h.steps)} step(s), {flagged} series grown past the tolerance since the anchor" + (
+        f", {accepted} grown by accepted steps only" if accepted else ""
+    )
 
 
 def _signed(x: float) -> str:
     return ("+" if x >= 0 else "-") + format_size(abs(int(round(x))))
+
+
+def _steps_table(h: HistoryResult, dashboard_url: str | None) -> list[str]:
+    """The steps as a Markdown table; the reason of each accepted one where one was."""
+    accepted = any(s.accepted for s in h.steps)
+    lines = [
+        "| case | metric | commit | subject | before | after | delta |"
+        + (" accepted |" if accepted else ""),
+        "|---|---|---|---|--:|--:|--:|" + ("---|" if accepted else ""),
+    ]
+    for s in h.steps:
+        lines.append(
+            f"| {case_link(s.case_id, dashboard_url)} | "
+            f"{cell(s.metric)} | {markdown_code(s.commit[:12], in_table=True)} | "
+            f"{cell((s.subject or '')[:60])} | {format_size(int(s.before))} | "
+            f"{format_size(int(s.after))} | {_signed(s.delta)} "
+            f"({s.delta_pct:+.2f}%) |" + (f" {cell(s.accepted or '')} |" if accepted else "")
+        )
+    return lines
 
 
 def history_markdown(
@@ -100,28 +123,16 @@ def history_markdown(
     ]
     for n in h.notes:
         lines += [f"> **Note:** {cell(n)}", ""]
-    if flagged:
-        lines += ["", "### Grown since the anchor", ""] + [
-            f"- **{_creep_label(c)}** {case_link(c.case_id, dashboard_url)} {cell(c.metric)}: "
-            f"{cell(c.message)}"
-            for c in flagged
-        ]
+    accepted = [c for c in h.creeps if c.accepted and not c.flagged]
+    for title, creeps in (("Grown since the anchor", flagged), ("Accepted growth", accepted)):
+        if creeps:
+            lines += ["", f"### {title}", ""] + [
+                f"- **{_creep_label(c)}** {case_link(c.case_id, dashboard_url)} "
+                f"{cell(c.metric)}: {cell(c.message)}"
+                for c in creeps
+            ]
     if h.steps:
-        lines += [
-            "",
-            "<details><summary>Steps</summary>",
-            "",
-            "| case | metric | commit | subject | before | after | delta |",
-            "|---|---|---|---|--:|--:|--:|",
-        ]
-        for s in h.steps:
-            lines.append(
-                f"| {case_link(s.case_id, dashboard_url)} | "
-                f"{cell(s.metric)} | {markdown_code(s.commit[:12], in_table=True)} | "
-                f"{cell((s.subject or '')[:60])} | {format_size(int(s.before))} | "
-                f"{format_size(int(s.after))} | {_signed(s.delta)} "
-                f"({s.delta_pct:+.2f}%) |"
-            )
+        lines += ["", "<details><summary>Steps</summary>", "", *_steps_table(h, dashboard_url)]
         lines += ["", "</details>"]
     text = "\n".join(lines) + "\n"
     return (

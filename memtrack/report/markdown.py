@@ -41,6 +41,11 @@ WHAT_FAILED = 40
 _MD_HEAD = (
     "| | case | metric | baseline | candidate | delta | threshold |\n|---|---|---|--:|--:|--:|--:|"
 )
+"""The threshold is shown as the terminal shows it (rows.limit): the growth the headroom
+allows over the baseline ('+512 B', where two sizes that round alike would hide it), or
+the budget broken ('40.00 MiB budget')."""
+ACCEPTED_SHOWN = 3
+"""Acceptances (a trailer's reason and what it accepted) said above the fold."""
 
 
 def cell(text: object) -> str:
@@ -137,7 +142,7 @@ def _outcome(s: CheckRows) -> str:
             [
                 f"{len(found)} regression{'s' * (len(found) != 1)} found here: "
                 + "; ".join(_what(r) for r in found[:2])
-                + (f" and {len(found) - 2} more" if len(found) > 2 else "")
+                + (f"; {len(found) - 2} more" if len(found) > 2 else "")
             ]
             if found
             else ["no new regression"]
@@ -149,10 +154,36 @@ def _outcome(s: CheckRows) -> str:
     named = blocking[0].verdict.case_id if blocking else None
     changed = "".join(f"; {cell(c)}" for c in param_changes(result, but=named))
     if blocking:
-        more = f" and {len(blocking) - 1} more" if len(blocking) > 1 else ""
+        n = len(blocking) - 1
+        # said apart from the first one's words, which may end in what grew
+        more = f"; {n} more verdict{'s' * (n != 1)} block{'s' * (n == 1)}" if n else ""
         return f"❌ memtrack: blocked by {_what(blocking[0])}{more}{changed}"
     tail = f"; {len(warnings)} warning{'s' * (len(warnings) != 1)}" if warnings else ""
     return f"✅ memtrack: nothing blocks{tail}{changed}"
+
+
+def _accepted(s: CheckRows) -> list[str]:
+    """What the change's trailers accepted, each trailer once: its reason, its commit, and
+    the cases and metrics it let through (a few; the rest are counted)."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in s.accepted:
+        v = r.verdict
+        groups.setdefault((v.accepted_reason or "", v.accepted_commit or ""), []).append(r)
+    lines = []
+    for (reason, commit), rows in list(groups.items())[:ACCEPTED_SHOWN]:
+        by_case: dict[str, list[str]] = {}
+        for r in rows:
+            by_case.setdefault(r.case, []).append(f"{cell(r.verdict.metric)} {r.short_delta}")
+        what = " · ".join(
+            f"{markdown_code(case)} {', '.join(items)}" for case, items in list(by_case.items())[:4]
+        )
+        more = len(by_case) - 4
+        what += f" and {more} more case{'s' * (more != 1)}" if more > 0 else ""
+        where = f" (commit {markdown_code(commit[:12])})" if commit else ""
+        lines.append(f"- {EMOJI['accepted']} **accepted**{where}: {cell(reason)} — {what}")
+    if len(groups) > ACCEPTED_SHOWN:
+        lines.append(f"- and {len(groups) - ACCEPTED_SHOWN} more acceptances in the arithmetic")
+    return [*lines, ""] if lines else []
 
 
 def _noisy_line(r: Row) -> str:
@@ -199,10 +230,10 @@ def _table(s: CheckRows, dashboard_url: str | None) -> list[str]:
         body.append(f"| | _{len(listed) - TABLE_ROWS} more in the arithmetic below_ | | | | | |")
     # The first column is an emoji, which keeps the table within a comment's width
     # (760 px unwrapped for the shipped suite); this line says what each one is.
-    kinds: dict[str, Row] = {}
+    shown: dict[str, Row] = {}
     for r in listed[:TABLE_ROWS]:
-        kinds.setdefault(r.verdict.kind, r)
-    legend = (f"{r.emoji} {r.word}: {s.says(k)}" for k, r in kinds.items())
+        shown.setdefault(r.emoji, r)
+    legend = (f"{mark} {r.word}: {s.says(r)}" for mark, r in shown.items())
     return [*body, "", " · ".join(legend), ""]
 
 
@@ -216,6 +247,8 @@ def _open(s: CheckRows) -> list[str]:
         )
         for o in result.open_regressions[:3]:
             fixed = " — this change is back within it" if o.fixed_here else ""
+            if o.predates:
+                fixed = " — this branch was cut before it merged: not in this change"
             body.append(
                 f"- {markdown_code(s.labels.get(o.case_id, o.case_id))} {cell(o.describe())}{fixed}"
             )
@@ -285,7 +318,7 @@ def markdown(
             f"{EMOJI.get(k, '')} {n} {WORD.get(k, k)}" for k, n in counts(r.verdict for r in quiet)
         )
         body += [f"Not listed: {kinds}.", ""]
-    body += _open(s) + _folds(s)
+    body += _accepted(s) + _open(s) + _folds(s)
     text = "\n".join(head + body).rstrip() + "\n"
     if len(text.encode()) > limit:  # keep the outcome and the table, cut the folded rest
         kept = "\n".join(head + table[: table.index("") + 1] if table else head)

@@ -90,6 +90,22 @@ WORD = {
     "ok": "ok",
 }
 """Each kind in a word or two, beside its emoji."""
+WARN_EMOJI = {
+    "regression": "🔸",
+    "failed": "🔁",
+    "leak": "💧",
+    "quality": "❔",
+}
+"""The mark of a listed verdict of a pull request that only warns although its kind can
+block (a provisional regression, a failure or a leak the baseline had too, a quality
+check without a reference yet): each mark in the table means one thing, blocking or not."""
+WARN_WORD = {
+    "regression": "provisional regression",
+    "failed": "known failure",
+    "leak": "known leak",
+    "quality": "no reference yet",
+}
+"""Those verdicts in a word or two, beside their mark."""
 QUIET = ("ok", "improvement", "new", "accepted", "noisy", "abstained")
 """Kinds that are neither blocking nor a warning: counted, not listed. `noisy` is a property
 of the case (its headroom too wide to judge a small growth), said once."""
@@ -221,6 +237,7 @@ class Row:
     baseline: str
     """The figures as shown, seconds for time and else bytes; '-' where there is none."""
     threshold: str
+    """The absolute threshold (baseline + headroom), as the arithmetic says it."""
     candidate: str
     delta: str
     """'+2.00 MiB (+17.14%)'."""
@@ -229,7 +246,8 @@ class Row:
     short_delta: str
     """The delta with one decimal of its %, for the Markdown table."""
     limit: str
-    """What the candidate had to stay under: the budget it broke, else the headroom."""
+    """The threshold as both tables show it: the budget broken ('40.00 MiB budget'), else
+    the growth the headroom allows over the baseline ('+512 B')."""
     outcome: str
     """The candidate's figure, or a failed case's reason (cut for the Markdown table)."""
 
@@ -260,12 +278,25 @@ class CheckRows:
         """Noisy figures: a property of the case, said once, apart from the verdicts."""
         return [r for r in self.quiet if r.verdict.kind == "noisy"]
 
-    def says(self, kind: str) -> str:
-        """What a listed kind does: 'blocks', 'warns', or on the base branch 'reported'."""
+    def says(self, row: Row) -> str:
+        """What a listed row does: 'blocks', 'warns', or on the base branch 'reported'.
+        Rows of one mark all do the same (see marks)."""
         if self.result.context == "base":
             return "reported"
-        blocks = any(r.verdict.blocking for r in self.listed if r.verdict.kind == kind)
-        return "blocks" if blocks else "warns"
+        return "blocks" if row.verdict.blocking else "warns"
+
+    @property
+    def accepted(self) -> list[Row]:
+        """The accepted verdicts: counted with the rest, and said with their reason."""
+        return [r for r in self.rows if r.verdict.kind == "accepted"]
+
+
+def marks(v: Verdict, context: str) -> tuple[str, str]:
+    """A verdict's mark and word in the Markdown table: its kind's, or, for a pull
+    request's verdict that only warns where its kind can block, a mark of its own."""
+    if context != "base" and not v.blocking and v.kind in WARN_EMOJI:
+        return WARN_EMOJI[v.kind], WARN_WORD[v.kind]
+    return EMOJI.get(v.kind, v.kind), WORD.get(v.kind, v.kind)
 
 
 def check_rows(result: CheckResult) -> CheckRows:
@@ -283,6 +314,7 @@ def check_rows(result: CheckResult) -> CheckRows:
         was_reported = reported(v)
         candidate = value(v, v.candidate_value)
         failed = v.candidate_value is None and v.kind == "failed"
+        mark, word = marks(v, result.context)
         rows.append(
             Row(
                 verdict=v,
@@ -294,8 +326,8 @@ def check_rows(result: CheckResult) -> CheckRows:
                 reported=was_reported,
                 hint=hint,
                 style=STYLE.get(v.kind, ""),
-                emoji=EMOJI.get(v.kind, v.kind),
-                word=WORD.get(v.kind, v.kind),
+                emoji=mark,
+                word=word,
                 baseline=value(v, v.baseline_value),
                 threshold=value(v, v.threshold),
                 candidate=candidate,
@@ -436,7 +468,9 @@ def quality_rows(result: CheckResult) -> list[tuple[Verdict, tuple[str, ...]]]:
             )
             peaks: tuple[str, ...] = (format_size(own), format_size(full), saved_text)
         else:
-            peaks = ("-", "-", "-" if changed else "(full precision)")
+            # at its reference's own precision, whatever that is: a case without a dtype
+            # param may hold bf16 tensors (its notes say which the worker found)
+            peaks = ("-", "-", "-" if changed else "(its own reference)")
         against = "itself" if ref == v.case_id else labels.get(ref, ref)
         rows.append((v, (labels[v.case_id], against, *peaks, v.quality or "-")))
     return rows

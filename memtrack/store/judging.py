@@ -226,6 +226,24 @@ def accepted_after(
 # -- the history ---------------------------------------------------------------------------
 
 
+def accepted_at(
+    store: Store, case_id: str, metric: str, *, commit: str, branch: str, fingerprint: str
+) -> sqlite3.Row | None:
+    """The `accepted` verdict a check of `branch` recorded for the case and metric on a run
+    of `commit` on `fingerprint` (a base run whose growth a reviewed trailer allowed):
+    accepted_reason, message; None where there is none (or no verdicts table)."""
+    if not has_verdicts(store):
+        return None
+    row: sqlite3.Row | None = store.conn.execute(
+        "select v.accepted_reason, v.message from runs r cross join verdicts v "
+        "on v.run_id = r.run_id where r.git_commit = ? and r.git_branch = ? "
+        "and r.fingerprint = ? and v.case_id = ? and v.metric = ? "
+        "and v.context = 'base' and v.kind = 'accepted' limit 1",
+        [commit, branch, fingerprint, case_id, metric],
+    ).fetchone()
+    return row
+
+
 def newest_fingerprint(store: Store, branch: str) -> str | None:
     """The environment of the newest run of `branch` that measured something."""
     row = store.conn.execute(
@@ -264,6 +282,7 @@ def series_rows(store: Store, branch: str, fingerprint: str, limit: int) -> list
 __all__ = [
     "Row",
     "accepted_after",
+    "accepted_at",
     "back_within",
     "base_regressions",
     "base_runs",

@@ -125,6 +125,7 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     case = _set_up(spec, result, host)
     ctx, step, loading = case.ctx, case.step, case.loading
     persistent = case.probe.mark(case.objects)
+    result.notes.extend(_dtype_note(spec.params, case.objects))
     result.update(phase="warmup", persistent_bytes=persistent, **loading.fields())
     result.notes.extend(loading.notes)
     distributed.barrier(case.rank)
@@ -215,6 +216,42 @@ def _set_up(spec: Spec, result: ResultFile, host: Any) -> _Case:
     if ctx.marked_objects is None:
         result.notes.append("no ctx.mark(): the persistent set is what setup left")
     return _Case(wl, ctx, step, probe, objects, rank, loading)
+
+
+def tensor_dtype(objects: tuple[Any, ...]) -> str | None:
+    """The floating dtype that holds most of the persistent set's bytes ('bfloat16'): the
+    parameters and buffers of its modules, and its tensors; None where it holds none (an
+    optimizer's state is made by the first step, after this is read)."""
+    import torch
+
+    held: dict[str, int] = {}
+    seen: set[int] = set()
+    tensors: list[Any] = []
+    for obj in objects:
+        if isinstance(obj, torch.nn.Module):
+            tensors += [*obj.parameters(), *obj.buffers()]
+        elif isinstance(obj, torch.Tensor):
+            tensors.append(obj)
+    for t in tensors:
+        if t.is_floating_point() and id(t) not in seen:
+            seen.add(id(t))
+            name = str(t.dtype).removeprefix("torch.")
+            held[name] = held.get(name, 0) + t.numel() * t.element_size()
+    return max(held, key=held.__getitem__) if held else None
+
+
+def _dtype_note(params: dict[str, Any], objects: tuple[Any, ...]) -> list[str]:
+    """What the case's tensors really are, where its record would say otherwise (it takes
+    the `dtype` param, float32 without one): said in the case's notes, which its record
+    keeps. (The record's own `dtype` field is the parent's to set, from this.)"""
+    found = tensor_dtype(objects)
+    named = params.get("dtype")
+    if named is None and found != "float32":
+        really = found or "not known (ctx.mark() named no module or tensor)"
+        return [f"dtype: the case has no dtype param; its tensors are {really}"]
+    if named is not None and found is not None and found != str(named):
+        return [f"dtype: the case's dtype param is {named}; its tensors are {found}"]
+    return []
 
 
 def _after_memory_pass(
