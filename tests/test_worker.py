@@ -216,6 +216,7 @@ def test_the_dtype_a_case_really_used_is_recorded_where_its_params_do_not_say_it
     names another dtype says both."""
     (tmp_path / "wl.py").write_text(PRECISIONS)
     (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 2\n')
+    committed(tmp_path)
     res = subprocess.run(
         [sys.executable, "-m", "memtrack.cli", "run", "--no-db", "--json", "run.json"],
         cwd=tmp_path,
@@ -236,3 +237,9 @@ def test_the_dtype_a_case_really_used_is_recorded_where_its_params_do_not_say_it
         ],
         "named": ["dtype: the case's dtype param is float16; its tensors are bfloat16"],
     }
+    # the record's dtype: the param where the case names one, else what the tensors held
+    dtypes = {
+        m["workload"]: m["dtype"]
+        for m in json.loads((tmp_path / "run.json").read_text())["measurements"]
+    }
+    assert dtypes == {"half": "bfloat16", "full": "float32", "unmarked": None, "named": "float16"}

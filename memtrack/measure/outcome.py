@@ -40,7 +40,9 @@ def to_measurement(
         params=case.params,
         seed=case.seed,
         device=spec.device,
-        dtype=str(case.params.get("dtype", "float32")),
+        # the case's dtype param where it names one (its notes say where the tensors
+        # differ), else what the tensors really held, or None where nothing said
+        dtype=str(case.params["dtype"]) if "dtype" in case.params else r.tensor_dtype,
         warmup=spec.warmup,
         repeats=spec.repeats,
         status=status,

@@ -126,7 +126,12 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     ctx, step, loading = case.ctx, case.step, case.loading
     persistent = case.probe.mark(case.objects)
     result.notes.extend(_dtype_note(spec.params, case.objects))
-    result.update(phase="warmup", persistent_bytes=persistent, **loading.fields())
+    result.update(
+        phase="warmup",
+        persistent_bytes=persistent,
+        tensor_dtype=tensor_dtype(case.objects),
+        **loading.fields(),
+    )
     result.notes.extend(loading.notes)
     distributed.barrier(case.rank)
 

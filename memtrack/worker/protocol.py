@@ -161,6 +161,9 @@ class Result:
     snapshot_kind: str | None = None
     snapshot_events: int | None = None
     snapshot_modules: int | None = None
+    tensor_dtype: str | None = None
+    """The floating dtype that holds most of the persistent set's bytes ('bfloat16'); None
+    where nothing was marked: the record's dtype where the case names none."""
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
