@@ -36,46 +36,8 @@ def chromium() -> Path:
 @pytest.fixture
 def server(chromium: Path, tmp_path: Path) -> Iterator[str]:
     seeded = seed_store(tmp_path)
-    port = free_port()
-    env = {
-        **os.environ,
-        "STREAMLIT_SERVER_HEADLESS": "true",
-        "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false",
-        "STREAMLIT_SERVER_ADDRESS": "127.0.0.1",
-        "STREAMLIT_SERVER_PORT": str(port),
-        "STREAMLIT_CLIENT_TOOLBAR_MODE": "minimal",
-    }
-    log = tmp_path / "streamlit.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "streamlit",
-                "run",
-                str(APP),
-                "--",
-                "--db",
-                str(seeded["db"]),
-                "--config",
-                str(seeded["config"]),
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, log)
+    with _serving(seeded["db"], seeded["config"], tmp_path) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def _settled(page, charts: int = 0, panels: int = 0) -> None:
