@@ -44,26 +44,35 @@ def steady(m: Measurement) -> tuple[int, ...]:
 
 def verdict(m: Measurement, points: list[Point], context: str) -> Verdict | None:
     """A leak verdict where the candidate leaks; None where it does not. It blocks a pull
-    request unless the newest baseline run leaked as much or more (a known leak)."""
+    request that brought it: one whose baseline's newest run did not leak as much. Without a
+    baseline run that recorded what it retained (a new case, the first run on a new
+    environment, a record from before) nothing tells a leak the change made from memory the
+    runtime keeps in the first calls (a bounded cache filling): reported, not blocking."""
     per = rate(m.retained_samples)
     if per is None:
         return None
-    newest = next((p for p in points if p.status == "ok" and p.retained), None)
-    before = rate(newest.retained) if newest is not None else None
+    measured = [p for p in points if p.status == "ok" and p.retained]
+    before = rate(measured[0].retained) if measured else None
     known = before is not None and before >= per
     shown = ", ".join(f"{b:,} B" for b in m.retained_samples)
-    why = (
-        f"the newest baseline run leaked {before:,} B per iteration too: a known leak, "
-        "not caused here"
-        if known and before is not None
-        else "memory that grows with every call is a leak, never noise"
-    )
+    if known and before is not None:
+        why = (
+            f"the newest baseline run leaked {before:,} B per iteration too: a known leak, "
+            "not caused here"
+        )
+    elif not measured:
+        why = (
+            "no baseline run says what the case retained before, so it is reported: memory "
+            "that grows with every call is a leak, unless the runtime's caches fill"
+        )
+    else:
+        why = "memory that grows with every call is a leak, never noise"
     return Verdict(
         case_id=m.case_id,
         workload=m.workload,
         metric="retained",
         kind="leak",
-        blocking=not known and context != "base",
+        blocking=bool(measured) and not known and context != "base",
         baseline_value=float(before or 0),
         candidate_value=float(per),
         delta=float(per - (before or 0)),

@@ -24,7 +24,8 @@ KINDS = (
 noisy metric still blocks on its budget, as an `over_budget` verdict). `quality` (an output
 beyond its tolerance, or a refused reference) blocks; without a reference it warns.
 `removed` (a case of the newest baseline run that this run does not hold) warns. `leak`
-(every measured iteration left memory behind) blocks unless the baseline leaked as much.
+(every measured iteration left memory behind) blocks where a baseline run recorded what it
+retained and did not leak as much; without one it is reported.
 `abstained`: time not judged, the machine oversubscribed while the case was timed."""
 
 
