@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrack.errors import ConfigError
-from memtrack.files import NotReadable, read_text
+from memtrack.files import read_named
 from memtrack.records import metrics
 from memtrack.units import parse_duration, parse_fraction, parse_size
 
@@ -277,16 +277,11 @@ def read_toml(path: Path) -> dict[str, Any]:
     """A TOML file someone named, parsed; every failure one ConfigError naming the file.
     It must be a regular file (not /dev/zero, a FIFO or a terminal) of bounded size."""
     label = str(path)
+    data = read_named(path, MAX_CONFIG_BYTES, ConfigError)
     try:
-        return tomllib.loads(read_text(path, MAX_CONFIG_BYTES))
-    except FileNotFoundError:
-        raise ConfigError(f"{label}: no such file") from None
-    except NotReadable as exc:
-        raise ConfigError(f"{label}: {exc}") from None
+        return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{label}: not UTF-8 text (byte {exc.start}), as TOML must be") from None
-    except OSError as exc:
-        raise ConfigError(f"{label}: cannot read ({exc.strerror or exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{label}: not valid TOML ({exc})") from None
     except RecursionError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from memtrack.units import format_size
@@ -44,6 +45,18 @@ def read_bytes(path: Path, limit: int) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def read_named(path: Path, limit: int, error: Callable[[str], Exception]) -> bytes:
+    """As `read_bytes`, every failure one `error` that names the file and says why."""
+    try:
+        return read_bytes(path, limit)
+    except FileNotFoundError:
+        raise error(f"{path}: no such file") from None
+    except NotReadable as exc:
+        raise error(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot be read ({exc.strerror or exc})") from None
 
 
 def read_text(path: Path, limit: int) -> str:

@@ -57,7 +57,7 @@ from factories import (  # noqa: E402
 )
 
 from memtrack.config import Config, load_config  # noqa: E402
-from memtrack.judge.baseline import COMPONENTS, Point  # noqa: E402
+from memtrack.judge.baseline import Point  # noqa: E402
 from memtrack.judge.check import check  # noqa: E402
 from memtrack.judge.history import judge_series  # noqa: E402
 from memtrack.judge.levels import within_runs  # noqa: E402
@@ -163,7 +163,7 @@ def _point(run, m: Measurement, i: int, fingerprint: str = "env") -> Point:
     values = {name: v for name in metrics.NAMES if (v := metrics.value(m, name)) is not None}
     parts = {
         name: getattr(m, col)
-        for name, col in COMPONENTS.items()
+        for name, col in metrics.COMPONENTS.items()
         if getattr(m, col, None) is not None
     }
     # Each draw is a run of its own: a run id and a time of its own, in history order.

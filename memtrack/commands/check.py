@@ -4,8 +4,9 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
 
@@ -17,10 +18,13 @@ from memtrack.commands.options import (
     resolve,
     rich_console,
 )
-from memtrack.config import MAX_COUNT, is_branch, is_revision
+from memtrack.config import MAX_COUNT, Config, is_branch, is_revision
 from memtrack.errors import ConfigError, StoreError
 from memtrack.files import output_problem
 from memtrack.workload.registry import missing_modules
+
+if TYPE_CHECKING:
+    from memtrack.store.database import Store
 
 
 def _anchor(value: str | None) -> str | int | None:
@@ -97,24 +101,23 @@ def _write(path: Path, text: str, *, append: bool = False) -> None:
 )
 @patterns_option("With --history:")
 def check(
-    config_path,
-    db_path,
-    run_id,
-    commit,
-    base_branch,
-    markdown_path,
-    json_path,
-    no_record,
-    history,
-    anchor,
-    patterns,
+    config_path: Path | None,
+    db_path: Path | None,
+    run_id: str | None,
+    commit: str | None,
+    base_branch: str | None,
+    markdown_path: Path | None,
+    json_path: Path | None,
+    no_record: bool,
+    history: bool,
+    anchor: str | None,
+    patterns: tuple[str, ...],
 ) -> None:
     """Compare a run with its baseline and budgets; exit 1 when something blocks.
 
     Exit status: 0 nothing blocks, 1 something blocks, 2 a usage, config or data error.
     With GITHUB_STEP_SUMMARY set, a compact Markdown summary is appended there.
     """
-    from memtrack.report import check as report
     from memtrack.store.database import Store
 
     config, db = resolve(config_path, db_path)
@@ -130,52 +133,82 @@ def check(
     _output("--json", json_path)
     if not db.is_file():
         raise StoreError(f"{db}: no such database (record a run with `memtrack run`)")
-    console = rich_console()
     with Store.open(db, readonly=history or no_record, create=False) as store:
         if history:
-            from memtrack.judge.history import analyze_history
-
-            h = analyze_history(
-                store,
-                config,
-                base_branch=base_branch,
-                patterns=tuple(patterns),
-                anchor=history_anchor,
-            )
-            renderables, code = report.history_terminal(h), h.exit_code
-
-            def md() -> str:
-                return report.history_markdown(h, dashboard_url=config.dashboard_url)
-
-            def data() -> Any:
-                return dataclasses.asdict(h)
-
+            shown = _history(store, config, base_branch, patterns, history_anchor)
         else:
-            from memtrack.judge.check import check as run_check
+            shown = _judged(store, config, run_id, commit, base_branch, record=not no_record)
+    _show(shown, markdown_path, json_path)
 
-            result = run_check(store, config, run_id=run_id, commit=commit, base_branch=base_branch)
-            if not no_record:
-                store.save_verdicts(result)
-            renderables, code = report.terminal(result), result.exit_code
 
-            def md() -> str:
-                return report.markdown(result, dashboard_url=config.dashboard_url)
+class _Shown(NamedTuple):
+    """What a check or a history shows: the terminal's renderables, the exit status, and
+    the Markdown and JSON reports, made only where they are written."""
 
-            def data() -> Any:
-                return report.to_json(result)
+    renderables: list[Any]
+    code: int
+    markdown: Callable[[], str]
+    data: Callable[[], Any]
 
+
+def _history(
+    store: Store,
+    config: Config,
+    base_branch: str | None,
+    patterns: tuple[str, ...],
+    anchor: str | int | None,
+) -> _Shown:
+    from memtrack.judge.history import analyze_history
+    from memtrack.report import check as report
+
+    h = analyze_history(
+        store, config, base_branch=base_branch, patterns=tuple(patterns), anchor=anchor
+    )
+    return _Shown(
+        report.history_terminal(h),
+        h.exit_code,
+        lambda: report.history_markdown(h, dashboard_url=config.dashboard_url),
+        lambda: dataclasses.asdict(h),
+    )
+
+
+def _judged(
+    store: Store,
+    config: Config,
+    run_id: str | None,
+    commit: str | None,
+    base_branch: str | None,
+    *,
+    record: bool,
+) -> _Shown:
+    from memtrack.judge.check import check as run_check
+    from memtrack.report import check as report
+
+    result = run_check(store, config, run_id=run_id, commit=commit, base_branch=base_branch)
+    if record:
+        store.save_verdicts(result)
+    return _Shown(
+        report.terminal(result),
+        result.exit_code,
+        lambda: report.markdown(result, dashboard_url=config.dashboard_url),
+        lambda: report.to_json(result),
+    )
+
+
+def _show(shown: _Shown, markdown_path: Path | None, json_path: Path | None) -> None:
+    """Print the terminal lines, write the reports asked for, exit with the verdict."""
     from rich.text import Text
 
-    for r in renderables:
+    console = rich_console()
+    for r in shown.renderables:
         # One verdict, one line: unwrapped lines stay whole in CI logs and for grep.
         console.print(r, soft_wrap=isinstance(r, Text))
-    # the Markdown and JSON reports, made only where they are written
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    text = md() if markdown_path or summary else ""
+    text = shown.markdown() if markdown_path or summary else ""
     if markdown_path:
         _write(markdown_path, text)
     if summary:
         _write(Path(summary), text + "\n", append=True)
     if json_path:
-        _write(json_path, json.dumps(data(), indent=2, default=str) + "\n")
-    sys.exit(code)
+        _write(json_path, json.dumps(shown.data(), indent=2, default=str) + "\n")
+    sys.exit(shown.code)

@@ -5,27 +5,15 @@ from pathlib import Path
 
 import click
 
-from memtrack.commands.options import (
-    check_json_folder,
-    config_option,
-    db_option,
-    fail_on,
-    json_path_option,
-    no_db_option,
-    patterns_option,
-    plain_output,
-    progress_echo,
-    resolve,
-    rich_console,
-)
+from memtrack.commands import options
 from memtrack.store.database import Store
 from memtrack.workload.registry import discover, no_match, select_cases
 
 
 @click.command()
-@config_option
-@db_option
-@patterns_option("Estimate")
+@options.config_option
+@options.db_option
+@options.patterns_option("Estimate")
 @click.option(
     "--device",
     help="Target device: cpu or cuda (default: the config's device; "
@@ -36,8 +24,8 @@ from memtrack.workload.registry import discover, no_match, select_cases
     help="Estimate at this precision instead of each case's dtype param "
     "(float32, bf16, fp16, ...): the case id says so.",
 )
-@json_path_option("the estimate run as a JSON record")
-@no_db_option
+@options.json_path_option("the estimate run as a JSON record")
+@options.no_db_option
 def estimate(
     config_path: Path | None,
     db_path: Path | None,
@@ -59,7 +47,7 @@ def estimate(
     from memtrack.report.run import estimate_view
     from memtrack.store.save import record_run
 
-    config, db = resolve(config_path, db_path, writes=not no_db)
+    config, db = options.resolve(config_path, db_path, writes=not no_db)
     check_device(device)
     check_dtype(dtype)
     workloads = discover(config)
@@ -67,8 +55,8 @@ def estimate(
     if not cases:
         raise no_match(workloads, patterns)
     if json_path:
-        check_json_folder(json_path)
-    progress = progress_echo("estimating", plain_output())
+        options.check_json_folder(json_path)
+    progress = options.progress_echo("estimating", options.plain_output())
     with Store.open(db) if not no_db else nullcontext() as store:
         done = record_run(
             lambda: estimate_cases(config, cases, device=device, dtype=dtype, progress=progress),
@@ -76,8 +64,8 @@ def estimate(
             json_path,
         )
     for r in estimate_view(done.record):
-        rich_console().print(r, soft_wrap=isinstance(r, Text))
+        options.rich_console().print(r, soft_wrap=isinstance(r, Text))
     commit = (done.record.git.commit or "no commit")[:12]
     where = ", ".join(done.saved) or "nothing"
     click.echo(f"estimate run {done.record.run_id} of {commit} recorded in {where}")
-    fail_on(done.failures)
+    options.fail_on(done.failures)

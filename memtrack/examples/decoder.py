@@ -67,18 +67,11 @@ class Decoder(nn.Module):
         return tokens
 
 
-@memtrack.workload(
-    params={
-        "sessions": [1, 4],
-        "max_len": 256,
-        "new_tokens": 16,
-        "d_model": 128,
-        "heads": 4,
-        "layers": 2,
-        "vocab": 1024,
-        "dtype": "float32",
-    }
-)
+MODEL = {"d_model": 128, "heads": 4, "layers": 2, "vocab": 1024, "dtype": "float32"}
+"""One model, served two ways: a batch of requests, and concurrent sessions."""
+
+
+@memtrack.workload(params={"sessions": [1, 4], "max_len": 256, "new_tokens": 16, **MODEL})
 def decoder_generate(ctx: memtrack.Context):
     """Greedy generation that fills the KV cache to the longest supported request."""
     p = ctx.params
@@ -95,18 +88,7 @@ def decoder_generate(ctx: memtrack.Context):
     return step
 
 
-@memtrack.workload(
-    params={
-        "concurrency": 4,
-        "max_len": 256,
-        "new_tokens": 8,
-        "d_model": 128,
-        "heads": 4,
-        "layers": 2,
-        "vocab": 1024,
-        "dtype": "float32",
-    }
-)
+@memtrack.workload(params={"concurrency": 4, "max_len": 256, "new_tokens": 8, **MODEL})
 def decoder_serve(ctx: memtrack.Context):
     """`concurrency` requests at their longest supported input served at once: each session
     generates for one request with its own KV cache, the weights shared. memtrack runs the

@@ -84,18 +84,10 @@ def generate(
     return tokens
 
 
-@memtrack.workload(
-    params={
-        "sessions": [1, 4],
-        "max_len": 256,
-        "new_tokens": 16,
-        "d_model": 128,
-        "heads": 4,
-        "layers": 2,
-        "vocab": 2048,
-        "dtype": "float32",
-    }
-)
+MODEL = {"d_model": 128, "heads": 4, "layers": 2, "vocab": 2048, "dtype": "float32"}
+
+
+@memtrack.workload(params={"sessions": [1, 4], "max_len": 256, "new_tokens": 16, **MODEL})
 def gpt_generate(ctx: memtrack.Context):
     """Greedy generation, the cache built by the model's forward: at the peak (prefill's
     logits) it holds 2 x layers x sessions x prompt x d_model values."""

@@ -21,9 +21,10 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from memtrack.errors import ConfigError
-from memtrack.judge.baseline import git_output
+from memtrack.machine.provenance import git_output
 from memtrack.records import metrics
 from memtrack.units import format_size, parse_size
 
@@ -139,16 +140,20 @@ def unknown_targets(acceptances: Iterable[Acceptance], known: set[str]) -> list[
     return notes
 
 
-def find(
-    acceptances: Iterable[Acceptance],
-    workload: str,
-    case_id: str,
-    metric: str,
-    delta: float,
-    delta_pct: float | None,
-) -> Acceptance | None:
+class Growth(NamedTuple):
+    """A case's metric that grew: what a trailer must name and allow."""
+
+    workload: str
+    case_id: str
+    metric: str
+    delta: float
+    delta_pct: float | None
+
+
+def find(acceptances: Iterable[Acceptance], g: Growth) -> Acceptance | None:
     """The acceptance that allows this growth of a case's metric; else one that covers the
     metric without allowing this much (to say so); else None."""
+    workload, case_id, metric, delta, delta_pct = g
     covering = [a for a in acceptances if a.covers(workload, case_id, metric)]
     allowing = [a for a in covering if a.allows(delta, delta_pct)]
     found = allowing or covering
@@ -172,16 +177,12 @@ def _enough(delta: float) -> int:
 
 
 def would_accept(
-    acceptances: Iterable[Acceptance],
-    workload: str,
-    case_id: str,
-    metric: str,
-    delta: float,
-    delta_pct: float | None,
+    acceptances: Iterable[Acceptance], g: Growth
 ) -> tuple[Acceptance, Acceptance] | None:
     """A growth that blocks although a trailer of the change names its case: that trailer,
     and the one that would accept the growth (its own, without its metric where it names
     another, with the amount it needs). None where no trailer names the case."""
+    workload, case_id, metric, delta, delta_pct = g
     for a in acceptances:
         if not a.names(workload, case_id) or (
             a.covers(workload, case_id, metric) and a.allows(delta, delta_pct)
@@ -213,6 +214,7 @@ def would_words(found: tuple[Acceptance, Acceptance], metric: str) -> str:
 
 __all__ = [
     "TRAILER",
+    "Growth",
     "Acceptance",
     "find",
     "parse",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrack.judge.load import Load, own_demand
+from memtrack.machine.provenance import git_output
 from memtrack.records import COMMIT_PATTERN, RunRecord, metrics
 from memtrack.store import judging as reads
 from memtrack.store.database import Store
@@ -27,23 +27,6 @@ _ANCESTRY_FIRST = 512
 
 
 # -- git -----------------------------------------------------------------------------------
-
-
-def git_output(root: Path, *args: str, revs: tuple[str, ...] = ()) -> str | None:
-    """git's output, or None when git fails (no repository, unknown object).
-
-    `args` are the subcommand and its options, written in the code; revisions, which come
-    from records, configs and the command line, go in `revs`: after `--end-of-options`, so
-    a value such as '--output=FILE' is never read as an option.
-    """
-    cmd = ["git", "-C", str(root), *args]
-    if revs:
-        cmd += ["--end-of-options", *revs]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def iso_epoch(iso: str | None) -> float | None:
@@ -90,18 +73,6 @@ class _Ancestry:
 # -- baseline ------------------------------------------------------------------------------
 
 
-COMPONENTS = {
-    "weights": "weights_bytes",
-    "caches": "caches_bytes",
-    "gradients": "gradients_bytes",
-    "optimizer state": "optimizer_state_bytes",
-    "intermediates": "intermediates_bytes",
-    "unattributed": "unattributed_bytes",
-    "workspace": "workspace_bytes",
-}
-"""The breakdown's parts and their columns: what grew, when a metric grew."""
-
-
 @dataclass(frozen=True)
 class Point:
     """One baseline run's measurement of a case."""
@@ -128,7 +99,7 @@ class Point:
     """How busy the machine was while the run was timed."""
 
 
-_FIGURES = (*metrics.COLUMNS.values(), *COMPONENTS.values())
+_FIGURES = (*metrics.COLUMNS.values(), *metrics.COMPONENTS.values())
 """The measurement columns a baseline point reads besides its timing and samples."""
 
 
@@ -322,7 +293,7 @@ def _point(row: Row) -> Point:
         row["status"],
         figures(metrics.COLUMNS),
         wall,
-        figures(COMPONENTS),
+        figures(metrics.COMPONENTS),
         tuple(int(x) for x in numbers("allocated_samples")),
         row["fingerprint"],
         tuple(int(x) for x in numbers("retained_samples")),

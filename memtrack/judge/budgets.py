@@ -9,8 +9,8 @@ from pathlib import Path
 
 from memtrack.config import Budget, Config, config_from_text
 from memtrack.errors import ConfigError
-from memtrack.judge.baseline import git_output
 from memtrack.judge.verdict import Verdict
+from memtrack.machine.provenance import git_output
 from memtrack.records import Environment, Measurement, metrics, peak_rank
 from memtrack.units import format_size
 

@@ -670,7 +670,9 @@ def still_open(
     for o in found:
         m = by_case[o.case_id]
         value = metrics.value(m, o.metric) if m.status == "ok" else None
-        a = accept.find(acceptances, m.workload, o.case_id, o.metric, o.delta or 0.0, o.delta_pct)
+        a = accept.find(
+            acceptances, accept.Growth(m.workload, o.case_id, o.metric, o.delta or 0.0, o.delta_pct)
+        )
         i = index.get((o.case_id, o.metric))
         if (
             a is not None

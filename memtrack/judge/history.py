@@ -26,8 +26,9 @@ from pathlib import Path
 
 from memtrack.config import Config
 from memtrack.judge import accept
-from memtrack.judge.baseline import git_output, iso_epoch
+from memtrack.judge.baseline import iso_epoch
 from memtrack.judge.levels import noise, segment, within_runs
+from memtrack.machine.provenance import git_output
 from memtrack.records import metrics
 from memtrack.store import judging as reads
 from memtrack.store.database import Store
@@ -412,7 +413,9 @@ class _Acceptances:
             self.trailers[span] = accept.read(self.root, *span)[0]
         workload = s.case_id.partition("[")[0]
         pct = 100 * s.delta / s.before if s.before else None
-        a = accept.find(self.trailers[span], workload, s.case_id, s.metric, s.delta, pct)
+        a = accept.find(
+            self.trailers[span], accept.Growth(workload, s.case_id, s.metric, s.delta, pct)
+        )
         return a.reason if a is not None and a.allows(s.delta, pct) else None
 
 

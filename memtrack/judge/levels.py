@@ -336,15 +336,10 @@ class Level:
 
 
 def current_level(
-    values: Sequence[float],
-    factor: float,
-    floor: float,
-    *,
-    also: Sequence[float] | None = None,
-    within: float = 0.0,
-    lows: Sequence[float] | None = None,
+    values: Sequence[float], factor: float, floor: float, seg: Segmentation | None = None
 ) -> Level:
-    """Split a window at its steps; the current level is the newest segment.
+    """Split a window at its steps (`seg`, where the caller segmented it with a companion
+    series; else `segment` of the values alone); the current level is the newest segment.
 
     A newest segment of a single run is a level of its own only where it is beyond the
     headroom of the levels before it, that is, where it can be told apart from noise (for
@@ -353,7 +348,7 @@ def current_level(
     values = list(values)
     if not values:
         raise ValueError("an empty series has no level")
-    seg = segment(values, factor, floor, also=also, within=within, lows=lows)
+    seg = seg or segment(values, factor, floor)
     starts = [0, *seg.starts]
     segments = [values[a:b] for a, b in zip(starts, [*starts[1:], len(values)], strict=True)]
     if len(segments) > 1 and len(segments[-1]) == 1:

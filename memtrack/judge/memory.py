@@ -25,14 +25,14 @@ from typing import Any
 
 from memtrack.config import Budget, Config
 from memtrack.judge import accept, leak
-from memtrack.judge.baseline import COMPONENTS, Point
+from memtrack.judge.baseline import Point
 from memtrack.judge.budgets import (
     BudgetChange,
     budget_part,
     default_budget_metric,
     device_memory,
 )
-from memtrack.judge.levels import Level, current_level, pooled_spread, within_runs
+from memtrack.judge.levels import Level, current_level, pooled_spread, segment, within_runs
 from memtrack.judge.verdict import Headroom, Verdict
 from memtrack.records import Measurement, metrics
 from memtrack.units import format_size
@@ -197,7 +197,7 @@ def what_grew(m: Measurement, level: Sequence[Point], metric: str) -> tuple[str,
     if not metrics.METRICS[metric].breakdown:
         return None  # the breakdown is of tensor and device memory, not of the host
     grown = []
-    for name, column in COMPONENTS.items():
+    for name, column in metrics.COMPONENTS.items():
         if name == "workspace" and metric not in ("reserved", "device"):
             continue
         now = getattr(m, column, None)
@@ -263,10 +263,11 @@ def _level(window: Sequence[Point], values: list[float], metric: str, factor: fl
     """The window (oldest first) split at its steps, the allocated view with its
     iterations (see levels.segment)."""
     allocated = metric == "allocated"
-    return current_level(
+    floor = metrics.floor(metric, statistics.median(values))
+    seg = segment(
         values,
         factor,
-        metrics.floor(metric, statistics.median(values)),
+        floor,
         also=iteration_series(window, values) if allocated else None,
         within=within_run(window) if allocated else 0.0,
         lows=[
@@ -275,6 +276,7 @@ def _level(window: Sequence[Point], values: list[float], metric: str, factor: fl
         if allocated
         else None,
     )
+    return current_level(values, factor, floor, seg)
 
 
 @dataclass(frozen=True)
@@ -356,15 +358,15 @@ def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
     parts = Headroom(noise.s_iter, widen, noise.runs, noise.known_runs, bound)
     delta, delta_pct = value - base, pct(value - base, base)
     grew = what_grew(m, level_points, metric) if delta > 0 else None
-    acceptance = accept.find(c.acceptances, m.workload, m.case_id, metric, delta, delta_pct)
+    growth = accept.Growth(m.workload, m.case_id, metric, delta, delta_pct)
+    acceptance = accept.find(c.acceptances, growth)
     # Too wide to judge: the observed noise, not the granularity floor, has pushed the
     # headroom past `noisy_above` of the baseline.
     too_wide = bound is None and room > floor and room > config.noisy_above * base
     kind, blocking, suggested = _decide(
         value, base, room, over, too_wide, provisional, acceptance, budget, factor * floor
     )
-    if c.context == "base":
-        blocking = False  # the base branch is reported and recorded, never blocked
+    blocking = blocking and c.context != "base"  # the base branch is never blocked
     sharpen = _sharpen(m, metric, noise.window_runs, config) if kind == "noisy" else None
     words = _words(
         kind, blocking, c.context, room, base, suggested, factor * floor, config, sharpen
@@ -431,7 +433,9 @@ def _acceptance_words(
     if kind != "regression":
         return words, None
     m = c.m
-    would = accept.would_accept(c.acceptances, m.workload, m.case_id, metric, delta, delta_pct)
+    would = accept.would_accept(
+        c.acceptances, accept.Growth(m.workload, m.case_id, metric, delta, delta_pct)
+    )
     if would is not None:
         words += f"; {accept.would_words(would, metric)}"
     return words, would

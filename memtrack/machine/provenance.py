@@ -117,6 +117,23 @@ def ci_info(env: Mapping[str, str] | None = None) -> CIInfo:
     )
 
 
+def git_output(root: Path, *args: str, revs: tuple[str, ...] = ()) -> str | None:
+    """git's output, or None when git fails (no repository, unknown object).
+
+    `args` are the subcommand and its options, written in the code; revisions, which come
+    from records, configs and the command line, go in `revs`: after `--end-of-options`, so
+    a value such as '--output=FILE' is never read as an option.
+    """
+    cmd = ["git", "-C", str(root), *args]
+    if revs:
+        cmd += ["--end-of-options", *revs]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
 def git_ignore_rule(root: Path, path: Path) -> str | None:
     """The rule by which git ignores `path` in the work tree at `root` ('.gitignore:3:data/'),
     or None: not ignored, already tracked, outside a work tree, or no git."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from memtrack.config import Config
 from memtrack.errors import ConfigError, WorkloadError
+from memtrack.machine.provenance import git_output
 from memtrack.measure.case import run_case
 from memtrack.measure.ranks import snapshot_paths
 from memtrack.measure.suite import probe_environment, resolve_device
@@ -89,19 +89,8 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def _work_tree(root: Path) -> Path | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--show-toplevel"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return (
-        Path(out.stdout.strip()).resolve() if out.returncode == 0 and out.stdout.strip() else None
-    )
+    top = git_output(root, "rev-parse", "--show-toplevel")
+    return Path(top).resolve() if top else None
 
 
 def check_out(out: Path, config: Config, db: Path) -> Path:

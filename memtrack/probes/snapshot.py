@@ -152,11 +152,7 @@ def _module_table_tracker(device: torch.device) -> Any:
 
 
 def _modules(
-    step: Callable[[], Any],
-    device: torch.device,
-    objects: tuple[Any, ...],
-    path: Path,
-    case_id: str,
+    step: Callable[[], Any], device: torch.device, objects: tuple[Any, ...], path: Path, case: str
 ) -> dict[str, Any]:
     """MemTracker's peak per module and category over one step, as JSON."""
     tracker = _module_table_tracker(device)
@@ -174,7 +170,7 @@ def _modules(
                 del row[field]
     data = {
         "format": FORMAT,
-        "case": case_id,
+        "case": case,
         "device": str(device),
         "tracker": "torch.distributed._tools.mem_tracker.MemTracker",
         "about": (

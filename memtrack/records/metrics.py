@@ -242,6 +242,17 @@ SHORT = {m.name: m.short for m in _METRICS}
 CHARTED = tuple(m.name for m in _METRICS if m.charted)
 COMPARED = tuple(m.name for m in _METRICS if m.compared)
 STEP = tuple(m.name for m in _METRICS if m.step)
+COMPONENTS = {
+    "weights": "weights_bytes",
+    "intermediates": "intermediates_bytes",
+    "caches": "caches_bytes",
+    "gradients": "gradients_bytes",
+    "optimizer state": "optimizer_state_bytes",
+    "unattributed": "unattributed_bytes",
+    "workspace": "workspace_bytes",
+}
+"""The breakdown's parts and their columns, in the order a run's detail shows them: what
+grew, when a metric grew."""
 DEFAULT_BUDGET = ("device", "reserved", "allocated")
 """What a budget without a metric holds: the first of these a case measured."""
 

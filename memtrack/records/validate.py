@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrack.errors import RecordError
-from memtrack.files import NotReadable, read_bytes
+from memtrack.files import read_named
 from memtrack.records.codec import Dialect, decode, hints, required, short
 from memtrack.records.model import (
     KINDS,
@@ -337,14 +337,7 @@ def _no_constant(name: str) -> Any:
 
 def read_json(path: Path) -> RunRecord:
     """A record from a JSON file, every value checked. Raises RecordError (one line)."""
-    try:
-        text = read_bytes(path, MAX_RECORD_FILE_BYTES)
-    except FileNotFoundError:
-        raise RecordError(f"{path}: no such file") from None
-    except NotReadable as exc:
-        raise RecordError(f"{path}: {exc}") from None
-    except OSError as exc:
-        raise RecordError(f"{path}: cannot be read ({exc.strerror})") from None
+    text = read_named(path, MAX_RECORD_FILE_BYTES, RecordError)
     try:
         data = json.loads(text, parse_constant=_no_constant)
     except RecursionError:

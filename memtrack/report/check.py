@@ -13,6 +13,7 @@ from typing import Any
 
 from memtrack.judge.check import CheckResult
 from memtrack.judge.verdict import RESTATED
+from memtrack.report import rows
 from memtrack.report.history import history_markdown, history_terminal
 from memtrack.report.markdown import (
     MARKDOWN_LIMIT,
@@ -22,25 +23,7 @@ from memtrack.report.markdown import (
     markdown,
     run_link,
 )
-from memtrack.report.rows import (
-    QUALITY_COLUMNS,
-    SNAPSHOT_METRICS,
-    STYLE,
-    CheckRows,
-    Row,
-    baseline_line,
-    check_rows,
-    counts,
-    label,
-    ordered,
-    param_changes,
-    quality_rows,
-    quality_title,
-    shown,
-    snapshot_hint,
-    summary_line,
-    where,
-)
+from memtrack.report.rows import label, quality_title, shown, summary_line, where
 from memtrack.units import format_size
 
 REPORT_VERSION = 1
@@ -62,10 +45,10 @@ budget broken (the absolute figure is in the verdict's line of arithmetic)."""
 def terminal(result: CheckResult) -> list[Any]:
     """Rich renderables: header, a table of what blocks or warns (the other verdicts
     counted), one arithmetic line per verdict, the outcome."""
-    s = check_rows(result)
+    s = rows.check_rows(result)
     out: list[Any] = [
         shown(f"memtrack check · {where(result)} against {result.base_branch}", style="bold"),
-        shown(baseline_line(result)),
+        shown(rows.baseline_line(result)),
     ]
     out += [shown(f"note: {note}", style="yellow") for note in result.notes]
     out += [shown(change.describe(), style="magenta") for change in result.budget_changes]
@@ -105,7 +88,7 @@ def terminal(result: CheckResult) -> list[Any]:
     return out
 
 
-def _table(s: CheckRows) -> list[Any]:
+def _table(s: rows.CheckRows) -> list[Any]:
     """The table of what blocks or warns, and the other verdicts counted."""
     from rich.table import Table
 
@@ -120,34 +103,34 @@ def _table(s: CheckRows) -> list[Any]:
     out: list[Any] = [t] if s.listed else []
     quiet = s.quiet
     if quiet:
-        kinds = ", ".join(f"{n} {kind}" for kind, n in counts(r.verdict for r in quiet))
+        kinds = ", ".join(f"{n} {kind}" for kind, n in rows.counts(r.verdict for r in quiet))
         what = "not in the table" if s.listed else "nothing blocks or warns"
         out.append(shown(f"{kinds}: {what}; each has its line below", style="dim"))
     return out
 
 
-def _verdict_lines(r: Row) -> list[Any]:
+def _verdict_lines(r: rows.Row) -> list[Any]:
     """A verdict's line of arithmetic, its further lines, and the snapshot hint."""
     v = r.verdict
     out = [shown(f"{r.label} · {v.case_id} · {v.message}", style="" if v.kind == "ok" else r.style)]
     out += [shown(f"    {line}", style="dim") for line in v.details]
     if r.hint:
-        out.append(shown(f"    {snapshot_hint(v.case_id)}"))
+        out.append(shown(f"    {rows.snapshot_hint(v.case_id)}"))
     return out
 
 
-def _quality_table(s: CheckRows) -> Any:
+def _quality_table(s: rows.CheckRows) -> Any:
     from rich.table import Table
 
     title = quality_title(s.result)
     q = Table(title=title.lower()[:1] + title[1:], title_justify="left")
-    for col in QUALITY_COLUMNS:
+    for col in rows.QUALITY_COLUMNS:
         q.add_column(
             col,
             justify="right" if col in ("framework peak", "full precision", "saved") else "left",
         )
     for v, row in s.quality:
-        q.add_row(shown(label(v), style=STYLE.get(v.kind, "")), *(shown(c) for c in row))
+        q.add_row(shown(label(v), style=rows.STYLE.get(v.kind, "")), *(shown(c) for c in row))
     return q
 
 
@@ -157,7 +140,7 @@ def to_json(result: CheckResult) -> dict[str, Any]:
     data = dataclasses.asdict(result)
     data["verdicts"] = [
         {k: x for k, x in dataclasses.asdict(r.verdict).items() if k not in RESTATED}
-        for r in check_rows(result).rows
+        for r in rows.check_rows(result).rows
     ]
     data["exit_code"] = result.exit_code
     data["blocking"] = len(result.blocking)
@@ -169,22 +152,16 @@ def to_json(result: CheckResult) -> dict[str, Any]:
 __all__ = [
     "MARKDOWN_LIMIT",
     "REPORT_VERSION",
-    "SNAPSHOT_METRICS",
     "TABLE_ROWS",
-    "baseline_line",
     "compare_link",
     "history_link",
     "history_markdown",
     "history_terminal",
     "label",
     "markdown",
-    "ordered",
-    "param_changes",
-    "quality_rows",
     "quality_title",
     "run_link",
     "shown",
-    "snapshot_hint",
     "summary_line",
     "terminal",
     "to_json",

@@ -19,19 +19,14 @@ def _t(text: object) -> str:
     return escape(terminal_text(text))
 
 
+VIEWS = ("framework peak", "reserved", "device", "host peak")
+"""Each view's peak, as the run and history tables head them."""
+
+
 def run_table(run: RunRecord) -> Table:
     """One line per case: status and each view's peak."""
     t = Table(title=_t(f"run {run.run_id[:12]} · {_where(run)}"), title_justify="left")
-    for col in (
-        "case",
-        "status",
-        "framework peak",
-        "reserved",
-        "device",
-        "host peak",
-        "weights",
-        "median time",
-    ):
+    for col in ("case", "status", *VIEWS, "weights", "median time"):
         t.add_column(col, justify="left" if col in ("case", "status") else "right")
     loads = any(m.load_duration_s is not None for m in run.measurements)
     if loads:  # only where a workload marks its loading step
@@ -67,29 +62,15 @@ def estimate_table(run: RunRecord) -> Table:
         ),
         title_justify="left",
     )
-    for col in (
-        "case",
-        "status",
-        "estimated peak",
-        "weights",
-        "caches",
-        "gradients",
-        "optimizer state",
-        "intermediates",
-    ):
-        t.add_column(col, justify="left" if col in ("case", "status") else "right")
+    parts = ("weights", "caches", "gradients", "optimizer state", "intermediates")
+    t.add_column("case")
+    t.add_column("status")
+    for col in ("estimated peak", *parts):
+        t.add_column(col, justify="right")
     labels = short_case_labels(m.case_id for m in run.measurements)
     for m in run.measurements:
-        t.add_row(
-            _t(labels[m.case_id]),
-            _status(m),
-            format_size(m.peak_allocated_bytes),
-            format_size(m.weights_bytes),
-            format_size(m.caches_bytes),
-            format_size(m.gradients_bytes),
-            format_size(m.optimizer_state_bytes),
-            format_size(m.intermediates_bytes),
-        )
+        sizes = (m.peak_allocated_bytes, *(getattr(m, metrics.COMPONENTS[p]) for p in parts))
+        t.add_row(_t(labels[m.case_id]), _status(m), *map(format_size, sizes))
     return t
 
 
@@ -136,19 +117,7 @@ def loading_line(m: Measurement) -> str:
 
 def history_table(case: str, rows: list[dict[str, Any]]) -> Table:
     t = Table(title=f"history of {_t(case)} (newest first)", title_justify="left")
-    for col in (
-        "time",
-        "run",
-        "commit",
-        "branch",
-        "case",
-        "status",
-        "framework peak",
-        "reserved",
-        "device",
-        "host peak",
-        "median time",
-    ):
+    for col in ("time", "run", "commit", "branch", "case", "status", *VIEWS, "median time"):
         t.add_column(col)
     labels = short_case_labels(r["case_id"] for r in rows)
     for r in rows:
@@ -255,18 +224,11 @@ def _case_detail(m: Measurement, estimate: dict[str, Any] | None) -> Table:
         if m.device.startswith("cuda")
         else "host RSS beyond tensors (interpreter, libraries)"
     )
-    for label, value in (
-        ("weights", m.weights_bytes),
-        ("intermediates", m.intermediates_bytes),
-        ("caches", m.caches_bytes),
-        ("gradients", m.gradients_bytes),
-        ("optimizer state", m.optimizer_state_bytes),
-        ("unattributed", m.unattributed_bytes),
-        (gap, m.workspace_bytes),
-    ):
-        if label == "unattributed" and not value:
+    for name, column in metrics.COMPONENTS.items():
+        value = getattr(m, column)
+        if name == "unattributed" and not value:
             continue  # only where the allocator held more than the tracker saw
-        t.add_row(label, format_size(value))
+        t.add_row(gap if name == "workspace" else name, format_size(value))
     if m.kind != "estimate":
         t.add_row("host peak", _t(host_line(m)))
         if m.load_duration_s is not None:

@@ -22,20 +22,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from memtrack import records
 from memtrack.errors import RecordError, StoreError
-from memtrack.records import (
-    CIInfo,
-    DeviceMeasurement,
-    Environment,
-    GitInfo,
-    GpuInfo,
-    Measurement,
-    RankMeasurement,
-    RunRecord,
-    metrics,
-    run_from_dict,
-    to_dict,
-)
+from memtrack.records import Measurement, RunRecord, metrics, run_from_dict, to_dict
 from memtrack.records.validate import check_run
 from memtrack.store import migrations
 from memtrack.store.rows import RUN_OWN, Batch, Prepared
@@ -286,16 +275,16 @@ def _expected_schema() -> dict[str, dict[str, str | None]]:
     own: dict[str, str | None] = {c: "text" for c in RUN_OWN}
     own["schema_version"] = "integer"
     return {
-        "environments": {"env_id": "text", **of(Environment)},
-        "runs": {**own, **of(GitInfo, "git_"), **of(CIInfo, "ci_")},
+        "environments": {"env_id": "text", **of(records.Environment)},
+        "runs": {**own, **of(records.GitInfo, "git_"), **of(records.CIInfo, "ci_")},
         "measurements": {
             "id": "integer",
             "run_id": "text",
             **{x.column: "integer" for x in metrics.DERIVED},
             **of(Measurement, without=("devices", "ranks")),
         },
-        "device_measurements": {"measurement_id": "integer", **of(DeviceMeasurement)},
-        "rank_measurements": {"measurement_id": "integer", **of(RankMeasurement)},
+        "device_measurements": {"measurement_id": "integer", **of(records.DeviceMeasurement)},
+        "rank_measurements": {"measurement_id": "integer", **of(records.RankMeasurement)},
         "verdicts": dict.fromkeys(VERDICT_COLUMNS),
     }
 
@@ -801,7 +790,7 @@ class Store:
         env = self.get_environment(row["env_id"])
         if env is None:  # a foreign key of the run: only a damaged database lacks it
             raise KeyError(f"environment {row['env_id']!r} of the run is missing")
-        git = _unprefixed(GitInfo, row, "git_", _GIT_JSON)
+        git = _unprefixed(records.GitInfo, row, "git_", _GIT_JSON)
         git = dataclasses.replace(
             git, dirty=None if git.dirty is None else bool(git.dirty), shallow=bool(git.shallow)
         )
@@ -811,7 +800,7 @@ class Store:
             started_at=row["started_at"],
             finished_at=row["finished_at"],
             git=git,
-            ci=_unprefixed(CIInfo, row, "ci_", set()),
+            ci=_unprefixed(records.CIInfo, row, "ci_", set()),
             environment=env,
             suite_hash=row["suite_hash"],
             config_path=row["config_path"],
@@ -820,15 +809,15 @@ class Store:
             schema_version=row["schema_version"],
         )
 
-    def get_environment(self, env_id: str | None) -> Environment | None:
+    def get_environment(self, env_id: str | None) -> records.Environment | None:
         row = self.conn.execute("select * from environments where env_id = ?", [env_id]).fetchone()
         if row is None:
             return None
-        env = _unprefixed(Environment, dict(row), "", _ENV_JSON)
+        env = _unprefixed(records.Environment, dict(row), "", _ENV_JSON)
         available = None if env.cuda_available is None else bool(env.cuda_available)
         return dataclasses.replace(  # rows recorded before a column existed hold NULL
             env,
-            gpus=tuple(GpuInfo(**g) for g in env.gpus),
+            gpus=tuple(records.GpuInfo(**g) for g in env.gpus),
             cuda_available=available,
             visible_uuids=env.visible_uuids or (),
             notes=env.notes or (),
@@ -852,8 +841,12 @@ class Store:
             m = _unprefixed(Measurement, row, "", _MEASUREMENT_JSON)
             yield dataclasses.replace(
                 m,
-                devices=tuple(_unprefixed(DeviceMeasurement, dict(d), "", set()) for d in devs),
-                ranks=tuple(_unprefixed(RankMeasurement, dict(r), "", set()) for r in ranks),
+                devices=tuple(
+                    _unprefixed(records.DeviceMeasurement, dict(d), "", set()) for d in devs
+                ),
+                ranks=tuple(
+                    _unprefixed(records.RankMeasurement, dict(r), "", set()) for r in ranks
+                ),
                 quality_tolerance=m.quality_tolerance or {},  # NULL in rows from before m009
                 # NULL in rows from before m013
                 retained_samples=m.retained_samples or (),

@@ -14,125 +14,66 @@ if TYPE_CHECKING:
 SET_NAME = "memtrack"
 
 
+def _columns(spec: str) -> dict[str, type]:
+    """'name type, ...' (type: str, int or float) as sqlite-utils' columns, in order."""
+    types = {"str": str, "int": int, "float": float}
+    pairs = (c.split() for c in spec.split(",") if c.strip())
+    return {name: types[kind] for name, kind in pairs}
+
+
 def m001_initial(db: sqlite_utils.Database) -> None:
     db.table("environments").create(
-        {
-            "env_id": str,
-            "fingerprint": str,
-            "gpus": str,
-            "driver": str,
-            "cuda_runtime": str,
-            "cudnn": str,
-            "nccl": str,
-            "torch": str,
-            "torch_cuda_arch_list": str,
-            "python": str,
-            "os": str,
-            "cpu": str,
-            "cpu_count": int,
-            "host_ram_bytes": int,
-            "packages": str,
-            "env_vars": str,
-        },
+        _columns(
+            """
+            env_id str, fingerprint str, gpus str, driver str, cuda_runtime str, cudnn str,
+            nccl str, torch str, torch_cuda_arch_list str, python str, os str, cpu str,
+            cpu_count int, host_ram_bytes int, packages str, env_vars str
+            """
+        ),
         pk="env_id",
     )
     db.table("runs").create(
-        {
-            "run_id": str,
-            "started_at": str,
-            "finished_at": str,
-            "recorded_at": str,
-            "suite_hash": str,
-            "config_path": str,
-            "shard": str,
-            "schema_version": int,
-            "env_id": str,
-            "fingerprint": str,
-            "git_commit": str,
-            "git_branch": str,
-            "git_parent": str,
-            "git_subject": str,
-            "git_committed_at": str,
-            "git_dirty": int,
-            "git_base_branch": str,
-            "git_merge_base": str,
-            "git_shallow": int,
-            "git_notes": str,
-            "ci_provider": str,
-            "ci_event": str,
-            "ci_ref": str,
-            "ci_sha": str,
-            "ci_pr_number": int,
-            "ci_base_ref": str,
-            "ci_head_ref": str,
-            "ci_run_url": str,
-            "ci_runner_name": str,
-        },
+        _columns(
+            """
+            run_id str, started_at str, finished_at str, recorded_at str, suite_hash str,
+            config_path str, shard str, schema_version int, env_id str, fingerprint str,
+            git_commit str, git_branch str, git_parent str, git_subject str,
+            git_committed_at str, git_dirty int, git_base_branch str, git_merge_base str,
+            git_shallow int, git_notes str, ci_provider str, ci_event str, ci_ref str,
+            ci_sha str, ci_pr_number int, ci_base_ref str, ci_head_ref str, ci_run_url str,
+            ci_runner_name str
+            """
+        ),
         pk="run_id",
         foreign_keys=[("env_id", "environments", "env_id")],
     )
     db.table("measurements").create(
-        {
-            "id": int,
-            "run_id": str,
-            "workload": str,
-            "case_id": str,
-            "params": str,
-            "seed": int,
-            "device": str,
-            "dtype": str,
-            "warmup": int,
-            "repeats": int,
-            "status": str,
-            "message": str,
-            "traceback": str,
-            "framework": str,
-            "peak_allocated_bytes": int,
-            "peak_reserved_bytes": int,
-            "peak_requested_bytes": int,
-            "persistent_bytes": int,
-            "allocated_samples": str,
-            "num_alloc_retries": int,
-            "num_ooms": int,
-            "host_peak_rss_bytes": int,
-            "host_step_peak_rss_bytes": int,
-            "host_peak_source": str,
-            "device_view": str,
-            "device_view_note": str,
-            "sample_interval_s": float,
-            "device_peak_bytes": int,
-            "weights_bytes": int,
-            "intermediates_bytes": int,
-            "caches_bytes": int,
-            "training_state_bytes": int,
-            "workspace_bytes": int,
-            "categories": str,
-            "iteration_times_s": str,
-            "time_median_s": float,
-            "time_p95_s": float,
-            "time_min_s": float,
-            "duration_s": float,
-            "notes": str,
-        },
+        _columns(
+            """
+            id int, run_id str, workload str, case_id str, params str, seed int, device str,
+            dtype str, warmup int, repeats int, status str, message str, traceback str,
+            framework str, peak_allocated_bytes int, peak_reserved_bytes int,
+            peak_requested_bytes int, persistent_bytes int, allocated_samples str,
+            num_alloc_retries int, num_ooms int, host_peak_rss_bytes int,
+            host_step_peak_rss_bytes int, host_peak_source str, device_view str,
+            device_view_note str, sample_interval_s float, device_peak_bytes int,
+            weights_bytes int, intermediates_bytes int, caches_bytes int,
+            training_state_bytes int, workspace_bytes int, categories str,
+            iteration_times_s str, time_median_s float, time_p95_s float, time_min_s float,
+            duration_s float, notes str
+            """
+        ),
         pk="id",
         foreign_keys=[("run_id", "runs", "run_id")],
     )
     db.table("device_measurements").create(
-        {
-            "id": int,
-            "measurement_id": int,
-            "index": int,
-            "uuid": str,
-            "name": str,
-            "total_bytes": int,
-            "used_before_bytes": int,
-            "peak_device_used_bytes": int,
-            "peak_process_bytes": int,
-            "process_view": str,
-            "peak_allocated_bytes": int,
-            "peak_reserved_bytes": int,
-            "samples": int,
-        },
+        _columns(
+            """
+            id int, measurement_id int, index int, uuid str, name str, total_bytes int,
+            used_before_bytes int, peak_device_used_bytes int, peak_process_bytes int,
+            process_view str, peak_allocated_bytes int, peak_reserved_bytes int, samples int
+            """
+        ),
         pk="id",
         foreign_keys=[("measurement_id", "measurements", "id")],
     )

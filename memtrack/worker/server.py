@@ -37,26 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from memtrack.worker import protocol
 from memtrack.worker.process import die_with_parent
-from memtrack.worker.protocol import (
-    AskEnvironment,
-    AskStatus,
-    Channel,
-    ChannelClosed,
-    Discover,
-    Discovered,
-    EnvironmentProbed,
-    Failed,
-    Fork,
-    Forked,
-    Importing,
-    Message,
-    ProtocolError,
-    Reap,
-    Reaped,
-    Refused,
-    ServerStatus,
-)
 
 CUDA_ERROR_NOT_INITIALIZED = 3
 WORKER_MAIN = str(Path(__file__).with_name("__main__.py"))
@@ -99,7 +81,7 @@ def fork_unsafe() -> str | None:
 class Server:
     """The server's state: its channel, the environment probe it forked, its children."""
 
-    def __init__(self, chan: Channel):
+    def __init__(self, chan: protocol.Channel):
         self.chan = chan
         self.environment: tuple[int, int] | None = None
         """(pid, read end of its pipe) of the forked environment probe, until collected."""
@@ -160,18 +142,20 @@ class Server:
         os.close(write)
         self.environment = (pid, read)
 
-    def collect_environment(self) -> EnvironmentProbed:
+    def collect_environment(self) -> protocol.EnvironmentProbed:
         if self.environment is None:
-            return EnvironmentProbed(error="no environment probe was forked")
+            return protocol.EnvironmentProbed(error="no environment probe was forked")
         pid, read = self.environment
         self.environment = None
         with os.fdopen(read, "rb") as f:
             data = f.read()
         code = self.reap(pid)
         try:
-            return EnvironmentProbed(data=json.loads(data))
+            return protocol.EnvironmentProbed(data=json.loads(data))
         except ValueError:
-            return EnvironmentProbed(error=f"the forked environment probe exited with {code}")
+            return protocol.EnvironmentProbed(
+                error=f"the forked environment probe exited with {code}"
+            )
 
     def reap(self, pid: int) -> int:
         self.children.discard(pid)
@@ -181,7 +165,7 @@ class Server:
             return -signal.SIGKILL
         return os.waitstatus_to_exitcode(status)
 
-    def discover(self, config: Any) -> Discovered | Failed:
+    def discover(self, config: Any) -> protocol.Discovered | protocol.Failed:
         from memtrack.errors import MemtrackError
         from memtrack.workload.registry import (
             discover,
@@ -194,7 +178,7 @@ class Server:
 
         def importing(ref: str) -> None:
             current[:] = [ref]
-            self.chan.send(Importing(ref))
+            self.chan.send(protocol.Importing(ref))
 
         try:
             found = discover(config, importing)
@@ -202,20 +186,26 @@ class Server:
             # SIGINT is ignored here (the runner handles a terminal's ^C): this one was
             # raised by the module's own code, and is that module's failure.
             error: BaseException = import_failure(modules_where(config), current[0], exc)
-            return Failed(type(error).__name__, str(error))
+            return protocol.Failed(type(error).__name__, str(error))
         except MemtrackError as exc:
-            return Failed(type(exc).__name__, str(exc))
+            return protocol.Failed(type(exc).__name__, str(exc))
         except Exception as exc:  # a bug of memtrack's: still one line for the runner
-            return Failed("WorkloadError", f"discovery failed: {type(exc).__name__}: {exc}")
-        return Discovered(tuple(workload_data(w) for w in found))
+            return protocol.Failed(
+                "WorkloadError", f"discovery failed: {type(exc).__name__}: {exc}"
+            )
+        return protocol.Discovered(tuple(workload_data(w) for w in found))
 
-    def fork_case(self, argv: list[str], fds: list[int]) -> Forked | Refused | Failed:
+    def fork_case(
+        self, argv: list[str], fds: list[int]
+    ) -> protocol.Forked | protocol.Refused | protocol.Failed:
         if len(fds) != 2:
-            return Failed("ProtocolError", f"Fork: {len(fds)} descriptors, not its stderr and go")
+            return protocol.Failed(
+                "ProtocolError", f"Fork: {len(fds)} descriptors, not its stderr and go"
+            )
         stderr, go = fds
         reason = fork_unsafe()
         if reason is not None:
-            return Refused(reason)
+            return protocol.Refused(reason)
         server_pid = os.getpid()
 
         def case() -> int:
@@ -235,30 +225,32 @@ class Server:
             sys.argv = [WORKER_MAIN, *argv, str(server_pid)]
             return main([*argv, str(server_pid)])
 
-        return Forked(self.fork(case))
+        return protocol.Forked(self.fork(case))
 
-    def answer(self, message: Message, fds: list[int]) -> Message:
+    def answer(self, message: protocol.Message, fds: list[int]) -> protocol.Message:
         """The reply to one request (the descriptors that came with it are the caller's)."""
-        if isinstance(message, Discover):
+        if isinstance(message, protocol.Discover):
             return self.discover(message.config)
-        if isinstance(message, AskEnvironment):
+        if isinstance(message, protocol.AskEnvironment):
             return self.collect_environment()
-        if isinstance(message, Fork):
+        if isinstance(message, protocol.Fork):
             return self.fork_case(list(message.argv), fds)
-        if isinstance(message, Reap):
-            return Reaped(self.reap(message.pid))
-        if isinstance(message, AskStatus):
-            return ServerStatus(fork_unsafe(), _cuda_initialized(), os.getpid())
-        return Failed("ProtocolError", f"no op {type(message).__name__!r}")  # a reply's kind
+        if isinstance(message, protocol.Reap):
+            return protocol.Reaped(self.reap(message.pid))
+        if isinstance(message, protocol.AskStatus):
+            return protocol.ServerStatus(fork_unsafe(), _cuda_initialized(), os.getpid())
+        return protocol.Failed(
+            "ProtocolError", f"no op {type(message).__name__!r}"
+        )  # a reply's kind
 
     def loop(self) -> None:
         while True:
             try:
                 message, fds = self.chan.receive()
-            except ChannelClosed:  # the runner is done (or gone)
+            except protocol.ChannelClosed:  # the runner is done (or gone)
                 return
-            except ProtocolError as exc:  # malformed: refused, its descriptors closed
-                reply: Message = Failed("ProtocolError", str(exc))
+            except protocol.ProtocolError as exc:  # malformed: refused, its descriptors closed
+                reply: protocol.Message = protocol.Failed("ProtocolError", str(exc))
             else:
                 try:
                     reply = self.answer(message, fds)
@@ -268,7 +260,7 @@ class Server:
                             os.close(fd)
             try:
                 self.chan.send(reply)
-            except ChannelClosed:
+            except protocol.ChannelClosed:
                 return
 
 
@@ -298,7 +290,7 @@ def main(argv: list[str]) -> int:
     # A terminal's ^C reaches the whole foreground group: it is the runner's to handle, and
     # it ends this server when it is done.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    server = Server(Channel(socket.socket(fileno=fd)))
+    server = Server(protocol.Channel(socket.socket(fileno=fd)))
     import torch  # noqa: F401
 
     server.start_environment_probe()
