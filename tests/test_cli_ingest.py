@@ -16,9 +16,8 @@ from click.testing import CliRunner
 from factories import commit_all, init_repo, make_measurement, make_run
 
 from memtrack.cli import main
-from memtrack.errors import StoreError
 from memtrack.records import RankMeasurement, to_dict, write_json
-from memtrack.store.database import Store, create_file, remove_if_unused
+from memtrack.store.database import Store
 
 
 def _ingest(db: Path, *files: Path):
@@ -182,28 +181,47 @@ def test_a_new_database_switched_to_wal_while_another_process_writes_waits_for_i
     assert _runs(db) == 2
 
 
-def test_a_failed_first_ingest_keeps_runs_another_ingest_wrote_into_the_new_database(tmp_path):
-    # The process that made a new database removes it when its batch is refused, but not the
-    # runs another process wrote there meanwhile; and a process that opened it before the
-    # removal is refused when it writes, rather than told its runs are stored.
-    db = tmp_path / "new" / "m.db"
-    assert create_file(db) and not create_file(db)
-    first = Store.open(db)
-    late = Store.open(db)
-    first.write_runs([make_run([make_measurement("decoder", {"batch": 1})])])
-    first.close()
-    assert not remove_if_unused(db)
-    assert _runs(db) == 1
-    late.close()
+def test_a_refused_batch_never_makes_a_database_another_process_could_open(tmp_path):
+    # A refused ingest into a new path makes no file at any moment: one made and removed
+    # again could be opened meanwhile by a `memtrack run` starting on the same path, whose
+    # measured run would then go to a deleted file. Many good records, the bad one last,
+    # keep the ingest reading for a while; the path is watched all that time.
+    folder = tmp_path / "in"
+    files = _records(folder, 1500)
+    bad = folder / "zz-bad.json"
+    bad.write_text('{"schema_version": 1, "run_id": ""}')
+    db = tmp_path / "new.db"
+    seen: list[str] = []
+    done = threading.Event()
 
-    empty = tmp_path / "empty" / "m.db"
-    assert create_file(empty)
-    opened = Store.open(empty)
-    assert remove_if_unused(empty) and not empty.exists()
-    with pytest.raises(StoreError, match="deleted or replaced"):
-        opened.write_runs([make_run([make_measurement("decoder", {"batch": 1})])])
-    opened.close()
-    assert not empty.exists()
+    def watch() -> None:
+        while not done.is_set():
+            seen.extend(p.name for p in tmp_path.glob("new.db*"))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "memtrack.cli", "ingest", *files, str(bad), "--db", str(db)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        done.set()
+        watcher.join()
+    assert res.returncode == 2, res.stderr
+    assert "zz-bad.json" in res.stderr.strip().splitlines()[-1]
+    assert seen == [] and not db.exists()
+    # and a good batch makes it, all its runs in
+    res = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "ingest", *files, "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr
+    assert _runs(db) == 1500
 
 
 def test_a_refused_batch_into_a_new_database_leaves_no_database(tmp_path):

@@ -170,6 +170,10 @@ def tiny(ctx):
                     f.flush()
             except OSError:
                 pass
+    breaks = os.environ.get("TINY_BREAKS")
+    if breaks:  # break the database's path while the run holds it open
+        import subprocess
+        subprocess.run(breaks, shell=True, check=True)
     waits = os.environ.get("TINY_WAITS")
     if waits:  # say the case started, then wait until the test has taken its lock
         import pathlib, time
@@ -283,6 +287,94 @@ def read_only_file(tmp_path):
     for path in made:
         if os.geteuid() == 0:
             subprocess.run(["chattr", "-i", str(path)], check=False)
+
+
+def _as_user() -> list[str]:
+    """A command prefix that runs a process without root's power over permissions: a user
+    namespace whose one user owns what root owns outside, as a plain user owns their own
+    files, with no capability to override a mode. Empty for a user already."""
+    if os.geteuid() != 0:
+        return []
+    prefix = ["unshare", "--map-user=1000", "--map-group=1000"]
+    if (
+        shutil.which("unshare") is None
+        or subprocess.run([*prefix, "true"], capture_output=True).returncode
+    ):
+        pytest.skip("root, and no user namespace to drop the power over permissions")
+    return prefix
+
+
+def _as_user_memtrack(*args: str, cwd: Path, env: dict[str, str] | None = None):
+    return subprocess.run(
+        [*_as_user(), sys.executable, "-m", "memtrack.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    "how, words",
+    [
+        ("mv data data.gone && touch data", "Not a directory"),
+        ("chmod 000 data", "permission denied"),
+        ("rm data/m.db && ln -s m.db data/m.db", "symbolic links"),
+    ],
+    ids=["folder made a file", "folder unreadable", "symbolic link loop"],
+)
+def test_a_database_path_broken_mid_run_keeps_the_run_in_a_file(tmp_path, tiny_suite, how, words):
+    """Whatever breaks the database's path after the run opened it, the measured run is kept
+    in a file the one-line error names, and `memtrack ingest` records it."""
+    db = tmp_path / "data" / "m.db"
+    db.parent.mkdir()
+    _seed(db)
+    res = _as_user_memtrack(
+        "run",
+        "--config",
+        str(tiny_suite),
+        "--db",
+        "data/m.db",
+        cwd=tmp_path,
+        env={"TINY_BREAKS": how},
+    )
+    (tmp_path / "data").chmod(0o755)
+    line = _error_line(res)
+    assert words in line and "data/m.db" in line, line
+    kept = _kept(line)
+    if not kept.is_absolute():
+        kept = tmp_path / kept
+    res = memtrack("ingest", str(kept), "--db", str(tmp_path / "new.db"))
+    assert res.returncode == 0 and "1 run(s) added" in res.stdout, res.stderr
+
+
+@pytest.mark.parametrize("command", ["history", "show", "check", "export"])
+def test_every_read_command_reads_a_database_it_cannot_write(tmp_path, tiny_suite, command):
+    """A runner's cache or a mounted artifact: a 0444 database in a 0555 folder, read by a
+    user who may write neither (no -wal or -shm file can be made beside it)."""
+    db = tmp_path / "ro" / "m.db"
+    db.parent.mkdir()
+    run_id = _seed(db)[0]
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)
+    db.chmod(0o444)
+    db.parent.chmod(0o555)
+    args = {
+        "history": ["history", "decoder"],
+        "show": ["show", run_id[:8]],
+        "check": ["check", "--no-record", "--run", run_id],
+        "export": ["export", str(out)],
+    }[command]
+    try:
+        res = _as_user_memtrack(*args, "--db", str(db), cwd=tmp_path)
+    finally:
+        db.parent.chmod(0o755)
+    assert res.returncode in (0, 1) and "Traceback" not in res.stderr, res.stderr
+    assert "read-only" not in res.stderr
+    assert sorted(p.name for p in db.parent.iterdir()) == ["m.db"]  # nothing written beside it
+    _intact(db, 3)
 
 
 def test_a_read_only_database_is_refused_before_measuring_and_at_ingest(

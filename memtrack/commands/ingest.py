@@ -6,7 +6,7 @@ import click
 
 from memtrack.commands.options import config_option, db_option, resolve
 from memtrack.records.redact import secret_values
-from memtrack.store.database import Store, create_file, remove_if_unused
+from memtrack.store.database import Store
 from memtrack.store.ingest import read_runs
 
 
@@ -24,12 +24,12 @@ def ingest(files: tuple[Path, ...], config_path: Path | None, db_path: Path | No
     """
     _, db = resolve(config_path, db_path, writes=True)
     secrets = secret_values()  # once: this machine's secret variables, for every record
-    created = create_file(db)
-    try:
-        with read_runs(files, secrets, db) as runs, Store.open(db) as store:
+    with read_runs(files, secrets, db) as runs:
+        if not db.exists():
+            # Every record is read and checked before a new database is made: a refused
+            # batch makes none, and no file that another process may have opened meanwhile
+            # (a `memtrack run` starting) is ever removed.
+            runs = iter(list(runs))
+        with Store.open(db) as store:
             added, present = store.write_runs(runs)
-    except BaseException:
-        if created:  # a refused batch leaves no empty database behind, unless another
-            remove_if_unused(db)  # ingest into it has written runs meanwhile
-        raise
     click.echo(f"{added} run(s) added, {present} already present, in {db}")

@@ -320,9 +320,18 @@ def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _read_only_fs(folder: Path) -> bool:
+def _unwritable_folder(path: Path) -> bool:
+    """Whether SQLite cannot make a WAL database's -shm file beside `path` (a read-only file
+    system, or a folder this user may not write: a runner's cache, a mounted artifact)
+    while no write-ahead log holds pages the file lacks: then the file alone is the whole
+    database, and reading it as immutable is safe."""
+    folder = path.parent
     try:
-        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+        unwritable = bool(os.statvfs(folder).f_flag & os.ST_RDONLY) or not os.access(
+            folder, os.W_OK
+        )
+        wal = path.with_name(path.name + "-wal")
+        return unwritable and (not wal.exists() or wal.stat().st_size == 0)
     except OSError:
         return False
 
@@ -365,31 +374,6 @@ def create_file(path: Path) -> bool:
     except OSError:
         return False  # SQLite's open names what is wrong
     return True
-
-
-def remove_if_unused(path: Path) -> bool:
-    """Delete the database at `path` (and its -wal and -shm files) if it holds no run, under
-    its write lock: a process that opened it meanwhile finds it gone when it writes, and is
-    refused, rather than writing where nobody can see. True when deleted. For a database this
-    process created and failed to fill."""
-    try:
-        conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
-    except sqlite3.Error:
-        return False
-    try:
-        conn.execute("BEGIN EXCLUSIVE")
-        has_runs = conn.execute(
-            "select 1 from sqlite_master where type = 'table' and name = 'runs'"
-        ).fetchone()
-        if has_runs and conn.execute("select 1 from runs limit 1").fetchone():
-            return False
-        for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-            name.unlink(missing_ok=True)
-        return True
-    except (sqlite3.Error, OSError):
-        return False
-    finally:
-        conn.close()
 
 
 class Store:
@@ -453,10 +437,8 @@ class Store:
             try:
                 conn.execute("select count(*) from sqlite_master").fetchone()
             except sqlite3.OperationalError:
-                if not _read_only_fs(path.resolve().parent):
+                if not _unwritable_folder(path.resolve()):
                     raise
-                # A WAL database on a read-only file system cannot make its -shm file; nothing
-                # can write there, so reading it as immutable is safe.
                 conn.close()
                 conn = reading("mode=ro&immutable=1")
         else:
@@ -610,6 +592,11 @@ class Store:
             now = os.stat(self.path)
         except FileNotFoundError:
             now = None
+        except OSError as exc:  # its folder made a file, unreadable, a symbolic link loop
+            raise StoreError(
+                f"{describe_failure(exc, self.path)}: the database cannot be reached since "
+                "memtrack opened it; nothing written to it"
+            ) from None
         if self._identity is not None and (now is None or not _same_file(now, self._identity)):
             raise StoreError(
                 f"{self.path}: the database file was deleted or replaced while "

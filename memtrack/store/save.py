@@ -4,6 +4,7 @@ for `memtrack run`, `estimate` and `plan`: a measured run is never lost."""
 
 from __future__ import annotations
 
+import sqlite3
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +55,8 @@ def save_run(
             saved.append(str(store.path))
         except MemtrackError as exc:
             failures.append(str(exc))
+        except (OSError, sqlite3.Error) as exc:  # whatever broke, the run is kept below
+            failures.append(describe_failure(exc, store.path))
     if json_path:
         try:
             write_json(record, json_path)
