@@ -39,7 +39,9 @@ _HTML = str.maketrans({c: f"&#{ord(c)};" for c in "&<>\"'[]()*_!$`:~\\#|{}@"})
 
 
 def _visible(ch: str) -> bool:
-    return unicodedata.category(ch) != "Cc" and ch not in _BIDI
+    """Not a control character, a lone surrogate (which no output can encode) or a bidi
+    override."""
+    return unicodedata.category(ch) not in ("Cc", "Cs") and ch not in _BIDI
 
 
 def one_line(text: object) -> str:
@@ -95,13 +97,14 @@ def terminal_text(text: object) -> str:
     """Recorded text for the terminal: control characters (escape sequences that clear the
     screen, move the cursor, set the title or make a hyperlink; the bell; a carriage return
     that overwrites the line) shown as `\\xNN` instead of acting, bidi overrides as
-    `\\uNNNN`; newlines and tabs as spaces, so one item stays one line."""
+    `\\uNNNN`; newlines, tabs and Unicode line and paragraph separators as spaces, so one
+    item stays one line."""
     s = str("" if text is None else text)
     if s.isprintable():
         return s
     out = []
     for ch in s:
-        if ch in "\n\t":
+        if ch in "\n\t\u2028\u2029":
             out.append(" ")
         elif _visible(ch):
             out.append(ch)

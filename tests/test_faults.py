@@ -9,6 +9,8 @@ file system.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 import resource
@@ -681,9 +683,68 @@ def test_a_stored_value_of_the_wrong_type_is_named_not_a_traceback(tmp_path, col
         ["show", run_id],
         ["check", "--run", run_id, "--no-record"],
         ["export", str(tmp_path / "out")],
+        # history shows JSON columns as they are stored; a number it shows must be one
+        *([["history", "decoder"]] if column == "peak_allocated_bytes" else []),
     ):
         line = _error_line(memtrack(*args, "--db", str(db), cwd=tmp_path))
         assert f"{db}: damaged database (" in line and run_id in line, (args, line)
+
+
+# -- text no output can carry -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["git.subject", "measurements.0.workload", "env_vars key"])
+def test_a_lone_surrogate_in_a_record_is_named_and_nothing_is_made(tmp_path, field):
+    """JSON's `\\ud800` escape makes a string no database, terminal or page can encode: the
+    record is refused at ingest, naming the file and the field, and no database is made."""
+    run = make_run([make_measurement("decoder", {"batch": 1})])
+    data = json.loads(json.dumps(dataclasses.asdict(run)))
+    if field == "git.subject":
+        data["git"]["subject"] = "fix \ud800 the cache"
+    elif field == "env_vars key":
+        data["environment"]["env_vars"]["CUDA\ud800"] = "1"
+    else:
+        data["measurements"][0]["workload"] = "dec\ud800oder"
+    record = tmp_path / "r.json"
+    record.write_text(json.dumps(data))  # ASCII JSON, the surrogate as its escape
+    db = tmp_path / "new.db"
+    line = _error_line(memtrack("ingest", str(record), "--db", str(db)))
+    assert str(record) in line and "lone surrogate" in line, line
+    assert field.split(".")[0].split()[0] in line, line
+    assert not db.exists()
+
+
+def test_line_and_paragraph_separators_in_a_message_stay_on_one_line_in_show(tmp_path):
+    db = tmp_path / "m.db"
+    m = dataclasses.replace(
+        make_measurement("decoder", {"batch": 1}),
+        status="error",
+        message="first\u2028second\u2029third\x85fourth",
+    )
+    run = make_run([m])
+    with Store.open(db) as store:
+        store.write_run(run)
+    res = memtrack("show", run.run_id, "--db", str(db))
+    assert res.returncode == 0, res.stderr
+    assert not {"\u2028", "\u2029", "\x85"} & set(res.stdout)
+    assert any("first second third" in line for line in res.stdout.splitlines()), res.stdout
+
+
+def test_a_database_of_a_newer_schema_is_refused_by_backup_leaving_no_copy(tmp_path):
+    db = tmp_path / "m.db"
+    _seed(db)
+    conn = sqlite3.connect(db)
+    conn.execute(
+        "insert into _sqlite_migrations (migration_set, name, applied_at) "
+        "values ('memtrack', 'm999_from_the_future', '2030-01-01')"
+    )
+    conn.commit()
+    conn.close()
+    dest = tmp_path / "backups"
+    dest.mkdir()
+    line = _error_line(memtrack("backup", str(dest), "--db", str(db)))
+    assert "m999_from_the_future" in line and "upgrade memtrack" in line, line
+    assert list(dest.iterdir()) == []
 
 
 # -- signals to `memtrack run` ---------------------------------------------------------------

@@ -157,6 +157,8 @@ def _any(d: Dialect) -> Check:
         if isinstance(v, str):
             if len(v) > limit:
                 d.fail(w, d.too_long(len(v), int(limit)))
+            if not v.isascii() and (bad := unicode_problem(v)):
+                d.fail(w, bad)
             return v
         if v is None or isinstance(v, bool):
             return v
@@ -218,6 +220,8 @@ def _dict_check(d: Dialect, hint: Any, rules: dict[str, Any]) -> Check:
                 d.fail(w, d.expected("an object", v))
             if limit is not None and len(k) > limit:
                 d.fail((w, (k[:20],)), d.too_long(len(k), limit))
+            if not k.isascii() and (bad := unicode_problem(k)):
+                d.fail(w, f"a key: {bad}")
         if valid(v.values()):
             return v
         return {k: value(x, (w, (k,))) for k, x in v.items()}
@@ -260,6 +264,16 @@ def _int_check(d: Dialect, rules: dict[str, Any], nullable: bool) -> Check:
     return check_int
 
 
+def unicode_problem(text: str) -> str | None:
+    """Why `text` cannot be stored or shown as UTF-8 (a lone surrogate, which JSON's
+    `\\ud800` escape can carry), in a few words; None when it can."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"not valid Unicode (a lone surrogate at character {exc.start})"
+    return None
+
+
 def _str_check(d: Dialect, rules: dict[str, Any], nullable: bool) -> Check:
     pattern = re.compile(rules["pattern"]) if "pattern" in rules else None
     enum = set(rules.get("enum", ()))
@@ -275,6 +289,8 @@ def _str_check(d: Dialect, rules: dict[str, Any], nullable: bool) -> Check:
             d.fail(w, d.expected("a string", v))
         if longest is not None and len(v) > longest:
             d.fail(w, d.too_long(len(v), longest))
+        if not v.isascii() and (bad := unicode_problem(v)):
+            d.fail(w, bad)
         if pattern is not None and not pattern.match(v):
             d.fail(w, f"{short(v)} does not match {pattern.pattern}")
         if enum and v not in enum:
@@ -318,7 +334,11 @@ def _all_valid(d: Dialect, hint: Any, rules: dict[str, Any]) -> typing.Callable[
             not v or (set(map(type, v)) == {float} and all(map(math.isfinite, v)) and min(v) >= low)
         )
     if hint is str and not rules and d.text(rules) is None:
-        return lambda v: set(map(type, v)) <= {str} and max(map(len, v), default=0) <= limit
+        return lambda v: (
+            set(map(type, v)) <= {str}
+            and max(map(len, v), default=0) <= limit
+            and all(map(str.isascii, v))  # else each is checked: a lone surrogate is refused
+        )
     if hint is Any and d.scalar_any and d.finite:
         plain = {str, bool, type(None), int, float}
 
@@ -332,6 +352,7 @@ def _all_valid(d: Dialect, hint: Any, rules: dict[str, Any]) -> typing.Callable[
                 (not ints or (int_min <= min(ints) and max(ints) <= int_max))
                 and all(map(math.isfinite, floats))
                 and max(map(len, texts), default=0) <= limit
+                and all(map(str.isascii, texts))
             )
 
         return scalars
@@ -358,7 +379,7 @@ def _fast_test(d: Dialect, hint: Any, rules: dict[str, Any], names: dict[str, An
         test = f"type(v) is float and {key}[0] <= v < inf and v <= {key}[1]"  # False for NaN
     elif hint is str and not set(rules) - {"enum", "minLength"} and d.text(rules) is None:
         names["MAX_TEXT"] = math.inf if d.text_limit is None else d.text_limit
-        test = "type(v) is str and len(v) <= MAX_TEXT"
+        test = "type(v) is str and len(v) <= MAX_TEXT and v.isascii()"  # else checked whole
         if "enum" in rules:
             names[key] = frozenset(rules["enum"])
             test += f" and v in {key}"
@@ -469,4 +490,5 @@ __all__ = [
     "hints",
     "required",
     "short",
+    "unicode_problem",
 ]

@@ -289,6 +289,24 @@ def _expected_schema() -> dict[str, dict[str, str | None]]:
     }
 
 
+_PYTHON_TYPES: dict[str | None, tuple[type, ...]] = {
+    "integer": (int,),
+    "real": (float, int),
+    "text": (str,),
+}
+
+
+def _wrong_type(row: Mapping[str, Any], types: Mapping[str, str | None]) -> str | None:
+    """The first column of a row whose value is not of its column's type (`types`: column
+    -> affinity; a hand-edited or damaged database), in a few words; None when all are."""
+    for column, value in row.items():
+        affinity = types.get(column)
+        wanted = _PYTHON_TYPES.get(affinity)
+        if value is not None and wanted and not isinstance(value, wanted):
+            return f"{column} holds {type(value).__name__} {str(value)[:40]!r}, not {affinity}"
+    return None
+
+
 def schema_problem(conn: sqlite3.Connection) -> str | None:
     """What is missing or of the wrong type in a memtrack database whose migrations are all
     recorded as applied (a dropped table or column, a table made anew with other types), in
@@ -306,6 +324,24 @@ def schema_problem(conn: sqlite3.Connection) -> str | None:
                     f"expected {affinity}"
                 )
     return None
+
+
+def newer_schema(conn: sqlite3.Connection, path: Path) -> StoreError | None:
+    """The error for a database that a newer memtrack migrated (migrations this one does
+    not know), or None."""
+    try:
+        rows = conn.execute(
+            "select name from _sqlite_migrations where migration_set = ?", [migrations.SET_NAME]
+        ).fetchall()
+    except sqlite3.OperationalError:  # no migrations table: not memtrack's, said elsewhere
+        return None
+    unknown = {r[0] for r in rows} - set(migrations.names())
+    if not unknown:
+        return None
+    return StoreError(
+        f"{path}: schema has migrations this memtrack does not know "
+        f"({', '.join(sorted(unknown))}); upgrade memtrack to read it"
+    )
 
 
 def damaged(path: Path, problem: str) -> StoreError:
@@ -545,12 +581,9 @@ class Store:
         """Refuse a database that a newer memtrack migrated, or one that is not memtrack's."""
         known = set(migrations.names())
         applied = self.applied_migrations()
-        unknown = applied - known
-        if unknown:
-            raise StoreError(
-                f"{self.path}: schema has migrations this memtrack does not know "
-                f"({', '.join(sorted(unknown))}); upgrade memtrack to read it"
-            )
+        newer = newer_schema(self.conn, self.path)
+        if newer is not None:
+            raise newer
         tables = self.table_names()
         if not applied and "runs" in tables:
             raise StoreError(f"{self.path}: has a 'runs' table but no memtrack schema record")
@@ -873,8 +906,14 @@ class Store:
             sql += "and r.git_branch = :b "
         sql += "order by r.started_at desc, m.id desc limit :n"
         params = {"p": pattern, "n1": len(pattern) + 1, "b": branch, "n": limit}
-        rows = self.conn.execute(sql, params).fetchall()
-        return [dict(r) for r in rows]
+        rows = [dict(r) for r in self.conn.execute(sql, params).fetchall()]
+        schema = _expected_schema()
+        types = {**schema["runs"], **schema["measurements"]}
+        for row in rows:  # shown as they are: a value of the wrong type is named, as damage
+            problem = _wrong_type(row, types)
+            if problem:
+                raise damaged(self.path, f"run {row['run_id']}: {problem}")
+        return rows
 
     def latest_estimates(
         self, case_ids: Iterable[str], commit: str | None = None

@@ -22,7 +22,14 @@ from pathlib import Path
 
 from memtrack.errors import ConfigError, StoreError
 from memtrack.records import write_json
-from memtrack.store.database import BUSY_TIMEOUT_S, Store, damaged, describe_failure, schema_problem
+from memtrack.store.database import (
+    BUSY_TIMEOUT_S,
+    Store,
+    damaged,
+    describe_failure,
+    newer_schema,
+    schema_problem,
+)
 from memtrack.units import parse_time
 
 _SAFE_RUN_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -78,6 +85,9 @@ def backup(db: Path, dest: Path, *, overwrite: bool = False) -> BackupResult:
             raise StoreError(describe_failure(exc, db)) from None
         if "runs" not in tables:
             raise StoreError(f"{db}: not a memtrack database (no 'runs' table)")
+        newer = newer_schema(source, db)
+        if newer is not None:  # this memtrack could not check the copy: none is made
+            raise newer
         tmp.unlink(missing_ok=True)
         copy = sqlite3.connect(str(tmp), isolation_level=None)
         try:
