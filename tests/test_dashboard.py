@@ -140,11 +140,12 @@ def _verdict(store: Store, run_id: str, case: str, kind: str, context: str, **fi
     )
 
 
-def seed_store(tmp_path: Path) -> dict:
+def seed_store(tmp_path: Path, repo: str = REPO) -> dict:
     """A realistic history: 14 commits on main, a day apart (two on the CPU, then the GPU:
     an environment change), with the steps of `_suite`; the gate's base-branch verdicts
     (the regressions at 6 and 9, the acceptance at 12); a pull request that slims
-    decoder[batch=1] and one that puts decoder[batch=8] over its budget."""
+    decoder[batch=1] and one that puts decoder[batch=8] over its budget. Each run of main
+    records its CI run at `repo`."""
     db = tmp_path / "memtrack.db"
     runs = []
     for i in range(1, MAIN + 1):
@@ -160,7 +161,7 @@ def seed_store(tmp_path: Path) -> dict:
                 ci=CIInfo(
                     provider="github-actions",
                     event="push",
-                    run_url=f"{REPO}/actions/runs/{1000 + i}",
+                    run_url=f"{repo}/actions/runs/{1000 + i}",
                 ),
             )
         )
@@ -274,11 +275,17 @@ def seed_store(tmp_path: Path) -> dict:
 def app(monkeypatch: pytest.MonkeyPatch, seeded: dict):
     """An AppTest factory over the seeded store; query parameters make deep links."""
 
-    def make(db: Path | None = None, **query: str) -> AppTest:
+    def make(db: Path | None = None, config: Path | None = None, **query: str) -> AppTest:
         monkeypatch.setattr(
             sys,
             "argv",
-            [str(APP), "--db", str(db or seeded["db"]), "--config", str(seeded["config"])],
+            [
+                str(APP),
+                "--db",
+                str(db or seeded["db"]),
+                "--config",
+                str(config or seeded["config"]),
+            ],
         )
         at = AppTest.from_file(str(APP), default_timeout=60)
         for k, v in query.items():
@@ -892,6 +899,39 @@ def test_recorded_text_never_links_or_fetches_off_the_dashboard(app, seeded: dic
     for run, which in ((on_main, "main"), (branch, "branch")):
         caption = _texts(_ok(app(page="Run detail", run=run)).caption)
         assert f"evil.example ({which})" in caption.replace("\u2060", ""), caption
+
+
+def _forge_links(at: AppTest) -> list[str]:
+    """The Regressions table's links to the forge: each row's commit and compare."""
+    rows = _table(at)
+    return [x for col in ("on forge", "compare") for x in rows[col] if x]
+
+
+def test_forge_links_go_to_the_configured_forge_never_a_recorded_host(app, seeded: dict) -> None:
+    """A run recorded its CI run on another host (https://evil.example/o/r/...): the
+    commit and compare links of the Regressions page still go to the forge the config
+    names (GitHub's by default), to the repository its runs there named, and a run's own
+    step is linked there too."""
+    write_hostile_runs(seeded["db"])
+    at = _ok(app(page="Regressions"))
+    links = _forge_links(at)
+    assert links and all(x.startswith(f"{REPO}/") for x in links), links
+    rows = _table(at)
+    step = rows[rows["commit"] == commit(MAIN + 1)[:10]]
+    assert list(step["on forge"]) == [f"{REPO}/commit/{commit(MAIN + 1)}"]
+
+
+def test_a_forge_in_the_config_is_the_only_host_linked(app, seeded: dict, tmp_path: Path) -> None:
+    """With `forge_url` in the config, runs recorded there link to it, under its path;
+    runs recorded on GitHub (a host the config does not name) link nowhere."""
+    forge = "https://git.example.org/code"
+    there = seed_store(tmp_path / "forge", repo=f"{forge}/acme/model")
+    there["config"].write_text(f'forge_url = "{forge}/"\n' + CONFIG)
+    links = _forge_links(_ok(app(db=there["db"], config=there["config"], page="Regressions")))
+    assert f"{forge}/acme/model/commit/{commit(9)}" in links
+    assert all(x.startswith(f"{forge}/acme/model/") for x in links), links
+    # the seeded history recorded its CI runs on github.com
+    assert _forge_links(_ok(app(config=there["config"], page="Regressions"))) == []
 
 
 # -- empty and foreign databases ------------------------------------------------------
