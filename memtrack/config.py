@@ -95,6 +95,10 @@ class Config:
     dashboard_url: str | None = None
     """Where the team's dashboard is served (http or https), for links from the PR comment
     to a case's History; None: no links."""
+    forge_url: str = "https://github.com"
+    """The forge the repository is hosted on (http or https), the only host the dashboard
+    links commits and compares to. A run's recorded CI address names the repository there;
+    one recorded on another host gives no link."""
     references: Path = Path("perf/references")
     """The folder of reference outputs and their manifest (see memtrack.measure.references). Not
     under data/ by default: many repositories ignore data/, and references are committed."""
@@ -129,6 +133,7 @@ _TOP_KEYS = {
     "noisy_above",
     "max_cases",
     "dashboard_url",
+    "forge_url",
     "references",
     "plan_headroom",
 }
@@ -426,5 +431,6 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
         workloads=workloads,
         budgets=tuple(budgets),
         dashboard_url=c.url("dashboard_url"),
+        forge_url=c.url("forge_url") or Config.forge_url,
         references=references if references.is_absolute() else root / references,
     )

@@ -84,6 +84,10 @@ def test_pyproject_table_is_read_and_paths_resolved(tmp_path):
         ("dashboard_url = 'https://x)[y](https://evil'\n", r"memtrack.dashboard_url: expected"),
         ("dashboard_url = 'https://dash.example:99999/'\n", r"memtrack.dashboard_url: Port"),
         ("dashboard_url = 'dash.example'\n", r"memtrack.dashboard_url: expected an http"),
+        # The dashboard links commits there: the same rule.
+        ("forge_url = 'javascript:alert(1)'\n", r"memtrack.forge_url: expected an http"),
+        ("forge_url = 'https://u:p@git.example'\n", r"memtrack.forge_url: expected"),
+        ("forge_url = 'https://git.example/?x=1'\n", r"memtrack.forge_url: expected"),
         (
             f"[[budgets]]\nworkload='w'\nlimit='{'9' * 401}'\nreason='r'\n",
             r"memtrack.budgets\[0\].limit: '9999.* is more than the largest size, 2..62 bytes",
@@ -133,6 +137,9 @@ def test_revisions_and_finite_numbers_that_are_fine_are_kept(tmp_path):
     assert (config.base_branch, config.creep_anchor) == ("release/2.1", "main~10")
     assert (config.headroom_factor, config.creep_tolerance) == (2.5, 0.02)
     assert config.max_cases == 5000 and Config(path=None, root=tmp_path).max_cases == 1000
+    assert config.forge_url == "https://github.com"  # GitHub's, where none is configured
+    cfg.write_text("forge_url = 'https://git.example.org/code/'\n")
+    assert load_config(cfg).forge_url == "https://git.example.org/code"
 
 
 def test_missing_module_exits_2_and_writes_nothing(tmp_path):

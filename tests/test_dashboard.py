@@ -140,11 +140,12 @@ def _verdict(store: Store, run_id: str, case: str, kind: str, context: str, **fi
     )
 
 
-def seed_store(tmp_path: Path) -> dict:
+def seed_store(tmp_path: Path, repo: str = REPO) -> dict:
     """A realistic history: 14 commits on main, a day apart (two on the CPU, then the GPU:
     an environment change), with the steps of `_suite`; the gate's base-branch verdicts
     (the regressions at 6 and 9, the acceptance at 12); a pull request that slims
-    decoder[batch=1] and one that puts decoder[batch=8] over its budget."""
+    decoder[batch=1] and one that puts decoder[batch=8] over its budget. Each run of main
+    records its CI run at `repo`."""
     db = tmp_path / "memtrack.db"
     runs = []
     for i in range(1, MAIN + 1):
@@ -160,7 +161,7 @@ def seed_store(tmp_path: Path) -> dict:
                 ci=CIInfo(
                     provider="github-actions",
                     event="push",
-                    run_url=f"{REPO}/actions/runs/{1000 + i}",
+                    run_url=f"{repo}/actions/runs/{1000 + i}",
                 ),
             )
         )
@@ -274,11 +275,17 @@ def seed_store(tmp_path: Path) -> dict:
 def app(monkeypatch: pytest.MonkeyPatch, seeded: dict):
     """An AppTest factory over the seeded store; query parameters make deep links."""
 
-    def make(db: Path | None = None, **query: str) -> AppTest:
+    def make(db: Path | None = None, config: Path | None = None, **query: str) -> AppTest:
         monkeypatch.setattr(
             sys,
             "argv",
-            [str(APP), "--db", str(db or seeded["db"]), "--config", str(seeded["config"])],
+            [
+                str(APP),
+                "--db",
+                str(db or seeded["db"]),
+                "--config",
+                str(config or seeded["config"]),
+            ],
         )
         at = AppTest.from_file(str(APP), default_timeout=60)
         for k, v in query.items():
@@ -740,6 +747,191 @@ def test_recorded_text_and_link_parameters_are_escaped(app, seeded: dict) -> Non
         assert "://evil" not in shown, query  # nothing a reader would auto-link
         seen += "evil.example" in shown
     assert seen >= 3  # the text is shown, escaped: on the run, the callout, the warnings
+
+
+EVIL = (
+    "![x](https://evil.example/md.png) [docs](https://evil.example/phish) "
+    "<https://evil.example> www.evil.example"
+)
+"""Recorded text that a Markdown reader would turn into a remote image (fetched as the page
+loads: the reader's address goes to whoever recorded it) and remote links: an image, a
+link, an autolink and a bare `www.` address."""
+EVIL_RUN_URL = "https://evil.example/o/r/actions/runs/5"
+
+
+def write_hostile_runs(db: Path) -> tuple[str, str]:
+    """Two runs whose every recorded text is EVIL, written through the store: one on main
+    (a step of decoder[batch=8], judged over budget, a failed case accepted) with its CI run
+    recorded on another host than the forge, and one on a branch named by it. Neither
+    measured a device view, so their notes say why. Returns their run ids."""
+    from dataclasses import replace
+
+    def cases(suffix: str) -> list:
+        return [
+            make_measurement(
+                "decoder",
+                {"batch": 8},
+                peak=330 * MiB,
+                notes=(EVIL,),
+                device_view_note=EVIL + suffix,
+            ),
+            make_measurement(
+                "vision",
+                {"res": 512, "note": EVIL},
+                status="error",
+                message=EVIL,
+                notes=(EVIL,),
+                device_view_note=EVIL,
+            ),
+        ]
+
+    ci = CIInfo(provider="github-actions", event="push", run_url=EVIL_RUN_URL, runner_name=EVIL)
+    on_main = make_run(
+        cases(" (main)"),
+        commit=commit(MAIN + 1),
+        branch="main",
+        subject=EVIL,
+        started_at="2026-01-16T12:00:00+00:00",
+        env=replace(GPU_ENV, notes=(EVIL,)),
+        ci=ci,
+    )
+    on_main = replace(on_main, git=replace(on_main.git, notes=(EVIL,)))
+    branch = make_run(
+        cases(" (branch)"),
+        commit="d" * 40,
+        branch=EVIL,
+        subject=EVIL,
+        started_at="2026-01-16T13:00:00+00:00",
+        env=GPU_ENV,
+        merge_base=commit(MAIN),
+        ci=ci,
+    )
+    vision = cases("")[1].case_id
+    with Store.open(db) as store:
+        for run in (on_main, branch):
+            store.write_run(run)
+            fields = dict(baseline_value=320 * MiB, threshold=322 * MiB, candidate_value=330 * MiB)
+            _verdict(
+                store,
+                run.run_id,
+                D8,
+                "over_budget",
+                "base" if run is on_main else "pull_request",
+                **fields,
+                delta=10 * MiB,
+                budget_bytes=300 * MiB,
+                budget_reason=EVIL,
+                component=EVIL,
+                component_delta=MiB,
+                message=EVIL,
+            )
+            _verdict(
+                store, run.run_id, vision, "accepted", "base", accepted_reason=EVIL, message=EVIL
+            )
+    return on_main.run_id, branch.run_id
+
+
+def remote_addresses(markdown: str) -> list[str]:
+    """Every address outside the dashboard that a Markdown reader would link to or fetch
+    for `markdown`: links, images and autolinks (CommonMark), raw HTML's href and src, and
+    the bare `https://` and `www.` addresses that GitHub's and Streamlit's readers link."""
+    from markdown_it import MarkdownIt
+
+    found: list[str] = []
+
+    def walk(tokens: list) -> None:
+        for t in tokens:
+            if t.type == "link_open":
+                found.append(str(t.attrGet("href")))
+            elif t.type == "image":
+                found.append(str(t.attrGet("src")))
+            elif t.type in ("html_block", "html_inline"):
+                found.extend(re.findall(r"""(?:href|src)\s*=\s*["']?([^"'\s>]+)""", t.content))
+            elif t.type == "text":
+                found.extend(re.findall(r"(?:https?://|www\.)[^\s<>]*", t.content, re.I))
+            walk(t.children or [])
+
+    walk(MarkdownIt("commonmark").enable("table").parse(markdown))
+    return [a for a in found if not a.startswith(("?page=", "#"))]
+
+
+def _markdown_of(at: AppTest) -> list[str]:
+    """What the page gives Streamlit's Markdown reader: bodies of text, callouts, captions
+    and headings, the labels and help of widgets and expanders (code and grids aside: they
+    are shown as text)."""
+    out = []
+    for block in (at.main, at.sidebar):
+        for el in block:
+            if el.type in ("code", "arrow_data_frame", "vega_lite_chart"):
+                continue
+            proto = getattr(el, "proto", None)
+            for value in (
+                getattr(proto, "body", None),
+                getattr(proto, "help", None),
+                getattr(el, "label", None),
+            ):
+                if isinstance(value, str) and value:
+                    out.append(value)
+    return out
+
+
+def test_recorded_text_never_links_or_fetches_off_the_dashboard(app, seeded: dict) -> None:
+    """A note, a device view's note, a param, a subject, a branch, a message, a verdict's
+    message, a budget's or an acceptance's reason holding a Markdown image, a link, an
+    autolink or a bare address: every page shows it as text, with no image to fetch and
+    no link that leaves the dashboard."""
+    on_main, branch = write_hostile_runs(seeded["db"])
+    pages = [
+        dict(page="Run detail", run=on_main),
+        dict(page="Run detail", run=branch),
+        dict(page="Overview"),
+        dict(page="Overview", ov_branch=EVIL),
+        dict(page="Regressions"),
+        dict(page="History", case=D8),
+        dict(page="Compare", b=on_main),
+        dict(page="Compare", b=branch),
+    ]
+    for query in pages:
+        at = _ok(app(**query))
+        shown = _markdown_of(at)
+        assert [(a, md) for md in shown for a in remote_addresses(md)] == [], query
+    # shown, as text: the device view's note of each run, on its Run detail
+    for run, which in ((on_main, "main"), (branch, "branch")):
+        caption = _texts(_ok(app(page="Run detail", run=run)).caption)
+        assert f"evil.example ({which})" in caption.replace("\u2060", ""), caption
+
+
+def _forge_links(at: AppTest) -> list[str]:
+    """The Regressions table's links to the forge: each row's commit and compare."""
+    rows = _table(at)
+    return [x for col in ("on forge", "compare") for x in rows[col] if x]
+
+
+def test_forge_links_go_to_the_configured_forge_never_a_recorded_host(app, seeded: dict) -> None:
+    """A run recorded its CI run on another host (https://evil.example/o/r/...): the
+    commit and compare links of the Regressions page still go to the forge the config
+    names (GitHub's by default), to the repository its runs there named, and a run's own
+    step is linked there too."""
+    write_hostile_runs(seeded["db"])
+    at = _ok(app(page="Regressions"))
+    links = _forge_links(at)
+    assert links and all(x.startswith(f"{REPO}/") for x in links), links
+    rows = _table(at)
+    step = rows[rows["commit"] == commit(MAIN + 1)[:10]]
+    assert list(step["on forge"]) == [f"{REPO}/commit/{commit(MAIN + 1)}"]
+
+
+def test_a_forge_in_the_config_is_the_only_host_linked(app, seeded: dict, tmp_path: Path) -> None:
+    """With `forge_url` in the config, runs recorded there link to it, under its path;
+    runs recorded on GitHub (a host the config does not name) link nowhere."""
+    forge = "https://git.example.org/code"
+    there = seed_store(tmp_path / "forge", repo=f"{forge}/acme/model")
+    there["config"].write_text(f'forge_url = "{forge}/"\n' + CONFIG)
+    links = _forge_links(_ok(app(db=there["db"], config=there["config"], page="Regressions")))
+    assert f"{forge}/acme/model/commit/{commit(9)}" in links
+    assert all(x.startswith(f"{forge}/acme/model/") for x in links), links
+    # the seeded history recorded its CI runs on github.com
+    assert _forge_links(_ok(app(config=there["config"], page="Regressions"))) == []
 
 
 # -- empty and foreign databases ------------------------------------------------------

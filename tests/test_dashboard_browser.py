@@ -10,7 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import pytest
 from test_dashboard import D8, free_port, seed_store, wait_healthy
@@ -274,6 +274,75 @@ def test_recorded_addresses_never_become_live_links(hostile_server) -> None:
                 assert "e.example" in body.replace("\u2060", ""), name  # shown, as text
         finally:
             browser.close()
+
+
+def test_run_detail_of_hostile_notes_fetches_and_links_nothing_remote(
+    chromium: Path, tmp_path: Path
+) -> None:
+    """A run whose notes, device view's note, params, subject, branch, messages and
+    reasons hold a Markdown image, a link, an autolink and a bare address: its Run detail,
+    drawn by Chromium, asks nothing of any host but the dashboard's (a remote image would
+    tell its recorder who reads the run, and from where), and its only links are the
+    dashboard's own pages or the configured forge (GitHub's here). The page may try: any
+    request elsewhere is refused here, never sent, and counted."""
+    from playwright.sync_api import sync_playwright
+    from test_dashboard import write_hostile_runs
+
+    seeded = seed_store(tmp_path)
+    runs = write_hostile_runs(seeded["db"])
+    elsewhere: list[str] = []
+
+    def local(url: str) -> bool:
+        parts = urlsplit(url)
+        return parts.scheme in ("data", "blob", "about") or parts.hostname == "127.0.0.1"
+
+    def route(r) -> None:
+        if local(r.request.url):
+            r.continue_()
+        else:
+            elsewhere.append(r.request.url)
+            r.abort()
+
+    with _serving(seeded["db"], seeded["config"], tmp_path) as server, sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=str(chromium),
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+            + ["--no-first-run"],
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            page.route("**/*", route)
+            page.on("request", lambda r: None if local(r.url) else elsewhere.append(r.url))
+            page.on("websocket", lambda ws: None if local(ws.url) else elsewhere.append(ws.url))
+            for run_id, which in zip(runs, ("main", "branch"), strict=True):
+                page.goto(
+                    f"{server}/?page=run-detail&run={run_id}",
+                    wait_until="domcontentloaded",
+                    timeout=60_000,
+                )
+                page.get_by_text("Exact parameters").wait_for(timeout=60_000)
+                _settled(page)
+                for expander in page.locator("[data-testid='stExpander'] summary").all():
+                    expander.click()
+                page.wait_for_timeout(800)  # an image in an opened expander starts to load
+                links = page.eval_on_selector_all(
+                    "a[href]", "els => els.map(e => e.getAttribute('href'))"
+                )
+                sources = page.eval_on_selector_all(
+                    "[src], [srcset], [poster]",
+                    "els => els.map(e => e.getAttribute('src') || e.getAttribute('srcset')"
+                    " || e.getAttribute('poster'))",
+                )
+                body = page.inner_text("body").replace("\u2060", "")
+                assert f"evil.example ({which})" in body, which  # the note, shown as text
+                assert all(
+                    h.startswith(("?page=", "#", "https://github.com/")) or local(h) for h in links
+                ), (which, links)
+                assert all(not urlsplit(s).netloc or local(s) for s in sources), (which, sources)
+                assert elsewhere == [], (which, elsewhere)
+        finally:
+            browser.close()
+    assert elsewhere == []
 
 
 @contextlib.contextmanager

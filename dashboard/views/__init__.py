@@ -68,6 +68,11 @@ class Context:
         return self.config.base_branch if self.config else "main"
 
     @property
+    def forge_url(self) -> str:
+        """Where commits and compares are linked: the config's forge, else GitHub's."""
+        return self.config.forge_url if self.config else Config.forge_url
+
+    @property
     def headroom_factor(self) -> float:
         return self.config.headroom_factor if self.config else model.HEADROOM_FACTOR
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 import pandas as pd
 import streamlit as st
@@ -15,20 +16,31 @@ from memtrack.dashboard.views import Context, esc, goto, short
 from memtrack.units import format_size
 
 POINTS = 200
-_RUN_URL = re.compile(
-    r"^(https://[A-Za-z0-9.-]+/[A-Za-z0-9._-]+/[A-Za-z0-9._-]+)"
-    r"/actions/runs/\d+"
-)
+_REPOSITORY = re.compile(r"/([\w-][\w.-]*/[\w-][\w.-]*)/actions/runs/\d+", re.ASCII)
+"""The path of a CI run address below the forge's: owner/repo/actions/runs/N."""
 _SHA = re.compile(r"^[0-9a-f]{7,64}$")
 
 
-def forge(rows: list[dict[str, Any]]) -> str | None:
-    """The repository's web address, from a CI run address the runs recorded
-    (https://host/owner/repo/actions/runs/N); None without one."""
+def forge(rows: list[dict[str, Any]], forge_url: str) -> str | None:
+    """The repository's web address on the configured forge, named by a CI run address the
+    runs recorded there (FORGE/owner/repo/actions/runs/N); None without one. The host comes
+    from the config only: a record can name a repository, never where a link goes."""
+    base = urlsplit(forge_url)
     for r in rows:
-        found = _RUN_URL.match(r.get("ci_run_url") or "")
+        try:
+            run = urlsplit(r.get("ci_run_url") or "")
+        except ValueError:
+            continue
+        if (
+            (run.scheme, run.netloc.lower()) != (base.scheme, base.netloc.lower())
+            or run.query
+            or run.fragment
+            or not run.path.startswith(base.path + "/")
+        ):
+            continue
+        found = _REPOSITORY.fullmatch(run.path[len(base.path) :])
         if found:
-            return found.group(1)
+            return f"{forge_url}/{found.group(1)}"
     return None
 
 
@@ -63,7 +75,7 @@ def _rows(ctx: Context) -> list[dict[str, Any]]:
     labels = model.short_case_labels(c["case_id"] for c in series)
     out = []
     for c in series:
-        repo = forge(c["rows"])
+        repo = forge(c["rows"], ctx.forge_url)
         # One row per case, commit and direction: the views that moved together are one
         # change, told by the first of allocated, reserved, device, host.
         grouped: dict[tuple[str, bool], list[model.Step]] = {}

@@ -123,7 +123,7 @@ def _device_gap(ms: list[dict[str, Any]]) -> None:
         notes = {str(m["device_view_note"]) for m in ms if m.get("device_view_note")}
         st.caption(
             "No device view in this run"
-            + (f": {'; '.join(sorted(notes))}." if notes else " (a CPU run).")
+            + (f": {esc('; '.join(sorted(notes)), 1000)}." if notes else " (a CPU run).")
         )
 
 
@@ -182,7 +182,7 @@ def _banner(ctx: Context, run: dict[str, Any], labels: dict[str, str]) -> None:
             on_click=goto,
             args=("Compare",),
             kwargs={"a": mb, "b": run["run_id"]},
-            help=f"Every figure of this run beside the base-branch commit {short(mb)} "
+            help=f"Every figure of this run beside the base-branch commit {esc(short(mb))} "
             "it branched from",
         )
 
