@@ -250,7 +250,7 @@ def _page_sources(at: Any) -> list[str]:
 
 @pytest.mark.slow
 @settings(
-    max_examples=8,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
