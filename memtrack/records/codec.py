@@ -94,10 +94,10 @@ class Dialect:
         return f"expected an object, got {type(value).__name__}"
 
     def unknown(self, keys: set[str]) -> str:
-        return f"no field {', '.join(map(repr, sorted(keys)))}"
+        return f"unknown key(s) {', '.join(sorted(short(k) for k in keys))}"
 
     def missing(self, name: str) -> str:
-        return f"{name} is missing"
+        return f"missing key {name}"
 
     def too_long(self, length: int, limit: int) -> str:
         return f"{length:,} characters, more than {limit:,}"
@@ -152,14 +152,15 @@ def _any(d: Dialect) -> Check:
         return lambda v, w: v
     low, high = d.int_range
     limit = math.inf if d.text_limit is None else d.text_limit
+    mended = d.text({})
 
     def check_scalar(v: Any, w: Path_) -> Any:
         if isinstance(v, str):
             if len(v) > limit:
                 d.fail(w, d.too_long(len(v), int(limit)))
-            if not v.isascii() and (bad := unicode_problem(v)):
+            if mended is None and not v.isascii() and (bad := unicode_problem(v)):
                 d.fail(w, bad)
-            return v
+            return v if mended is None else mended(v)
         if v is None or isinstance(v, bool):
             return v
         if isinstance(v, int):
@@ -210,7 +211,7 @@ def _list_check(d: Dialect, hint: Any, rules: dict[str, Any]) -> Check:
 
 def _dict_check(d: Dialect, hint: Any, rules: dict[str, Any]) -> Check:
     value, valid = _compile(d, hint, rules), _all_valid(d, hint, rules)
-    limit = d.text_limit
+    limit, mended = d.text_limit, d.text({})
 
     def check_dict(v: Any, w: Path_) -> Any:
         if type(v) is not dict:
@@ -220,7 +221,7 @@ def _dict_check(d: Dialect, hint: Any, rules: dict[str, Any]) -> Check:
                 d.fail(w, d.expected("an object", v))
             if limit is not None and len(k) > limit:
                 d.fail((w, (k[:20],)), d.too_long(len(k), limit))
-            if not k.isascii() and (bad := unicode_problem(k)):
+            if mended is None and not k.isascii() and (bad := unicode_problem(k)):
                 d.fail(w, f"a key: {bad}")
         if valid(v.values()):
             return v
@@ -289,8 +290,8 @@ def _str_check(d: Dialect, rules: dict[str, Any], nullable: bool) -> Check:
             d.fail(w, d.expected("a string", v))
         if longest is not None and len(v) > longest:
             d.fail(w, d.too_long(len(v), longest))
-        if not v.isascii() and (bad := unicode_problem(v)):
-            d.fail(w, bad)
+        if then is None and not v.isascii() and (bad := unicode_problem(v)):
+            d.fail(w, bad)  # kept as it is, so it must be text every output can carry
         if pattern is not None and not pattern.match(v):
             d.fail(w, f"{short(v)} does not match {pattern.pattern}")
         if enum and v not in enum:

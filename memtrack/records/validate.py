@@ -228,12 +228,6 @@ class RecordDialect(Dialect):
     def not_object(self, value: Any) -> str:
         return self.expected("an object", value)
 
-    def unknown(self, keys: set[str]) -> str:
-        return f"unknown key(s) {', '.join(sorted(short(k) for k in keys))}"
-
-    def missing(self, name: str) -> str:
-        return f"missing key {name}"
-
     def too_long(self, length: int, limit: int) -> str:
         return f"{length:,} characters, more than the {limit:,} a record's text may hold"
 
