@@ -439,7 +439,7 @@ def history_false(
                 c = counts.setdefault(metric, [0, 0, 0])
                 c[0] += 1
                 c[1] += len(found.starts)
-                c[2] += int(found.flagged)
+                c[2] += int(found.creep is not None and found.creep.flagged)
         out += [
             {"case": case_id, "metric": k, "histories": c[0], "steps": c[1], "creeps": c[2]}
             for k, c in counts.items()

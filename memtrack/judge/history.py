@@ -236,6 +236,25 @@ def _anchor_position(
 
 
 @dataclass(frozen=True)
+class Trend:
+    """A series' growth from its anchor to its latest run, on the fitted trend."""
+
+    anchor_value: float
+    """The fitted value at the anchor."""
+    latest_value: float
+    growth: float
+    trend: float
+    """The slope's part of the growth (the rest is steps)."""
+    error: float
+    """The growth's standard error."""
+    allowed: float
+    flagged: bool
+    steps_between: int
+    runs: int
+    """Runs from the anchor on."""
+
+
+@dataclass(frozen=True)
 class SeriesFit:
     """One series judged: its steps, and its growth since an anchor on a fitted trend."""
 
@@ -244,17 +263,8 @@ class SeriesFit:
     room: float
     """max(factor x noise, floor): the smallest step reported."""
     anchor_index: int | None = None
-    anchor_value: float = 0.0
-    """The fitted value at the anchor."""
-    latest_value: float = 0.0
-    growth: float = 0.0
-    trend: float = 0.0
-    error: float = 0.0
-    """The growth's standard error."""
-    allowed: float = 0.0
-    flagged: bool = False
-    steps_between: int = 0
-    runs: int = 0
+    creep: Trend | None = None
+    """None without an anchor, or with no run after it."""
 
 
 _MAX_LAGS = 24
@@ -323,20 +333,10 @@ def judge_series(
             err2 += 1.57 * sigma**2 / level.count(k)
     error = err2**0.5
     allowed = max(config.creep_tolerance * abs(first), factor * error)
-    return SeriesFit(
-        tuple(found),
-        room,
-        anchor_index,
-        first,
-        last,
-        growth,
-        trend,
-        error,
-        allowed,
-        growth > allowed,
-        level[-1] - level[0],
-        len(ys),
+    creep = Trend(
+        first, last, growth, trend, error, allowed, growth > allowed, level[-1] - level[0], len(ys)
     )
+    return SeriesFit(tuple(found), room, anchor_index, creep)
 
 
 def analyze_history(
@@ -468,7 +468,7 @@ def analyze_series(
         )
     if accepted is not None:
         steps = [replace(st, accepted=accepted(st)) for st in steps]
-    if fit.anchor_index is None or fit.anchor_index >= len(pts) - 1:
+    if fit.creep is None or fit.anchor_index is None:
         return steps, None
     young = not any(p.position <= (anchor_pos or 0) for p in pts)
     return steps, _creep(case_id, metric, pts, fit.anchor_index, fit, steps, config, young)
@@ -486,12 +486,13 @@ def _creep(
 ) -> Creep:
     """A series' growth from its anchor point (index `at`) to its latest, in words;
     `young`: the series starts after the anchor."""
-    a, latest = pts[at], pts[-1]
-    pct = 100 * fit.growth / fit.anchor_value if fit.anchor_value else 0.0
+    a, latest, trend = pts[at], pts[-1], fit.creep
+    assert trend is not None  # `fit` is of a series with runs after its anchor
+    pct = 100 * trend.growth / trend.anchor_value if trend.anchor_value else 0.0
     between = [st for i, st in zip(fit.starts, steps, strict=True) if i > at]
     taken = [st for st in between if st.accepted]
     accepted = sum((st.delta for st in taken), 0.0)
-    flagged = fit.flagged and fit.growth - accepted > fit.allowed
+    flagged = trend.flagged and trend.growth - accepted > trend.allowed
     if between:
         biggest = max(between, key=lambda st: abs(st.delta))
         how = (
@@ -499,7 +500,7 @@ def _creep(
             f"{_signed(biggest.delta)} at {biggest.commit[:12]}"
         )
     else:
-        how = "no single step: slow creep" if fit.flagged else "no step between"
+        how = "no single step: slow creep" if trend.flagged else "no step between"
     if taken:
         how += (
             f"; {_signed(accepted)} of it accepted ("
@@ -512,29 +513,29 @@ def _creep(
         else f"anchor {a.commit[:12]}"
     )
     message = (
-        f"{metric}: fitted {format_size(int(fit.latest_value))} at "
-        f"{latest.commit[:12]} vs {format_size(int(fit.anchor_value))} at {since}, "
-        f"{fit.runs} runs: {_signed(fit.growth)} ({pct:+.2f}%; trend "
-        f"{_signed(fit.trend)}) {'>' if fit.flagged else '<='} allowed "
-        f"{format_size(int(fit.allowed))} = max(tolerance "
+        f"{metric}: fitted {format_size(int(trend.latest_value))} at "
+        f"{latest.commit[:12]} vs {format_size(int(trend.anchor_value))} at {since}, "
+        f"{trend.runs} runs: {_signed(trend.growth)} ({pct:+.2f}%; trend "
+        f"{_signed(trend.trend)}) {'>' if trend.flagged else '<='} allowed "
+        f"{format_size(int(trend.allowed))} = max(tolerance "
         f"{config.creep_tolerance:.1%}, factor x standard error "
-        f"{format_size(int(fit.error))}); {how}"
+        f"{format_size(int(trend.error))}); {how}"
     )
     return Creep(
         case_id,
         metric,
         a.commit,
-        fit.anchor_value,
+        trend.anchor_value,
         latest.commit,
-        fit.latest_value,
-        fit.growth,
+        trend.latest_value,
+        trend.growth,
         pct,
-        fit.allowed,
+        trend.allowed,
         flagged,
         len(between),
         message,
-        fit.trend,
-        fit.runs,
+        trend.trend,
+        trend.runs,
         accepted,
     )
 
@@ -547,6 +548,7 @@ __all__ = [
     "Creep",
     "HistoryResult",
     "SeriesFit",
+    "Trend",
     "SeriesPoint",
     "Step",
     "analyze_history",
