@@ -108,11 +108,14 @@ class Recorded:
 
     case_id: str
     path: Path
-    sha256: str
     entry: dict[str, Any]
-    """Its manifest entry."""
+    """Its manifest entry: its file, sha256, dtype, shapes and commit."""
     for_cases: tuple[str, ...]
     """The selected cases it is the reference of."""
+
+    @property
+    def sha256(self) -> str:
+        return str(self.entry["sha256"])
 
 
 def reference_cases(cases: Iterable[Case]) -> dict[str, tuple[Case, list[str]]]:
@@ -172,7 +175,7 @@ def record_references(
             Path(f"{tmp}.json").unlink()
             sha = hashlib.sha256(tmp.read_bytes()).hexdigest()
             entry = {"file": file_name(ref_id), "sha256": sha, **meta, "commit": commit}
-            done.append((Recorded(ref_id, target / entry["file"], sha, entry, tuple(served)), tmp))
+            done.append((Recorded(ref_id, target / entry["file"], entry, tuple(served)), tmp))
         for rec, tmp in done:
             tmp.replace(rec.path)
     finally:  # nothing half-recorded stays behind
