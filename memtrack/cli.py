@@ -45,9 +45,9 @@ def _usage(exc: click.exceptions.UsageError) -> str:
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM (what CI sends on cancel) or SIGHUP, raised where the program is, as ^C raises
-    KeyboardInterrupt: the same clean-up runs (every case's processes ended, nothing half
-    written) and the exit status is the shell's for that signal."""
+    """SIGTERM (what CI sends on cancel), SIGHUP or SIGQUIT (^\\), raised where the program
+    is, as ^C raises KeyboardInterrupt: the same clean-up runs (every case's processes ended,
+    nothing half written) and the exit status is the shell's for that signal."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -56,8 +56,9 @@ class Interrupted(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise Interrupted, once: a second one while the first is being
-    cleaned up is ignored, so that the clean-up finishes. The previous handlers come back."""
+    """SIGTERM, SIGHUP and SIGQUIT raise Interrupted, once: a second one while the first is
+    being cleaned up is ignored, so that the clean-up finishes. The previous handlers come
+    back."""
     raised: list[int] = []
 
     def handler(signum: int, _frame: FrameType | None) -> None:
@@ -65,7 +66,7 @@ def _interruptible() -> Iterator[None]:
             raised.append(signum)
             raise Interrupted(signum)
 
-    caught = (signal.SIGTERM, signal.SIGHUP)
+    caught = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
     try:
         before = {sig: signal.signal(sig, handler) for sig in caught}
     except ValueError:  # not the main thread: signals stay as they are

@@ -4,10 +4,14 @@ a test needs GPUs (this machine has none), and torch is this machine's build (CP
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
+import processes
 import pytest
 import torch
 from factories import GPU_ENV, GiB, MiB, make_measurement, make_run
@@ -231,3 +235,16 @@ def test_the_environment_records_the_allocator_backend_torch_starts_with_fake_cu
     assert env.allocator_backend == "cudaMallocAsync"
     assert env.visible_uuids == ("GPU-00000000-0000-0000-0000-000000000000",)
     assert environment.probe().allocator_backend is None  # this machine: torch has no CUDA
+
+
+def test_the_environment_probe_hung_in_fake_nvml_dies_with_its_parent_killed_by_sigkill(
+    tmp_path, monkeypatch
+):
+    """A runner killed by SIGKILL stops nothing: the probe it started in a fresh interpreter,
+    stuck in NVML's initialisation, ends with it all the same (its parent-death signal)."""
+    (tmp_path / "nvml.json").write_text(json.dumps({"devices": [], "init": "hang"}))
+    monkeypatch.setenv("FAKE_NVML", str(tmp_path / "nvml.json"))
+    fake = Path(__file__).parent / "fakenvml"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), *sys.path]))
+    runner = "from memtrack.machine.environment import probe\nprobe()"
+    assert processes.ends_with_its_killed_parent(runner, b"memtrack.machine.environment")

@@ -20,8 +20,10 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
+import processes
 import pytest
 from factories import committed, make_measurement, make_run
 
@@ -749,71 +751,116 @@ def test_a_database_of_a_newer_schema_is_refused_by_backup_leaving_no_copy(tmp_p
 
 # -- signals to `memtrack run` ---------------------------------------------------------------
 
-SLOW = """
-import pathlib, subprocess, sys, time
+HOLDS = """
+import json, os, pathlib, subprocess, sys, time
 import memtrack
 
 @memtrack.workload
 def slow(ctx):
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
-                               start_new_session=True)
-    (pathlib.Path(__file__).parent / "child.pid").write_text(str(sleeper.pid))
+    here = pathlib.Path(__file__).parent
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)", (here / "marker").read_text()]
+    plain = subprocess.Popen(sleep)  # in the worker's process group
+    own = subprocess.Popen(sleep, start_new_session=True)  # a session of its own
+    pids = {"worker": os.getpid(), "plain": plain.pid, "session": own.pid}
+    (here / "pids.tmp").write_text(json.dumps(pids))
+    os.replace(here / "pids.tmp", here / "pids.json")
     return lambda: time.sleep(60)
 """
 
 
-def _state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0]
-    except FileNotFoundError:
-        return None
+def _running(case: dict[int, int], marker: str) -> dict[int, int]:
+    """The processes of `case` (pid -> start time) that still run, and every running process
+    whose command line carries `marker`."""
+    left = {pid: start for pid, start in case.items() if processes.running(pid, start)}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and marker.encode() in processes.cmdline(int(entry)):
+            st = processes.stat(int(entry))
+            if st is not None and processes.running(int(entry), st[2]):
+                left[int(entry)] = st[2]
+    return left
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_a_signal_to_memtrack_run_mid_case_is_an_interrupt(tmp_path, sig):
-    """SIGTERM (what CI sends on cancel) and SIGHUP as ^C: the shell's status for the signal,
-    the case's processes ended (a child in a session of its own too), the database intact."""
+def _run_until_the_case_holds(
+    tmp_path: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], dict[int, int], str]:
+    """A real `memtrack run` of HOLDS, once its case's worker has started both children: the
+    run, its case's processes (pid -> start time) and the marker in the children's commands."""
     db = tmp_path / "m.db"
     _seed(db)
-    (tmp_path / "wl.py").write_text(SLOW)
+    marker = f"memtrack-test-case-{uuid.uuid4().hex}"
+    (tmp_path / "marker").write_text(marker)
+    (tmp_path / "wl.py").write_text(HOLDS)
     (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 1\n')
     committed(tmp_path)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "memtrack.cli",
-            "run",
-            "--config",
-            str(tmp_path / "memtrack.toml"),
-            "--db",
-            str(db),
-        ],
+        [sys.executable, "-m", "memtrack.cli", "run", "--config", "memtrack.toml", "--db", str(db)],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, **(env or {})},
     )
     try:
         assert proc.stderr is not None
         while "running" not in (line := proc.stderr.readline()):  # the case has started
             assert line, "memtrack run ended before its case"
-        child = tmp_path / "child.pid"
+        pids = tmp_path / "pids.json"
         for _ in range(6000):  # the step is a 60 s sleep: its setup is done long before
-            if child.exists() and child.read_text():
+            if pids.exists():
                 break
-            proc.poll()
-            assert proc.returncode is None, "memtrack run ended before the case's setup"
+            assert proc.poll() is None, "memtrack run ended before the case's setup"
             time.sleep(0.05)
-        sleeper = int(child.read_text())
+        case = {}
+        for pid in json.loads(pids.read_text()).values():
+            st = processes.stat(pid)
+            assert st is not None, f"the case's process {pid} ended before the signal"
+            case[pid] = st[2]
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    return proc, case, marker
+
+
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT], ids=lambda s: s.name
+)
+def test_a_signal_to_memtrack_run_mid_case_is_an_interrupt(tmp_path, sig):
+    """SIGTERM (what CI sends on cancel), SIGHUP and SIGQUIT (^\\) as ^C: one line, the
+    shell's status for the signal, every process of the case ended (its worker, a child in its
+    group and one in a session of its own), the database intact."""
+    proc, case, marker = _run_until_the_case_holds(tmp_path)
+    try:
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=120)
+        left = _running(case, marker)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            proc.communicate()
+        processes.kill(_running(case, marker))
     assert proc.returncode == 128 + sig, err
-    assert "memtrack: interrupted" in err and "Traceback" not in err
-    assert _state(sleeper) in (None, "Z"), f"the case's child {sleeper} outlived the run"
-    _intact(db, 3)
+    said = "memtrack: interrupted" + ("" if sig == signal.SIGINT else f" ({sig.name})")
+    assert err.strip().splitlines()[-1] == said, err
+    assert "Traceback" not in err
+    assert left == {}, "processes of the case outlived the run"
+    _intact(tmp_path / "m.db", 3)
+
+
+@pytest.mark.parametrize("how", ["forked", "spawned"])
+def test_a_sigkill_of_memtrack_run_mid_case_leaves_no_process_of_the_case(tmp_path, how):
+    """Nothing runs in a runner killed by SIGKILL: its case's worker dies with it (its
+    parent-death signal), and the children the workload started, in the worker's group and in
+    a session of its own, are ended by the runner's guard. Forked by the fork server or
+    spawned as a fresh interpreter alike."""
+    env = {"MEMTRACK_SPAWN": "1"} if how == "spawned" else {}
+    proc, case, marker = _run_until_the_case_holds(tmp_path, env)
+    try:
+        proc.kill()
+        proc.communicate()
+        ended = processes.wait_until(lambda: not _running(case, marker))
+        left = _running(case, marker)
+    finally:
+        processes.kill(_running(case, marker))
+    assert ended, f"processes of the case outlived the killed run: {left}"
+    _intact(tmp_path / "m.db", 3)

@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import processes
 import pytest
 
 from memtrack.measure.launcher import CaseOutcome, launch
@@ -219,6 +220,17 @@ def test_a_hung_sampler_with_fake_nvml_is_ended_and_the_view_absent(
     sampler = NvmlSampler(0.01, ("GPU-a",), timeout_s=1)
     assert sampler.start() is False
     assert sampler.stop() == SamplerResult(reason="the NVML sampler did not start within 1 s")
+
+
+def test_a_sampler_hung_in_fake_nvml_dies_with_its_runner_killed_by_sigkill(
+    fake_nvml, sampler_uses_fake_nvml
+):
+    """A runner killed by SIGKILL stops nothing: its sampler, stuck in NVML's initialisation
+    (it reads no command meanwhile), ends with it all the same (its parent-death signal)."""
+    _, show = fake_nvml
+    show(gpu("GPU-a"), init="hang")
+    runner = "from memtrack.measure import sampler\nsampler.NvmlSampler(0.01, ('GPU-a',)).start()"
+    assert processes.ends_with_its_killed_parent(runner, b"memtrack.probes.nvml")
 
 
 def test_a_sampler_with_fake_nvml_refuses_a_mig_parent_and_says_why(

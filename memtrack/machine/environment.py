@@ -1,7 +1,8 @@
 """The environment fingerprint: GPUs, driver, CUDA, cuDNN, NCCL, torch, Python, host.
 
-`collect()` runs in a child process (`python -m memtrack.machine.environment`), so that the
-parent never creates a CUDA context of its own: one would show in every case's device view.
+`collect()` runs in a child process (`python -m memtrack.machine.environment PARENT_PID`, which
+dies with its parent), so that the parent never creates a CUDA context of its own: one would
+show in every case's device view.
 The GPUs are those torch sees (after CUDA_VISIBLE_DEVICES), as torch numbers them; when torch
 cannot start CUDA, those NVML sees, and torch's reason. Versions come from torch.
 """
@@ -19,6 +20,7 @@ from importlib import metadata
 from typing import Any
 
 from memtrack.probes.nvml import guarded, memory_info, resolve, usable_total
+from memtrack.probes.tree import die_with_parent
 from memtrack.records import Environment, GpuInfo
 
 ENV_ALLOWLIST = (
@@ -273,7 +275,7 @@ def probe(timeout_s: float = 120.0, env: Mapping[str, str] | None = None) -> Env
     """Collect the environment in a child process; `env`: the environment the workers run
     in (its allowlisted variables are what is recorded), by default this process's."""
     out = subprocess.run(
-        [sys.executable, "-m", "memtrack.machine.environment"],
+        [sys.executable, "-m", "memtrack.machine.environment", str(os.getpid())],
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -284,4 +286,6 @@ def probe(timeout_s: float = 120.0, env: Mapping[str, str] | None = None) -> Env
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1:  # the parent's pid: a hung NVML must not outlive it
+        die_with_parent(int(sys.argv[1]))
     json.dump(collect(), sys.stdout)

@@ -24,6 +24,7 @@ from memtrack import errors
 from memtrack.config import Config
 from memtrack.errors import MemtrackError, WorkloadError
 from memtrack.machine import environment
+from memtrack.measure.guard import runner_guard
 from memtrack.records import Environment
 from memtrack.worker.protocol import (
     AskEnvironment,
@@ -120,7 +121,9 @@ class ForkServer:
 
     @classmethod
     def start(cls, env: Mapping[str, str]) -> ForkServer:
-        """Start the server in `env` (the workers' environment); it begins importing at once."""
+        """Start the server in `env` (the workers' environment); it begins importing at once.
+        The runner's guard first: what a workload module starts at its import is guarded too."""
+        runner_guard()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         stderr = tempfile.TemporaryFile()
         try:

@@ -8,7 +8,9 @@ estimates, and any case the server cannot fork start as fresh interpreters
 
 Whatever happens (an exception, a timeout, a failing rank), nothing the case started outlives
 it: every process of the case's tree is ended before `launch` returns (probes.tree), orphans
-that left it included, the runner being their subreaper meanwhile.
+that left it included, the runner being their subreaper meanwhile. Where nothing can run in
+the runner any more (a SIGKILL), its guard (measure.guard), told of each case and each of its
+processes as they are found, ends them.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from memtrack.config import Config
 from memtrack.measure.forkserver import ForkedWorker, ForkServer
+from memtrack.measure.guard import Guard, marked, runner_guard
 from memtrack.measure.sampler import NvmlSampler
 from memtrack.probes.nvml import SamplerResult
 from memtrack.probes.quality import QualitySpec
@@ -56,9 +59,10 @@ PINNED_ENV = {
 
 
 def worker_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment a worker runs in: the parent's (or `base`) with PINNED_ENV's defaults.
-    The parent's own environment is left as it is."""
-    env = dict(os.environ if base is None else base)
+    """The environment a worker runs in: the parent's (or `base`) with PINNED_ENV's defaults
+    and the run's mark (measure.guard), which what the workers start inherits. The parent's
+    own environment is left as it is."""
+    env = marked(os.environ if base is None else base)
     for name, value in PINNED_ENV.items():
         env.setdefault(name, value)
     return env
@@ -137,6 +141,8 @@ class _Started:
     tree: ProcessTree | None = None
     spawned: str | None = None
     """Why a case that had a fork server was started as a fresh interpreter instead."""
+    guard: Guard | None = None
+    """The runner's guard, told of the case and of each of its processes."""
 
 
 def launch(
@@ -162,7 +168,7 @@ def launch(
     if clock is not None:
         specs = [dataclasses.replace(s, sampler_clock=str(clock)) for s in specs]
     t0 = time.perf_counter()
-    started = _Started()
+    started = _Started(guard=runner_guard())
     in_time = False
     exited_pids: dict[int, float] = {}
     with (
@@ -184,6 +190,8 @@ def launch(
             # Whatever happened, nothing the case started outlives it.
             if started.tree is not None:
                 started.tree.end()
+                if started.guard is not None:
+                    started.guard.done(started.tree.pid)
             for p in started.procs:
                 p.wait()
         duration = time.perf_counter() - t0
@@ -225,7 +233,16 @@ def _start(
     """Start one worker per spec (forked by `server` where it forks it), each in the case's
     process tree and watched by the sampler before it runs; each goes into `started` at
     once, so that the caller ends it whatever happens next."""
-    watch = sampler.watch if sampler is not None else None
+    told: list[Callable[[int], None]] = []
+    if sampler is not None:
+        told.append(sampler.watch)
+    if started.guard is not None:
+        told.append(started.guard.member)
+
+    def watch(pid: int) -> None:
+        for tell in told:
+            tell(pid)
+
     for i, spec in enumerate(specs):
         spec_path = folder / f"spec-{i}.json"
         spec.write(spec_path)
@@ -247,11 +264,17 @@ def _start(
                 **_group(len(specs), first),
             )
         started.procs.append(proc)
-        if watch is not None:
-            watch(proc.pid)
+        watch(proc.pid)
         if started.tree is None:
-            forked_tree = isinstance(proc, ForkedWorker)
-            started.tree = ProcessTree(proc.pid, on_member=watch, forked=forked_tree)
+            tree = ProcessTree(
+                proc.pid,
+                on_member=watch,
+                forked=isinstance(proc, ForkedWorker),
+                spared=[started.guard.pid] if started.guard is not None else [],
+            )
+            started.tree = tree
+            if started.guard is not None:
+                started.guard.case(tree.pid, tree.started, tree.cgroup_path)
         else:
             started.tree.add(proc.pid)
         if isinstance(proc, ForkedWorker):

@@ -8,6 +8,7 @@ two samples were taken (probes.nvml.wait_for_rounds)."""
 from __future__ import annotations
 
 import json
+import os
 import select
 import shutil
 import subprocess
@@ -54,6 +55,8 @@ class NvmlSampler:
                 str(self.interval_s),
                 "--clock",
                 str(self.folder / "clock"),
+                "--parent",
+                str(os.getpid()),
                 *self.uuids,
             ],
             stdin=subprocess.PIPE,

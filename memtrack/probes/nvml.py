@@ -26,12 +26,15 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from memtrack.probes.tree import die_with_parent
 
 Sample = tuple[float, "int | None", "int | None"]
 """(monotonic time, device-wide used, the watched processes' used: 0 when absent)."""
@@ -369,8 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="NVML sampler (started by memtrack's runner)")
     parser.add_argument("--interval", type=float, default=0.01)
     parser.add_argument("--clock", help="write 'ROUNDS STAMP' here after every round")
+    parser.add_argument("--parent", type=int, help="the runner's pid: die with it")
     parser.add_argument("uuids", nargs="*", help="the devices torch sees, in its order")
     args = parser.parse_args(argv)
+    if args.parent is not None:
+        die_with_parent(args.parent)
+    # A terminal's ^C, ^\ and hangup are the runner's to handle: it stops this sampler.
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     try:
         import pynvml
 

@@ -14,6 +14,9 @@ in a process group not the runner's, and is still one of the case's processes.
 
 The worker may be the runner's child (spawned) or not (forked by the fork server): either
 way it is waited on through its pidfd, and it is never reaped here before its tree ends.
+
+Where the runner itself is killed (SIGKILL), every process memtrack started dies with its
+parent (`die_with_parent`); what the case started, the runner's guard ends (measure.guard).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 SAMPLE_INTERVAL_S = 0.2
@@ -36,7 +39,7 @@ CGROUP = "cgroup"
 SAMPLED = "process-group samples (lower bound)"
 
 
-def _stat(pid: int) -> tuple[str, int, int, int] | None:
+def proc_stat(pid: int) -> tuple[str, int, int, int] | None:
     """(state, ppid, pgid, start time) of a process, or None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -49,6 +52,32 @@ def _stat(pid: int) -> tuple[str, int, int, int] | None:
         return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
     except (IndexError, ValueError):
         return None
+
+
+def living() -> dict[int, tuple[str, int, int, int]] | None:
+    """Every process running (zombies not counted): pid -> its proc_stat; None without /proc."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    procs = {}
+    for entry in entries:
+        if entry.isdigit():
+            st = proc_stat(int(entry))
+            if st is not None and st[0] not in ("Z", "X"):
+                procs[int(entry)] = st
+    return procs
+
+
+def with_descendants(found: set[int], procs: dict[int, tuple[str, int, int, int]]) -> set[int]:
+    """`found` and, of `procs` (living()), every process they started, at any depth."""
+    found = set(found)
+    grown = True
+    while grown:
+        more = {p for p, st in procs.items() if st[1] in found}
+        grown = not more <= found
+        found |= more
+    return found
 
 
 def _rss_hwm(pid: int) -> tuple[int, int]:
@@ -143,8 +172,30 @@ def _own_cgroup2_dir() -> Path | None:
     return None
 
 
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_GET_CHILD_SUBREAPER = 37
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """This process gets SIGKILL when its parent dies (Linux's parent-death signal): a killed
+    `memtrack run` must not leave a process of memtrack's holding the GPU or host memory.
+    Called in the child itself, first thing; `parent_pid` is the pid the parent gave it.
+
+    If the parent died before the signal was armed, this process was re-parented already and
+    nothing would ever send it: it exits now. Compared with the parent's pid, not with 1: as
+    a container's entrypoint the runner is PID 1 itself, and a subreaper may adopt an orphan.
+
+    The signal comes when the *thread* that forked this process ends, not its process: each
+    parent forks from its main thread (the runner's `launch` and the fork server's loop run
+    there; the server refuses to fork while any other thread runs), which ends only with it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 @contextlib.contextmanager
@@ -180,9 +231,16 @@ class ProcessTree:
     sampler watches them: a compile worker's device memory is the case's too)."""
 
     def __init__(
-        self, pid: int, on_member: Callable[[int], None] | None = None, *, forked: bool = False
+        self,
+        pid: int,
+        on_member: Callable[[int], None] | None = None,
+        *,
+        forked: bool = False,
+        spared: Collection[int] = (),
     ):
         self.pid = pid
+        self.spared = frozenset(spared)
+        """The runner's own children that are no part of any case (its guard)."""
         self.exact = not forked
         """Whether a cgroup's `memory.peak` is the tree's peak: not for a worker forked by
         the fork server, whose inherited pages stay charged to the server's cgroup (its
@@ -195,7 +253,7 @@ class ProcessTree:
         """The processes memtrack started (reaped by their owner, never here)."""
         self.runner = os.getpid()
         self.runner_group = os.getpgid(0)
-        st = _stat(pid)
+        st = proc_stat(pid)
         self.started = st[3] if st is not None else 0
         """The first worker's start time: an adopted orphan of the case started after it."""
         self.cgroup = _Cgroup.create()
@@ -209,14 +267,25 @@ class ProcessTree:
         if self.cgroup is not None:
             self.cgroup.add(pid)
         self.workers.add(pid)
-        st = _stat(pid)
+        st = proc_stat(pid)
         if st is not None:
             self.known[pid] = st[3]
 
-    def _adopted(self, st: tuple[str, int, int, int]) -> bool:
+    def _adopted(self, pid: int, st: tuple[str, int, int, int]) -> bool:
         """An orphan of the case, re-parented to the runner as its subreaper: the runner's
-        child, outside the runner's own process group, started since the case did."""
-        return st[1] == self.runner and st[2] != self.runner_group and st[3] >= self.started
+        child, outside the runner's own process group, started since the case did, and none
+        of the runner's own helpers."""
+        return (
+            st[1] == self.runner
+            and st[2] != self.runner_group
+            and st[3] >= self.started
+            and pid not in self.spared
+        )
+
+    @property
+    def cgroup_path(self) -> Path | None:
+        """The case's own cgroup, where it has one."""
+        return self.cgroup.path if self.cgroup is not None else None
 
     @property
     def source(self) -> str:
@@ -224,25 +293,15 @@ class ProcessTree:
 
     def members(self) -> set[int]:
         """Living processes of the case: its group, the worker's descendants, the cgroup."""
-        procs = {}
-        try:
-            entries = os.listdir("/proc")
-        except OSError:  # no procfs: the process group alone is ended
+        procs = living()
+        if procs is None:  # no procfs: the process group alone is ended
             return set()
-        for entry in entries:
-            if entry.isdigit():
-                st = _stat(int(entry))
-                if st is not None and st[0] not in ("Z", "X"):
-                    procs[int(entry)] = st
-        found = {p for p, st in procs.items() if st[2] == self.pid or self._adopted(st)}
+        found = {p for p, st in procs.items() if st[2] == self.pid or self._adopted(p, st)}
         found |= {p for p, start in self.known.items() if procs.get(p, ("", 0, 0, -1))[3] == start}
         if self.cgroup is not None:
             found |= self.cgroup.pids() & set(procs)
-        grown = True
-        while grown:  # children that left the group in a new session are still the case's
-            more = {p for p, st in procs.items() if st[1] in found}
-            grown = not more <= found
-            found |= more
+        # children that left the group in a new session are still the case's
+        found = with_descendants(found, procs)
         for p in found:
             if self.on_member is not None and self.known.get(p) != procs[p][3]:
                 self.on_member(p)
@@ -356,8 +415,8 @@ class ProcessTree:
         for entry in entries:
             if not entry.isdigit() or int(entry) in self.workers:
                 continue
-            st = _stat(int(entry))
-            if st is not None and st[0] in ("Z", "X") and self._adopted(st):
+            st = proc_stat(int(entry))
+            if st is not None and st[0] in ("Z", "X") and self._adopted(int(entry), st):
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(int(entry), os.WNOHANG)
 

@@ -3,28 +3,13 @@ turn how the case ended into its result (an exception is data: the case's status
 
 from __future__ import annotations
 
-import os
-import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from memtrack.probes.tree import die_with_parent
 from memtrack.worker.protocol import ResultFile, Spec
-
-
-def die_with_parent(runner_pid: int) -> None:
-    """A killed `memtrack run` must not leave a workload holding the GPU (Linux only)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-        # The runner died before prctl took effect. Compared with its PID, not with 1: as
-        # a container's entrypoint the runner is PID 1 itself.
-        if os.getppid() != runner_pid:
-            os._exit(1)
 
 
 def serve(
@@ -49,4 +34,4 @@ def serve(
     return 0
 
 
-__all__ = ["die_with_parent", "serve"]
+__all__ = ["serve"]

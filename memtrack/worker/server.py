@@ -37,10 +37,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from memtrack.probes.tree import die_with_parent
 from memtrack.worker import protocol
-from memtrack.worker.process import die_with_parent
 
 CUDA_ERROR_NOT_INITIALIZED = 3
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
+"""What a terminal sends its foreground group (^C, ^\\, hangup): the server ignores them."""
 WORKER_MAIN = str(Path(__file__).with_name("__main__.py"))
 """What sys.argv[0] is in a spawned worker (`python -m memtrack.worker`): a forked one says
 the same."""
@@ -104,8 +106,11 @@ class Server:
             self.chan.close()
             if self.environment is not None:
                 os.close(self.environment[1])
-            signal.signal(signal.SIGINT, signal.default_int_handler)
             die_with_parent(parent)
+            # A worker's signals as a spawned one's: the server's own ignores are not its.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            for sig in TERMINAL_SIGNALS[1:]:
+                signal.signal(sig, signal.SIG_DFL)
             code = body()
         except SystemExit as exc:  # as the interpreter of a spawned worker would exit
             if exc.code is None or isinstance(exc.code, int):
@@ -287,9 +292,10 @@ def warm_imports() -> None:
 def main(argv: list[str]) -> int:
     fd, runner_pid = int(argv[0]), int(argv[1])
     die_with_parent(runner_pid)
-    # A terminal's ^C reaches the whole foreground group: it is the runner's to handle, and
-    # it ends this server when it is done.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A terminal's ^C, ^\ and hangup reach the whole foreground group: they are the runner's
+    # to handle, and it ends this server when it is done.
+    for sig in TERMINAL_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     server = Server(protocol.Channel(socket.socket(fileno=fd)))
     import torch  # noqa: F401
 
