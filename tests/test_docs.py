@@ -38,9 +38,9 @@ def test_readme_is_a_short_path():
 def test_readme_keeps_the_two_quick_start_commands_that_ci_runs():
     blocks = _bash_blocks(README.read_text())
     assert "pip install -e . && memtrack run" in blocks
-    assert 'pip install -e ".[test]" && pytest' in blocks
+    assert 'pip install -e ".[test]" && pytest -n auto' in blocks
     # .ci/run runs the README's test command as written there.
-    assert 'pip install -e ".[test]" && pytest' in (ROOT / ".ci" / "run").read_text()
+    assert 'pip install -e ".[test]" && pytest -n auto' in (ROOT / ".ci" / "run").read_text()
 
 
 def test_every_docs_page_is_in_the_site_nav():
@@ -84,7 +84,7 @@ def test_the_docs_state_the_one_provisional_rule_the_gate_applies():
 def test_ci_runs_the_readme_test_command_in_a_fresh_venv_and_times_its_stages():
     """As a newcomer runs it: in a venv made for the run, never the machine's own Python."""
     lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
-    command = lines.index('pip install -e ".[test]" && pytest')
+    command = lines.index('pip install -e ".[test]" && pytest -n auto')
     made = max(i for i, line in enumerate(lines[:command]) if "-m venv --clear" in line)
     activated = max(i for i, line in enumerate(lines[:command]) if line.startswith("source "))
     assert made < activated < command
