@@ -257,10 +257,12 @@ def run_job(
     steps: set[str] | None = None,
     variables: dict[str, str] | None = None,
     step_env: dict[str, dict[str, str]] | None = None,
+    contexts: dict[str, Any] | None = None,
 ) -> ActionRun:
     """Run the `run:` steps of one job of `workflow` as a runner would, with the workflow's
     and the job's `env:` substituted. `steps`: only the steps of these names (all if None);
-    `step_env`: more variables for the step of that name (what this machine lacks).
+    `step_env`: more variables for the step of that name (what this machine lacks);
+    `contexts`: more expression contexts (`matrix`, `strategy`, `needs`).
     `uses:` steps (a checkout) are skipped, and listed."""
     spec = load_yaml(workflow)
     result = ActionRun()
@@ -269,6 +271,7 @@ def run_job(
         "steps": result.steps,
         "vars": variables or {},
         "runner": {"temp": env.get("RUNNER_TEMP", "")},
+        **(contexts or {}),
     }
     base = dict(env)
     for table in (spec.get("env") or {}, spec["jobs"][job].get("env") or {}):

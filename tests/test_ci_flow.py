@@ -241,7 +241,7 @@ def _action(tmp: Path, repo: Path, env: dict[str, str], event: str, **inputs: st
         env=env,
         cwd=repo,
         workdir=tmp / "jobs" / job / "steps",
-        given={"setup": setup},
+        given={"environment": {}, "setup": setup},
     )
 
 

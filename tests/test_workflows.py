@@ -1,6 +1,8 @@
-"""The GitHub Actions files: valid by GitHub's schema, clean by zizmor's audit, and safe on
-a persistent GPU runner: a fork's code can never reach it, jobs on one GPU never overlap,
-tokens are read-only unless a job needs more, and every remote action is pinned.
+"""The GitHub Actions files, memtrack's own and the workflow `memtrack init` writes: valid by
+GitHub's schema, clean by zizmor's audit, and safe on a persistent GPU runner: a fork's code
+can never reach it, jobs on one GPU never overlap, tokens are read-only unless a job needs
+more, every remote action is pinned, and only the gate, which runs no code of the pull
+request, knows where the history is. Both have the jobs and runner labels the docs describe.
 
 The `if:` conditions are evaluated, not only read: a small evaluator of GitHub's
 expression language runs each job's condition for a push, a pull request from the
@@ -15,24 +17,41 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from gha import evaluate, load_yaml
+from gha import evaluate, load_yaml, run_job
+
+from memtrack.scaffold import Pin, workflow_text
 
 ROOT = Path(__file__).resolve().parents[1]
 GITHUB = ROOT / ".github"
-WORKFLOWS = sorted((GITHUB / "workflows").glob("*.yml"))
 ACTION = GITHUB / "actions" / "memtrack" / "action.yml"
 HOOK = GITHUB / "memtrack-runner-hook.sh"
 REPO = "octo/memtrack"
 
+# The workflow `memtrack init` writes, audited beside memtrack's own.
+_INIT = tempfile.TemporaryDirectory(prefix="memtrack-init-")
+INIT_GITHUB = Path(_INIT.name) / ".github"
+GENERATED = INIT_GITHUB / "workflows" / "memtrack.yml"
+GENERATED.parent.mkdir(parents=True)
+GENERATED.write_text(
+    workflow_text("main", Pin("memtrack @ git+https://github.com/acme/memtrack@" + "0" * 40), True)
+)
+WORKFLOWS = [*sorted((GITHUB / "workflows").glob("*.yml")), GENERATED]
+MEMTRACK_WORKFLOWS = {"memtrack.yml": GITHUB / "workflows" / "memtrack.yml", "init": GENERATED}
+
 
 def _load(path: Path) -> dict[str, Any]:
     return load_yaml(path)
+
+
+def _name(path: Path) -> str:
+    return "init: memtrack.yml" if path == GENERATED else path.name
 
 
 def _tool(name: str) -> str:
@@ -43,7 +62,7 @@ def _tool(name: str) -> str:
 
 
 def _jobs() -> list[tuple[str, str, dict[str, Any]]]:
-    return [(wf.name, name, job) for wf in WORKFLOWS for name, job in _load(wf)["jobs"].items()]
+    return [(_name(wf), name, job) for wf in WORKFLOWS for name, job in _load(wf)["jobs"].items()]
 
 
 def _labels(job: dict[str, Any]) -> list[str]:
@@ -59,7 +78,7 @@ def _self_hosted(job: dict[str, Any]) -> bool:
 
 
 def test_the_files_exist() -> None:
-    assert {wf.name for wf in WORKFLOWS} >= {"memtrack.yml", "tests.yml"}
+    assert {_name(wf) for wf in WORKFLOWS} >= {"memtrack.yml", "tests.yml", "init: memtrack.yml"}
     assert ACTION.is_file() and HOOK.is_file()
 
 
@@ -77,12 +96,13 @@ def test_workflows_and_action_match_githubs_schema() -> None:
         assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_zizmor_offline_finds_nothing() -> None:
+@pytest.mark.parametrize("github", [GITHUB, INIT_GITHUB], ids=["memtrack", "init"])
+def test_zizmor_offline_finds_nothing(github: Path) -> None:
     out = subprocess.run(
-        [_tool("zizmor"), "--offline", "--no-progress", str(GITHUB)],
+        [_tool("zizmor"), "--offline", "--no-progress", str(github)],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=github.parent,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "No findings" in out.stdout, out.stdout
@@ -140,8 +160,9 @@ def test_every_self_hosted_job_refuses_forks() -> None:
         assert evaluate(str(condition), SAME_REPO_PR), f"{wf}: {name!r} never runs on a PR"
 
 
-def test_forks_get_a_hosted_cpu_job_and_the_required_check_still_reports() -> None:
-    jobs = {name: job for wf, name, job in _jobs() if wf == "memtrack.yml"}
+@pytest.mark.parametrize("workflow", MEMTRACK_WORKFLOWS.values(), ids=MEMTRACK_WORKFLOWS)
+def test_forks_get_a_hosted_cpu_job_and_the_required_check_still_reports(workflow: Path) -> None:
+    jobs = _load(workflow)["jobs"]
     for_forks = [n for n, j in jobs.items() if evaluate(str(j.get("if", "true")), FORK_PR)]
     assert for_forks, "a fork's pull request gets some job"
     for name in for_forks:
@@ -158,8 +179,8 @@ def test_no_workflow_triggers_on_pull_request_target_or_workflow_run() -> None:
     for wf in WORKFLOWS:
         triggers = _load(wf)["on"]
         names = [triggers] if isinstance(triggers, str) else list(triggers)
-        assert "pull_request_target" not in names, wf.name
-        assert "workflow_run" not in names, wf.name
+        assert "pull_request_target" not in names, _name(wf)
+        assert "workflow_run" not in names, _name(wf)
 
 
 def test_jobs_on_one_gpu_never_overlap() -> None:
@@ -184,10 +205,10 @@ def test_jobs_on_one_gpu_never_overlap() -> None:
 def test_permissions_are_least_privilege() -> None:
     for path in WORKFLOWS:
         top = _load(path).get("permissions")
-        assert top is not None, f"{path.name}: no top-level permissions (the default may write)"
+        assert top is not None, f"{_name(path)}: no top-level permissions (the default may write)"
         assert top in ({}, "read-all") or (
             isinstance(top, dict) and set(top.values()) <= {"read", "none"}
-        ), f"{path.name}: top-level permissions {top} are not read-only"
+        ), f"{_name(path)}: top-level permissions {top} are not read-only"
     for wf, name, job in _jobs():
         perms = job.get("permissions", {})
         writes = {k for k, v in (perms.items() if isinstance(perms, dict) else []) if v == "write"}
@@ -207,7 +228,7 @@ def _uses_lines() -> list[tuple[str, str]]:
         for line in path.read_text().splitlines():
             m = re.match(r"^\s*(?:-\s*)?uses:\s*(\S+)(.*)$", line)
             if m:
-                found.append((f"{path.name}: {line.strip()}", m.group(1) + m.group(2)))
+                found.append((f"{_name(path)}: {line.strip()}", m.group(1) + m.group(2)))
     return found
 
 
@@ -255,14 +276,152 @@ def test_the_gate_judges_and_writes_the_history_with_the_base_branchs_memtrack()
     actions = [str(s["uses"]) for s in gate["steps"] if str(s.get("uses", "")).startswith("./")]
     assert actions == [f"./{folder}/.github/actions/memtrack"], actions
     # ...and the action installs the memtrack of the checkout it comes from.
-    install = _load(ACTION)["runs"]["steps"][0]["run"]
-    assert 'pip install --quiet "$GITHUB_ACTION_PATH/../../.."' in install
-    # The pull request's own code runs in the measuring jobs, which never learn where the
-    # history is: only the gate has MEMTRACK_DB.
-    workflow = _load(GITHUB / "workflows" / "memtrack.yml")
-    assert "MEMTRACK_DB" not in workflow.get("env", {})
-    for name, job in jobs.items():
+    install = next(s for s in _load(ACTION)["runs"]["steps"] if s.get("id") == "setup")["run"]
+    assert 'pip install --quiet "$GITHUB_ACTION_PATH/../../..")' in install
+
+
+@pytest.mark.parametrize("workflow", MEMTRACK_WORKFLOWS.values(), ids=MEMTRACK_WORKFLOWS)
+def test_only_the_gate_knows_where_the_history_is(workflow: Path) -> None:
+    """The pull request's own code runs in the measuring jobs (and a fork's in the hosted
+    estimate), which never learn where the history is: only the gate has MEMTRACK_DB, in
+    its own env, and no other job names it at all."""
+    spec = _load(workflow)
+    assert "MEMTRACK_DB" not in spec.get("env", {})
+    for name, job in spec["jobs"].items():
         assert ("MEMTRACK_DB" in job.get("env", {})) == (name == "gate"), name
+        if name != "gate":
+            assert "MEMTRACK_DB" not in json.dumps(job), name
+
+
+def test_the_generated_gate_runs_memtrack_pinned_and_nothing_of_the_checkout() -> None:
+    """In an adopter's repository the gate installs memtrack from MEMTRACK_REQUIREMENT and
+    nothing else: the checkout is data (config, budgets, git history), the record comes as
+    an artifact, and no Python is started where it would import the checkout's files
+    first (the working directory): it runs from $RUNNER_TEMP, or isolated (-I)."""
+    spec = _load(GENERATED)
+    gate, measure = spec["jobs"]["gate"], spec["jobs"]["measure"]
+    assert gate["needs"] == "measure" and "memtrack-db" in _labels(gate)
+    uses = [str(s["uses"]).split("@")[0] for s in gate["steps"] if "uses" in s]
+    assert uses == [
+        "actions/checkout",
+        "actions/download-artifact",
+        "actions/upload-artifact",
+        "actions/upload-artifact",
+    ]
+    download = next(s for s in gate["steps"] if "download-artifact" in str(s.get("uses")))
+    assert download["with"]["pattern"] == "memtrack-record-*"
+    upload = next(s for s in measure["steps"] if "upload-artifact" in str(s.get("uses")))
+    assert upload["with"]["name"].startswith("memtrack-record-")
+    scripts = {s["name"]: s["run"] for s in gate["steps"] if "run" in s}
+    install = scripts["Install memtrack"]
+    assert re.findall(r'pip install [^\n]*"(\$\w+)"', install) == ["$MEMTRACK_REQUIREMENT"] * 2
+    for name, script in scripts.items():
+        assert not re.search(r"pip install[^\n]*(-e|\s\.)(\s|$)", script), name
+        _no_python_in_the_checkout(name, script)
+    # The environment step is the measuring job's, to the letter, and the action's.
+    env_step = [s for s in gate["steps"] if s.get("name") == "Python environment"]
+    assert env_step == [s for s in measure["steps"] if s.get("name") == "Python environment"]
+    (action_env,) = [s for s in _load(ACTION)["runs"]["steps"] if s.get("id") == "environment"]
+    assert action_env["run"] == env_step[0]["run"]
+
+
+def _no_python_in_the_checkout(where: str, script: str) -> None:
+    """Every Python `script` starts runs isolated (-I), or after it left the working
+    directory (the checkout) for $RUNNER_TEMP."""
+    lines = script.splitlines()
+    for n, line in enumerate(lines):
+        if re.search(r'python"? (?!-I)', line) or 'MEMTRACK_PYTHON" -m' in line:
+            away = any('cd "$RUNNER_TEMP"' in x for x in lines[: n + 1])
+            assert away, f"{where}: {line.strip()} runs in the checkout"
+
+
+def test_the_actions_gate_steps_start_no_python_in_the_checkout() -> None:
+    """memtrack's own gate runs the action from the trusted checkout in the pull request's:
+    the steps it runs there start no Python that would import the checkout's files first
+    (the install of `install:`, which only a measuring job gives, aside)."""
+    for step in _load(ACTION)["runs"]["steps"]:
+        if "run" in step:
+            script = re.sub(r'(?s)if \[ -n "\$MEMTRACK_INSTALL" \].*?fi', "", step["run"])
+            _no_python_in_the_checkout(str(step.get("name")), script)
+
+
+def _table(text: str, header: str) -> dict[str, str]:
+    """A Markdown table's first two columns (backticks dropped), by its header row."""
+    rows = text[text.index(header) :].split("\n\n")[0].splitlines()[2:]
+    cells = [[c.strip().strip("`") for c in row.strip("|").split("|")] for row in rows]
+    return {c[0]: c[1] for c in cells}
+
+
+def _runs_on(job: dict[str, Any]) -> str:
+    labels = _labels(job)
+    return f"[{', '.join(labels)}]" if "self-hosted" in labels else "hosted"
+
+
+@pytest.mark.parametrize("workflow", MEMTRACK_WORKFLOWS.values(), ids=MEMTRACK_WORKFLOWS)
+def test_the_docs_describe_the_workflows_jobs_and_runner_labels(workflow: Path) -> None:
+    """docs/ci.md and the README's CI section list the jobs of the workflow `memtrack init`
+    writes (and memtrack's own, of the same design) with the runners they run on, and the
+    labels a runner is registered with are those the jobs ask for."""
+    ci = (ROOT / "docs" / "ci.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    header = "| job | runs on | when | does |"
+    documented = _table(ci, header)
+    assert _table(readme, header) == documented
+    jobs = _load(workflow)["jobs"].values()
+    actual = {re.sub(r" \(shard .*\)$", "", job.get("name", "")): _runs_on(job) for job in jobs}
+    assert actual == documented
+    labels = {x for job in jobs for x in _labels(job) if _self_hosted(job)} - {"self-hosted"}
+    registered = re.search(r"\./config\.sh .*--labels (\S+)", ci)
+    assert registered and set(registered[1].split(",")) == labels == {"gpu", "memtrack-db"}
+    assert "Only the gate job has `MEMTRACK_DB`" in ci
+
+
+def test_the_jobs_environment_sees_a_virtual_environments_packages(tmp_path: Path) -> None:
+    """MEMTRACK_PYTHON may be a venv's python, whose torch is in the venv itself: the job's
+    fresh environment sees its packages (importable, and known to pip, so that nothing
+    reinstalls them), where --system-site-packages alone sees only its base interpreter's.
+    A package of the venv's own stands for its torch."""
+    runner = tmp_path / "runner"
+    runner.mkdir()
+    theirs = tmp_path / "torch-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(theirs)], check=True)
+    site = subprocess.run(
+        [theirs / "bin/python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(site) / "gpu_stack").mkdir()
+    (Path(site) / "gpu_stack" / "__init__.py").write_text("CUDA = '12.8'\n")
+    info = Path(site) / "gpu_stack-2.13.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gpu-stack\nVersion: 2.13.0\n")
+    (info / "RECORD").write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for job in ("measure", "gate"):
+        result = run_job(
+            GENERATED,
+            job,
+            github={"event_name": "push"},
+            env={**env, "RUNNER_TEMP": str(runner)},
+            cwd=tmp_path,
+            workdir=runner / "steps",
+            variables={"MEMTRACK_PYTHON": str(theirs / "bin/python")},
+            steps={"Python environment"},
+        )
+        assert result.ran == ["Python environment"] and result.failed_step is None, result.log
+        python = runner / "memtrack-venv" / "bin" / "python"
+        seen = subprocess.run(
+            [python, "-c", "import gpu_stack; print(gpu_stack.CUDA)"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        assert seen.stdout.strip() == "12.8", seen.stderr
+        shown = subprocess.run(
+            [python, "-m", "pip", "show", "gpu-stack"], cwd=runner, capture_output=True, text=True
+        )
+        assert "Version: 2.13.0" in shown.stdout, shown.stderr
 
 
 def _run_scripts() -> list[tuple[str, str]]:

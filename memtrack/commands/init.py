@@ -19,9 +19,18 @@ _VERB = {"create": "created ", "append": "appended", "exists": "exists  "}
 @click.option(
     "--requirement",
     metavar="REQ",
-    help="How CI installs memtrack, pinned: memtrack==VERSION or memtrack @ "
-    "git+https://HOST/OWNER/REPO@COMMIT (default: the memtrack running this, "
-    "by its git commit where it was installed from git, else its version).",
+    help="How CI installs memtrack, pinned: memtrack==VERSION, memtrack @ "
+    "git+https://HOST/OWNER/REPO@COMMIT, memtrack @ https://HOST/PATH/memtrack-VERSION-"
+    "py3-none-any.whl, or the absolute path of such a file on the runner (default: as the "
+    "memtrack running this was installed: its git commit, its archive's URL, or its "
+    "version from the index pip is configured with; a wheel file, a folder or an editable "
+    "install cannot be reached from a runner, and must be named here).",
+)
+@click.option(
+    "--index-url",
+    metavar="URL",
+    help="The https package index that serves a memtrack==VERSION requirement (default: "
+    "the runner's own).",
 )
 @click.option(
     "--base-branch",
@@ -29,10 +38,14 @@ _VERB = {"create": "created ", "append": "appended", "exists": "exists  "}
     help="The branch whose runs are the baseline (default: origin's default "
     "branch, else the branch checked out).",
 )
-def init(check_only: bool, requirement: str | None, base_branch: str | None) -> None:
+def init(
+    check_only: bool, requirement: str | None, index_url: str | None, base_branch: str | None
+) -> None:
     """Set up this git repository for memtrack: the [tool.memtrack] table (in
-    pyproject.toml, else memtrack.toml), perf/workloads.py to adapt, the CI workflow and
-    the GPU runner's pre-job hook. Never overwrites a file; prints the next steps."""
+    pyproject.toml, else memtrack.toml), perf/workloads.py to adapt, the CI workflow and its
+    comment script, and the GPU runner's pre-job hook. Where setuptools finds the
+    repository's package by itself, also the table that keeps it building that package
+    alone. Never overwrites a file; prints the next steps."""
     root = scaffold.repository_root(Path.cwd())
     if check_only:
         problems = scaffold.missing(root)
@@ -47,7 +60,9 @@ def init(check_only: bool, requirement: str | None, base_branch: str | None) -> 
             raise SystemExit(2)
         click.echo(f"{root}: nothing missing")
         return
-    planned = scaffold.plan_files(root, requirement=requirement, base_branch=base_branch)
+    planned = scaffold.plan_files(
+        root, requirement=requirement, base_branch=base_branch, index_url=index_url
+    )
     done = scaffold.write_files(root, planned)
     for item in done:
         left = " (left as it is)" if item.action == "exists" else ""

@@ -1,12 +1,13 @@
 """What a repository needs to adopt memtrack, written by `memtrack init` and checked by
 `memtrack init --check`: the `[tool.memtrack]` table (in pyproject.toml, else a
-memtrack.toml), a workloads module to adapt, the CI workflow and the GPU runner's pre-job
-hook.
+memtrack.toml), a workloads module to adapt, the CI workflow, its comment script and the
+GPU runner's pre-job hook; and, where setuptools finds the repository's package by itself,
+the table that keeps it finding that package alone beside perf/ and data/ (`layout`).
 
-The workflow installs memtrack from a pinned requirement (a version, or a git URL at a full
-commit), never from the repository it measures. Nothing here overwrites a file: new files
-are created exclusively, and the table is appended to a pyproject.toml that has none, after
-the result is checked to parse. This module does not import torch.
+The workflow installs memtrack from a pinned requirement a runner can reach (`requirement`),
+never from the repository it measures. Nothing here overwrites a file: new files are created
+exclusively, and a table is appended to a pyproject.toml only after the result is checked to
+parse. This package does not import torch.
 """
 
 from __future__ import annotations
@@ -17,12 +18,20 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
-from importlib import metadata, resources
+from importlib import resources
 from pathlib import Path
 
 from memtrack.config import find_config, is_branch, load_config
 from memtrack.errors import ConfigError, MemtrackError
 from memtrack.machine.provenance import git_ignore_rule
+from memtrack.scaffold.layout import flat_layout, keeping_table, layout_problem
+from memtrack.scaffold.requirement import (
+    Pin,
+    by_version,
+    check_index_url,
+    check_requirement,
+    installed_pin,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,6 +41,8 @@ else:  # pragma: no cover
 WORKLOADS = Path("perf/workloads.py")
 WORKFLOW = Path(".github/workflows/memtrack.yml")
 HOOK = Path(".github/memtrack-runner-hook.sh")
+COMMENT = Path(".github/memtrack-comment.py")
+CONFIGURATION = "configuration"
 REFERENCES = "perf/references"
 """Beside the workloads, never under data/: many repositories ignore data/, and reference
 outputs must be committed."""
@@ -39,9 +50,6 @@ outputs must be committed."""
 IGNORE_DATABASE = (
     "# memtrack's database and its journal files: CI keeps the history on "
     "its runner\nmemtrack.db*\n"
-)
-_PINNED = re.compile(
-    r"^memtrack(==[0-9][0-9A-Za-z.+!-]*|\s*@\s*git\+https://[^\s@\"'#]+@[0-9a-f]{40})$"
 )
 
 
@@ -86,38 +94,6 @@ def repository_root(cwd: Path) -> Path:
     return Path(out.stdout.strip()).resolve()
 
 
-def pinned_requirement() -> str:
-    """How CI installs the memtrack that runs here: its git URL at its commit where it was
-    installed from git (PEP 610's direct_url.json), else its version."""
-    dist = metadata.distribution("memtrack")
-    try:
-        direct = json.loads(dist.read_text("direct_url.json") or "{}")
-    except ValueError:
-        direct = {}
-    vcs = direct.get("vcs_info") or {}
-    url = str(direct.get("url", ""))
-    commit = str(vcs.get("commit_id", ""))
-    if (
-        vcs.get("vcs") == "git"
-        and url.startswith("https://")
-        and re.fullmatch(r"[0-9a-f]{40}", commit)
-    ):
-        return f"memtrack @ git+{url}@{commit}"
-    return f"memtrack=={dist.version}"
-
-
-def check_requirement(requirement: str) -> str:
-    """A requirement that pins one memtrack, or ConfigError saying how to write one."""
-    text = requirement.strip()
-    if not _PINNED.match(text):
-        raise ConfigError(
-            f"--requirement: {requirement!r} does not pin memtrack (write "
-            "memtrack==VERSION, or memtrack @ git+https://HOST/OWNER/REPO@COMMIT "
-            "with the full 40-digit commit)"
-        )
-    return text
-
-
 def _base_branch(root: Path) -> str:
     """origin's default branch where known, else the branch checked out, else main."""
     for args in (
@@ -149,27 +125,6 @@ def _project(root: Path) -> tuple[str | None, bool]:
     return name, (root / "setup.py").is_file() or (root / "setup.cfg").is_file()
 
 
-def flat_discovery(root: Path) -> bool:
-    """Whether the repository's package is built by setuptools' automatic discovery in a
-    flat layout, which refuses to build once several top-level folders (perf/, data/) could
-    be packages."""
-    pyproject = root / "pyproject.toml"
-    if not pyproject.is_file() or (root / "setup.py").is_file() or (root / "setup.cfg").is_file():
-        return False
-    try:
-        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
-        return False
-    backend = str((data.get("build-system") or {}).get("build-backend", "setuptools"))
-    tool = (data.get("tool") or {}).get("setuptools") or {}
-    return (
-        "project" in data
-        and backend.startswith("setuptools")
-        and not (root / "src").is_dir()
-        and not any(k in tool for k in ("packages", "py-modules"))
-    )
-
-
 def config_table(base_branch: str, pyproject: bool) -> str:
     """The configuration memtrack init writes: a `[tool.memtrack]` table, or memtrack.toml."""
     head = "[tool.memtrack]\n" if pyproject else ""
@@ -194,41 +149,77 @@ def _template(name: str) -> str:
     return (resources.files("memtrack") / "templates" / name).read_text(encoding="utf-8")
 
 
-def workflow_text(base_branch: str, requirement: str, install_project: bool) -> str:
+def workflow_text(base_branch: str, pin: Pin, install_project: bool) -> str:
+    """The CI workflow for a repository whose base branch is `base_branch`, installing
+    memtrack as `pin` says, and the repository's own package where pip can install it."""
     project = (
-        '"$venv/bin/python" -m pip install --quiet -e .  # this repository\'s package'
+        '"$python" -m pip install --quiet -e .  # this repository\'s package'
         if install_project
         else "# this repository is not a pip project: the workloads import it from its root"
     )
     return (
         _template("workflow.yml")
-        # a YAML flow scalar of its own: quotes, commas, `]#` and newlines stay in it
+        # YAML flow scalars of their own: quotes, commas, `]#` and newlines stay in them
         .replace("@@BASE_BRANCH@@", json.dumps(base_branch))
-        .replace("@@REQUIREMENT@@", requirement)
+        .replace("@@REQUIREMENT@@", json.dumps(pin.requirement))
+        .replace("@@INDEX_URL@@", json.dumps(pin.index_url))
         .replace("@@INSTALL_PROJECT@@", project)
     )
 
 
+def choose_pin(requirement: str | None, index_url: str | None) -> Pin:
+    """How the workflow installs memtrack: `requirement` (and `index_url`) as given, checked,
+    else as the memtrack running here was installed (`installed_pin`)."""
+    index = check_index_url(index_url) if index_url is not None else None
+    if requirement is not None:
+        pin = Pin(check_requirement(requirement), index or "")
+    else:
+        pin = installed_pin()
+        pin = Pin(pin.requirement, pin.index_url if index is None else index)
+    if pin.index_url and not by_version(pin.requirement):
+        raise ConfigError(
+            f"--index-url: {pin.requirement!r} names where memtrack comes from by itself: "
+            "an index goes with memtrack==VERSION"
+        )
+    return pin
+
+
 def plan_files(
-    root: Path, *, requirement: str | None = None, base_branch: str | None = None
+    root: Path,
+    *,
+    requirement: str | None = None,
+    base_branch: str | None = None,
+    index_url: str | None = None,
 ) -> list[Planned]:
     """What `memtrack init` would write in the repository at `root`, nothing written yet."""
-    requirement = check_requirement(requirement or pinned_requirement())
     what = "--base-branch" if base_branch else "the branch checked out"
     branch = check_branch(base_branch or _base_branch(root), what)
+    pin = choose_pin(requirement, index_url)
     package, installable = _project(root)
     out: list[Planned] = []
     pyproject = root / "pyproject.toml"
     existing = find_config(root)
     if existing is not None and existing.parent == root:
-        out.append(Planned(existing.relative_to(root), "configuration", "exists", ""))
+        out.append(Planned(existing.relative_to(root), CONFIGURATION, "exists", ""))
     elif pyproject.is_file():
         out.append(
-            Planned(Path("pyproject.toml"), "configuration", "append", config_table(branch, True))
+            Planned(Path("pyproject.toml"), CONFIGURATION, "append", config_table(branch, True))
         )
     else:
         out.append(
-            Planned(Path("memtrack.toml"), "configuration", "create", config_table(branch, False))
+            Planned(Path("memtrack.toml"), CONFIGURATION, "create", config_table(branch, False))
+        )
+    layout = flat_layout(root)
+    table = keeping_table(layout) if layout else None
+    if table:
+        out.append(
+            Planned(
+                Path("pyproject.toml"),
+                "setuptools' package list, as it found it (perf/ and data/ are no packages)",
+                "append",
+                "# setuptools would otherwise take perf/ and data/ for packages too, and "
+                "refuse to build\n" + table,
+            )
         )
     database = root / "data" / "memtrack.db"
     if not git_ignore_rule(root, database):  # a new file of its own: no .gitignore is edited
@@ -245,7 +236,8 @@ def plan_files(
     module = package.replace("-", "_") if package else "your_package"
     for path, what, text in (
         (WORKLOADS, "workloads to adapt", _template("workloads.py").replace("@@PACKAGE@@", module)),
-        (WORKFLOW, "CI workflow", workflow_text(branch, requirement, installable)),
+        (WORKFLOW, "CI workflow", workflow_text(branch, pin, installable)),
+        (COMMENT, "the workflow's pull request comment", _template("comment.py")),
         (HOOK, "GPU runner's pre-job hook", _template("memtrack-runner-hook.sh")),
     ):
         exists = (root / path).exists()
@@ -280,30 +272,47 @@ def check_links(root: Path, planned: list[Planned]) -> None:
                 )
 
 
+def _appends(root: Path, planned: list[Planned]) -> dict[int, str]:
+    """What each append adds to its file, every append to one file joined in order and
+    checked to parse before anything is written."""
+    texts: dict[Path, str] = {}
+    added: dict[int, str] = {}
+    for n, item in enumerate(planned):
+        if item.action != "append":
+            continue
+        path = root / item.path
+        current = texts[path] if path in texts else path.read_text(encoding="utf-8")
+        gap = "\n" if current.endswith("\n") or not current else "\n\n"
+        joined = current + gap + item.text
+        try:
+            tomllib.loads(joined)
+        except tomllib.TOMLDecodeError as exc:
+            table = next(line for line in item.text.splitlines() if line.startswith("["))
+            instead = (
+                "write memtrack.toml instead"
+                if item.what == CONFIGURATION
+                else f"add it by hand: {' '.join(item.text[item.text.index(table) :].split())}"
+            )
+            raise ConfigError(
+                f"{path}: a {table} table cannot be added to it as it is ({exc}); {instead}"
+            ) from None
+        texts[path], added[n] = joined, joined[len(current) :]
+    return added
+
+
 def write_files(root: Path, planned: list[Planned]) -> list[Planned]:
     """Write what `plan_files` planned; return what was written. A file that appeared
     meanwhile is left as it is (listed as existing). Nothing is written where a planned
-    path goes out of the repository through a link (`check_links`)."""
+    path goes out of the repository through a link (`check_links`), or where a table
+    cannot be appended."""
     check_links(root, planned)
+    appends = _appends(root, planned)
     done: list[Planned] = []
-    for item in planned:
+    for n, item in enumerate(planned):
         path = root / item.path
         if item.action == "append":
-            current = path.read_text(encoding="utf-8")
-            joined = (
-                current
-                + ("" if current.endswith("\n") or not current else "\n")
-                + ("\n" + item.text)
-            )
-            try:
-                tomllib.loads(joined)
-            except tomllib.TOMLDecodeError as exc:
-                raise ConfigError(
-                    f"{path}: a [tool.memtrack] table cannot be added to it as "
-                    f"it is ({exc}); write memtrack.toml instead"
-                ) from None
             with path.open("a", encoding="utf-8") as f:
-                f.write(joined[len(current) :])
+                f.write(appends[n])
             done.append(item)
         elif item.action == "create":
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -344,6 +353,13 @@ def missing(root: Path) -> list[Missing]:
         runs_check.search(w.read_text(encoding="utf-8", errors="replace")) for w in workflows
     ):
         out.append(Missing(WORKFLOW, "no workflow under .github/workflows runs `memtrack check`"))
+    for workflow in workflows:
+        out += _install_problems(root, workflow)
+    if (
+        any("memtrack-comment.py" in w.read_text(errors="replace") for w in workflows)
+        and not (root / COMMENT).is_file()
+    ):
+        out.append(Missing(COMMENT, "the script the workflow comments with is missing"))
     hook = root / HOOK
     if not hook.is_file():
         out.append(Missing(HOOK, "the GPU runner's pre-job hook is missing"))
@@ -367,6 +383,49 @@ def missing(root: Path) -> list[Missing]:
                 database.relative_to(root), "the database is not git-ignored: add it to .gitignore"
             )
         )
+    problem = layout_problem(root)
+    if problem:
+        out.append(Missing(Path("pyproject.toml"), problem))
+    return out
+
+
+def workflow_value(text: str, key: str) -> str | None:
+    """The value a workflow's text gives `key` (its first `KEY: value` line), as YAML reads
+    a double-quoted, single-quoted or plain scalar on one line; None where no line sets it."""
+    m = re.search(rf"^[ \t]*{re.escape(key)}:[ \t]*(.*?)[ \t]*$", text, re.M)
+    if m is None:
+        return None
+    value = m[1]
+    if value.startswith('"'):
+        try:
+            parsed, end = json.JSONDecoder().raw_decode(value)
+        except ValueError:
+            return value
+        rest = value[end:].strip()
+        return parsed if isinstance(parsed, str) and (not rest or rest.startswith("#")) else value
+    if value.startswith("'"):
+        q = re.match(r"'((?:[^']|'')*)'(\s+#.*)?$", value)
+        return q[1].replace("''", "'") if q else value
+    return re.sub(r"\s+#.*$", "", value)
+
+
+def _install_problems(root: Path, workflow: Path) -> list[Missing]:
+    """A workflow's MEMTRACK_REQUIREMENT that pins nothing a runner can install, and its
+    MEMTRACK_INDEX_URL that is no https index (checked offline)."""
+    text = workflow.read_text(encoding="utf-8", errors="replace")
+    rel = workflow.relative_to(root)
+    out = []
+    for key, check in (
+        ("MEMTRACK_REQUIREMENT", check_requirement),
+        ("MEMTRACK_INDEX_URL", check_index_url),
+    ):
+        value = workflow_value(text, key)
+        if value is None:
+            continue
+        try:
+            check(value, key)
+        except ConfigError as exc:
+            out.append(Missing(rel, str(exc)))
     return out
 
 
@@ -387,50 +446,54 @@ def _module_exists(ref: str, root: Path) -> bool:
 
 def next_steps(root: Path, done: list[Planned]) -> list[str]:
     """What to do after `memtrack init`, in order."""
-    req = next((i.text for i in done if i.path == WORKFLOW and i.action == "create"), "")
-    versioned = re.search(r'MEMTRACK_REQUIREMENT: "memtrack==', req) is not None
+    workflow = next((i.text for i in done if i.path == WORKFLOW and i.action == "create"), "")
+    requirement = workflow_value(workflow, "MEMTRACK_REQUIREMENT") or ""
     steps = [
         f"adapt {WORKLOADS} to build your model at the sizes you serve, then "
         "`memtrack run` (or `memtrack estimate` without a GPU) and `memtrack show`",
         "commit the files above",
-        f"on the GPU runner: label it `gpu`, set ACTIONS_RUNNER_HOOK_JOB_STARTED to {HOOK} "
-        "(a copy outside the repository), and give it a CUDA build of torch (MEMTRACK_PYTHON)",
+        "register the GPU runner with the labels `gpu` (it measures) and `memtrack-db` (it "
+        f"keeps the database; one machine may have both), set ACTIONS_RUNNER_HOOK_JOB_STARTED "
+        f"to a copy of {HOOK} outside the repository, and give it a CUDA build of torch "
+        "(MEMTRACK_PYTHON)",
         "after the first runs on the base branch, require the `memtrack verdict` check",
         "`memtrack init --check` tells what is still missing",
     ]
-    if flat_discovery(root):
-        steps.insert(
-            1,
-            "pyproject.toml: setuptools finds your packages automatically in a "
-            "flat layout, and refuses to build beside the new top-level folders "
-            "(perf/, data/): name them, e.g. [tool.setuptools] packages = "
-            '["your_package"]',
+    problem = layout_problem(root)
+    if problem:
+        steps.insert(1, f"pyproject.toml: {problem}")
+    if by_version(requirement):
+        index = workflow_value(workflow, "MEMTRACK_INDEX_URL") or (
+            "the runners' package index (PyPI's, unless their pip is configured otherwise)"
         )
-    if versioned:
         steps.insert(
             2,
-            f"{WORKFLOW} installs memtrack by its version from your package "
-            "index: point MEMTRACK_REQUIREMENT at your team's copy "
-            "(memtrack @ git+https://.../memtrack@COMMIT) unless it is there",
+            f"{WORKFLOW} installs {requirement} from {index}: make sure that index serves "
+            "your memtrack, or set MEMTRACK_REQUIREMENT to memtrack @ "
+            "git+https://HOST/OWNER/REPO@COMMIT",
         )
     return steps
 
 
 __all__ = [
+    "COMMENT",
+    "CONFIGURATION",
     "HOOK",
     "REFERENCES",
     "WORKFLOW",
     "WORKLOADS",
     "Missing",
+    "Pin",
     "Planned",
     "check_requirement",
+    "choose_pin",
     "config_table",
-    "flat_discovery",
+    "installed_pin",
     "missing",
     "next_steps",
-    "pinned_requirement",
     "plan_files",
     "repository_root",
     "workflow_text",
+    "workflow_value",
     "write_files",
 ]
