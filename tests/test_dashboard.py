@@ -402,6 +402,64 @@ def test_a_regression_on_main_holds_until_a_run_is_back_within_its_threshold(
     assert table.loc[D8, "last change"] == "+64.00 MiB (+25.0%) at 09aaaaaaaa, fixed at 15aaaaaaaa"
 
 
+def _html(at: AppTest, key: str) -> ET.Element:
+    """A table drawn as HTML (dashboard/tables.py), by its key, as its markup."""
+    from apptables import HTML_TABLE
+
+    found = [
+        ET.fromstring(str(e.value)) for e in at.markdown if str(e.value).startswith(HTML_TABLE)
+    ]
+    (root,) = [r for r in found if r.get("id") == key]
+    return root
+
+
+OVERVIEW_WIDTH = 1120
+"""The page's width at a 1,280 px browser (Streamlit's wide layout, sidebar collapsed)."""
+
+
+def test_overview_is_one_line_a_case_as_wide_as_the_page_its_notes_under_it(app) -> None:
+    """The Overview's tables are laid out to the page's width, never wider: the key
+    columns, each one line, fixed widths that leave room for the last change at 1,280 px;
+    a cut cell has its whole text as its tooltip; the case's full id, its environment, its
+    noise and its notes (whole paragraphs) sit under the table, opened on demand."""
+    at = _ok(app())
+    root = _html(at, "overview_table")
+    assert "table-layout: fixed" in root.find("table").get("style")
+    assert "width: 100%" in root.find("table").get("style")
+    heads = [th.text for th in root.iter("th")]
+    assert heads == [
+        "status", "case", "view", "peak", "budget", "used", "trend", "last change",
+        "commit", "branch",
+    ]  # fmt: skip
+    widths = [
+        int(re.search(r"width: (\d+)px", th.get("style") or "").group(1))
+        for th in root.iter("th")
+        if "width:" in (th.get("style") or "")
+    ]
+    assert sum(widths) + 150 <= OVERVIEW_WIDTH  # the last change keeps 150 px or more
+    cells = list(root.iter("td"))
+    assert all("white-space: normal" not in (td.get("style") or "") for td in cells)
+    assert all(
+        "text-overflow: ellipsis" in (td.get("style") or "")
+        for td in cells
+        if td.get("data-col") != "trend"
+    )
+    table = _table(at).set_index("case id")  # the case's tooltip is its full id
+    # a cut cell's tooltip is its whole text
+    tips = [td.get("title") for td in root.iter("td") if td.get("data-col") == "last change"]
+    assert "+2.00 MiB (+1.1%) at 06aaaaaaaa, fixed at 10aaaaaaaa" in tips
+    assert tips == list(table["last change"])
+    assert "note" not in table.columns and "environment" not in table.columns
+    details = _table(at, "overview_details").set_index("case id")
+    assert details.loc[VISION, "note"].startswith("oom: CUDA out of memory")
+    assert "NVIDIA H200" in details.loc[D8, "environment"]
+    assert details.loc[D8, "latest run"].startswith("2026-01-14 12:00")
+    assert table.loc[D8, "latest run"] == details.loc[D8, "latest run"]  # the commit's tip
+    prs = _html(at, "ov_prs")
+    assert "table-layout: fixed" in prs.find("table").get("style")
+    assert all("white-space: normal" not in (td.get("style") or "") for td in prs.iter("td"))
+
+
 def test_overview_branch_filter_changes_what_is_shown(app) -> None:
     at = _ok(app())
     at.selectbox(key="ov_branch").set_value("feature/slim").run()
