@@ -321,6 +321,14 @@ def _charts(at: AppTest) -> list[dict]:
     return [json.loads(e.proto.spec) for e in at.get("vega_lite_chart")]
 
 
+def _chart_data(at: AppTest, which: int = 0) -> dict[str, Any]:
+    """A drawn chart's named datasets (an Altair chart's data travels beside its spec)."""
+    import pyarrow as pa
+
+    proto = at.get("vega_lite_chart")[which].proto
+    return {d.name: pa.ipc.open_stream(d.data.data).read_pandas() for d in proto.datasets}
+
+
 def _panels(at: AppTest) -> list[ET.Element]:
     """History's SVG panels, in page order."""
     return [ET.fromstring(e.value) for e in at.markdown if e.value.startswith("<svg")]
@@ -687,6 +695,56 @@ def test_run_detail_shows_environment_breakdown_gap_and_errors(app, seeded: dict
     at.button[0].click().run()  # the failed case's history
     assert at.radio(key="page").value == "History"
     assert at.selectbox(key="case").value == VISION
+
+
+def test_run_detail_tells_cases_apart_and_draws_tensors_apart_from_the_runtime(
+    app, seeded: dict
+) -> None:
+    """A real CPU run of the shipped suite: its breakdown names each case by the params that
+    set it apart (sessions=1 and sessions=4, not two ids cut alike), draws the framework's
+    peak on its own scale, and writes the runtime beyond it (host RSS beyond tensors: the
+    interpreter and libraries, some 250 MiB) beside each bar instead of stacking it on."""
+    from factories import read_reruns
+
+    run = read_reruns()[0]
+    with Store.open(seeded["db"]) as store:
+        store.write_run(run)
+    at = _ok(app(page="Run detail", run=run.run_id))
+    (spec,) = _charts(at)
+    bars, runtime = spec["layer"]
+    shown = _chart_data(at)
+    parts, beside = shown[bars["data"]["name"]], shown[runtime["data"]["name"]]
+    one, four = (
+        next(
+            m.case_id
+            for m in run.measurements
+            if f"sessions={n}," in m.case_id and "decoder_" in m.case_id
+        )
+        for n in (1, 4)
+    )
+    labels = dict(zip(parts["case id"], parts["case"], strict=False))
+    assert (labels[one], labels[four]) == (
+        "decoder_generate[sessions=1]",
+        "decoder_generate[sessions=4]",
+    )
+    assert len(set(labels.values())) == len(run.measurements)  # every case its own label
+    assert bars["encoding"]["y"]["axis"]["labelLimit"] == 0  # drawn whole, never cut
+    # The bars are the framework's peak, part by part; no workspace among them.
+    assert "workspace / runtime" not in set(parts["part"])
+    for m in run.measurements:
+        assert parts[parts["case id"] == m.case_id]["bytes"].sum() == m.peak_allocated_bytes
+    # On the tensors' scale: the longest bar spans more than half the axis, so weights and
+    # caches are bars, not slivers beside ~250 MiB of interpreter.
+    largest = max(m.peak_allocated_bytes for m in run.measurements) / MiB
+    assert bars["encoding"]["x"]["scale"]["domain"][1] <= 2 * largest
+    # The runtime beyond the tensors is a figure beside each bar, its own.
+    row = beside.set_index("case id").loc[one]
+    m1 = next(m for m in run.measurements if m.case_id == one)
+    assert m1.workspace_bytes and m1.workspace_bytes > 20 * m1.weights_bytes
+    from memtrack.units import format_size
+
+    assert row["runtime"] == f"+ {format_size(m1.workspace_bytes)} runtime: host RSS beyond tensors"
+    assert "not the model's memory" in _texts(at.caption)
 
 
 def test_run_detail_of_an_unknown_run_says_so(app) -> None:
