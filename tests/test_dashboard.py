@@ -1333,9 +1333,17 @@ def test_plan_plots_the_newest_sweep_its_fit_and_the_gpus(app, tmp_path: Path) -
     assert "NVIDIA A100 80GB · NVIDIA H100 80GB" in [v["gpu"] for v in labels["data"]["values"]]
     table = _table(at)
     assert list(table["GPU"])[0] == "NVIDIA T4"
-    # 1.1 x (3 MiB + 2 MiB x) <= 16e9 B -> x <= 6,934.06: 6,934
+    # 1.1 x (3 MiB + 2 MiB x) <= 16e9 B -> x <= 6,934.06 by the line: far past the 4 x 4
+    # that three measured values carry (memtrack.plan.fit.carried_to), so not given
     t4 = table.iloc[0]
-    assert t4["largest concurrency"] == "6,934" and t4["first not fitting"] == "6,935"
+    assert t4["largest concurrency"] == "> 16: not carried" and t4["first not fitting"] == "-"
+    warned = _plain(_texts(at.warning))
+    assert (
+        "9 of 9 GPUs hold more than concurrency=16, and no figure is given: the fit "
+        "cannot carry this: measured up to concurrency=4; measure at larger values with "
+        "`memtrack plan`"
+    ) in warned
+    assert max(v["x"] for v in curve["data"]["values"]) == pytest.approx(16)  # drawn so far
 
 
 def test_plan_keeps_its_choices_in_the_url_and_says_when_nothing_was_swept(
@@ -1363,6 +1371,93 @@ def test_plan_keeps_its_choices_in_the_url_and_says_when_nothing_was_swept(
     at = _ok(app(db=solo, page="Plan"))
     assert "No workload has recorded two or more values" in _texts(at.info)
     assert not _charts(at)
+
+
+def test_plan_answers_within_what_the_fit_carries_and_says_how_far_past_the_measured(
+    app, tmp_path: Path
+) -> None:
+    """A GPU small enough to be crossed within 4x the largest value measured gets its
+    answer, with how far past the measured values it lies; the rule is the library's, so
+    the table says what `memtrack plan` says."""
+    from memtrack.plan.fit import Gpu, Headroom, answer, plan
+
+    catalog = tmp_path / "data" / "gpus.toml"
+    catalog.parent.mkdir()
+    catalog.write_text('[[gpu]]\nname = "small"\nmemory = "24 MiB"\n')
+    config = tmp_path / "memtrack.toml"
+    config.write_text('base_branch = "main"\n')
+    at = _ok(app(db=_seed_sweeps(tmp_path), config=config, page="Plan"))
+    row = _table(at).iloc[0]
+    # 1.1 x (3 MiB + 2 MiB x) <= 24 MiB -> x <= 9.41: 9, 2.2x the largest measured (4)
+    assert row["largest concurrency"] == "9 (2.2x past the largest measured value)"
+    assert row["first not fitting"] == "10"
+    same = plan(
+        [(1, 5 * MiB), (2, 7 * MiB), (4, 11 * MiB)],
+        [Gpu("small", 24 * MiB, "24 MiB")],
+        Headroom(0.10, "config", "plan_headroom = 10%"),
+        case="serve",
+        param="concurrency",
+        metric="allocated",
+        metric_note="",
+        integer=True,
+        params={},
+    )
+    assert answer(same.gpus[0]) == row["largest concurrency"]  # as `memtrack plan` says
+
+
+def _branch_sweeps(tmp_path: Path) -> Path:
+    """serve swept on main, then (newer) on a pull request's branch with other figures."""
+    db = _seed_sweeps(tmp_path)
+    with Store.open(db) as store:
+        store.write_run(
+            make_run(
+                [
+                    make_measurement("serve", {"concurrency": c, "max_len": 256}, peak=p * MiB)
+                    for c, p in ((1, 50), (2, 90))
+                ],
+                commit="f" * 40,
+                branch="feature/bigger",
+                subject="a bigger model",
+                started_at="2026-01-04T12:00:00+00:00",
+            )
+        )
+    return db
+
+
+def test_plan_takes_the_base_branchs_sweep_unless_another_branch_is_chosen(
+    app, tmp_path: Path
+) -> None:
+    db = _branch_sweeps(tmp_path)
+    at = _ok(app(db=db, page="Plan"))
+    assert at.selectbox(key="plan_branch").value == "main"
+    (spec,) = _charts(at)
+    # main's newest sweep (commit 2), not the newer pull request's
+    assert [p["x"] for p in spec["layer"][1]["data"]["values"]] == [1, 2, 4]
+    assert "02aaaaaaaa on main" in _plain(_texts(at.markdown))
+    at = _ok(app(db=db, page="Plan", plan_branch="feature/bigger"))
+    (spec,) = _charts(at)
+    assert [(p["x"], p["gib"]) for p in spec["layer"][1]["data"]["values"]] == [
+        (1, 50 / 1024),
+        (2, 90 / 1024),
+    ]
+    assert "ffffffffff on feature/bigger" in _plain(_texts(at.markdown))
+
+
+def test_a_plan_address_naming_a_workload_without_a_sweep_says_so_instead_of_another(
+    app, tmp_path: Path
+) -> None:
+    db = _seed_sweeps(tmp_path)
+    at = _ok(app(db=db, page="Plan", plan_workload="decoder_serve", plan_param="concurrency"))
+    warned = _plain(_texts(at.warning))
+    assert "There is no workload decoder_serve in this database" in warned
+    assert "The workloads with a sweep to plan from: serve." in warned
+    assert not _charts(at) and not tables(at)  # no other workload's plan
+    at = _ok(app(db=db, page="Plan", plan_workload="solo"))
+    warned = _plain(_texts(at.warning))
+    assert "solo has not recorded two or more values of a numeric param" in warned
+    assert "`memtrack plan solo --sweep n=1,2,4,8`" in warned and not _charts(at)
+    at.selectbox(key="plan_pick").set_value("serve").run()
+    assert _charts(_ok(at)) and at.selectbox(key="plan_workload").value == "serve"
 
 
 def test_a_drawn_table_shows_recorded_text_as_text_and_links_only_within_the_dashboard() -> None:
