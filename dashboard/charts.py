@@ -62,8 +62,22 @@ BREAKDOWN = (
     ("training_state_bytes", "training state"),
     ("intermediates_bytes", "intermediates"),
     ("unattributed_bytes", "unattributed"),
-    ("workspace_bytes", "workspace / runtime"),
 )
+"""The parts of the framework's peak (tensor memory), drawn as one stacked bar per case."""
+PART_COLORS = dict(
+    zip(
+        (label for _, label in BREAKDOWN),
+        ("#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2"),
+        strict=True,
+    )
+)
+"""Each part its own colour, whichever parts a run has."""
+RUNTIME = {
+    "cpu": "host RSS beyond tensors",
+    "cuda": "device beyond reserved",
+}
+"""What the workspace figure is, per device: beyond the framework, so not drawn on the
+tensors' scale (on the CPU, the interpreter and libraries dwarf a small model's tensors)."""
 
 
 def unit_for(largest: float) -> tuple[str, int]:
@@ -77,53 +91,106 @@ def _tip(field: str, title: str | None = None, **more: Any) -> dict[str, Any]:
     return {"field": field, "type": more.pop("type", "nominal"), "title": title or field, **more}
 
 
-def breakdown_chart(measurements: Sequence[dict[str, Any]]) -> alt.Chart | None:
-    """One stacked bar per case: the breakdown's parts (training state only for rows
-    recorded before gradients and optimizer state were told apart)."""
+def breakdown_chart(
+    measurements: Sequence[dict[str, Any]], labels: dict[str, str] | None = None
+) -> alt.LayerChart | None:
+    """One stacked bar per case of its framework peak's parts (training state only for rows
+    recorded before gradients and optimizer state were told apart), on the tensors' own
+    scale; the runtime beyond them (workspace: host RSS beyond tensors on the CPU, the
+    device view beyond reserved on a GPU) is a figure written at the bar's end, not a part
+    of it. Cases are named by `labels` (short labels that tell them apart), their full id
+    in the tooltip."""
     import altair as alt  # only this chart is built with Altair: keep it off the other pages
 
-    records = []
+    labels = labels or {}
+    records, runtime = [], []
     for m in measurements:
+        case = labels.get(m["case_id"], m["case_id"])
         split = m.get("gradients_bytes") is not None or m.get("optimizer_state_bytes") is not None
+        total = 0
         for col, label in BREAKDOWN:
             if col == "training_state_bytes" and split:
                 continue
             value = m.get(col)
             if value:
+                total += value
                 records.append(
                     {
-                        "case": m["case_id"],
+                        "case": case,
+                        "case id": m["case_id"],
                         "part": label,
                         "bytes": value,
                         "size": format_size(value),
                     }
                 )
+        gap = m.get("workspace_bytes")
+        if gap and total:
+            what = RUNTIME.get(m.get("device") or "", "workspace / runtime")
+            runtime.append(
+                {
+                    "case": case,
+                    "case id": m["case_id"],
+                    "bytes": total,
+                    "runtime": f"+ {format_size(gap)} runtime: {what}",
+                    "size": format_size(gap),
+                }
+            )
     if not records:
         return None
     df = pd.DataFrame(records)
-    unit, factor = unit_for(df.groupby("case")["bytes"].sum().max())
+    largest = df.groupby("case")["bytes"].sum().max()
+    unit, factor = unit_for(largest)
     df["value"] = df["bytes"] / factor
-    order = [label for _, label in BREAKDOWN]
-    return (
+    shown = set(df["part"])
+    order = [label for _, label in BREAKDOWN if label in shown]
+    # Room right of the longest bar for its runtime figure.
+    x = alt.X(
+        "value:Q",
+        title=f"tensor memory ({unit})",
+        stack="zero",
+        scale=alt.Scale(domain=[0, largest / factor * (1.6 if runtime else 1.0)], nice=False),
+    )
+    y = alt.Y(
+        "case:N", title=None, sort=list(dict.fromkeys(df["case"])), axis=alt.Axis(labelLimit=0)
+    )
+    bars = (
         alt.Chart(df)
         .mark_bar()
         .encode(
-            y=alt.Y("case:N", title=None, axis=alt.Axis(labelLimit=420)),
-            x=alt.X("value:Q", title=f"memory ({unit})", stack="zero"),
+            y=y,
+            x=x,
             color=alt.Color(
                 "part:N",
                 title=None,
                 sort=order,
-                scale=alt.Scale(domain=order, scheme="tableau10"),
+                scale=alt.Scale(domain=order, range=[PART_COLORS[p] for p in order]),
                 legend=alt.Legend(orient="top"),
             ),
             order=alt.Order("order:Q"),
-            tooltip=["case:N", "part:N", alt.Tooltip("size:N", title="size")],
+            tooltip=[
+                alt.Tooltip("case id:N", title="case"),
+                "part:N",
+                alt.Tooltip("size:N", title="size"),
+            ],
         )
         .transform_calculate(order=f"indexof({order!r}, datum.part)")
-        # Streamlit sizes a chart to this height including its legend and axis.
-        .properties(height=130 + 40 * df["case"].nunique())
     )
+    layers: list[Any] = [bars]
+    if runtime:
+        rt = pd.DataFrame(runtime)
+        rt["value"] = rt["bytes"] / factor
+        layers.append(
+            alt.Chart(rt)
+            .mark_text(align="left", dx=6, color="#555")
+            .encode(
+                y=y,
+                x=alt.X("value:Q"),
+                text="runtime:N",
+                tooltip=[alt.Tooltip("case id:N", title="case"), alt.Tooltip("runtime:N")],
+            )
+        )
+    # Streamlit sizes a chart to this height including its legend and axis.
+    return alt.layer(*layers).properties(height=130 + 40 * df["case"].nunique())
 
 
 def plan_chart(

@@ -228,13 +228,15 @@ def run_detail(db: str, key: Stamp, run_id: str) -> dict[str, Any] | None:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def plan_rows(
-    db: str, key: Stamp, workload: str, param: str, limit: int = 200
+    db: str, key: Stamp, workload: str, param: str, branch: str | None = None, limit: int = 200
 ) -> list[dict[str, Any]]:
-    """The newest `limit` measurements of each case of a workload that sets `param`."""
+    """The newest `limit` measurements of each case of a workload that sets `param` (of one
+    branch, or of all)."""
     with _open(db) as s:
         cases = [
             c
             for c in queries.case_ids(s.conn)
             if model.case_params(c)[0] == workload and param in model.case_params(c)[1]
         ]
-        return [r for c in cases for r in queries.series(s.conn, c, limit=limit)]
+        branches = (branch,) if branch else ()
+        return [r for c in cases for r in queries.series(s.conn, c, branches=branches, limit=limit)]

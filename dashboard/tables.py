@@ -9,6 +9,11 @@ arrives drawn, through Markdown as an HTML block, as History's panels do: one li
 line, every recorded text escaped (memtrack.escape.html_text), so neither Markdown nor math
 reads inside it. The markup is well-formed XML, and each cell names its column
 (`data-col`): a test, or a script, reads it back cell by cell.
+
+A table drawn to `fit` is as wide as the page and never wider, so a reader sees every
+column without scrolling sideways: each column is as wide as its `width` (the columns
+without one share what is left), every row is one line, and text longer than its column
+is cut with an ellipsis, the whole text in the cell's tooltip (`title`).
 """
 
 from __future__ import annotations
@@ -33,9 +38,12 @@ class Column:
     title: str | None = None
     """The header, when it differs from `name`."""
     width: int | None = None
-    """The column's least width in pixels."""
+    """The column's least width in pixels (in a table drawn to fit: its width)."""
     wrap: bool = False
     """Long text wraps within `width` (every other column keeps a cell on one line)."""
+    tip: str | None = None
+    """The row's key of the cell's tooltip, where it is not the cell's own text (a case's
+    full id beside its short label)."""
     help: str | None = None
     """The header's tooltip."""
     style: Callable[[Any], str] | None = None
@@ -75,12 +83,21 @@ def sparkline(values: Sequence[float]) -> str:
     )
 
 
-def _cell(col: Column, row: dict[str, Any]) -> str:
+CLIP = "overflow: hidden; text-overflow: ellipsis"
+PAD = "padding: 0.25rem 0.4rem"
+"""A cell's padding in a table drawn to fit: narrower than Streamlit's, for more columns."""
+
+
+def _cell(col: Column, row: dict[str, Any], fit: bool) -> str:
     value = row.get(col.name)
+    tip = row.get(col.tip) if col.tip else None
     if col.spark:
         inner = sparkline(value or [])
     else:
-        inner = html_text(col.text if col.text is not None else ("" if value is None else value))
+        text = col.text if col.text is not None else ("" if value is None else value)
+        inner = html_text(text)
+        if fit and tip is None and not col.wrap:
+            tip = text
     href = row.get(col.link) if col.link else None
     if href:
         # A URL made by page_url: percent-encoded, so escaping for the attribute is enough
@@ -89,23 +106,38 @@ def _cell(col: Column, row: dict[str, Any]) -> str:
     css = col.style(value) if col.style else ""
     if col.wrap:
         css = f"white-space: normal; {css}"
-    style = f' style="{html.escape(css)}"' if css else ""
-    return f'<td data-col="{html_text(col.name)}"{style}>{inner}</td>'
+    elif fit and not col.spark:
+        css = f"{CLIP}; {css}"
+    if fit:
+        css = f"{PAD}; {css}"
+    style = f' style="{html.escape(css.strip().rstrip(";"))}"' if css else ""
+    title = f' title="{html_text(tip)}"' if tip not in (None, "") else ""
+    if col.tip:  # what the tooltip holds, by name: a reader finds it there
+        title += f' data-tip="{html_text(col.tip)}"'
+    return f'<td data-col="{html_text(col.name)}"{title}{style}>{inner}</td>'
 
 
-def _head(col: Column) -> str:
+def _head(col: Column, fit: bool) -> str:
     tip = f' title="{html_text(col.help)}"' if col.help else ""
-    width = f' style="min-width: {int(col.width)}px"' if col.width else ""
-    return f"<th{tip}{width}>{html_text(col.title or col.name)}</th>"
+    if fit:
+        width = f"width: {int(col.width)}px; " if col.width else ""
+        style = f' style="{width}{PAD}; {CLIP}"'
+    else:
+        style = f' style="min-width: {int(col.width)}px"' if col.width else ""
+    return f"<th{tip}{style}>{html_text(col.title or col.name)}</th>"
 
 
-def html_table(key: str, rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
-    """The rows as one HTML table, in a box that scrolls sideways when it is wider than the
-    page; `key` is its id, as a widget's key names a widget."""
-    head = "".join(_head(c) for c in columns)
-    body = "".join("<tr>" + "".join(_cell(c, row) for c in columns) + "</tr>" for row in rows)
+def html_table(
+    key: str, rows: Sequence[dict[str, Any]], columns: Sequence[Column], *, fit: bool = False
+) -> str:
+    """The rows as one HTML table; `key` is its id, as a widget's key names a widget. Drawn
+    to `fit`, it is as wide as the page and never wider (see the module's docstring); else
+    it sits in a box that scrolls sideways when it is wider than the page."""
+    head = "".join(_head(c, fit) for c in columns)
+    body = "".join("<tr>" + "".join(_cell(c, row, fit) for c in columns) + "</tr>" for row in rows)
+    layout = "; table-layout: fixed; width: 100%" if fit else ""
     return (
         f'<div class="mt-table" id="{html_text(key)}" style="overflow-x: auto">'
-        '<table style="font-size: 0.85rem; white-space: nowrap">'
+        f'<table style="font-size: 0.85rem; white-space: nowrap{layout}">'
         f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
     )

@@ -1,7 +1,8 @@
 """The dashboard's tables as a test reads them, in page order: a grid (`st.dataframe`) by
 its value, a table drawn as HTML (dashboard/tables.py) read back cell by cell from its
 markup. A linked cell's address is the column `<name> href`; a sparkline's cell is its list
-of values."""
+of values; a tooltip that names what it holds (`data-tip`, a case's full id) is that
+column."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ def read_html_table(markup: str) -> pd.DataFrame:
                 row[col] = "".join(td.itertext())
             if link is not None:
                 row[f"{col} href"] = link.get("href")
+            if td.get("data-tip"):
+                row[td.get("data-tip") or ""] = td.get("title") or ""
         rows.append(row)
     frame = pd.DataFrame(rows)
     frame.attrs["id"] = root.get("id")

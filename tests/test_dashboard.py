@@ -321,6 +321,14 @@ def _charts(at: AppTest) -> list[dict]:
     return [json.loads(e.proto.spec) for e in at.get("vega_lite_chart")]
 
 
+def _chart_data(at: AppTest, which: int = 0) -> dict[str, Any]:
+    """A drawn chart's named datasets (an Altair chart's data travels beside its spec)."""
+    import pyarrow as pa
+
+    proto = at.get("vega_lite_chart")[which].proto
+    return {d.name: pa.ipc.open_stream(d.data.data).read_pandas() for d in proto.datasets}
+
+
 def _panels(at: AppTest) -> list[ET.Element]:
     """History's SVG panels, in page order."""
     return [ET.fromstring(e.value) for e in at.markdown if e.value.startswith("<svg")]
@@ -400,6 +408,64 @@ def test_a_regression_on_main_holds_until_a_run_is_back_within_its_threshold(
     table = _table(_ok(app())).set_index("case id")
     assert table.loc[D8, "status"] == "ok"
     assert table.loc[D8, "last change"] == "+64.00 MiB (+25.0%) at 09aaaaaaaa, fixed at 15aaaaaaaa"
+
+
+def _html(at: AppTest, key: str) -> ET.Element:
+    """A table drawn as HTML (dashboard/tables.py), by its key, as its markup."""
+    from apptables import HTML_TABLE
+
+    found = [
+        ET.fromstring(str(e.value)) for e in at.markdown if str(e.value).startswith(HTML_TABLE)
+    ]
+    (root,) = [r for r in found if r.get("id") == key]
+    return root
+
+
+OVERVIEW_WIDTH = 1120
+"""The page's width at a 1,280 px browser (Streamlit's wide layout, sidebar collapsed)."""
+
+
+def test_overview_is_one_line_a_case_as_wide_as_the_page_its_notes_under_it(app) -> None:
+    """The Overview's tables are laid out to the page's width, never wider: the key
+    columns, each one line, fixed widths that leave room for the last change at 1,280 px;
+    a cut cell has its whole text as its tooltip; the case's full id, its environment, its
+    noise and its notes (whole paragraphs) sit under the table, opened on demand."""
+    at = _ok(app())
+    root = _html(at, "overview_table")
+    assert "table-layout: fixed" in root.find("table").get("style")
+    assert "width: 100%" in root.find("table").get("style")
+    heads = [th.text for th in root.iter("th")]
+    assert heads == [
+        "status", "case", "view", "peak", "budget", "used", "trend", "last change",
+        "commit", "branch",
+    ]  # fmt: skip
+    widths = [
+        int(re.search(r"width: (\d+)px", th.get("style") or "").group(1))
+        for th in root.iter("th")
+        if "width:" in (th.get("style") or "")
+    ]
+    assert sum(widths) + 150 <= OVERVIEW_WIDTH  # the last change keeps 150 px or more
+    cells = list(root.iter("td"))
+    assert all("white-space: normal" not in (td.get("style") or "") for td in cells)
+    assert all(
+        "text-overflow: ellipsis" in (td.get("style") or "")
+        for td in cells
+        if td.get("data-col") != "trend"
+    )
+    table = _table(at).set_index("case id")  # the case's tooltip is its full id
+    # a cut cell's tooltip is its whole text
+    tips = [td.get("title") for td in root.iter("td") if td.get("data-col") == "last change"]
+    assert "+2.00 MiB (+1.1%) at 06aaaaaaaa, fixed at 10aaaaaaaa" in tips
+    assert tips == list(table["last change"])
+    assert "note" not in table.columns and "environment" not in table.columns
+    details = _table(at, "overview_details").set_index("case id")
+    assert details.loc[VISION, "note"].startswith("oom: CUDA out of memory")
+    assert "NVIDIA H200" in details.loc[D8, "environment"]
+    assert details.loc[D8, "latest run"].startswith("2026-01-14 12:00")
+    assert table.loc[D8, "latest run"] == details.loc[D8, "latest run"]  # the commit's tip
+    prs = _html(at, "ov_prs")
+    assert "table-layout: fixed" in prs.find("table").get("style")
+    assert all("white-space: normal" not in (td.get("style") or "") for td in prs.iter("td"))
 
 
 def test_overview_branch_filter_changes_what_is_shown(app) -> None:
@@ -629,6 +695,56 @@ def test_run_detail_shows_environment_breakdown_gap_and_errors(app, seeded: dict
     at.button[0].click().run()  # the failed case's history
     assert at.radio(key="page").value == "History"
     assert at.selectbox(key="case").value == VISION
+
+
+def test_run_detail_tells_cases_apart_and_draws_tensors_apart_from_the_runtime(
+    app, seeded: dict
+) -> None:
+    """A real CPU run of the shipped suite: its breakdown names each case by the params that
+    set it apart (sessions=1 and sessions=4, not two ids cut alike), draws the framework's
+    peak on its own scale, and writes the runtime beyond it (host RSS beyond tensors: the
+    interpreter and libraries, some 250 MiB) beside each bar instead of stacking it on."""
+    from factories import read_reruns
+
+    run = read_reruns()[0]
+    with Store.open(seeded["db"]) as store:
+        store.write_run(run)
+    at = _ok(app(page="Run detail", run=run.run_id))
+    (spec,) = _charts(at)
+    bars, runtime = spec["layer"]
+    shown = _chart_data(at)
+    parts, beside = shown[bars["data"]["name"]], shown[runtime["data"]["name"]]
+    one, four = (
+        next(
+            m.case_id
+            for m in run.measurements
+            if f"sessions={n}," in m.case_id and "decoder_" in m.case_id
+        )
+        for n in (1, 4)
+    )
+    labels = dict(zip(parts["case id"], parts["case"], strict=False))
+    assert (labels[one], labels[four]) == (
+        "decoder_generate[sessions=1]",
+        "decoder_generate[sessions=4]",
+    )
+    assert len(set(labels.values())) == len(run.measurements)  # every case its own label
+    assert bars["encoding"]["y"]["axis"]["labelLimit"] == 0  # drawn whole, never cut
+    # The bars are the framework's peak, part by part; no workspace among them.
+    assert "workspace / runtime" not in set(parts["part"])
+    for m in run.measurements:
+        assert parts[parts["case id"] == m.case_id]["bytes"].sum() == m.peak_allocated_bytes
+    # On the tensors' scale: the longest bar spans more than half the axis, so weights and
+    # caches are bars, not slivers beside ~250 MiB of interpreter.
+    largest = max(m.peak_allocated_bytes for m in run.measurements) / MiB
+    assert bars["encoding"]["x"]["scale"]["domain"][1] <= 2 * largest
+    # The runtime beyond the tensors is a figure beside each bar, its own.
+    row = beside.set_index("case id").loc[one]
+    m1 = next(m for m in run.measurements if m.case_id == one)
+    assert m1.workspace_bytes and m1.workspace_bytes > 20 * m1.weights_bytes
+    from memtrack.units import format_size
+
+    assert row["runtime"] == f"+ {format_size(m1.workspace_bytes)} runtime: host RSS beyond tensors"
+    assert "not the model's memory" in _texts(at.caption)
 
 
 def test_run_detail_of_an_unknown_run_says_so(app) -> None:
@@ -1217,9 +1333,17 @@ def test_plan_plots_the_newest_sweep_its_fit_and_the_gpus(app, tmp_path: Path) -
     assert "NVIDIA A100 80GB · NVIDIA H100 80GB" in [v["gpu"] for v in labels["data"]["values"]]
     table = _table(at)
     assert list(table["GPU"])[0] == "NVIDIA T4"
-    # 1.1 x (3 MiB + 2 MiB x) <= 16e9 B -> x <= 6,934.06: 6,934
+    # 1.1 x (3 MiB + 2 MiB x) <= 16e9 B -> x <= 6,934.06 by the line: far past the 4 x 4
+    # that three measured values carry (memtrack.plan.fit.carried_to), so not given
     t4 = table.iloc[0]
-    assert t4["largest concurrency"] == "6,934" and t4["first not fitting"] == "6,935"
+    assert t4["largest concurrency"] == "> 16: not carried" and t4["first not fitting"] == "-"
+    warned = _plain(_texts(at.warning))
+    assert (
+        "9 of 9 GPUs hold more than concurrency=16, and no figure is given: the fit "
+        "cannot carry this: measured up to concurrency=4; measure at larger values with "
+        "`memtrack plan`"
+    ) in warned
+    assert max(v["x"] for v in curve["data"]["values"]) == pytest.approx(16)  # drawn so far
 
 
 def test_plan_keeps_its_choices_in_the_url_and_says_when_nothing_was_swept(
@@ -1247,6 +1371,93 @@ def test_plan_keeps_its_choices_in_the_url_and_says_when_nothing_was_swept(
     at = _ok(app(db=solo, page="Plan"))
     assert "No workload has recorded two or more values" in _texts(at.info)
     assert not _charts(at)
+
+
+def test_plan_answers_within_what_the_fit_carries_and_says_how_far_past_the_measured(
+    app, tmp_path: Path
+) -> None:
+    """A GPU small enough to be crossed within 4x the largest value measured gets its
+    answer, with how far past the measured values it lies; the rule is the library's, so
+    the table says what `memtrack plan` says."""
+    from memtrack.plan.fit import Gpu, Headroom, answer, plan
+
+    catalog = tmp_path / "data" / "gpus.toml"
+    catalog.parent.mkdir()
+    catalog.write_text('[[gpu]]\nname = "small"\nmemory = "24 MiB"\n')
+    config = tmp_path / "memtrack.toml"
+    config.write_text('base_branch = "main"\n')
+    at = _ok(app(db=_seed_sweeps(tmp_path), config=config, page="Plan"))
+    row = _table(at).iloc[0]
+    # 1.1 x (3 MiB + 2 MiB x) <= 24 MiB -> x <= 9.41: 9, 2.2x the largest measured (4)
+    assert row["largest concurrency"] == "9 (2.2x past the largest measured value)"
+    assert row["first not fitting"] == "10"
+    same = plan(
+        [(1, 5 * MiB), (2, 7 * MiB), (4, 11 * MiB)],
+        [Gpu("small", 24 * MiB, "24 MiB")],
+        Headroom(0.10, "config", "plan_headroom = 10%"),
+        case="serve",
+        param="concurrency",
+        metric="allocated",
+        metric_note="",
+        integer=True,
+        params={},
+    )
+    assert answer(same.gpus[0]) == row["largest concurrency"]  # as `memtrack plan` says
+
+
+def _branch_sweeps(tmp_path: Path) -> Path:
+    """serve swept on main, then (newer) on a pull request's branch with other figures."""
+    db = _seed_sweeps(tmp_path)
+    with Store.open(db) as store:
+        store.write_run(
+            make_run(
+                [
+                    make_measurement("serve", {"concurrency": c, "max_len": 256}, peak=p * MiB)
+                    for c, p in ((1, 50), (2, 90))
+                ],
+                commit="f" * 40,
+                branch="feature/bigger",
+                subject="a bigger model",
+                started_at="2026-01-04T12:00:00+00:00",
+            )
+        )
+    return db
+
+
+def test_plan_takes_the_base_branchs_sweep_unless_another_branch_is_chosen(
+    app, tmp_path: Path
+) -> None:
+    db = _branch_sweeps(tmp_path)
+    at = _ok(app(db=db, page="Plan"))
+    assert at.selectbox(key="plan_branch").value == "main"
+    (spec,) = _charts(at)
+    # main's newest sweep (commit 2), not the newer pull request's
+    assert [p["x"] for p in spec["layer"][1]["data"]["values"]] == [1, 2, 4]
+    assert "02aaaaaaaa on main" in _plain(_texts(at.markdown))
+    at = _ok(app(db=db, page="Plan", plan_branch="feature/bigger"))
+    (spec,) = _charts(at)
+    assert [(p["x"], p["gib"]) for p in spec["layer"][1]["data"]["values"]] == [
+        (1, 50 / 1024),
+        (2, 90 / 1024),
+    ]
+    assert "ffffffffff on feature/bigger" in _plain(_texts(at.markdown))
+
+
+def test_a_plan_address_naming_a_workload_without_a_sweep_says_so_instead_of_another(
+    app, tmp_path: Path
+) -> None:
+    db = _seed_sweeps(tmp_path)
+    at = _ok(app(db=db, page="Plan", plan_workload="decoder_serve", plan_param="concurrency"))
+    warned = _plain(_texts(at.warning))
+    assert "There is no workload decoder_serve in this database" in warned
+    assert "The workloads with a sweep to plan from: serve." in warned
+    assert not _charts(at) and not tables(at)  # no other workload's plan
+    at = _ok(app(db=db, page="Plan", plan_workload="solo"))
+    warned = _plain(_texts(at.warning))
+    assert "solo has not recorded two or more values of a numeric param" in warned
+    assert "`memtrack plan solo --sweep n=1,2,4,8`" in warned and not _charts(at)
+    at.selectbox(key="plan_pick").set_value("serve").run()
+    assert _charts(_ok(at)) and at.selectbox(key="plan_workload").value == "serve"
 
 
 def test_a_drawn_table_shows_recorded_text_as_text_and_links_only_within_the_dashboard() -> None:

@@ -58,16 +58,16 @@ def _settled(page, charts: int = 0, panels: int = 0) -> None:
     assert page.locator("[data-testid='stException']").count() == 0
 
 
-def _shot(page, name: str) -> None:
+def _shot(page, name: str, width: int = 1440) -> None:
     """A screenshot of the whole page: Streamlit scrolls inside its own container, so the
     window is made as tall as the content first."""
     height = page.evaluate(
         "() => document.querySelector(\"[data-testid='stMainBlockContainer']\").scrollHeight"
     )
-    page.set_viewport_size({"width": 1440, "height": max(900, int(height) + 160)})
+    page.set_viewport_size({"width": width, "height": max(900, int(height) + 160)})
     page.wait_for_timeout(1500)
     page.screenshot(path=str(ARTIFACTS / name))
-    page.set_viewport_size({"width": 1440, "height": 900})
+    page.set_viewport_size({"width": width, "height": 900})
 
 
 def _y_domain(page, chart: int) -> tuple[float, float]:
@@ -461,3 +461,102 @@ def test_a_reviewer_reads_a_revert_and_an_accepted_step(chromium: Path, tmp_path
     for state in states:
         for name in ("overview", "history", "regressions"):
             assert (ARTIFACTS / f"story-{state}-{name}.png").stat().st_size > 10_000
+
+
+def _overflow(page, selector: str) -> tuple[int, int]:
+    """(scroll width, client width) of an element: wider content scrolls sideways."""
+    scroll, client = page.eval_on_selector(selector, "e => [e.scrollWidth, e.clientWidth]")
+    return scroll, client
+
+
+def test_a_newcomers_first_look_fits_1280_px_and_tells_cases_apart(
+    chromium: Path, tmp_path: Path
+) -> None:
+    """The shipped suite's history (150 real reruns, ten pull requests; tests/factories
+    .realistic_history) in a 1,280 px browser, as a newcomer first opens it: the Overview
+    scrolls sideways nowhere (neither the page nor its tables) and shows each case's key
+    columns; Run detail's breakdown names decoder_generate's cases by their sessions, each
+    label whole; Plan answers no further than its two measured values carry it; a Plan
+    address naming a workload with no sweep says so. Screenshots: artifacts/first-look-*.png."""
+    from factories import realistic_history
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    db = tmp_path / "memtrack.db"
+    realistic_history(db)
+    # the repository's own config (the shipped CPU budgets), less those of a case newer than
+    # the recorded reruns
+    head, *blocks = (ROOT / "pyproject.toml").read_text().split("[[tool.memtrack.budgets]]")
+    config = tmp_path / "pyproject.toml"
+    config.write_text(
+        "[[tool.memtrack.budgets]]".join(
+            [head, *(b for b in blocks if 'workload = "gpt_generate"' not in b)]
+        )
+    )
+    width = 1280
+    with _serving(db, config, tmp_path) as server, sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=str(chromium),
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+            + ["--no-first-run"],
+        )
+        try:
+            page = browser.new_page(viewport={"width": width, "height": 900})
+            page.goto(server, wait_until="domcontentloaded", timeout=60_000)
+            page.get_by_text("A case's name opens its history").wait_for(timeout=60_000)
+            _settled(page)
+            scroll, client = _overflow(page, "html")
+            assert scroll <= client, (scroll, client)
+            for table in ("#overview_table", "#ov_prs"):
+                scroll, client = _overflow(page, table)
+                assert scroll <= client, (table, scroll, client)
+            # every key column of every case drawn within the window
+            right = page.eval_on_selector_all(
+                "#overview_table th", "els => els.map(e => e.getBoundingClientRect().right)"
+            )
+            assert len(right) == 10 and max(right) <= width, right
+            heights = page.eval_on_selector_all(
+                "#overview_table tbody tr", "els => els.map(e => e.getBoundingClientRect().height)"
+            )
+            assert len(heights) == 8 and max(heights) < 60, heights  # one line a case
+            case = page.locator("#overview_table td[data-col='case']", has_text="sessions=4")
+            assert case.first.get_attribute("title", timeout=10_000).startswith(
+                "decoder_generate[d_model=128"
+            )
+            _shot(page, "first-look-overview.png", width)
+
+            page.goto(f"{server}/?page=run-detail", wait_until="domcontentloaded")
+            page.get_by_text("Exact parameters").wait_for(timeout=60_000)
+            _settled(page, charts=1)
+            labels = page.eval_on_selector_all(
+                "[data-testid='stVegaLiteChart'] .role-axis-label text",
+                "els => els.map(e => e.textContent)",
+            )
+            one = [t for t in labels if t.startswith("decoder_generate") and "sessions=1" in t]
+            four = [t for t in labels if t.startswith("decoder_generate") and "sessions=4" in t]
+            assert one == ["decoder_generate[sessions=1]"], labels
+            assert four == ["decoder_generate[sessions=4]"], labels
+            assert not any(t.endswith("…") for t in labels), labels
+            assert "runtime: host RSS beyond tensors" in page.inner_text("body")
+            _shot(page, "first-look-run-detail.png", width)
+
+            page.goto(f"{server}/?page=Plan", wait_until="domcontentloaded")
+            page.get_by_text("Model: peak(").first.wait_for(timeout=60_000)
+            _settled(page, charts=1)
+            body = page.inner_text("body")
+            assert "at commit 0150cccccc on main" in body  # the base branch, not a pull request
+            assert "the fit cannot carry this: measured up to sessions=4" in body
+            assert "54,141" not in body
+            _shot(page, "first-look-plan.png", width)
+
+            page.goto(
+                f"{server}/?page=plan&plan_workload=decoder_serve&plan_param=concurrency",
+                wait_until="domcontentloaded",
+            )
+            page.get_by_text("has not recorded two or more values").wait_for(timeout=60_000)
+            _settled(page)
+            assert page.locator("[data-testid='stVegaLiteChart']").count() == 0
+        finally:
+            browser.close()
+    for name in ("overview", "run-detail", "plan"):
+        assert (ARTIFACTS / f"first-look-{name}.png").stat().st_size > 10_000

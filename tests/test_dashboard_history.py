@@ -91,7 +91,8 @@ def test_the_overview_lists_the_old_step_and_nothing_false(app) -> None:
     assert f"since {history_commit(STEP_AT)[:10]} (main commit {STEP_AT}), " in warned
     assert "train_step · allocated +4.55 MiB (+12.0%)" in warned and "intermediates grew" in warned
     assert len(at.warning) == 1 and not at.error  # nothing else calls for attention
-    noise = table["noise"].to_dict()
+    # under the table, with each case's id, environment and notes
+    noise = read_table(at, "overview_details").set_index("case id")["noise"].to_dict()
     serve = next(c for c in noise if c.startswith("decoder_serve"))
     # its noise, said as a property of the case: its step's host growth (its allocated peak,
     # set by how its sessions interleave, is judged against the sum of its sessions)

@@ -93,7 +93,7 @@ def test_the_quadratic_needs_four_values_and_a_real_gain():
 
 def test_where_nothing_fits_the_levers_are_named():
     # peak = 10 GB + 20 GB x; with 10 % headroom, one session needs 33 GB.
-    points = [(1, 30 * GB), (2, 50 * GB)]
+    points = [(1, 30 * GB), (2, 50 * GB), (4, 90 * GB)]
     params = {"concurrency": 1, "max_len": 8192, "dtype": "float32"}
     p = _plan(points, params=params, gpus=(L4, H100))
     l4, h100 = p.gpus
@@ -114,9 +114,59 @@ def test_where_nothing_fits_the_levers_are_named():
     assert (h100.largest, h100.first_over, h100.levers) == (3, 4, ())
 
 
-def test_a_flat_peak_fits_any_value_and_a_float_param_gets_its_boundary():
+def test_a_fit_answers_only_as_far_as_its_measurements_carry():
+    """Two measured values fix a line whatever the growth: no answer past the largest of
+    them. Three or more carry the fit to 4x the largest, no further. Within that, an answer
+    past the measurements says how far past; beyond, the GPU's row says what was measured
+    and how to learn more, never a figure (what `memtrack plan` prints and the dashboard's
+    Plan shows: both read this)."""
+    from memtrack.plan.fit import CARRY_RULE, answer, describe
+    from memtrack.report.plan import markdown
+
+    # peak = 6 GB + 4 GB x; with 10 % headroom a device holds x <= (memory / 1.1 - 6) / 4
+    two = _plan([(1, 10 * GB), (4, 22 * GB)])
+    assert two.carried_to == 4
+    rows = {r.gpu.name: r for r in two.gpus}
+    assert (rows["NVIDIA T4"].largest, answer(rows["NVIDIA T4"])) == (2, "2")  # x <= 2.14
+    assert (rows["NVIDIA L4"].largest, answer(rows["NVIDIA L4"])) == (3, "3")  # x <= 3.95
+    for name in ("NVIDIA A100 40GB", "NVIDIA H100", "NVIDIA H200"):  # 7, 16 and 30 by the line
+        row = rows[name]
+        assert row.refused and (row.largest, row.first_over, row.carried_to) == (None, None, 4)
+        assert answer(row) == "> 4: not carried"
+        assert describe(row, "sessions") == (
+            "sessions up to 4 at least, and no answer past it: the fit cannot carry this: "
+            "measured up to sessions=4; measure at larger values with `memtrack plan`"
+        )
+    three = _plan([(1, 10 * GB), (2, 14 * GB), (4, 22 * GB)])
+    assert three.carried_to == 16
+    rows = {r.gpu.name: r for r in three.gpus}
+    assert answer(rows["NVIDIA L4"]) == "3"
+    a100 = rows["NVIDIA A100 40GB"]  # x <= 7.59
+    assert (a100.largest, a100.first_over, a100.past) == (7, 8, 1.75)
+    assert answer(a100) == "7 (1.8x past the largest measured value)"
+    assert describe(a100, "concurrency") == (
+        "concurrency up to 7; 8 does not fit (1.8x past the largest measured value)"
+    )
+    assert answer(rows["NVIDIA H100"]) == "16 (4x past the largest measured value)"  # x <= 16.68
+    h200 = rows["NVIDIA H200"]  # 30 by the line, past 4 x 4
+    assert (h200.largest, h200.carried_to, answer(h200)) == (None, 16, "> 16: not carried")
+    note = next(n for n in three.notes if "not given" in n)
+    assert note == (
+        "1 answer(s) not given, past concurrency=16: the fit cannot carry this: measured up "
+        f"to concurrency=4; measure at larger values with `memtrack plan` ({CARRY_RULE})"
+    )
+    shown = markdown(three)
+    assert "| NVIDIA H200 | 141 GB | &gt; 16: not carried |" in shown
+    assert "answers: up to concurrency=16" in shown
+    # A case that needs more than a GPU has at the lowest value is still told what would fit.
+    big = _plan([(1, 30 * GB), (4, 90 * GB)], gpus=(L4,))
+    assert big.gpus[0].levers and big.gpus[0].largest is None and not big.gpus[0].refused
+
+
+def test_a_flat_peak_fits_as_far_as_measured_and_a_float_param_gets_its_boundary():
     p = _plan([(1, 5 * GB), (2, 5 * GB)], gpus=(T4,))
-    assert p.gpus[0].unbounded and p.gpus[0].largest is None
+    row = p.gpus[0]  # "any value" would be an answer past every measurement
+    assert row.unbounded and row.refused and row.largest is None and row.carried_to == 2
     f = fit([(0.5, 1 * GB), (1.0, 2 * GB)])  # 2 GB per unit, nothing constant
     row = fits_on(f, T4, NONE, lowest=0.5, integer=False)
     assert row.largest == pytest.approx(8.0) and row.first_over is None
@@ -303,7 +353,7 @@ def test_a_sweep_on_a_gpu_fits_the_device_view_and_adds_the_runners_own_memory()
                 reserved=p * GiB,
                 device_peak=p * GiB,
             )
-            for c, p in ((1, 10), (2, 14))
+            for c, p in ((1, 10), (2, 14), (8, 38))
         ],
         env=GPU_ENV,
     )
@@ -385,7 +435,8 @@ def test_an_extrapolations_need_includes_the_fits_own_error():
         integer=True,
         params={},
     )
-    (row,) = p.gpus
+    assert p.gpus[0].refused  # thousands of batches: far past what 4 values up to 8 carry
+    row = fits_on(f, Gpu("G", 80 * GB, "80 GB"), tiny, lowest=1, integer=True)
     # the largest batch whose peak, headroom and error fit: fewer than without the error
     assert need(f, row.largest, tiny) <= 80 * GB < need(f, row.first_over, tiny)
     without = math.floor((80 * GB / 1.0001 - f.a) / f.b)

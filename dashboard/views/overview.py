@@ -120,6 +120,7 @@ def _row(ctx: Context, case: dict[str, Any], branch: str) -> tuple[model.CaseSta
         "open": still_open[0] if still_open else None,
         "latest run": when(latest["started_at"]),
         "commit": short(latest["git_commit"]),
+        "run": page_url("Run detail", run=latest["run_id"]),
         "branch": latest["git_branch"] or "-",
         "environment": model.env_label(ctx.env(latest["env_id"])),
         "note": status.note,
@@ -143,70 +144,86 @@ def _used_style(used: float | str | None) -> str:
 
 
 CASE_COLUMNS = (
-    Column("status", width=95, style=status_cell_style),
+    Column("status", width=96, style=status_cell_style),
     Column(
         "case",
-        width=190,
+        width=200,
         link="history",
-        help="The workload and the parameters that set its cases apart (the full id is the "
-        "last column); it opens the case's history",
+        tip="case id",
+        help="The workload and the parameters that set its cases apart (hover for the full "
+        "id); it opens the case's history",
     ),
     Column(
-        "view", width=95, help="The view that decides the status: the one closest to its budget"
+        "view", width=104, help="The view that decides the status: the one closest to its budget"
     ),
-    Column("peak", width=80),
-    Column("budget", width=80),
+    Column("peak", width=86),
+    Column("budget", width=86),
     Column(
-        "used", width=60, style=_used_style, help="Peak as a share of the budget; red past 100%"
+        "used",
+        width=62,
+        style=_used_style,
+        tip="margin",
+        help="Peak as a share of the budget, red past 100% (hover for the margin)",
     ),
-    Column("margin", width=105),
-    Column("trend", title=f"trend ({TREND_POINTS} runs)", width=110, spark=True),
+    Column("trend", width=114, spark=True, help=f"The last {TREND_POINTS} runs"),
+    Column(
+        "last change",
+        help="Every step in the trend's window, newest first: a shift of the series' level "
+        "past its headroom, at the first commit of the new level (hover for them all)",
+    ),
+    Column(
+        "commit",
+        width=88,
+        link="run",
+        tip="latest run",
+        help="The commit of the case's latest run (hover for when); it opens the run",
+    ),
+    Column("branch", width=96),
+)
+"""The Overview's table of cases, in the order shown: one line a case, as wide as the page."""
+
+DETAIL_COLUMNS = (
+    Column("case id", width=220, wrap=True, link="history"),
+    Column("latest run", width=116, wrap=True),
+    Column("environment", width=130, wrap=True),
     Column(
         "noise",
-        width=170,
+        width=120,
         wrap=True,
         help="A property of the case: the views whose headroom its noise makes too wide to "
         "judge a small growth (the gate's newest verdict), and how wide",
     ),
-    Column(
-        "last change",
-        width=420,
-        wrap=True,
-        help="Every step in the trend's window, newest first: a shift of the series' level "
-        "past its headroom, at the first commit of the new level",
-    ),
-    Column("commit"),
-    Column("branch"),
-    Column("latest run"),
-    Column("environment"),
-    Column("note", width=300, wrap=True),
-    Column("case id"),
+    Column("last change", width=170, wrap=True),
+    Column("note", wrap=True, help="Why: the failure's message, or the gate's"),
 )
-"""The Overview's table of cases, in the order shown."""
+"""Under the Overview's table, opened on demand: each case in full."""
 
 PR_COLUMNS = (
     Column(
         "verdict",
-        width=110,
-        wrap=True,
+        width=150,
         style=lambda v: status_cell_style("failed") if v.startswith("BLOCKS") else "",
         help="What the gate recorded: blocks, or passes (with its warnings, and what a "
         "reviewed trailer accepted, with its reason)",
     ),
-    Column("branch"),
-    Column("what blocks", width=300, wrap=True),
-    Column("run", link="run", text="its run", help="The run's detail: what blocks and why"),
+    Column("branch", width=150),
+    Column("what blocks"),
+    Column(
+        "run", width=70, link="run", text="its run", help="The run's detail: what blocks and why"
+    ),
     Column(
         "compare",
+        width=150,
         link="compare",
         text="with its merge-base",
         help="Compare of the run with the base-branch commit it branched from",
     ),
-    Column("commit"),
-    Column("subject", width=240, wrap=True),
-    Column("latest run"),
+    Column("commit", width=96),
+    Column("subject"),
+    Column("latest run", width=130),
 )
-"""The Overview's table of pull requests and other branches."""
+"""The Overview's table of pull requests and other branches: one line a branch, as wide as
+the page."""
 
 
 def _callout(s: model.CaseStatus, row: dict[str, Any]) -> str:
@@ -287,15 +304,22 @@ def render(ctx: Context) -> None:
 
     for _, row in pairs:
         row["history"] = page_url("History", case=row["case id"])
-    st.markdown(
-        html_table("overview_table", [row for _, row in pairs], CASE_COLUMNS),
-        unsafe_allow_html=True,
-    )
+    rows = [row for _, row in pairs]
+    st.markdown(html_table("overview_table", rows, CASE_COLUMNS, fit=True), unsafe_allow_html=True)
     st.caption(
         f"Latest run of each case {scope}, most urgent first. A regression the gate "
         "found on the base branch holds, whatever its age, until a later run is back "
-        "within its threshold or it is accepted. A case's name opens its history."
+        "within its threshold or it is accepted. A case's name opens its history, its "
+        "commit the run; hover a cut cell for all of it."
     )
+    told = sum(1 for row in rows if row["note"] or row["noise"])
+    with st.expander(
+        "Each case in full: its id, latest run, environment, noise and notes"
+        + (f" ({told} with a note or noise)" if told else "")
+    ):
+        st.markdown(
+            html_table("overview_details", rows, DETAIL_COLUMNS, fit=True), unsafe_allow_html=True
+        )
     _pull_requests(ctx)
 
 
@@ -394,7 +418,7 @@ def _pull_requests(ctx: Context) -> None:
             }
         )
     rows.sort(key=lambda x: (not x["verdict"].startswith("BLOCKS"), x["verdict"] == "not checked"))
-    st.markdown(html_table("ov_prs", rows, PR_COLUMNS), unsafe_allow_html=True)
+    st.markdown(html_table("ov_prs", rows, PR_COLUMNS, fit=True), unsafe_allow_html=True)
     st.caption(
         f"The newest run of each branch other than {esc(ctx.base_branch)} among the "
         "newest 200 runs, blocking first, with what the gate recorded: its run says what "

@@ -213,7 +213,7 @@ def render(ctx: Context) -> None:
     _failures(failed)
     _context_tables(run)
     _cases(ms, case_labels)
-    _breakdown(ms)
+    _breakdown(ms, case_labels)
     _device_gap(ms)
     if run["verdicts"]:
         _verdicts(run["verdicts"], case_labels)
@@ -302,19 +302,21 @@ def _cases(ms: list[dict[str, Any]], case_labels: dict[str, str]) -> None:
     )
 
 
-def _breakdown(ms: list[dict[str, Any]]) -> None:
+def _breakdown(ms: list[dict[str, Any]], case_labels: dict[str, str]) -> None:
     st.subheader("Breakdown")
-    chart = charts.breakdown_chart(ms)
+    chart = charts.breakdown_chart(ms, case_labels)
     if chart is None:
         st.caption("No breakdown recorded for these cases.")
         return
     st.altair_chart(chart, width="stretch")
     st.caption(
-        "Weights: the persistent set at the mark; caches: tagged request-sized "
-        "state; gradients and optimizer state (older runs: training state, the "
-        "two together); intermediates: the rest of the framework peak; "
-        "unattributed: what no part explains; workspace/runtime: device view minus "
-        "framework reserved on a GPU, host RSS beyond live tensors on the CPU."
+        "The framework's peak, on its own scale: weights, the persistent set at the mark; "
+        "caches, tagged request-sized state; gradients and optimizer state (older runs: "
+        "training state, the two together); intermediates, the rest of the framework peak; "
+        "unattributed, what no part explains. Beside each bar, the runtime beyond the "
+        "framework, not drawn: on a GPU the device view beyond the framework's reserved "
+        "memory (the CUDA context, library workspaces); on the CPU the host RSS beyond live "
+        "tensors (the interpreter and its libraries, not the model's memory)."
     )
 
 

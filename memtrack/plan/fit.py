@@ -16,6 +16,12 @@ come from (a measured sweep, or an estimate) is the caller's business.
     need(x)   = peak(x) x (1 + headroom fraction) + error(x)
     fits      need(x) <= the GPU's memory (nominal, per device: devices do not pool)
     largest   the largest x >= the lowest value (1 for a count) that fits; x + 1 does not
+    carried   a fit answers only as far as the measurements carry it (carried_to): with 3
+              or more distinct values measured, up to CARRY_FACTOR (4) x the largest of
+              them; with 2, no further than the largest (two points fix a line whatever the
+              growth, and nothing checks it). An answer past that is refused, never given:
+              the GPU holds at least that value, and a sweep at larger values says more.
+              An answer past the largest measured value says how far past it (2x)
 """
 
 from __future__ import annotations
@@ -38,9 +44,17 @@ QUADRATIC_GAIN = Fraction(1, 4)
 """The quadratic is kept only where its residuals are at most this share of the linear's."""
 FIT_ERROR_FACTOR = 3
 """Standard errors of the fit kept free, as the gate keeps 3 x the observed spread."""
-FAR_BEYOND = 4
-"""An answer past this multiple of the largest measured value is flagged as a long
-extrapolation."""
+CARRY_FACTOR = 4
+"""A fit of CARRY_MIN_VALUES or more distinct values answers up to this multiple of the
+largest value measured, and no further."""
+CARRY_MIN_VALUES = 3
+"""Distinct values measured before a fit answers past the largest of them."""
+CARRY_RULE = (
+    f"a fit answers up to {CARRY_FACTOR}x the largest value measured where "
+    f"{CARRY_MIN_VALUES} or more values were measured and, from 2 values, no further than "
+    "the largest"
+)
+"""The rule, in words (the module's docstring has its arithmetic)."""
 NOMINAL_NOTE = (
     "GPU memory is the vendor's nominal figure per device (a round figure); what a process "
     "can use is less than the device's total (the CUDA context, the driver's reservations, "
@@ -345,6 +359,23 @@ class GpuFit:
     """The largest measured value whose measured peak (with the headroom) fits."""
     levers: tuple[str, ...] = ()
     """Where nothing fits: what would make it fit."""
+    measured_top: Number | None = None
+    """The largest value measured."""
+    carried_to: Number | None = None
+    """Where the answer lies past what the fit carries (see `carried_to`): the largest value
+    it carries, which fits; `largest` and `first_over` are then None, never a guess."""
+
+    @property
+    def refused(self) -> bool:
+        """The answer lies past what the fit carries, and is not given."""
+        return self.carried_to is not None
+
+    @property
+    def past(self) -> float | None:
+        """How many times the largest measured value the answer is, where it lies past it."""
+        if self.largest is None or not self.measured_top or self.largest <= self.measured_top:
+            return None
+        return self.largest / self.measured_top
 
 
 @dataclass(frozen=True)
@@ -363,6 +394,8 @@ class Plan:
     """The smallest value considered (1 for a count)."""
     gpus: tuple[GpuFit, ...]
     notes: tuple[str, ...] = ()
+    carried_to: Number | None = None
+    """The largest value the fit answers for (see `carried_to`)."""
 
 
 def need(fit_: Fit, x: Number, headroom: Headroom) -> Fraction:
@@ -400,6 +433,15 @@ def _largest_root(fit_: Fit, budget: Fraction) -> float | None:
     return (-b + math.sqrt(disc)) / (2 * c)
 
 
+def carried_to(points: Sequence[tuple[Number, int]]) -> Number:
+    """The largest value of the swept param that a fit of these points answers for:
+    CARRY_FACTOR x the largest value measured where CARRY_MIN_VALUES or more distinct values
+    were measured, else the largest value measured."""
+    xs = {x for x, _ in points}
+    top = max(xs)
+    return CARRY_FACTOR * top if len(xs) >= CARRY_MIN_VALUES else top
+
+
 def fits_on(
     fit_: Fit,
     gpu: Gpu,
@@ -408,32 +450,42 @@ def fits_on(
     lowest: Number,
     integer: bool,
     measured: Sequence[tuple[Number, int]] = (),
+    reach: Number | None = None,
 ) -> GpuFit:
-    """The largest value of the param (at least `lowest`) whose predicted need fits."""
+    """The largest value of the param (at least `lowest`) whose predicted need fits; an
+    answer past `reach` (what the fit carries) is refused, not given."""
     cap = Fraction(gpu.memory_bytes)
     factor = 1 + Fraction(str(headroom.fraction))
     ok_measured = [x for x, y in measured if y * factor <= cap]
     measured_largest = max(ok_measured) if ok_measured else None
     top = max((x for x, _ in measured), default=lowest)
     bottom = min((x for x, _ in measured), default=lowest)
+    known = max((x for x, _ in measured), default=None)
     if need(fit_, lowest, headroom) > cap:
-        return GpuFit(gpu, None, lowest, False, lowest < bottom, measured_largest)
+        return GpuFit(gpu, None, lowest, False, lowest < bottom, measured_largest, (), known)
+    refused = GpuFit(gpu, None, None, False, True, measured_largest, (), known, reach)
     a, b, c = fit_.exact
     if c == 0 and b <= 0 or c < 0:
         # Does not grow (a negative x^2 term is never chosen, but the rule may change).
-        return GpuFit(gpu, None, None, True, False, measured_largest)
+        if reach is not None:  # "any value" is an answer past every measurement
+            return dataclasses.replace(refused, unbounded=True)
+        return GpuFit(gpu, None, None, True, False, measured_largest, (), known)
     guide = _largest_root(fit_, cap / factor)
     assert guide is not None and guide >= lowest  # need(lowest) fits and peak grows
     root = _largest_fitting(fit_, headroom, cap, lowest, guide)
     if not integer:
-        return GpuFit(gpu, root, None, False, root > top, measured_largest)
+        if reach is not None and root > reach:
+            return refused
+        return GpuFit(gpu, root, None, False, root > top, measured_largest, (), known)
     k = max(int(lowest), math.floor(root))
     # The float root is a guide; the exact arithmetic decides.
     while need(fit_, k + 1, headroom) <= cap:
         k += 1
     while k > lowest and need(fit_, k, headroom) > cap:
         k -= 1
-    return GpuFit(gpu, k, k + 1, False, k > top, measured_largest)
+    if reach is not None and k > reach:
+        return refused
+    return GpuFit(gpu, k, k + 1, False, k > top, measured_largest, (), known)
 
 
 def levers(
@@ -446,6 +498,7 @@ def levers(
     lowest: Number,
     integer: bool,
     params: dict[str, Any],
+    reach: Number | None = None,
 ) -> tuple[str, ...]:
     """What would make the case fit where even the lowest value of the param does not."""
     out = []
@@ -470,9 +523,14 @@ def levers(
         if g.memory_bytes > gpu.memory_bytes
     ]
     for g in bigger:
-        holds = fits_on(fit_, g, headroom, lowest=lowest, integer=integer)
-        if holds.largest is not None or holds.unbounded:
-            upto = "any value" if holds.unbounded else f"up to {param}={show_value(holds.largest)}"
+        holds = fits_on(fit_, g, headroom, lowest=lowest, integer=integer, reach=reach)
+        if holds.largest is not None or holds.unbounded or holds.refused:
+            if holds.refused:
+                upto = f"up to {param}={show_value(holds.carried_to)} at least"
+            elif holds.unbounded:
+                upto = "any value"
+            else:
+                upto = f"up to {param}={show_value(holds.largest)}"
             out.append(
                 f"another GPU: {g.name} ({g.stated}) is the smallest in the catalog "
                 f"that fits it ({upto})"
@@ -515,18 +573,14 @@ def plan(
     (another GPU is looked for in the whole catalog)."""
     f = fit(points)
     lowest: Number = 1 if integer and min(x for x, _ in points) >= 1 else min(x for x, _ in points)
+    reach = carried_to(points)
     rows = []
     for g in gpus if gpus is not None else catalog:
-        row = fits_on(f, g, headroom, lowest=lowest, integer=integer, measured=points)
-        if row.largest is None and not row.unbounded:
-            row = GpuFit(
-                row.gpu,
-                None,
-                row.first_over,
-                False,
-                row.extrapolated,
-                row.measured_largest,
-                levers(
+        row = fits_on(f, g, headroom, lowest=lowest, integer=integer, measured=points, reach=reach)
+        if row.largest is None and not row.unbounded and not row.refused:
+            row = dataclasses.replace(
+                row,
+                levers=levers(
                     f,
                     g,
                     catalog,
@@ -535,17 +589,17 @@ def plan(
                     lowest=lowest,
                     integer=integer,
                     params=params,
+                    reach=reach,
                 ),
             )
         rows.append(row)
     top = max(x for x, _ in points)
-    far = [r for r in rows if r.largest is not None and r.largest > FAR_BEYOND * top]
-    extra = [fit_error_note(f, param, top, rows)]
-    if far:
+    extra = [fit_error_note(f, param, top, rows, reach)]
+    refused = [r for r in rows if r.refused]
+    if refused:
         extra.append(
-            f"{len(far)} answer(s) lie more than {FAR_BEYOND}x beyond the largest "
-            f"value measured ({param}={show_value(top)}): the model is extrapolated "
-            "that far; measure near the answer to confirm it"
+            f"{len(refused)} answer(s) not given, past {param}={show_value(reach)}: "
+            f"{refusal(param, top)} ({CARRY_RULE})"
         )
     return Plan(
         case,
@@ -558,11 +612,16 @@ def plan(
         lowest,
         tuple(rows),
         (*notes, *extra, NOMINAL_NOTE),
+        reach,
     )
 
 
-def fit_error_note(f: Fit, param: str, top: Number, rows: Sequence[GpuFit]) -> str:
-    """How much of each need is the fit's own error, in words."""
+def fit_error_note(
+    f: Fit, param: str, top: Number, rows: Sequence[GpuFit], reach: Number | None = None
+) -> str:
+    """How much of each need is the fit's own error, in words: at the largest value
+    measured, and at the farthest answer (or, where none lies past it, as far as the fit
+    carries)."""
     if f.residual_se is None:
         return (
             "the fit passes through every point (as many values as its terms): its own "
@@ -570,17 +629,54 @@ def fit_error_note(f: Fit, param: str, top: Number, rows: Sequence[GpuFit]) -> s
         )
     answers = [r.largest for r in rows if r.largest is not None]
     far = max(answers, default=top)
+    if far <= top and reach is not None:
+        far = reach
+    at = [(top, f.error(top))] + ([(far, f.error(far))] if far > top else [])
     return (
         f"each need includes the fit's own error: {FIT_ERROR_FACTOR} x its residual "
         f"standard error ({format_size(round(f.residual_se))}), widened with the "
-        f"distance from the values measured: {format_size(math.ceil(f.error(top)))} at "
-        f"{param}={show_value(top)}, {format_size(math.ceil(f.error(far)))} at "
-        f"{param}={show_value(far)}"
+        "distance from the values measured: "
+        + ", ".join(f"{format_size(math.ceil(e))} at {param}={show_value(x)}" for x, e in at)
+    )
+
+
+def refusal(param: str, top: Number | None) -> str:
+    """What is said instead of an answer past what the fit carries."""
+    return (
+        f"the fit cannot carry this: measured up to {param}={show_value(top)}; measure at "
+        "larger values with `memtrack plan`"
+    )
+
+
+def times(ratio: float) -> str:
+    """2.0 -> '2x', 1.375 -> '1.4x'."""
+    return f"{ratio:.1f}".removesuffix(".0") + "x"
+
+
+def answer(row: GpuFit) -> str:
+    """One GPU's largest value, as a table shows it: '16', '16 (2x past the largest
+    measured value)', 'any', 'none', or where the fit does not carry it, '> 32: not
+    carried'."""
+    if row.refused:
+        return f"> {show_value(row.carried_to)}: not carried"
+    if row.unbounded:
+        return "any"
+    if row.largest is None:
+        return "none"
+    past = row.past
+    return show_value(row.largest) + (
+        f" ({times(past)} past the largest measured value)" if past is not None else ""
     )
 
 
 def describe(row: GpuFit, param: str) -> str:
     """One GPU's answer in words."""
+    if row.refused:
+        grows = "the peak does not grow with it over the values measured; " * row.unbounded
+        return (
+            f"{param} up to {show_value(row.carried_to)} at least, and no answer past it: "
+            f"{grows}{refusal(param, row.measured_top)}"
+        )
     if row.unbounded:
         return f"any {param}: the peak does not grow with it"
     if row.largest is None:
@@ -588,7 +684,12 @@ def describe(row: GpuFit, param: str) -> str:
     text = f"{param} up to {show_value(row.largest)}"
     if row.first_over is not None:
         text += f"; {show_value(row.first_over)} does not fit"
-    return text + (" (extrapolated beyond the values measured)" if row.extrapolated else "")
+    past = row.past
+    if past is not None:
+        text += f" ({times(past)} past the largest measured value)"
+    elif row.extrapolated:
+        text += " (extrapolated beyond the values measured)"
+    return text
 
 
 def parse_sweep(
@@ -636,6 +737,9 @@ def parse_sweep(
 
 
 __all__ = [
+    "CARRY_FACTOR",
+    "CARRY_MIN_VALUES",
+    "CARRY_RULE",
     "NOMINAL_NOTE",
     "NOT_POOLED",
     "QUADRATIC_GAIN",
@@ -645,6 +749,8 @@ __all__ = [
     "GpuFit",
     "Headroom",
     "Plan",
+    "answer",
+    "carried_to",
     "describe",
     "fit",
     "fits_on",
@@ -653,6 +759,8 @@ __all__ = [
     "need",
     "parse_sweep",
     "plan",
+    "refusal",
     "select_gpus",
     "show_value",
+    "times",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from memtrack.escape import markdown_code, markdown_text, terminal_text
-from memtrack.plan.fit import Plan, describe, show_value
+from memtrack.plan.fit import CARRY_RULE, Plan, answer, describe, show_value
 from memtrack.units import format_size
 
 
@@ -25,17 +25,9 @@ def _header(p: Plan) -> list[str]:
         f"fits: peak({p.param}) x (1 + headroom) <= the GPU's memory; lowest value considered "
         f"{show_value(p.lowest)}",
     ]
+    if p.carried_to is not None:
+        lines.append(f"answers: up to {p.param}={show_value(p.carried_to)} ({CARRY_RULE})")
     return lines
-
-
-def _largest(row: Any) -> str:
-    if row.unbounded:
-        return "any"
-    return (
-        "none"
-        if row.largest is None
-        else show_value(row.largest) + (" (extrapolated)" if row.extrapolated else "")
-    )
 
 
 def terminal(p: Plan) -> list[Any]:
@@ -70,7 +62,7 @@ def terminal(p: Plan) -> list[Any]:
                 for c in (
                     row.gpu.name,
                     f"{row.gpu.stated} ({row.gpu.memory_bytes:,} B)",
-                    _largest(row),
+                    answer(row),
                     show_value(row.first_over),
                     show_value(row.measured_largest),
                     need_at,
@@ -102,7 +94,7 @@ def markdown(p: Plan) -> str:
     ]
     for row in p.gpus:
         lines.append(
-            f"| {md(row.gpu.name)} | {md(row.gpu.stated)} | {md(_largest(row))} | "
+            f"| {md(row.gpu.name)} | {md(row.gpu.stated)} | {md(answer(row))} | "
             f"{md(show_value(row.first_over))} | "
             f"{md(show_value(row.measured_largest))} |"
         )
@@ -137,6 +129,7 @@ def to_json(p: Plan) -> dict[str, Any]:
             "detail": p.headroom.detail,
         },
         "lowest": p.lowest,
+        "carried_to": p.carried_to,
         "gpus": [
             {
                 "name": r.gpu.name,
@@ -147,6 +140,9 @@ def to_json(p: Plan) -> dict[str, Any]:
                 "unbounded": r.unbounded,
                 "extrapolated": r.extrapolated,
                 "measured_largest": r.measured_largest,
+                "measured_top": r.measured_top,
+                "times_past_measured": r.past,
+                "carried_to": r.carried_to,
                 "levers": list(r.levers),
             }
             for r in p.gpus
