@@ -91,38 +91,30 @@ def _tip(field: str, title: str | None = None, **more: Any) -> dict[str, Any]:
     return {"field": field, "type": more.pop("type", "nominal"), "title": title or field, **more}
 
 
-def breakdown_chart(
-    measurements: Sequence[dict[str, Any]], labels: dict[str, str] | None = None
-) -> alt.LayerChart | None:
-    """One stacked bar per case of its framework peak's parts (training state only for rows
-    recorded before gradients and optimizer state were told apart), on the tensors' own
-    scale; the runtime beyond them (workspace: host RSS beyond tensors on the CPU, the
-    device view beyond reserved on a GPU) is a figure written at the bar's end, not a part
-    of it. Cases are named by `labels` (short labels that tell them apart), their full id
-    in the tooltip."""
-    import altair as alt  # only this chart is built with Altair: keep it off the other pages
-
-    labels = labels or {}
+def _breakdown_rows(
+    measurements: Sequence[dict[str, Any]], labels: dict[str, str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The breakdown chart's bar segments (a case's parts) and runtime figures (at the end
+    of its bar)."""
     records, runtime = [], []
     for m in measurements:
         case = labels.get(m["case_id"], m["case_id"])
         split = m.get("gradients_bytes") is not None or m.get("optimizer_state_bytes") is not None
         total = 0
         for col, label in BREAKDOWN:
-            if col == "training_state_bytes" and split:
-                continue
             value = m.get(col)
-            if value:
-                total += value
-                records.append(
-                    {
-                        "case": case,
-                        "case id": m["case_id"],
-                        "part": label,
-                        "bytes": value,
-                        "size": format_size(value),
-                    }
-                )
+            if not value or (col == "training_state_bytes" and split):
+                continue
+            total += value
+            records.append(
+                {
+                    "case": case,
+                    "case id": m["case_id"],
+                    "part": label,
+                    "bytes": value,
+                    "size": format_size(value),
+                }
+            )
         gap = m.get("workspace_bytes")
         if gap and total:
             what = RUNTIME.get(m.get("device") or "", "workspace / runtime")
@@ -135,6 +127,21 @@ def breakdown_chart(
                     "size": format_size(gap),
                 }
             )
+    return records, runtime
+
+
+def breakdown_chart(
+    measurements: Sequence[dict[str, Any]], labels: dict[str, str] | None = None
+) -> alt.LayerChart | None:
+    """One stacked bar per case of its framework peak's parts (training state only for rows
+    recorded before gradients and optimizer state were told apart), on the tensors' own
+    scale; the runtime beyond them (workspace: host RSS beyond tensors on the CPU, the
+    device view beyond reserved on a GPU) is a figure written at the bar's end, not a part
+    of it. Cases are named by `labels` (short labels that tell them apart), their full id
+    in the tooltip."""
+    import altair as alt  # only this chart is built with Altair: keep it off the other pages
+
+    records, runtime = _breakdown_rows(measurements, labels or {})
     if not records:
         return None
     df = pd.DataFrame(records)
