@@ -69,7 +69,7 @@ def test_init_writes_the_table_workloads_workflow_and_hook_then_nothing_more(tmp
     assert os.access(repo / HOOK, os.X_OK)
     # the hook and the comment script are the ones memtrack's own CI uses
     assert (repo / HOOK).read_bytes() == (ROOT / HOOK).read_bytes()
-    own_comment = ROOT / ".github" / "actions" / "memtrack" / "comment.py"
+    own_comment = ROOT / "memtrack" / "templates" / "comment.py"
     assert (repo / COMMENT).read_bytes() == own_comment.read_bytes()
     wf = (repo / WORKFLOW).read_text()
     assert 'MEMTRACK_REQUIREMENT: "memtrack==0.1.0"' in wf and 'MEMTRACK_INDEX_URL: ""' in wf

@@ -570,7 +570,7 @@ def fake_github():
         "GITHUB_REPOSITORY": REPO,
         "GITHUB_API_URL": f"http://127.0.0.1:{server.server_port}",
     }
-    script = GITHUB / "actions" / "memtrack" / "comment.py"
+    script = GITHUB.parent / "memtrack" / "templates" / "comment.py"
 
     def post(text: str, tmp: Path) -> subprocess.CompletedProcess:
         verdict = tmp / "verdict.md"
@@ -650,7 +650,7 @@ def test_an_unknown_identity_edits_nothing_and_posts_fake_github_api(tmp_path, f
 def _comment_module():
     import importlib.util
 
-    path = GITHUB / "actions" / "memtrack" / "comment.py"
+    path = GITHUB.parent / "memtrack" / "templates" / "comment.py"
     spec = importlib.util.spec_from_file_location("memtrack_comment_script", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
