@@ -206,6 +206,18 @@ def _cli(*args: str) -> Any:
     return CliRunner().invoke(main, list(args), catch_exceptions=True)
 
 
+def _ingested(work: Path, data: dict[str, Any]) -> tuple[Path, Path]:
+    """A project in `work` and a database holding the record, through `memtrack ingest`."""
+    work.mkdir()
+    config = _project(work)
+    record = work / "r.json"
+    record.write_text(json.dumps(data))
+    db = work / "m.db"
+    res = _cli("ingest", str(record), "--db", str(db), "--config", str(config))
+    assert res.exit_code == 0, res.output
+    return config, db
+
+
 @settings(
     max_examples=40,
     deadline=None,
@@ -216,14 +228,8 @@ def test_any_accepted_record_shows_as_text_in_show_history_and_the_pr_comment(tm
     data = _record(f)
     if not _accepted(data):
         return  # refused at ingest, one line: the record tests hold that
-    work = tmp_path / data["run_id"]
-    work.mkdir()
-    config = _project(work)
-    record = work / "r.json"
-    record.write_text(json.dumps(data))
-    db = work / "m.db"
-    res = _cli("ingest", str(record), "--db", str(db), "--config", str(config))
-    assert res.exit_code == 0, res.output
+    config, db = _ingested(tmp_path / data["run_id"], data)
+    work = db.parent
     for args in (["show", data["run_id"]], ["history", "decoder"]):
         res = _cli(*args, "--db", str(db), "--config", str(config))
         assert res.exit_code == 0 and res.exception is None, (args, res.output)
@@ -262,13 +268,7 @@ def test_any_accepted_record_shows_as_text_on_every_dashboard_page(tmp_path, mon
     data = _record(f)
     if not _accepted(data):
         return
-    work = tmp_path / data["run_id"]
-    work.mkdir()
-    config = _project(work)
-    record = work / "r.json"
-    record.write_text(json.dumps(data))
-    db = work / "m.db"
-    assert _cli("ingest", str(record), "--db", str(db), "--config", str(config)).exit_code == 0
+    config, db = _ingested(tmp_path / data["run_id"], data)
     monkeypatch.setattr(sys, "argv", [str(APP), "--db", str(db), "--config", str(config)])
     sys.path.insert(0, str(ROOT))
     case = data["measurements"][0]["case_id"]
