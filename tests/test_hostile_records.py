@@ -287,3 +287,7 @@ def test_any_accepted_record_shows_as_text_on_every_dashboard_page(tmp_path, mon
         assert not at.exception, (query, [e.message for e in at.exception])
         for source in _page_sources(at):
             _markdown_safe(source)
+            _terminal_safe(source)  # no raw control, separator or bidi character either
+        for frame in at.dataframe:
+            for cell in frame.value.astype(str).to_numpy().ravel():
+                _terminal_safe(cell)

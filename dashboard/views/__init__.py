@@ -12,11 +12,23 @@ from memtrack.dashboard import data, model
 from streamlit.errors import StreamlitAPIException
 
 from memtrack.config import Config
-from memtrack.escape import markdown_text
+from memtrack.escape import markdown_text, one_line
 
 PAGES = ("Overview", "History", "Regressions", "Run detail", "Compare", "Plan")
 """Page names, as the page selector and the `page` query parameter spell them (any case;
 `run-detail` and `run_detail` work too)."""
+
+
+def plain(df: Any) -> Any:
+    """A table for st.dataframe, each text cell on one line with no control, separator or
+    bidi character: the grid shows recorded text as it is."""
+    from pandas.api.types import is_object_dtype, is_string_dtype
+
+    out = df.copy()
+    for col in out.columns:
+        if is_object_dtype(out[col]) or is_string_dtype(out[col]):
+            out[col] = out[col].map(lambda v: one_line(v) if isinstance(v, str) else v)
+    return out
 
 
 def esc(text: object, limit: int | None = None) -> str:

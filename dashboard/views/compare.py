@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 from memtrack.dashboard import data, model
-from memtrack.dashboard.views import Context, esc, resolve_run, run_label, short, when
+from memtrack.dashboard.views import Context, esc, plain, resolve_run, run_label, short, when
 
 from memtrack.records import metrics
 from memtrack.units import format_seconds, format_size
@@ -261,7 +261,7 @@ def _table(rows: list[dict[str, Any]]) -> None:
         return
     df = pd.DataFrame(rows)
     st.dataframe(
-        df.style.apply(_delta_style, axis=1),
+        plain(df).style.apply(_delta_style, axis=1),
         hide_index=True,
         key="cmp_table",
         height=min(35 * (len(df) + 1) + 3, 800),

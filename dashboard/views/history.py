@@ -13,7 +13,7 @@ import streamlit as st
 from memtrack.dashboard import data, model, panels
 from memtrack.dashboard.charts import MARKER_NAMES
 from memtrack.dashboard.tables import Column, html_table, page_url
-from memtrack.dashboard.views import Context, badge, esc, goto, resolve_case, short, when
+from memtrack.dashboard.views import Context, badge, esc, goto, plain, resolve_case, short, when
 
 from memtrack.units import format_seconds, format_size
 
@@ -520,7 +520,7 @@ def _points(rows: list[dict[str, Any]]) -> None:
         ]
     )
     st.dataframe(
-        points_df,
+        plain(points_df),
         hide_index=True,
         key="h_points",
         selection_mode="single-row",

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 from memtrack.dashboard import charts, data, model
-from memtrack.dashboard.views import Context, esc, goto, short
+from memtrack.dashboard.views import Context, esc, goto, plain, short
 
 from memtrack.errors import MemtrackError
 from memtrack.plan.fit import (
@@ -233,7 +233,7 @@ def _show(
         for r in result.gpus
     ]
     if rows:
-        st.dataframe(pd.DataFrame(rows), hide_index=True)
+        st.dataframe(plain(pd.DataFrame(rows)), hide_index=True)
     st.caption(
         f"Points: the newest figure of each value at that commit; dashed line: the fitted "
         f"model, drawn as far as it carries; red rules: each GPU's nominal memory per "

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 import pandas as pd
 import streamlit as st
 from memtrack.dashboard import data, model
-from memtrack.dashboard.views import Context, esc, goto, short
+from memtrack.dashboard.views import Context, esc, goto, plain, short
 
 from memtrack.units import format_size
 
@@ -250,7 +250,7 @@ def render(ctx: Context) -> None:
     )
     df = pd.DataFrame(rows)
     st.dataframe(
-        df,
+        plain(df),
         hide_index=True,
         key="rg_table",
         selection_mode="single-row",

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 from memtrack.dashboard import charts, data, model
 from memtrack.dashboard.charts import MARKER_NAMES
-from memtrack.dashboard.views import Context, esc, goto, resolve_run, run_label, short, when
+from memtrack.dashboard.views import Context, esc, goto, plain, resolve_run, run_label, short, when
 
 from memtrack.records import metrics
 from memtrack.units import format_seconds, format_size
@@ -22,7 +22,7 @@ def _pick(ctx: Context) -> None:
 def _facts(pairs: list[tuple[str, Any]]) -> None:
     """A two-column table of facts, tall enough to need no scrolling."""
     df = pd.DataFrame([{"": k, "value": "-" if v in (None, "", []) else str(v)} for k, v in pairs])
-    st.dataframe(df, hide_index=True, height=35 * (len(df) + 1) + 3)
+    st.dataframe(plain(df), hide_index=True, height=35 * (len(df) + 1) + 3)
 
 
 def _count(n: int | None) -> str:
@@ -113,7 +113,7 @@ def _device_gap(ms: list[dict[str, Any]]) -> None:
                 }
             )
     if rows:
-        st.dataframe(pd.DataFrame(rows), hide_index=True)
+        st.dataframe(plain(pd.DataFrame(rows)), hide_index=True)
         st.caption(
             "The gap is what the framework does not see: the CUDA context, library "
             "workspaces and allocations outside PyTorch. A device peak below reserved "
@@ -281,22 +281,27 @@ def _cases(ms: list[dict[str, Any]], case_labels: dict[str, str]) -> None:
     ]
     st.subheader("Cases")
     st.dataframe(
-        pd.DataFrame(
-            [
-                {
-                    "case": case_labels[m["case_id"]],
-                    "status": m["status"],
-                    "device": m["device"],
-                    **{model.SHORT_LABELS[k]: format_size(model.metric_value(m, k)) for k in views},
-                    "weights": format_size(m.get("weights_bytes")),
-                    "alloc retries": _count(m.get("num_alloc_retries")),
-                    "OOMs": _count(m.get("num_ooms")),
-                    "median time": format_seconds(m.get("time_median_s")),
-                    "p95 time": format_seconds(m.get("time_p95_s")),
-                    "case id": m["case_id"],
-                }
-                for m in ms
-            ]
+        plain(
+            pd.DataFrame(
+                [
+                    {
+                        "case": case_labels[m["case_id"]],
+                        "status": m["status"],
+                        "device": m["device"],
+                        **{
+                            model.SHORT_LABELS[k]: format_size(model.metric_value(m, k))
+                            for k in views
+                        },
+                        "weights": format_size(m.get("weights_bytes")),
+                        "alloc retries": _count(m.get("num_alloc_retries")),
+                        "OOMs": _count(m.get("num_ooms")),
+                        "median time": format_seconds(m.get("time_median_s")),
+                        "p95 time": format_seconds(m.get("time_p95_s")),
+                        "case id": m["case_id"],
+                    }
+                    for m in ms
+                ]
+            )
         ),
         hide_index=True,
     )
@@ -324,20 +329,22 @@ def _verdicts(verdicts: list[dict[str, Any]], case_labels: dict[str, str]) -> No
     st.subheader("Verdicts")
     order = sorted(verdicts, key=lambda v: (not v["blocking"], v.get("kind") == "ok", v["case_id"]))
     st.dataframe(
-        pd.DataFrame(
-            [
-                {
-                    "case": case_labels[v["case_id"]],
-                    "metric": v["metric"],
-                    "kind": MARKER_NAMES.get(v["kind"], v["kind"]),
-                    "context": v.get("context") or "pull_request",
-                    "blocking": bool(v["blocking"]),
-                    "provisional": bool(v["provisional"]),
-                    "message": v.get("accepted_reason") or v.get("message"),
-                    "case id": v["case_id"],
-                }
-                for v in order
-            ]
+        plain(
+            pd.DataFrame(
+                [
+                    {
+                        "case": case_labels[v["case_id"]],
+                        "metric": v["metric"],
+                        "kind": MARKER_NAMES.get(v["kind"], v["kind"]),
+                        "context": v.get("context") or "pull_request",
+                        "blocking": bool(v["blocking"]),
+                        "provisional": bool(v["provisional"]),
+                        "message": v.get("accepted_reason") or v.get("message"),
+                        "case id": v["case_id"],
+                    }
+                    for v in order
+                ]
+            )
         ),
         hide_index=True,
     )
