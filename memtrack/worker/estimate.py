@@ -6,7 +6,9 @@ data, so nothing is allocated and no GPU is needed. The same tensor tracker as t
 CPU view (MemTracker, through `MemTrackerProbe`) counts the live fake storages by category,
 so the estimate has the measured framework peak's definition: the peak of live tensor bytes
 over the measured step, the persistent set (weights, optimizer state made by the warm-up)
-included. Like the measuring worker, it writes its result file after every phase.
+included. Setup may read the values of small tensors it made from known values, as model
+construction does (`memtrack.worker.known_values`). Like the measuring worker, it writes
+its result file after every phase.
 """
 
 from __future__ import annotations
@@ -151,6 +153,9 @@ def _fake_module_support(mode: Any) -> Iterator[None]:
       to every fake tensor it made. The converter's entry is dropped just before the swap.
     - `copy.deepcopy` of a fake tensor (`nn.TransformerEncoder` clones its layer) builds it
       in a new fake mode, which the next op refuses to mix: here it is cloned in this mode.
+    - `nn.init.trunc_normal_` (timm's and transformers' weight init) draws by rejection,
+      looping until no value falls outside its bounds: on a fake tensor, whose values are
+      never drawn, one in-place fill stands for it (it allocates nothing either way).
     """
     import torch
     import torch.utils
@@ -159,6 +164,15 @@ def _fake_module_support(mode: Any) -> Iterator[None]:
 
     memo = mode.fake_tensor_converter.meta_converter.tensor_memo
     swap = torch.utils.swap_tensors
+    init = torch.nn.init
+    # trunc_normal_ calls it by its module's name, however a workload imported trunc_normal_
+    trunc_normal = init._no_grad_trunc_normal_
+
+    def fake_trunc_normal(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(tensor, FakeTensor):
+            return trunc_normal(tensor, *args, **kwargs)
+        with torch.no_grad():
+            return tensor.uniform_()
 
     def forget(t: Any) -> None:
         # The memo's references know their keys: no scan of the memo per parameter. (A
@@ -194,11 +208,13 @@ def _fake_module_support(mode: Any) -> Iterator[None]:
             return func(*args, **kwargs)
 
     torch.utils.swap_tensors = swap_tensors
+    init._no_grad_trunc_normal_ = fake_trunc_normal
     try:
         with DeepcopyInMode():
             yield
     finally:
         torch.utils.swap_tensors = swap
+        init._no_grad_trunc_normal_ = trunc_normal
 
 
 def estimate_case(spec: Spec, result: ResultFile) -> None:
@@ -206,6 +222,7 @@ def estimate_case(spec: Spec, result: ResultFile) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from memtrack.probes.framework import MemTrackerProbe
+    from memtrack.worker.known_values import KnownValues
     from memtrack.workload.context import Context
     from memtrack.workload.registry import find, import_workload_module
 
@@ -231,7 +248,9 @@ def estimate_case(spec: Spec, result: ResultFile) -> None:
         # Tags go to the tracker; outside the measured step they are dropped (the context's
         # own bookkeeping reads data pointers, which fake storages do not have).
         ctx.tag_hook = lambda tensors: probe.tag(tensors) or True
-        step = wl.fn(ctx)
+        # Setup may read the values of small tensors it made (see `known_values`).
+        with KnownValues():
+            step = wl.fn(ctx)
         if not callable(step):
             raise TypeError(f"workload {wl.name!r} must return the step to measure, got {step!r}")
         objects = ctx.marked_objects if ctx.marked_objects is not None else ()
