@@ -19,8 +19,8 @@ from memtrack.escape import WORD_JOINER, html_text, markdown_code, markdown_text
 from memtrack.records import write_json
 from memtrack.workload.registry import case_id
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / ".github" / "actions" / "memtrack"))
-import comment  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "memtrack" / "templates"))
+import comment  # noqa: E402  # the PR comment script, as memtrack's CI and `init`'s give it
 
 MARKER = "<!-- memtrack -->"
 NAME = (
