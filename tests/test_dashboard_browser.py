@@ -188,47 +188,8 @@ def hostile_server(chromium: Path, tmp_path: Path) -> Iterator[tuple[str, str]]:
     )
     with Store.open(seeded["db"]) as store:
         store.write_run(run)
-    port = free_port()
-    env = {
-        **os.environ,
-        "STREAMLIT_SERVER_HEADLESS": "true",
-        "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false",
-    }
-    log = tmp_path / "streamlit.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "streamlit",
-                "run",
-                str(APP),
-                "--server.address",
-                "127.0.0.1",
-                "--server.port",
-                str(port),
-                "--",
-                "--db",
-                str(seeded["db"]),
-                "--config",
-                str(seeded["config"]),
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, log)
+    with _serving(seeded["db"], seeded["config"], tmp_path) as url:
         yield url, run.run_id
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def test_recorded_addresses_never_become_live_links(hostile_server) -> None:

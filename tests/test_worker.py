@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from factories import committed
@@ -159,20 +160,26 @@ TORCH_HOST_OOM = textwrap.dedent(
 )
 
 
-def test_torchs_cpu_allocator_failing_is_an_oom_not_an_error(tmp_path):
-    """Under RLIMIT_AS (or on a full host) torch raises RuntimeError "DefaultCPUAllocator:
-    can't allocate memory", not MemoryError: the case ran out of memory all the same."""
-    (tmp_path / "wl.py").write_text(TORCH_HOST_OOM)
-    (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 0\nrepeats = 1\n')
-    committed(tmp_path)
+def _measured(folder: Path, workloads: str, settings: str) -> list[dict]:
+    """The measurements of a real `memtrack run` of `workloads` in a committed `folder`, as
+    its JSON record holds them."""
+    (folder / "wl.py").write_text(workloads)
+    (folder / "memtrack.toml").write_text(f'modules = ["wl.py"]\n{settings}')
+    committed(folder)
     res = subprocess.run(
         [sys.executable, "-m", "memtrack.cli", "run", "--no-db", "--json", "run.json"],
-        cwd=tmp_path,
+        cwd=folder,
         capture_output=True,
         text=True,
     )
     assert res.returncode == 0, res.stderr
-    (m,) = json.loads((tmp_path / "run.json").read_text())["measurements"]
+    return json.loads((folder / "run.json").read_text())["measurements"]
+
+
+def test_torchs_cpu_allocator_failing_is_an_oom_not_an_error(tmp_path):
+    """Under RLIMIT_AS (or on a full host) torch raises RuntimeError "DefaultCPUAllocator:
+    can't allocate memory", not MemoryError: the case ran out of memory all the same."""
+    (m,) = _measured(tmp_path, TORCH_HOST_OOM, "warmup = 0\nrepeats = 1\n")
     assert m["status"] == "oom", m["message"]
     assert "DefaultCPUAllocator: can't allocate memory" in m["message"]
 
@@ -214,20 +221,8 @@ def test_the_dtype_a_case_really_used_is_recorded_where_its_params_do_not_say_it
     dtype its tensors had (the param's float32 default would say otherwise); a float32 one
     says nothing more; one that marks nothing says the dtype is not known; one whose param
     names another dtype says both."""
-    (tmp_path / "wl.py").write_text(PRECISIONS)
-    (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 2\n')
-    committed(tmp_path)
-    res = subprocess.run(
-        [sys.executable, "-m", "memtrack.cli", "run", "--no-db", "--json", "run.json"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
-    assert res.returncode == 0, res.stderr
-    notes = {
-        m["workload"]: [n for n in m["notes"] if n.startswith("dtype: ")]
-        for m in json.loads((tmp_path / "run.json").read_text())["measurements"]
-    }
+    measured = _measured(tmp_path, PRECISIONS, "warmup = 1\nrepeats = 2\n")
+    notes = {m["workload"]: [n for n in m["notes"] if n.startswith("dtype: ")] for m in measured}
     assert notes == {
         "half": ["dtype: the case has no dtype param; its tensors are bfloat16"],
         "full": [],
@@ -238,8 +233,5 @@ def test_the_dtype_a_case_really_used_is_recorded_where_its_params_do_not_say_it
         "named": ["dtype: the case's dtype param is float16; its tensors are bfloat16"],
     }
     # the record's dtype: the param where the case names one, else what the tensors held
-    dtypes = {
-        m["workload"]: m["dtype"]
-        for m in json.loads((tmp_path / "run.json").read_text())["measurements"]
-    }
+    dtypes = {m["workload"]: m["dtype"] for m in measured}
     assert dtypes == {"half": "bfloat16", "full": "float32", "unmarked": None, "named": "float16"}
