@@ -56,6 +56,7 @@ SVG = {"embedOptions": {"renderer": "svg"}}
 """Drawn as SVG: axes stay text in the page (readable by tests and screen readers)."""
 BREAKDOWN = (
     ("weights_bytes", "weights"),
+    ("inputs_bytes", "inputs"),
     ("caches_bytes", "caches"),
     ("gradients_bytes", "gradients"),
     ("optimizer_state_bytes", "optimizer state"),
@@ -67,7 +68,7 @@ BREAKDOWN = (
 PART_COLORS = dict(
     zip(
         (label for _, label in BREAKDOWN),
-        ("#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2"),
+        ("#4c78a8", "#9d755d", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2"),
         strict=True,
     )
 )

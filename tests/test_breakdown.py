@@ -84,8 +84,10 @@ def test_an_fp32_adamw_step_breaks_down_into_weights_gradients_and_optimizer_sta
     assert m.weights_bytes == pytest.approx(4 * params, rel=0.01)
     assert m.gradients_bytes == pytest.approx(4 * params, rel=0.01)
     assert m.optimizer_state_bytes == pytest.approx(8 * params, rel=0.01)
+    assert m.inputs_bytes == 1024 * 4  # the batch, made in setup
     parts = (
         m.weights_bytes,
+        m.inputs_bytes,
         m.caches_bytes,
         m.gradients_bytes,
         m.optimizer_state_bytes,
@@ -108,8 +110,10 @@ def test_a_kv_cache_counts_what_is_alive_at_the_peak_each_storage_once(suite, gr
         # before) and the 200-position ones that replace them (tagged just after the peak)
         # are both alive, both the cache; each storage counts once.
         assert m.caches_bytes == 2 * 2 * 2 * (199 + 200) * 4 * 32 * 4
+    assert m.inputs_bytes == 2 * 4 * 1 * 32 * 4  # q, made in setup
     assert (
         m.weights_bytes
+        + m.inputs_bytes
         + m.caches_bytes
         + m.intermediates_bytes
         + m.unattributed_bytes

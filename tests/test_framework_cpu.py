@@ -196,10 +196,12 @@ def test_the_cpu_view_is_the_allocators_and_repeats_with_autograd_on(tmp_path):
     assert sdpa["peak_allocated_bytes"] > sdpa["persistent_bytes"] + 2 * MiB + 512 * 1024
     assert sdpa["unattributed_bytes"] > 0  # the kernel's scratch: no tensor the tracker saw
 
-    # a tensor built in setup and given to the mark is in the persistent set and the peak
+    # a tensor built in setup and given to the mark is in the persistent set and the peak,
+    # as an input: the weights are the parameters
     marked = main["marked"]
     assert marked["persistent_bytes"] == 4 * MiB + (32 * 32 + 32) * 4
-    assert marked["weights_bytes"] == marked["persistent_bytes"]
+    assert marked["weights_bytes"] == (32 * 32 + 32) * 4
+    assert marked["inputs_bytes"] == 4 * MiB
     assert marked["peak_allocated_bytes"] >= marked["persistent_bytes"]
 
     # autograd on: every repeat reads the same peak (each call's graph is freed with it)

@@ -334,6 +334,7 @@ def _rank_breakdown(m: Measurement) -> Measurement:
     b = with_breakdown(own)
     parts = (
         "weights_bytes",
+        "inputs_bytes",
         "intermediates_bytes",
         "caches_bytes",
         "training_state_bytes",

@@ -39,12 +39,9 @@ class FrameworkProbe(Protocol):
     def priming(self) -> contextlib.AbstractContextManager[None]: ...
 
 
-def _category_tracker(sessions: int = 1) -> Any:
-    """A tracker instance: one session, or several sessions in threads (see below)."""
-    tracker = category_tracker_class()
-    if sessions == 1:
-        return tracker()
-    return _shared_tracker_class(tracker)()
+def _category_tracker() -> Any:
+    """A tracker for the probe: one session or several in threads (see `_probe_tracker_class`)."""
+    return _probe_tracker_class(category_tracker_class())()
 
 
 def category_tracker_class() -> type:
@@ -54,12 +51,15 @@ def category_tracker_class() -> type:
     instead of refused when a root module runs twice. Imported here, not at the top: a
     torch without MemTracker (before 2.5) then fails only what needs it, with this message.
 
-    With several concurrent sessions (threads) the tracker's accounting is serialised by a
-    lock, and its per-module tracking, which assumes one call stack, is replaced by one
-    that only counts each module's parameters and buffers once (see `_SharedModules`).
+    The probe's tracker (`_probe_tracker_class`) replaces the per-module tracking; `memtrack
+    snapshot`'s keeps it, for its table by module.
+
+    Tensors that are neither parameters, buffers, gradients, optimizer state nor tagged
+    caches, but alive when an iteration starts (the input batch, a plain attribute made in
+    setup) are counted as `INPUT` ("Input"), a category of their own.
     """
     try:
-        from torch.distributed._tools.mem_tracker import MemTracker
+        from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
     except ImportError as exc:
         raise RuntimeError(
             f"torch {torch.__version__} has no torch.distributed._tools.mem_tracker "
@@ -72,6 +72,8 @@ def category_tracker_class() -> type:
 
         def __init__(self) -> None:
             super().__init__()
+            # the snapshot's keys: MemTracker's categories, and the tensors held from setup
+            self._ref_class = (*_MemRefType, input_category())  # type: ignore[assignment]
             self.seq = 0
             self.peak_seq: dict[Any, int] = {}
             self.tags: dict[int, tuple[Any, int, Any]] = {}
@@ -157,12 +159,36 @@ def _tagged_at_peak(tracker: Any, device: Any, category: Any) -> dict[Any, int]:
     return moves
 
 
-def _shared_tracker_class(base: type) -> type:
-    """`base` for sessions in threads: accounting under one lock, modules counted once."""
+_INPUT: Any = None
+
+
+def input_category() -> Any:
+    """The tracker's category for tensors held from setup that no other category names:
+    'Input', as PyTorch's memory profiler calls an input batch."""
+    global _INPUT
+    if _INPUT is None:
+        from torch.distributed._tools.mem_tracker import _RefType
+
+        class _Held(_RefType):
+            INPUT = "Input"
+
+        _INPUT = _Held.INPUT
+    return _INPUT
+
+
+def _probe_tracker_class(base: type) -> type:
+    """`base` as the probe uses it: accounting under one lock, modules counted once.
+
+    MemTracker's module tracker registers a hook on each module's outputs for its backward
+    statistics; with autograd on, those hooks kept every recorded graph alive, even through
+    a collection, so that each repeat of a training-free step that returns a loss started
+    2.5 MB higher than the last (a three-layer attention block). Only the global peak by
+    category is used here, so `_SharedModules` stands in for it: no hooks on outputs, and
+    forward or backward told apart by autograd's own state. Concurrent sessions (threads)
+    update one tally: every method that reads and writes it holds the lock, while the ops
+    themselves run outside it, so that the sessions still overlap."""
 
     class SharedTracker(base):  # type: ignore[valid-type,misc]
-        # Threads update one tally: every method that reads and writes it holds the lock.
-        # The ops themselves run outside it, so the sessions still overlap.
         def __init__(self) -> None:
             super().__init__()
             self.lock = threading.RLock()
@@ -188,12 +214,13 @@ def _shared_tracker_class(base: type) -> type:
 
 
 class _SharedModules:
-    """Stands in for MemTracker's module tracker when sessions run in threads.
+    """Stands in for MemTracker's module tracker (see `_probe_tracker_class`).
 
     The module tracker keeps one stack of active modules, which interleaved threads would
-    corrupt (and it refuses a root module entered twice). Only the global peak by category
-    is used here, so no module is ever 'active' (no per-module peaks) and a module's
-    parameters and buffers are counted when it first runs, as MemTracker does.
+    corrupt (and it refuses a root module entered twice), and hooks each module's outputs.
+    Only the global peak by category is used here, so no module is ever 'active' (no
+    per-module peaks) and a module's parameters and buffers are counted when it first runs,
+    as MemTracker does.
     """
 
     parents: frozenset[str] = frozenset()
@@ -225,6 +252,8 @@ class _SharedModules:
     def __enter__(self) -> _SharedModules:
         from torch.nn.modules.module import register_module_forward_pre_hook
 
+        # The tracker removes its gradient hooks when it exits: each entry installs them anew.
+        self.seen = weakref.WeakSet()
         self.handle = register_module_forward_pre_hook(self._forward)
         return self
 
@@ -234,38 +263,53 @@ class _SharedModules:
 
 def trackable(objects: tuple[Any, ...]) -> list[Any]:
     """What the tracker counts of what `ctx.mark` was given: modules, optimizers, and
-    tensors built in setup (the persistent set, as the CUDA allocator counts it)."""
+    tensors built in setup (the persistent set, as the CUDA allocator counts it; a tensor
+    that is no parameter counts as an input)."""
     return [
         o for o in objects if isinstance(o, (torch.nn.Module, torch.optim.Optimizer, torch.Tensor))
     ]
 
 
 class MemTrackerProbe:
-    """CPU framework view: live memory at each iteration's peak, by category.
+    """CPU framework view: every live tensor at each iteration's peak, by category.
 
     The peak is the CPU allocator's (`allocator=True`, the measured CPU view): the level at
     the iteration's start plus the highest running sum of the allocations and frees that
     torch's profiler reports within it, so that scratch a kernel allocates inside itself
-    (SDPA's buffers) is counted, which no tensor tracker sees. The breakdown by category is
-    MemTracker's, at its own peak; what the allocator held beyond it is unattributed.
-    Without `allocator` (estimates under fake tensors, and the CUDA breakdown) the figure
-    is the tracker's.
+    (SDPA's buffers) is counted, which no tensor tracker sees. The level is every live
+    tensor on the device, as CUDA's allocated counts them: the tracker's, and any other
+    that the garbage collector finds alive (an input batch, a plain attribute made in
+    setup), counted as 'Input'. The breakdown by category is MemTracker's, at its own peak;
+    what the allocator held beyond it is unattributed. Without `allocator` (estimates under
+    fake tensors, and the CUDA breakdown) the figure is the tracker's.
+
+    Concurrent sessions run in threads of their own, which torch's profiler does not follow:
+    each session's thread records its allocations apart (`session_scope`), and the
+    iteration's running sum is read over all of them in time order.
 
     Tensors the workload tags as caches are counted under MemTracker's 'Other' category
     (nothing else is registered as Other), each storage once, however the cache grows; a
     storage tagged at any time during the iteration that was alive at the peak counts as
-    cache at the peak (a cache built inside the model's forward is tagged after it).
+    cache at the peak (a cache built inside the model's forward is tagged after it). Where
+    every tag of the peak's iteration came after its peak, a note says so.
     """
 
     name = "memtracker"
 
-    def __init__(self, device: torch.device, sessions: int = 1, *, allocator: bool = False):
+    def __init__(
+        self,
+        device: torch.device,
+        sessions: int = 1,
+        *,
+        allocator: bool = False,
+        only_fake: bool = False,
+    ):
         self.device = device
         self.sessions = sessions
-        self.tracker = _category_tracker(sessions)
-        # The profiler follows the thread that starts it: concurrent sessions run in
-        # threads of their own, where only the tracker sees what they allocate.
-        self.allocator = allocator and sessions == 1
+        self.tracker = _category_tracker()
+        self.allocator = allocator
+        self.only_fake = only_fake
+        """Count only fake tensors as held (an estimate: real ones are its own machinery)."""
         self.samples: list[int] = []
         self.tracker_samples: list[int] = []
         self.levels: list[int] = []
@@ -273,25 +317,47 @@ class MemTrackerProbe:
         self.retained: list[int] = []
         """What each iteration left allocated at its end: its allocations less its frees."""
         self.peak_snapshot: dict[str, int] = {}
+        self.late_tags = False
+        """Whether every cache tag of the peak's iteration came after its peak."""
         self.tracked: list[Any] = []
         self.active = False
         self.primed = False
+        self._threads: _ThreadEvents | None = None
+        """The session threads' allocations while a concurrent iteration is recorded."""
 
     def mark(self, objects: tuple[Any, ...]) -> int:
         self.tracked = trackable(objects)
         self._track_marked()
-        snap = self.tracker.get_tracker_snapshot("current").get(self.device, {})
-        return int(snap.get("Total", 0))
+        self._track_held()
+        return self._current_total()
 
     def _track_marked(self) -> None:
-        from torch.distributed._tools.mem_tracker import _MemRefType
-
         others = [o for o in self.tracked if not isinstance(o, torch.Tensor)]
         if others:
             self.tracker.track_external(*others)
         for t in self.tracked:
-            if isinstance(t, torch.Tensor):  # persistent, with the weights (not 'Other')
-                self.tracker._update_and_maybe_create_winfos(t, _MemRefType.BUFFER)
+            if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter):
+                self.tracker._update_and_maybe_create_winfos(t, input_category())
+
+    def _track_held(self) -> None:
+        """Every live tensor on the device that the tracker does not know yet, as 'Input':
+        the collector finds each one the workload holds from Python, however (what the
+        interpreter held before the case, frozen by the worker, is not walked)."""
+        from torch.distributed._tools.common_utils import get_untyped_storages
+
+        known, held = self.tracker._WINFO, input_category()
+        fake = _fake_check() if self.only_fake else None
+        for obj in gc.get_objects():
+            if not issubclass(type(obj), torch.Tensor) or obj.device != self.device:
+                continue
+            if fake is not None and not fake(obj):
+                continue
+            try:
+                storages = get_untyped_storages(obj)
+            except (RuntimeError, NotImplementedError):  # no storage (sparse, nested, ...)
+                continue
+            if storages and not any(st in known for st in storages):
+                self.tracker._update_and_maybe_create_winfos(obj, held)
 
     def tag(self, tensors: tuple[torch.Tensor, ...]) -> bool:
         """Count these tensors' storages as caches; False when no iteration is tracked."""
@@ -300,8 +366,7 @@ class MemTrackerProbe:
         try:
             from torch.distributed._tools.mem_tracker import _MemRefType
 
-            lock = getattr(self.tracker, "lock", None) or contextlib.nullcontext()
-            with lock:
+            with self.tracker.lock:
                 for t in tensors:
                     self.tracker.tag(t, _MemRefType.OTH)
         except (ImportError, AttributeError):  # a tracker without it: count them apart
@@ -320,19 +385,35 @@ class MemTrackerProbe:
     @contextlib.contextmanager
     def priming(self) -> Iterator[None]:
         """`prime`'s context, for a step run in another thread (it starts the profiler in
-        the thread that enters it, as `iteration` does)."""
+        the thread that enters it, as `iteration` does); the session threads record too."""
         if not self.allocator or self.primed:
             yield
             return
-        with _allocator_events():
+        with self._events():
             yield
         self.primed = True
 
+    def _events(self) -> contextlib.AbstractContextManager[list[int]]:
+        """The allocations and frees of this thread, and of the session threads where the
+        case has several sessions, in time order, filled in when the block ends."""
+        if self.sessions == 1:
+            return _allocator_events()
+        return self._session_events()
+
+    @contextlib.contextmanager
+    def _session_events(self) -> Iterator[list[int]]:
+        recorded: list[int] = []
+        self._threads = threads = _ThreadEvents()
+        try:
+            with threads.record():  # this thread's: the frees of a collection, ...
+                yield recorded
+        finally:
+            self._threads = None
+        recorded.extend(threads.in_order())
+
     @contextlib.contextmanager
     def iteration(self) -> Iterator[None]:
-        # The tracker's module hooks hold each graph that autograd records in a reference
-        # cycle, freed only when the collector runs: without this, a forward with autograd
-        # on read one more graph in every repeat.
+        # What the last iteration left in reference cycles is freed before the level is read.
         gc.collect()
         self.tracker.reset_mod_stats()
         self.tracker.tags.clear()
@@ -340,25 +421,30 @@ class MemTrackerProbe:
         # step (in the warm-up, after the mark), and tensors created outside the tracker are
         # otherwise never counted: the first measured iteration then read 8-27 % low.
         self._track_marked()
+        self._track_held()
         level = self._current_total()
-        events = _allocator_events() if self.allocator else contextlib.nullcontext(None)
+        events = self._events() if self.allocator else contextlib.nullcontext(None)
         with self.tracker:  # entering resets the peak to the current total
             with events as recorded:
                 self.active = True
                 try:
                     yield
-                    # Inside the window: a graph held in a reference cycle (see above) is
-                    # freed, and counted, before it closes, so that what the iteration
-                    # retained is what it left alive. Frees only lower the running sum: the
-                    # peak stands.
+                    # Inside the window: a graph held in a reference cycle is freed, and
+                    # counted, before it closes, so that what the iteration retained is
+                    # what it left alive. Frees only lower the running sum: the peak stands.
                     gc.collect()
                 finally:
                     self.active = False
+        self._read(level, recorded)
+
+    def _read(self, level: int, recorded: list[int] | None) -> None:
+        """The iteration's figures, from the tracker's peak snapshot and the allocator's
+        events."""
+        from torch.distributed._tools.mem_tracker import _MemRefType
+
         snap = self.tracker.get_tracker_snapshot("peak")
         device = self.device if self.device in snap else next(iter(snap), self.device)
         by_device = dict(snap.get(device, {}))
-        from torch.distributed._tools.mem_tracker import _MemRefType
-
         for before, nbytes in self.tracker.tagged_at_peak(device, _MemRefType.OTH).items():
             by_device[before] = by_device.get(before, 0) - nbytes
             by_device[_MemRefType.OTH] = by_device.get(_MemRefType.OTH, 0) + nbytes
@@ -375,6 +461,13 @@ class MemTrackerProbe:
         if total >= max(self.samples):
             self.peak_snapshot = {str(getattr(k, "value", k)): int(v) for k, v in by_device.items()}
             self.peak_snapshot["Total"] = total
+            self.late_tags = self._tags_after_peak(device)
+
+    def _tags_after_peak(self, device: Any) -> bool:
+        """Whether this iteration tagged caches, each of them only after its peak."""
+        at = self.tracker.peak_seq.get(device)
+        tagged = [seq for _, seq, _ in self.tracker.tags.values()]
+        return at is not None and bool(tagged) and min(tagged) > at
 
     def _current_total(self) -> int:
         snap = self.tracker.get_tracker_snapshot("current")
@@ -383,15 +476,20 @@ class MemTrackerProbe:
     @contextlib.contextmanager
     def session_scope(self) -> Iterator[None]:
         """Entered by each concurrent session's thread: the tracker, a dispatch mode, is
-        per thread, so a measured iteration's sessions each push it onto their own stack."""
+        per thread, so a measured iteration's sessions each push it onto their own stack;
+        and each records its allocations while the iteration's events are read."""
+        threads = self._threads
+        recording = threads.record() if threads is not None else contextlib.nullcontext()
         if not self.active:
-            yield
+            with recording:
+                yield
             return
         from torch.utils._python_dispatch import _pop_mode, _push_mode
 
         _push_mode(self.tracker)
         try:
-            yield
+            with recording:
+                yield
         finally:
             _pop_mode()
 
@@ -404,14 +502,73 @@ class MemTrackerProbe:
         if state is not None and cats.get("Optstate", 0) > state:
             cats["Temp"] = cats.get("Temp", 0) + cats["Optstate"] - state
             cats["Optstate"] = state
-        out = {
+        return {
             "framework": "cpu-allocator" if self.allocator else self.name,
             "peak_allocated_bytes": max(self.samples) if self.samples else None,
             "allocated_samples": list(self.samples),
             "retained_samples": list(self.retained),
             "categories": cats,
         }
-        return out
+
+    @property
+    def notes(self) -> list[str]:
+        """What a reader of the figures must know (the worker adds them to the case's)."""
+        if not self.late_tags:
+            return []
+        return [
+            "caches: every cache tag of the peak's iteration came after its peak: caches at "
+            "the peak count only the tagged storages still alive then (tag a cache where it "
+            "is made); the largest tagged total is recorded apart"
+        ]
+
+
+def _fake_check() -> Any:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake
+
+
+class _ThreadEvents:
+    """The CPU allocator's allocations and frees in several threads, each recording its own
+    with torch's per-thread profiler (the legacy one: the current profiler is one per
+    process and reports memory only in the thread that started it). `in_order()` merges
+    them by time, each thread's in its own order."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.threads: list[list[tuple[float, int]]] = []
+
+    @contextlib.contextmanager
+    def record(self) -> Iterator[None]:
+        from torch._C._profiler import ProfilerConfig, ProfilerState, _ExperimentalConfig
+        from torch.autograd import _disable_profiler_legacy, _enable_profiler_legacy
+
+        config = ProfilerConfig(
+            ProfilerState.CPU, False, True, False, False, False, _ExperimentalConfig()
+        )
+        _enable_profiler_legacy(config)  # record_shapes, profile_memory, with_stack, ...
+        try:
+            yield
+        finally:
+            results = _disable_profiler_legacy()
+            own = [
+                (float(e.start_us()), int(e.cpu_memory_usage()))  # type: ignore[attr-defined]
+                for events in results
+                for e in events
+                if e.kind() == "memory_alloc" and e.cpu_memory_usage()
+            ]
+            with self.lock:
+                self.threads.append(own)
+
+    def in_order(self) -> list[int]:
+        merged = sorted(
+            (
+                (t, i, k, nbytes)
+                for i, own in enumerate(self.threads)
+                for k, (t, nbytes) in enumerate(own)
+            ),
+        )
+        return [nbytes for *_, nbytes in merged]
 
 
 @contextlib.contextmanager
@@ -648,8 +805,9 @@ def device_uuid(props: Any) -> str | None:
 
 def category_breakdown(
     step: Any, device: torch.device, objects: tuple[Any, ...], tagging: Any, sessions: int = 1
-) -> dict[str, int]:
-    """One extra iteration under MemTracker, for the category breakdown on CUDA.
+) -> tuple[dict[str, int], list[str]]:
+    """One extra iteration under MemTracker, for the category breakdown on CUDA, and the
+    probe's notes.
     `tagging(probe)` is a context in which the workload's cache tags reach this probe;
     with several `sessions`, `step` is the concurrent iteration (a `Sessions`), whose
     threads then enter this probe's scope."""
@@ -665,4 +823,4 @@ def category_breakdown(
         if previous is not None:
             step.scope = previous
     torch.cuda.synchronize(device)
-    return probe.summary()["categories"]
+    return probe.summary()["categories"], probe.notes

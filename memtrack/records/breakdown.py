@@ -1,9 +1,10 @@
-"""A case's peak broken down: weights, caches, gradients, optimizer state, intermediates,
-and what no category explains, so that the parts add up to the framework peak.
+"""A case's peak broken down: weights, inputs, caches, gradients, optimizer state,
+intermediates, and what no category explains, so that the parts add up to the framework peak.
 
 With a tensor tracker's snapshot at the peak (MemTracker: on the CPU in the memory pass,
 on CUDA in one extra iteration) each part is what was alive at that moment: weights are
-parameters and buffers, caches the storages the workload tagged (each once), gradients and
+parameters and buffers, inputs the other tensors held from setup (an input batch), caches
+the storages the workload tagged (each once), gradients and
 optimizer state apart, intermediates the activations and temporaries. Without one, weights
 are the persistent set at the mark and intermediates the rest. Workspace is beyond the
 framework: on a GPU, each device's sampled peak within the memory pass minus that device's
@@ -28,18 +29,20 @@ def with_breakdown(m: Measurement) -> Measurement:
     if peak is None:
         return m
     cats = m.categories or {}
-    gradients = optimizer = unattributed = None
+    gradients = optimizer = unattributed = inputs = None
     if cats:
         weights = cats.get("Parameter", 0) + cats.get("Buffer", 0)
+        inputs = cats.get("Input", 0)  # held from setup, no other category's
         caches = cats.get("Other", 0)  # only tagged caches are registered as 'Other'
         gradients, optimizer = cats.get("Gradient", 0), cats.get("Optstate", 0)
         intermediates = cats.get("Activation", 0) + cats.get("Temp", 0)
-        unattributed = peak - (weights + caches + gradients + optimizer + intermediates)
+        unattributed = peak - (weights + inputs + caches + gradients + optimizer + intermediates)
         if unattributed < 0:  # the tracker's extra iteration saw more than the allocator
             intermediates, unattributed = max(0, intermediates + unattributed), 0
     else:
         weights = m.persistent_bytes or 0
-        caches = m.caches_bytes or 0
+        # no snapshot at the peak: the largest tagged cache (a record before it: caches)
+        caches = m.largest_cache_bytes or m.caches_bytes or 0
         intermediates = max(0, peak - weights - caches)
     notes = tuple(n for n in m.notes if not n.endswith(NO_WORKSPACE))  # made again below
     if m.device == "cuda":
@@ -54,6 +57,7 @@ def with_breakdown(m: Measurement) -> Measurement:
         m,
         notes=notes,
         weights_bytes=weights,
+        inputs_bytes=inputs,
         caches_bytes=caches,
         gradients_bytes=gradients,
         optimizer_state_bytes=optimizer,

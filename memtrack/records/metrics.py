@@ -244,6 +244,7 @@ COMPARED = tuple(m.name for m in _METRICS if m.compared)
 STEP = tuple(m.name for m in _METRICS if m.step)
 COMPONENTS = {
     "weights": "weights_bytes",
+    "inputs": "inputs_bytes",
     "intermediates": "intermediates_bytes",
     "caches": "caches_bytes",
     "gradients": "gradients_bytes",

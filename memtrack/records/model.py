@@ -253,7 +253,7 @@ class Measurement:
     intermediates_bytes: int | None = None
     """Activations and temporaries: framework peak minus the other categories."""
     caches_bytes: int | None = None
-    """Request-sized state the workload tagged (KV cache, ...)."""
+    """Request-sized state the workload tagged (KV cache, ...), alive at the peak."""
     training_state_bytes: int | None = None
     """Gradients and optimizer state."""
     workspace_bytes: int | None = None
@@ -273,8 +273,9 @@ class Measurement:
     optimizer_state_bytes: int | None = None
     """Optimizer state (e.g. AdamW's two moments) at the framework peak."""
     unattributed_bytes: int | None = None
-    """Framework peak that no category explains (weights + caches + gradients + optimizer
-    state + intermediates + this = peak); None where no category breakdown was taken."""
+    """Framework peak that no category explains (weights + inputs + caches + gradients +
+    optimizer state + intermediates + this = peak); None where no category breakdown was
+    taken."""
     host_setup_rss_bytes: int | None = None
     """RSS when the timing pass starts (after setup and warm-up): the level the step starts
     from. `host_step_peak_rss_bytes` minus this is the step's own host growth."""
@@ -383,6 +384,14 @@ class Measurement:
     that session added to it: the peak if every session peaked at once. The measured peak lies
     between `session_peak_bytes` and this, by how the sessions interleave; this figure does
     not depend on the interleaving."""
+    inputs_bytes: int | None = None
+    """Tensors alive at the peak that the workload holds from setup and that are neither
+    weights, caches, gradients nor optimizer state: its input batch, a plain attribute
+    (counted as CUDA's allocator counts every live tensor)."""
+    largest_cache_bytes: int | None = None
+    """The largest total of tagged cache storages alive at once during a measured
+    iteration, read at every tag (the request's largest cache, what planning at the
+    longest request needs); `caches_bytes` is the part alive at the peak."""
 
 
 def case_id(workload: str, params: dict[str, Any]) -> str:

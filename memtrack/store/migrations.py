@@ -287,6 +287,13 @@ def m014_allocator_figures(db: sqlite_utils.Database) -> None:
     )
 
 
+def m015_inputs_and_largest_cache(db: sqlite_utils.Database) -> None:
+    """Tensors held from setup (inputs) as a part of the breakdown, and the largest cache a
+    measured iteration tagged beside the caches alive at its peak."""
+    db.execute("alter table measurements add column inputs_bytes integer")
+    db.execute("alter table measurements add column largest_cache_bytes integer")
+
+
 STEPS = (
     m001_initial,
     m002_verdicts,
@@ -302,6 +309,7 @@ STEPS = (
     m012_estimate_index,
     m013_iteration_figures,
     m014_allocator_figures,
+    m015_inputs_and_largest_cache,
 )
 
 

@@ -244,7 +244,7 @@ def estimate_case(spec: Spec, result: ResultFile) -> None:
     mode = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
     with mode, _fake_module_support(mode):
         ctx = Context(spec.params, spec.seed, device, Path(spec.data_dir), fake=True)
-        probe = MemTrackerProbe(ctx.device)
+        probe = MemTrackerProbe(ctx.device, only_fake=True)
         # Tags go to the tracker; outside the measured step they are dropped (the context's
         # own bookkeeping reads data pointers, which fake storages do not have).
         ctx.tag_hook = lambda tensors: probe.tag(tensors) or True

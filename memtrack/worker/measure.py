@@ -170,7 +170,7 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     summary = _memory_pass(spec, ctx, case.probe, step, result, case.rank)
     summary = _after_memory_pass(spec, case, result, summary, max(timing["iteration_times_s"]))
     _close(step)
-    result.update(phase="done", caches_bytes=ctx.cache_peak_bytes or None, **summary)
+    result.update(phase="done", largest_cache_bytes=ctx.cache_peak_bytes or None, **summary)
     distributed.teardown(case.rank)
 
 
@@ -273,9 +273,10 @@ def _after_memory_pass(
         # by category on the device that holds the headline peak, which they must add up to
         device = case.probe.peak_device()
         try:
-            figures["categories"] = category_breakdown(
+            figures["categories"], notes = category_breakdown(
                 step, device, case.objects, lambda p: _tags_to(ctx, p), ctx.concurrency
             )
+            result.notes.extend(notes)
         except Exception as exc:  # the allocator figures stand without it
             result.notes.append(f"category breakdown unavailable: {exc}")
     quality = spec.quality
@@ -319,6 +320,7 @@ def _memory_pass(
     end = time.monotonic()
     result.update(memory_window=_hold_for_sampler(spec, start, end, result.notes))
     summary: dict[str, Any] = probe.summary()
+    result.notes.extend(getattr(probe, "notes", ()))
     return summary
 
 
@@ -346,8 +348,8 @@ def _one_session(
     # Its tags reach its own tracker while it measures and are dropped otherwise: the
     # case's cache figure stays that of the sessions together.
     tag = getattr(probe, "tag", None)
-    scope, hook = step.scope, ctx.tag_hook
-    ctx.tag_hook = lambda tensors: (tag is not None and tag(tensors)) or True
+    scope, hook, largest = step.scope, ctx.tag_hook, ctx.cache_peak_bytes
+    ctx.tag_hook = tag
     try:
         for enter in (probe.priming, probe.iteration):
             step.scope = enter  # entered by the session's thread, around its step
@@ -359,7 +361,7 @@ def _one_session(
                 )
                 return {}
     finally:
-        step.scope, ctx.tag_hook = scope, hook
+        step.scope, ctx.tag_hook, ctx.cache_peak_bytes = scope, hook, largest
     _sync(ctx.device)
     peak, level = probe.samples[-1], probe.levels[-1]
     return {

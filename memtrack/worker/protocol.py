@@ -102,7 +102,7 @@ FIGURES = tuple(
     framework allocator_backend peak_allocated_bytes peak_reserved_bytes peak_requested_bytes
     persistent_bytes allocated_samples num_alloc_retries num_ooms
     host_peak_rss_bytes host_step_peak_rss_bytes host_peak_source host_setup_rss_bytes
-    host_file_rss_bytes caches_bytes categories
+    host_file_rss_bytes largest_cache_bytes categories
     iteration_times_s time_median_s time_p95_s time_min_s
     load_duration_s load_host_peak_rss_bytes load_file_rss_bytes load_rchar_bytes
     load_wchar_bytes load_read_bytes load_write_bytes disk_bytes

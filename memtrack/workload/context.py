@@ -74,8 +74,8 @@ class Context:
         self._cache_storages: dict[int, tuple[weakref.ref[Any], int]] = {}
         self._cache_lock = threading.Lock()  # concurrent sessions tag from their threads
         self.cache_peak_bytes = 0
-        self.tag_hook: Callable[[tuple[torch.Tensor, ...]], bool] | None = None
-        """Set by memtrack while a tracker measures: it takes the tags (True) or not."""
+        self.tag_hook: Callable[[tuple[torch.Tensor, ...]], Any] | None = None
+        """Set by memtrack while a tracker measures: it is given every tag as well."""
         self.loading_probe: Any = None
         """Set by memtrack's worker: measures `loading()` phases (probes.loading)."""
         self._scratch_dir = scratch_dir
@@ -94,11 +94,16 @@ class Context:
 
     def tag_cache(self, *tensors: torch.Tensor) -> None:
         """Count these tensors as request-sized caches (a KV cache, ...): the breakdown
-        shows the tagged storages alive at the step's peak, each once. Tag a cache grown by
-        concatenation at every step; a superseded storage stops counting once it is freed."""
-        if self.tag_hook is not None and self.tag_hook(tensors):
+        shows the tagged storages alive at the step's peak, each once, and the largest total
+        of tagged storages alive at any tag (`cache_peak_bytes`, the request's largest
+        cache). Tag a cache where it is made, and again as it grows by concatenation; a
+        superseded storage stops counting once it is freed."""
+        if self.tag_hook is not None:
+            self.tag_hook(tensors)
+        if self.fake:  # fake storages have no data pointer to tell them apart by
             return
-        # Without a tracker: the tagged storages still alive, at the largest moment seen.
+        # The tagged storages still alive, at the largest moment seen: the same figure
+        # inside memtrack's runner and outside it.
         with self._cache_lock:
             for t in tensors:
                 storage = t.untyped_storage()
