@@ -81,6 +81,15 @@ def test_the_breakdown_shows_caches_and_training_state(example_run):
     )
     assert gpt1.caches_bytes == 2 * 2 * 1 * 240 * 128 * 4
     assert gpt4.caches_bytes == 2 * 2 * 4 * 240 * 128 * 4
+    # the largest cache of the request: after the last forward, 240 + 15 positions
+    assert gpt1.largest_cache_bytes == 2 * 2 * 1 * 255 * 128 * 4
+    assert gpt4.largest_cache_bytes == 2 * 2 * 4 * 255 * 128 * 4
+    # a preallocated cache is as large at the peak as it ever is
+    assert one.largest_cache_bytes == one.caches_bytes
+    # every repeat reads what one step needs: the same, but where sessions interleave
+    for m in run.measurements:
+        if m.workload != "decoder_serve":
+            assert len(set(m.allocated_samples)) == 1, (m.case_id, m.allocated_samples)
     train = next(m for m in by_case.values() if m.workload == "train_step")
     assert train.training_state_bytes >= 2 * train.weights_bytes  # AdamW's two moments at least
     assert train.categories["Optstate"] == pytest.approx(2 * train.weights_bytes, rel=0.01)

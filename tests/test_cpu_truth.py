@@ -17,7 +17,8 @@ import pytest
 
 from memtrack.config import load_config
 from memtrack.measure.suite import run_suite
-from memtrack.workload.registry import discover, select_cases
+from memtrack.workload.context import Context
+from memtrack.workload.registry import discover, find, select_cases
 
 HERE = Path(__file__).parent
 
@@ -30,6 +31,30 @@ WORKLOADS = textwrap.dedent(
     from torch import nn
 
     import memtrack
+    from memtrack.examples.gpt import GPT
+
+
+    @memtrack.workload(params={"tags": ["each", "end"]})
+    def gpt_tags(ctx):
+        # the cache is built by the model's forward; the peak is in prefill
+        model = GPT(2048, 128, 4, 2, 256).eval()
+        ctx.mark(model)
+        prompt = ctx.randint(2048, 1, 240)
+
+        @torch.no_grad()
+        def step():
+            ids, past = prompt, None
+            for _ in range(16):
+                logits, past = model(ids, past)
+                if ctx["tags"] == "each":
+                    ctx.tag_cache(*(t for kv in past for t in kv))
+                ids = logits[:, -1:].argmax(-1)
+                del logits
+            if ctx["tags"] == "end":  # once, long after the peak
+                ctx.tag_cache(*(t for kv in past for t in kv))
+            return ids
+
+        return step
 
 
     class Attention(nn.Module):
@@ -179,3 +204,25 @@ def test_the_cpu_figure_counts_every_live_tensor_and_follows_session_threads(ref
         need = HELD_WEIGHTS + HELD_INPUTS + max(rises("held", {"concurrency": n}))
         for sample in m.allocated_samples:
             assert sample == pytest.approx(need, rel=0.01), (n, m.allocated_samples, need)
+
+
+def test_caches_at_the_peak_and_the_largest_cache_whenever_the_tags_come(reference, tmp_path):
+    measured, _ = reference
+    at_peak = 2 * 2 * 1 * 240 * 128 * 4  # k, v x layers x batch x prompt x d_model x 4 B
+    largest = 2 * 2 * 1 * 255 * 128 * 4  # after the 16th forward: 240 + 15 positions
+    each, end = measured["gpt_tags[tags=each]"], measured["gpt_tags[tags=end]"]
+    assert each.caches_bytes == at_peak and each.largest_cache_bytes == largest
+    assert not any("caches at the peak read 0 B" in n for n in each.notes)
+    # tagged once at the end: no storage of the peak's cache is tagged, and a note says so
+    assert end.caches_bytes == 0 and end.largest_cache_bytes == largest
+    assert any(
+        "every cache tag of the peak's iteration came after its peak" in n for n in end.notes
+    )
+
+    # the same tags outside memtrack's runner give the same largest cache
+    for tags in ("each", "end"):
+        ctx = Context({"tags": tags}, 0, "cpu", tmp_path)
+        step = find("gpt_tags").fn(ctx)  # discovered by the run above, in this process
+        step()
+        step()
+        assert ctx.cache_peak_bytes == largest, tags

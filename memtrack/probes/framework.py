@@ -318,7 +318,8 @@ class MemTrackerProbe:
         """What each iteration left allocated at its end: its allocations less its frees."""
         self.peak_snapshot: dict[str, int] = {}
         self.late_tags = False
-        """Whether every cache tag of the peak's iteration came after its peak."""
+        """Whether every cache tag of the peak's iteration came after its peak, and no
+        storage they tagged was alive at it (caches at the peak then read 0 B)."""
         self.tracked: list[Any] = []
         self.active = False
         self.primed = False
@@ -445,7 +446,8 @@ class MemTrackerProbe:
         snap = self.tracker.get_tracker_snapshot("peak")
         device = self.device if self.device in snap else next(iter(snap), self.device)
         by_device = dict(snap.get(device, {}))
-        for before, nbytes in self.tracker.tagged_at_peak(device, _MemRefType.OTH).items():
+        moved = self.tracker.tagged_at_peak(device, _MemRefType.OTH)
+        for before, nbytes in moved.items():
             by_device[before] = by_device.get(before, 0) - nbytes
             by_device[_MemRefType.OTH] = by_device.get(_MemRefType.OTH, 0) + nbytes
         tracked = int(by_device.get("Total", 0))
@@ -461,7 +463,7 @@ class MemTrackerProbe:
         if total >= max(self.samples):
             self.peak_snapshot = {str(getattr(k, "value", k)): int(v) for k, v in by_device.items()}
             self.peak_snapshot["Total"] = total
-            self.late_tags = self._tags_after_peak(device)
+            self.late_tags = not moved and self._tags_after_peak(device)
 
     def _tags_after_peak(self, device: Any) -> bool:
         """Whether this iteration tagged caches, each of them only after its peak."""
@@ -516,9 +518,9 @@ class MemTrackerProbe:
         if not self.late_tags:
             return []
         return [
-            "caches: every cache tag of the peak's iteration came after its peak: caches at "
-            "the peak count only the tagged storages still alive then (tag a cache where it "
-            "is made); the largest tagged total is recorded apart"
+            "caches: every cache tag of the peak's iteration came after its peak, and no "
+            "storage it tagged was alive at the peak: caches at the peak read 0 B (tag a "
+            "cache where it is made); the largest tagged cache is recorded apart"
         ]
 
 

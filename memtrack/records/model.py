@@ -211,7 +211,8 @@ class Measurement:
     framework: str | None = None
     """Which framework view: 'cuda-caching-allocator', 'cpu-allocator' (the CPU allocator's
     peak from torch's profiler, MemTracker's categories), or 'memtracker' (CPU: the tensor
-    tracker alone, as with concurrent sessions and before this figure was the allocator's)."""
+    tracker alone, as concurrent sessions were measured before their threads were followed,
+    and before this figure was the allocator's)."""
     allocator_backend: str | None = None
     """The CUDA allocator's backend, as torch reports it: 'native' (PyTorch's caching
     allocator) or 'cudaMallocAsync' (then the requested bytes, the retries and the OOM count

@@ -229,6 +229,8 @@ def _case_detail(m: Measurement, estimate: dict[str, Any] | None) -> Table:
         if name == "unattributed" and not value:
             continue  # only where the allocator held more than the tracker saw
         t.add_row(gap if name == "workspace" else name, format_size(value))
+        if name == "caches" and m.largest_cache_bytes:
+            t.add_row("largest cache", format_size(m.largest_cache_bytes))
     if m.kind != "estimate":
         t.add_row("host peak", _t(host_line(m)))
         if m.load_duration_s is not None:
