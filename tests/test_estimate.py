@@ -118,8 +118,10 @@ def test_the_shipped_examples_are_estimated_within_ten_percent(suite, workload, 
     assert abs(e.peak_allocated_bytes / tensors - 1) <= 0.10, (e.peak_allocated_bytes, tensors)
     # The parts have the measured breakdown's names, and add up to the estimate.
     assert e.weights_bytes == m.weights_bytes
+    assert e.inputs_bytes == m.inputs_bytes  # the batch made in setup, fake or real
     parts = (
         e.weights_bytes,
+        e.inputs_bytes,
         e.caches_bytes,
         e.gradients_bytes,
         e.optimizer_state_bytes,
