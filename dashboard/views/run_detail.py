@@ -315,7 +315,8 @@ def _breakdown(ms: list[dict[str, Any]], case_labels: dict[str, str]) -> None:
         return
     st.altair_chart(chart, width="stretch")
     st.caption(
-        "The framework's peak, on its own scale: weights, the persistent set at the mark; "
+        "The framework's peak, on its own scale: weights, the parameters and buffers; "
+        "inputs, the other tensors held from setup (the input batch); "
         "caches, tagged request-sized state; gradients and optimizer state (older runs: "
         "training state, the two together); intermediates, the rest of the framework peak; "
         "unattributed, what no part explains. Beside each bar, the runtime beyond the "
