@@ -709,3 +709,22 @@ def test_sixteen_real_reruns_of_a_concurrent_case_raise_nothing(store, tmp_path)
             for metric in ("allocated", "sessions"):
                 assert _verdict(result, metric).kind == "ok", _verdict(result, metric).message
         _record(store, r.measurements, i)
+
+
+def test_a_growth_names_what_changed_around_the_code_since_the_baseline(store, tmp_path):
+    # numpy is not in the fingerprint: the baseline stands, and the verdict says what moved
+    old = replace(CPU_ENV, packages={**CPU_ENV.packages, "numpy": "1.26.4"}, python="3.11.7")
+    new = replace(CPU_ENV, packages={**CPU_ENV.packages, "numpy": "2.1.0"}, python="3.11.9")
+    assert old.fingerprint == new.fingerprint
+    for i in range(5):
+        _record(store, [make_measurement(peak=BASE)], i, env=old)
+    grown = _candidate(store, [make_measurement(peak=BASE + 8 * MiB)], 10, env=new)
+    v = _verdict(check(store, _config(tmp_path), run_id=grown))
+    assert v.kind == "regression" and v.blocking
+    said = "Python: 3.11.7 -> 3.11.9; numpy: 1.26.4 -> 2.1.0 between baseline and candidate"
+    assert said in v.message and said in v.details
+    # unchanged figures say nothing of it
+    same = _candidate(store, [make_measurement(peak=BASE)], 11, env=new)
+    assert "between baseline and candidate" not in _verdict(
+        check(store, _config(tmp_path), run_id=same)
+    ).message

@@ -526,8 +526,41 @@ def _judge_cases(
                 for v in _judge_case(c, s.config, s.base, other, False)
             ]
             continue
-        verdicts.extend(_judge_case(c, s.config, s.base, other, time_on))
+        case_verdicts = _judge_case(c, s.config, s.base, other, time_on)
+        verdicts.extend(_around_the_code(store, s, c.points, case_verdicts, env_cache))
     return verdicts
+
+
+GREW = ("regression", "over_budget", "time_regression", "leak")
+"""The verdicts that say a figure grew: each names what changed around the code."""
+
+
+def _around_the_code(
+    store: Store,
+    s: _Setting,
+    case_points: list[Point],
+    verdicts: list[Verdict],
+    env_cache: dict[str | None, Environment | None],
+) -> list[Verdict]:
+    """Verdicts that say a figure grew, with what differs between the newest baseline
+    run's environment and the candidate's beyond the fingerprint (packages, Python's patch
+    release, NCCL, the OS): 'numpy: 1.26.4 -> 2.1.0 between baseline and candidate'."""
+    if not case_points or not any(v.kind in GREW for v in verdicts):
+        return verdicts
+    env_id = case_points[0].env_id  # the newest point
+    if env_id not in env_cache:
+        env_cache[env_id] = store.get_environment(env_id) if env_id else None
+    old = env_cache[env_id]
+    diff = environment_diff(old, s.run.environment) if old else []
+    if not diff:
+        return verdicts
+    said = f"{'; '.join(diff)} between baseline and candidate"
+    return [
+        replace(v, message=f"{v.message} ({said})", details=(*v.details, said))
+        if v.kind in GREW
+        else v
+        for v in verdicts
+    ]
 
 
 def _candidate(s: _Setting, m: Measurement, case_points: list[Point]) -> Candidate:
