@@ -725,6 +725,7 @@ def test_a_growth_names_what_changed_around_the_code_since_the_baseline(store, t
     assert said in v.message and said in v.details
     # unchanged figures say nothing of it
     same = _candidate(store, [make_measurement(peak=BASE)], 11, env=new)
-    assert "between baseline and candidate" not in _verdict(
-        check(store, _config(tmp_path), run_id=same)
-    ).message
+    assert (
+        "between baseline and candidate"
+        not in _verdict(check(store, _config(tmp_path), run_id=same)).message
+    )

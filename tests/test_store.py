@@ -618,10 +618,11 @@ def test_show_prints_what_each_iteration_retained_the_timing_load_and_the_sessio
     assert res.output.count("retained per iteration") == 1  # the case without them: no row
 
 
-def test_the_allocator_figures_of_a_gpu_case_are_stored_shown_and_not_gated(tmp_path):
+def test_the_allocator_figures_of_a_gpu_case_are_stored_shown_and_gated(tmp_path):
     """Device memory outside the allocator and fragmentation, derived from a GPU case's own
     figures by the metric registry: stored in their columns (those of runs recorded before
-    them filled by the migration that adds them), shown by `memtrack show`, never judged."""
+    them filled by the migration that adds them), shown by `memtrack show`, judged as the
+    other memory metrics are."""
     from memtrack.config import Config
     from memtrack.judge.check import check
 
@@ -642,7 +643,24 @@ def test_the_allocator_figures_of_a_gpu_case_are_stored_shown_and_not_gated(tmp_
         ).fetchall()
         result = check(store, Config(path=None, root=tmp_path), run_id=later.run_id)
     assert [tuple(r) for r in rows] == [(580 * MiB, 20 * MiB)] * 2  # backfilled, then written
-    assert {v.metric for v in result.verdicts}.isdisjoint({"outside", "fragmentation"})
+    judged = {v.metric: v for v in result.verdicts}
+    assert judged["outside"].kind == judged["fragmentation"].kind == "ok"
+    # a library's workspace outside the allocator: the device view grows, reserved does not
+    grown = make_measurement(
+        device="cuda", peak=100 * MiB, reserved=120 * MiB, device_peak=764 * MiB
+    )
+    with Store.open(db) as store:
+        for i in range(3):  # a baseline of several runs
+            store.write_run(make_run([gpu], env=GPU_ENV, started_at=f"2026-01-01T00:1{i}:00+00:00"))
+        pr = make_run([grown], env=GPU_ENV, started_at="2026-01-01T00:20:00+00:00", branch="pr")
+        store.write_run(pr)
+        judged = {
+            v.metric: v
+            for v in check(store, Config(path=None, root=tmp_path), run_id=pr.run_id).verdicts
+        }
+    assert judged["outside"].kind == "regression" and judged["outside"].blocking
+    assert judged["outside"].delta == 64 * MiB
+    assert judged["reserved"].kind == judged["allocated"].kind == "ok"
     res = CliRunner().invoke(main, ["show", later.run_id, "--db", str(db)], terminal_width=240)
     assert "device memory outside the allocator │ 580.00 MiB" in res.output
     assert "allocator reserved less allocated   │ 20.00 MiB" in res.output

@@ -273,11 +273,11 @@ def _failures(failed: list[dict[str, Any]]) -> None:
 
 
 def _cases(ms: list[dict[str, Any]], case_labels: dict[str, str]) -> None:
-    # the figures that are shown but not gated only where a case of the run has them
+    # the allocator's figures beside the device view only where a case of the run has them
     views = [
         k
-        for k, x in metrics.METRICS.items()
-        if x.gated or any(model.metric_value(m, k) is not None for m in ms)
+        for k in metrics.METRICS
+        if k not in metrics.ALLOCATOR_VIEWS or any(model.metric_value(m, k) is not None for m in ms)
     ]
     st.subheader("Cases")
     st.dataframe(

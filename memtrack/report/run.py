@@ -241,10 +241,10 @@ def _case_detail(m: Measurement, estimate: dict[str, Any] | None) -> Table:
             "device view",
             _t(m.device_view or f"absent: {m.device_view_note or 'no reason recorded'}"),
         )
-        # the registry's figures that are shown but not gated (the allocator's, on a GPU)
-        for x in metrics.METRICS.values():
-            if not x.gated and (shown := metrics.value(m, x.name)) is not None:
-                t.add_row(x.label, format_size(shown))
+        # the allocator's figures beside the device view, on a GPU
+        for name in metrics.ALLOCATOR_VIEWS:
+            if (shown := metrics.value(m, name)) is not None:
+                t.add_row(metrics.METRICS[name].label, format_size(shown))
     if m.quality_status is not None:
         t.add_row(
             "quality",
