@@ -36,6 +36,7 @@ from memtrack.judge.budgets import (
 )
 from memtrack.judge.memory import Candidate
 from memtrack.judge.verdict import Verdict
+from memtrack.judge.where import where_line
 from memtrack.records import Environment, Measurement, RunRecord, metrics
 from memtrack.store import judging as reads
 from memtrack.store.database import Store
@@ -527,40 +528,46 @@ def _judge_cases(
             ]
             continue
         case_verdicts = _judge_case(c, s.config, s.base, other, time_on)
-        verdicts.extend(_around_the_code(store, s, c.points, case_verdicts, env_cache))
+        verdicts.extend(_around_the_code(store, s, m, c.points, case_verdicts, env_cache))
     return verdicts
 
 
 GREW = ("regression", "over_budget", "time_regression", "leak")
 """The verdicts that say a figure grew: each names what changed around the code."""
+TENSORS = ("allocated", "requested", "reserved", "device", "host", "host_step")
+"""The metrics whose growth the sites at the peak (tensors) can place."""
 
 
 def _around_the_code(
     store: Store,
     s: _Setting,
+    m: Measurement,
     case_points: list[Point],
     verdicts: list[Verdict],
     env_cache: dict[str | None, Environment | None],
 ) -> list[Verdict]:
-    """Verdicts that say a figure grew, with what differs between the newest baseline
-    run's environment and the candidate's beyond the fingerprint (packages, Python's patch
-    release, NCCL, the OS): 'numpy: 1.26.4 -> 2.1.0 between baseline and candidate'."""
+    """Verdicts that say a figure grew, with where it grew at the peak against the newest
+    baseline run ('where: +10.50 MiB in `lm_head` at serve.py:generate', for a figure of
+    tensors), and what differs between that run's environment and the candidate's beyond
+    the fingerprint (packages, Python's patch release, NCCL, the OS): 'numpy: 1.26.4 ->
+    2.1.0 between baseline and candidate'."""
     if not case_points or not any(v.kind in GREW for v in verdicts):
         return verdicts
-    env_id = case_points[0].env_id  # the newest point
-    if env_id not in env_cache:
-        env_cache[env_id] = store.get_environment(env_id) if env_id else None
-    old = env_cache[env_id]
+    newest = case_points[0]
+    if newest.env_id not in env_cache:
+        env_cache[newest.env_id] = store.get_environment(newest.env_id) if newest.env_id else None
+    old = env_cache[newest.env_id]
     diff = environment_diff(old, s.run.environment) if old else []
-    if not diff:
-        return verdicts
-    said = f"{'; '.join(diff)} between baseline and candidate"
-    return [
-        replace(v, message=f"{v.message} ({said})", details=(*v.details, said))
-        if v.kind in GREW
-        else v
-        for v in verdicts
-    ]
+    said = f"{'; '.join(diff)} between baseline and candidate" if diff else None
+    place = where_line(store.sites(newest.run_id, m.case_id), m.sites) if m.sites else None
+    out = []
+    for v in verdicts:
+        if v.kind in GREW and place and v.metric in TENSORS:
+            v = replace(v, message=f"{v.message}; where: {place}", details=(*v.details, place))
+        if v.kind in GREW and said:
+            v = replace(v, message=f"{v.message} ({said})", details=(*v.details, said))
+        out.append(v)
+    return out
 
 
 def _candidate(s: _Setting, m: Measurement, case_points: list[Point]) -> Candidate:

@@ -189,6 +189,23 @@ class RankMeasurement:
 
 
 @dataclass(frozen=True)
+class Site:
+    """One group of the memory alive at a case's peak."""
+
+    grouping: str
+    """'module' (the nn.Module path that allocated it), 'source' (file:function), or 'pair'
+    (both: 'module at file:function', what a growth is named by)."""
+    key: str
+    """The module path ('blocks.3.attn'), or the source site ('serve.py:generate'), or the
+    pair ('lm_head at serve.py:generate'), or a group in parentheses ('(setup)', '(inside
+    kernels: no tensor holds it)')."""
+    size_bytes: int
+    line: int | None = None
+    """A source site's line that allocated the most of it, for display (sites are matched
+    by file and function, so a moved line still matches)."""
+
+
+@dataclass(frozen=True)
 class Measurement:
     """One workload case, measured in its own process (or, for a multi-rank case, in one
     process per rank: see `ranks`)."""
@@ -385,6 +402,10 @@ class Measurement:
     that session added to it: the peak if every session peaked at once. The measured peak lies
     between `session_peak_bytes` and this, by how the sessions interleave; this figure does
     not depend on the interleaving."""
+    sites: tuple[Site, ...] = ()
+    """Where the memory alive at the peak was allocated: the top sites by module and by
+    source site, each grouping with one row for the rest and one for what no tensor holds
+    (kernel scratch), summing to the peak (probes.sites). Measured in a pass of its own."""
     inputs_bytes: int | None = None
     """Tensors alive at the peak that the workload holds from setup and that are neither
     weights, caches, gradients nor optimizer state: its input batch, a plain attribute

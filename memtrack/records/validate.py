@@ -66,7 +66,9 @@ _COUNTS = {
     "rank",
     "timing_cores",
     "timing_runnable",  # a mean of counts
+    "line",
 }
+SITE_GROUPINGS = ("module", "source", "pair")
 
 
 def _rules(name: str) -> dict[str, Any]:
@@ -97,6 +99,8 @@ def _rules(name: str) -> dict[str, Any]:
         return {"pattern": SHA256_PATTERN}
     if name == "kind":
         return {"enum": list(KINDS)}
+    if name == "grouping":
+        return {"enum": list(SITE_GROUPINGS)}
     if name == "shard":
         return {"pattern": r"^[1-9][0-9]*/[1-9][0-9]*$"}
     if name in ("workload", "case_id"):

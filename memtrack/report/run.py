@@ -237,6 +237,8 @@ def _case_detail(m: Measurement, estimate: dict[str, Any] | None) -> Table:
             t.add_row("loading", _t(loading_line(m)))
         for label, line in iteration_rows(m):
             t.add_row(label, _t(line))
+        if m.sites:
+            t.add_row("where at the peak", _t(sites_line(m)))
         t.add_row(
             "device view",
             _t(m.device_view or f"absent: {m.device_view_note or 'no reason recorded'}"),
@@ -282,6 +284,21 @@ def host_line(m: Measurement) -> str:
     if step is not None:
         line += f"; the step's growth {format_size(step)}, gated as `host_step`"
     return line
+
+
+SITES_SHOWN = 5
+
+
+def sites_line(m: Measurement) -> str:
+    """The largest sites at the peak (module at file:function, line), largest first: where
+    the peak's memory was allocated."""
+    pairs = sorted((s for s in m.sites if s.grouping == "pair"), key=lambda s: -s.size_bytes)
+    shown = [
+        f"{format_size(s.size_bytes)} {s.key}" + (f" (line {s.line})" if s.line else "")
+        for s in pairs[:SITES_SHOWN]
+    ]
+    more = len(pairs) - SITES_SHOWN
+    return "; ".join(shown) + (f"; {more} more in the record" if more > 0 else "")
 
 
 def iteration_rows(m: Measurement) -> list[tuple[str, str]]:

@@ -135,6 +135,7 @@ _MEASUREMENT_JSON = {
     "retained_samples",
     "iteration_cpu_times_s",
     "iteration_device_times_s",
+    "sites",
 }
 
 
@@ -829,6 +830,15 @@ class Store:
             schema_version=row["schema_version"],
         )
 
+    def sites(self, run_id: str, case_id: str) -> tuple[records.Site, ...]:
+        """Where a run's case had its peak's memory allocated (none recorded: empty)."""
+        row = self.conn.execute(
+            "select sites from measurements where run_id = ? and case_id = ?", [run_id, case_id]
+        ).fetchone()
+        if row is None or not row["sites"]:
+            return ()
+        return tuple(records.Site(**s) for s in json.loads(row["sites"]))
+
     def get_environment(self, env_id: str | None) -> records.Environment | None:
         row = self.conn.execute("select * from environments where env_id = ?", [env_id]).fetchone()
         if row is None:
@@ -872,6 +882,8 @@ class Store:
                 retained_samples=m.retained_samples or (),
                 iteration_cpu_times_s=m.iteration_cpu_times_s or (),
                 iteration_device_times_s=m.iteration_device_times_s or (),
+                # NULL in rows from before m016
+                sites=tuple(records.Site(**s) for s in m.sites or ()),
             )
 
     def run_ids(

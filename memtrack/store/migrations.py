@@ -294,6 +294,12 @@ def m015_inputs_and_largest_cache(db: sqlite_utils.Database) -> None:
     db.execute("alter table measurements add column largest_cache_bytes integer")
 
 
+def m016_sites(db: sqlite_utils.Database) -> None:
+    """Where the memory alive at each case's peak was allocated (its top sites by module
+    and by source site), as JSON text."""
+    db.execute("alter table measurements add column sites text")
+
+
 STEPS = (
     m001_initial,
     m002_verdicts,
@@ -310,6 +316,7 @@ STEPS = (
     m013_iteration_figures,
     m014_allocator_figures,
     m015_inputs_and_largest_cache,
+    m016_sites,
 )
 
 

@@ -279,6 +279,10 @@ def _after_memory_pass(
             result.notes.extend(notes)
         except Exception as exc:  # the allocator figures stand without it
             result.notes.append(f"category breakdown unavailable: {exc}")
+    try:  # where the peak's memory was allocated: a pass of its own
+        figures["sites"] = _sites(spec, case, figures.get("peak_allocated_bytes"))
+    except Exception as exc:  # the figures stand without it
+        result.notes.append(f"sites unavailable: {type(exc).__name__}: {exc}")
     quality = spec.quality
     if quality:  # one extra call, after every measured iteration (probes.quality)
         from memtrack.probes import quality as q
@@ -296,6 +300,42 @@ def _after_memory_pass(
         except Exception as exc:  # the concurrent figures stand without it
             result.notes.append(f"one session alone could not be measured: {exc}")
     return figures
+
+
+def _sites(spec: Spec, case: _Case, measured_peak: int | None) -> list[dict[str, Any]]:
+    """One more iteration under the sites' dispatch mode (probes.sites): the top sites at
+    its peak, as records of the result. A concurrent case's threads each enter the mode."""
+    import dataclasses
+
+    from memtrack.probes.sites import recording, sites
+
+    ctx, step = case.ctx, case.step
+    largest, scope = ctx.cache_peak_bytes, getattr(step, "scope", None)
+    with recording(ctx.device, case.objects, Path(spec.root)) as mode:
+        if scope is not None:
+            step.scope = lambda: _pushed(mode)
+        try:
+            ctx.new_iteration()
+            with _pushed(mode):
+                step()
+            _sync(ctx.device)
+        finally:
+            ctx.cache_peak_bytes = largest
+            if scope is not None:
+                step.scope = scope
+    return [dataclasses.asdict(s) for s in sites(mode, measured_peak)]
+
+
+@contextlib.contextmanager
+def _pushed(mode: Any) -> Iterator[None]:
+    """`mode` on this thread's dispatch mode stack for the block."""
+    from torch.utils._python_dispatch import _pop_mode, _push_mode
+
+    _push_mode(mode)
+    try:
+        yield
+    finally:
+        _pop_mode()
 
 
 def _memory_pass(

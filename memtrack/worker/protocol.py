@@ -110,7 +110,7 @@ FIGURES = tuple(
     quality_max_rel quality_cosine quality_value quality_tolerance
     retained_samples iteration_cpu_times_s iteration_device_times_s
     timing_cpu_pressure timing_runnable timing_steal timing_cores
-    session_peak_bytes sessions_sum_bytes
+    session_peak_bytes sessions_sum_bytes sites
     """.split()
 )
 """The figures a worker may report: each a `records.Measurement` field, and a field of the

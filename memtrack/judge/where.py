@@ -1,0 +1,85 @@
+"""Where a case's memory grew: the site diff of a candidate against its baseline.
+
+Sites (records.Site, measured by probes.sites) are matched by module path and
+`file:function`, never by line, so that a pull request that only moves lines keeps every
+site matched. A growth is said by the pairs (module at file:function) that grew most,
+until they explain nine tenths of it, and the rest as 'elsewhere'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memtrack.records import Site
+from memtrack.units import format_size
+
+SHOWN = 3
+"""Pairs a 'where' line names at most; the rest is 'elsewhere'."""
+EXPLAINED = 0.9
+"""The share of the growth the named pairs should explain."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One site's bytes at the peak, baseline and candidate."""
+
+    grouping: str
+    key: str
+    before: int
+    after: int
+    line: int | None = None
+    """The candidate's line of it, for display."""
+
+    @property
+    def delta(self) -> int:
+        return self.after - self.before
+
+
+def diff(base: tuple[Site, ...], candidate: tuple[Site, ...], grouping: str) -> list[Change]:
+    """Every site of `grouping` in either run, with its bytes in each, largest growth first
+    (sites present in one run only count 0 in the other)."""
+    before = {s.key: s.size_bytes for s in base if s.grouping == grouping}
+    after = {s.key: s for s in candidate if s.grouping == grouping}
+    changes = [
+        Change(
+            grouping,
+            key,
+            before.get(key, 0),
+            after[key].size_bytes if key in after else 0,
+            after[key].line if key in after else None,
+        )
+        for key in dict.fromkeys([*before, *after])
+    ]
+    return sorted(changes, key=lambda c: (-c.delta, c.key))
+
+
+def where_line(base: tuple[Site, ...], candidate: tuple[Site, ...]) -> str | None:
+    """'+10.78 MiB: +10.50 MiB in `lm_head` at serve.py:generate (line 42), +0.28 MiB
+    elsewhere'; None where either run has no sites or nothing grew."""
+    if not base or not candidate:
+        return None
+    changes = diff(base, candidate, "pair")
+    grew = sum(c.delta for c in changes)
+    if grew <= 0:
+        return None
+    named: list[Change] = []
+    for c in changes:
+        if c.delta <= 0 or len(named) == SHOWN:
+            break
+        named.append(c)
+        if sum(n.delta for n in named) >= EXPLAINED * grew:
+            break
+    rest = grew - sum(c.delta for c in named)
+    parts = [f"+{format_size(c.delta)} in {_pair(c)}" for c in named]
+    if rest:
+        parts.append(f"{'+' if rest > 0 else '-'}{format_size(abs(rest))} elsewhere")
+    return f"+{format_size(grew)} at the peak: {', '.join(parts)}"
+
+
+def _pair(c: Change) -> str:
+    module, _, source = c.key.rpartition(" at ")
+    line = f" (line {c.line})" if c.line else ""
+    return f"`{module}` at {source}{line}" if module else f"{source}{line}"
+
+
+__all__ = ["Change", "diff", "where_line"]

@@ -1,0 +1,298 @@
+"""Where the peak's memory was allocated: the tensors alive at one iteration's peak, grouped
+by the `nn.Module` that made them and by the source site (the innermost frame in the
+workload's own code, outside torch, memtrack and installed packages, as `file:function`).
+
+One extra iteration, after the memory pass, under a dispatch mode (`SiteMode`) that notes
+each new storage an op returns: its bytes, the module path running then (from global module
+hooks, per thread) and the source site. A storage's finalizer takes it off when it is
+freed, so the running totals by module and by site are those of the live storages; at each
+new high of their sum both are copied. What was alive when the iteration started (weights,
+inputs, optimizer state) is attributed by what holds it: a parameter or buffer to its
+module, optimizer state and tensors held from setup to a group of their own, their site
+`(setup)`. The measured peak less this pass's tensor peak is kernel scratch and allocator
+rounding (no tensor holds it): one row of its own, so that the sites sum to the peak. The
+gated figures are never read from this pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import sysconfig
+import threading
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
+
+from memtrack.records.model import Site
+
+TOP = 20
+"""Sites kept per grouping; the rest is one row."""
+MODULE, SOURCE, PAIR = "module", "source", "pair"
+SETUP = "(setup)"
+HELD = "(held from setup)"
+OPTIMIZER = "(optimizer state)"
+BACKWARD = "(backward)"
+NO_MODULE = "(no module)"
+SCRATCH = "(inside kernels: no tensor holds it)"
+REST = "(the rest)"
+
+
+def _skipped_roots() -> tuple[str, ...]:
+    """Files that are not the workload's own: torch, memtrack (its shipped examples are a
+    workload), installed packages and the standard library."""
+    memtrack_root = Path(__file__).resolve().parents[1]
+    roots = {
+        str(Path(torch.__file__).resolve().parent),
+        str(memtrack_root),
+        *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")),
+    }
+    return tuple(sorted(os.path.realpath(r) + os.sep for r in roots))
+
+
+_SKIPPED = _skipped_roots()
+_EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples") + os.sep
+
+
+_OWN: dict[str, bool] = {}
+
+
+def _own(filename: str) -> bool:
+    """Whether a frame's file is the workload's own (cached: asked for every frame)."""
+    own = _OWN.get(filename)
+    if own is None:
+        path = os.path.realpath(filename)
+        own = path.startswith(_EXAMPLES) or (
+            not path.startswith(_SKIPPED) and not filename.startswith("<")
+        )
+        _OWN[filename] = own
+    return own
+
+
+class SiteMode(TorchDispatchMode):
+    """Notes each new storage an op returns on `device`, with its module and source site."""
+
+    def __init__(self, device: torch.device, names: dict[int, str], root: Path | None):
+        super().__init__()
+        self.device = device
+        self.names = names
+        """id(module) -> its path among the marked modules."""
+        self.root = root
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.live: dict[int, tuple[int, str, str, int | None]] = {}
+        """id of a live storage's finalizer key -> (bytes, module, source, line)."""
+        self.by_module: dict[str, int] = {}
+        self.by_source: dict[str, int] = {}
+        self.by_pair: dict[str, int] = {}
+        self.lines: dict[str, dict[int, int]] = {}
+        self.total = 0
+        self.peak = -1
+        self.peak_groups: tuple[dict[str, int], ...] = ({}, {}, {})
+        self._seen: Any = WeakIdKeyDictionary()
+        self._next = 0
+        self._files: dict[str, str] = {}
+
+    # the module stack, per thread (concurrent sessions run in threads)
+    def stack(self) -> list[str]:
+        stack = getattr(self.local, "stack", None)
+        if stack is None:
+            stack = self.local.stack = []
+        return stack
+
+    def enter_module(self, module: Any, _inputs: Any) -> None:
+        name = self.names.get(id(module))
+        if name is None:
+            outer = self.stack()[-1] if self.stack() else ""
+            name = f"{outer}.{type(module).__name__}" if outer else type(module).__name__
+        self.stack().append(name)
+
+    def leave_module(self, _module: Any, _inputs: Any, _outputs: Any) -> None:
+        if self.stack():
+            self.stack().pop()
+
+    def _source(self) -> tuple[str, int | None]:
+        frame = sys._getframe(2)
+        while frame is not None:
+            if _own(frame.f_code.co_filename):
+                return f"{self._file(frame.f_code.co_filename)}:{frame.f_code.co_name}", (
+                    frame.f_lineno
+                )
+            frame = frame.f_back  # type: ignore[assignment]
+        return NO_MODULE, None
+
+    def _file(self, filename: str) -> str:
+        """The file as the repository names it (else its name alone)."""
+        named = self._files.get(filename)
+        if named is None:
+            path = Path(filename)
+            named = path.name
+            if self.root is not None:
+                with contextlib.suppress(ValueError):
+                    named = path.resolve().relative_to(self.root.resolve()).as_posix()
+            self._files[filename] = named
+        return named
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device == self.device:
+                self._note(t)
+        return out
+
+    def _note(self, t: torch.Tensor) -> None:
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        if storage in self._seen or storage.nbytes() == 0:
+            return
+        self._seen[storage] = True
+        stack = self.stack()
+        in_backward = torch._C._current_graph_task_id() != -1
+        module = stack[-1] if stack else (BACKWARD if in_backward else NO_MODULE)
+        source, line = self._source()
+        self.add(storage, storage.nbytes(), module, source, line)
+
+    def add(self, owner: Any, nbytes: int, module: str, source: str, line: int | None) -> None:
+        """Count `nbytes` held by `owner` (a storage) until it is freed."""
+        with self.lock:
+            key = self._next
+            self._next += 1
+            self.live[key] = (nbytes, module, source, line)
+            self.by_module[module] = self.by_module.get(module, 0) + nbytes
+            self.by_source[source] = self.by_source.get(source, 0) + nbytes
+            pair = f"{module} at {source}"
+            self.by_pair[pair] = self.by_pair.get(pair, 0) + nbytes
+            if line is not None:
+                at = self.lines.setdefault(source, {})
+                at[line] = at.get(line, 0) + nbytes
+            self.total += nbytes
+            if self.total > self.peak:
+                self.peak = self.total
+                self.peak_groups = (
+                    dict(self.by_module),
+                    dict(self.by_source),
+                    dict(self.by_pair),
+                )
+        weakref.finalize(owner, self._free, key)
+
+    def _free(self, key: int) -> None:
+        with self.lock:
+            found = self.live.pop(key, None)
+            if found is None:
+                return
+            nbytes, module, source, _ = found
+            self.by_module[module] -= nbytes
+            self.by_source[source] -= nbytes
+            self.by_pair[f"{module} at {source}"] -= nbytes
+            self.total -= nbytes
+
+    def close(self) -> None:
+        """Stop counting frees (what is freed after the pass is not its business)."""
+        with self.lock:
+            self.live.clear()
+
+
+def module_names(objects: tuple[Any, ...]) -> dict[int, str]:
+    """id(module) -> its path among the marked modules (the first marked module is the root:
+    its own path is its class name)."""
+    names: dict[int, str] = {}
+    for obj in objects:
+        if isinstance(obj, torch.nn.Module):
+            for name, module in obj.named_modules():
+                names.setdefault(id(module), name or type(obj).__name__)
+    return names
+
+
+def _attribute_setup(mode: SiteMode, objects: tuple[Any, ...]) -> None:
+    """What is alive when the pass starts: parameters and buffers to their modules,
+    optimizer state apart, every other live tensor on the device as held from setup."""
+    import gc
+
+    counted: set[int] = set()
+
+    def count(t: torch.Tensor, module: str) -> None:
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        key = storage.data_ptr() or id(storage)
+        if t.device != mode.device or key in counted or storage.nbytes() == 0:
+            return
+        counted.add(key)
+        mode._seen[storage] = True
+        mode.add(storage, storage.nbytes(), module, SETUP, None)
+
+    for obj in objects:
+        if isinstance(obj, torch.nn.Module):
+            root = type(obj).__name__
+            for name, module in obj.named_modules():
+                for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
+                    count(t, name or root)
+                    if isinstance(t, torch.nn.Parameter) and t.grad is not None:
+                        count(t.grad, name or root)
+        elif isinstance(obj, torch.optim.Optimizer):
+            for state in obj.state.values():
+                for value in state.values():
+                    if isinstance(value, torch.Tensor):
+                        count(value, OPTIMIZER)
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor):
+            count(obj, HELD)
+
+
+@contextlib.contextmanager
+def recording(
+    device: torch.device, objects: tuple[Any, ...], root: Path | None
+) -> Iterator[SiteMode]:
+    """The sites of what one iteration inside the block allocates on `device`, with what was
+    alive at its start. A concurrent case's session threads enter `mode` themselves (a
+    dispatch mode is per thread)."""
+    from torch.nn.modules.module import (
+        register_module_forward_hook,
+        register_module_forward_pre_hook,
+    )
+
+    mode = SiteMode(device, module_names(objects), root)
+    _attribute_setup(mode, objects)
+    pre = register_module_forward_pre_hook(mode.enter_module)
+    post = register_module_forward_hook(mode.leave_module)
+    try:
+        yield mode
+    finally:
+        pre.remove()
+        post.remove()
+        mode.close()
+
+
+def sites(mode: SiteMode, measured_peak: int | None, top: int = TOP) -> tuple[Site, ...]:
+    """The top `top` sites of each grouping at the pass's peak, the rest as one row, and
+    what the measured peak holds beyond the pass's tensors as another: each grouping sums
+    to the measured peak (to the pass's own where the measured one is lower)."""
+    by_module, by_source, by_pair = mode.peak_groups
+    scratch = max(0, (measured_peak or 0) - max(mode.peak, 0))
+    out: list[Site] = []
+    for grouping, groups in ((MODULE, by_module), (SOURCE, by_source), (PAIR, by_pair)):
+        ranked = sorted(((k, v) for k, v in groups.items() if v > 0), key=lambda kv: -kv[1])
+        for key, nbytes in ranked[:top]:
+            source = key.rsplit(" at ", 1)[-1] if grouping == PAIR else key
+            lines = mode.lines.get(source) if grouping != MODULE else None
+            line = max(lines, key=lines.__getitem__) if lines else None
+            out.append(Site(grouping, key, nbytes, line))
+        rest = sum(v for _, v in ranked[top:])
+        if rest:
+            out.append(Site(grouping, REST, rest))
+        if scratch:
+            out.append(Site(grouping, SCRATCH, scratch))
+    return tuple(out)
+
+
+__all__ = ["Site", "SiteMode", "module_names", "recording", "sites"]
