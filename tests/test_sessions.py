@@ -192,7 +192,8 @@ def test_a_concurrent_case_runs_every_iteration_in_the_same_threads(tmp_path):
     (m,) = run_suite(config, select_cases(discover(config))).measurements
     assert m.status == "ok", m.message
     ids = (tmp_path / "threads.log").read_text().split()
-    iterations = 2 + 3 + 1 + 3  # warm-up, timing, one to prime the profiler, memory pass
+    # warm-up, timing, one to prime the profiler, the memory pass, the sites pass
+    iterations = 2 + 3 + 1 + 3 + 1
     # then the first session alone, primed and measured, in its own thread
     sessions, alone = ids[: 3 * iterations], ids[3 * iterations :]
     calls = [set(sessions[i : i + 3]) for i in range(0, len(sessions), 3)]
