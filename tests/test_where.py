@@ -110,6 +110,22 @@ def test_a_pull_request_that_keeps_every_logit_is_blocked_where_it_grew(tmp_path
     assert "where: +" in allocated["message"]
     assert "`lm_head` at serve.py:generate (line 20)" in allocated["message"]
 
+    # the PR comment: one line under the table, the file linked at the pull request's commit
+    comment = repo.parent / "comment.md"
+    done = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "check", "--markdown", str(comment)],
+        cwd=repo,
+        env={**os.environ, **GIT_ENV, "MEMTRACK_DB": str(db), "GITHUB_REPOSITORY": "acme/chat"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 1, done.stderr
+    sha = git(repo, "rev-parse", "HEAD").strip()
+    (line,) = [x for x in comment.read_text().splitlines() if x.startswith("- 📍")]
+    assert "`serve` allocated" in line and "`lm_head` at [serve.py:generate (line 20)]" in line
+    assert f"(https://github.com/acme/chat/blob/{sha}/serve.py#L20)" in line
+
     with Store.open(db, readonly=True) as store:
         before, after = store.sites(main_run, CASE), store.sites(pr_run, CASE)
     grew = allocated["candidate_value"] - allocated["baseline_value"]

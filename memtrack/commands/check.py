@@ -3,6 +3,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +41,20 @@ def _anchor(value: str | None) -> str | int | None:
             f"from 1 to {MAX_COUNT:,}"
         )
     return value
+
+
+REPOSITORY = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
+
+
+def source_url(config: Config, result: Any) -> str | None:
+    """Where the candidate's files are on the forge ('https://github.com/o/r/blob/SHA/'),
+    for the PR comment's links: from GitHub Actions' GITHUB_REPOSITORY and the checked
+    commit; None outside it, or where either is not one."""
+    repository = os.environ.get("GITHUB_REPOSITORY", "")
+    commit = result.commit or ""
+    if not REPOSITORY.fullmatch(repository) or not re.fullmatch(r"[0-9a-f]{40,64}", commit):
+        return None
+    return f"{config.forge_url.rstrip('/')}/{repository}/blob/{commit}/"
 
 
 def _refuse_mixed(history: bool, candidate: bool, history_options: bool) -> None:
@@ -190,7 +205,9 @@ def _judged(
     return _Shown(
         report.terminal(result),
         result.exit_code,
-        lambda: report.markdown(result, dashboard_url=config.dashboard_url),
+        lambda: report.markdown(
+            result, dashboard_url=config.dashboard_url, source_url=source_url(config, result)
+        ),
         lambda: report.to_json(result),
     )
 

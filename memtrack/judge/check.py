@@ -36,7 +36,7 @@ from memtrack.judge.budgets import (
 )
 from memtrack.judge.memory import Candidate
 from memtrack.judge.verdict import Verdict
-from memtrack.judge.where import where_line
+from memtrack.judge.where import where
 from memtrack.records import Environment, Measurement, RunRecord, metrics
 from memtrack.store import judging as reads
 from memtrack.store.database import Store
@@ -559,11 +559,16 @@ def _around_the_code(
     old = env_cache[newest.env_id]
     diff = environment_diff(old, s.run.environment) if old else []
     said = f"{'; '.join(diff)} between baseline and candidate" if diff else None
-    place = where_line(store.sites(newest.run_id, m.case_id), m.sites) if m.sites else None
+    place = where(store.sites(newest.run_id, m.case_id), m.sites) if m.sites else None
     out = []
     for v in verdicts:
         if v.kind in GREW and place and v.metric in TENSORS:
-            v = replace(v, message=f"{v.message}; where: {place}", details=(*v.details, place))
+            v = replace(
+                v,
+                message=f"{v.message}; where: {place.text()}",
+                details=(*v.details, place.text()),
+                where=place,
+            )
         if v.kind in GREW and said:
             v = replace(v, message=f"{v.message} ({said})", details=(*v.details, said))
         out.append(v)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memtrack.judge.where import Where
+
 KINDS = (
     "regression",
     "over_budget",
@@ -122,6 +124,9 @@ class Verdict:
     failure: str | None = None
     """A `failed` verdict: the case's status and, in brackets, the last line of its message
     ('oom (CUDA out of memory. Tried to allocate 64.00 MiB)')."""
+    where: Where | None = None
+    """A verdict that says a tensor figure grew: where it grew at the peak, against the
+    newest baseline run (judge.where)."""
     headroom: Headroom | None = None
     """A memory verdict against a baseline: the parts of its headroom."""
     accepted_commit: str | None = None

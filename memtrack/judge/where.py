@@ -53,9 +53,30 @@ def diff(base: tuple[Site, ...], candidate: tuple[Site, ...], grouping: str) -> 
     return sorted(changes, key=lambda c: (-c.delta, c.key))
 
 
-def where_line(base: tuple[Site, ...], candidate: tuple[Site, ...]) -> str | None:
-    """'+10.78 MiB: +10.50 MiB in `lm_head` at serve.py:generate (line 42), +0.28 MiB
-    elsewhere'; None where either run has no sites or nothing grew."""
+@dataclass(frozen=True)
+class Where:
+    """Where a case's peak grew against its baseline: the pairs that grew most, and the
+    rest."""
+
+    grew: int
+    """The growth of the sites' total at the peak (bytes)."""
+    named: tuple[Change, ...]
+    rest: int
+    """What the named pairs do not explain (bytes; negative where others shrank)."""
+
+    def text(self) -> str:
+        """'+10.78 MiB at the peak: +10.50 MiB in `lm_head` at serve.py:generate (line
+        42), +0.28 MiB elsewhere'."""
+        parts = [f"+{format_size(c.delta)} in {pair_text(c)}" for c in self.named]
+        if self.rest:
+            sign = "+" if self.rest > 0 else "-"
+            parts.append(f"{sign}{format_size(abs(self.rest))} elsewhere")
+        return f"+{format_size(self.grew)} at the peak: {', '.join(parts)}"
+
+
+def where(base: tuple[Site, ...], candidate: tuple[Site, ...]) -> Where | None:
+    """Where the candidate's peak grew; None where either run has no sites or nothing
+    grew."""
     if not base or not candidate:
         return None
     changes = diff(base, candidate, "pair")
@@ -69,17 +90,19 @@ def where_line(base: tuple[Site, ...], candidate: tuple[Site, ...]) -> str | Non
         named.append(c)
         if sum(n.delta for n in named) >= EXPLAINED * grew:
             break
-    rest = grew - sum(c.delta for c in named)
-    parts = [f"+{format_size(c.delta)} in {_pair(c)}" for c in named]
-    if rest:
-        parts.append(f"{'+' if rest > 0 else '-'}{format_size(abs(rest))} elsewhere")
-    return f"+{format_size(grew)} at the peak: {', '.join(parts)}"
+    return Where(grew, tuple(named), grew - sum(c.delta for c in named))
 
 
-def _pair(c: Change) -> str:
+def split(c: Change) -> tuple[str, str]:
+    """A pair's module path and source site ('' and the group, for a group)."""
     module, _, source = c.key.rpartition(" at ")
+    return module, source
+
+
+def pair_text(c: Change) -> str:
+    module, source = split(c)
     line = f" (line {c.line})" if c.line else ""
     return f"`{module}` at {source}{line}" if module else f"{source}{line}"
 
 
-__all__ = ["Change", "diff", "where_line"]
+__all__ = ["Change", "Where", "diff", "pair_text", "split", "where"]

@@ -11,6 +11,7 @@ import urllib.parse
 
 from memtrack.escape import markdown_code, markdown_text
 from memtrack.judge.check import CheckResult
+from memtrack.judge.where import Change, Where, split
 from memtrack.report.rows import (
     EMOJI,
     QUALITY_COLUMNS,
@@ -237,6 +238,40 @@ def _table(s: CheckRows, dashboard_url: str | None) -> list[str]:
     return [*body, "", " · ".join(legend), ""]
 
 
+def _where_lines(s: CheckRows, source_url: str | None) -> list[str]:
+    """Where each blocking case grew at its peak, one line per case: the pairs that grew
+    most, each file linked at the candidate's commit where `source_url` is known."""
+    cases: dict[str, tuple[Where, list[str]]] = {}
+    for r in s.listed:
+        v = r.verdict
+        if v.blocking and v.where is not None:
+            cases.setdefault(r.case, (v.where, []))[1].append(v.metric)
+    lines = []
+    for case, (w, grown) in cases.items():
+        parts = [f"+{format_size(c.delta)} in {_site(c, source_url)}" for c in w.named]
+        if w.rest:
+            parts.append(f"{'+' if w.rest > 0 else '-'}{format_size(abs(w.rest))} elsewhere")
+        lines.append(
+            f"- 📍 {markdown_code(case)} {cell('/'.join(grown))}: "
+            f"+{format_size(w.grew)} at the peak, {', '.join(parts)}"
+        )
+    return [*lines, ""] if lines else []
+
+
+def _site(c: Change, source_url: str | None) -> str:
+    """A pair in words, its file linked at the commit: only a relative path inside the
+    repository, since a recorded name is never trusted into a link."""
+    module, source = split(c)
+    line = f" (line {c.line})" if c.line else ""
+    place = cell(source + line)
+    file = source.rpartition(":")[0]
+    inside = file and not file.startswith("/") and ".." not in file.split("/")
+    if source_url and inside:
+        anchor = f"#L{c.line}" if c.line else ""
+        place = f"[{place}]({source_url}{urllib.parse.quote(file, safe='/')}{anchor})"
+    return f"{markdown_code(module)} at {place}" if module else place
+
+
 def _open(s: CheckRows) -> list[str]:
     """The base branch's open regressions (three of them) and the budget changes."""
     result, body = s.result, []
@@ -301,16 +336,22 @@ def _folds(s: CheckRows) -> list[str]:
 
 
 def markdown(
-    result: CheckResult, *, limit: int = MARKDOWN_LIMIT, dashboard_url: str | None = None
+    result: CheckResult,
+    *,
+    limit: int = MARKDOWN_LIMIT,
+    dashboard_url: str | None = None,
+    source_url: str | None = None,
 ) -> str:
     """What a reviewer reads in ten seconds: one line of outcome, links to the run and to a
     Compare with its merge-base (with `dashboard_url`), a short table of what blocks or
     warns, every other verdict counted, the base branch's open regressions, and the rest
     folded: noise (a property of a case, said once), the arithmetic, notes, quality and
-    estimates. Cut to stay under `limit` bytes."""
+    estimates. Where a blocking case grew at its peak is one line under the table, its
+    files linked under `source_url` (the repository's files at the candidate's commit).
+    Cut to stay under `limit` bytes."""
     s = check_rows(result)
     head = _head(s, dashboard_url)
-    table = _table(s, dashboard_url)
+    table = _table(s, dashboard_url) + _where_lines(s, source_url)
     body = list(table)
     quiet = s.quiet
     if quiet:
