@@ -158,3 +158,125 @@ def test_a_pull_request_that_keeps_every_logit_is_blocked_where_it_grew(tmp_path
     assert lines  # the workload's own sites, with their lines
     assert {s.key: s.line for s in moved if s.key in lines} == {k: v + 3 for k, v in lines.items()}
     assert all(c.delta == 0 for c in diff(before, moved, "pair"))
+
+
+def test_memtrack_diff_compares_two_runs_and_two_snapshot_files(tmp_path):
+    repo, db = init_repo(tmp_path / "repo"), tmp_path / "db" / "memtrack.db"
+    db.parent.mkdir()
+    (repo / "serve.py").write_text(SERVE)
+    (repo / "memtrack.toml").write_text('modules = ["serve.py"]\nrepeats = 1\n')
+    (repo / ".gitignore").write_text("data/\n")
+    commit_all(repo, "a decoder")
+    _run(repo, db)
+    (tmp_path / "snaps").mkdir()  # outside the repository and the database's folder
+    snap_a = tmp_path / "snaps" / "a.json"
+    assert _memtrack(repo, db, "snapshot", "serve", "--out", str(snap_a)).returncode == 0
+    git(repo, "checkout", "-q", "-b", "full-logits")
+    (repo / "serve.py").write_text(FULL_LOGITS)
+    commit_all(repo, "keep every position's logits")
+    _run(repo, db)
+    snap_b = tmp_path / "snaps" / "b.json"
+    assert _memtrack(repo, db, "snapshot", "serve", "--out", str(snap_b)).returncode == 0
+
+    # two runs, named by their branches
+    shown = _memtrack(repo, db, "diff", "main", "full-logits")
+    assert shown.returncode == 0, shown.stderr
+    assert "lm_head at serve.py:generate" in shown.stdout and "+16.00 MiB" in shown.stdout
+    as_json = json.loads(_memtrack(repo, db, "diff", "main", "full-logits", "--json").stdout)
+    (case,) = as_json
+    top = case["sites"][0]
+    assert case["case"] == CASE and top["key"] == "lm_head at serve.py:generate"
+    assert top["delta_bytes"] == 4 * 128 * 8192 * 4
+
+    # two snapshot files of the same case
+    by_module = json.loads(
+        _memtrack(repo, db, "diff", str(snap_a), str(snap_b), "--by", "module", "--json").stdout
+    )
+    assert by_module[0]["sites"][0]["key"] == "lm_head"
+    assert by_module[0]["sites"][0]["delta_bytes"] == 4 * 128 * 8192 * 4
+
+    # an unknown case, a file that is not a snapshot: one line each, exit 2
+    wrong = _memtrack(repo, db, "diff", "main", "full-logits", "nope")
+    assert wrong.returncode == 2 and "case 'nope' is not measured in both runs" in wrong.stderr
+    junk = tmp_path / "junk.json"
+    junk.write_text("{}")
+    bad = _memtrack(repo, db, "diff", str(junk), str(snap_b))
+    assert (
+        bad.returncode == 2 and str(junk) in bad.stderr and "not a memtrack snapshot" in bad.stderr
+    )
+
+
+def _trace(*events: tuple[str, int, int, str]) -> list[dict]:
+    return [
+        {
+            "action": action,
+            "addr": addr,
+            "size": size,
+            "frames": [
+                {
+                    "filename": "/usr/lib/python3/site-packages/torch/nn/functional.py",
+                    "name": "linear",
+                    "line": 1,
+                },
+                {"filename": f"/work/app/{where}", "name": where.split(".")[0], "line": 7},
+            ],
+        }
+        for action, addr, size, where in events
+    ]
+
+
+def test_a_cuda_snapshot_is_read_as_plain_data_and_diffed_by_source(tmp_path):
+    # The allocator's history as torch writes it (a pickle of plain dicts and lists), made
+    # here since this machine has no GPU: the sites at the largest total, by source file.
+    import pickle
+
+    a, b = tmp_path / "a.pickle", tmp_path / "b.pickle"
+    a.write_bytes(
+        pickle.dumps(
+            {
+                "segments": [],
+                "device_traces": [
+                    _trace(
+                        ("alloc", 1, 100, "model.py"),
+                        ("alloc", 2, 50, "serve.py"),
+                        ("free_completed", 1, 100, "model.py"),
+                    )
+                ],
+            }
+        )
+    )
+    b.write_bytes(
+        pickle.dumps(
+            {
+                "segments": [],
+                "device_traces": [
+                    _trace(
+                        ("alloc", 1, 100, "model.py"),
+                        ("alloc", 2, 250, "serve.py"),
+                        ("free_completed", 2, 250, "serve.py"),
+                    )
+                ],
+            }
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "diff", str(a), str(b), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    (case,) = json.loads(done.stdout)
+    deltas = {s["key"]: s["delta_bytes"] for s in case["sites"]}
+    assert deltas == {"serve.py:serve": 200, "model.py:model": 0}
+
+    # a pickle that would make an object is refused before it makes one
+    evil = tmp_path / "evil.pickle"
+    evil.write_bytes(pickle.dumps({"device_traces": [], "x": Path("/")}))
+    refused = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "diff", str(evil), str(b)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "evil.pickle: not a memtrack snapshot" in refused.stderr

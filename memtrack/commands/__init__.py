@@ -6,6 +6,7 @@ COMMANDS = {
     "backup": "backup",
     "check": "check",
     "dashboard": "dashboard",
+    "diff": "diff",
     "doctor": "doctor",
     "estimate": "estimate",
     "export": "backup",

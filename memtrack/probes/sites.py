@@ -17,9 +17,7 @@ gated figures are never read from this pass.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
-import sysconfig
 import threading
 import weakref
 from collections.abc import Iterator
@@ -32,6 +30,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from memtrack.records.model import Site
+from memtrack.workload.frames import named, own
 
 TOP = 20
 """Sites kept per grouping; the rest is one row."""
@@ -43,37 +42,6 @@ BACKWARD = "(backward)"
 NO_MODULE = "(no module)"
 SCRATCH = "(inside kernels: no tensor holds it)"
 REST = "(the rest)"
-
-
-def _skipped_roots() -> tuple[str, ...]:
-    """Files that are not the workload's own: torch, memtrack (its shipped examples are a
-    workload), installed packages and the standard library."""
-    memtrack_root = Path(__file__).resolve().parents[1]
-    roots = {
-        str(Path(torch.__file__).resolve().parent),
-        str(memtrack_root),
-        *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")),
-    }
-    return tuple(sorted(os.path.realpath(r) + os.sep for r in roots))
-
-
-_SKIPPED = _skipped_roots()
-_EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples") + os.sep
-
-
-_OWN: dict[str, bool] = {}
-
-
-def _own(filename: str) -> bool:
-    """Whether a frame's file is the workload's own (cached: asked for every frame)."""
-    own = _OWN.get(filename)
-    if own is None:
-        path = os.path.realpath(filename)
-        own = path.startswith(_EXAMPLES) or (
-            not path.startswith(_SKIPPED) and not filename.startswith("<")
-        )
-        _OWN[filename] = own
-    return own
 
 
 class SiteMode(TorchDispatchMode):
@@ -121,7 +89,7 @@ class SiteMode(TorchDispatchMode):
     def _source(self) -> tuple[str, int | None]:
         frame = sys._getframe(2)
         while frame is not None:
-            if _own(frame.f_code.co_filename):
+            if own(frame.f_code.co_filename):
                 return f"{self._file(frame.f_code.co_filename)}:{frame.f_code.co_name}", (
                     frame.f_lineno
                 )
@@ -129,16 +97,11 @@ class SiteMode(TorchDispatchMode):
         return NO_MODULE, None
 
     def _file(self, filename: str) -> str:
-        """The file as the repository names it (else its name alone)."""
-        named = self._files.get(filename)
-        if named is None:
-            path = Path(filename)
-            named = path.name
-            if self.root is not None:
-                with contextlib.suppress(ValueError):
-                    named = path.resolve().relative_to(self.root.resolve()).as_posix()
-            self._files[filename] = named
-        return named
+        """The file as the repository names it (cached: asked for every allocation)."""
+        found = self._files.get(filename)
+        if found is None:
+            found = self._files[filename] = named(filename, self.root)
+        return found
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))

@@ -9,6 +9,7 @@ existing file is never overwritten.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pickle
@@ -155,11 +156,13 @@ def _modules(
     step: Callable[[], Any], device: torch.device, objects: tuple[Any, ...], path: Path, case: str
 ) -> dict[str, Any]:
     """MemTracker's peak per module and category over one step, as JSON."""
+    from memtrack.probes.sites import recording, sites
+
     tracker = _module_table_tracker(device)
     tracked = trackable(objects)
     if tracked:
         tracker.track_external(*tracked)
-    with tracker:
+    with recording(device, objects, None) as mode, tracker, mode:
         step()
     tracker.harvest()
     peak = _by_category(tracker.get_tracker_snapshot("peak"), device)
@@ -177,11 +180,13 @@ def _modules(
             "Peak tensor memory of one step, in bytes: the step's peak by category, "
             "then each module (named by its path in the model) with the largest "
             "total seen while it ran (peak_bytes) and the categories at its forward "
-            "and backward peaks. Private: it shows the model's structure."
+            "and backward peaks; then the sites at the step's peak (by module, by "
+            "file:function, by both). Private: it shows the model's structure."
         ),
         "peak_bytes": peak.get("Total", 0),
         "peak_by_category": {k: v for k, v in peak.items() if k != "Total"},
         "modules": modules,
+        "sites": [dataclasses.asdict(s) for s in sites(mode, None)],
     }
     with private_file(path) as f:
         f.write((json.dumps(data, indent=2) + "\n").encode())

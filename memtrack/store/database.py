@@ -752,14 +752,22 @@ class Store:
     # -- reading ---------------------------------------------------------------------
 
     def find_run(self, text: str) -> RunRecord:
-        """A run by id or unique id prefix, else the newest run of the commit `text` names
-        (a SHA prefix; a measured run before an estimate run)."""
+        """A run by id or unique id prefix, else the newest run of the branch `text` names,
+        else the newest run of the commit `text` names (a SHA prefix; a measured run before
+        an estimate run)."""
         named = (
             text
             and self.conn.execute(
                 "select 1 from runs where substr(run_id, 1, ?) = ? limit 1", [len(text), text]
             ).fetchone()
         )
+        if not named:
+            branch = self.conn.execute(
+                "select run_id from runs where git_branch = ? order by started_at desc limit 1",
+                [text],
+            ).fetchone()
+            if branch is not None:  # a branch: its newest run
+                return self.get_run(branch[0])
         if named or not re.fullmatch(r"[0-9a-fA-F]{4,40}", text):
             return self.get_run(text)  # a run (or no run) by its id: get_run says which
         commits = {
