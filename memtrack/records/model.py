@@ -383,6 +383,14 @@ class Measurement:
     that session added to it: the peak if every session peaked at once. The measured peak lies
     between `session_peak_bytes` and this, by how the sessions interleave; this figure does
     not depend on the interleaving."""
+    scratch_bytes: int | None = None
+    """Estimates only: the kernel scratch added to the fake tensors' peak (oneDNN's buffers
+    on the CPU, cuBLAS/cuDNN workspaces on a GPU), which no fake tensor holds, taken from the
+    latest measured run of the same case on the same kind of device (`scratch_run_id`).
+    `peak_allocated_bytes` includes it: less it, the estimate is the tensors' alone. None
+    where no measured run calibrated the estimate (it excludes scratch; a note says so)."""
+    scratch_run_id: str | None = None
+    """Estimates only: the measured run `scratch_bytes` was taken from."""
 
 
 def case_id(workload: str, params: dict[str, Any]) -> str:

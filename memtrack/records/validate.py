@@ -83,7 +83,7 @@ def _rules(name: str) -> dict[str, Any]:
         return {"format": "date-time"}
     if name in _COMMIT_FIELDS:
         return {"pattern": COMMIT_PATTERN}
-    if name == "run_id":
+    if name in ("run_id", "scratch_run_id"):
         return {"pattern": RUN_ID_PATTERN}
     if name == "status":
         return {"enum": list(STATUSES)}

@@ -287,6 +287,13 @@ def m014_allocator_figures(db: sqlite_utils.Database) -> None:
     )
 
 
+def m015_estimate_scratch(db: sqlite_utils.Database) -> None:
+    """An estimate's kernel scratch, added from a measured run of its case (and which run):
+    its peak less the scratch is the fake tensors' figure alone."""
+    db.execute("alter table measurements add column scratch_bytes integer")
+    db.execute("alter table measurements add column scratch_run_id text")
+
+
 STEPS = (
     m001_initial,
     m002_verdicts,
@@ -302,6 +309,7 @@ STEPS = (
     m012_estimate_index,
     m013_iteration_figures,
     m014_allocator_figures,
+    m015_estimate_scratch,
 )
 
 
