@@ -20,6 +20,7 @@ from memtrack.records.model import (
     QUALITY_STATUSES,
     SCHEMA_VERSION,
     STATUSES,
+    Measurement,
     RunRecord,
     case_id,
     to_dict,
@@ -274,6 +275,9 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
         if m.case_id in seen:
             raise RecordError(f"{where}: case {m.case_id!r} is measured twice in one run")
         seen.add(m.case_id)
+        scratch_problem = _scratch_problem(m)
+        if scratch_problem:
+            raise RecordError(f"{where}: measurements[{i}].{scratch_problem}")
         numbers = [r.rank for r in m.ranks]
         if numbers != list(range(len(numbers))):
             raise RecordError(
@@ -281,6 +285,23 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
                 f"0..{len(numbers) - 1} in order, each once"
             )
     return run
+
+
+def _scratch_problem(m: Measurement) -> str | None:
+    """What is wrong with a measurement's kernel scratch, if anything: only an estimate is
+    calibrated, by a named run, and the scratch is part of its peak."""
+    if m.scratch_bytes is None and m.scratch_run_id is None:
+        return None
+    if m.kind != "estimate":
+        return f"scratch_bytes: {m.scratch_bytes!r} on a {m.kind} figure (only estimates have one)"
+    if m.scratch_bytes is None or m.scratch_run_id is None:
+        return "scratch_run_id: scratch_bytes and scratch_run_id go together"
+    if m.peak_allocated_bytes is None or m.scratch_bytes > m.peak_allocated_bytes:
+        return (
+            f"scratch_bytes: {m.scratch_bytes} exceeds the estimate's peak "
+            f"{m.peak_allocated_bytes!r}, which includes it"
+        )
+    return None
 
 
 def check_run(run: RunRecord) -> None:

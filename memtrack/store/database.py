@@ -956,6 +956,10 @@ class Store:
                     f"from measurements where run_id = ? and {ok}",
                     [run_id],
                 ):
+                    if scratch is not None and not (
+                        type(scratch) is int and type(peak) is int and 0 <= scratch <= peak
+                    ):
+                        raise damaged(self.path, f"run {run_id}: {case}: scratch_bytes {scratch!r}")
                     # of runs started at one time, the one written last
                     if case in wanted and case not in out and mid > found.get(case, (0,))[0]:
                         found[case] = (

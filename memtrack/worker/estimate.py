@@ -335,7 +335,9 @@ def overlapping_sessions(
     is the sum where what a session holds changes slowly. Fake tensors run the sessions'
     ops in one thread (a dispatch mode is per thread), so the overlap is modelled, never
     observed; the measured figure varies with the interleaving (the shipped
-    `decoder_serve`: 9.8 to 10.6 MiB over runs on 2 cores). The breakdown is that of the
+    `decoder_serve` at 4 sessions on 2 cores: repeats from 9.12 to 10.45 MiB, the
+    recorded peak, their largest, 10.45 MiB in every run; the sum of the sessions 11.90 MiB,
+    this model 10.45 MiB). The breakdown is that of the
     op where the peak is: its session's categories there, and the others' at their lower
     level.
     """
