@@ -655,7 +655,7 @@ def _estimate_one(repo: Path, workload: str):
     run = run_from_dict(json.loads(out.read_text()))
     with Store.open(repo / "memtrack.db", readonly=True) as store:
         assert store.get_run(run.run_id) == run  # recorded as it was written
-    return _case(run, workload), res.output
+    return _case(run, workload), res.output, run.run_id
 
 
 def _foreign_measured_runs(db: Path, case) -> None:
@@ -680,11 +680,11 @@ def test_an_estimate_adds_the_kernel_scratch_of_a_measured_run_of_its_case_and_n
     repo = init_repo(tmp_path / "repo")
     (repo / "memtrack.toml").write_text(TINY)
     commit = commit_all(repo, "config")
-    before, _ = _estimate_one(repo, "image_classify")
+    before, _, _ = _estimate_one(repo, "image_classify")
     assert before.status == "ok" and before.scratch_bytes is None
     assert before.scratch_run_id is None
     _foreign_measured_runs(repo / "memtrack.db", before)
-    alone, shown = _estimate_one(repo, "image_classify")
+    alone, shown, _ = _estimate_one(repo, "image_classify")
     assert alone.scratch_bytes is None and alone.peak_allocated_bytes == before.peak_allocated_bytes
     assert any(
         n == "excludes kernel scratch: no measured run of this case on the CPU to calibrate it from"
@@ -697,7 +697,7 @@ def test_an_estimate_adds_the_kernel_scratch_of_a_measured_run_of_its_case_and_n
     with Store.open(repo / "memtrack.db", readonly=True) as store:
         (run_id,) = store.run_ids(commit=commit, measured=True)
         m = _case(store.get_run(run_id), "image_classify")
-    e, shown = _estimate_one(repo, "image_classify")
+    e, shown, estimate_run = _estimate_one(repo, "image_classify")
     assert e.scratch_run_id == run_id  # not the newer GPU run, nor the other params'
     assert abs(e.peak_allocated_bytes / m.peak_allocated_bytes - 1) <= 0.05
     # the fake tensors' own figure is kept: the estimate less its scratch
@@ -716,12 +716,18 @@ def test_an_estimate_adds_the_kernel_scratch_of_a_measured_run_of_its_case_and_n
     flat = " ".join(res.output.split())
     drift = (before.peak_allocated_bytes) / m.peak_allocated_bytes
     assert f"(tensors alone {drift:.3f}), calibrated from this run" in flat, flat
+    # ... and `show` of the estimate run: the measured figure beside it
+    res = _invoke(repo, "show", estimate_run)
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.output.split())
+    ratio = e.peak_allocated_bytes / m.peak_allocated_bytes
+    assert f"{run_id[:12]} of {commit[:12]}); estimate / measured {ratio:.3f} (tensors" in flat
 
     # Other code (a new commit): the measured run's own scratch, beyond the tensors it
     # tracked, so that a change in the tensors since is not calibrated away.
     (repo / "notes.txt").write_text("a change\n")
     later = commit_all(repo, "later")
-    e2, _ = _estimate_one(repo, "image_classify")
+    e2, _, _ = _estimate_one(repo, "image_classify")
     assert e2.scratch_run_id == run_id and e2.scratch_bytes == (m.unattributed_bytes or 0)
     assert any(n.endswith("beyond the tensors it tracked, of other code") for n in e2.notes)
     assert later != commit

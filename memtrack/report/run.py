@@ -161,16 +161,24 @@ def cudnn_version(value: str | None) -> str | None:
     return f"{major}.{rest // 100}.{rest % 100}"
 
 
-def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = None) -> list[Any]:
+def run_detail(
+    run: RunRecord,
+    estimates: dict[str, dict[str, Any]] | None = None,
+    measured: dict[str, dict[str, Any]] | None = None,
+) -> list[Any]:
     """The run's context, then one block per case. `estimates` (case id -> the store's
-    `latest_estimates` row) puts each measured case's estimate beside its framework peak."""
+    `latest_estimates` row) puts each measured case's estimate beside its framework peak;
+    `measured` (case id -> the store's `latest_measured` row) each estimated case's
+    measured figure beside the estimate."""
     estimates = estimates or {}
+    measured = measured or {}
     blocks: list[Any] = [
         _context(run),
         estimate_table(run) if is_estimate_run(run) else run_table(run),
     ]
     for m in run.measurements:
-        blocks.append(_case_detail(m, estimates.get(m.case_id), run.run_id))
+        other = (measured if m.kind == "estimate" else estimates).get(m.case_id)
+        blocks.append(_case_detail(m, other, run.run_id))
         if m.ranks:
             blocks.append(rank_table(m))
     return blocks
@@ -205,9 +213,10 @@ def _context(run: RunRecord) -> Table:
     return head
 
 
-def _case_detail(m: Measurement, estimate: dict[str, Any] | None, run_id: str) -> Table:
-    """One case: its params, counts, message, estimate, breakdown, host, loading, timing
-    pass, device view, quality and notes."""
+def _case_detail(m: Measurement, other: dict[str, Any] | None, run_id: str) -> Table:
+    """One case: its params, counts, message, estimate (or, of an estimate, the measured
+    figure `other`), breakdown, host, loading, timing pass, device view, quality and
+    notes."""
     title = m.case_id + (" (estimate, not measured)" if m.kind == "estimate" else "")
     t = Table(title=_t(title), title_justify="left", show_header=False)
     t.add_column(style="bold")
@@ -225,8 +234,10 @@ def _case_detail(m: Measurement, estimate: dict[str, Any] | None, run_id: str) -
                 f"({m.framework or 'fake tensors'}): {scratch_words(m)}"
             ),
         )
-    elif estimate is not None:
-        t.add_row("estimate", _t(_estimate_line(m, estimate, run_id)))
+        if other is not None:
+            t.add_row("measured", _t(_measured_line(m, other)))
+    elif other is not None:
+        t.add_row("estimate", _t(_estimate_line(m, other, run_id)))
     # On a GPU the gap is the device's beyond the allocator (context, libraries); on
     # the CPU it is the process's RSS beyond live tensors: the interpreter and the
     # libraries, not a workspace of the model's.
@@ -276,6 +287,19 @@ def scratch_words(m: Measurement) -> str:
         f"{format_size(m.scratch_bytes)} kernel scratch from measured run "
         f"{(m.scratch_run_id or 'unknown')[:12]}"
     )
+
+
+def _measured_line(m: Measurement, found: dict[str, Any]) -> str:
+    """An estimate's drift: the latest measured figure of its case (the store's
+    `latest_measured` row) and the estimate's ratio to it, and the fake tensors' alone."""
+    peak, measured = m.peak_allocated_bytes, found["peak_allocated_bytes"]
+    commit = (found["git_commit"] or "no commit")[:12]
+    line = f"{format_size(measured)} (run {found['run_id'][:12]} of {commit})"
+    if peak is not None and measured:
+        line += f"; estimate / measured {peak / measured:.3f}"
+        if m.scratch_bytes is not None:
+            line += f" (tensors alone {(peak - m.scratch_bytes) / measured:.3f})"
+    return line
 
 
 def _estimate_line(m: Measurement, est: dict[str, Any], run_id: str) -> str:
