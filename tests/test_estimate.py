@@ -731,6 +731,16 @@ def test_an_estimate_adds_the_kernel_scratch_of_a_measured_run_of_its_case_and_n
     assert e2.scratch_run_id == run_id and e2.scratch_bytes == (m.unattributed_bytes or 0)
     assert any(n.endswith("beyond the tensors it tracked, of other code") for n in e2.notes)
     assert later != commit
+    # --no-db reads the database to calibrate, and writes nothing to it
+    with Store.open(repo / "memtrack.db", readonly=True) as store:
+        stored = store.run_ids(limit=1000)
+    out = tmp_path / "no-db.json"
+    res = _invoke(repo, "estimate", "-k", "image_classify", "--no-db", "--json", str(out))
+    assert res.exit_code == 0, res.output
+    (e3,) = run_from_dict(json.loads(out.read_text())).measurements
+    assert e3.scratch_run_id == run_id and e3.peak_allocated_bytes == e2.peak_allocated_bytes
+    with Store.open(repo / "memtrack.db", readonly=True) as store:
+        assert store.run_ids(limit=1000) == stored
 
 
 def test_a_cuda_estimate_is_calibrated_only_by_a_run_on_a_gpu_of_the_same_name(tmp_path):

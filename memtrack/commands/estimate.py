@@ -83,4 +83,4 @@ def _reading(db: Path) -> contextlib.AbstractContextManager[Store | None]:
     """The database to calibrate from, read-only, where it exists (--no-db writes nothing)."""
     if not db.is_file():
         return nullcontext(None)
-    return Store.open(db, readonly=True, create=False, older=True)
+    return Store.open(db, readonly=True)
