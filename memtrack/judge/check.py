@@ -64,6 +64,8 @@ class Estimate:
     """The kernel scratch the estimate includes, from a measured run (`scratch_run_id`);
     None where it excludes scratch."""
     scratch_run_id: str | None = None
+    candidate_run_id: str | None = None
+    """The measured run checked: an estimate calibrated from it matches it by construction."""
 
     def describe(self) -> str:
         """'estimate 4.90 MiB (tensors only: excludes kernel scratch) (measured 4.90 MiB,
@@ -82,7 +84,9 @@ class Estimate:
             text += (
                 f" ({format_size(self.estimate_bytes - self.scratch_bytes)} of tensors + "
                 f"{format_size(self.scratch_bytes)} kernel scratch from run "
-                f"{(self.scratch_run_id or 'unknown')[:12]})"
+                f"{(self.scratch_run_id or 'unknown')[:12]}"
+                + (", this run" if self.scratch_run_id == self.candidate_run_id else "")
+                + ")"
             )
         if self.measured_bytes:
             pct = 100.0 * (self.estimate_bytes / self.measured_bytes - 1)
@@ -630,6 +634,7 @@ def _estimates(store: Store, run: RunRecord, merge_base: str | None) -> tuple[Es
             candidate_commit=run.git.commit,
             scratch_bytes=e["scratch_bytes"],
             scratch_run_id=e["scratch_run_id"],
+            candidate_run_id=run.run_id,
         )
         for m in run.measurements
         if (e := found.get(m.case_id)) and m.status == "ok"

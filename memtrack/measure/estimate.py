@@ -197,7 +197,10 @@ def _scratch(m: Measurement, source: dict[str, Any], run: RunRecord) -> tuple[in
         )
     elif source["unattributed_bytes"] is not None:
         seen = source["unattributed_bytes"]
-        how = f"its measured peak {format_size(peak)} beyond the tensors it tracked, of other code"
+        how = (
+            f"what its measured peak {format_size(peak)} held beyond the tensors it tracked, "
+            "of other code"
+        )
     else:
         return None, (
             f"the latest measured run {source['run_id'][:12]} is of other code and has no "

@@ -337,9 +337,8 @@ def overlapping_sessions(
     observed; the measured figure varies with the interleaving (the shipped
     `decoder_serve` at 4 sessions on 2 cores: repeats from 9.12 to 10.45 MiB, the
     recorded peak, their largest, 10.45 MiB in every run; the sum of the sessions 11.90 MiB,
-    this model 10.45 MiB). The breakdown is that of the
-    op where the peak is: its session's categories there, and the others' at their lower
-    level.
+    this model 10.45 MiB). The breakdown is that of the op where the peak is: its
+    session's categories there, and the others' at their lower level.
     """
     if len(levels) < 2:
         return summary
@@ -350,9 +349,8 @@ def overlapping_sessions(
     padded = [*rise, 0]
     best, at, low_at = -1, 0, 0
     for t in range(1, len(rise)):
-        low = min((t - 1, t, t + 1), key=lambda j: padded[j] if j < len(rise) else 0)
-        low_rise = padded[low] if low < len(rise) else 0
-        total = rise[t] + (sessions - 1) * low_rise
+        low = min((t - 1, t, t + 1), key=padded.__getitem__)
+        total = rise[t] + (sessions - 1) * padded[low]
         if total > best:
             best, at, low_at = total, t, low
     out = dict(summary)
