@@ -42,6 +42,7 @@ _MEASUREMENT_COLUMNS = (
     "time_p95_s",
     "time_min_s",
     "kind",
+    "scratch_bytes",
 )
 _RUN_COLUMNS = (
     "started_at",

@@ -406,7 +406,16 @@ def test_an_estimate_of_another_commit_names_that_commit():
     from memtrack.judge.check import Estimate
 
     mine = Estimate("c", 5 * MiB, "e1", "a" * 40, measured_bytes=5 * MiB, candidate_commit="a" * 40)
-    assert mine.describe().startswith("estimate 5.00 MiB (measured 5.00 MiB")
+    assert mine.describe().startswith(
+        "estimate 5.00 MiB (tensors only: excludes kernel scratch) (measured 5.00 MiB"
+    )
+    calibrated = replace(mine, estimate_bytes=6 * MiB, scratch_bytes=MiB, scratch_run_id="f" * 32)
+    assert calibrated.describe().startswith(
+        f"estimate 6.00 MiB (5.00 MiB of tensors + 1.00 MiB kernel scratch from run {'f' * 12})"
+    )
+    # calibrated from the very run checked: it matches that run by construction, said so
+    here = replace(calibrated, candidate_run_id="f" * 32)
+    assert f"kernel scratch from run {'f' * 12}, this run) (measured" in here.describe()
     older = Estimate(
         "c", 5 * MiB, "e1", "b" * 40, measured_bytes=5 * MiB, candidate_commit="a" * 40
     )

@@ -336,3 +336,23 @@ ITERATION_FIGURES = (
     "session_peak_bytes",
     "sessions_sum_bytes",
 )
+
+
+def test_only_an_estimate_carries_kernel_scratch_and_it_is_part_of_its_peak():
+    data = _good()
+    peak = data["measurements"][0]["peak_allocated_bytes"]
+    run_id = "a" * 32
+    fine = _measurement(
+        copy.deepcopy(data), kind="estimate", scratch_bytes=peak // 4, scratch_run_id=run_id
+    )
+    m = run_from_dict(fine).measurements[0]
+    assert m.scratch_bytes == peak // 4 and m.scratch_run_id == run_id
+    for bad, match in (
+        ({"scratch_bytes": MiB, "scratch_run_id": run_id}, "only estimates have one"),
+        ({"kind": "estimate", "scratch_bytes": MiB}, "go together"),
+        ({"kind": "estimate", "scratch_bytes": peak + 1, "scratch_run_id": run_id}, "exceeds"),
+        ({"kind": "estimate", "scratch_bytes": -1, "scratch_run_id": run_id}, "scratch_bytes"),
+        ({"kind": "estimate", "scratch_bytes": 1, "scratch_run_id": "run 12"}, "scratch_run_id"),
+    ):
+        with pytest.raises(RecordError, match=match):
+            run_from_dict(_measurement(copy.deepcopy(data), **bad))

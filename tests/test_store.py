@@ -669,3 +669,24 @@ def test_the_allocator_figures_of_a_gpu_case_are_stored_shown_and_gated(tmp_path
         store.write_run(cpu_run)
     res = CliRunner().invoke(main, ["show", cpu_run.run_id, "--db", str(db)], terminal_width=240)
     assert "outside the allocator" not in res.output and "reserved less" not in res.output
+
+
+@pytest.mark.parametrize("stored", ["'lots'", "-1", "peak_allocated_bytes + 1"])
+def test_a_damaged_kernel_scratch_of_an_estimate_is_named_not_shown(tmp_path, stored):
+    db = tmp_path / "memtrack.db"
+    estimate = replace(
+        make_measurement(peak=100 * MiB),
+        kind="estimate",
+        scratch_bytes=10 * MiB,
+        scratch_run_id="f" * 32,
+    )
+    run = make_run([estimate])
+    with Store.open(db) as store:
+        store.write_run(run)
+        found = store.latest_estimates([estimate.case_id])[estimate.case_id]
+        assert (found["scratch_bytes"], found["scratch_run_id"]) == (10 * MiB, "f" * 32)
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"update measurements set scratch_bytes = {stored}")
+    with Store.open(db, readonly=True) as store:
+        with pytest.raises(StoreError, match=f"run {run.run_id}: .*scratch_bytes"):
+            store.latest_estimates([estimate.case_id])

@@ -186,9 +186,12 @@ def _failure_marks(rows_old_first: list[dict[str, Any]], metric: str) -> list[di
     return out
 
 
-def _estimate_marks(estimates: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+def _estimate_marks(
+    estimates: list[dict[str, Any]], metric: str, measured: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """`memtrack estimate`'s figures: marks of their own on the framework view (the figure
-    they predict), never points of the series."""
+    they predict), never points of the series; each says what it holds and how far it is
+    from the latest measured figure (`measured`, newest first)."""
     if metric != "allocated":
         return []
     return [
@@ -197,11 +200,40 @@ def _estimate_marks(estimates: list[dict[str, Any]], metric: str) -> list[dict[s
             "bytes": e["peak_allocated_bytes"],
             "kind": "estimate",
             "commit": short(e["git_commit"]),
-            "message": f"estimate for {e['device']} (fake tensors), not measured",
+            "message": f"estimate for {e['device']} (fake tensors), not measured: "
+            + estimate_drift(e, measured),
         }
         for e in estimates
         if e.get("peak_allocated_bytes") is not None
     ]
+
+
+def estimate_drift(estimate: dict[str, Any], measured: list[dict[str, Any]]) -> str:
+    """An estimate row's figure in words: its tensors and the kernel scratch added from a
+    measured run (or that it excludes scratch), and its ratio to the latest measured
+    framework peak of the same device kind among `measured` (newest first)."""
+    peak, scratch = estimate["peak_allocated_bytes"], estimate.get("scratch_bytes")
+    if scratch is None:
+        text = "tensors only, excludes kernel scratch"
+    else:
+        text = f"{format_size(peak - scratch)} of tensors + {format_size(scratch)} kernel scratch"
+    latest = next(
+        (
+            r
+            for r in measured
+            if r.get("status") == "ok"
+            and r.get("device") == estimate.get("device")
+            and r.get("peak_allocated_bytes")
+        ),
+        None,
+    )
+    if latest is None:
+        return text + "; nothing measured to compare it with"
+    ratio = peak / latest["peak_allocated_bytes"]
+    text += f"; estimate / measured {ratio:.3f}"
+    if scratch is not None:
+        text += f" (tensors alone {(peak - scratch) / latest['peak_allocated_bytes']:.3f})"
+    return text + f", against the latest measured run {short(latest['git_commit'])}"
 
 
 def _verdict_marks(
@@ -305,6 +337,14 @@ def render(ctx: Context) -> None:
     st.caption(
         _captions(len(old_first), base, len(on_base) < len(rows), budgeted, estimates, env_changes)
     )
+    if hist.get("estimates"):
+        latest = hist["estimates"][0]
+        st.caption(
+            f"Latest estimate ({short(latest['git_commit'])}): "
+            f"{format_size(latest['peak_allocated_bytes'])}, "
+            + esc(estimate_drift(latest, rows))
+            + "."
+        )
 
     st.subheader("Completion time")
     tchart = panels.time_panel(old_first, fmt, times, base=base if on_base else None)
@@ -442,7 +482,7 @@ def _view_panel(
         + _verdict_marks(
             {k: r for k, r in by_run.items() if k in shown_runs}, hist["verdicts"], metric
         )
-        + _estimate_marks(estimates, metric)
+        + _estimate_marks(estimates, metric, hist["rows"])
     )
     rules = [{"x": e["x"], "change": e["change"]} for e in env_changes]
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -38,12 +39,15 @@ def estimate(
     """Predict each case's tensor-memory peak under fake tensors: no GPU, no real memory.
 
     Each case runs setup, warm-up and one step in a fresh process under FakeTensorMode.
+    Where the database holds a measured run of the same case on the same kind of device,
+    the kernel scratch it saw beyond the tensors is added, and the note names the run
+    (with --no-db the database is read, if there is one, never written).
     The estimate is recorded beside measured runs, labelled as such: it is never a baseline.
     Exit 0 when the estimates ran (a case that cannot be faked is recorded with the reason).
     """
     from rich.text import Text
 
-    from memtrack.measure.estimate import check_device, check_dtype, estimate_cases
+    from memtrack.measure.estimate import calibrate, check_device, check_dtype, estimate_cases
     from memtrack.report.run import estimate_view
     from memtrack.store.save import record_run
 
@@ -58,14 +62,25 @@ def estimate(
         options.check_json_folder(json_path)
     progress = options.progress_echo("estimating", options.plain_output())
     with Store.open(db) if not no_db else nullcontext() as store:
-        done = record_run(
-            lambda: estimate_cases(config, cases, device=device, dtype=dtype, progress=progress),
-            store,
-            json_path,
-        )
+        with _reading(db) if no_db else nullcontext(store) as measured:
+            done = record_run(
+                lambda: calibrate(
+                    estimate_cases(config, cases, device=device, dtype=dtype, progress=progress),
+                    measured,
+                ),
+                store,
+                json_path,
+            )
     for r in estimate_view(done.record):
         options.rich_console().print(r, soft_wrap=isinstance(r, Text))
     commit = (done.record.git.commit or "no commit")[:12]
     where = ", ".join(done.saved) or "nothing"
     click.echo(f"estimate run {done.record.run_id} of {commit} recorded in {where}")
     options.fail_on(done.failures)
+
+
+def _reading(db: Path) -> contextlib.AbstractContextManager[Store | None]:
+    """The database to calibrate from, read-only, where it exists (--no-db writes nothing)."""
+    if not db.is_file():
+        return nullcontext(None)
+    return Store.open(db, readonly=True)

@@ -18,7 +18,8 @@ from memtrack.store.database import Store
 @click.option("--json", "as_json", is_flag=True, help="Print the whole record as JSON.")
 def show(run_id: str, config_path: Path | None, db_path: Path | None, as_json: bool) -> None:
     """Show one run: where it ran, and every case's figures (an estimate run's labelled as
-    estimates; a measured case beside its latest estimate).
+    estimates, each beside the latest measured figure of its case on its device kind; a
+    measured case beside its latest estimate).
 
     RUN is a run id or a unique prefix of one (`memtrack history` lists them), or a commit
     (a SHA prefix): its newest run."""
@@ -27,7 +28,14 @@ def show(run_id: str, config_path: Path | None, db_path: Path | None, as_json: b
         record = store.find_run(run_id)
         measured = [m.case_id for m in record.measurements if m.kind == "measured"]
         estimates = store.latest_estimates(measured, record.git.commit) if measured else {}
+        gpu = next((g.name for g in record.environment.gpus if g.name), None)
+        figures = {
+            m.case_id: found
+            for m in record.measurements
+            if m.kind == "estimate"
+            and (found := store.latest_measured(m.case_id, m.device, gpu)) is not None
+        }
     if as_json:
         click.echo(json.dumps(to_dict(record), indent=2, sort_keys=True))
     else:
-        rich_console().print(*run_detail(record, estimates))
+        rich_console().print(*run_detail(record, estimates, figures))

@@ -61,16 +61,33 @@ class Estimate:
     budget_metric: str | None = None
     candidate_commit: str | None = None
     """The commit checked, where the estimate is of another one: its merge-base's."""
+    scratch_bytes: int | None = None
+    """The kernel scratch the estimate includes, from a measured run (`scratch_run_id`);
+    None where it excludes scratch."""
+    scratch_run_id: str | None = None
+    candidate_run_id: str | None = None
+    """The measured run checked: an estimate calibrated from it matches it by construction."""
 
     def describe(self) -> str:
-        """'estimate 4.90 MiB (measured 4.90 MiB, +0.0%)'; 'estimate of commit 1a2b3c4d5e6f
-        4.90 MiB ...' where it was made for another commit than the one checked (its
-        merge-base)."""
+        """'estimate 4.90 MiB (tensors only: excludes kernel scratch) (measured 4.90 MiB,
+        +0.0%)', or with '(13.12 MiB of tensors + 3.08 MiB kernel scratch from run X)'
+        where a measured run calibrated it; 'estimate of commit 1a2b3c4d5e6f 4.90 MiB ...'
+        where it was made for another commit than the one checked (its merge-base)."""
         text = f"estimate {format_size(self.estimate_bytes)}"
         if self.candidate_commit is not None and self.commit != self.candidate_commit:
             text = (
                 f"estimate of commit {(self.commit or 'unknown')[:12]} (not the one "
                 f"checked) {format_size(self.estimate_bytes)}"
+            )
+        if self.scratch_bytes is None:
+            text += " (tensors only: excludes kernel scratch)"
+        else:
+            text += (
+                f" ({format_size(self.estimate_bytes - self.scratch_bytes)} of tensors + "
+                f"{format_size(self.scratch_bytes)} kernel scratch from run "
+                f"{(self.scratch_run_id or 'unknown')[:12]}"
+                + (", this run" if self.scratch_run_id == self.candidate_run_id else "")
+                + ")"
             )
         if self.measured_bytes:
             pct = 100.0 * (self.estimate_bytes / self.measured_bytes - 1)
@@ -660,6 +677,9 @@ def _estimates(store: Store, run: RunRecord, merge_base: str | None) -> tuple[Es
             e["git_commit"],
             measured_bytes=m.peak_allocated_bytes,
             candidate_commit=run.git.commit,
+            scratch_bytes=e["scratch_bytes"],
+            scratch_run_id=e["scratch_run_id"],
+            candidate_run_id=run.run_id,
         )
         for m in run.measurements
         if (e := found.get(m.case_id)) and m.status == "ok"
@@ -781,6 +801,8 @@ def _estimate_run(store: Store, config: Config, run: RunRecord, base: str) -> Ch
                 run.run_id,
                 run.git.commit,
                 budget_bytes=b.limit_bytes if b else None,
+                scratch_bytes=m.scratch_bytes,
+                scratch_run_id=m.scratch_run_id,
                 budget_metric=metric if b else None,
             )
         )

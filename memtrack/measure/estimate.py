@@ -5,8 +5,10 @@ setup, the warm-up and one measured step under `FakeTensorMode`, counted by the 
 tracker as the measured CPU view. The result is a `RunRecord` like a measured run's (git,
 environment), whose measurements have `kind = "estimate"` and framework
 `fake-tensor-estimate`: the predicted peak is `peak_allocated_bytes`, broken down into the
-same categories. Estimates are never baselines, budget figures or history points. This
-module does not import torch.
+same categories. `calibrate` then adds the kernel scratch that no fake tensor holds, from the
+latest measured run of the same case on the same kind of device, where the store has one.
+Estimates are never baselines, budget figures or history points. This module does not
+import torch.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from memtrack.config import Config
 from memtrack.errors import ConfigError
@@ -23,8 +26,12 @@ from memtrack.measure.suite import ProgressFn, each_case, probe_environment, res
 from memtrack.records import Environment, Measurement, RunRecord
 from memtrack.records.breakdown import with_breakdown
 from memtrack.records.redact import redact
+from memtrack.units import format_size
 from memtrack.workload.context import DTYPES
 from memtrack.workload.registry import Case
+
+if TYPE_CHECKING:
+    from memtrack.store.database import Store
 
 WORKER = "memtrack.worker.estimate"
 FRAMEWORK = "fake-tensor-estimate"
@@ -33,8 +40,11 @@ MEASURED_STEPS = 1
 """Fake tensors are deterministic: one measured step after the warm-up is the peak."""
 NOTE = (
     "estimate under fake tensors: live tensor bytes by the measured view's definition; "
-    "no allocator rounding or segments, workspaces or CUDA context"
+    "no allocator rounding or segments or CUDA context, and kernel scratch only as "
+    "calibrated from a measured run"
 )
+EXCLUDED = "excludes kernel scratch"
+"""How an estimate's note begins where no measured run calibrated it."""
 
 
 def check_device(device: str | None) -> str | None:
@@ -118,4 +128,95 @@ def estimate_case(config: Config, case: Case, device: str) -> Measurement:
     return with_breakdown(m)
 
 
-__all__ = ["check_device", "check_dtype", "estimate_case", "estimate_cases", "with_dtype"]
+def calibrate(run: RunRecord, store: Store | None) -> RunRecord:
+    """The estimate run with each estimated case's kernel scratch added, where `store` holds
+    a measured run of the same case (its id: the same params, dtype and concurrency) on the
+    same kind of device: the CPU, or a GPU of the name this machine's first GPU has. Fake
+    tensors count tensors; a kernel's own buffers (oneDNN's convolution scratch on the CPU,
+    cuBLAS and cuDNN workspaces on a GPU) are allocated where no fake tensor is, and differ
+    by device, so a run of another device kind or of other params never calibrates.
+
+    The scratch is what the latest such run measured beyond the tensors. Of the same code
+    (its commit is this estimate's, neither with uncommitted changes) that is its peak less
+    this estimate's tensors; of other code, the peak less the tensors its own tracker saw
+    at their peak (its unattributed part), so that a change in the tensors since then shows
+    in the estimate instead of being calibrated away. A run that saw less than the fake
+    tensors adds nothing. Each case's note says which run and how much, or that the
+    estimate excludes scratch; `scratch_bytes` and `scratch_run_id` hold it, and the
+    estimate without it is `peak_allocated_bytes - scratch_bytes`."""
+    gpu = next((g.name for g in run.environment.gpus if g.name), None)
+    out = []
+    for m in run.measurements:
+        if m.kind != "estimate" or m.status != "ok" or m.peak_allocated_bytes is None:
+            out.append(m)
+            continue
+        if m.device == "cuda" and gpu is None:
+            source = None
+            why = "no GPU on this machine to say whose workspaces to add"
+        else:
+            source = store.latest_measured(m.case_id, m.device, gpu) if store else None
+            where = "the CPU" if m.device == "cpu" else str(gpu)
+            why = f"no measured run of this case on {where} to calibrate it from"
+        scratch, how = (None, why) if source is None else _scratch(m, source, run)
+        if scratch is None or source is None:
+            out.append(dataclasses.replace(m, notes=(*m.notes, f"{EXCLUDED}: {how}")))
+            continue
+        note = (
+            f"+{format_size(scratch)} kernel scratch, from run {source['run_id'][:12]} "
+            f"({(source['git_commit'] or 'no commit')[:7]}): {how}"
+        )
+        calibrated = dataclasses.replace(
+            m,
+            peak_allocated_bytes=m.peak_allocated_bytes + scratch,
+            allocated_samples=tuple(x + scratch for x in m.allocated_samples),
+            scratch_bytes=scratch,
+            scratch_run_id=source["run_id"],
+            notes=(*m.notes, note),
+        )
+        out.append(with_breakdown(calibrated))
+    return dataclasses.replace(run, measurements=tuple(out))
+
+
+def _scratch(m: Measurement, source: dict[str, Any], run: RunRecord) -> tuple[int | None, str]:
+    """The scratch to add to estimate `m` from measured figure `source`, and how it was
+    found (or why there is none)."""
+    peak, tensors = source["peak_allocated_bytes"], m.peak_allocated_bytes or 0
+    same_code = (
+        source["git_commit"] is not None
+        and source["git_commit"] == run.git.commit
+        and not source["git_dirty"]
+        and not run.git.dirty
+    )
+    if same_code:
+        seen, how = (
+            peak - tensors,
+            (
+                f"its measured peak {format_size(peak)} less these fake tensors' "
+                f"{format_size(tensors)}, of the same commit"
+            ),
+        )
+    elif source["unattributed_bytes"] is not None:
+        seen = source["unattributed_bytes"]
+        how = (
+            f"what its measured peak {format_size(peak)} held beyond the tensors it tracked, "
+            "of other code"
+        )
+    else:
+        return None, (
+            f"the latest measured run {source['run_id'][:12]} is of other code and has no "
+            "breakdown to tell its scratch from its tensors"
+        )
+    if seen < 0:
+        return 0, f"{how}: it measured {format_size(-seen)} less, so nothing is added"
+    return seen, how
+
+
+__all__ = [
+    "EXCLUDED",
+    "calibrate",
+    "check_device",
+    "check_dtype",
+    "estimate_case",
+    "estimate_cases",
+    "with_dtype",
+]

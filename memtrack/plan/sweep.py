@@ -216,9 +216,10 @@ def make_plan(
     metric, metric_note = choose_metric(ok)
     if ok and all(m.kind == "estimate" for m in ok):
         metric_note = (
-            f"the estimated tensor peak (fake tensors, for {ok[0].device}): no "
-            "allocator rounding or cache, workspace or CUDA context, so a GPU needs "
-            "more than this"
+            f"the estimated tensor peak (fake tensors, for {ok[0].device}): no kernel "
+            "scratch (never calibrated here: a measured run calibrates only its own "
+            "params), allocator rounding or cache, workspace or CUDA context, so a GPU "
+            "needs more than this"
         )
     points = sorted((m.params[param], int(metrics.value(m, metric) or 0)) for m in ok)
     room = judge_headroom(store, run, config, metric, ok) if store is not None else None

@@ -414,6 +414,14 @@ class Measurement:
     """The largest total of tagged cache storages alive at once during a measured
     iteration, read at every tag (the request's largest cache, what planning at the
     longest request needs); `caches_bytes` is the part alive at the peak."""
+    scratch_bytes: int | None = None
+    """Estimates only: the kernel scratch added to the fake tensors' peak (oneDNN's buffers
+    on the CPU, cuBLAS/cuDNN workspaces on a GPU), which no fake tensor holds, taken from the
+    latest measured run of the same case on the same kind of device (`scratch_run_id`).
+    `peak_allocated_bytes` includes it: less it, the estimate is the tensors' alone. None
+    where no measured run calibrated the estimate (it excludes scratch; a note says so)."""
+    scratch_run_id: str | None = None
+    """Estimates only: the measured run `scratch_bytes` was taken from."""
 
 
 def case_id(workload: str, params: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from memtrack.records.model import (
     QUALITY_STATUSES,
     SCHEMA_VERSION,
     STATUSES,
+    Measurement,
     RunRecord,
     case_id,
     to_dict,
@@ -85,7 +86,7 @@ def _rules(name: str) -> dict[str, Any]:
         return {"format": "date-time"}
     if name in _COMMIT_FIELDS:
         return {"pattern": COMMIT_PATTERN}
-    if name == "run_id":
+    if name in ("run_id", "scratch_run_id"):
         return {"pattern": RUN_ID_PATTERN}
     if name == "status":
         return {"enum": list(STATUSES)}
@@ -278,6 +279,9 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
         if m.case_id in seen:
             raise RecordError(f"{where}: case {m.case_id!r} is measured twice in one run")
         seen.add(m.case_id)
+        scratch_problem = _scratch_problem(m)
+        if scratch_problem:
+            raise RecordError(f"{where}: measurements[{i}].{scratch_problem}")
         numbers = [r.rank for r in m.ranks]
         if numbers != list(range(len(numbers))):
             raise RecordError(
@@ -285,6 +289,23 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
                 f"0..{len(numbers) - 1} in order, each once"
             )
     return run
+
+
+def _scratch_problem(m: Measurement) -> str | None:
+    """What is wrong with a measurement's kernel scratch, if anything: only an estimate is
+    calibrated, by a named run, and the scratch is part of its peak."""
+    if m.scratch_bytes is None and m.scratch_run_id is None:
+        return None
+    if m.kind != "estimate":
+        return f"scratch_bytes: {m.scratch_bytes!r} on a {m.kind} figure (only estimates have one)"
+    if m.scratch_bytes is None or m.scratch_run_id is None:
+        return "scratch_run_id: scratch_bytes and scratch_run_id go together"
+    if m.peak_allocated_bytes is None or m.scratch_bytes > m.peak_allocated_bytes:
+        return (
+            f"scratch_bytes: {m.scratch_bytes} exceeds the estimate's peak "
+            f"{m.peak_allocated_bytes!r}, which includes it"
+        )
+    return None
 
 
 def check_run(run: RunRecord) -> None:

@@ -65,21 +65,32 @@ def estimate_table(run: RunRecord) -> Table:
     parts = ("weights", "caches", "gradients", "optimizer state", "intermediates")
     t.add_column("case")
     t.add_column("status")
-    for col in ("estimated peak", *parts):
+    for col in ("estimated peak", "kernel scratch", *parts):
         t.add_column(col, justify="right")
     labels = short_case_labels(m.case_id for m in run.measurements)
     for m in run.measurements:
-        sizes = (m.peak_allocated_bytes, *(getattr(m, metrics.COMPONENTS[p]) for p in parts))
-        t.add_row(_t(labels[m.case_id]), _status(m), *map(format_size, sizes))
+        sizes = map(format_size, (getattr(m, metrics.COMPONENTS[p]) for p in parts))
+        scratch = "excluded" if m.scratch_bytes is None else format_size(m.scratch_bytes)
+        t.add_row(
+            _t(labels[m.case_id]),
+            _status(m),
+            format_size(m.peak_allocated_bytes),
+            "-" if m.peak_allocated_bytes is None else scratch,
+            *sizes,
+        )
     return t
 
 
 def estimate_view(run: RunRecord) -> list[Any]:
-    """The estimate table, then one line per case that could not be estimated, saying why."""
+    """The estimate table, then one line per case: what its figure holds (the kernel
+    scratch and the measured run it came from, or that it excludes scratch), or why it
+    could not be estimated."""
     from rich.text import Text
 
     out: list[Any] = [estimate_table(run)]
     for m in run.measurements:
+        if m.status == "ok" and m.peak_allocated_bytes is not None:
+            out.append(Text(terminal_text(f"scratch · {m.case_id} · {scratch_words(m)}")))
         if m.status != "ok":
             out.append(
                 Text(
@@ -150,16 +161,24 @@ def cudnn_version(value: str | None) -> str | None:
     return f"{major}.{rest // 100}.{rest % 100}"
 
 
-def run_detail(run: RunRecord, estimates: dict[str, dict[str, Any]] | None = None) -> list[Any]:
+def run_detail(
+    run: RunRecord,
+    estimates: dict[str, dict[str, Any]] | None = None,
+    measured: dict[str, dict[str, Any]] | None = None,
+) -> list[Any]:
     """The run's context, then one block per case. `estimates` (case id -> the store's
-    `latest_estimates` row) puts each measured case's estimate beside its framework peak."""
+    `latest_estimates` row) puts each measured case's estimate beside its framework peak;
+    `measured` (case id -> the store's `latest_measured` row) each estimated case's
+    measured figure beside the estimate."""
     estimates = estimates or {}
+    measured = measured or {}
     blocks: list[Any] = [
         _context(run),
         estimate_table(run) if is_estimate_run(run) else run_table(run),
     ]
     for m in run.measurements:
-        blocks.append(_case_detail(m, estimates.get(m.case_id)))
+        other = (measured if m.kind == "estimate" else estimates).get(m.case_id)
+        blocks.append(_case_detail(m, other, run.run_id))
         if m.ranks:
             blocks.append(rank_table(m))
     return blocks
@@ -194,9 +213,10 @@ def _context(run: RunRecord) -> Table:
     return head
 
 
-def _case_detail(m: Measurement, estimate: dict[str, Any] | None) -> Table:
-    """One case: its params, counts, message, estimate, breakdown, host, loading, timing
-    pass, device view, quality and notes."""
+def _case_detail(m: Measurement, other: dict[str, Any] | None, run_id: str) -> Table:
+    """One case: its params, counts, message, estimate (or, of an estimate, the measured
+    figure `other`), breakdown, host, loading, timing pass, device view, quality and
+    notes."""
     title = m.case_id + (" (estimate, not measured)" if m.kind == "estimate" else "")
     t = Table(title=_t(title), title_justify="left", show_header=False)
     t.add_column(style="bold")
@@ -211,11 +231,13 @@ def _case_detail(m: Measurement, estimate: dict[str, Any] | None) -> Table:
             _t(
                 f"{format_size(m.peak_allocated_bytes)} for "
                 f"{m.device}, {m.dtype} "
-                f"({m.framework or 'fake tensors'})"
+                f"({m.framework or 'fake tensors'}): {scratch_words(m)}"
             ),
         )
-    elif estimate is not None:
-        t.add_row("estimate", _estimate_line(m, estimate))
+        if other is not None:
+            t.add_row("measured", _t(_measured_line(m, other)))
+    elif other is not None:
+        t.add_row("estimate", _t(_estimate_line(m, other, run_id)))
     # On a GPU the gap is the device's beyond the allocator (context, libraries); on
     # the CPU it is the process's RSS beyond live tensors: the interpreter and the
     # libraries, not a workspace of the model's.
@@ -257,16 +279,56 @@ def _case_detail(m: Measurement, estimate: dict[str, Any] | None) -> Table:
     return t
 
 
-def _estimate_line(m: Measurement, est: dict[str, Any]) -> str:
-    """A measured case's estimate (the store's `latest_estimates` row) beside its peak."""
-    r = est["peak_allocated_bytes"] / m.peak_allocated_bytes if m.peak_allocated_bytes else None
-    ratio = f", estimate / measured {r:.3f}" if r is not None else ""
-    commit = (est["git_commit"] or "no commit")[:12]
+def scratch_words(m: Measurement) -> str:
+    """What an estimate's figure holds: its tensors, and the kernel scratch added from a
+    measured run, or that it excludes scratch."""
+    if m.peak_allocated_bytes is None:
+        return "no figure"
+    if m.scratch_bytes is None:
+        return "tensors only, excludes kernel scratch (no measured run to calibrate it)"
     return (
-        f"{format_size(est['peak_allocated_bytes'])} (estimate run "
-        f"{est['run_id'][:12]} of {commit}); measured framework peak "
-        f"{format_size(m.peak_allocated_bytes)}{ratio}"
+        f"{format_size(m.peak_allocated_bytes - m.scratch_bytes)} of tensors + "
+        f"{format_size(m.scratch_bytes)} kernel scratch from measured run "
+        f"{(m.scratch_run_id or 'unknown')[:12]}"
     )
+
+
+def _measured_line(m: Measurement, found: dict[str, Any]) -> str:
+    """An estimate's drift: the latest measured figure of its case (the store's
+    `latest_measured` row) and the estimate's ratio to it, and the fake tensors' alone."""
+    peak, measured = m.peak_allocated_bytes, found["peak_allocated_bytes"]
+    commit = (found["git_commit"] or "no commit")[:12]
+    line = f"{format_size(measured)} (run {found['run_id'][:12]} of {commit})"
+    if peak is not None and measured:
+        line += f"; estimate / measured {peak / measured:.3f}"
+        if m.scratch_bytes is not None:
+            line += f" (tensors alone {(peak - m.scratch_bytes) / measured:.3f})"
+    return line
+
+
+def _estimate_line(m: Measurement, est: dict[str, Any], run_id: str) -> str:
+    """A measured case's estimate (the store's `latest_estimates` row) beside its peak: how
+    far it is from the measured figure (its drift), and the tensors' alone where it was
+    calibrated; calibrated from this very run, it matches by construction, and says so."""
+    peak, measured = est["peak_allocated_bytes"], m.peak_allocated_bytes
+    scratch = est.get("scratch_bytes")
+    commit = (est["git_commit"] or "no commit")[:12]
+    line = f"{format_size(peak)} (estimate run {est['run_id'][:12]} of {commit}"
+    if scratch is None:
+        line += ", tensors only: excludes kernel scratch)"
+    else:
+        line += (
+            f", {format_size(peak - scratch)} of tensors + {format_size(scratch)} kernel "
+            f"scratch from run {str(est.get('scratch_run_id') or 'unknown')[:12]})"
+        )
+    line += f"; measured framework peak {format_size(measured)}"
+    if measured:
+        line += f", estimate / measured {peak / measured:.3f}"
+        if scratch is not None:
+            line += f" (tensors alone {(peak - scratch) / measured:.3f})"
+            if est.get("scratch_run_id") == run_id:
+                line += ", calibrated from this run"
+    return line
 
 
 def host_line(m: Measurement) -> str:

@@ -939,8 +939,10 @@ class Store:
         self, case_ids: Iterable[str], commit: str | None = None
     ) -> dict[str, dict[str, Any]]:
         """Per case id, its estimate (`memtrack estimate`) of `commit` if there is one, else
-        its newest: run_id, git_commit, started_at, peak_allocated_bytes. Cases never
-        estimated (successfully) are left out."""
+        its newest: run_id, git_commit, started_at, peak_allocated_bytes, and the kernel
+        scratch included in it and the measured run it came from (scratch_bytes,
+        scratch_run_id: None where the estimate excludes scratch). Cases never estimated
+        (successfully) are left out."""
         conn, case_ids = self.conn, list(case_ids)
         ok = "kind = 'estimate' and status = 'ok' and peak_allocated_bytes is not null"
         wanted = {
@@ -969,11 +971,15 @@ class Store:
         for _, tied in itertools.groupby(runs, key=rank):
             found: dict[str, tuple[int, dict[str, Any]]] = {}
             for run_id, git_commit, started_at in tied:
-                for case, peak, mid in conn.execute(
-                    "select case_id, peak_allocated_bytes, id from measurements "
-                    f"where run_id = ? and {ok}",
+                for case, peak, mid, scratch, scratch_run in conn.execute(
+                    "select case_id, peak_allocated_bytes, id, scratch_bytes, scratch_run_id "
+                    f"from measurements where run_id = ? and {ok}",
                     [run_id],
                 ):
+                    if scratch is not None and not (
+                        type(scratch) is int and type(peak) is int and 0 <= scratch <= peak
+                    ):
+                        raise damaged(self.path, f"run {run_id}: {case}: scratch_bytes {scratch!r}")
                     # of runs started at one time, the one written last
                     if case in wanted and case not in out and mid > found.get(case, (0,))[0]:
                         found[case] = (
@@ -983,12 +989,59 @@ class Store:
                                 "git_commit": git_commit,
                                 "started_at": started_at,
                                 "peak_allocated_bytes": peak,
+                                "scratch_bytes": scratch,
+                                "scratch_run_id": scratch_run,
                             },
                         )
             out.update((case, row) for case, (_, row) in found.items())
             if len(out) == len(wanted):
                 break
         return {case: out[case] for case in case_ids if case in out}
+
+    def latest_measured(
+        self, case_id: str, device: str, gpu: str | None = None
+    ) -> dict[str, Any] | None:
+        """The newest measured figure (status ok) of `case_id` on `device` ('cpu', or 'cuda'
+        on a GPU named `gpu`, as its devices or else its run's environment name it): run_id,
+        git_commit, git_dirty, started_at, peak_allocated_bytes, unattributed_bytes. None
+        where there is none."""
+        rows = self.conn.execute(
+            "select m.id, m.run_id, r.git_commit, r.git_dirty, r.started_at, "
+            "m.peak_allocated_bytes, m.unattributed_bytes, e.gpus from measurements m "
+            "join runs r on r.run_id = m.run_id left join environments e on e.env_id = r.env_id "
+            "where m.case_id = ? and m.kind = 'measured' and m.status = 'ok' and m.device = ? "
+            "and m.peak_allocated_bytes is not null order by r.started_at desc, m.id desc",
+            [case_id, device],
+        )
+        for row in rows:
+            if device == "cuda" and gpu not in self._gpu_names(row["id"], row["gpus"]):
+                continue
+            out = {k: row[k] for k in row.keys() if k not in ("id", "gpus")}
+            for key in ("peak_allocated_bytes", "unattributed_bytes"):
+                value = out[key]
+                if value is not None and (type(value) is not int or value < 0):
+                    raise damaged(self.path, f"run {out['run_id']}: {key} {value!r}")
+            return out
+        return None
+
+    def _gpu_names(self, measurement_id: int, gpus: Any) -> set[str]:
+        """The names of the GPUs a measurement ran on: its devices', else its environment's."""
+        names = {
+            r[0]
+            for r in self.conn.execute(
+                "select name from device_measurements where measurement_id = ?", [measurement_id]
+            )
+            if isinstance(r[0], str)
+        }
+        if names:
+            return names
+        try:
+            listed = json.loads(gpus) if isinstance(gpus, str) else []
+        except ValueError:
+            return set()
+        if not isinstance(listed, list):
+            return set()
+        return {g["name"] for g in listed if isinstance(g, dict) and isinstance(g.get("name"), str)}
 
     def case_params(self, case_ids: Iterable[str]) -> dict[str, tuple[str, dict[str, Any]]]:
         """Each measured case's workload and params, as its newest row holds them; a case

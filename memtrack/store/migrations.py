@@ -300,6 +300,13 @@ def m016_sites(db: sqlite_utils.Database) -> None:
     db.execute("alter table measurements add column sites text")
 
 
+def m017_estimate_scratch(db: sqlite_utils.Database) -> None:
+    """An estimate's kernel scratch, added from a measured run of its case (and which run):
+    its peak less the scratch is the fake tensors' figure alone."""
+    db.execute("alter table measurements add column scratch_bytes integer")
+    db.execute("alter table measurements add column scratch_run_id text")
+
+
 STEPS = (
     m001_initial,
     m002_verdicts,
@@ -317,6 +324,7 @@ STEPS = (
     m014_allocator_figures,
     m015_inputs_and_largest_cache,
     m016_sites,
+    m017_estimate_scratch,
 )
 
 
