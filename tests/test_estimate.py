@@ -524,7 +524,12 @@ def test_concurrent_sessions_overlap_in_the_estimate_instead_of_adding_up(tmp_pa
     summed = three.persistent_bytes + 3 * step
     assert one.peak_allocated_bytes < three.peak_allocated_bytes < summed
     assert three.caches_bytes == 3 * one.caches_bytes  # every session's cache is held
-    parts = (three.weights_bytes, three.caches_bytes, three.intermediates_bytes)
+    parts = (
+        three.weights_bytes,
+        three.inputs_bytes,  # the prompts, made in setup: shared
+        three.caches_bytes,
+        three.intermediates_bytes,
+    )
     assert sum(parts) + (three.unattributed_bytes or 0) == three.peak_allocated_bytes
     assert any(n.startswith("concurrency 3: the sessions modelled in step") for n in three.notes)
 
