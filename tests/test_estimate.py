@@ -176,15 +176,17 @@ def test_a_data_dependent_op_is_an_error_naming_it_and_the_rest_still_estimate(s
     ):
         line = WORKLOADS.splitlines().index(f"    {code}") + 1
         assert m.message.endswith(f" at workloads.py:{line}: {code}"), m.message
-    # the shipped cases, less the checkpoint
-    assert sum(m.status == "ok" for m in estimate.measurements) == 7
+    # every shipped case
+    assert sum(m.status == "ok" for m in estimate.measurements) == 8
     assert "cannot be faked: aten.nonzero.default" in output
-    # The shipped loading example writes a real checkpoint: fake tensors have no bytes.
+    # The shipped loading example writes its checkpoint in setup and loads it: under fake
+    # tensors the checkpoint keeps their shapes, and the load makes new ones, as measured.
+    # (scripts/bench_estimate.py holds it to the measured figure)
     checkpoint = _case(estimate, "load_checkpoint")
-    assert checkpoint.status == "error"
-    assert checkpoint.message.startswith(
-        "cannot be faked: the workload saves or loads a checkpoint (torch.save / torch.load)"
-    ), checkpoint.message
+    assert checkpoint.status == "ok", checkpoint.message
+    weights = 12 * (1024 * 1024 + 1024) * 4  # the loaded model alone: the saved one is gone
+    assert checkpoint.weights_bytes == weights
+    assert weights < checkpoint.peak_allocated_bytes < weights + 2**20
 
 
 def test_show_labels_an_estimate_run_and_puts_the_estimate_beside_a_measured_run(suite):
