@@ -7,6 +7,7 @@ process reads what it reads in a process of its own."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +101,9 @@ def test_a_budget_passes_and_one_over_fails_with_every_view_in_its_message(pytes
     for view in ("allocated", "reserved", "device", "host"):
         assert f"\n  {view} " in out, view
     assert "host peak RSS above the test's start" in out
+    # where the peak's memory was allocated: the line of the test's own code, by module too
+    assert re.search(r"6\.00 MiB  test_budget\.py:<listcomp>:10\n", out), out
+    assert re.search(r"by module:\n +6\.00 MiB  \(outside any module\)\n", out), out
     assert "FAILED test_budget.py::test_over" in out
     assert "test_within" not in out.split("short test summary")[-1]
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memtrack.errors import ConfigError
+from memtrack.probes.sites import PeakSites
 from memtrack.probes.span import SpanFigures
 from memtrack.units import format_size, parse_size
 
@@ -114,6 +115,18 @@ def views_lines(figures: SpanFigures) -> list[str]:
     return lines
 
 
+def sites_lines(sites: PeakSites) -> list[str]:
+    """The sites of a peak, by module and by source line, each biggest first."""
+    lines = [
+        f"top sites at the peak ({format_size(sites.peak_bytes)} alive, in a second run of "
+        "the test's body with sites on):"
+    ]
+    for title, group in (("by module", sites.by_module), ("by source", sites.by_source)):
+        lines.append(f"  {title}:")
+        lines += [f"    {format_size(s.nbytes):>12}  {s.label}" for s in group]
+    return lines
+
+
 __all__ = [
     "CUDA_ONLY",
     "MARK",
@@ -123,5 +136,6 @@ __all__ = [
     "MemoryBudget",
     "judge",
     "read_mark",
+    "sites_lines",
     "views_lines",
 ]

@@ -23,6 +23,8 @@ from memtrack.plugin import budget as budgets
 from memtrack.plugin.record import FIGURES
 from memtrack.probes.span import SpanFigures, SpanProbe
 
+SITES = 5
+"""Sites shown per grouping in a failing budget's message (and one line for the rest)."""
 _budget_key = pytest.StashKey[budgets.MemoryBudget | None]()
 _figures_key = pytest.StashKey[SpanFigures]()
 _over_key = pytest.StashKey[str]()
@@ -152,7 +154,24 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 
 
 def _failure_message(item: pytest.Item, verdict: budgets.BudgetVerdict) -> str:
-    return "\n".join([verdict.headline(), *budgets.views_lines(verdict.figures)])
+    lines = [verdict.headline(), *budgets.views_lines(verdict.figures)]
+    if verdict.value is not None and verdict.figures.device == "cpu":
+        lines += _sites(item)
+    return "\n".join(lines)
+
+
+def _sites(item: pytest.Item) -> list[str]:
+    """The sites of the peak, from the test's body run once more with them recorded: the
+    profiler's Python stacks slow a test several times over, so only a test over its
+    budget pays for them."""
+    from memtrack.probes.sites import record_sites
+
+    try:
+        with record_sites(top=SITES) as recording:
+            item.runtest()
+    except Exception as exc:  # the test's own failure, the second time: no sites, said so
+        return [f"no sites: the test's body failed when run again to find them ({exc!r:.200})"]
+    return budgets.sites_lines(recording.sites)
 
 
 @pytest.hookimpl(wrapper=True)
