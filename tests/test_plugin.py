@@ -284,3 +284,41 @@ def test_no_repository_is_an_error_before_any_test_runs(pytester):
     assert "memtrack:" in result.stderr.str() + result.stdout.str()
     assert "not inside a git repository with a commit" in result.stderr.str() + result.stdout.str()
     assert "ran" not in result.stdout.str()
+
+
+def test_the_plugin_is_pytests_entry_point_and_imports_no_torch():
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    points = tomllib.loads((root / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert points["pytest11"] == {"memtrack": "memtrack.plugin.hooks"}
+    code = (
+        "import sys, memtrack.plugin.hooks as h; "
+        "print(h.pytest_addoption.__name__, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["pytest_addoption", "False"]
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_budget_reads_each_allocator_view_and_the_device_view(pytester):
+    pytester.makepyfile(
+        test_cuda="""
+        import pytest, torch
+
+        @pytest.mark.memory_budget("32 MiB", device="cuda")
+        def test_over():
+            keep = torch.ones(16 * 2**20, device="cuda")  # 64 MiB
+            torch.cuda.synchronize()
+        """
+    )
+    result = _pytest(pytester, "-q")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "memory budget exceeded: allocated 64.00 MiB > 32.00 MiB" in out
+    reserved = re.search(r"\n  reserved +([0-9.]+) MiB", out)
+    assert reserved is not None and float(reserved.group(1)) >= 64, out
+    assert re.search(r"\n  device +[0-9.]+ [MG]iB", out), out  # NVML's figure, where it reads
