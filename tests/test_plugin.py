@@ -270,8 +270,12 @@ def test_a_test_reads_the_same_in_pytests_process_as_in_its_own(pytester, projec
     assert set(shared) == set(forked)
     for case in ("test_figures.py::test_blocks", "test_figures.py::test_temporaries"):
         assert shared[case].peak_allocated_bytes == forked[case].peak_allocated_bytes
-        host = [metrics.value(m, "host_step") for m in (shared[case], forked[case])]
-        assert abs(host[0] - host[1]) <= metrics.FLOORS["host_step"], (case, host)
+    # host: the pages the test touched. Where it frees and allocates again, whether the C heap
+    # reuses the freed memory follows what earlier tests left in it (process-wide, as the
+    # docs say); what a test keeps reads the same either way.
+    case = "test_figures.py::test_blocks"
+    host = [metrics.value(m, "host_step") for m in (shared[case], forked[case])]
+    assert abs(host[0] - host[1]) <= metrics.FLOORS["host_step"], host
     assert shared["test_figures.py::test_blocks"].peak_allocated_bytes == 16 * MiB
     assert "forked" in forked["test_figures.py::test_blocks"].notes[0]
 

@@ -275,7 +275,7 @@ def probe(timeout_s: float = 120.0, env: Mapping[str, str] | None = None) -> Env
     """Collect the environment in a child process; `env`: the environment the workers run
     in (its allowlisted variables are what is recorded), by default this process's."""
     out = subprocess.run(
-        _probe_command(),
+        [sys.executable, "-m", "memtrack.machine.environment", str(os.getpid())],
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -283,35 +283,6 @@ def probe(timeout_s: float = 120.0, env: Mapping[str, str] | None = None) -> Env
         env=None if env is None else dict(env),
     )
     return from_dict(json.loads(out.stdout))
-
-
-def _probe_command() -> list[str]:
-    return [sys.executable, "-m", "memtrack.machine.environment", str(os.getpid())]
-
-
-def start_probe() -> subprocess.Popen[str]:
-    """`probe` started, not awaited: a caller with other work (a test session) reads it with
-    `finish_probe` when it needs it."""
-    return subprocess.Popen(
-        _probe_command(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-
-
-def finish_probe(proc: subprocess.Popen[str], timeout_s: float = 120.0) -> Environment:
-    """A started probe's environment; CalledProcessError or TimeoutExpired as `probe`."""
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise
-    if proc.returncode != 0:
-        raise subprocess.CalledProcessError(proc.returncode, proc.args, out, err)
-    return from_dict(json.loads(out))
 
 
 if __name__ == "__main__":

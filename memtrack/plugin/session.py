@@ -1,19 +1,17 @@
-"""`--memtrack` in the controlling process: the config and database resolved, the git facts and
-the environment taken, at the session's start (a problem ends the session before any test
-runs, exit status 2); the measured tests' reports gathered; one run recorded at the end,
-through the store's `record_run`, as `memtrack run` records one."""
+"""`--memtrack` in the controlling process: the config and database resolved and the git facts
+taken at the session's start (a problem ends the session before any test runs, exit status
+2); the measured tests' reports gathered; the environment taken and one run recorded at the
+end, through the store's `record_run`, as `memtrack run` records one."""
 
 from __future__ import annotations
 
-import subprocess
+import json
 from typing import Any
 
 import pytest
 
 from memtrack.errors import MemtrackError, StoreError
 from memtrack.plugin.record import FIGURES, make_run, outcome_of
-
-ENV_TIMEOUT_S = 120.0
 
 
 class Recorder:
@@ -25,14 +23,13 @@ class Recorder:
         self.ready = False
         self.lines: list[str] = []
         self.failed = False
-        self.env_probe: subprocess.Popen[str] | None = None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         from pathlib import Path
 
         from memtrack.commands.options import resolve
-        from memtrack.machine import environment, provenance
+        from memtrack.machine import provenance
         from memtrack.measure.suite import now
         from memtrack.store.database import Store
 
@@ -52,7 +49,6 @@ class Recorder:
         except MemtrackError as exc:
             pytest.exit(f"memtrack: {exc}", returncode=2)
         self.started_at = now()
-        self.env_probe = environment.start_probe()  # imports torch meanwhile, elsewhere
         self.ready = True
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -66,7 +62,7 @@ class Recorder:
         self.ready = False
         try:
             self._record()
-        except (MemtrackError, subprocess.SubprocessError, OSError, ValueError) as exc:
+        except (MemtrackError, OSError) as exc:
             self.lines.append(f"memtrack: no run recorded: {exc}")
             self.failed = True
         if self.failed:
@@ -79,8 +75,11 @@ class Recorder:
         from memtrack.store.save import record_run
 
         outcomes = [o for n, rs in self.reports.items() if (o := outcome_of(n, rs)) is not None]
-        assert self.env_probe is not None
-        env = environment.finish_probe(self.env_probe, ENV_TIMEOUT_S)
+        # Here, at the end: pytest's process ran the tests (torch imported, CUDA started
+        # where they used it), and a probe beside them would take their CPUs.
+        # as plain JSON data, as a probe's process hands it over (torch's version is a str
+        # subclass, which a record refuses)
+        env = environment.from_dict(json.loads(json.dumps(environment.collect())))
         if not outcomes:
             self.lines.append("memtrack: no test was measured: no run recorded")
             return
@@ -108,11 +107,6 @@ class Recorder:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         for line in self.lines:
             terminalreporter.write_line(line)
-
-    def pytest_unconfigure(self, config: pytest.Config) -> None:
-        if self.env_probe is not None and self.env_probe.poll() is None:
-            self.env_probe.kill()
-            self.env_probe.communicate()
 
 
 __all__ = ["Recorder"]

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from memtrack.probes.span import profiler
+
 NO_MODULE = "(outside any module)"
 NO_SOURCE = "(no frame of your code)"
 NOT_YOURS = frozenset({"torch", "memtrack", "_pytest", "pytest", "pluggy", "xdist", "execnet"})
@@ -62,7 +64,6 @@ def record_sites(top: int = 5) -> Iterator[Recording]:
     """Profile the block in this thread and find the sites of its peak (top `top` per
     grouping, and one remainder)."""
     from torch.nn.modules.module import register_module_forward_pre_hook
-    from torch.profiler import ProfilerActivity, profile
 
     recording = Recording(top)
     modules: dict[int, Any] = {}
@@ -71,13 +72,13 @@ def record_sites(top: int = 5) -> Iterator[Recording]:
         modules[id(module)] = module
 
     hook = register_module_forward_pre_hook(seen)
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=True)
+    prof = profiler(profile_memory=True, with_stack=True)
     try:
         with prof:
             yield recording
     finally:
         hook.remove()
-        roots = prof.profiler.kineto_results.experimental_event_tree()  # type: ignore[union-attr]
+        roots = prof.kineto_results.experimental_event_tree()
         recording.sites = sites_at_peak(roots, module_paths(modules.values()), top)
 
 

@@ -109,14 +109,21 @@ def prime_profiler() -> None:
     _primed_in = os.getpid()
 
 
+def profiler(**options: Any) -> Any:
+    """torch's CPU profiler (kineto), bare: `torch.profiler.profile` would import
+    torch._inductor on its first start (seconds, in every forked test's process) to read a
+    setting of CUDA graphs that a CPU profile never uses."""
+    from torch.autograd.profiler import profile
+
+    return profile(use_kineto=True, use_cpu=True, **options)
+
+
 @contextlib.contextmanager
 def cpu_allocator_events() -> Iterator[list[int]]:
     """The CPU allocator's allocations (+bytes) and frees (-bytes) made in this thread within
     the block, in order, from torch's profiler; the list is filled when the block ends."""
-    from torch.profiler import ProfilerActivity, profile
-
     recorded: list[int] = []
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    prof = profiler(profile_memory=True)
     try:
         with prof:
             yield recorded
@@ -127,7 +134,7 @@ def cpu_allocator_events() -> Iterator[list[int]]:
 def _read_events(prof: Any, recorded: list[int]) -> None:
     events = [
         e
-        for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+        for e in prof.kineto_results.events()
         if e.name() == "[memory]" and str(e.device_type()) == "DeviceType.CPU"
     ]
     events.sort(key=lambda e: e.start_ns())
@@ -284,4 +291,5 @@ __all__ = [
     "cpu_allocator_events",
     "highest_running_sum",
     "prime_profiler",
+    "profiler",
 ]
