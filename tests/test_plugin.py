@@ -307,6 +307,27 @@ def test_the_plugin_is_pytests_entry_point_and_imports_no_torch():
     assert out.stdout.split() == ["pytest_addoption", "False"]
 
 
+def test_made_up_figures_for_want_of_a_gpu_show_a_budget_on_cuda_n_reads_that_device():
+    from memtrack.plugin.budget import read_mark
+    from memtrack.probes.span import DeviceRise, SpanFigures
+
+    figures = SpanFigures(
+        "cuda",
+        allocated_bytes=64 * MiB,
+        reserved_bytes=80 * MiB,
+        devices=(DeviceRise(0, 64 * MiB, 80 * MiB, 900 * MiB), DeviceRise(1, MiB, 2 * MiB)),
+    )
+    assert read_mark(("1 GiB",), {"device": "cuda"}).figure(figures) == 64 * MiB
+    assert read_mark(("1 GiB",), {"device": "cuda:1"}).figure(figures) == MiB
+    assert read_mark(("1 GiB",), {"device": "cuda:1", "metric": "reserved"}).figure(figures) == (
+        2 * MiB
+    )
+    assert read_mark(("1 GiB",), {"device": "cuda:1", "metric": "device"}).figure(figures) is None
+    assert read_mark(("1 GiB",), {"device": "cuda:0", "metric": "device"}).figure(figures) == (
+        900 * MiB
+    )
+
+
 @pytest.mark.gpu
 def test_on_cuda_a_budget_reads_each_allocator_view_and_the_device_view(pytester):
     pytester.makepyfile(

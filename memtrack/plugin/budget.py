@@ -39,7 +39,15 @@ class MemoryBudget:
     """'cpu', 'cuda' or 'cuda:N'; None: the run's device (`--memtrack-device`)."""
 
     def figure(self, figures: SpanFigures) -> int | None:
+        """The figure held to the limit: of device N where the budget names `cuda:N`, else
+        the largest over the devices (host: the process's)."""
         value = getattr(figures, VIEWS[self.metric][0])
+        index = self.device.partition(":")[2] if self.device else ""
+        if index and self.metric != "host":
+            per_device = {"allocated": "allocated_bytes", "reserved": "reserved_bytes"}
+            attr = per_device.get(self.metric, "process_bytes")
+            found = [getattr(d, attr) for d in figures.devices if d.index == int(index)]
+            value = found[0] if found else None
         return None if value is None else int(value)
 
 
