@@ -160,6 +160,12 @@ def test_missing_module_exits_2_and_writes_nothing(tmp_path):
             "budgets[0].workload: 'decoder_genrate' names no known workload or case; nearest: "
             "decoder_generate",
         ),
+        (  # a budget on a test (a node id) is the pytest plugin's: run passes it over
+            '[[budgets]]\nworkload = "tests/test_model.py::test_work"\nlimit = "1 GiB"\n'
+            'reason = "r"\n\n'
+            '[[budgets]]\nworkload = "decoder_genrate"\nlimit = "1 GiB"\nreason = "r"\n',
+            "budgets[1].workload: 'decoder_genrate' names no known workload or case",
+        ),
         (
             "[workloads.train_stp]\nrepeats = 2\n",
             "workloads.train_stp: no such workload (nearest: train_step)",

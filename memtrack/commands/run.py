@@ -81,8 +81,10 @@ def run(
         start = RunStart(config, server)
         workloads = start.workloads()
         # A budget naming no workload or case guards nothing: refused before anything runs.
+        # A budget on a test (a node id, 'file.py::test') is the pytest plugin's to record.
+        tests = {b.workload for b in config.budgets if "::" in b.workload}
         check_budget_targets(
-            config, {x for w in workloads for c in w.cases() for x in (w.name, c.case_id)}
+            config, {x for w in workloads for c in w.cases() for x in (w.name, c.case_id)} | tests
         )
         cases = select_cases(workloads, patterns, shard_t)
         if not cases:

@@ -77,9 +77,11 @@ class SiteMode(TorchDispatchMode):
 
     def enter_module(self, module: Any, _inputs: Any) -> None:
         name = self.names.get(id(module))
-        if name is None:
-            outer = self.stack()[-1] if self.stack() else ""
-            name = f"{outer}.{type(module).__name__}" if outer else type(module).__name__
+        if name is None and not self.stack():  # a model no mark named: its paths from here
+            self.names.update(module_names((module,)))
+            name = self.names[id(module)]
+        elif name is None:
+            name = f"{self.stack()[-1]}.{type(module).__name__}"
         self.stack().append(name)
 
     def leave_module(self, _module: Any, _inputs: Any, _outputs: Any) -> None:
@@ -175,12 +177,14 @@ def module_names(objects: tuple[Any, ...]) -> dict[int, str]:
     return names
 
 
-def _attribute_setup(mode: SiteMode, objects: tuple[Any, ...]) -> None:
+def _attribute_setup(mode: SiteMode, objects: tuple[Any, ...], *, counted: bool = True) -> None:
     """What is alive when the pass starts: parameters and buffers to their modules,
-    optimizer state apart, every other live tensor on the device as held from setup."""
+    optimizer state apart, every other live tensor on the device as held from setup. Not
+    `counted`, it is only known, so that a view of it (a weight's transpose) is not taken
+    for a new allocation."""
     import gc
 
-    counted: set[int] = set()
+    known: set[int] = set()
 
     def count(t: torch.Tensor, module: str) -> None:
         try:
@@ -188,11 +192,12 @@ def _attribute_setup(mode: SiteMode, objects: tuple[Any, ...]) -> None:
         except (RuntimeError, NotImplementedError):
             return
         key = storage.data_ptr() or id(storage)
-        if t.device != mode.device or key in counted or storage.nbytes() == 0:
+        if t.device != mode.device or key in known or storage.nbytes() == 0:
             return
-        counted.add(key)
+        known.add(key)
         mode._seen[storage] = True
-        mode.add(storage, storage.nbytes(), module, SETUP, None)
+        if counted:
+            mode.add(storage, storage.nbytes(), module, SETUP, None)
 
     for obj in objects:
         if isinstance(obj, torch.nn.Module):
@@ -214,18 +219,19 @@ def _attribute_setup(mode: SiteMode, objects: tuple[Any, ...]) -> None:
 
 @contextlib.contextmanager
 def recording(
-    device: torch.device, objects: tuple[Any, ...], root: Path | None
+    device: torch.device, objects: tuple[Any, ...], root: Path | None, *, setup: bool = True
 ) -> Iterator[SiteMode]:
     """The sites of what one iteration inside the block allocates on `device`, with what was
-    alive at its start. A concurrent case's session threads enter `mode` themselves (a
-    dispatch mode is per thread)."""
+    alive at its start (without `setup`: only what the block allocates, a span's rise). A
+    concurrent case's session threads enter `mode` themselves (a dispatch mode is per
+    thread)."""
     from torch.nn.modules.module import (
         register_module_forward_hook,
         register_module_forward_pre_hook,
     )
 
     mode = SiteMode(device, module_names(objects), root)
-    _attribute_setup(mode, objects)
+    _attribute_setup(mode, objects, counted=setup)
     pre = register_module_forward_pre_hook(mode.enter_module)
     post = register_module_forward_hook(mode.leave_module)
     try:
