@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 import torch
 
+from memtrack.probes.allocator import ThreadEvents, cpu_allocator_events, highest_running_sum
+
 
 class FrameworkProbe(Protocol):
     name: str
@@ -323,7 +325,7 @@ class MemTrackerProbe:
         self.tracked: list[Any] = []
         self.active = False
         self.primed = False
-        self._threads: _ThreadEvents | None = None
+        self._threads: ThreadEvents | None = None
         """The session threads' allocations while a concurrent iteration is recorded."""
 
     def mark(self, objects: tuple[Any, ...]) -> int:
@@ -398,13 +400,13 @@ class MemTrackerProbe:
         """The allocations and frees of this thread, and of the session threads where the
         case has several sessions, in time order, filled in when the block ends."""
         if self.sessions == 1:
-            return _allocator_events()
+            return cpu_allocator_events()
         return self._session_events()
 
     @contextlib.contextmanager
     def _session_events(self) -> Iterator[list[int]]:
         recorded: list[int] = []
-        self._threads = threads = _ThreadEvents()
+        self._threads = threads = ThreadEvents()
         try:
             with threads.record():  # this thread's: the frees of a collection, ...
                 yield recorded
@@ -453,7 +455,7 @@ class MemTrackerProbe:
         tracked = int(by_device.get("Total", 0))
         total = tracked
         if recorded is not None:
-            total = max(tracked, level + _highest_running_sum(recorded))
+            total = max(tracked, level + highest_running_sum(recorded))
         self.tracker_samples.append(tracked)
         self.samples.append(total)
         self.levels.append(level)
@@ -528,77 +530,6 @@ def _fake_check() -> Any:
     from torch._subclasses.fake_tensor import is_fake
 
     return is_fake
-
-
-class _ThreadEvents:
-    """The CPU allocator's allocations and frees in several threads, each recording its own
-    with torch's per-thread profiler (the legacy one: the current profiler is one per
-    process and reports memory only in the thread that started it). `in_order()` merges
-    them by time, each thread's in its own order."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.threads: list[list[tuple[float, int]]] = []
-
-    @contextlib.contextmanager
-    def record(self) -> Iterator[None]:
-        from torch._C._profiler import ProfilerConfig, ProfilerState, _ExperimentalConfig
-        from torch.autograd import _disable_profiler_legacy, _enable_profiler_legacy
-
-        config = ProfilerConfig(
-            ProfilerState.CPU, False, True, False, False, False, _ExperimentalConfig()
-        )
-        _enable_profiler_legacy(config)  # record_shapes, profile_memory, with_stack, ...
-        try:
-            yield
-        finally:
-            results = _disable_profiler_legacy()
-            own = [
-                (float(e.start_us()), int(e.cpu_memory_usage()))  # type: ignore[attr-defined]
-                for events in results
-                for e in events
-                if e.kind() == "memory_alloc" and e.cpu_memory_usage()
-            ]
-            with self.lock:
-                self.threads.append(own)
-
-    def in_order(self) -> list[int]:
-        merged = sorted(
-            (
-                (t, i, k, nbytes)
-                for i, own in enumerate(self.threads)
-                for k, (t, nbytes) in enumerate(own)
-            ),
-        )
-        return [nbytes for *_, nbytes in merged]
-
-
-@contextlib.contextmanager
-def _allocator_events() -> Iterator[list[int]]:
-    """The CPU allocator's allocations (+bytes) and frees (-bytes) in this thread, in order,
-    from torch's profiler (`profile_memory`): filled in when the block ends."""
-    from torch.profiler import ProfilerActivity, profile
-
-    recorded: list[int] = []
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with prof:
-        yield recorded
-    events = [
-        e
-        for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
-        if e.name() == "[memory]" and str(e.device_type()) == "DeviceType.CPU"
-    ]
-    events.sort(key=lambda e: e.start_ns())
-    recorded.extend(int(e.nbytes()) for e in events)  # type: ignore[union-attr]
-
-
-def _highest_running_sum(deltas: list[int]) -> int:
-    """The most the allocations and frees, in order, ever added to the starting level."""
-    running = highest = 0
-    for d in deltas:
-        running += d
-        highest = max(highest, running)
-    return highest
 
 
 def _optimizer_state_bytes(objects: list[Any]) -> int | None:

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from memtrack.probes.allocator import cpu_allocator_events, highest_running_sum
 from memtrack.probes.host import HostPeak, current_rss, file_backed_rss, release_free_heap
 
 NVML_INTERVAL_S = 0.01
@@ -80,15 +81,6 @@ class SpanFigures:
         return cls(**{**data, "devices": devices, "notes": tuple(data.get("notes", ()))})
 
 
-def highest_running_sum(deltas: list[int]) -> int:
-    """The most allocations and frees, in order, ever added to the starting level."""
-    running = highest = 0
-    for d in deltas:
-        running += d
-        highest = max(highest, running)
-    return highest
-
-
 _primed_in: int | None = None
 """The process (pid) whose profiler was started once already, outside any span."""
 
@@ -107,38 +99,6 @@ def prime_profiler() -> None:
         with cpu_allocator_events():
             torch.ones(1).add_(1)
     _primed_in = os.getpid()
-
-
-def profiler(**options: Any) -> Any:
-    """torch's CPU profiler (kineto), bare: `torch.profiler.profile` would import
-    torch._inductor on its first start (seconds, in every forked test's process) to read a
-    setting of CUDA graphs that a CPU profile never uses."""
-    from torch.autograd.profiler import profile
-
-    return profile(use_kineto=True, use_cpu=True, **options)
-
-
-@contextlib.contextmanager
-def cpu_allocator_events() -> Iterator[list[int]]:
-    """The CPU allocator's allocations (+bytes) and frees (-bytes) made in this thread within
-    the block, in order, from torch's profiler; the list is filled when the block ends."""
-    recorded: list[int] = []
-    prof = profiler(profile_memory=True)
-    try:
-        with prof:
-            yield recorded
-    finally:
-        _read_events(prof, recorded)
-
-
-def _read_events(prof: Any, recorded: list[int]) -> None:
-    events = [
-        e
-        for e in prof.kineto_results.events()
-        if e.name() == "[memory]" and str(e.device_type()) == "DeviceType.CPU"
-    ]
-    events.sort(key=lambda e: e.start_ns())
-    recorded.extend(int(e.nbytes()) for e in events)  # type: ignore[union-attr]
 
 
 class _NvmlThread:
@@ -288,8 +248,5 @@ __all__ = [
     "DeviceRise",
     "SpanFigures",
     "SpanProbe",
-    "cpu_allocator_events",
-    "highest_running_sum",
     "prime_profiler",
-    "profiler",
 ]

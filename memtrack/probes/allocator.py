@@ -1,0 +1,82 @@
+"""The CPU allocator's allocations and frees, as torch's profiler reports them (its memory
+events, `profile_memory`): what the CPU framework view and a test's span read their peak
+from, as the highest running sum over a block.
+
+The per-thread profiler (torch's legacy one, `_enable_profiler_legacy`) is used: it reports
+the allocations of the thread that enables it, so each session thread of a concurrent case
+records its own and they are merged by time; and it starts and stops in microseconds, where
+the process-wide one (kineto) takes milliseconds, which a suite of small tests pays for
+every test. A free is reported with its size only where the profiler saw the allocation:
+a block made before the block started and freed in it does not lower the sum.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+
+def highest_running_sum(deltas: list[int]) -> int:
+    """The most the allocations and frees, in order, ever added to the starting level."""
+    running = highest = 0
+    for d in deltas:
+        running += d
+        highest = max(highest, running)
+    return highest
+
+
+class ThreadEvents:
+    """Allocations (+bytes) and frees (-bytes) in one or several threads, each recording
+    its own (`record`); `in_order()` merges them by time, each thread's in its own order."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.threads: list[list[tuple[float, int]]] = []
+
+    @contextlib.contextmanager
+    def record(self) -> Iterator[None]:
+        """This thread's events within the block."""
+        from torch._C._profiler import ProfilerConfig, ProfilerState, _ExperimentalConfig
+        from torch.autograd import _disable_profiler_legacy, _enable_profiler_legacy
+
+        config = ProfilerConfig(
+            ProfilerState.CPU, False, True, False, False, False, _ExperimentalConfig()
+        )
+        _enable_profiler_legacy(config)  # record_shapes, profile_memory, with_stack, ...
+        try:
+            yield
+        finally:
+            results = _disable_profiler_legacy()
+            own = [
+                (float(e.start_us()), int(e.cpu_memory_usage()))  # type: ignore[attr-defined]
+                for events in results
+                for e in events
+                if e.kind() == "memory_alloc" and e.cpu_memory_usage()
+            ]
+            with self.lock:
+                self.threads.append(own)
+
+    def in_order(self) -> list[int]:
+        merged = sorted(
+            (t, i, k, nbytes)
+            for i, own in enumerate(self.threads)
+            for k, (t, nbytes) in enumerate(own)
+        )
+        return [nbytes for *_, nbytes in merged]
+
+
+@contextlib.contextmanager
+def cpu_allocator_events() -> Iterator[list[int]]:
+    """The allocations and frees this thread makes within the block, in order: the list is
+    filled when the block ends."""
+    recorded: list[int] = []
+    events = ThreadEvents()
+    try:
+        with events.record():
+            yield recorded
+    finally:
+        recorded.extend(events.in_order())
+
+
+__all__ = ["ThreadEvents", "cpu_allocator_events", "highest_running_sum"]
