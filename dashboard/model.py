@@ -18,7 +18,8 @@ from memtrack.judge.budgets import choose_budgets
 # The gate's step finder, imported here only: where the gate's history analysis lives is a
 # one-line change for the dashboard.
 from memtrack.judge.levels import segment, within_runs
-from memtrack.records import metrics
+from memtrack.records import Site, metrics
+from memtrack.records.validate import SITE_GROUPINGS
 from memtrack.units import format_size
 from memtrack.workload.registry import short_case_labels  # noqa: F401 (the views use it from here)
 
@@ -46,6 +47,19 @@ def metric_value(row: dict[str, Any], metric: str) -> int | None:
     metrics, recorded before they existed)."""
     value = row.get(METRIC_COLUMNS[metric])
     return None if value is None else int(value)
+
+
+def sites_of(row: dict[str, Any]) -> tuple[Site, ...]:
+    """A measurement row's sites at the peak (probes.sites), as records; an entry of the
+    wrong shape (a damaged row) is left out, never shown."""
+    out = []
+    for s in row.get("sites") or ():
+        if not isinstance(s, dict):
+            continue
+        key, size, line = s.get("key"), s.get("size_bytes"), s.get("line")
+        if s.get("grouping") in SITE_GROUPINGS and isinstance(key, str) and isinstance(size, int):
+            out.append(Site(s["grouping"], key, size, line if isinstance(line, int) else None))
+    return tuple(out)
 
 
 def samples_of(row: dict[str, Any]) -> list[int]:

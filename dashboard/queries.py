@@ -306,7 +306,7 @@ def measurements(conn: sqlite3.Connection, run_id: str) -> list[dict[str, Any]]:
         conn.execute("select * from measurements where run_id = ? order by case_id, id", [run_id])
     )
     for row in rows:
-        for key in ("params", "categories", "notes"):
+        for key in ("params", "categories", "notes", "sites"):
             if isinstance(row.get(key), str):
                 row[key] = json.loads(row[key])
         row["devices"] = _dicts(

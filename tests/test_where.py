@@ -280,3 +280,56 @@ def test_a_cuda_snapshot_is_read_as_plain_data_and_diffed_by_source(tmp_path):
         timeout=120,
     )
     assert refused.returncode == 2 and "evil.pickle: not a memtrack snapshot" in refused.stderr
+
+
+def test_the_dashboard_shows_a_runs_sites_and_where_two_runs_differ(tmp_path, monkeypatch):
+    """Run detail's site table and Compare's site diff, through Streamlit's AppTest, on a
+    real store of two runs whose sites were recorded."""
+    from dataclasses import replace
+
+    from apptables import tables
+    from factories import make_measurement, make_run
+    from streamlit.testing.v1 import AppTest
+
+    from memtrack.records import Site
+
+    mib = 2**20
+    before = (
+        Site("pair", "lm_head at serve.py:generate", mib, 20),
+        Site("pair", "body.0 at serve.py:forward", 3 * mib, 15),
+    )
+    after = (
+        Site("pair", "lm_head at serve.py:generate", 17 * mib, 20),
+        Site("pair", "body.0 at serve.py:forward", 3 * mib, 18),  # moved lines: still matched
+    )
+    db = tmp_path / "m.db"
+    a = make_run([replace(make_measurement(peak=4 * mib), sites=before)], branch="main")
+    b = make_run(
+        [replace(make_measurement(peak=20 * mib), sites=after)],
+        branch="pr",
+        started_at="2026-01-01T00:05:00+00:00",
+    )
+    with Store.open(db) as store:
+        store.write_run(a)
+        store.write_run(b)
+    app = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+    monkeypatch.setattr(sys, "argv", [str(app), "--db", str(db)])
+
+    def page(**query: str) -> AppTest:
+        at = AppTest.from_file(str(app), default_timeout=60)
+        for k, v in query.items():
+            at.query_params[k] = v
+        at.run()
+        assert not at.exception, [e.message for e in at.exception]
+        return at
+
+    def table(at: AppTest, column: str):
+        return next(t for t in tables(at) if column in t.columns)
+
+    sites = table(page(page="Run detail", run=b.run_id[:8]), "file:function")
+    assert list(sites["module"]) == ["lm_head", "body.0"]
+    assert list(sites["file:function"]) == ["serve.py:generate", "serve.py:forward"]
+    assert list(sites["alive at the peak"]) == ["17.00 MiB", "3.00 MiB"]
+    diff = table(page(page="Compare", a=a.run_id[:8], b=b.run_id[:8]), "change")
+    assert list(diff["site"]) == ["lm_head at serve.py:generate"]  # the moved one matched
+    assert list(diff["change"]) == ["+16.00 MiB"]

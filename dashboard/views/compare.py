@@ -214,6 +214,40 @@ def render(ctx: Context) -> None:
         return
     _header(a, b)
     _table(_delta_rows(ctx, a, b))
+    _site_diff(a, b)
+
+
+SITES_SHOWN = 10
+
+
+def _site_diff(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """Where each case's peak changed from A to B: its sites matched by module and
+    file:function (not by line), the largest changes first."""
+    from memtrack.judge.where import diff
+
+    before = {m["case_id"]: model.sites_of(m) for m in a["measurements"]}
+    rows = []
+    for m in b["measurements"]:
+        old, new = before.get(m["case_id"]), model.sites_of(m)
+        if not old or not new:
+            continue
+        changed = [c for c in diff(old, new, "pair") if c.delta]
+        changed.sort(key=lambda c: -abs(c.delta))
+        rows += [
+            {
+                "case": m["case_id"],
+                "site": c.key,
+                "line": c.line or "",
+                "A": format_size(c.before),
+                "B": format_size(c.after),
+                "change": ("+" if c.delta > 0 else "-") + format_size(abs(c.delta)),
+            }
+            for c in changed[:SITES_SHOWN]
+        ]
+    if not rows:
+        return
+    st.subheader("Where the peak changed")
+    st.dataframe(plain(pd.DataFrame(rows)), hide_index=True, key="site_diff")
 
 
 def _header(a: dict[str, Any], b: dict[str, Any]) -> None:

@@ -214,6 +214,7 @@ def render(ctx: Context) -> None:
     _context_tables(run)
     _cases(ms, case_labels)
     _breakdown(ms, case_labels)
+    _sites(ms, case_labels)
     _device_gap(ms)
     if run["verdicts"]:
         _verdicts(run["verdicts"], case_labels)
@@ -323,6 +324,38 @@ def _breakdown(ms: list[dict[str, Any]], case_labels: dict[str, str]) -> None:
         "framework, not drawn: on a GPU the device view beyond the framework's reserved "
         "memory (the CUDA context, library workspaces); on the CPU the host RSS beyond live "
         "tensors (the interpreter and its libraries, not the model's memory)."
+    )
+
+
+SITES_SHOWN = 10
+
+
+def _sites(ms: list[dict[str, Any]], case_labels: dict[str, str]) -> None:
+    """Where each case's peak memory was allocated: its largest sites, module at
+    file:function."""
+    found = [(m, model.sites_of(m)) for m in ms]
+    found = [(m, sites) for m, sites in found if sites]
+    if not found:
+        return
+    st.subheader("Where at the peak")
+    rows = [
+        {
+            "case": case_labels.get(m["case_id"], m["case_id"]),
+            "module": s.key.rpartition(" at ")[0] or "-",
+            "file:function": s.key.rpartition(" at ")[2],
+            "line": s.line or "",
+            "alive at the peak": format_size(s.size_bytes),
+        }
+        for m, sites in found
+        for s in sorted((s for s in sites if s.grouping == "pair"), key=lambda s: -s.size_bytes)[
+            :SITES_SHOWN
+        ]
+    ]
+    st.dataframe(plain(pd.DataFrame(rows)), hide_index=True, key="sites")
+    st.caption(
+        "The tensors alive at each case's peak, by the module that made them and the "
+        "innermost frame of the workload's own code (a pass of its own, after the measured "
+        "ones): its largest sites; `memtrack show` and `memtrack diff` list them all."
     )
 
 
