@@ -333,3 +333,21 @@ def test_the_dashboard_shows_a_runs_sites_and_where_two_runs_differ(tmp_path, mo
     diff = table(page(page="Compare", a=a.run_id[:8], b=b.run_id[:8]), "change")
     assert list(diff["site"]) == ["lm_head at serve.py:generate"]  # the moved one matched
     assert list(diff["change"]) == ["+16.00 MiB"]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_sites_sum_to_the_allocators_peak_and_name_the_output_projection(tmp_path):
+    repo, db = init_repo(tmp_path / "repo"), tmp_path / "memtrack.db"
+    (repo / "serve.py").write_text(FULL_LOGITS.replace("torch.set_num_threads(1)", "pass"))
+    (repo / "memtrack.toml").write_text('modules = ["serve.py"]\ndevice = "cuda"\nrepeats = 2\n')
+    (repo / ".gitignore").write_text("data/\n")
+    commit_all(repo, "a decoder on the GPU")
+    run_id = _run(repo, db)
+    with Store.open(db, readonly=True) as store:
+        (m,) = store.get_run(run_id).measurements
+    assert m.status == "ok" and m.device == "cuda", m.message
+    for grouping in ("module", "source", "pair"):
+        total = sum(s.size_bytes for s in m.sites if s.grouping == grouping)
+        assert total == pytest.approx(m.peak_allocated_bytes, rel=0.01), grouping
+    top = max((s for s in m.sites if s.grouping == "pair"), key=lambda s: s.size_bytes)
+    assert top.key == "lm_head at serve.py:generate"
