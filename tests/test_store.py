@@ -654,10 +654,12 @@ def test_the_allocator_figures_of_a_gpu_case_are_stored_shown_and_gated(tmp_path
             store.write_run(make_run([gpu], env=GPU_ENV, started_at=f"2026-01-01T00:1{i}:00+00:00"))
         pr = make_run([grown], env=GPU_ENV, started_at="2026-01-01T00:20:00+00:00", branch="pr")
         store.write_run(pr)
-        judged = {
-            v.metric: v
-            for v in check(store, Config(path=None, root=tmp_path), run_id=pr.run_id).verdicts
-        }
+        checked = check(store, Config(path=None, root=tmp_path), run_id=pr.run_id)
+        judged = {v.metric: v for v in checked.verdicts}
+    from memtrack.report.markdown import markdown
+
+    # the PR comment says where that is, under its table
+    assert "📍 `decoder` outside: +64.00 MiB outside the caching allocator" in markdown(checked)
     assert judged["outside"].kind == "regression" and judged["outside"].blocking
     assert judged["outside"].delta == 64 * MiB
     assert judged["reserved"].kind == judged["allocated"].kind == "ok"

@@ -12,6 +12,7 @@ import urllib.parse
 from memtrack.escape import markdown_code, markdown_text
 from memtrack.judge.check import CheckResult
 from memtrack.judge.where import Change, Where, split
+from memtrack.records import metrics
 from memtrack.report.rows import (
     EMOJI,
     QUALITY_COLUMNS,
@@ -238,15 +239,29 @@ def _table(s: CheckRows, dashboard_url: str | None) -> list[str]:
     return [*body, "", " · ".join(legend), ""]
 
 
+ALLOCATOR_WHERE = {
+    "outside": "outside the caching allocator (the CUDA context, cuBLAS/cuDNN workspaces, "
+    "NCCL's buffers, other libraries)",
+    "fragmentation": "reserved beyond what is allocated (segments' free parts, rounding, "
+    "cached blocks)",
+}
+"""Where the allocator's two views beside the device view grew, in words."""
+
+
 def _where_lines(s: CheckRows, source_url: str | None) -> list[str]:
     """Where each blocking case grew at its peak, one line per case: the pairs that grew
     most, each file linked at the candidate's commit where `source_url` is known."""
     cases: dict[str, tuple[Where, list[str]]] = {}
+    lines = []
     for r in s.listed:
         v = r.verdict
         if v.blocking and v.where is not None:
             cases.setdefault(r.case, (v.where, []))[1].append(v.metric)
-    lines = []
+        elif v.blocking and v.metric in metrics.ALLOCATOR_VIEWS and v.delta:
+            lines.append(
+                f"- 📍 {markdown_code(r.case)} {cell(v.metric)}: +{format_size(v.delta)} "
+                f"{cell(ALLOCATOR_WHERE[v.metric])}"
+            )
     for case, (w, grown) in cases.items():
         parts = [f"+{format_size(c.delta)} in {_site(c, source_url)}" for c in w.named]
         if w.rest:
