@@ -259,7 +259,7 @@ def _where_lines(s: CheckRows, source_url: str | None) -> list[str]:
             cases.setdefault(r.case, (v.where, []))[1].append(v.metric)
         elif v.blocking and v.metric in metrics.ALLOCATOR_VIEWS and v.delta:
             lines.append(
-                f"- 📍 {markdown_code(r.case)} {cell(v.metric)}: +{format_size(v.delta)} "
+                f"- 📍 {markdown_code(r.case)} {cell(v.metric)}: +{format_size(int(v.delta))} "
                 f"{cell(ALLOCATOR_WHERE[v.metric])}"
             )
     for case, (w, grown) in cases.items():
