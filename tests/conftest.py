@@ -4,6 +4,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,48 @@ def _has_cuda() -> bool:
         return False
 
 
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a module-scoped fixture of its own module (a recorded run, a
+    built wheel: seconds to make)."""
+    module = getattr(item, "module", None)
+    info = getattr(item, "_fixtureinfo", None)
+    if module is None or info is None:
+        return False
+    return any(
+        d.scope == "module" and getattr(d.func, "__module__", None) == module.__name__
+        for defs in info.name2fixturedefs.values()
+        for d in defs
+    )
+
+
+# `pytest -n N` (pytest-xdist) distributes the tests by group unless told otherwise: the tests
+# that share a module's fixture run on one worker, so that the fixture is made once, not once
+# on each worker. Without pytest-xdist (a GPU machine's image) none of this applies.
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist picks its default, `load`
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
+        config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """(the controller) A worker parses the command line anew, without the choice above."""
+    node.workerinput["memtrack_loadgroup"] = node.config.option.dist == "loadgroup"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config, "workerinput", {}).get("memtrack_loadgroup"):
+        config.option.loadgroup = True  # the worker names each test's group (xdist_group)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if getattr(config.option, "loadgroup", False):
+        for item in items:
+            if _shares_a_module_fixture(item):
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -62,6 +62,17 @@ def wait_until(done: Callable[[], bool], timeout_s: float = GONE_WITHIN_S) -> bo
     return True
 
 
+HOG = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True: pass\n"
+"""A busy loop at idle priority (SCHED_IDLE): always runnable, so every reading of the load
+counts it, yet it runs only on a core nothing else wants. The other tests running beside it
+keep their cores, and it burns no CPU time they would have used."""
+
+
+def hogs(n: int) -> list[subprocess.Popen[bytes]]:
+    """`n` busy processes (HOG); the caller kills and waits for them."""
+    return [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(n)]
+
+
 def kill(processes: dict[int, int]) -> None:
     """SIGKILL whichever of these (pid -> start time) still run: a failing test leaves none."""
     for pid, start in processes.items():

@@ -127,12 +127,15 @@ def test_a_training_step_reads_the_same_peak_with_one_two_or_three_repeats(tmp_p
     config = load_config(None, cwd=tmp_path)  # the shipped example suite
     (case,) = [c for c in select_cases(discover(config)) if c.workload == "train_step"]
     peaks = {}
-    for repeats in (1, 2, 3):
+    # Three repeats read one peak each, all equal (no odd first one), so a run of two, its
+    # first two repeats, reads the same again: one run of three and one of one hold it.
+    for repeats in (1, 3):
         m = run_case(dataclasses.replace(config, repeats=repeats), case, "cpu")
         assert m.status == "ok", m.message
+        assert len(m.allocated_samples) == repeats
         assert len(set(m.allocated_samples)) == 1, m.allocated_samples  # no odd first one
         peaks[repeats] = m.peak_allocated_bytes
-    assert peaks[1] == peaks[2] == peaks[3]
+    assert peaks[1] == peaks[3]
 
 
 # -- workspace is never below 0, and no record that says so is written -----------------------

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import processes
 import pytest
 from factories import commit_all, git, init_repo
 
@@ -282,12 +283,8 @@ def test_a_changed_param_is_compared_with_the_case_it_replaces(main4: History) -
     assert "removed" in checked.stdout
 
 
-def _hogs(n: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-
-
 def test_time_is_not_judged_on_an_oversubscribed_machine(main4: History) -> None:
-    hogs = _hogs(2 * (os.cpu_count() or 1) + 2)
+    hogs = processes.hogs(2 * (os.cpu_count() or 1) + 2)
     try:
         time.sleep(0.5)  # let them take the cores before the case starts
         checked, report = main4.pull_request("docs", "a docstring")

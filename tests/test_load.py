@@ -6,11 +6,10 @@ No test asserts a quiet machine's figures or a time: CI machines are shared and 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
+import processes
 import pytest
 
 from memtrack.config import load_config
@@ -65,10 +64,7 @@ def test_the_timing_pass_records_the_machines_load(tmp_path):
 
 
 def test_cpu_hogs_read_as_runnable_others_and_cpu_pressure(tmp_path):
-    hogs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        for _ in range(2 * len(os.sched_getaffinity(0)))
-    ]
+    hogs = processes.hogs(2 * len(os.sched_getaffinity(0)))
     try:
         m = _measure(tmp_path)
     finally:

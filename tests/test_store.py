@@ -144,53 +144,6 @@ def test_a_killed_writer_leaves_no_half_run(tmp_path):
     assert orphans == 0
 
 
-def test_a_killed_memtrack_run_leaves_the_database_as_it_was(tmp_path):
-    (tmp_path / "wl.py").write_text(
-        "import time, memtrack\n@memtrack.workload\ndef slow(ctx):\n"
-        "    return lambda: time.sleep(30)\n"
-    )
-    (tmp_path / "memtrack.toml").write_text('modules=["wl.py"]\nwarmup=0\nrepeats=1\n')
-    db = tmp_path / "m.db"
-    with Store.open(db) as store:
-        store.write_run(make_run([make_measurement()]))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "memtrack.cli",
-            "run",
-            "--config",
-            str(tmp_path / "memtrack.toml"),
-            "--db",
-            str(db),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 60
-    line = ""
-    while "running slow" not in line and time.time() < deadline:
-        line = proc.stderr.readline()
-    proc.kill()
-    proc.wait()
-    with Store.open(db, readonly=True) as store:
-        assert len(store.run_ids()) == 1
-    # and the case's own process died with it, rather than holding on to its memory
-    time.sleep(1)
-    ps = subprocess.run(["pgrep", "-f", "memtrack.worker.*"], capture_output=True, text=True)
-    leftovers = [p for p in ps.stdout.split() if str(tmp_path) in _cmdline(p)]
-    assert leftovers == []
-
-
-def _cmdline(pid: str) -> str:
-    try:
-        spec = open(f"/proc/{pid}/cmdline").read().split("\0")[-2]
-        return open(spec).read()
-    except (OSError, IndexError):
-        return ""
-
-
 # -- opening: quoted paths, foreign files, empty files --------------------------------------
 
 
