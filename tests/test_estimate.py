@@ -219,7 +219,7 @@ def test_check_shows_the_estimate_beside_the_measured_figure_and_never_judges_it
     res = _invoke(repo, "check", "--db", db, "--run", estimate.run_id, "--no-record")
     assert res.exit_code == 0, res.output
     assert "is an estimate run" in res.output and "nothing is judged" in res.output
-    assert "estimate run: nothing measured, nothing judged (7 case(s) estimated)" in res.output
+    assert "estimate run: nothing measured, nothing judged (8 case(s) estimated)" in res.output
     with Store.open(repo / "memtrack.db", readonly=True) as store:
         history = store.history("image_classify")
     assert [r["run_id"] for r in history] == [measured.run_id]
