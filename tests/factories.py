@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -187,6 +188,20 @@ def venv_with_this_environment(venv: Path) -> Path:
     here = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     Path(site, "memtrack-tests-parent.pth").write_text("\n".join(sorted(here)) + "\n")
     return python
+
+
+def memtrack_cli(
+    cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """`memtrack ARGS` in a process of its own, in `cwd`, with `env` added to this one's."""
+    return subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def git(repo: Path, *args: str) -> str:

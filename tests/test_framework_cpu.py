@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from factories import commit_all, git, init_repo
+from factories import commit_all, git, init_repo, memtrack_cli
 
 from memtrack.config import load_config
 from memtrack.examples.gpt import GPT, generate
@@ -128,13 +128,7 @@ ALLOCATOR_SDPA = textwrap.dedent(
 
 
 def _memtrack(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "memtrack.cli", *args],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    return memtrack_cli(repo, *args, timeout=900)
 
 
 def _run(repo: Path) -> dict[str, dict]:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from factories import commit_all, git, init_repo
+from factories import commit_all, git, init_repo, memtrack_cli
 
 from memtrack.probes.host import HostPeak
 from memtrack.probes.loading import LoadingProbe, files_bytes, io_counters
@@ -21,13 +20,7 @@ CHECKPOINT_TENSORS = LAYERS * (WIDTH * WIDTH + WIDTH) * 4  # float32 weights and
 
 
 def _memtrack(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "memtrack.cli", *args],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return memtrack_cli(repo, *args)
 
 
 @pytest.fixture(scope="module")

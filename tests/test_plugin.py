@@ -6,14 +6,13 @@ process reads what it reads in a process of its own."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from factories import commit_all, git, init_repo
+from factories import commit_all, git, init_repo, memtrack_cli
 
 from memtrack.records import metrics
 from memtrack.store.database import Store
@@ -162,14 +161,7 @@ def test_memtrack_records_one_row_per_test_into_the_database(pytester, project):
 
 
 def _memtrack(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "memtrack.cli", *args],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CI": "true"},
-        timeout=600,
-    )
+    return memtrack_cli(repo, *args, env={"CI": "true"})
 
 
 def test_a_test_whose_function_keeps_8_mib_more_is_blocked_and_named_in_the_comment(

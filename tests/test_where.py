@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from factories import GIT_ENV, commit_all, git, init_repo
+from factories import GIT_ENV, commit_all, git, init_repo, memtrack_cli
 
 from memtrack.judge.where import diff
 from memtrack.store.database import Store
@@ -64,14 +64,7 @@ CASE = "serve[d=64,vocab=8192]"
 
 
 def _memtrack(repo: Path, db: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "memtrack.cli", *args],
-        cwd=repo,
-        env={**os.environ, **GIT_ENV, "MEMTRACK_DB": str(db)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return memtrack_cli(repo, *args, env={**GIT_ENV, "MEMTRACK_DB": str(db)})
 
 
 def _run(repo: Path, db: Path) -> str:
