@@ -157,6 +157,50 @@ class _Layout:
 
 
 @contextlib.contextmanager
+def _fake_checkpoints() -> Iterator[None]:
+    """`torch.save` of fake tensors to a path (a checkpoint the workload writes in setup)
+    cannot pickle them: their layout is kept, nothing is written, and `torch.load` of that
+    path gives new fake tensors of the same shapes, dtypes and strides, on `map_location`
+    where it names a device, as a real load makes new tensors."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._pytree import tree_leaves, tree_map_only
+
+    save, load = torch.save, torch.load
+    saved: dict[str, Any] = {}
+
+    def fake_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        fakes = [t for t in tree_leaves(obj) if isinstance(t, FakeTensor)]
+        if not fakes or not isinstance(f, (str, os.PathLike)):
+            return save(obj, f, *args, **kwargs)
+        # the tensors' layout alone: the saved ones are freed as a real save's are
+        saved[os.path.realpath(f)] = tree_map_only(
+            torch.Tensor, lambda t: _Layout(t.shape, t.stride(), t.dtype, t.device), obj
+        )
+        return None
+
+    def fake_load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        obj = saved.get(os.path.realpath(f)) if isinstance(f, (str, os.PathLike)) else None
+        if obj is None:
+            return load(f, *args, **kwargs)
+        where = kwargs.get("map_location", args[0] if args else None)
+        device = torch.device(where) if isinstance(where, (str, torch.device)) else None
+        return tree_map_only(
+            _Layout,
+            lambda t: torch.empty_strided(
+                t.shape, t.stride, dtype=t.dtype, device=device or t.device
+            ),
+            obj,
+        )
+
+    torch.save, torch.load = fake_save, fake_load
+    try:
+        yield
+    finally:
+        torch.save, torch.load = save, load
+
+
+@contextlib.contextmanager
 def _fake_module_support(mode: Any) -> Iterator[None]:
     """What a workload's usual setup needs under fake tensors, and torch lacks.
 
@@ -168,16 +212,12 @@ def _fake_module_support(mode: Any) -> Iterator[None]:
     - `nn.init.trunc_normal_` (timm's and transformers' weight init) draws by rejection,
       looping until no value falls outside its bounds: on a fake tensor, whose values are
       never drawn, one in-place fill stands for it (it allocates nothing either way).
-    - `torch.save` of fake tensors to a path (a checkpoint the workload writes in setup)
-      cannot pickle them: the object is kept, nothing is written, and `torch.load` of that
-      path gives new fake tensors of the same shapes, dtypes and strides, on `map_location`
-      where it names a device, as a real load makes new tensors.
+    - a checkpoint the workload writes and reads in setup (`_fake_checkpoints`).
     """
     import torch
     import torch.utils
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.overrides import TorchFunctionMode
-    from torch.utils._pytree import tree_leaves, tree_map_only
 
     memo = mode.fake_tensor_converter.meta_converter.tensor_memo
     swap = torch.utils.swap_tensors
@@ -224,43 +264,14 @@ def _fake_module_support(mode: Any) -> Iterator[None]:
                 return out
             return func(*args, **kwargs)
 
-    save, load = torch.save, torch.load
-    saved: dict[str, Any] = {}
-
-    def fake_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-        fakes = [t for t in tree_leaves(obj) if isinstance(t, FakeTensor)]
-        if not fakes or not isinstance(f, (str, os.PathLike)):
-            return save(obj, f, *args, **kwargs)
-        # the tensors' layout alone: the saved ones are freed as a real save's are
-        saved[os.path.realpath(f)] = tree_map_only(
-            torch.Tensor, lambda t: _Layout(t.shape, t.stride(), t.dtype, t.device), obj
-        )
-        return None
-
-    def fake_load(f: Any, *args: Any, **kwargs: Any) -> Any:
-        obj = saved.get(os.path.realpath(f)) if isinstance(f, (str, os.PathLike)) else None
-        if obj is None:
-            return load(f, *args, **kwargs)
-        where = kwargs.get("map_location", args[0] if args else None)
-        device = torch.device(where) if isinstance(where, (str, torch.device)) else None
-        return tree_map_only(
-            _Layout,
-            lambda t: torch.empty_strided(
-                t.shape, t.stride, dtype=t.dtype, device=device or t.device
-            ),
-            obj,
-        )
-
     torch.utils.swap_tensors = swap_tensors
     init._no_grad_trunc_normal_ = fake_trunc_normal
-    torch.save, torch.load = fake_save, fake_load
     try:
-        with DeepcopyInMode():
+        with DeepcopyInMode(), _fake_checkpoints():
             yield
     finally:
         torch.utils.swap_tensors = swap
         init._no_grad_trunc_normal_ = trunc_normal
-        torch.save, torch.load = save, load
 
 
 def estimate_case(spec: Spec, result: ResultFile) -> None:
