@@ -279,7 +279,10 @@ def _after_memory_pass(
             result.notes.extend(notes)
         except Exception as exc:  # the allocator figures stand without it
             result.notes.append(f"category breakdown unavailable: {exc}")
-    try:  # where the peak's memory was allocated: a pass of its own
+    # where the peak's memory was allocated: a pass of its own, after the figures are written
+    # (a pass that runs past the case's timeout leaves them recorded)
+    result.update(phase="sites", **figures)
+    try:
         figures["sites"] = _sites(spec, case, figures.get("peak_allocated_bytes"))
     except Exception as exc:  # the figures stand without it
         result.notes.append(f"sites unavailable: {type(exc).__name__}: {exc}")
