@@ -11,7 +11,7 @@ from memtrack.dashboard import charts, data, model
 from memtrack.dashboard.charts import MARKER_NAMES
 from memtrack.dashboard.views import Context, esc, goto, plain, resolve_run, run_label, short, when
 
-from memtrack.records import metrics
+from memtrack.records import metrics, pair_parts
 from memtrack.units import format_seconds, format_size
 
 
@@ -341,8 +341,8 @@ def _sites(ms: list[dict[str, Any]], case_labels: dict[str, str]) -> None:
     rows = [
         {
             "case": case_labels.get(m["case_id"], m["case_id"]),
-            "module": s.key.rpartition(" at ")[0] or "-",
-            "file:function": s.key.rpartition(" at ")[2],
+            "module": pair_parts(s.key)[0] or "-",
+            "file:function": pair_parts(s.key)[1],
             "line": s.line or "",
             "alive at the peak": format_size(s.size_bytes),
         }

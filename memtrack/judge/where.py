@@ -8,9 +8,10 @@ until they explain nine tenths of it, and the rest as 'elsewhere'.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from memtrack.records import Site
+from memtrack.records import Site, pair_parts
 from memtrack.units import format_size
 
 SHOWN = 3
@@ -64,14 +65,19 @@ class Where:
     rest: int
     """What the named pairs do not explain (bytes; negative where others shrank)."""
 
-    def text(self) -> str:
-        """'+10.78 MiB at the peak: +10.50 MiB in `lm_head` at serve.py:generate (line
-        42), +0.28 MiB elsewhere'."""
-        parts = [f"+{format_size(c.delta)} in {pair_text(c)}" for c in self.named]
+    def parts(self, site: Callable[[Change], str]) -> list[str]:
+        """'+10.50 MiB in ...' for each named pair, in the words `site` gives it, and
+        '+0.28 MiB elsewhere' for the rest."""
+        parts = [f"+{format_size(c.delta)} in {site(c)}" for c in self.named]
         if self.rest:
             sign = "+" if self.rest > 0 else "-"
             parts.append(f"{sign}{format_size(abs(self.rest))} elsewhere")
-        return f"+{format_size(self.grew)} at the peak: {', '.join(parts)}"
+        return parts
+
+    def text(self) -> str:
+        """'+10.78 MiB at the peak: +10.50 MiB in `lm_head` at serve.py:generate (line
+        42), +0.28 MiB elsewhere'."""
+        return f"+{format_size(self.grew)} at the peak: {', '.join(self.parts(pair_text))}"
 
 
 def where(base: tuple[Site, ...], candidate: tuple[Site, ...]) -> Where | None:
@@ -93,16 +99,10 @@ def where(base: tuple[Site, ...], candidate: tuple[Site, ...]) -> Where | None:
     return Where(grew, tuple(named), grew - sum(c.delta for c in named))
 
 
-def split(c: Change) -> tuple[str, str]:
-    """A pair's module path and source site ('' and the group, for a group)."""
-    module, _, source = c.key.rpartition(" at ")
-    return module, source
-
-
 def pair_text(c: Change) -> str:
-    module, source = split(c)
+    module, source = pair_parts(c.key)
     line = f" (line {c.line})" if c.line else ""
     return f"`{module}` at {source}{line}" if module else f"{source}{line}"
 
 
-__all__ = ["Change", "Where", "diff", "pair_text", "split", "where"]
+__all__ = ["Change", "Where", "diff", "pair_text", "where"]

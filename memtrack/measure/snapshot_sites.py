@@ -19,7 +19,7 @@ from typing import Any
 from memtrack.errors import ConfigError
 from memtrack.records import Site
 from memtrack.records.validate import SITE_GROUPINGS
-from memtrack.workload.frames import named, own
+from memtrack.workload.frames import NO_SOURCE, named, own
 
 MAX_FILE_BYTES = 2**30
 """A snapshot file larger than this is refused (a snapshot keeps 100,000 events at most)."""
@@ -108,7 +108,7 @@ def _site(frames: Any) -> str:
     for frame in frames if isinstance(frames, list) else ():
         if isinstance(frame, dict) and own(str(frame.get("filename", "<>"))):
             return f"{named(str(frame['filename']), None)}:{frame.get('name', '?')}"
-    return "(no frame of the workload's own)"
+    return NO_SOURCE
 
 
 __all__ = ["read_sites"]

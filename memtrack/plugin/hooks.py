@@ -165,17 +165,14 @@ def _sites(item: pytest.Item, peak: int | None) -> list[str]:
     Python stack read for every tensor an op makes slows a test several times over, so
     only a test over its budget pays for them (probes.sites)."""
     import torch
-    from torch.utils._python_dispatch import _pop_mode, _push_mode
 
+    from memtrack.probes.framework import pushed
     from memtrack.probes.sites import recording, sites
 
     try:
-        with recording(torch.device("cpu"), (), item.config.rootpath, setup=False) as mode:
-            _push_mode(mode)
-            try:
-                item.runtest()
-            finally:
-                _pop_mode()
+        cpu = torch.device("cpu")
+        with recording(cpu, (), item.config.rootpath, setup=False) as mode, pushed(mode):
+            item.runtest()
     except Exception as exc:  # the test's own failure, the second time: no sites, said so
         return [f"no sites: the test's body failed when run again to find them ({exc!r:.200})"]
     found = sites(mode, peak, top=SITES)

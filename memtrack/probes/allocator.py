@@ -67,11 +67,12 @@ class ThreadEvents:
 
 
 @contextlib.contextmanager
-def cpu_allocator_events() -> Iterator[list[int]]:
-    """The allocations and frees this thread makes within the block, in order: the list is
-    filled when the block ends."""
+def cpu_allocator_events(events: ThreadEvents | None = None) -> Iterator[list[int]]:
+    """The allocations and frees this thread makes within the block, in order, and those of
+    the other threads that record into `events` meanwhile: the list is filled when the
+    block ends."""
     recorded: list[int] = []
-    events = ThreadEvents()
+    events = events or ThreadEvents()
     try:
         with events.record():
             yield recorded

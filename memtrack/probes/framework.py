@@ -263,6 +263,27 @@ class _SharedModules:
         self.handle.remove()
 
 
+def live_tensors(device: torch.device) -> Iterator[torch.Tensor]:
+    """Every tensor on `device` that the garbage collector finds alive (what the interpreter
+    held before a case, frozen by the worker, is not walked)."""
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and obj.device == device:
+            yield obj
+
+
+@contextlib.contextmanager
+def pushed(mode: Any) -> Iterator[None]:
+    """A dispatch mode on this thread's mode stack for the block: the way a mode enters
+    several threads at once (its own `with` keeps one thread's state on the object)."""
+    from torch.utils._python_dispatch import _pop_mode, _push_mode
+
+    _push_mode(mode)
+    try:
+        yield
+    finally:
+        _pop_mode()
+
+
 def trackable(objects: tuple[Any, ...]) -> list[Any]:
     """What the tracker counts of what `ctx.mark` was given: modules, optimizers, and
     tensors built in setup (the persistent set, as the CUDA allocator counts it; a tensor
@@ -344,15 +365,12 @@ class MemTrackerProbe:
 
     def _track_held(self) -> None:
         """Every live tensor on the device that the tracker does not know yet, as 'Input':
-        the collector finds each one the workload holds from Python, however (what the
-        interpreter held before the case, frozen by the worker, is not walked)."""
+        the collector finds each one the workload holds from Python, however."""
         from torch.distributed._tools.common_utils import get_untyped_storages
 
         known, held = self.tracker._WINFO, input_category()
         fake = _fake_check() if self.only_fake else None
-        for obj in gc.get_objects():
-            if not issubclass(type(obj), torch.Tensor) or obj.device != self.device:
-                continue
+        for obj in live_tensors(self.device):
             if fake is not None and not fake(obj):
                 continue
             try:
@@ -396,23 +414,19 @@ class MemTrackerProbe:
             yield
         self.primed = True
 
-    def _events(self) -> contextlib.AbstractContextManager[list[int]]:
-        """The allocations and frees of this thread, and of the session threads where the
-        case has several sessions, in time order, filled in when the block ends."""
-        if self.sessions == 1:
-            return cpu_allocator_events()
-        return self._session_events()
-
     @contextlib.contextmanager
-    def _session_events(self) -> Iterator[list[int]]:
-        recorded: list[int] = []
-        self._threads = threads = ThreadEvents()
+    def _events(self) -> Iterator[list[int]]:
+        """The allocations and frees of this thread, and of the session threads where the
+        case has several sessions (`session_scope`), in time order, filled in when the
+        block ends."""
+        threads = ThreadEvents()
+        if self.sessions > 1:
+            self._threads = threads
         try:
-            with threads.record():  # this thread's: the frees of a collection, ...
+            with cpu_allocator_events(threads) as recorded:
                 yield recorded
         finally:
             self._threads = None
-        recorded.extend(threads.in_order())
 
     @contextlib.contextmanager
     def iteration(self) -> Iterator[None]:
@@ -484,18 +498,8 @@ class MemTrackerProbe:
         and each records its allocations while the iteration's events are read."""
         threads = self._threads
         recording = threads.record() if threads is not None else contextlib.nullcontext()
-        if not self.active:
-            with recording:
-                yield
-            return
-        from torch.utils._python_dispatch import _pop_mode, _push_mode
-
-        _push_mode(self.tracker)
-        try:
-            with recording:
-                yield
-        finally:
-            _pop_mode()
+        with pushed(self.tracker) if self.active else contextlib.nullcontext(), recording:
+            yield
 
     def summary(self) -> dict[str, Any]:
         cats = {k: v for k, v in self.peak_snapshot.items() if k != "Total"}

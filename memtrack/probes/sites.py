@@ -29,8 +29,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-from memtrack.records.model import Site
-from memtrack.workload.frames import named, own
+from memtrack.probes.framework import live_tensors
+from memtrack.records.model import Site, pair_key, pair_parts
+from memtrack.workload.frames import NO_SOURCE, named, own
 
 TOP = 20
 """Sites kept per grouping; the rest is one row."""
@@ -55,8 +56,8 @@ class SiteMode(TorchDispatchMode):
         self.root = root
         self.local = threading.local()
         self.lock = threading.Lock()
-        self.live: dict[int, tuple[int, str, str, int | None]] = {}
-        """id of a live storage's finalizer key -> (bytes, module, source, line)."""
+        self.live: dict[int, tuple[int, str, str, str]] = {}
+        """A live storage's finalizer key -> (bytes, module, source, their pair)."""
         self.by_module: dict[str, int] = {}
         self.by_source: dict[str, int] = {}
         self.by_pair: dict[str, int] = {}
@@ -96,7 +97,7 @@ class SiteMode(TorchDispatchMode):
                     frame.f_lineno
                 )
             frame = frame.f_back  # type: ignore[assignment]
-        return NO_MODULE, None
+        return NO_SOURCE, None
 
     def _file(self, filename: str) -> str:
         """The file as the repository names it (cached: asked for every allocation)."""
@@ -131,10 +132,10 @@ class SiteMode(TorchDispatchMode):
         with self.lock:
             key = self._next
             self._next += 1
-            self.live[key] = (nbytes, module, source, line)
+            pair = pair_key(module, source)
+            self.live[key] = (nbytes, module, source, pair)
             self.by_module[module] = self.by_module.get(module, 0) + nbytes
             self.by_source[source] = self.by_source.get(source, 0) + nbytes
-            pair = f"{module} at {source}"
             self.by_pair[pair] = self.by_pair.get(pair, 0) + nbytes
             if line is not None:
                 at = self.lines.setdefault(source, {})
@@ -154,10 +155,10 @@ class SiteMode(TorchDispatchMode):
             found = self.live.pop(key, None)
             if found is None:
                 return
-            nbytes, module, source, _ = found
+            nbytes, module, source, pair = found
             self.by_module[module] -= nbytes
             self.by_source[source] -= nbytes
-            self.by_pair[f"{module} at {source}"] -= nbytes
+            self.by_pair[pair] -= nbytes
             self.total -= nbytes
 
     def close(self) -> None:
@@ -182,19 +183,14 @@ def _attribute_setup(mode: SiteMode, objects: tuple[Any, ...], *, counted: bool 
     optimizer state apart, every other live tensor on the device as held from setup. Not
     `counted`, it is only known, so that a view of it (a weight's transpose) is not taken
     for a new allocation."""
-    import gc
-
-    known: set[int] = set()
 
     def count(t: torch.Tensor, module: str) -> None:
         try:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):
             return
-        key = storage.data_ptr() or id(storage)
-        if t.device != mode.device or key in known or storage.nbytes() == 0:
+        if t.device != mode.device or storage in mode._seen or storage.nbytes() == 0:
             return
-        known.add(key)
         mode._seen[storage] = True
         if counted:
             mode.add(storage, storage.nbytes(), module, SETUP, None)
@@ -212,9 +208,8 @@ def _attribute_setup(mode: SiteMode, objects: tuple[Any, ...], *, counted: bool 
                 for value in state.values():
                     if isinstance(value, torch.Tensor):
                         count(value, OPTIMIZER)
-    for obj in gc.get_objects():
-        if issubclass(type(obj), torch.Tensor):
-            count(obj, HELD)
+    for t in live_tensors(mode.device):
+        count(t, HELD)
 
 
 @contextlib.contextmanager
@@ -252,7 +247,7 @@ def sites(mode: SiteMode, measured_peak: int | None, top: int = TOP) -> tuple[Si
     for grouping, groups in ((MODULE, by_module), (SOURCE, by_source), (PAIR, by_pair)):
         ranked = sorted(((k, v) for k, v in groups.items() if v > 0), key=lambda kv: -kv[1])
         for key, nbytes in ranked[:top]:
-            source = key.rsplit(" at ", 1)[-1] if grouping == PAIR else key
+            source = pair_parts(key)[1] if grouping == PAIR else key
             lines = mode.lines.get(source) if grouping != MODULE else None
             line = max(lines, key=lines.__getitem__) if lines else None
             out.append(Site(grouping, key, nbytes, line))

@@ -23,6 +23,8 @@ from memtrack.records.model import (
     host_step,
     load_host,
     memory_pass_peak,
+    pair_key,
+    pair_parts,
     peak_rank,
     to_dict,
 )
@@ -67,4 +69,6 @@ __all__ = [
     "to_dict",
     "write_fallback",
     "write_json",
+    "pair_key",
+    "pair_parts",
 ]

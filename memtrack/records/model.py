@@ -205,6 +205,17 @@ class Site:
     by file and function, so a moved line still matches)."""
 
 
+def pair_key(module: str, source: str) -> str:
+    """A 'pair' site's key: 'lm_head at serve.py:generate'."""
+    return f"{module} at {source}"
+
+
+def pair_parts(key: str) -> tuple[str, str]:
+    """A 'pair' key's module path and source site ('' and the key, for a group)."""
+    module, _, source = key.rpartition(" at ")
+    return module, source
+
+
 @dataclass(frozen=True)
 class Measurement:
     """One workload case, measured in its own process (or, for a multi-rank case, in one

@@ -11,8 +11,8 @@ import urllib.parse
 
 from memtrack.escape import markdown_code, markdown_text
 from memtrack.judge.check import CheckResult
-from memtrack.judge.where import Change, Where, split
-from memtrack.records import metrics
+from memtrack.judge.where import Change, Where
+from memtrack.records import metrics, pair_parts
 from memtrack.report.rows import (
     EMOJI,
     QUALITY_COLUMNS,
@@ -263,9 +263,7 @@ def _where_lines(s: CheckRows, source_url: str | None) -> list[str]:
                 f"{cell(ALLOCATOR_WHERE[v.metric])}"
             )
     for case, (w, grown) in cases.items():
-        parts = [f"+{format_size(c.delta)} in {_site(c, source_url)}" for c in w.named]
-        if w.rest:
-            parts.append(f"{'+' if w.rest > 0 else '-'}{format_size(abs(w.rest))} elsewhere")
+        parts = w.parts(lambda c: _site(c, source_url))
         lines.append(
             f"- 📍 {markdown_code(case)} {cell('/'.join(grown))}: "
             f"+{format_size(w.grew)} at the peak, {', '.join(parts)}"
@@ -276,7 +274,7 @@ def _where_lines(s: CheckRows, source_url: str | None) -> list[str]:
 def _site(c: Change, source_url: str | None) -> str:
     """A pair in words, its file linked at the commit: only a relative path inside the
     repository, since a recorded name is never trusted into a link."""
-    module, source = split(c)
+    module, source = pair_parts(c.key)
     line = f" (line {c.line})" if c.line else ""
     place = cell(source + line)
     file = source.rpartition(":")[0]

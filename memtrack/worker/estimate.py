@@ -302,9 +302,9 @@ def estimate_case(spec: Spec, result: ResultFile) -> None:
     with mode, _fake_module_support(mode):
         ctx = Context(spec.params, spec.seed, device, Path(spec.data_dir), fake=True)
         probe = MemTrackerProbe(ctx.device, only_fake=True)
-        # Tags go to the tracker; outside the measured step they are dropped (the context's
-        # own bookkeeping reads data pointers, which fake storages do not have).
-        ctx.tag_hook = lambda tensors: probe.tag(tensors) or True
+        # Tags go to the tracker (outside the measured step it drops them); the context's
+        # own bookkeeping reads data pointers, which fake storages do not have, and skips them.
+        ctx.tag_hook = probe.tag
         # Setup may read the values of small tensors it made (see `known_values`).
         with KnownValues():
             step = wl.fn(ctx)

@@ -310,16 +310,17 @@ def _sites(spec: Spec, case: _Case, measured_peak: int | None) -> list[dict[str,
     its peak, as records of the result. A concurrent case's threads each enter the mode."""
     import dataclasses
 
+    from memtrack.probes.framework import pushed
     from memtrack.probes.sites import recording, sites
 
     ctx, step = case.ctx, case.step
     largest, scope = ctx.cache_peak_bytes, getattr(step, "scope", None)
     with recording(ctx.device, case.objects, Path(spec.root)) as mode:
         if scope is not None:
-            step.scope = lambda: _pushed(mode)
+            step.scope = lambda: pushed(mode)
         try:
             ctx.new_iteration()
-            with _pushed(mode):
+            with pushed(mode):
                 step()
             _sync(ctx.device)
         finally:
@@ -327,18 +328,6 @@ def _sites(spec: Spec, case: _Case, measured_peak: int | None) -> list[dict[str,
             if scope is not None:
                 step.scope = scope
     return [dataclasses.asdict(s) for s in sites(mode, measured_peak)]
-
-
-@contextlib.contextmanager
-def _pushed(mode: Any) -> Iterator[None]:
-    """`mode` on this thread's dispatch mode stack for the block."""
-    from torch.utils._python_dispatch import _pop_mode, _push_mode
-
-    _push_mode(mode)
-    try:
-        yield
-    finally:
-        _pop_mode()
 
 
 def _memory_pass(

@@ -23,6 +23,8 @@ def _skipped_roots() -> tuple[str, ...]:
 
 _SKIPPED = _skipped_roots()
 _EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples") + os.sep
+NO_SOURCE = "(no frame of the workload's own)"
+"""The source site of memory that no frame of the workload's own file allocated."""
 _OWN: dict[str, bool] = {}
 _INSTALLED = re.compile(r"/(site-packages|dist-packages)/|/lib/python\d+\.\d+/")
 """Installed packages and the standard library by their paths' shape, as another machine
