@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -9,6 +10,12 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# One intra-op thread in every process the tests start (pytest-xdist's workers, `memtrack
+# run`, its fork server and cases): the workers already keep every core busy, and torch's
+# OpenMP threads, spinning while they wait for work, took a sixth of the suite's CPU time.
+# Set before anything imports torch; a value set by whoever runs the tests is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from factories import GIT_ENV  # noqa: E402
 
@@ -80,6 +87,22 @@ def _git_identity(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in list(os.environ):
         if k.startswith("GITHUB_"):
             monkeypatch.delenv(k)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _streamlit_scans_the_installed_packages_once() -> None:
+    """Streamlit's AppTest, at each new AppTest's first run, reads the metadata of every
+    installed distribution for components to register: a tenth of a second, as long as a
+    dashboard page takes, and a dashboard test makes an AppTest per page. The installed
+    packages do not change while the tests run, so the real scan runs once per process and
+    its answer is reused (where Streamlit has no such scan, nothing is changed)."""
+    try:
+        from streamlit.components.v2 import manifest_scanner
+    except ImportError:
+        return
+    scan = getattr(manifest_scanner, "scan_component_manifests", None)
+    if callable(scan) and not hasattr(scan, "cache_info"):
+        manifest_scanner.scan_component_manifests = functools.cache(scan)
 
 
 FAKE_NVML_DIR = Path(__file__).parent / "fakenvml"

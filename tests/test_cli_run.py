@@ -86,11 +86,19 @@ def test_the_breakdown_shows_caches_and_training_state(example_run):
     assert gpt4.largest_cache_bytes == 2 * 2 * 4 * 255 * 128 * 4
     # a preallocated cache is as large at the peak as it ever is
     assert one.largest_cache_bytes == one.caches_bytes
-    # where the peak's memory was allocated: each grouping of the sites sums to the peak
+    # where the peak's memory was allocated: each grouping of the sites sums to the peak of
+    # the pass that found them, the memory pass's own where the step runs alike each time
     for m in run.measurements:
-        for grouping in ("module", "source", "pair"):
-            total = sum(x.size_bytes for x in m.sites if x.grouping == grouping)
-            assert total == pytest.approx(m.peak_allocated_bytes, rel=0.01), (m.case_id, grouping)
+        totals = {
+            sum(x.size_bytes for x in m.sites if x.grouping == grouping)
+            for grouping in ("module", "source", "pair")
+        }
+        assert len(totals) == 1, (m.case_id, totals)
+        (total,) = totals
+        if m.workload != "decoder_serve":
+            assert total == pytest.approx(m.peak_allocated_bytes, rel=0.01), m.case_id
+        else:  # sessions interleave anew in each pass: between one request and four
+            assert one.peak_allocated_bytes < total <= 4 * one.peak_allocated_bytes, total
     (head,) = [x for x in gpt1.sites if x.grouping == "module" and x.key == "head"]
     assert head.size_bytes >= 1 * 240 * 2048 * 4  # prefill's logits, every prompt position
     # every repeat reads what one step needs: the same, but where sessions interleave

@@ -9,6 +9,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import processes
@@ -248,3 +249,38 @@ def test_the_environment_probe_hung_in_fake_nvml_dies_with_its_parent_killed_by_
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), *sys.path]))
     runner = "from memtrack.machine.environment import probe\nprobe()"
     assert processes.ends_with_its_killed_parent(runner, b"memtrack.machine.environment")
+
+
+def _dist(site: Path, folder: str, name: str, version: str) -> None:
+    (site / folder).mkdir(parents=True)
+    (site / folder / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    )
+
+
+def test_the_packages_recorded_are_the_ones_import_finds_each_named_as_installed(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    _dist(first, "torch-2.9.1.dist-info", "torch", "2.9.1")
+    _dist(first, "nvidia_cublas_cu12-12.8.4.1.dist-info", "nvidia-cublas-cu12", "12.8.4.1")
+    _dist(first, "Flash_Attn-2.8.3.dist-info", "flash_attn", "2.8.3")
+    _dist(first, "requests-2.32.0.dist-info", "requests", "2.32.0")  # not memory-relevant
+    _dist(first, "numpy-broken.dist-info", "numpy", "")  # no version: not a package
+    _dist(second, "torch-2.5.0.dist-info", "torch", "2.5.0")  # shadowed by the first
+    _dist(second, "triton.egg-info", "triton", "3.1.0")
+    (second / "vllm-0.9.dist-info").write_text("a file, not a distribution's folder")
+    path = [str(first), str(tmp_path / "gone"), str(second)]
+
+    assert environment.installed_packages(path) == {
+        "torch": "2.9.1",
+        "nvidia-cublas-cu12": "12.8.4.1",
+        "flash_attn": "2.8.3",
+        "triton": "3.1.0",
+    }
+    # this interpreter's: what importlib.metadata names, each first on sys.path
+    found: dict[str, str] = {}
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith(environment._PACKAGE_PREFIXES) and name not in found:
+            found[name] = dist.version
+    assert environment.installed_packages() == found
+    assert environment.collect()["packages"]["torch"] == torch.__version__

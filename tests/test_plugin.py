@@ -176,6 +176,10 @@ def test_a_test_whose_function_keeps_8_mib_more_is_blocked_and_named_in_the_comm
     out = _memtrack(project, "check", "--markdown", "comment.md")
     assert out.returncode == 1, out.stdout + out.stderr
     assert "BLOCK regression · test_model.py::test_work · allocated" in out.stdout
+    # the sites of a test's peak: listed by pytest when it fails a budget (no workload to snapshot)
+    hint = "To see which allocation, under a memory_budget mark below its peak: pytest"
+    assert f"{hint} 'test_model.py::test_work'" in " ".join(out.stdout.split())
+    assert "memtrack snapshot" not in out.stdout
     comment = (project / "comment.md").read_text()
     assert "blocked by `test_model.py::test_work` allocated +8.00 MiB" in comment, comment
     assert "uncommitted changes" not in comment

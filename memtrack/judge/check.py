@@ -13,7 +13,6 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ from memtrack.judge.budgets import (
 from memtrack.judge.memory import Candidate
 from memtrack.judge.verdict import Verdict
 from memtrack.judge.where import where
-from memtrack.records import Environment, Measurement, RunRecord, metrics
+from memtrack.records import Environment, Measurement, RunRecord, metrics, now
 from memtrack.store import judging as reads
 from memtrack.store.database import Store
 from memtrack.units import format_size
@@ -471,7 +470,7 @@ def check(
         verdicts=tuple(verdicts),
         budget_changes=tuple(changes),
         notes=tuple(notes),
-        checked_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        checked_at=now(),
         context=context,
         acceptances=tuple(acceptances),
         estimates=_estimates(store, run, finder.merge_base),
@@ -818,7 +817,7 @@ def _estimate_run(store: Store, config: Config, run: RunRecord, base: str) -> Ch
         baseline_mode="none",
         verdicts=(),
         notes=tuple(notes),
-        checked_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        checked_at=now(),
         context=context_of(run, base),
         estimates=tuple(estimates),
         estimate_only=True,

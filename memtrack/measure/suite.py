@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
 
 from memtrack.config import Config
 from memtrack.machine import environment, provenance
@@ -21,16 +20,11 @@ from memtrack.measure import references
 from memtrack.measure.case import run_case
 from memtrack.measure.forkserver import ForkServer
 from memtrack.measure.launcher import worker_env
-from memtrack.records import Environment, GitInfo, Measurement, RunRecord
+from memtrack.records import Environment, GitInfo, Measurement, RunRecord, now
 from memtrack.workload.registry import Case, Workload, suite_hash
 
 ProgressFn = Callable[[str, Case, "Measurement | None"], None]
 """Called with ('start', case, None) and ('done', case, measurement)."""
-
-
-def now() -> str:
-    """The time of day as a record holds it: UTC, ISO 8601, to the second."""
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def probe_environment() -> Environment:
@@ -168,7 +162,6 @@ __all__ = [
     "ProgressFn",
     "RunStart",
     "each_case",
-    "now",
     "probe_environment",
     "resolve_device",
     "run_suite",

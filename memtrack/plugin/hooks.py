@@ -28,6 +28,7 @@ SITES = 5
 _budget_key = pytest.StashKey[budgets.MemoryBudget | None]()
 _figures_key = pytest.StashKey[SpanFigures]()
 _over_key = pytest.StashKey[str]()
+_auto_key = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -128,9 +129,11 @@ def _device(item: pytest.Item) -> str:
     chosen = item.config.option.memtrack_device
     if chosen != "auto":
         return str(chosen)
-    import torch
+    if _auto_key not in item.config.stash:  # asked once a session: the answer stands
+        import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+        item.config.stash[_auto_key] = "cuda" if torch.cuda.is_available() else "cpu"
+    return item.config.stash[_auto_key]
 
 
 @pytest.hookimpl(wrapper=True)

@@ -1,17 +1,24 @@
 """`--memtrack` in the controlling process: the config and database resolved and the git facts
 taken at the session's start (a problem ends the session before any test runs, exit status
 2); the measured tests' reports gathered; the environment taken and one run recorded at the
-end, through the store's `record_run`, as `memtrack run` records one."""
+end, through the store's `record_run`, as `memtrack run` records one. Imported only where
+--memtrack is given: what recording needs is loaded before the tests, not after them."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from memtrack.commands.options import resolve
 from memtrack.errors import MemtrackError, StoreError
+from memtrack.machine import environment, provenance
 from memtrack.plugin.record import FIGURES, make_run, outcome_of
+from memtrack.records import now
+from memtrack.store.database import Store
+from memtrack.store.save import record_run
 
 
 class Recorder:
@@ -26,13 +33,6 @@ class Recorder:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        from pathlib import Path
-
-        from memtrack.commands.options import resolve
-        from memtrack.machine import provenance
-        from memtrack.measure.suite import now
-        from memtrack.store.database import Store
-
         option = self.config.option
         config_path = Path(option.memtrack_config) if option.memtrack_config else None
         db_path = Path(option.memtrack_db) if option.memtrack_db else None
@@ -69,11 +69,6 @@ class Recorder:
             session.exitstatus = 2
 
     def _record(self) -> None:
-        from memtrack.machine import environment, provenance
-        from memtrack.measure.suite import now
-        from memtrack.store.database import Store
-        from memtrack.store.save import record_run
-
         outcomes = [o for n, rs in self.reports.items() if (o := outcome_of(n, rs)) is not None]
         # Here, at the end: pytest's process ran the tests (torch imported, CUDA started
         # where they used it), and a probe beside them would take their CPUs.

@@ -13,8 +13,10 @@ a block made before the block started and freed in it does not lower the sum.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 
 def highest_running_sum(deltas: list[int]) -> int:
@@ -24,6 +26,20 @@ def highest_running_sum(deltas: list[int]) -> int:
         running += d
         highest = max(highest, running)
     return highest
+
+
+@functools.cache
+def _legacy_profiler() -> tuple[Any, Any, Any]:
+    """torch's per-thread profiler: its configuration (CPU memory events, nothing else) and
+    its enable and disable, looked up once."""
+    from torch._C._profiler import ProfilerConfig, ProfilerState, _ExperimentalConfig
+    from torch.autograd import _disable_profiler_legacy, _enable_profiler_legacy
+
+    # record_shapes, profile_memory, with_stack, with_flops, with_modules
+    config = ProfilerConfig(
+        ProfilerState.CPU, False, True, False, False, False, _ExperimentalConfig()
+    )
+    return config, _enable_profiler_legacy, _disable_profiler_legacy
 
 
 class ThreadEvents:
@@ -37,17 +53,12 @@ class ThreadEvents:
     @contextlib.contextmanager
     def record(self) -> Iterator[None]:
         """This thread's events within the block."""
-        from torch._C._profiler import ProfilerConfig, ProfilerState, _ExperimentalConfig
-        from torch.autograd import _disable_profiler_legacy, _enable_profiler_legacy
-
-        config = ProfilerConfig(
-            ProfilerState.CPU, False, True, False, False, False, _ExperimentalConfig()
-        )
-        _enable_profiler_legacy(config)  # record_shapes, profile_memory, with_stack, ...
+        config, enable, disable = _legacy_profiler()
+        enable(config)
         try:
             yield
         finally:
-            results = _disable_profiler_legacy()
+            results = disable()
             own = [
                 (float(e.start_us()), int(e.cpu_memory_usage()))  # type: ignore[attr-defined]
                 for events in results

@@ -7,19 +7,31 @@ back to getrusage's ru_maxrss, which cannot be reset, and say so.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import resource
 import sys
+from typing import Any
+
+
+def status_kib(*fields: str) -> dict[str, int | None]:
+    """Fields of /proc/self/status in KiB, read at one instant (one read of the file);
+    None for a field the kernel does not give, or for every field without /proc."""
+    found: dict[str, int | None] = dict.fromkeys(fields)
+    try:
+        with open("/proc/self/status", "rb") as f:
+            text = f.read()
+    except OSError:
+        return found
+    for field in fields:
+        at = text.find(b"\n" + field.encode() + b":")
+        if at >= 0:
+            found[field] = int(text[at + len(field) + 2 : text.index(b"\n", at + 1)].split()[0])
+    return found
 
 
 def _status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
+    return status_kib(field)[field]
 
 
 def current_rss() -> int | None:
@@ -27,19 +39,24 @@ def current_rss() -> int | None:
     return None if kib is None else kib * 1024
 
 
+def _file_backed(kib: dict[str, int | None]) -> int | None:
+    if kib.get("RssFile") is None:
+        return None
+    return ((kib["RssFile"] or 0) + (kib.get("RssShmem") or 0)) * 1024
+
+
 def file_backed_rss() -> int | None:
     """Resident file-backed and shared pages (RssFile + RssShmem): libraries and mapped
     files. Reclaimable, and they follow the page cache rather than the code."""
-    parts = [_status_kib("RssFile"), _status_kib("RssShmem")]
-    if parts[0] is None:
-        return None
-    return sum(p or 0 for p in parts) * 1024
+    return _file_backed(status_kib("RssFile", "RssShmem"))
 
 
 class HostPeak:
-    """Reset, then read, the process's peak RSS. `source` says which mechanism is used."""
+    """Reset, then read, the process's peak RSS. `source` says which mechanism is used;
+    `start_rss` is the RSS right after the reset (read with the high-water mark)."""
 
     def __init__(self) -> None:
+        self.start_rss: int | None = None
         self.source = "vmhwm" if self.reset() else "ru_maxrss"
 
     def reset(self) -> bool:
@@ -47,17 +64,61 @@ class HostPeak:
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
-            return _status_kib("VmHWM") is not None
         except OSError:
+            self.start_rss = current_rss()
             return False
+        kib = status_kib("VmHWM", "VmRSS")
+        self.start_rss = None if kib["VmRSS"] is None else kib["VmRSS"] * 1024
+        return kib["VmHWM"] is not None
 
     def peak(self) -> int:
-        if self.source == "vmhwm":
-            kib = _status_kib("VmHWM")
-            if kib is not None:
-                return kib * 1024
+        return self.peak_and_file_backed()[0]
+
+    def peak_and_file_backed(self) -> tuple[int, int | None]:
+        """The peak RSS since the reset, and the file-backed resident bytes now, read at
+        one instant."""
+        kib = status_kib("VmHWM", "RssFile", "RssShmem")
+        if self.source == "vmhwm" and kib["VmHWM"] is not None:
+            return kib["VmHWM"] * 1024, _file_backed(kib)
         maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return maxrss if sys.platform == "darwin" else maxrss * 1024
+        return (maxrss if sys.platform == "darwin" else maxrss * 1024), _file_backed(kib)
+
+
+@functools.cache
+def _libc() -> Any:
+    return ctypes.CDLL("libc.so.6")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def free_heap_bytes() -> int | None:
+    """Bytes the C heap holds free (glibc's `mallinfo2`, every arena): what a later
+    allocation may reuse, resident or not. None where there is no glibc 2.33 or later."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        mallinfo2 = _libc().mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return int(info.fordblks + info.fsmblks)
 
 
 def release_free_heap() -> bool:
@@ -68,9 +129,7 @@ def release_free_heap() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        _libc().malloc_trim(0)
     except (OSError, AttributeError):
         return False
     return True

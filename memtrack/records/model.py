@@ -8,13 +8,20 @@ not measured is None, never 0.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "error", "timeout", "crashed")
 QUALITY_STATUSES = ("ok", "fail", "error", "none")
 KINDS = ("measured", "estimate")
+
+
+def now() -> str:
+    """The time of day as a record holds it: UTC, ISO 8601, to the second."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -523,10 +530,20 @@ class RunRecord:
     schema_version: int = SCHEMA_VERSION
 
 
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 def to_dict(obj: Any) -> Any:
     """A record as plain JSON-able data (tuples become lists)."""
+    if type(obj) in _PLAIN:  # most values: answered before any other test
+        return obj
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {name: to_dict(getattr(obj, name)) for name in _field_names(type(obj))}
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):

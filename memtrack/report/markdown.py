@@ -16,7 +16,6 @@ from memtrack.records import metrics, pair_parts
 from memtrack.report.rows import (
     EMOJI,
     QUALITY_COLUMNS,
-    SNAPSHOT_WORDS,
     WORD,
     CheckRows,
     Row,
@@ -27,6 +26,7 @@ from memtrack.report.rows import (
     param_changes,
     quality_title,
     snapshot_command,
+    snapshot_words,
     summary_line,
     value,
     where,
@@ -105,7 +105,7 @@ def _item(r: Row) -> str:
     lines += [f"  - {cell(d)}" for d in v.details]
     if r.hint:
         command = markdown_code(snapshot_command(v.case_id))
-        lines.append(f"  - {cell(SNAPSHOT_WORDS)}: {command}")
+        lines.append(f"  - {cell(snapshot_words(v.case_id))}: {command}")
     return "\n".join(lines)
 
 

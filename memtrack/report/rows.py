@@ -116,14 +116,29 @@ FAILURE_CELL = 24
 """Characters of a failure's reason in the candidate cell of the Markdown table."""
 
 
+def is_test(case_id: str) -> bool:
+    """A case the pytest plugin recorded: its id is a test's node id ('file.py::test')."""
+    return "::" in case_id
+
+
 def snapshot_command(case_id: str) -> str:
-    """The command that shows which allocations make a blocked case's step peak."""
-    return "memtrack snapshot '" + case_id.replace("'", "'\\''") + "'"
+    """The command that shows which allocations make a blocked case's step peak: `memtrack
+    snapshot` of a workload's case; a test run by pytest, whose failure over a memory_budget
+    mark lists the sites of its peak."""
+    quoted = "'" + case_id.replace("'", "'\\''") + "'"
+    return f"pytest {quoted}" if is_test(case_id) else f"memtrack snapshot {quoted}"
+
+
+def snapshot_words(case_id: str) -> str:
+    """The words before `snapshot_command`."""
+    if is_test(case_id):
+        return f"{SNAPSHOT_WORDS}, under a memory_budget mark below its peak"
+    return SNAPSHOT_WORDS
 
 
 def snapshot_hint(case_id: str) -> str:
     """'To see which allocation: memtrack snapshot ...', the line under a blocked case."""
-    return f"{SNAPSHOT_WORDS}: {snapshot_command(case_id)}"
+    return f"{snapshot_words(case_id)}: {snapshot_command(case_id)}"
 
 
 def ordered(verdicts: Iterable[Verdict]) -> list[Verdict]:

@@ -15,7 +15,6 @@ import math
 import operator
 import sqlite3
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
 from memtrack.records import (
@@ -26,6 +25,7 @@ from memtrack.records import (
     Measurement,
     RankMeasurement,
     RunRecord,
+    now,
     to_dict,
 )
 from memtrack.records.metrics import DERIVED
@@ -240,7 +240,7 @@ class Batch:
         self.measurements: list[list[Any]] = []
         self.devices: list[list[Any]] = []
         self.ranks: list[list[Any]] = []
-        self.recorded_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.recorded_at = now()
         self.rows = RowMaker()
         self.defaults: dict[str, set[str]] = {}
         """Per table, its columns with a default other than NULL, or NOT NULL."""
