@@ -185,7 +185,8 @@ def _sites(item: pytest.Item, peak: int | None) -> list[str]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
-    if measured(item):
+    # the call's report, and a setup's or teardown's that did not pass: the rest tell nothing
+    if measured(item) and (call.when == "call" or not report.passed):
         figures = item.stash.get(_figures_key, None) if call.when == "call" else None
         setattr(
             report,

@@ -63,7 +63,7 @@ class ThreadEvents:
                 (float(e.start_us()), int(e.cpu_memory_usage()))  # type: ignore[attr-defined]
                 for events in results
                 for e in events
-                if e.kind() == "memory_alloc" and e.cpu_memory_usage()
+                if e.cpu_memory_usage() and e.kind() == "memory_alloc"  # an op's reads 0
             ]
             with self.lock:
                 self.threads.append(own)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from memtrack.probes.allocator import cpu_allocator_events, highest_running_sum
@@ -81,7 +81,8 @@ class SpanFigures:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        plain = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**plain, "devices": [asdict(d) for d in self.devices], "notes": list(self.notes)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpanFigures:
