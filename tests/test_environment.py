@@ -283,4 +283,4 @@ def test_the_packages_recorded_are_the_ones_import_finds_each_named_as_installed
         if name.startswith(environment._PACKAGE_PREFIXES) and name not in found:
             found[name] = dist.version
     assert environment.installed_packages() == found
-    assert environment.collect()["packages"]["torch"] == torch.__version__
+    assert environment.collect()["packages"] == found
