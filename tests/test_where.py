@@ -224,33 +224,21 @@ def test_a_cuda_snapshot_is_read_as_plain_data_and_diffed_by_source(tmp_path):
     import pickle
 
     a, b = tmp_path / "a.pickle", tmp_path / "b.pickle"
-    a.write_bytes(
-        pickle.dumps(
-            {
-                "segments": [],
-                "device_traces": [
-                    _trace(
-                        ("alloc", 1, 100, "model.py"),
-                        ("alloc", 2, 50, "serve.py"),
-                        ("free_completed", 1, 100, "model.py"),
-                    )
-                ],
-            }
-        )
+
+    def history(path, *events):  # one device's trace, no segments
+        path.write_bytes(pickle.dumps({"segments": [], "device_traces": [_trace(*events)]}))
+
+    history(
+        a,
+        ("alloc", 1, 100, "model.py"),
+        ("alloc", 2, 50, "serve.py"),
+        ("free_completed", 1, 100, "model.py"),
     )
-    b.write_bytes(
-        pickle.dumps(
-            {
-                "segments": [],
-                "device_traces": [
-                    _trace(
-                        ("alloc", 1, 100, "model.py"),
-                        ("alloc", 2, 250, "serve.py"),
-                        ("free_completed", 2, 250, "serve.py"),
-                    )
-                ],
-            }
-        )
+    history(
+        b,
+        ("alloc", 1, 100, "model.py"),
+        ("alloc", 2, 250, "serve.py"),
+        ("free_completed", 2, 250, "serve.py"),
     )
     done = subprocess.run(
         [sys.executable, "-m", "memtrack.cli", "diff", str(a), str(b), "--json"],

@@ -34,12 +34,8 @@ def status_kib(*fields: str) -> dict[str, int | None]:
     return found
 
 
-def _status_kib(field: str) -> int | None:
-    return status_kib(field)[field]
-
-
 def current_rss() -> int | None:
-    kib = _status_kib("VmRSS")
+    kib = status_kib("VmRSS")["VmRSS"]
     return None if kib is None else kib * 1024
 
 
@@ -114,9 +110,9 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
-def free_heap_bytes() -> int | None:
-    """Bytes the C heap holds free (glibc's `mallinfo2`, every arena): what a later
-    allocation may reuse, resident or not. None where there is no glibc 2.33 or later."""
+@functools.cache
+def _mallinfo2() -> Any:
+    """glibc's `mallinfo2`, returning `_MallInfo2`; None without glibc 2.33 or later."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -124,6 +120,15 @@ def free_heap_bytes() -> int | None:
     except (OSError, AttributeError):
         return None
     mallinfo2.restype = _MallInfo2
+    return mallinfo2
+
+
+def free_heap_bytes() -> int | None:
+    """Bytes the C heap holds free (glibc's `mallinfo2`, every arena): what a later
+    allocation may reuse, resident or not. None where there is no glibc 2.33 or later."""
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
+        return None
     info = mallinfo2()
     return int(info.fordblks + info.fsmblks)
 

@@ -24,12 +24,12 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from memtrack.probes.allocator import cpu_allocator_events, highest_running_sum
 from memtrack.probes.host import HostPeak, free_heap_bytes, release_free_heap
-from memtrack.records import metrics
+from memtrack.records import metrics, to_dict
 
 NVML_INTERVAL_S = 0.01
 HEAP_KEPT_BYTES = metrics.FLOORS["host_step"]
@@ -81,8 +81,7 @@ class SpanFigures:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
-        plain = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {**plain, "devices": [asdict(d) for d in self.devices], "notes": list(self.notes)}
+        return to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpanFigures:
