@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import os
@@ -29,29 +30,87 @@ def _has_cuda() -> bool:
         return False
 
 
-def _shares_a_module_fixture(item: pytest.Item) -> bool:
-    """Whether the test uses a module-scoped fixture of its own module (a recorded run, a
-    built wheel: seconds to make)."""
-    module = getattr(item, "module", None)
-    info = getattr(item, "_fixtureinfo", None)
-    if module is None or info is None:
-        return False
-    return any(
-        d.scope == "module" and getattr(d.func, "__module__", None) == module.__name__
-        for defs in info.name2fixturedefs.values()
-        for d in defs
+def _is_fixture(fn: ast.FunctionDef | ast.AsyncFunctionDef, scope: str | None = None) -> bool:
+    for d in fn.decorator_list:
+        call = d if isinstance(d, ast.Call) else None
+        target = call.func if call else d
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+        if name != "fixture":
+            continue
+        if scope is None:
+            return True
+        return any(
+            k.arg == "scope" and isinstance(k.value, ast.Constant) and k.value.value == scope
+            for k in (call.keywords if call else [])
+        )
+    return False
+
+
+@functools.cache
+def tests_sharing_a_module_fixture(path: Path) -> frozenset[str]:
+    """The names of the tests in the file at `path` that use a module-scoped fixture of
+    that file (a recorded run, a built wheel: seconds to make), directly or through
+    another of its fixtures. Read from the source: pytest-xdist's controller collects
+    nothing."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return frozenset()
+    functions = [
+        n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    requests = {fn.name: {a.arg for a in fn.args.args + fn.args.kwonlyargs} for fn in functions}
+    shared = {fn.name for fn in functions if _is_fixture(fn, "module")}
+    fixtures = [fn.name for fn in functions if _is_fixture(fn)]
+    grew = True
+    while grew:  # a fixture that requests a shared one is shared too
+        grew = False
+        for name in fixtures:
+            if name not in shared and requests[name] & shared:
+                shared.add(name)
+                grew = True
+    return frozenset(
+        fn.name
+        for fn in functions
+        if fn.name.startswith("test") and not _is_fixture(fn) and requests[fn.name] & shared
     )
 
 
-# `pytest -n N` (pytest-xdist) distributes the tests by group unless told otherwise: the tests
-# that share a module's fixture run on one worker, so that the fixture is made once, not once
-# on each worker. Without pytest-xdist (a GPU machine's image) none of this applies.
+# `pytest -n N` (pytest-xdist) hands out the tests that share a module's fixture as one unit,
+# to one worker, so that the fixture is made once, not once on each worker that runs one of
+# them; every other test is a unit of its own, the largest units first. This is what
+# `--dist loadgroup` did with a marker, until pytest 9.2 stopped reading the group xdist
+# appends to a test's id: then every such fixture was made on each worker (a seventh of the
+# suite's CPU time). `--dist` named on the command line is obeyed. Without pytest-xdist (a
+# GPU machine's image) none of this applies.
+
+
+def _group_of(rootpath: Path, nodeid: str) -> str:
+    path, _, rest = nodeid.partition("::")
+    test = rest.rsplit("::", 1)[-1].split("[", 1)[0]
+    if path.endswith(".py") and test in tests_sharing_a_module_fixture(rootpath / path):
+        return path
+    return nodeid
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist picks its default, `load`
 def pytest_cmdline_main(config: pytest.Config) -> None:
     if getattr(config.option, "numprocesses", None) and config.option.dist == "no":
-        config.option.dist = "loadgroup"
+        config.option.dist = "loadscope"
+        config.option.memtrack_units = True
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if not getattr(config.option, "memtrack_units", False):
+        return None  # the `--dist` the command line named
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group_of(config.rootpath, nodeid)
+
+    return SharedFixtureUnits(config, log)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -66,23 +125,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return (cores or 1) + 1
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
-    """(the controller) A worker parses the command line anew, without the choice above."""
-    node.workerinput["memtrack_loadgroup"] = node.config.option.dist == "loadgroup"
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    if getattr(config, "workerinput", {}).get("memtrack_loadgroup"):
-        config.option.loadgroup = True  # the worker names each test's group (xdist_group)
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if getattr(config.option, "loadgroup", False):
-        for item in items:
-            if _shares_a_module_fixture(item):
-                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
