@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -24,6 +25,7 @@ from factories import (
 
 from memtrack.cli import main
 from memtrack.errors import RecordError
+from memtrack.measure.forkserver import SPAWN_VARIABLE
 from memtrack.records import run_from_dict, to_dict
 from memtrack.store.database import Store
 from memtrack.units import format_size
@@ -788,3 +790,49 @@ def test_a_cuda_estimate_is_calibrated_only_by_a_run_on_a_gpu_of_the_same_name(t
     assert "excludes kernel scratch: no GPU on this machine to say whose workspaces to add" in (
         e.notes
     )
+
+
+WHERE = """\
+import os
+import pathlib
+
+import torch
+import memtrack
+
+
+@memtrack.workload(params={"i": [0, 1]})
+def where(ctx):
+    parent = pathlib.Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\\0")
+    seen = pathlib.Path(__file__).with_name(f"seen-{ctx['i']}.txt")
+    seen.write_text(f"{os.getppid()} " + " ".join(a.decode() for a in parent if a))
+    w = torch.nn.Linear(8, 8)
+    ctx.mark(w)
+    return lambda: w(torch.ones(2, 8)).sum()
+"""
+
+
+def test_each_case_is_forked_by_the_fork_server_as_a_measured_case_is(tmp_path, monkeypatch):
+    """An estimate's cases are processes of their own, forked by one fork server that
+    imported torch and the suite once; where forking is off, each is a fresh interpreter
+    and its record says why."""
+    repo = init_repo(tmp_path / "repo")
+    (repo / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 1\n')
+    (repo / "wl.py").write_text(WHERE)
+    commit_all(repo, "a suite")
+    parents = []
+    for spawn in ("", "1"):
+        monkeypatch.setenv(SPAWN_VARIABLE, spawn)
+        out = tmp_path / f"estimate{spawn}.json"
+        res = _invoke(repo, "estimate", "--no-db", "--json", str(out))
+        assert res.exit_code == 0, res.output
+        run = run_from_dict(json.loads(out.read_text()))
+        assert [m.status for m in run.measurements] == ["ok", "ok"]
+        seen = [(repo / f"seen-{i}.txt").read_text().split(" ", 1) for i in (0, 1)]
+        notes = [n for m in run.measurements for n in m.notes if "fresh interpreter" in n]
+        parents.append((seen, notes))
+    (forked, no_notes), (spawned, notes) = parents
+    assert no_notes == []
+    assert forked[0][0] == forked[1][0]  # one server for the run
+    assert all("memtrack.worker.server" in cmdline for _, cmdline in forked)
+    assert all(int(pid) == os.getpid() for pid, _ in spawned)
+    assert notes == [f"started as a fresh interpreter, not forked: {SPAWN_VARIABLE}=1"] * 2

@@ -281,6 +281,17 @@ def test_a_malformed_message_is_refused_and_the_server_keeps_serving():
         server.chan.send(Fork(("spec.json",)))  # without its two descriptors
         reply, _ = server.chan.receive(600)
         assert isinstance(reply, Failed) and reply.kind == "ProtocolError"
+        read, write = os.pipe()
+        try:  # a worker that is neither the measuring nor the estimating one
+            server.chan.send(Fork(("spec.json",), "os"), fds=[write, read])
+        finally:
+            os.close(read)
+            os.close(write)
+        reply, _ = server.chan.receive(600)
+        assert reply == Failed(
+            "ProtocolError",
+            "Fork: no worker 'os' (one of memtrack.worker, memtrack.worker.estimate)",
+        )
         assert server.status().unsafe is None  # still answering
 
 

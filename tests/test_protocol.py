@@ -134,7 +134,11 @@ def test_each_fork_server_message_travels_as_its_op_and_fields_and_comes_back_eq
         Discovered(({"name": "w", "params": {"n": [1, 2]}},)),
         ServerStatus(None, False, 4321),
     ]
-    assert encode_message(sent[0]) == {"op": "Fork", "argv": ("spec.json", "12")}
+    assert encode_message(sent[0]) == {
+        "op": "Fork",
+        "argv": ("spec.json", "12"),
+        "worker": "memtrack.worker",
+    }
     for message in sent:
         assert decode_message(encode_message(message)) == message
     assert {"Discover", "Fork", "Reap", "AskEnvironment", "AskStatus"} <= set(MESSAGES)

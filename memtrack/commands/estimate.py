@@ -8,7 +8,7 @@ import click
 
 from memtrack.commands import options
 from memtrack.store.database import Store
-from memtrack.workload.registry import discover, no_match, select_cases
+from memtrack.workload.registry import no_match, select_cases
 
 
 @click.command()
@@ -48,29 +48,40 @@ def estimate(
     from rich.text import Text
 
     from memtrack.measure.estimate import calibrate, check_device, check_dtype, estimate_cases
+    from memtrack.measure.suite import start_run
     from memtrack.report.run import estimate_view
     from memtrack.store.save import record_run
 
     config, db = options.resolve(config_path, db_path, writes=not no_db)
     check_device(device)
     check_dtype(dtype)
-    workloads = discover(config)
-    cases = select_cases(workloads, patterns)
-    if not cases:
-        raise no_match(workloads, patterns)
     if json_path:
         options.check_json_folder(json_path)
-    progress = options.progress_echo("estimating", options.plain_output())
-    with Store.open(db) if not no_db else nullcontext() as store:
-        with _reading(db) if no_db else nullcontext(store) as measured:
-            done = record_run(
-                lambda: calibrate(
-                    estimate_cases(config, cases, device=device, dtype=dtype, progress=progress),
-                    measured,
-                ),
-                store,
-                json_path,
-            )
+    # The cases are forked by a fork server that imported torch and the suite once (as
+    # `memtrack run`'s are); the suite is discovered there, not in this process.
+    with start_run(config) as start:
+        workloads = start.workloads()
+        cases = select_cases(workloads, patterns)
+        if not cases:
+            raise no_match(workloads, patterns)
+        progress = options.progress_echo("estimating", options.plain_output())
+        with Store.open(db) if not no_db else nullcontext() as store:
+            with _reading(db) if no_db else nullcontext(store) as measured:
+                done = record_run(
+                    lambda: calibrate(
+                        estimate_cases(
+                            config,
+                            cases,
+                            device=device,
+                            dtype=dtype,
+                            progress=progress,
+                            start=start,
+                        ),
+                        measured,
+                    ),
+                    store,
+                    json_path,
+                )
     for r in estimate_view(done.record):
         options.rich_console().print(r, soft_wrap=isinstance(r, Text))
     commit = (done.record.git.commit or "no commit")[:12]

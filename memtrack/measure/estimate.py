@@ -1,7 +1,8 @@
 """Estimates: a case's tensor-memory peak predicted under fake tensors, without a GPU.
 
-Each case runs in a fresh process (`memtrack.worker.estimate`, with the case's timeout):
-setup, the warm-up and one measured step under `FakeTensorMode`, counted by the same tensor
+Each case runs in a fresh process (`memtrack.worker.estimate`, with the case's timeout),
+forked by the run's fork server as a measured case is (measure.forkserver): setup, the
+warm-up and one measured step under `FakeTensorMode`, counted by the same tensor
 tracker as the measured CPU view. The result is a `RunRecord` like a measured run's (git,
 environment), whose measurements have `kind = "estimate"` and framework
 `fake-tensor-estimate`: the predicted peak is `peak_allocated_bytes`, broken down into the
@@ -21,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from memtrack.config import Config
 from memtrack.errors import ConfigError
 from memtrack.measure.launcher import launch, new_spec
-from memtrack.measure.outcome import case_status, figures
-from memtrack.measure.suite import ProgressFn, each_case, probe_environment, resolve_device
-from memtrack.records import Environment, Measurement, RunRecord
+from memtrack.measure.outcome import case_status, figures, spawn_notes
+from memtrack.measure.suite import ProgressFn, RunStart, each_case, resolve_device, start_run
+from memtrack.records import Measurement, RunRecord
 from memtrack.records.breakdown import with_breakdown
 from memtrack.records.redact import redact
 from memtrack.units import format_size
@@ -31,6 +32,7 @@ from memtrack.workload.context import DTYPES
 from memtrack.workload.registry import Case
 
 if TYPE_CHECKING:
+    from memtrack.measure.forkserver import ForkServer
     from memtrack.store.database import Store
 
 WORKER = "memtrack.worker.estimate"
@@ -82,30 +84,55 @@ def estimate_cases(
     device: str | None,
     dtype: str | None,
     progress: ProgressFn | None = None,
-    env: Environment | None = None,
+    start: RunStart | None = None,
 ) -> RunRecord:
     """Estimate every case for `device` ('cpu' or 'cuda'; None: the config's device, 'auto'
     resolved as `memtrack run` does) and `dtype` (overrides each case's dtype param; None
     keeps them). Returns the run (the caller stores it): one Measurement per case, of kind
-    'estimate'; a case that cannot be faked has status 'error' and says what could not be."""
+    'estimate'; a case that cannot be faked has status 'error' and says what could not be.
+    `start`: the run's start (`start_run`), its fork server forking each case; without one,
+    the estimate starts its own."""
     device = check_device(device)
-    dtype = check_dtype(dtype)
-    cases = with_dtype(cases, dtype)
-    env = env or probe_environment()
+    cases = with_dtype(cases, check_dtype(dtype))
+    if start is None:
+        with start_run(config) as own:
+            return _estimate_all(config, cases, device, progress, own)
+    return _estimate_all(config, cases, device, progress, start)
+
+
+def _estimate_all(
+    config: Config,
+    cases: list[Case],
+    device: str | None,
+    progress: ProgressFn | None,
+    start: RunStart,
+) -> RunRecord:
+    server = start.server
+    server.ready(config)  # the suite imported there, where the caller discovered it itself
+    env = start.environment()
     target = device or resolve_device(config, env)
     return each_case(
-        config, cases, lambda case: estimate_case(config, case, target), env=env, progress=progress
+        config,
+        cases,
+        lambda case: estimate_case(config, case, target, server),
+        env=env,
+        progress=progress,
+        git=start.git,
+        started=start.started_at,
     )
 
 
-def estimate_case(config: Config, case: Case, device: str) -> Measurement:
-    """One case's estimate, in a fresh process with the case's timeout."""
+def estimate_case(
+    config: Config, case: Case, device: str, server: ForkServer | None = None
+) -> Measurement:
+    """One case's estimate, in a fresh process with the case's timeout: forked by `server`
+    where it forks it, else a new interpreter."""
     warmup, _, timeout_s = config.settings_for(case.workload)
     # At least one warm-up: lazily made state (an optimizer's) is part of the peak.
     warmup = max(1, warmup)
     with tempfile.TemporaryDirectory(prefix="memtrack-estimate-") as tmp:
         spec = new_spec(config, case, device, warmup, MEASURED_STEPS, Path(tmp) / "result.json")
-        (outcome,), _ = launch([spec], timeout_s, worker=WORKER)
+        (outcome,), _ = launch([spec], timeout_s, worker=WORKER, server=server)
     r = outcome.result
     status, message = case_status(outcome, timeout_s)
     m = Measurement(
@@ -121,7 +148,7 @@ def estimate_case(config: Config, case: Case, device: str) -> Measurement:
         message=redact(message),
         traceback=redact(r.traceback),
         duration_s=round(outcome.duration_s, 4),
-        notes=tuple(redact(n) or "" for n in (*r.notes, NOTE)),
+        notes=tuple(redact(n) or "" for n in (*r.notes, *spawn_notes(outcome), NOTE)),
         kind="estimate",
         **figures(r),
     )

@@ -215,9 +215,12 @@ class ForkServer:
 
     # -- cases -----------------------------------------------------------------------------
 
-    def fork(self, argv: list[str], stderr: int, env: Mapping[str, str]) -> ForkedWorker | str:
-        """A forked worker running `python -m memtrack.worker ARGV` in effect, held until
-        `start()`; or why the server does not fork it (the caller spawns it then)."""
+    def fork(
+        self, argv: list[str], stderr: int, env: Mapping[str, str], worker: str = "memtrack.worker"
+    ) -> ForkedWorker | str:
+        """A forked worker running `python -m WORKER ARGV` in effect (the measuring worker, or
+        the estimating one), held until `start()`; or why the server does not fork it (the
+        caller spawns it then)."""
         if self.chan is None or self.note is not None:
             return self.note or "the fork server has ended"
         if dict(env) != self.env:
@@ -225,7 +228,7 @@ class ForkServer:
             return "the case's environment is not the fork server's"
         go_read, go_write = os.pipe()
         try:
-            self.chan.send(Fork(tuple(argv)), fds=[stderr, go_read])
+            self.chan.send(Fork(tuple(argv), worker), fds=[stderr, go_read])
             reply, _ = self.chan.receive(REPLY_TIMEOUT_S)
         except ChannelClosed:
             os.close(go_write)

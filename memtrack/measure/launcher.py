@@ -159,9 +159,9 @@ def launch(
     by index, when each exited by itself (time.monotonic()); the rest were ended by memtrack
     or timed out. With `sampler` (CUDA), NVML watches every worker and their descendants (as
     the process tree finds them), and the workers read its clock. With `server`, a single
-    measuring worker is forked by it."""
+    worker (measuring or estimating) is forked by it."""
     n = len(specs)
-    forking = server is not None and n == 1 and worker == MEASURE and envs is None
+    forking = server is not None and n == 1 and envs is None
     fork_by = server if forking else None
     envs = envs or [worker_env() for _ in specs]
     clock = sampler.clock_path if sampler is not None else None
@@ -248,7 +248,7 @@ def _start(
         spec.write(spec_path)
         proc: subprocess.Popen[bytes] | ForkedWorker | None = None
         if server is not None:
-            forked = server.fork([str(spec_path)], errs[i].fileno(), envs[i])
+            forked = server.fork([str(spec_path)], errs[i].fileno(), envs[i], worker)
             if isinstance(forked, str):
                 started.spawned = forked
             else:

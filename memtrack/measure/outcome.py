@@ -18,13 +18,19 @@ from memtrack.worker.protocol import FIGURES, Result, Spec
 from memtrack.workload.registry import Case
 
 
+def spawn_notes(outcome: CaseOutcome) -> list[str]:
+    """Why the case's worker was a fresh interpreter, not forked by the fork server (none
+    where it was forked)."""
+    if not outcome.spawned:
+        return []
+    return [f"started as a fresh interpreter, not forked: {outcome.spawned}"]
+
+
 def to_measurement(
     case: Case, spec: Spec, outcome: CaseOutcome, interval_s: float, timeout_s: float
 ) -> Measurement:
     r = outcome.result
-    notes = list(r.notes)
-    if outcome.spawned:
-        notes.append(f"started as a fresh interpreter, not forked: {outcome.spawned}")
+    notes = [*r.notes, *spawn_notes(outcome)]
     status, message = case_status(outcome, timeout_s)
     devices, view, view_note = _device_view(r, outcome.sampler, spec.device, notes)
     fields = figures(r)
@@ -198,6 +204,7 @@ __all__ = [
     "figures",
     "missed_spike",
     "sample_interval",
+    "spawn_notes",
     "signal_name",
     "to_measurement",
 ]

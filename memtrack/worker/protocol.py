@@ -287,10 +287,12 @@ class EnvironmentProbed:
 
 @dataclass(frozen=True)
 class Fork:
-    """runner -> server: fork a worker that runs `python -m memtrack.worker ARGV` in effect.
-    Two descriptors travel with it: the case's stderr, and the read end of its `go` pipe."""
+    """runner -> server: fork a worker that runs `python -m WORKER ARGV` in effect, WORKER
+    one of `FORKED_WORKERS` (a measured case's, or an estimated one's). Two descriptors
+    travel with it: the case's stderr, and the read end of its `go` pipe."""
 
     argv: tuple[str, ...]
+    worker: str = "memtrack.worker"
 
 
 @dataclass(frozen=True)

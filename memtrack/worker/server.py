@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import signal
@@ -43,9 +44,15 @@ from memtrack.worker import protocol
 CUDA_ERROR_NOT_INITIALIZED = 3
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
 """What a terminal sends its foreground group (^C, ^\\, hangup): the server ignores them."""
-WORKER_MAIN = str(Path(__file__).with_name("__main__.py"))
-"""What sys.argv[0] is in a spawned worker (`python -m memtrack.worker`): a forked one says
-the same."""
+FORKED_WORKERS = {
+    "memtrack.worker": ("memtrack.worker.measure", str(Path(__file__).with_name("__main__.py"))),
+    "memtrack.worker.estimate": (
+        "memtrack.worker.estimate",
+        str(Path(__file__).with_name("estimate.py")),
+    ),
+}
+"""What a Fork may name, `python -m WORKER`: the module whose `main` the forked worker runs,
+and what sys.argv[0] is in a spawned one (a forked one says the same)."""
 
 
 def cuda_driver_initialised() -> bool:
@@ -201,12 +208,17 @@ class Server:
         return protocol.Discovered(tuple(workload_data(w) for w in found))
 
     def fork_case(
-        self, argv: list[str], fds: list[int]
+        self, argv: list[str], fds: list[int], worker: str = "memtrack.worker"
     ) -> protocol.Forked | protocol.Refused | protocol.Failed:
         if len(fds) != 2:
             return protocol.Failed(
                 "ProtocolError", f"Fork: {len(fds)} descriptors, not its stderr and go"
             )
+        if worker not in FORKED_WORKERS:
+            return protocol.Failed(
+                "ProtocolError", f"Fork: no worker {worker!r} (one of {', '.join(FORKED_WORKERS)})"
+            )
+        module, argv0 = FORKED_WORKERS[worker]
         stderr, go = fds
         reason = fork_unsafe()
         if reason is not None:
@@ -225,10 +237,9 @@ class Server:
             os.close(go)
             if started != b"g":  # the runner has gone
                 return 1
-            from memtrack.worker.measure import main
-
-            sys.argv = [WORKER_MAIN, *argv, str(server_pid)]
-            return main([*argv, str(server_pid)])
+            main = importlib.import_module(module).main
+            sys.argv = [argv0, *argv, str(server_pid)]
+            return int(main([*argv, str(server_pid)]))
 
         return protocol.Forked(self.fork(case))
 
@@ -239,7 +250,7 @@ class Server:
         if isinstance(message, protocol.AskEnvironment):
             return self.collect_environment()
         if isinstance(message, protocol.Fork):
-            return self.fork_case(list(message.argv), fds)
+            return self.fork_case(list(message.argv), fds, message.worker)
         if isinstance(message, protocol.Reap):
             return protocol.Reaped(self.reap(message.pid))
         if isinstance(message, protocol.AskStatus):
