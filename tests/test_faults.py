@@ -157,6 +157,9 @@ TINY = """
 import os
 import memtrack
 
+if os.environ.get("TINY_IMPORTED"):  # say the suite was imported (discovered)
+    open(os.environ["TINY_IMPORTED"], "w").close()
+
 @memtrack.workload(params={"n": 1})
 def tiny(ctx):
     doomed = os.environ.get("TINY_DELETES")
@@ -651,12 +654,15 @@ def test_a_damaged_database_is_refused_before_the_first_case(tmp_path, tiny_suit
     db = tmp_path / "m.db"
     (run_id, *_) = _seed(db)
     _damage(db, how)
-    res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), cwd=tmp_path)
+    imported = tmp_path / "imported"
+    env = {"TINY_IMPORTED": str(imported)}
+    res = memtrack("run", "--config", str(tiny_suite), "--db", str(db), cwd=tmp_path, env=env)
     line = _error_line(res)
     assert (
         line.startswith(f"memtrack: error: {db}: damaged database (")
         and "running" not in res.stderr
     ), res.stderr
+    assert not imported.exists()  # refused at once, before the suite was discovered
     for args in (
         ["show", run_id],
         ["check", "--run", run_id, "--no-record"],

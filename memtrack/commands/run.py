@@ -1,7 +1,7 @@
 from __future__ import annotations
 
+import contextlib
 import re
-from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -78,26 +78,36 @@ def run(
         from memtrack.store.save import record_run
 
         config, db = resolve(config_path, db_path, writes=not no_db)
-        start = RunStart(config, server)
-        workloads = start.workloads()
-        # A budget naming no workload or case guards nothing: refused before anything runs.
-        # A budget on a test (a node id, 'file.py::test') is the pytest plugin's to record.
-        tests = {b.workload for b in config.budgets if "::" in b.workload}
-        check_budget_targets(
-            config, {x for w in workloads for c in w.cases() for x in (w.name, c.case_id)} | tests
-        )
-        cases = select_cases(workloads, patterns, shard_t)
-        if not cases:
-            raise no_match(workloads, patterns)
-        # The outputs are checked before the first case starts, not after an hour of measuring.
+        # The outputs are checked first, not after an hour of measuring, nor after the
+        # suite's discovery (which waits on the server's imports).
         if json_path:
             check_json_folder(json_path)
-        if start.git.commit is None:
-            raise ConfigError(
-                f"{config.root}: not inside a git repository with a commit: memtrack records "
-                "every run against its commit (`git init` and a first commit)"
+        start = RunStart(config, server)
+        with contextlib.ExitStack() as stack:
+            # An existing database is opened (and so checked) now; a new one is made only
+            # once there is a case to measure.
+            store = None
+            if not no_db and db.is_file():
+                store = stack.enter_context(Store.open(db))
+                store.check_writable()
+            workloads = start.workloads()
+            # A budget naming no workload or case guards nothing: refused before anything
+            # runs. A budget on a test (a node id, 'file.py::test') is the plugin's to record.
+            tests = {b.workload for b in config.budgets if "::" in b.workload}
+            check_budget_targets(
+                config,
+                {x for w in workloads for c in w.cases() for x in (w.name, c.case_id)} | tests,
             )
-        with Store.open(db) if not no_db else nullcontext() as store:
+            cases = select_cases(workloads, patterns, shard_t)
+            if not cases:
+                raise no_match(workloads, patterns)
+            if start.git.commit is None:
+                raise ConfigError(
+                    f"{config.root}: not inside a git repository with a commit: memtrack "
+                    "records every run against its commit (`git init` and a first commit)"
+                )
+            if store is None and not no_db:
+                store = stack.enter_context(Store.open(db))
             done = record_run(lambda: _measure(config, cases, shard, start), store, json_path)
     rich_console().print(run_table(done.record))
     commit = (done.record.git.commit or "no commit")[:12]
