@@ -60,7 +60,7 @@ def test_a_module_fixture_is_made_once_on_one_worker(tmp_path: Path):
     (project / "test_shared.py").write_text(SHARED)
     made = tmp_path / "made.txt"
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "3", "-q", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider"],
         cwd=project,
         env={**_without_pytest_variables(), "MADE": str(made)},
         capture_output=True,

@@ -364,7 +364,7 @@ def test_snapshot_refuses_cuda_malloc_async_before_running_the_case_with_a_fake_
 
     from memtrack.config import load_config
     from memtrack.errors import ConfigError
-    from memtrack.measure import snapshots
+    from memtrack.measure import snapshots, suite
 
     (tmp_path / "wl.py").write_text(
         "import memtrack\n\n@memtrack.workload\ndef w(ctx):\n    return lambda: None\n"
@@ -372,7 +372,7 @@ def test_snapshot_refuses_cuda_malloc_async_before_running_the_case_with_a_fake_
     (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\n')
     config = load_config(tmp_path / "memtrack.toml")
     env = dataclasses.replace(GPU_ENV, cuda_available=True, allocator_backend="cudaMallocAsync")
-    monkeypatch.setattr(snapshots, "probe_environment", lambda: env)
+    monkeypatch.setattr(suite.RunStart, "environment", lambda self: env)
     monkeypatch.setattr(snapshots, "run_case", lambda *a, **k: pytest.fail("a case ran"))
     with pytest.raises(ConfigError, match="backend:cudaMallocAsync, which keeps no allocation"):
         snapshots.take(config, "w", tmp_path / "db" / "m.db", tmp_path / "snap.pickle")

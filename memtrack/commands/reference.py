@@ -23,22 +23,26 @@ def reference(cases: tuple[str, ...], config_path: Path | None, patterns: tuple[
     sha256 in manifest.json. Commit both. Exit status 2 when a case fails or returns no
     tensor; then nothing is written.
     """
-    from memtrack.machine import environment, provenance
     from memtrack.measure.references import manifest_path, record_references
-    from memtrack.measure.suite import resolve_device
-    from memtrack.workload.registry import discover, select_cases
+    from memtrack.measure.suite import resolve_device, start_run
+    from memtrack.workload.registry import select_cases
 
     config = load_config(config_path)
-    selected = select_cases(discover(config), (*cases, *patterns))
-    if not selected:
-        raise ConfigError(f"no case matches {' or '.join((*cases, *patterns))}")
-    device = resolve_device(config, environment.probe())
-    commit = provenance.git_info(config.root, config.base_branch).commit
 
     def progress(case_id: str) -> None:
         click.echo(f"running {case_id} ...", err=True)
 
-    for r in record_references(config, selected, device, commit, progress):
+    # As `memtrack run` does: a fork server imports torch and the suite once, and forks
+    # each case's worker.
+    with start_run(config) as start:
+        selected = select_cases(start.workloads(), (*cases, *patterns))
+        if not selected:
+            raise ConfigError(f"no case matches {' or '.join((*cases, *patterns))}")
+        device = resolve_device(config, start.environment())
+        recorded = record_references(
+            config, selected, device, start.git.commit, progress, server=start.server
+        )
+    for r in recorded:
         served = ", ".join(c for c in r.for_cases if c != r.case_id)
         click.echo(
             f"{r.case_id} -> {r.path} (sha256 {r.sha256[:12]})"

@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memtrack.config import MAX_CONFIG_BYTES, Config
 from memtrack.errors import ConfigError, WorkloadError
@@ -28,6 +28,9 @@ from memtrack.machine.provenance import git_ignore_rule
 from memtrack.measure.case import run_case
 from memtrack.probes.quality import QualitySpec
 from memtrack.workload.registry import Case
+
+if TYPE_CHECKING:
+    from memtrack.measure.forkserver import ForkServer
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -135,10 +138,12 @@ def record_references(
     device: str,
     commit: str | None = None,
     progress: Callable[[str], None] | None = None,
+    server: ForkServer | None = None,
 ) -> list[Recorded]:
-    """Run each selected case's reference case and pin its output. All or nothing: every
-    reference is measured before any file or the manifest changes. Raises WorkloadError
-    when a case fails or its step returns no tensor."""
+    """Run each selected case's reference case and pin its output (forked by `server` where
+    there is one). All or nothing: every reference is measured before any file or the
+    manifest changes. Raises WorkloadError when a case fails or its step returns no
+    tensor."""
     refs = reference_cases(cases)
     if not refs:
         raise WorkloadError(
@@ -166,7 +171,13 @@ def record_references(
             if progress:
                 progress(ref_id)
             tmp = target / f".{file_name(ref_id)}.tmp"
-            m = run_case(config, ref, device, quality=QualitySpec(mode="record", path=str(tmp)))
+            m = run_case(
+                config,
+                ref,
+                device,
+                quality=QualitySpec(mode="record", path=str(tmp)),
+                server=server,
+            )
             if m.status != "ok":
                 why = (m.message or "").removeprefix("OutputError: ")
                 status = "" if m.status == "error" else f"{m.status}: "

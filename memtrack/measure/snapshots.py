@@ -21,9 +21,11 @@ from memtrack.config import Config
 from memtrack.errors import ConfigError, WorkloadError
 from memtrack.machine.provenance import git_output
 from memtrack.measure.case import run_case
+from memtrack.measure.forkserver import ForkServer
 from memtrack.measure.ranks import snapshot_paths
-from memtrack.measure.suite import probe_environment, resolve_device
-from memtrack.workload.registry import Case, discover, ranks_of, select_cases
+from memtrack.measure.suite import resolve_device, start_run
+from memtrack.records import Environment
+from memtrack.workload.registry import Case, Workload, ranks_of, select_cases
 
 SUFFIX = {"cuda": ".pickle", "cpu": ".json"}
 MEMORY_VIZ = "https://pytorch.org/memory_viz"
@@ -117,9 +119,9 @@ def check_out(out: Path, config: Config, db: Path) -> Path:
     return path
 
 
-def find_case(config: Config, name: str) -> Case:
+def find_case(workloads: list[Workload], name: str) -> Case:
     """The case with this id, or the only case of the workload with this name."""
-    cases = select_cases(discover(config))
+    cases = select_cases(workloads)
     exact = [c for c in cases if c.case_id == name]
     if exact:
         return exact[0]
@@ -137,13 +139,26 @@ def find_case(config: Config, name: str) -> Case:
 
 
 def take(config: Config, name: str, db: Path, out: Path | None = None) -> Snapshot:
-    """Run the case `name` (see find_case) in a fresh worker: setup, warm-up, then one step
-    under the recorder; the worker writes the snapshot. `db` is only kept clear of: it is
-    never opened."""
+    """Run the case `name` (see find_case) in a fresh worker, forked by a fork server that
+    imported torch and the suite (as `memtrack run`'s cases are): setup, warm-up, then one
+    step under the recorder; the worker writes the snapshot. `db` is only kept clear of: it
+    is never opened."""
     if out is not None:
         out = check_out(out, config, db)
-    case = find_case(config, name)
-    env = probe_environment()
+    with start_run(config) as start:
+        case = find_case(start.workloads(), name)
+        env = start.environment()
+        return _take(config, case, env, out, db, start.server)
+
+
+def _take(
+    config: Config,
+    case: Case,
+    env: Environment,
+    out: Path | None,
+    db: Path,
+    server: ForkServer,
+) -> Snapshot:
     device = resolve_device(config, env)
     if device == "cuda" and env.allocator_backend == "cudaMallocAsync":
         raise ConfigError(
@@ -157,7 +172,7 @@ def take(config: Config, name: str, db: Path, out: Path | None = None) -> Snapsh
     for other in paths[1:]:  # beside `path`: checked by check_out but for their own names
         if other.exists() or other.is_symlink():
             raise ConfigError(f"{other}: already exists; memtrack never overwrites a file")
-    m = run_case(config, case, device, env.visible_uuids, snapshot_path=path)
+    m = run_case(config, case, device, env.visible_uuids, snapshot_path=path, server=server)
     if m.status != "ok" or not all(p.is_file() for p in paths):
         for p in paths:  # none existed before: each was made by this case's workers
             p.unlink(missing_ok=True)  # a worker killed while writing leaves no half file
