@@ -90,3 +90,19 @@ def test_what_earlier_code_freed_hides_at_most_the_host_floor_of_a_spans_growth(
     assert 12 * mib - big["kept"] <= big["rise"] <= 13 * mib, big  # left in place: 4 KiB
     assert small["free"] < small["kept"]
     assert 12 * mib - small["kept"] <= small["rise"] <= 13 * mib, small
+
+
+def test_a_span_leaves_torchs_profiler_working_for_the_code_after_it():
+    # The span switches its thread's op callbacks off (its profiler wants only the
+    # allocator's events) and on again: a profiler started after it sees the ops.
+    import torch
+
+    from memtrack.probes.span import SpanProbe
+
+    probe = SpanProbe("cpu")
+    with probe.span():
+        kept = torch.ones(1024, 1024)  # 4 MiB
+    assert probe.figures is not None and probe.figures.allocated_bytes == 4 * 2**20
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.mm(kept, kept)
+    assert "aten::mm" in {e.key for e in prof.key_averages()}

@@ -116,10 +116,12 @@ def decode(cls: type, data: Any, dialect: Dialect, where: str | None = None) -> 
     return decoder(cls, dialect)(data, () if where is None else ((), where))
 
 
-def hints(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
-    """Each field of the dataclass `cls` with its type hint."""
+@functools.cache
+def hints(cls: type) -> tuple[tuple[dataclasses.Field[Any], Any], ...]:
+    """Each field of the dataclass `cls` with its type hint (read once: resolving the hints
+    evaluates every annotation)."""
     resolved = typing.get_type_hints(cls)
-    return [(f, resolved[f.name]) for f in dataclasses.fields(cls)]
+    return tuple((f, resolved[f.name]) for f in dataclasses.fields(cls))
 
 
 def required(f: dataclasses.Field[Any]) -> bool:
