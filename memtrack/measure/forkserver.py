@@ -118,6 +118,8 @@ class ForkServer:
         self.note = note
         self.discovered: list[Workload] | None = None
         self.discovery_error: str | None = None
+        self.forked = False
+        """Whether the server forked a case: until then it has nothing to reap at its end."""
 
     @classmethod
     def start(cls, env: Mapping[str, str]) -> ForkServer:
@@ -236,6 +238,7 @@ class ForkServer:
         finally:
             os.close(go_read)
         if isinstance(reply, Forked):
+            self.forked = True
             return ForkedWorker(self, reply.pid, go_write)
         os.close(go_write)
         if isinstance(reply, Refused):
@@ -279,9 +282,9 @@ class ForkServer:
             self.chan.close()
             self.chan = None
         if self.proc is not None:
-            if self.discovered is None and self.proc.poll() is None:
-                # Still importing (the run ended before its first case, an interrupt):
-                # nothing of its is worth waiting for.
+            if not self.forked and self.proc.poll() is None:
+                # No case forked (the run ended before its first case: refused, an
+                # interrupt): nothing of the server's is worth waiting for.
                 self.proc.kill()
             try:
                 self.proc.wait(CLOSE_TIMEOUT_S)

@@ -1,9 +1,10 @@
 """`python -m memtrack.worker.server FD RUNNER_PID`: the fork server of one run.
 
 Started once per run by the runner (memtrack.measure.forkserver), it imports torch, the
-worker's modules and the suite's workload modules once, then forks one fresh process per
-case: the case's worker, which runs `memtrack.worker.measure` as `python -m memtrack.worker`
-would, without paying for the imports again. It also forks the environment probe.
+suite's workload modules (when the runner asks it to discover the suite) and then the
+worker's modules, once, and forks one fresh process per case: the case's worker, which
+runs `memtrack.worker.measure` as `python -m memtrack.worker` would, without paying for the
+imports again. It also forks the environment probe.
 
 CUDA is initialised only after a fork, in the child. The server itself never calls into CUDA
 (nothing here does; torch initialises CUDA lazily, at first use), and before every fork it
@@ -95,6 +96,15 @@ class Server:
         self.environment: tuple[int, int] | None = None
         """(pid, read end of its pipe) of the forked environment probe, until collected."""
         self.children: set[int] = set()
+        self.warm = False
+        """Whether what every case imports is imported (`warm_imports`)."""
+
+    def warm_up(self) -> None:
+        """What every case imports, once: after the suite's discovery, so that a suite that
+        cannot be imported, or selects nothing, is said without waiting for it."""
+        if not self.warm:
+            warm_imports()
+            self.warm = True
 
     def fork(self, body: Callable[[], int]) -> int:
         """Fork a child that runs `body()` and exits with its status; returns its pid. The
@@ -219,6 +229,7 @@ class Server:
                 "ProtocolError", f"Fork: no worker {worker!r} (one of {', '.join(FORKED_WORKERS)})"
             )
         module, argv0 = FORKED_WORKERS[worker]
+        self.warm_up()
         stderr, go = fds
         reason = fork_unsafe()
         if reason is not None:
@@ -278,6 +289,8 @@ class Server:
                 self.chan.send(reply)
             except protocol.ChannelClosed:
                 return
+            if isinstance(reply, protocol.Discovered):
+                self.warm_up()  # while the runner selects its cases and opens its outputs
 
 
 def _cuda_initialized() -> bool:
@@ -311,8 +324,7 @@ def main(argv: list[str]) -> int:
     import torch  # noqa: F401
 
     server.start_environment_probe()
-    warm_imports()
-    server.loop()
+    server.loop()  # the rest of what cases import, once the suite is discovered
     for pid in list(server.children):  # none is left running: the runner ended each case
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
