@@ -40,8 +40,10 @@ def test_needs_nothing(i):
 
 
 def _without_pytest_variables() -> dict[str, str]:
-    """This process's environment less what pytest-xdist set for this worker."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    """This process's environment less what pytest-xdist set for this worker, and no
+    plugin loaded but those named."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    return {**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
 def test_a_module_fixture_is_made_once_on_one_worker(tmp_path: Path):
@@ -60,7 +62,19 @@ def test_a_module_fixture_is_made_once_on_one_worker(tmp_path: Path):
     (project / "test_shared.py").write_text(SHARED)
     made = tmp_path / "made.txt"
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider"],
+        # pytest-xdist alone of the installed plugins (the others only cost their import)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "xdist.plugin",
+            "-n",
+            "2",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
         cwd=project,
         env={**_without_pytest_variables(), "MADE": str(made)},
         capture_output=True,
