@@ -16,11 +16,12 @@ from factories import GiB, commit_all, init_repo, make_measurement, make_run
 
 from memtrack.config import load_config
 from memtrack.measure.case import run_case
+from memtrack.measure.suite import start_run
 from memtrack.records import DeviceMeasurement
 from memtrack.records.breakdown import NO_WORKSPACE, with_breakdown
 from memtrack.store.database import Store
 from memtrack.store.save import save_run
-from memtrack.workload.registry import discover, select_cases
+from memtrack.workload.registry import select_cases
 
 WORKLOADS = textwrap.dedent(
     """
@@ -69,16 +70,19 @@ WORKLOADS = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
+    """The module's cases, each forked by one fork server, as `memtrack run` forks them."""
     root = tmp_path_factory.mktemp("suite")
     (root / "workloads.py").write_text(WORKLOADS)
     (root / "memtrack.toml").write_text('modules = ["workloads.py"]\nrepeats = 3\n')
     config = load_config(root / "memtrack.toml")
-    return config, {c.case_id: c for c in select_cases(discover(config))}
+    with start_run(config) as start:
+        cases = {c.case_id: c for c in select_cases(start.workloads())}
+        yield config, cases, start.server
 
 
 def test_an_fp32_adamw_step_breaks_down_into_weights_gradients_and_optimizer_state(suite):
-    config, cases = suite
-    m = run_case(config, cases["adamw_step[width=1024]"], "cpu")
+    config, cases, server = suite
+    m = run_case(config, cases["adamw_step[width=1024]"], "cpu", server=server)
     assert m.status == "ok", m.message
     params = 2 * (1024 * 1024 + 1024)
     assert m.weights_bytes == pytest.approx(4 * params, rel=0.01)
@@ -99,8 +103,8 @@ def test_an_fp32_adamw_step_breaks_down_into_weights_gradients_and_optimizer_sta
 
 @pytest.mark.parametrize("grow", ["static", "concat"])
 def test_a_kv_cache_counts_what_is_alive_at_the_peak_each_storage_once(suite, grow):
-    config, cases = suite
-    m = run_case(config, cases[f"kv_cache[grow={grow}]"], "cpu")
+    config, cases, server = suite
+    m = run_case(config, cases[f"kv_cache[grow={grow}]"], "cpu", server=server)
     assert m.status == "ok", m.message
     # 2 x layers x batch x positions x heads x dim x 4 B
     if grow == "static":
@@ -125,16 +129,20 @@ def test_a_kv_cache_counts_what_is_alive_at_the_peak_each_storage_once(suite, gr
 
 def test_a_training_step_reads_the_same_peak_with_one_two_or_three_repeats(tmp_path):
     config = load_config(None, cwd=tmp_path)  # the shipped example suite
-    (case,) = [c for c in select_cases(discover(config)) if c.workload == "train_step"]
     peaks = {}
-    # Three repeats read one peak each, all equal (no odd first one), so a run of two, its
-    # first two repeats, reads the same again: one run of three and one of one hold it.
-    for repeats in (1, 3):
-        m = run_case(dataclasses.replace(config, repeats=repeats), case, "cpu")
-        assert m.status == "ok", m.message
-        assert len(m.allocated_samples) == repeats
-        assert len(set(m.allocated_samples)) == 1, m.allocated_samples  # no odd first one
-        peaks[repeats] = m.peak_allocated_bytes
+    with start_run(config) as start:
+        (case,) = [c for c in select_cases(start.workloads()) if c.workload == "train_step"]
+        # Three repeats read one peak each, all equal (no odd first one), so a run of two,
+        # its first two repeats, reads the same again: one run of three and one of one hold it.
+        for repeats in (1, 3):
+            m = run_case(
+                dataclasses.replace(config, repeats=repeats), case, "cpu", server=start.server
+            )
+            assert m.status == "ok", m.message
+            assert not any("fresh interpreter" in n for n in m.notes), m.notes  # forked
+            assert len(m.allocated_samples) == repeats
+            assert len(set(m.allocated_samples)) == 1, m.allocated_samples  # no odd first one
+            peaks[repeats] = m.peak_allocated_bytes
     assert peaks[1] == peaks[3]
 
 
