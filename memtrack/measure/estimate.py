@@ -28,6 +28,7 @@ from memtrack.records import Measurement, RunRecord
 from memtrack.records.breakdown import with_breakdown
 from memtrack.records.redact import redact
 from memtrack.units import format_size
+from memtrack.worker.protocol import ESTIMATE_WORKER
 from memtrack.workload.context import DTYPES
 from memtrack.workload.registry import Case
 
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from memtrack.measure.forkserver import ForkServer
     from memtrack.store.database import Store
 
-WORKER = "memtrack.worker.estimate"
+WORKER = ESTIMATE_WORKER
 FRAMEWORK = "fake-tensor-estimate"
 DEVICES = ("cpu", "cuda")
 MEASURED_STEPS = 1

@@ -218,7 +218,7 @@ class ForkServer:
     # -- cases -----------------------------------------------------------------------------
 
     def fork(
-        self, argv: list[str], stderr: int, env: Mapping[str, str], worker: str = "memtrack.worker"
+        self, argv: list[str], stderr: int, env: Mapping[str, str], worker: str
     ) -> ForkedWorker | str:
         """A forked worker running `python -m WORKER ARGV` in effect (the measuring worker, or
         the estimating one), held until `start()`; or why the server does not fork it (the

@@ -34,10 +34,10 @@ from memtrack.measure.sampler import NvmlSampler
 from memtrack.probes.nvml import SamplerResult
 from memtrack.probes.quality import QualitySpec
 from memtrack.probes.tree import ProcessTree, subreaper
-from memtrack.worker.protocol import Result, Spec, read_result
+from memtrack.worker.protocol import MEASURE_WORKER, Result, Spec, read_result
 from memtrack.workload.registry import Case
 
-MEASURE = "memtrack.worker"
+MEASURE = MEASURE_WORKER
 """The measuring worker (its package's __main__)."""
 
 PINNED_ENV = {

@@ -285,6 +285,12 @@ class EnvironmentProbed:
     error: str | None = None
 
 
+MEASURE_WORKER = "memtrack.worker"
+"""`python -m memtrack.worker`: the worker that measures a case."""
+ESTIMATE_WORKER = "memtrack.worker.estimate"
+"""`python -m memtrack.worker.estimate`: the worker that estimates a case under fake tensors."""
+
+
 @dataclass(frozen=True)
 class Fork:
     """runner -> server: fork a worker that runs `python -m WORKER ARGV` in effect, WORKER
@@ -292,7 +298,7 @@ class Fork:
     travel with it: the case's stderr, and the read end of its `go` pipe."""
 
     argv: tuple[str, ...]
-    worker: str = "memtrack.worker"
+    worker: str = MEASURE_WORKER
 
 
 @dataclass(frozen=True)
@@ -465,6 +471,8 @@ class Channel:
 
 __all__ = [
     "FIGURES",
+    "ESTIMATE_WORKER",
+    "MEASURE_WORKER",
     "MESSAGES",
     "OWN_FIELDS",
     "PROTOCOL",

@@ -46,9 +46,12 @@ CUDA_ERROR_NOT_INITIALIZED = 3
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
 """What a terminal sends its foreground group (^C, ^\\, hangup): the server ignores them."""
 FORKED_WORKERS = {
-    "memtrack.worker": ("memtrack.worker.measure", str(Path(__file__).with_name("__main__.py"))),
-    "memtrack.worker.estimate": (
-        "memtrack.worker.estimate",
+    protocol.MEASURE_WORKER: (
+        "memtrack.worker.measure",
+        str(Path(__file__).with_name("__main__.py")),
+    ),
+    protocol.ESTIMATE_WORKER: (
+        protocol.ESTIMATE_WORKER,
         str(Path(__file__).with_name("estimate.py")),
     ),
 }
@@ -218,7 +221,7 @@ class Server:
         return protocol.Discovered(tuple(workload_data(w) for w in found))
 
     def fork_case(
-        self, argv: list[str], fds: list[int], worker: str = "memtrack.worker"
+        self, argv: list[str], fds: list[int], worker: str
     ) -> protocol.Forked | protocol.Refused | protocol.Failed:
         if len(fds) != 2:
             return protocol.Failed(
