@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -29,7 +30,7 @@ SPIKE = textwrap.dedent(
 
 def test_the_exact_host_peak_sees_a_short_spike_that_sampling_misses():
     out = subprocess.run([sys.executable, "-c", SPIKE], capture_output=True, text=True, check=True)
-    r = __import__("json").loads(out.stdout)
+    r = json.loads(out.stdout)
     assert r["source"] == "vmhwm"
     assert r["exact"] - r["base"] >= 250 * 2**20  # the exact high-water mark saw it all
     assert r["sampled"] - r["base"] < 100 * 2**20  # readings outside the spike missed it
@@ -82,7 +83,7 @@ def test_what_earlier_code_freed_hides_at_most_the_host_floor_of_a_spans_growth(
             text=True,
             check=True,
         )
-        return __import__("json").loads(out.stdout)
+        return json.loads(out.stdout)
 
     mib = 2**20
     big, small = span_after(16), span_after(1)
