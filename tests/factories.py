@@ -218,8 +218,16 @@ def git(repo: Path, *args: str) -> str:
 
 
 def init_repo(repo: Path, branch: str = "main") -> Path:
+    """A new repository that ignores Python's bytecode caches, as every Python project's does.
+    A test's workload module is imported from the repository, and where Python writes bytecode
+    (unless PYTHONDONTWRITEBYTECODE is set) its `__pycache__/` would be committed by
+    `commit_all` and stop a later `git checkout`. It is ignored in `.git/info/exclude`, so that
+    the test's own `.gitignore` stays the test's."""
     repo.mkdir(parents=True, exist_ok=True)
     git(repo, "init", "-q", "-b", branch)
+    (repo / ".git" / "info").mkdir(exist_ok=True)
+    with open(repo / ".git" / "info" / "exclude", "a") as f:
+        f.write("__pycache__/\n")
     return repo
 
 

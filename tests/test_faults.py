@@ -36,20 +36,25 @@ KiB = 1024
 def memtrack(
     *args: str, fsize: int | None = None, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """The CLI in a real process; with `fsize`, no file may grow past that many bytes."""
+    """The CLI in a real process; with `fsize`, no file may grow past that many bytes.
+
+    Such a process writes no bytecode: the limit would cut short a `.pyc` that Python writes
+    for a module the checkout has not compiled yet (importlib does not check for a short
+    write), and every later process importing that module would fail on it."""
 
     def limit() -> None:
         if fsize is not None:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, resource.RLIM_INFINITY))
 
+    no_bytecode = {"PYTHONDONTWRITEBYTECODE": "1"} if fsize is not None else {}
     return subprocess.run(
         [sys.executable, "-m", "memtrack.cli", *args],
         capture_output=True,
         text=True,
         preexec_fn=limit,
         cwd=cwd,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **no_bytecode, **(env or {})},
         timeout=300,
     )
 
