@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from memtrack.measure.forkserver import ForkServer
     from memtrack.store.database import Store
 
-WORKER = ESTIMATE_WORKER
 FRAMEWORK = "fake-tensor-estimate"
 DEVICES = ("cpu", "cuda")
 MEASURED_STEPS = 1
@@ -133,7 +132,7 @@ def estimate_case(
     warmup = max(1, warmup)
     with tempfile.TemporaryDirectory(prefix="memtrack-estimate-") as tmp:
         spec = new_spec(config, case, device, warmup, MEASURED_STEPS, Path(tmp) / "result.json")
-        (outcome,), _ = launch([spec], timeout_s, worker=WORKER, server=server)
+        (outcome,), _ = launch([spec], timeout_s, worker=ESTIMATE_WORKER, server=server)
     r = outcome.result
     status, message = case_status(outcome, timeout_s)
     m = Measurement(

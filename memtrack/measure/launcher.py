@@ -37,9 +37,6 @@ from memtrack.probes.tree import ProcessTree, subreaper
 from memtrack.worker.protocol import MEASURE_WORKER, Result, Spec, read_result
 from memtrack.workload.registry import Case
 
-MEASURE = MEASURE_WORKER
-"""The measuring worker (its package's __main__)."""
-
 PINNED_ENV = {
     # glibc raises its mmap threshold as large blocks are freed, so whether a step's
     # buffers come from the heap (and stay resident) or from mmap (and are returned) depends
@@ -149,7 +146,7 @@ def launch(
     specs: list[Spec],
     timeout_s: float,
     *,
-    worker: str = MEASURE,
+    worker: str = MEASURE_WORKER,
     envs: list[dict[str, str]] | None = None,
     sampler: NvmlSampler | None = None,
     server: ForkServer | None = None,
@@ -296,7 +293,6 @@ def memory_window(results: list[Result]) -> tuple[float, ...] | None:
 
 
 __all__ = [
-    "MEASURE",
     "PINNED_ENV",
     "CaseOutcome",
     "launch",
