@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import gc
 import json
 import os
 import sys
@@ -17,6 +18,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 # OpenMP threads, spinning while they wait for work, took a sixth of the suite's CPU time.
 # Set before anything imports torch; a value set by whoever runs the tests is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# No full collection while collection imports (torch, Streamlit, every test module): each one
+# walks the whole heap again. The young generations are collected as ever; what was imported
+# is frozen, and the thresholds given back, once collection ends (pytest_collection_finish).
+THRESHOLDS = gc.get_threshold()
+gc.set_threshold(*THRESHOLDS[:2], 2**30)
 
 from factories import GIT_ENV  # noqa: E402
 
@@ -130,9 +137,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     lives as long as the process: frozen, no collection of the oldest generation walks it
     again. The in-process tests spent half as long in the garbage collector (2.3 to 1.1 s on
     the records, dashboard and config modules)."""
-    import gc
-
     gc.freeze()
+    gc.set_threshold(*THRESHOLDS)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from memtrack.workload.registry import discover, select_cases
 
 WORKLOADS = textwrap.dedent(
     """
-    import json, os, pathlib
+    import gc, json, os, pathlib
     import torch
     import memtrack
 
@@ -33,6 +35,7 @@ WORKLOADS = textwrap.dedent(
         (SEEN / f"{name}.json").write_text(json.dumps({
             "pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0),
             "pgid": os.getpgid(0), "parent": [a.decode() for a in parent if a],
+            "collector": [gc.isenabled(), *gc.get_threshold()],
         }))
 
     @memtrack.workload
@@ -81,7 +84,8 @@ def _spawn_notes(run) -> list[str]:
 
 @pytest.fixture(scope="module")
 def both_ways(tmp_path_factory):
-    """The same suite run twice: forked by the fork server, then with every case spawned."""
+    """The suite run twice: forked by the fork server, then with every case spawned (each a
+    fresh interpreter, so one case of `small` stands for both)."""
     root = tmp_path_factory.mktemp("suite")
     config, cases = _suite(root)
     forked = run_suite(config, cases)
@@ -89,7 +93,7 @@ def both_ways(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv(SPAWN_VARIABLE, "1")
     try:
-        spawned = run_suite(config, cases)
+        spawned = run_suite(config, [c for c in cases if c.case_id != "small[i=1]"])
     finally:
         mp.undo()
     return root, (forked, forked_seen), (spawned, _seen(root))
@@ -121,16 +125,34 @@ def test_a_case_after_a_large_one_has_its_own_host_peak(both_ways):
 
 def test_spawned_cases_are_fresh_interpreters_and_say_so(both_ways):
     _, _, (run, seen) = both_ways
-    assert [m.status for m in run.measurements] == ["ok", "ok", "ok", "crashed"]
+    assert [m.status for m in run.measurements] == ["ok", "ok", "crashed"]
+    assert len(seen) == 3
     for s in seen.values():
         assert s["ppid"] == os.getpid() and s["sid"] == s["pid"]
-    assert len(_spawn_notes(run)) == 4
+    assert len(_spawn_notes(run)) == 3
     assert all(n.endswith(f"{SPAWN_VARIABLE}=1") for n in _spawn_notes(run))
+
+
+def test_a_forked_case_collects_garbage_as_a_fresh_interpreter_does(both_ways):
+    """The server collects only the young generations while it imports; its cases, forked
+    or spawned, run under the collector as Python starts it."""
+    _, (_, forked), (_, spawned) = both_ways
+    python = subprocess.run(
+        [sys.executable, "-c", "import gc; print(gc.isenabled(), *gc.get_threshold())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    default = [python[0] == "True", *map(int, python[1:])]
+    assert default[0] and default[3] < 2**30
+    for seen in (forked, spawned):
+        assert {name: s["collector"] for name, s in seen.items()} == dict.fromkeys(seen, default)
 
 
 def test_figures_are_the_same_forked_or_spawned(both_ways):
     _, (forked, _), (spawned, _) = both_ways
-    for f, s in zip(forked.measurements, spawned.measurements, strict=True):
+    alike = [m for m in forked.measurements if m.case_id != "small[i=1]"]
+    for f, s in zip(alike, spawned.measurements, strict=True):
         assert (f.case_id, f.status, f.message) == (s.case_id, s.status, s.message)
         if f.status != "ok":  # `exits`: its step's SystemExit(3), as an interpreter exits
             assert f.message == "exited with status 3 in phase 'warmup'"

@@ -1,11 +1,13 @@
 """The gate across the histories real teams make, on a real git repository and real
 `memtrack run` processes measuring a small CPU suite: a regression merged, reverted and
-re-landed (twice); an accepted step; a torch upgrade (another environment); a leak; a
-changed param; a busy runner; concurrent sessions.
+re-landed (twice); a growth merged as the new level, then acceptances in pull requests'
+commits (misspelt, without an amount, exact, exceeded) and a fix; an accepted step; a torch
+upgrade (another environment); a leak; a changed param; a busy runner; concurrent sessions.
 
 Each main commit is recorded and checked as the merge job does (`memtrack run`, then
 `memtrack check`, which records the base branch's verdicts); a pull request is a branch
-off main, checked as the gate checks it.
+off main, checked as the gate checks it. Every test starts from one shared history of four
+main commits (`main4`), and one that changes main does so in a copy of its own (`fresh`).
 """
 
 from __future__ import annotations
@@ -95,7 +97,9 @@ repeats = 3
 timeout = "2 min"
 """
 
-MLP, EMBED_CASE = "mlp[batch=16]", "embed[batch=4]"
+MORE = EMBED + SERVE  # the suite's other workloads
+SESSION = 64 * 1024  # floats: 256 KiB per session
+MLP, EMBED_CASE, SERVE_CASE = "mlp[batch=16]", "embed[batch=4]", "serve[concurrency=4]"
 MiB = 2**20
 
 
@@ -112,7 +116,7 @@ class History:
         """The JSON report of the newest main commit's check."""
 
     def write(self, **code: Any) -> None:
-        kw = {"scratch": 0, "leak": 0, "work": 1, "session": 0, "batch": 16, "more": EMBED}
+        kw = {"scratch": 0, "leak": 0, "work": 1, "session": SESSION, "batch": 16, "more": MORE}
         kw.update(code)
         (self.repo / "workloads.py").write_text(WORKLOADS.format(**kw))
         self.commits += 1
@@ -132,13 +136,17 @@ class History:
         """One commit on main, recorded and checked as the merge job does."""
         self.write(**code)
         sha = commit_all(self.repo, message)
+        return sha, self.record_main(env)
+
+    def record_main(self, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """main's newest commit recorded and checked as the merge job does."""
         run = self.memtrack("run", env=env)
         assert run.returncode == 0, run.stdout + run.stderr
         report = self.root / f"main-{self.commits}.json"
         checked = self.memtrack("check", "--json", str(report), env=env)
         assert checked.returncode == 0, checked.stdout + checked.stderr  # main never blocks
         self.report = json.loads(report.read_text())
-        return sha, checked
+        return checked
 
     def pull_request(
         self,
@@ -270,7 +278,7 @@ def test_a_leak_blocks_as_a_leak_and_is_not_noise(main4: History) -> None:
 
 
 def test_a_changed_param_is_compared_with_the_case_it_replaces(main4: History) -> None:
-    checked, report = main4.pull_request("batch", "double the batch", batch=32, more="")
+    checked, report = main4.pull_request("batch", "double the batch", batch=32, more=SERVE)
     assert checked.returncode == 1
     v = _one(report, "allocated", "mlp[batch=32]")
     assert (v["kind"], v["blocking"]) == ("regression", True), v["message"]
@@ -298,25 +306,71 @@ def test_time_is_not_judged_on_an_oversubscribed_machine(main4: History) -> None
     assert checked.returncode == 0
 
 
-def test_a_concurrent_case_is_judged_on_the_sum_of_its_sessions(tmp_path: Path) -> None:
-    h = History(tmp_path)
-    init_repo(h.repo)
-    (h.repo / "memtrack.toml").write_text(CONFIG)
-    per = 64 * 1024  # floats: 256 KiB per session
-    for _ in range(3):
-        h.merge(session=per, more=SERVE)
-    case = "serve[concurrency=4]"
-    _, same = h.pull_request("same", "a docstring", session=per, more=SERVE)
+def test_a_concurrent_case_is_judged_on_the_sum_of_its_sessions(main4: History) -> None:
+    _, same = main4.pull_request("same", "a docstring")
     assert not any(v["blocking"] for v in same["verdicts"])
     for metric in ("allocated", "sessions"):  # judged, not waved through as noisy
-        v = _one(same, metric, case)
+        v = _one(same, metric, SERVE_CASE)
         assert v["kind"] in ("ok", "improvement"), v["message"]
-    checked, report = h.pull_request(
-        "grow", "ten per cent more", session=per * 11 // 10, more=SERVE
-    )
+    checked, report = main4.pull_request("grow", "ten per cent more", session=SESSION * 11 // 10)
     assert checked.returncode == 1
-    v = _one(report, "sessions", case)
+    v = _one(report, "sessions", SERVE_CASE)
     assert (v["kind"], v["blocking"]) == ("regression", True), v["message"]
-    with Store.open(h.db) as store:
-        m = store.get_run(store.run_ids(limit=1)[0]).measurements[-1]
+    with Store.open(main4.db) as store:
+        run = store.get_run(store.run_ids(limit=1)[0])
+    (m,) = [m for m in run.measurements if m.case_id == SERVE_CASE]
     assert m.session_peak_bytes <= m.peak_allocated_bytes <= m.sessions_sum_bytes
+
+
+def test_a_merged_growth_is_the_level_that_acceptances_and_a_fix_are_judged_against(
+    fresh: History,
+) -> None:
+    h, floats = fresh, MiB // 4  # floats: 1 MiB
+    # A pull request keeping 1 MiB more blocks. Its acceptances are misdirected (a workload
+    # misspelt) or malformed (no amount): each is said, and neither guards anything.
+    trailers = (
+        "Memtrack-Accept: mlps allocated +1 MiB typo in the name\n"
+        "Memtrack-Accept: mlp allocated lots no amount"
+    )
+    checked, report = h.pull_request("grow", f"keep 1 MiB more\n\n{trailers}", scratch=floats)
+    v = _one(report, "allocated")
+    assert (checked.returncode, v["kind"], v["delta"]) == (1, "regression", MiB), v["message"]
+    notes = " ".join(report["notes"])
+    assert "names 'mlps', which is no workload or case of this run (nearest: mlp)" in notes
+    assert "'mlp allocated lots no amount' is not" in notes
+
+    # merged all the same: main runs once at the new level, reported and not blocking
+    git(h.repo, "merge", "-q", "--no-ff", "-m", "merge grow", "grow")
+    h.record_main()
+    v = _one(h.report, "allocated")
+    assert (h.report["context"], v["kind"], v["blocking"]) == ("base", "regression", False)
+
+    # the same growth again is judged against the new level, its one run, not widened by the step
+    checked, report = h.pull_request("grow-again", "keep 2 MiB", scratch=2 * floats)
+    v = _one(report, "allocated")
+    assert (checked.returncode, v["kind"], v["delta"], v["baseline_runs"]) == (
+        1,
+        "regression",
+        MiB,
+        1,
+    ), v["message"]
+    assert v["baseline_value"] == v["candidate_value"] - MiB
+    assert v["threshold"] == v["baseline_value"] + 512
+
+    accept = "Memtrack-Accept: mlp allocated +1 MiB longer context is the feature"
+    checked, report = h.pull_request(
+        "accepted", f"a longer context\n\n{accept}", scratch=2 * floats
+    )
+    v = _one(report, "allocated")
+    assert (checked.returncode, v["kind"], v["blocking"]) == (0, "accepted", False), v["message"]
+    assert v["accepted_reason"] == "longer context is the feature"
+
+    accept = "Memtrack-Accept: mlp allocated +1 MiB longer context"
+    checked, report = h.pull_request("too-much", f"much longer\n\n{accept}", scratch=3 * floats)
+    v = _one(report, "allocated")
+    assert (checked.returncode, v["kind"], v["delta"]) == (1, "regression", 2 * MiB)
+    assert "beyond the +1.00 MiB accepted" in v["message"]
+
+    checked, report = h.pull_request("fix", "free the buffer")
+    v = _one(report, "allocated")
+    assert (checked.returncode, v["kind"], v["delta"]) == (0, "improvement", -MiB), v["message"]

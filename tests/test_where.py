@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -81,9 +82,13 @@ def _check(repo: Path, db: Path) -> tuple[int, list[dict]]:
     return checked.returncode, json.loads(out.read_text())["verdicts"]
 
 
-@pytest.mark.slow
-def test_a_pull_request_that_keeps_every_logit_is_blocked_where_it_grew(tmp_path):
-    repo, db = init_repo(tmp_path / "repo"), tmp_path / "memtrack.db"
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    """The decoder's repository: main recorded, then a branch off it that keeps every
+    position's logits (`full-logits`, checked out), recorded. Its folder, and the two run ids."""
+    root = tmp_path_factory.mktemp("where")
+    repo, db = init_repo(root / "repo"), root / "db" / "memtrack.db"
+    db.parent.mkdir()
     (repo / "serve.py").write_text(SERVE)
     (repo / "memtrack.toml").write_text(
         'modules = ["serve.py"]\nrepeats = 2\nmin_baseline_runs = 1\ntime_regression = "off"\n'
@@ -91,11 +96,24 @@ def test_a_pull_request_that_keeps_every_logit_is_blocked_where_it_grew(tmp_path
     (repo / ".gitignore").write_text("data/\n")
     commit_all(repo, "a decoder")
     main_run = _run(repo, db)
-
     git(repo, "checkout", "-q", "-b", "full-logits")
     (repo / "serve.py").write_text(FULL_LOGITS)
     commit_all(repo, "keep every position's logits")
-    pr_run = _run(repo, db)
+    return root, main_run, _run(repo, db)
+
+
+@pytest.fixture
+def decoder(recorded: tuple[Path, str, str], tmp_path: Path) -> tuple[Path, Path, str, str]:
+    """A copy of `recorded` of this test's own: its repository, database and two run ids."""
+    root, main_run, pr_run = recorded
+    shutil.copytree(root / "repo", tmp_path / "repo")
+    shutil.copytree(root / "db", tmp_path / "db")
+    return tmp_path / "repo", tmp_path / "db" / "memtrack.db", main_run, pr_run
+
+
+@pytest.mark.slow
+def test_a_pull_request_that_keeps_every_logit_is_blocked_where_it_grew(decoder):
+    repo, db, main_run, pr_run = decoder
     code, verdicts = _check(repo, db)
     (allocated,) = [v for v in verdicts if v["metric"] == "allocated"]
     assert code == 1 and allocated["kind"] == "regression" and allocated["blocking"]
@@ -153,23 +171,13 @@ def test_a_pull_request_that_keeps_every_logit_is_blocked_where_it_grew(tmp_path
     assert all(c.delta == 0 for c in diff(before, moved, "pair"))
 
 
-def test_memtrack_diff_compares_two_runs_and_two_snapshot_files(tmp_path):
-    repo, db = init_repo(tmp_path / "repo"), tmp_path / "db" / "memtrack.db"
-    db.parent.mkdir()
-    (repo / "serve.py").write_text(SERVE)
-    (repo / "memtrack.toml").write_text('modules = ["serve.py"]\nrepeats = 1\n')
-    (repo / ".gitignore").write_text("data/\n")
-    commit_all(repo, "a decoder")
-    _run(repo, db)
+def test_memtrack_diff_compares_two_runs_and_two_snapshot_files(tmp_path, decoder):
+    repo, db, _, _ = decoder
     (tmp_path / "snaps").mkdir()  # outside the repository and the database's folder
-    snap_a = tmp_path / "snaps" / "a.json"
-    assert _memtrack(repo, db, "snapshot", "serve", "--out", str(snap_a)).returncode == 0
-    git(repo, "checkout", "-q", "-b", "full-logits")
-    (repo / "serve.py").write_text(FULL_LOGITS)
-    commit_all(repo, "keep every position's logits")
-    _run(repo, db)
-    snap_b = tmp_path / "snaps" / "b.json"
-    assert _memtrack(repo, db, "snapshot", "serve", "--out", str(snap_b)).returncode == 0
+    snap_a, snap_b = tmp_path / "snaps" / "a.json", tmp_path / "snaps" / "b.json"
+    for branch, snap in (("main", snap_a), ("full-logits", snap_b)):
+        git(repo, "checkout", "-q", branch)
+        assert _memtrack(repo, db, "snapshot", "serve", "--out", str(snap)).returncode == 0
 
     # two runs, named by their branches
     shown = _memtrack(repo, db, "diff", "main", "full-logits")
