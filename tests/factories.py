@@ -173,11 +173,15 @@ def venv_with_this_environment(venv: Path) -> Path:
     Streamlit, ...), as an adopter's machine has them, whatever that interpreter is: its
     system site-packages, and, through a .pth file, its own. `--system-site-packages` alone
     sees the base interpreter's, which are not this one's when the tests run in a venv.
-    Returns the venv's python."""
+    pip too is this interpreter's (ensurepip would take 2 CPU-s a venv); it installs into the
+    venv, whose interpreter runs it. Returns the venv's python."""
     import sys
     import sysconfig
 
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+        check=True,
+    )
     python = venv / "bin" / "python"
     site = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
