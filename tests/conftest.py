@@ -19,11 +19,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 # Set before anything imports torch; a value set by whoever runs the tests is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from memtrack.worker.server import YOUNG_ONLY  # noqa: E402
+
 # No full collection while collection imports (torch, Streamlit, every test module): each one
-# walks the whole heap again. The young generations are collected as ever; what was imported
-# is frozen, and the thresholds given back, once collection ends (pytest_collection_finish).
+# walks the whole heap again. The young generations are collected as ever, as the fork server
+# collects them; what was imported is frozen, and the thresholds given back, once collection
+# ends (pytest_collection_finish).
 THRESHOLDS = gc.get_threshold()
-gc.set_threshold(*THRESHOLDS[:2], 2**30)
+gc.set_threshold(*YOUNG_ONLY)
 
 from factories import GIT_ENV  # noqa: E402
 

@@ -134,8 +134,8 @@ def test_spawned_cases_are_fresh_interpreters_and_say_so(both_ways):
 
 
 def test_a_forked_case_collects_garbage_as_a_fresh_interpreter_does(both_ways):
-    """The server collects only the young generations while it imports; its cases, forked
-    or spawned, run under the collector as Python starts it."""
+    """The server never makes a full collection; its cases, forked or spawned, run under
+    the collector as Python starts it."""
     _, (_, forked), (_, spawned) = both_ways
     python = subprocess.run(
         [sys.executable, "-c", "import gc; print(gc.isenabled(), *gc.get_threshold())"],
