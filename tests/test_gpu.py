@@ -166,3 +166,78 @@ def test_one_process_on_two_gpus_reports_its_largest_device(tmp_path):
     assert m.peak_allocated_bytes == one.peak_allocated_bytes >= 512 * 2**20
     assert m.persistent_bytes == 256 * 2**20
     assert m.workspace_bytes is None or m.workspace_bytes >= 0
+
+
+BNB_WORKLOADS = textwrap.dedent(
+    """
+    import torch, memtrack
+    from torch import nn
+
+
+    @memtrack.workload(params={"bits": [4, 8]})
+    def bnb(ctx):
+        import bitsandbytes as bnb
+
+        torch.manual_seed(0)
+        layer = (bnb.nn.Linear4bit if ctx["bits"] == 4 else bnb.nn.Linear8bitLt)
+        model = nn.Sequential(
+            layer(1024, 4096, bias=False), nn.ReLU(), layer(4096, 1024, bias=False)
+        ).to(ctx.device)  # quantized as it moves to the GPU
+        ctx.mark(model)
+        x = ctx.randn(8, 1024, dtype=torch.float16)
+
+        @torch.no_grad()
+        def step():
+            return model(x)
+
+        return step
+    """
+)
+
+
+def _quantized_bytes(model) -> int:
+    """The bytes of a bitsandbytes model's weights, counted here: each weight's packed data
+    and what its quantization keeps beside it (4-bit: `quant_state.absmax`, its code and
+    nested state; 8-bit: the scales `SCB`), each storage once."""
+    import torch
+
+    seen: dict[int, int] = {}
+
+    def add(value, depth):
+        if isinstance(value, torch.Tensor):
+            seen[value.untyped_storage().data_ptr()] = value.untyped_storage().nbytes()
+        elif depth and hasattr(value, "__dict__"):
+            for inner in vars(value).values():
+                add(inner, depth - 1)
+
+    for p in model.parameters():
+        add(p, 0)
+        for inner in vars(p).values():
+            add(inner, 2)
+    return sum(seen.values())
+
+
+def test_bitsandbytes_weights_read_as_their_quantized_bytes(tmp_path):
+    pytest.importorskip("bitsandbytes")
+    import importlib.util
+    import sys
+
+    (tmp_path / "wl.py").write_text(BNB_WORKLOADS)
+    (tmp_path / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 1\nrepeats = 2\n')
+    config = load_config(tmp_path / "memtrack.toml")
+    run = run_suite(config, select_cases(discover(config)))
+    spec = importlib.util.spec_from_file_location("bnb_wl", tmp_path / "wl.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bnb_wl"] = module
+    spec.loader.exec_module(module)
+    from memtrack.workload.context import Context
+
+    for m in run.measurements:
+        assert m.status == "ok", m.message
+        ctx = Context(m.params, 0, "cuda", tmp_path)
+        module.bnb(ctx)  # the same model, built here
+        (model,) = ctx.marked_objects
+        expected = _quantized_bytes(model)
+        fp16 = 2 * 1024 * 4096 * 2
+        assert expected < fp16 / (3 if m.params["bits"] == 4 else 1.5)
+        assert m.weights_bytes == expected, (m.case_id, m.categories)

@@ -70,6 +70,27 @@ WORKLOADS = textwrap.dedent(
         return step
 
 
+    @memtrack.workload(params={"quant": ["none", "int8"]}, precision_params=("quant",),
+                       tolerance={"cosine": 0.999})
+    def dynamic(ctx):
+        # torch.ao's dynamic int8 quantization: packed weights, against the float model
+        model = torch.nn.Sequential(
+            torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 64)
+        ).eval()
+        if ctx["quant"] == "int8":
+            model = torch.ao.quantization.quantize_dynamic(
+                model, {torch.nn.Linear}, torch.qint8
+            )
+        ctx.mark(model)
+        x = ctx.randn(32, 256)
+
+        @torch.no_grad()
+        def step():
+            return model(x)
+
+        return step
+
+
     @memtrack.workload(tolerance={"cosine": 0.99})
     def no_output(ctx):
         layer = torch.nn.Linear(16, 16)
@@ -86,6 +107,7 @@ WORKLOADS = textwrap.dedent(
 F32 = "convnet[batch=4,dtype=float32,resolution=64]"
 BF16 = "convnet[batch=4,dtype=bfloat16,resolution=64]"
 NONE, INT8 = "quantized[quant=none]", "quantized[quant=int8]"
+DYNAMIC_NONE, DYNAMIC_INT8 = "dynamic[quant=none]", "dynamic[quant=int8]"
 
 
 def cli(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -112,12 +134,14 @@ def project(tmp_path_factory):
     )
     (repo / ".gitignore").write_text("data/memtrack.db*\n")
     commit_all(repo, "workloads")
-    recorded = cli(repo, "reference", "-k", "convnet", "-k", "quantized")
+    recorded = cli(repo, "reference", "-k", "convnet", "-k", "quantized", "-k", "dynamic")
     assert recorded.returncode == 0, recorded.stderr
     commit_all(repo, "references")
     git(repo, "checkout", "-q", "-b", "feature")  # a pull request: verdicts gate
     bf16_run = run_id(cli(repo, "run", "-k", "convnet"))
     int8_run = run_id(cli(repo, "run", "-k", "quantized"))
+    dynamic_run = run_id(cli(repo, "run", "-k", "dynamic"))
+    dynamic_check = cli(repo, "check", "--run", dynamic_run, "--json", "dynamic.json")
     bf16_check = cli(
         repo, "check", "--run", bf16_run, "--json", "bf16.json", "--markdown", "bf16.md"
     )
@@ -129,6 +153,8 @@ def project(tmp_path_factory):
         "int8_run": int8_run,
         "bf16_check": bf16_check,
         "int8_check": int8_check,
+        "dynamic_run": dynamic_run,
+        "dynamic_check": dynamic_check,
     }
 
 
@@ -143,7 +169,8 @@ def test_reference_pins_the_full_precision_output_by_its_checksum(project):
 
     repo = project["repo"]
     manifest = load_manifest(load_config(repo / "memtrack.toml"))
-    assert set(manifest) == {F32, NONE}  # the int8 and bf16 cases have no file of their own
+    # the int8 and bf16 cases have no file of their own
+    assert set(manifest) == {F32, NONE, DYNAMIC_NONE}
     for entry in manifest.values():
         data = (repo / "perf" / "references" / entry["file"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == entry["sha256"]
@@ -201,6 +228,20 @@ def test_an_uncalibrated_int8_cast_blocks_with_its_figure_and_tolerance(project)
     assert f"BLOCK quality · {INT8}" in check.stdout
     # the full-precision case itself matches its reference
     assert _run(repo, project["int8_run"])[NONE].quality_status == "ok"
+
+
+def test_torch_ao_int8_is_judged_against_its_float_model_and_saves_its_weights(project):
+    repo, check = project["repo"], project["dynamic_check"]
+    assert check.returncode == 0, check.stdout + check.stderr
+    ms = _run(repo, project["dynamic_run"])
+    f32, int8 = ms[DYNAMIC_NONE], ms[DYNAMIC_INT8]
+    assert int8.quality_status == "ok", int8.quality_message
+    assert int8.quality_reference == DYNAMIC_NONE and 0.999 <= int8.quality_cosine < 1
+    # the packed int8 weights: well under the float32 ones, never 0 B
+    assert f32.weights_bytes / 4 < int8.weights_bytes < f32.weights_bytes / 2
+    verdicts = json.loads((repo / "dynamic.json").read_text())["verdicts"]
+    (v,) = [v for v in verdicts if v["case_id"] == DYNAMIC_INT8 and v["metric"] == "quality"]
+    assert v["kind"] == "ok" and "saves" in v["message"]
 
 
 def test_a_reference_changed_after_recording_is_refused_by_its_checksum(project, tmp_path):

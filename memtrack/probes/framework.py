@@ -16,7 +16,9 @@ from typing import Any, Protocol
 
 import torch
 
+from memtrack.probes import packed
 from memtrack.probes.allocator import ThreadEvents, cpu_allocator_events, highest_running_sum
+from memtrack.probes.packed import Packed
 
 
 class FrameworkProbe(Protocol):
@@ -107,6 +109,18 @@ def category_tracker_class() -> type:
             they had there: storages tagged after the peak that were alive at it."""
             return _tagged_at_peak(self, device, category)
 
+        def _track_module_params_and_buffers(
+            self, module: Any, install_grad_hooks: bool = True
+        ) -> tuple[int, int]:
+            """MemTracker's, with gradient hooks only on the parameters that can have a
+            gradient: torch's own registers one on every parameter, and a frozen one (a LoRA
+            fine-tune's base weights, a model served with `requires_grad_(False)`) raises
+            "cannot register a hook on a tensor that doesn't require gradient"."""
+            counted = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
+            if install_grad_hooks:
+                _hook_trainable(self, module)
+            return counted  # type: ignore[no-any-return]
+
         def _pre_fw_hook(self, module: Any, inputs: Any) -> None:
             try:
                 super()._pre_fw_hook(module, inputs)
@@ -123,6 +137,25 @@ def category_tracker_class() -> type:
                 super()._post_bw_hook(module, args)
 
     return CategoryTracker
+
+
+def _hook_trainable(tracker: Any, module: Any) -> None:
+    """MemTracker's two gradient hooks (the gradient as it is made, and once accumulated) on
+    each of `module`'s parameters that requires a gradient and has none yet, kept where
+    MemTracker removes them when it exits (torch 2.5 to 2.14 alike)."""
+    from torch.distributed._tools.mem_tracker import _MemRefType
+
+    def count(grad: torch.Tensor | None) -> None:
+        if grad is not None:
+            tracker._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
+
+    handles = tracker._param_to_grad_hook_handles
+    for param in module.parameters():
+        if param.requires_grad and handles.get(param) is None:
+            handles[param] = (
+                param.register_hook(count),
+                param.register_post_accumulate_grad_hook(lambda p: count(p.grad)),
+            )
 
 
 def _tag(tracker: Any, tensor: torch.Tensor, category: Any) -> None:
@@ -326,6 +359,7 @@ class MemTrackerProbe:
         *,
         allocator: bool = False,
         only_fake: bool = False,
+        fake_mode: Any = None,
     ):
         self.device = device
         self.sessions = sessions
@@ -333,6 +367,9 @@ class MemTrackerProbe:
         self.allocator = allocator
         self.only_fake = only_fake
         """Count only fake tensors as held (an estimate: real ones are its own machinery)."""
+        self.fake_mode = fake_mode
+        """The estimate's FakeTensorMode: its fake tensors alone are the case's (torch.compile
+        traces with fake copies of the weights of a mode of its own)."""
         self.samples: list[int] = []
         self.tracker_samples: list[int] = []
         self.levels: list[int] = []
@@ -348,12 +385,54 @@ class MemTrackerProbe:
         self.primed = False
         self._threads: ThreadEvents | None = None
         """The session threads' allocations while a concurrent iteration is recorded."""
+        self.marked = 0
+        """The tracked total at the mark: the persistent set's tensors."""
+        self.packed: Packed | None = None
+        """The quantized modules' packed weights (probes.packed), measured at the first
+        iteration's end; None without any."""
+        self._packed_read = False
+        self._claimed: dict[Any, int] = {}
+        """Bytes moved to parameters by `_claim`, by their category before."""
 
     def mark(self, objects: tuple[Any, ...]) -> int:
+        gc.collect()  # what setup left in reference cycles is garbage, not the persistent set
         self.tracked = trackable(objects)
         self._track_marked()
         self._track_held()
-        return self._current_total()
+        self.marked = self._current_total()
+        return self.marked
+
+    def packed_bytes(self) -> int:
+        """The bytes of the marked modules' packed weights (0 without any, or where they
+        could not be measured: a note says so), measured once, after an iteration: never
+        inside one, and after the host view's figures (the copy is made and dropped)."""
+        if not self._packed_read:
+            self._packed_read = True
+            if self.device.type == "cpu" and not self.only_fake:
+                self.packed = packed.measure(tuple(self.tracked), self._claim)
+        return (self.packed.nbytes or 0) if self.packed is not None else 0
+
+    def _claim(self, tensor: torch.Tensor) -> int:
+        """`packed.measure`'s claim: the bytes of `tensor` the tracker counts (a packed
+        object's tensor that Python holds too, found live at the mark as an input), filed
+        as parameters from now on; the iteration being read moves them too (`_claimed`)."""
+        from torch.distributed._tools.common_utils import get_untyped_storages
+        from torch.distributed._tools.mem_tracker import _MemRefType
+
+        counted = 0
+        with self.tracker.lock:
+            for st in get_untyped_storages(tensor):
+                entry = self.tracker._WINFO.get(st)
+                if entry is None:
+                    continue
+                winfo = entry[0]
+                if winfo.reftype != _MemRefType.PARAM:
+                    self._claimed[winfo.reftype] = (
+                        self._claimed.get(winfo.reftype, 0) + winfo.mem_consumed
+                    )
+                    self.tracker._update_and_maybe_create_winfos(tensor, _MemRefType.PARAM)
+                counted += winfo.mem_consumed
+        return counted
 
     def _track_marked(self) -> None:
         others = [o for o in self.tracked if not isinstance(o, torch.Tensor)]
@@ -362,6 +441,12 @@ class MemTrackerProbe:
         for t in self.tracked:
             if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter):
                 self.tracker._update_and_maybe_create_winfos(t, input_category())
+        if others:
+            from torch.distributed._tools.mem_tracker import _MemRefType
+
+            # a quantized weight's scales and codes (bitsandbytes), kept beside its data
+            for t in packed.attached_tensors(tuple(others)):
+                self.tracker._update_and_maybe_create_winfos(t, _MemRefType.PARAM)
 
     def _track_held(self) -> None:
         """Every live tensor on the device that the tracker does not know yet, as 'Input':
@@ -369,9 +454,13 @@ class MemTrackerProbe:
         from torch.distributed._tools.common_utils import get_untyped_storages
 
         known, held = self.tracker._WINFO, input_category()
-        fake = _fake_check() if self.only_fake else None
+        fake = _fake_check()
         for obj in live_tensors(self.device):
-            if fake is not None and not fake(obj):
+            # Under an estimate only fake tensors are the case's; measured, a fake tensor
+            # holds no memory (torch.compile keeps fake copies of the weights it traced).
+            if fake(obj) != self.only_fake:
+                continue
+            if self.fake_mode is not None and getattr(obj, "fake_mode", None) is not self.fake_mode:
                 continue
             try:
                 storages = get_untyped_storages(obj)
@@ -466,6 +555,17 @@ class MemTrackerProbe:
         for before, nbytes in moved.items():
             by_device[before] = by_device.get(before, 0) - nbytes
             by_device[_MemRefType.OTH] = by_device.get(_MemRefType.OTH, 0) + nbytes
+        # Packed weights (quantized modules) are no tensor: held throughout, they raise the
+        # level, and the peak with it, by their bytes.
+        held = self.packed_bytes()
+        for before, nbytes in self._claimed.items():  # persistent: alive at the peak
+            by_device[before] = by_device.get(before, 0) - nbytes
+            by_device[_MemRefType.PARAM] = by_device.get(_MemRefType.PARAM, 0) + nbytes
+        self._claimed = {}
+        if held:
+            by_device[packed.CATEGORY] = held
+            by_device["Total"] = by_device.get("Total", 0) + held
+        level += held
         tracked = int(by_device.get("Total", 0))
         total = tracked
         if recorded is not None:
@@ -510,7 +610,9 @@ class MemTrackerProbe:
         if state is not None and cats.get("Optstate", 0) > state:
             cats["Temp"] = cats.get("Temp", 0) + cats["Optstate"] - state
             cats["Optstate"] = state
+        held = self.packed_bytes()
         return {
+            **({"persistent_bytes": self.marked + held} if held else {}),
             "framework": "cpu-allocator" if self.allocator else self.name,
             "peak_allocated_bytes": max(self.samples) if self.samples else None,
             "allocated_samples": list(self.samples),
@@ -521,12 +623,14 @@ class MemTrackerProbe:
     @property
     def notes(self) -> list[str]:
         """What a reader of the figures must know (the worker adds them to the case's)."""
+        notes = [packed.note(self.packed)] if self.packed is not None else []
         if not self.late_tags:
-            return []
+            return notes
         return [
+            *notes,
             "caches: every cache tag of the peak's iteration came after its peak, and no "
             "storage it tagged was alive at the peak: caches at the peak read 0 B (tag a "
-            "cache where it is made); the largest tagged cache is recorded apart"
+            "cache where it is made); the largest tagged cache is recorded apart",
         ]
 
 
@@ -653,6 +757,7 @@ class CudaAllocatorProbe:
         return self.device.index if self.device.index is not None else torch.cuda.current_device()
 
     def mark(self, objects: tuple[Any, ...]) -> int:
+        gc.collect()  # what setup left in reference cycles is garbage, not the persistent set
         for i in used_devices(self.device):
             torch.cuda.synchronize(i)
             self.marked[i] = int(torch.cuda.memory_allocated(i))

@@ -3,9 +3,9 @@ intermediates, and what no category explains, so that the parts add up to the fr
 
 With a tensor tracker's snapshot at the peak (MemTracker: on the CPU in the memory pass,
 on CUDA in one extra iteration) each part is what was alive at that moment: weights are
-parameters and buffers, inputs the other tensors held from setup (an input batch), caches
-the storages the workload tagged (each once), gradients and
-optimizer state apart, intermediates the activations and temporaries. Without one, weights
+parameters, buffers and quantized modules' packed weights, inputs the other tensors held
+from setup (an input batch), caches the storages the workload tagged (each once), gradients
+and optimizer state apart, intermediates the activations and temporaries. Without one, weights
 are the persistent set at the mark and intermediates the rest. Workspace is beyond the
 framework: on a GPU, each device's sampled peak within the memory pass minus that device's
 reserved peak (the largest over the devices), host RSS beyond live tensors on the CPU.
@@ -31,7 +31,8 @@ def with_breakdown(m: Measurement) -> Measurement:
     cats = m.categories or {}
     gradients = optimizer = unattributed = inputs = None
     if cats:
-        weights = cats.get("Parameter", 0) + cats.get("Buffer", 0)
+        # packed: the quantized modules' packed weights (probes.packed), no tensor at all
+        weights = cats.get("Parameter", 0) + cats.get("Buffer", 0) + cats.get("Packed", 0)
         inputs = cats.get("Input", 0)  # held from setup, no other category's
         caches = cats.get("Other", 0)  # only tagged caches are registered as 'Other'
         gradients, optimizer = cats.get("Gradient", 0), cats.get("Optstate", 0)

@@ -301,7 +301,7 @@ def estimate_case(spec: Spec, result: ResultFile) -> None:
     mode = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
     with mode, _fake_module_support(mode):
         ctx = Context(spec.params, spec.seed, device, Path(spec.data_dir), fake=True)
-        probe = MemTrackerProbe(ctx.device, only_fake=True)
+        probe = MemTrackerProbe(ctx.device, only_fake=True, fake_mode=mode)
         # Tags go to the tracker (outside the measured step it drops them); the context's
         # own bookkeeping reads data pointers, which fake storages do not have, and skips them.
         ctx.tag_hook = probe.tag

@@ -224,12 +224,15 @@ def _set_up(spec: Spec, result: ResultFile, host: Any) -> _Case:
 
 
 def tensor_dtype(objects: tuple[Any, ...]) -> str | None:
-    """The floating dtype that holds most of the persistent set's bytes ('bfloat16'): the
-    parameters and buffers of its modules, and its tensors; None where it holds none (an
-    optimizer's state is made by the first step, after this is read)."""
+    """The floating or quantized dtype that holds most of the persistent set's bytes
+    ('bfloat16', 'qint8'): the parameters and buffers of its modules, its tensors, and the
+    packed weights of quantized modules; None where it holds none (an optimizer's state is
+    made by the first step, after this is read)."""
     import torch
 
-    held: dict[str, int] = {}
+    from memtrack.probes.packed import packed_dtypes
+
+    held = packed_dtypes(objects)
     seen: set[int] = set()
     tensors: list[Any] = []
     for obj in objects:
