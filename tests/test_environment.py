@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -258,29 +259,30 @@ def _dist(site: Path, folder: str, name: str, version: str) -> None:
     )
 
 
-def test_the_packages_recorded_are_the_ones_import_finds_each_named_as_installed(tmp_path):
+def test_every_distribution_is_recorded_as_import_finds_it_by_its_normalised_name(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     _dist(first, "torch-2.9.1.dist-info", "torch", "2.9.1")
     _dist(first, "nvidia_cublas_cu12-12.8.4.1.dist-info", "nvidia-cublas-cu12", "12.8.4.1")
     _dist(first, "Flash_Attn-2.8.3.dist-info", "flash_attn", "2.8.3")
-    _dist(first, "requests-2.32.0.dist-info", "requests", "2.32.0")  # not memory-relevant
+    _dist(first, "peft-0.21.2.dist-info", "peft", "0.21.2")  # any package, not a list's
     _dist(first, "numpy-broken.dist-info", "numpy", "")  # no version: not a package
     _dist(second, "torch-2.5.0.dist-info", "torch", "2.5.0")  # shadowed by the first
-    _dist(second, "triton.egg-info", "triton", "3.1.0")
+    _dist(second, "My.Team_Pkg.egg-info", "My.Team_Pkg", "0.3")  # read from its metadata
     (second / "vllm-0.9.dist-info").write_text("a file, not a distribution's folder")
     path = [str(first), str(tmp_path / "gone"), str(second)]
 
     assert environment.installed_packages(path) == {
         "torch": "2.9.1",
         "nvidia-cublas-cu12": "12.8.4.1",
-        "flash_attn": "2.8.3",
-        "triton": "3.1.0",
+        "flash-attn": "2.8.3",
+        "peft": "0.21.2",
+        "my-team-pkg": "0.3",
     }
     # this interpreter's: what importlib.metadata names, each first on sys.path
     found: dict[str, str] = {}
     for dist in metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower()
-        if name.startswith(environment._PACKAGE_PREFIXES) and name not in found:
+        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
+        if name not in found:
             found[name] = dist.version
     assert environment.installed_packages() == found
     assert environment.collect()["packages"] == found

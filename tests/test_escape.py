@@ -152,6 +152,7 @@ def test_recorded_control_characters_never_reach_the_terminal(tmp_path):
         {"batch": 1},
         status="error",
         message="failed" + TERMINAL,
+        traceback="".join(f"  frame {i}\n" for i in range(40)) + "Error: tb" + TERMINAL,
         notes=("note" + TERMINAL,),
     )
     run = make_run([m], branch="main", subject="s" + TERMINAL)
@@ -166,6 +167,10 @@ def test_recorded_control_characters_never_reach_the_terminal(tmp_path):
         assert not set(out) & {"\x1b", "\x07", "\r", "\x9b"}, out
         assert "\\x1b[2J" in out  # what was recorded is shown, visibly
     assert "failed\\x1b" in shown.output and "note\\x1b" in shown.output
+    # a failed case's traceback is shown, its end where the error is
+    assert "Error: tb\\x1b" in shown.output and "frame 39" in shown.output
+    assert "earlier lines: --json has them)" in shown.output
+    assert not re.search(r"frame [0-9]\b", shown.output)  # the first lines are cut
 
 
 @pytest.mark.parametrize(

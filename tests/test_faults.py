@@ -509,7 +509,9 @@ def small_disk(tmp_path):
 def _fill(folder: Path) -> Path:
     """Fill the file system of `folder` to the last byte; returns the filler file."""
     filler = folder / "filler"
-    with open(filler, "wb") as f:
+    # unbuffered: a buffered file would flush its last partial block on close, onto the
+    # full disk, and raise there
+    with open(filler, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"x" * 65536)

@@ -522,6 +522,20 @@ def test_a_failed_candidate_blocks_unless_the_baseline_failed_too(
     assert "oom (CUDA out of memory)" in v.message
 
 
+def test_a_case_fixed_after_runs_that_all_failed_is_new_and_held_to_its_budget(store, tmp_path):
+    for i in range(2):
+        _record(store, [make_measurement(status="error", message="RuntimeError: boom")], i)
+    run_id = _candidate(store, [make_measurement(peak=2 * BASE)], 10)
+    result = check(store, _config(tmp_path), run_id=run_id)
+    v = _verdict(result)
+    assert (v.kind, v.blocking) == ("new", False)
+    assert "no ok run on main: its 2 runs there failed (error)" in v.message
+    assert {x.metric for x in result.verdicts} >= {"allocated", "host"}
+    budget = Budget("decoder", BASE, "one card", metric="allocated")
+    result = check(store, _config(tmp_path, budgets=(budget,)), run_id=run_id)
+    assert (_verdict(result).kind, result.exit_code) == ("over_budget", 1)
+
+
 def test_time_is_judged_by_runs_not_pooled_iterations(store, tmp_path):
     for i in range(5):
         times = tuple(0.010 + 0.0002 * ((i + k) % 4) for k in range(3))
@@ -732,9 +746,20 @@ def test_a_growth_names_what_changed_around_the_code_since_the_baseline(store, t
     assert v.kind == "regression" and v.blocking
     said = "Python: 3.11.7 -> 3.11.9; numpy: 1.26.4 -> 2.1.0 between baseline and candidate"
     assert said in v.message and said in v.details
-    # unchanged figures say nothing of it
+    # unchanged figures say nothing of it on their lines; the run's note names the bump
     same = _candidate(store, [make_measurement(peak=BASE)], 11, env=new)
-    assert (
-        "between baseline and candidate"
-        not in _verdict(check(store, _config(tmp_path), run_id=same)).message
-    )
+    result = check(store, _config(tmp_path), run_id=same)
+    assert "between baseline and candidate" not in _verdict(result).message
+    assert any(n.startswith(said) for n in result.notes), result.notes
+
+
+def test_a_package_installed_or_removed_is_named_where_both_sides_list_every_package():
+    from memtrack.judge.check import environment_diff
+
+    every = {"click": "8.1.7", "torch": "2.13.0+cpu", "flash_attn": "2.8.3"}
+    old = replace(CPU_ENV, packages=every)
+    new = replace(CPU_ENV, packages={**every, "peft": "0.21.2", "flash-attn": "2.8.3"})
+    assert environment_diff(old, new) == ["peft: - -> 0.21.2"]  # flash_attn is flash-attn
+    # an older record lists the memory-relevant packages alone: no install is read into it
+    older = replace(CPU_ENV, packages={"torch": "2.13.0+cpu", "flash-attn": "2.8.2"})
+    assert environment_diff(older, new) == ["flash-attn: 2.8.2 -> 2.8.3"]

@@ -6,6 +6,7 @@ process reads what it reads in a process of its own."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -160,6 +161,19 @@ def test_memtrack_records_one_row_per_test_into_the_database(pytester, project):
     assert all(m.status == "ok" and m.framework == "cpu-allocator" for m in run.measurements)
 
 
+def test_the_tests_run_is_recorded_with_the_runners_environment_fingerprint(
+    pytester, project, monkeypatch
+):
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    _pytest(pytester, "-q", "--memtrack").assert_outcomes(passed=3)
+    (run,) = _runs(project / "data" / "memtrack.db")
+    # the workers' allocator setting, applied to pytest's process, and recorded with it
+    assert run.environment.env_vars["MALLOC_MMAP_THRESHOLD_"] == "131072"
+    code = "from memtrack.measure.suite import probe_environment as p; print(p().fingerprint)"
+    runner = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.environment.fingerprint == runner.stdout.strip(), runner.stderr
+
+
 def _memtrack(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return memtrack_cli(repo, *args, env={"CI": "true"})
 
@@ -183,6 +197,40 @@ def test_a_test_whose_function_keeps_8_mib_more_is_blocked_and_named_in_the_comm
     comment = (project / "comment.md").read_text()
     assert "blocked by `test_model.py::test_work` allocated +8.00 MiB" in comment, comment
     assert "uncommitted changes" not in comment
+
+
+def test_a_test_over_its_budget_is_a_blocking_verdict_of_check_and_the_comment(pytester, project):
+    (project / "test_budget.py").write_text(
+        "import pytest\nfrom model import work\n\n\n"
+        '@pytest.mark.memory_budget("2 MiB")\n'
+        "def test_fits():\n    assert work(1) == 1\n\n\n"
+        '@pytest.mark.memory_budget("16 MiB")\n'
+        "def test_big():\n    assert work(8) == 8\n"
+    )
+    commit_all(project, "budgeted tests")
+    for _ in range(2):
+        _pytest(pytester, "-q", "--memtrack", "test_budget.py").assert_outcomes(passed=2)
+    git(project, "checkout", "-q", "-b", "bigger")
+    text = (project / "test_budget.py").read_text().replace("work(8) == 8", "work(20) == 20")
+    (project / "test_budget.py").write_text(text)
+    commit_all(project, "20 blocks")
+    # pytest fails the test over its budget; check blocks the pull request on it too
+    _pytest(pytester, "-q", "--memtrack", "test_budget.py").assert_outcomes(passed=1, failed=1)
+    (latest, *_) = _runs(project / "data" / "memtrack.db")
+    (big,) = [m for m in latest.measurements if m.case_id.endswith("test_big")]
+    assert (big.status, big.budget_bytes, big.budget_metric) == ("ok", 16 * MiB, "allocated")
+    out = _memtrack(project, "check", "--json", "check.json")
+    assert out.returncode == 1, out.stdout + out.stderr
+    (v,) = [
+        v
+        for v in json.loads((project / "check.json").read_text())["verdicts"]
+        if v["case_id"] == "test_budget.py::test_big" and v["metric"] == "allocated"
+    ]
+    assert (v["kind"], v["blocking"], v["budget_bytes"]) == ("over_budget", True, 16 * MiB)
+    assert "the test's memory_budget mark" in v["message"]
+    out = _memtrack(project, "check", "--markdown", "comment.md")
+    assert out.returncode == 1
+    assert "test_budget.py::test_big" in (project / "comment.md").read_text()
 
 
 def test_xdist_workers_measure_and_one_run_holds_every_test(pytester, project):

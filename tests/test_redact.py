@@ -154,10 +154,15 @@ def test_a_value_of_a_secret_variable_is_redacted_whatever_its_shape():
         "DEPLOY_KEY_ENV": "production",
         "GIT_AUTHOR_EMAIL": "dev@example.com",
         "HOME": "/home/runner/work",
+        # a name that is surely a secret's: its value, whatever it looks like
+        "DB_PASSWORD": "correcthorsebatterystaple",
+        "VAULT_PASSPHRASE": "correct horse battery",
+        "TOKENIZERS_PARALLELISM": "false",
     }
     values = secret_values(env)
     assert {"q7Vf2LmP9xR4tY8wZ1nB6cD3hJ5kS0aE2gU7iO9e", "s3kr1t-v4lue"} <= set(values)
-    assert not {"production", "dev@example.com", "/home/runner/work"} & set(values)
+    assert {"correcthorsebatterystaple", "correct horse battery"} <= set(values)
+    assert not {"production", "dev@example.com", "/home/runner/work", "false"} & set(values)
     text = f"boto: {env['AWS_SECRET_ACCESS_KEY']} / {env['MYAPP_SECRET']} in production"
     assert redact(text, values=values) == f"boto: {MASK} / {MASK} in production"
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from factories import GIT_ENV, commit_all, git, init_repo, memtrack_cli
+from factories import GIT_ENV, commit_all, git, init_repo, make_measurement, make_run, memtrack_cli
 
 from memtrack.judge.where import diff
 from memtrack.store.database import Store
@@ -196,9 +197,25 @@ def test_memtrack_diff_compares_two_runs_and_two_snapshot_files(tmp_path, decode
     assert by_module[0]["sites"][0]["key"] == "lm_head"
     assert by_module[0]["sites"][0]["delta_bytes"] == 4 * 128 * 8192 * 4
 
+    # main's newest run is one of the tests (pytest --memtrack), holding none of the cases:
+    # each side is its newest run that holds them; a workload's name names its cases
+    with Store.open(db) as store:
+        store.write_run(
+            make_run(
+                [make_measurement("test_serve.py::test_it", {})],
+                branch="main",
+                started_at="2099-01-01T00:00:00+00:00",
+            )
+        )
+    for args in ((), ("serve",)):
+        again = _memtrack(repo, db, "diff", "main", "full-logits", *args, "--json")
+        assert again.returncode == 0, again.stderr
+        assert [c["case"] for c in json.loads(again.stdout)] == [CASE]
+        assert json.loads(again.stdout)[0]["sites"][0]["delta_bytes"] == 4 * 128 * 8192 * 4
+
     # an unknown case, a file that is not a snapshot: one line each, exit 2
     wrong = _memtrack(repo, db, "diff", "main", "full-logits", "nope")
-    assert wrong.returncode == 2 and "case 'nope' is not measured in both runs" in wrong.stderr
+    assert wrong.returncode == 2 and "case 'nope' is not measured in both" in wrong.stderr
     junk = tmp_path / "junk.json"
     junk.write_text("{}")
     bad = _memtrack(repo, db, "diff", str(junk), str(snap_b))
@@ -340,3 +357,115 @@ def test_on_a_gpu_the_sites_sum_to_the_allocators_peak_and_name_the_output_proje
         assert total == pytest.approx(m.peak_allocated_bytes, rel=0.01), grouping
     top = max((s for s in m.sites if s.grouping == "pair"), key=lambda s: s.size_bytes)
     assert top.key == "lm_head at serve.py:generate"
+
+
+COMMAND = re.compile(r"^::(error|warning|notice) ([^:]*)::(.*)$")
+
+
+def _unescape(text: str) -> str:
+    return (
+        text.replace("%0A", "\n")
+        .replace("%0D", "\r")
+        .replace("%3A", ":")
+        .replace("%2C", ",")
+        .replace("%25", "%")
+    )
+
+
+def _commands(stdout: str) -> list[tuple[str, dict[str, str], str]]:
+    """Every workflow command of `stdout`, parsed as GitHub parses one: its level, its
+    properties (split at ',' and the first '='), its message."""
+    out = []
+    for line in stdout.splitlines():
+        if line.startswith("::"):
+            found = COMMAND.match(line)
+            assert found, line
+            props = dict(p.split("=", 1) for p in found[2].split(",")) if found[2] else {}
+            out.append((found[1], props, found[3]))
+    return out
+
+
+def test_check_annotates_a_blocking_growth_at_the_line_of_the_repository_that_grew(decoder):
+    repo, db, _, _ = decoder
+    done = _memtrack(repo, db, "check", "--annotations", "--no-record")
+    assert done.returncode == 1, done.stderr
+    errors = [c for c in _commands(done.stdout) if c[0] == "error"]
+    (props, message) = next((p, m) for _, p, m in errors if " allocated " in _unescape(p["title"]))
+    assert props["file"] == "serve.py"
+    line = int(props["line"])
+    assert line == 20 and line <= len((repo / "serve.py").read_text().splitlines())
+    assert _unescape(props["title"]).startswith(f"memtrack: {CASE} allocated +")
+    assert _unescape(message).startswith("BLOCK regression: allocated: baseline")
+    # outside GitHub Actions, and without the flag, none
+    plain = _memtrack(repo, db, "check", "--no-record")
+    assert not _commands(plain.stdout)
+    on_actions = memtrack_cli(
+        repo,
+        "check",
+        "--no-record",
+        env={**GIT_ENV, "MEMTRACK_DB": str(db), "GITHUB_ACTIONS": "true"},
+    )
+    assert _commands(on_actions.stdout) == _commands(done.stdout)
+
+
+def test_annotations_escape_hostile_names_keep_to_the_repository_and_respect_the_limits(tmp_path):
+    from memtrack.judge.check import CheckResult
+    from memtrack.judge.verdict import Verdict
+    from memtrack.judge.where import Change, Where
+    from memtrack.report.annotations import PER_LEVEL, workflow_commands
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "model.py").write_text("x = 1\n" * 50)
+    (tmp_path.parent / "outside.py").write_text("secret = 1\n" * 50)
+    hostile = "evil::error file=x,line=1::forged%0A\n::warning::second, %25"
+
+    def verdict(i: int, blocking: bool, key: str, line: int) -> Verdict:
+        change = Change("pair", key, 0, (i + 1) * 2**20, line)
+        return Verdict(
+            case_id=f"{hostile}[{i}]",
+            workload="evil",
+            metric="allocated",
+            kind="regression",
+            blocking=blocking,
+            message=f"allocated grew\nby {i} MiB, 100%",
+            delta=float((i + 1) * 2**20),
+            where=Where((i + 1) * 2**20, (change,), 0),
+        )
+
+    keys = [
+        "lm at src/model.py:forward",  # a file of the repository, a line it has
+        "lm at ../outside.py:forward",  # outside it
+        "lm at /etc/passwd:read",  # absolute
+        "lm at src/model.py:forward",
+    ]
+    verdicts = [verdict(i, True, keys[i % 4], 42 if i % 4 == 0 else 99) for i in range(14)]
+    verdicts += [verdict(i, False, keys[0], 7) for i in range(12)]
+    result = CheckResult(
+        run_id="r" * 32,
+        commit=None,
+        branch="pr",
+        started_at="2026-01-01T00:00:00+00:00",
+        fingerprint="f",
+        base_branch="main",
+        merge_base=None,
+        baseline_mode="merge-base",
+        verdicts=tuple(verdicts),
+    )
+    lines = workflow_commands(result, tmp_path)
+    commands = _commands("\n".join(lines))
+    assert len(commands) == len(lines)  # each command one line, nothing forged
+    levels = [c[0] for c in commands]
+    assert levels.count("error") == PER_LEVEL and levels.count("warning") == PER_LEVEL
+    assert levels.count("notice") == 1 and "6 more verdicts" in commands[-1][2]
+    errors = [c for c in commands if c[0] == "error"]
+    # the largest growths first: 14 MiB, 13 MiB, ...
+    assert _unescape(errors[0][1]["title"]) == f"memtrack: {hostile}[13] allocated +14.00 MiB"
+    for _, props, message in commands[:-1]:
+        assert set(props) <= {"file", "line", "title"}
+        assert "\n" not in message and "::" not in message.replace("%3A", "")
+        if "file" in props:
+            assert props["file"] == "src/model.py"  # never outside the repository
+            assert props.get("line") in (None, "42", "7")
+        assert _unescape(props["title"]).startswith(f"memtrack: {hostile}[")
+    # line 99 is past the file's end: the file, without a line
+    assert any("file" in p and "line" not in p for _, p, _ in errors)

@@ -115,6 +115,12 @@ def _write(path: Path, text: str, *, append: bool = False) -> None:
     "ago); default: the config's creep_anchor.",
 )
 @patterns_option("With --history:")
+@click.option(
+    "--annotations/--no-annotations",
+    default=None,
+    help="Print a GitHub Actions annotation per blocking verdict and warning, at the site "
+    "that grew (default: on where GITHUB_ACTIONS=true).",
+)
 def check(
     config_path: Path | None,
     db_path: Path | None,
@@ -127,6 +133,7 @@ def check(
     history: bool,
     anchor: str | None,
     patterns: tuple[str, ...],
+    annotations: bool | None,
 ) -> None:
     """Compare a run with its baseline and budgets; exit 1 when something blocks.
 
@@ -153,7 +160,9 @@ def check(
             shown = _history(store, config, base_branch, patterns, history_anchor)
         else:
             shown = _judged(store, config, run_id, commit, base_branch, record=not no_record)
-    _show(shown, markdown_path, json_path)
+    if annotations is None:
+        annotations = os.environ.get("GITHUB_ACTIONS") == "true"
+    _show(shown, markdown_path, json_path, annotations)
 
 
 class _Shown(NamedTuple):
@@ -164,6 +173,7 @@ class _Shown(NamedTuple):
     code: int
     markdown: Callable[[], str]
     data: Callable[[], Any]
+    annotations: Callable[[], list[str]] = list
 
 
 def _history(
@@ -198,6 +208,7 @@ def _judged(
 ) -> _Shown:
     from memtrack.judge.check import check as run_check
     from memtrack.report import check as report
+    from memtrack.report.annotations import workflow_commands
 
     result = run_check(store, config, run_id=run_id, commit=commit, base_branch=base_branch)
     if record:
@@ -209,17 +220,24 @@ def _judged(
             result, dashboard_url=config.dashboard_url, source_url=source_url(config, result)
         ),
         lambda: report.to_json(result),
+        lambda: workflow_commands(result, config.root),
     )
 
 
-def _show(shown: _Shown, markdown_path: Path | None, json_path: Path | None) -> None:
-    """Print the terminal lines, write the reports asked for, exit with the verdict."""
+def _show(
+    shown: _Shown, markdown_path: Path | None, json_path: Path | None, annotations: bool
+) -> None:
+    """Print the terminal lines (and the annotations, where asked), write the reports
+    asked for, exit with the verdict."""
     from rich.text import Text
 
     console = rich_console()
     for r in shown.renderables:
         # One verdict, one line: unwrapped lines stay whole in CI logs and for grep.
         console.print(r, soft_wrap=isinstance(r, Text))
+    if annotations:
+        for line in shown.annotations():
+            click.echo(line)  # as it is: a workflow command is one line, escaped
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     text = shown.markdown() if markdown_path or summary else ""
     if markdown_path:

@@ -7,7 +7,45 @@ import click
 
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
 from memtrack.errors import ConfigError
-from memtrack.records import Site
+from memtrack.records import Measurement, Site
+from memtrack.store.database import Store
+
+
+def _pair(
+    store: Store, a: str, b: str, cases: tuple[str, ...]
+) -> tuple[dict[str, Measurement], dict[str, Measurement], list[str]]:
+    """The runs A and B name that hold the cases, and the cases compared. A ref (a branch, a
+    commit) names its runs newest first: each side is its newest run that measured the
+    cases (or, without CASE, the newest pair that shares one), so that a ref whose newest
+    run is another kind of run (the tests', beside the workloads') still compares. A CASE
+    is a case id or a workload's name (all its cases)."""
+    runs_b, runs_a = store.find_runs(b), store.find_runs(a)
+    read: dict[str, dict[str, Measurement]] = {}
+
+    def measured(run_id: str) -> dict[str, Measurement]:
+        if run_id not in read:
+            run = store.get_run(run_id)
+            read[run_id] = {m.case_id: m for m in run.measurements if m.kind == "measured"}
+        return read[run_id]
+
+    for rb in runs_b:
+        for ra in runs_a:
+            by_a, by_b = measured(ra), measured(rb)
+            shared = [c for c in by_b if c in by_a and _named(by_b[c], cases)]
+            if shared and all(any(_named(by_b[c], (n,)) for c in shared) for n in cases):
+                return by_a, by_b, shared
+    if cases:
+        raise ConfigError(
+            f"case {cases[0]!r} is not measured in both {a!r} and {b!r} (neither as a case "
+            "id nor as a workload's name, in any of their newest runs)"
+        )
+    others = f" (nor do the other runs of {a!r} and {b!r})" if len(runs_a + runs_b) > 2 else ""
+    raise ConfigError(f"runs {runs_a[0][:12]} and {runs_b[0][:12]} share no case{others}")
+
+
+def _named(m: Measurement, cases: tuple[str, ...]) -> bool:
+    """Whether CASE names `m` (no CASE names every case): its id, or its workload's name."""
+    return not cases or m.case_id in cases or m.workload in cases
 
 
 @click.command()
@@ -53,19 +91,9 @@ def diff(
             grouping = "source"  # a CUDA snapshot knows no module paths
         pairs.append((case_b if case_a == case_b else f"{case_a} -> {case_b}", sites_a, sites_b))
     else:
-        from memtrack.store.database import Store
-
         _, db = resolve(config_path, db_path)
         with Store.open(db, readonly=True) as store:
-            run_a, run_b = store.find_run(a), store.find_run(b)
-        by_a = {m.case_id: m for m in run_a.measurements if m.kind == "measured"}
-        by_b = {m.case_id: m for m in run_b.measurements if m.kind == "measured"}
-        for case in cases:
-            if case not in by_a or case not in by_b:
-                raise ConfigError(f"case {case!r} is not measured in both runs")
-        shared = [c for c in by_b if c in by_a and (not cases or c in cases)]
-        if not shared:
-            raise ConfigError(f"runs {run_a.run_id[:12]} and {run_b.run_id[:12]} share no case")
+            by_a, by_b, shared = _pair(store, a, b, cases)
         pairs = [(c, by_a[c].sites, by_b[c].sites) for c in shared]
     changes = [(case, site_diff(x, y, grouping)) for case, x, y in pairs]
     if as_json:

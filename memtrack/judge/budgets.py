@@ -75,9 +75,18 @@ def choose_budgets(
 def budgets_for(budgets: Sequence[Budget], m: Measurement, env: Environment) -> dict[str, Budget]:
     """The budget that applies to each metric of a case (see choose_budgets)."""
     gpu_names = [g.name for g in env.gpus if g.name]  # None: NVML would not say
-    return choose_budgets(
+    chosen = choose_budgets(
         budgets, m.workload, m.case_id, m.device == "cpu", gpu_names, default_budget_metric(m)
     )
+    if m.budget_bytes is not None and m.budget_metric is not None:
+        # a test's own mark: the budget nearest to it, which pytest held it to too
+        chosen[m.budget_metric] = Budget(
+            m.case_id, m.budget_bytes, TEST_BUDGET_REASON, metric=m.budget_metric
+        )
+    return chosen
+
+
+TEST_BUDGET_REASON = "the test's memory_budget mark"
 
 
 def budget_changes(

@@ -11,6 +11,7 @@ shows as one. Nothing here prints; `memtrack.report.check` shows what this retur
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -167,10 +168,26 @@ def environment_diff(old: Environment, new: Environment) -> list[str]:
                 f"{name}: {old.env_vars.get(name, '(unset)')} -> "
                 f"{new.env_vars.get(name, '(unset)')}"
             )
-    for name in sorted(set(old.packages) | set(new.packages)):
-        if name != "torch" and old.packages.get(name) != new.packages.get(name):
-            out.append(f"{name}: {old.packages.get(name, '-')} -> {new.packages.get(name, '-')}")
+    was, now = _packages(old), _packages(new)
+    # A record made before every distribution was recorded holds the memory-relevant ones
+    # alone: beside it, a package only one side names is no install or removal.
+    whole = all(WHOLE_RECORD in p for p in (was, now))
+    for name in sorted(set(was) | set(now)):
+        if name == "torch" or was.get(name) == now.get(name):
+            continue
+        if whole or (name in was and name in now):
+            out.append(f"{name}: {was.get(name, '-')} -> {now.get(name, '-')}")
     return out
+
+
+WHOLE_RECORD = "click"
+"""A distribution every install of memtrack has (a dependency of its own): a record whose
+packages name it lists every distribution, an older one only memory-relevant ones."""
+
+
+def _packages(e: Environment) -> dict[str, str]:
+    """The environment's packages by normalised name (PEP 503: 'flash_attn' is 'flash-attn')."""
+    return {re.sub(r"[-_.]+", "-", k).lower(): v for k, v in e.packages.items()}
 
 
 def _unbased_verdict(
@@ -191,6 +208,15 @@ def _unbased_verdict(
             f"run {point.run_id[:12]} of {(point.commit or '?')[:12]})"
         )
         details = tuple(diff)
+    elif c.points:
+        failed = sorted({p.status for p in c.points if p.status != "ok"})
+        kind, details = "new", ()
+        text = (
+            f"new: no ok run on {base_branch}: its {len(c.points)} run"
+            f"{'s' if len(c.points) != 1 else ''} there failed ({', '.join(failed)})"
+            if failed
+            else f"new: no run on {base_branch} measured its {metric} figure"
+        )
     else:
         kind, text, details = "new", f"new: no baseline on {base_branch}", ()
     details += changes
@@ -254,9 +280,9 @@ def _judge_case(
         return [_failed_verdict(c)]
     out: list[Verdict] = []
     for metric in metrics.GATED:
-        if c.points:
+        if any(p.status == "ok" and metric in p.values for p in c.points):
             v = memory.verdict(c, metric, config)
-        else:
+        else:  # no run of the base branch measured it (none at all, or all failed): new
             v = _unbased_verdict(c, metric, base_branch, other_env)
         if v is None:
             continue
@@ -533,6 +559,9 @@ def _judge_cases(
         notes += _unmeasured_budgets(m, c)
         if m.case_id in renamed:
             old_case, change = renamed[m.case_id]
+            judged = _judge_case(c, s.config, s.base, other, False)
+            # where it grew, against the sites of the case it replaces
+            judged = _around_the_code(store, s, m, c.points, judged, env_cache, notes, old_case)
             verdicts += [
                 replace(
                     v,
@@ -540,16 +569,18 @@ def _judge_cases(
                     param_change=change,
                     message=f"{change} (against {old_case}, the case it replaces): {v.message}",
                 )
-                for v in _judge_case(c, s.config, s.base, other, False)
+                for v in judged
             ]
             continue
         case_verdicts = _judge_case(c, s.config, s.base, other, time_on)
-        verdicts.extend(_around_the_code(store, s, m, c.points, case_verdicts, env_cache))
+        verdicts.extend(_around_the_code(store, s, m, c.points, case_verdicts, env_cache, notes))
     return verdicts
 
 
 GREW = ("regression", "over_budget", "time_regression", "leak")
-"""The verdicts that say a figure grew: each names what changed around the code."""
+"""The verdicts that say a figure grew: each names where it grew."""
+EXPLAINED = (*GREW, "improvement", "noisy", "failed", "quality", "abstained")
+"""The verdicts a change around the code (a package, the OS) could explain: each names it."""
 TENSORS = ("allocated", "requested", "reserved", "device", "host", "host_step")
 """The metrics whose growth the sites at the peak (tensors) can place."""
 
@@ -561,13 +592,16 @@ def _around_the_code(
     case_points: list[Point],
     verdicts: list[Verdict],
     env_cache: dict[str | None, Environment | None],
+    notes: list[str],
+    baseline_case: str | None = None,
 ) -> list[Verdict]:
     """Verdicts that say a figure grew, with where it grew at the peak against the newest
     baseline run ('where: +10.50 MiB in `lm_head` at serve.py:generate', for a figure of
-    tensors), and what differs between that run's environment and the candidate's beyond
-    the fingerprint (packages, Python's patch release, NCCL, the OS): 'numpy: 1.26.4 ->
-    2.1.0 between baseline and candidate'."""
-    if not case_points or not any(v.kind in GREW for v in verdicts):
+    tensors); and every verdict such a change could explain (EXPLAINED) with what differs
+    between that run's environment and the candidate's beyond the fingerprint (packages,
+    Python's patch release, NCCL, the OS): 'numpy: 1.26.4 -> 2.1.0 between baseline and
+    candidate', which a note of the run says too, whatever the verdicts."""
+    if not case_points:
         return verdicts
     newest = case_points[0]
     if newest.env_id not in env_cache:
@@ -575,7 +609,16 @@ def _around_the_code(
     old = env_cache[newest.env_id]
     diff = environment_diff(old, s.run.environment) if old else []
     said = f"{'; '.join(diff)} between baseline and candidate" if diff else None
-    place = where(store.sites(newest.run_id, m.case_id), m.sites) if m.sites else None
+    if said:
+        # said once for the run, whatever its verdicts: a bump that changed nothing too
+        note = f"{said} (the newest baseline run {newest.run_id[:12]})"
+        if note not in notes:
+            notes.append(note)
+    if not any(v.kind in EXPLAINED for v in verdicts):
+        return verdicts
+    grew = any(v.kind in GREW for v in verdicts)
+    base_sites = store.sites(newest.run_id, baseline_case or m.case_id) if m.sites and grew else ()
+    place = where(base_sites, m.sites) if base_sites else None
     out = []
     for v in verdicts:
         if v.kind in GREW and place and v.metric in TENSORS:
@@ -585,7 +628,7 @@ def _around_the_code(
                 details=(*v.details, place.text()),
                 where=place,
             )
-        if v.kind in GREW and said:
+        if v.kind in EXPLAINED and said:
             v = replace(v, message=f"{v.message} ({said})", details=(*v.details, said))
         out.append(v)
     return out

@@ -339,8 +339,8 @@ def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
     )
     common.update(details=details, context=c.context, **_budget_fields(budget))
     window = [p for p in reversed(c.points) if p.status == "ok" and metric in p.values]
-    if not window:  # the baseline never measured this view: only a budget to hold it to
-        return None if budget is None else _budget_only(c, metric, value, budget, over, common)
+    if not window:  # the baseline never measured this view: the caller's 'new' judges it
+        return None
     values = [float(p.values[metric]) for p in window]
     factor = config.headroom_factor
     noise = _noise(c, window, values, metric, config)
@@ -486,19 +486,6 @@ def _budget_fields(budget: Budget | None) -> dict[str, Any]:
     if budget is None:
         return {"budget_bytes": None, "budget_reason": None}
     return {"budget_bytes": budget.limit_bytes, "budget_reason": budget.reason}
-
-
-def _budget_only(
-    c: Candidate, metric: str, value: int, budget: Budget, over: bool, common: dict[str, Any]
-) -> Verdict:
-    words = f"the baseline has no {metric} figure to compare"
-    return Verdict(
-        kind="over_budget" if over else "ok",
-        blocking=over,
-        message=f"{metric}: {format_size(value)}, {words}{c.budget_part(metric, value, budget)}",
-        words=words,
-        **common,
-    )
 
 
 def _decide(

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -43,31 +44,14 @@ ENV_ALLOWLIST = (
 )
 """Memory-relevant variables; the rest of the environment is never recorded."""
 
-_PACKAGE_PREFIXES = (
-    "torch",
-    "triton",
-    "numpy",
-    "nvidia-",
-    "transformers",
-    "accelerate",
-    "xformers",
-    "flash-attn",
-    "flash_attn",
-    "deepspeed",
-    "bitsandbytes",
-    "vllm",
-    "safetensors",
-    "memtrack",
-)
-
 
 def installed_packages(path: list[str] | None = None) -> dict[str, str]:
-    """The version of each installed package whose name starts with one of
-    `_PACKAGE_PREFIXES`, as `import` finds it: the first distribution of a name on
-    `sys.path` (or `path`). Only the matching distributions' metadata is read: their
-    folders' names (`name-version.dist-info`) say which, where reading every one's metadata
-    costs tens of milliseconds."""
-    prefixes = tuple(p.replace("_", "-") for p in _PACKAGE_PREFIXES)
+    """The version of every installed distribution, by its normalised name ('peft',
+    'typing-extensions'), as `import` finds it: the first distribution of a name on
+    `sys.path` (or `path`). A wheel's `name-version.dist-info` folder says both in its
+    name, so nothing is read for it; an older layout (`name.egg-info`, a folder name without
+    its version) has its metadata read. Where reading every one's metadata costs tens of
+    milliseconds, this costs a listing of each folder."""
     found: dict[str, str] = {}
     for entry in sys.path if path is None else path:
         try:
@@ -76,18 +60,26 @@ def installed_packages(path: list[str] | None = None) -> dict[str, str]:
             continue
         for folder in folders:
             stem, _, kind = folder.rpartition(".")
-            guess = stem.split("-", 1)[0].lower().replace("_", "-").replace(".", "-")
-            if kind not in ("dist-info", "egg-info") or not guess.startswith(prefixes):
+            if kind not in ("dist-info", "egg-info"):
                 continue
-            try:
-                dist = metadata.Distribution.at(os.path.join(entry or ".", folder))
-                name = (dist.metadata["Name"] or "").lower()
-                version = dist.version
-            except Exception:  # unreadable metadata: not a package import sees
+            where = os.path.join(entry or ".", folder)
+            if not os.path.isdir(where):  # a file of that name is no distribution
                 continue
-            if name.startswith(_PACKAGE_PREFIXES) and version and name not in found:
-                found[name] = version
+            name, _, version = stem.partition("-")
+            if kind == "egg-info" or not version[:1].isdigit() or "-" in version:
+                try:
+                    dist = metadata.Distribution.at(where)
+                    name, version = dist.metadata["Name"] or "", dist.version
+                except Exception:  # unreadable metadata: not a package import sees
+                    continue
+            key = _NORMAL.sub("-", name).lower()
+            if key and version and key not in found:
+                found[key] = version
     return found
+
+
+_NORMAL = re.compile(r"[-_.]+")
+"""PEP 503's normalisation of a distribution's name: runs of -, _ and . are one -."""
 
 
 _NOT_FINGERPRINTED = ("CUDA_VISIBLE_DEVICES",)

@@ -55,6 +55,32 @@ PINNED_ENV = {
 """Settings every worker and the fork server run with, unless the user set them."""
 
 
+M_MMAP_THRESHOLD = -3
+"""glibc's mallopt parameter for MALLOC_MMAP_THRESHOLD_."""
+
+
+def pin_this_process() -> bool:
+    """PINNED_ENV's allocator threshold in this running process, where the user set none:
+    pytest's, whose tests are measured in it beside the runner's workers. glibc reads the
+    variable only as a process starts, so the threshold is set with `mallopt`, and the
+    variable with it: the environment recorded (its fingerprint) is then the workers', and
+    the processes started from here (xdist's workers, a forked test) start with it. False
+    where it could not be set (no glibc): nothing changed."""
+    name = "MALLOC_MMAP_THRESHOLD_"
+    if name in os.environ:
+        return True  # the user's, kept and recorded as it is
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    if mallopt(M_MMAP_THRESHOLD, int(PINNED_ENV[name])) != 1:
+        return False
+    os.environ[name] = PINNED_ENV[name]
+    return True
+
+
 def worker_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment a worker runs in: the parent's (or `base`) with PINNED_ENV's defaults
     and the run's mark (measure.guard), which what the workers start inherits. The parent's
@@ -294,6 +320,7 @@ def memory_window(results: list[Result]) -> tuple[float, ...] | None:
 
 __all__ = [
     "PINNED_ENV",
+    "pin_this_process",
     "CaseOutcome",
     "launch",
     "memory_window",

@@ -74,6 +74,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", budgets.MARK_HELP)
     if config.option.memtrack_forked and not hasattr(os, "fork"):
         raise pytest.UsageError("--memtrack-forked: this platform cannot fork a process")
+    if config.option.memtrack:
+        from memtrack.measure.launcher import pin_this_process
+
+        # the runner's allocator setting: the tests' figures, and the environment they are
+        # recorded with (its fingerprint, the baseline's key), are then the workloads'
+        pin_this_process()
     if config.option.memtrack and not hasattr(config, "workerinput"):
         from memtrack.plugin.session import Recorder
 
@@ -195,9 +201,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 "figures": None if figures is None else figures.to_dict(),
                 "over": item.stash.get(_over_key, None) if call.when == "call" else None,
                 "forked": bool(item.config.option.memtrack_forked),
+                "budget": _budget_data(_budget(item)) if call.when == "call" else None,
             },
         )
     return report
+
+
+def _budget_data(b: budgets.MemoryBudget | None) -> dict[str, Any] | None:
+    """The mark as plain data for the test's record (`memtrack check` holds the test to it)."""
+    if b is None:
+        return None
+    return {"limit_bytes": b.limit_bytes, "metric": b.metric, "device": b.device}
 
 
 @pytest.hookimpl(tryfirst=True)

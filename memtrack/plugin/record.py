@@ -57,6 +57,8 @@ class Outcome:
     traceback: str | None = None
     forked: bool = False
     budget_note: str | None = None
+    budget: dict[str, Any] | None = None
+    """The test's `memory_budget` mark: limit_bytes, metric, device."""
 
 
 def _cut(text: str | None, limit: int) -> str | None:
@@ -93,6 +95,12 @@ def measurement(t: Outcome) -> Measurement:
         for d in (f.devices if f else ())
     )
     cuda = f is not None and f.device == "cuda"
+    limit, metric = _gated_budget(t.budget)
+    if t.budget is not None and limit is None:
+        notes.append(
+            f"memory budget on {t.budget['device']} is held by pytest alone: `memtrack check` "
+            "holds a test to a budget on its largest device"
+        )
     return Measurement(
         workload=cid,
         case_id=cid,
@@ -117,7 +125,22 @@ def measurement(t: Outcome) -> Measurement:
         devices=devices,
         duration_s=t.duration_s,
         notes=tuple(_cut(n, MAX_TEXT) or "" for n in notes),
+        budget_bytes=limit,
+        budget_metric=metric,
     )
+
+
+GATED_VIEW = {"allocated": "allocated", "reserved": "reserved", "device": "device"}
+"""A budget mark's metric as the gate's (plugin.budget.VIEWS): its `host` (the test's rise
+above its start) is recorded as the step's host growth, `host_step`."""
+
+
+def _gated_budget(budget: dict[str, Any] | None) -> tuple[int | None, str | None]:
+    """The limit and gated metric `memtrack check` holds the test to; (None, None) for no
+    budget, or one on one device of several (`cuda:N`: the record keeps the largest)."""
+    if budget is None or ":" in (budget.get("device") or ""):
+        return None, None
+    return int(budget["limit_bytes"]), GATED_VIEW.get(budget["metric"], "host_step")
 
 
 def suite_hash(case_ids: Iterable[str]) -> str:
@@ -187,6 +210,7 @@ def outcome_of(nodeid: str, reports: list[Any]) -> Outcome | None:
         traceback=trace,
         forked=bool(data.get("forked")),
         budget_note=data.get("over"),
+        budget=data.get("budget"),
     )
 
 

@@ -440,6 +440,12 @@ class Measurement:
     where no measured run calibrated the estimate (it excludes scratch; a note says so)."""
     scratch_run_id: str | None = None
     """Estimates only: the measured run `scratch_bytes` was taken from."""
+    budget_bytes: int | None = None
+    """A test's own memory budget (its `memory_budget` mark, pytest plugin), held by
+    `memtrack check` to `budget_metric` as a config budget is: over it, the test is
+    `over_budget`. None for a workload's case: its budgets are the config's."""
+    budget_metric: str | None = None
+    """The gated metric `budget_bytes` limits; set with it."""
 
 
 def case_id(workload: str, params: dict[str, Any]) -> str:

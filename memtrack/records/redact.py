@@ -3,9 +3,11 @@ workload's error message can quote a URL, a header, a key file or a variable).
 
 Two nets. The values of this process's own secret-looking variables (a name with TOKEN,
 SECRET, KEY, PASSWORD, CREDENTIAL, ...): whatever their shape, a workload that prints one
-leaks exactly that text. And well-known token shapes (GitHub, Hugging Face, AWS, OpenAI,
-Slack, Google, GitLab, Stripe, npm, PyPI, JWTs, PEM private keys, Azure connection strings,
-authorization headers, credentials in a URL), for secrets of other machines.
+leaks exactly that text (a lowercase word too, where the name is surely a secret's:
+`DB_PASSWORD=correcthorsebatterystaple`). And well-known token shapes (GitHub, Hugging
+Face, AWS, OpenAI, Slack, Google, GitLab, Stripe, npm, PyPI, JWTs, PEM private keys, Azure
+connection strings, authorization headers, credentials in a URL), for secrets of other
+machines.
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ SECRET_NAME = re.compile(
     re.IGNORECASE,
 )
 """A variable whose value is a secret by its name."""
+SURELY_SECRET_NAME = re.compile(
+    r"(?:^|_)[A-Z0-9]*(?:PASSWORD|PASSWD|PASSPHRASE|SECRET|TOKEN)(?:_|$)", re.IGNORECASE
+)
+"""A name that is a secret's whatever its value looks like (`DB_PASSWORD`, `HF_TOKEN`,
+`CLIENT_SECRET`): a word of the name ends in one of these. `TOKENIZERS_PARALLELISM` is
+not one; a `..._KEY` or `..._SESSION` may hold an ordinary word ('production')."""
 MIN_SECRET_LENGTH = 4
 """Shorter values ('1', 'on') are too common in text to stand for a secret; a value of a
 secret-named variable from four characters on is one (`API_KEY=k3y99z`)."""
@@ -83,7 +91,12 @@ def secret_values(environ: Any = None) -> tuple[str, ...]:
     environment, which the workers inherit), in every form text quotes them (as they are,
     URL-encoded, base64-encoded), longest first."""
     env = os.environ if environ is None else environ
-    found = {v for k, v in env.items() if SECRET_NAME.search(k) and _looks_secret(v)}
+    found = {
+        v
+        for k, v in env.items()
+        if SECRET_NAME.search(k)
+        and (_looks_secret(v) or (SURELY_SECRET_NAME.search(k) and len(v) >= MIN_SECRET_LENGTH))
+    }
     forms = {form for v in found for form in _forms(v)}
     return tuple(sorted(forms, key=lambda v: (-len(v), v)))
 

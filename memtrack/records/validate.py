@@ -15,6 +15,7 @@ from typing import Any
 from memtrack.errors import RecordError
 from memtrack.files import read_named
 from memtrack.records.codec import Dialect, decode, hints, required, short
+from memtrack.records.metrics import GATED
 from memtrack.records.model import (
     KINDS,
     QUALITY_STATUSES,
@@ -90,6 +91,8 @@ def _rules(name: str) -> dict[str, Any]:
         return {"pattern": RUN_ID_PATTERN}
     if name == "status":
         return {"enum": list(STATUSES)}
+    if name == "budget_metric":
+        return {"enum": list(GATED)}
     if name == "quality_status":
         return {"enum": list(QUALITY_STATUSES)}
     if name in ("quality_max_abs", "quality_max_rel"):
@@ -282,6 +285,11 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
         scratch_problem = _scratch_problem(m)
         if scratch_problem:
             raise RecordError(f"{where}: measurements[{i}].{scratch_problem}")
+        if (m.budget_bytes is None) != (m.budget_metric is None) or m.budget_bytes == 0:
+            raise RecordError(
+                f"{where}: measurements[{i}].budget_bytes: {m.budget_bytes!r} with "
+                f"budget_metric {m.budget_metric!r} (a limit of 1 byte or more, and its metric)"
+            )
         numbers = [r.rank for r in m.ranks]
         if numbers != list(range(len(numbers))):
             raise RecordError(

@@ -22,6 +22,7 @@ from memtrack.report.rows import (
     baseline_line,
     check_rows,
     counts,
+    found_words,
     label,
     param_changes,
     quality_title,
@@ -142,7 +143,7 @@ def _outcome(s: CheckRows) -> str:
         opened = len(result.open_regressions)
         parts = (
             [
-                f"{len(found)} regression{'s' * (len(found) != 1)} found here: "
+                f"{found_words([r.verdict for r in found])} found here: "
                 + "; ".join(_what(r) for r in found[:2])
                 + (f"; {len(found) - 2} more" if len(found) > 2 else "")
             ]

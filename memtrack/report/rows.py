@@ -11,7 +11,7 @@ every verdict keeps its one-line arithmetic.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,6 +159,16 @@ def reported(v: Verdict) -> bool:
         "quality",
         "leak",
     ) and not missing_reference(v)
+
+
+def found_words(found: Sequence[Verdict]) -> str:
+    """'2 regressions and 1 failed case': what the base branch reports, failures apart (a
+    case that failed is no regression of its figures)."""
+    failed = sum(v.kind == "failed" for v in found)
+    regressed = len(found) - failed
+    said = [f"{regressed} regression{'s' * (regressed != 1)}"] if regressed else []
+    said += [f"{failed} failed case{'s' * (failed != 1)}"] if failed else []
+    return " and ".join(said)
 
 
 def label(v: Verdict) -> str:
@@ -366,16 +376,16 @@ def summary_line(result: CheckResult) -> str:
             f"({len(result.estimates)} case(s) estimated)"
         )
     if result.context == "base":
-        regressed = sum(reported(v) for v in result.verdicts)
+        found = [v for v in result.verdicts if reported(v)]
         opened = len(result.open_regressions)
         head = (
-            f"base branch: {regressed} regression{'s' * (regressed != 1)} reported"
-            if regressed
+            f"base branch: {found_words(found)} reported"
+            if found
             else "base branch: no new regression"
         )
         if opened:
             head += f", {opened} still open (not fixed or accepted)"
-        head += " (never blocking)" if regressed or opened else ""
+        head += " (never blocking)" if found or opened else ""
     else:
         head = (
             f"BLOCKED: {len(blocking)} blocking verdict{'s' * (len(blocking) != 1)}"

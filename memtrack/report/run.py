@@ -225,6 +225,8 @@ def _case_detail(m: Measurement, other: dict[str, Any] | None, run_id: str) -> T
     t.add_row("counts", f"seed {m.seed}, warm-up {m.warmup}, repeats {m.repeats}")
     if m.message:
         t.add_row("message", _t(m.message))
+    if m.traceback and m.status != "ok":
+        t.add_row("traceback", "\n".join(_t(line) for line in traceback_tail(m.traceback)))
     if m.kind == "estimate":
         t.add_row(
             "estimated peak",
@@ -277,6 +279,19 @@ def _case_detail(m: Measurement, other: dict[str, Any] | None, run_id: str) -> T
     for note in m.notes:
         t.add_row("note", _t(note))
     return t
+
+
+TRACEBACK_LINES = 30
+"""The lines of a failed case's traceback `memtrack show` prints: its end, where the error
+is (`--json` has the whole, as recorded: redacted, its last 20,000 characters)."""
+
+
+def traceback_tail(text: str) -> list[str]:
+    lines = text.rstrip().splitlines()
+    if len(lines) <= TRACEBACK_LINES:
+        return lines
+    cut = len(lines) - TRACEBACK_LINES
+    return [f"({cut} earlier lines: --json has them)", *lines[cut:]]
 
 
 def scratch_words(m: Measurement) -> str:

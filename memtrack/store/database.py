@@ -755,6 +755,12 @@ class Store:
         """A run by id or unique id prefix, else the newest run of the branch `text` names,
         else the newest run of the commit `text` names (a SHA prefix; a measured run before
         an estimate run)."""
+        return self.get_run(self.find_runs(text, limit=1)[0])
+
+    def find_runs(self, text: str, *, limit: int = 20) -> list[str]:
+        """The runs `text` names, as `find_run` chooses among them: a run by id or unique
+        id prefix (that one), else a branch's runs newest first, else a commit's (its
+        measured runs first). StoreError where it names none."""
         named = (
             text
             and self.conn.execute(
@@ -763,13 +769,13 @@ class Store:
         )
         if not named:
             branch = self.conn.execute(
-                "select run_id from runs where git_branch = ? order by started_at desc limit 1",
-                [text],
-            ).fetchone()
-            if branch is not None:  # a branch: its newest run
-                return self.get_run(branch[0])
+                "select run_id from runs where git_branch = ? order by started_at desc limit ?",
+                [text, limit],
+            ).fetchall()
+            if branch:  # a branch: its runs, newest first
+                return [r[0] for r in branch]
         if named or not re.fullmatch(r"[0-9a-fA-F]{4,40}", text):
-            return self.get_run(text)  # a run (or no run) by its id: get_run says which
+            return [self._run_id(text)]  # a run (or no run) by its id: _run_id says which
         commits = {
             r[0]
             for r in self.conn.execute(
@@ -779,17 +785,20 @@ class Store:
         }
         if len(commits) > 1:
             raise StoreError(f"{self.path}: commit prefix {text!r} is ambiguous")
-        ids = self.run_ids(commit=text, limit=1, measured=True) or self.run_ids(
-            commit=text, limit=1
-        )
+        measured = self.run_ids(commit=text, limit=limit, measured=True)
+        ids = measured + [r for r in self.run_ids(commit=text, limit=limit) if r not in measured]
         if not ids:
             raise StoreError(f"{self.path}: no run or commit {text!r}")
-        return self.get_run(ids[0])
+        return ids[:limit]
 
     def get_run(self, run_id: str) -> RunRecord:
         """A whole run by id or unique id prefix (matched literally)."""
+        return self._read_run(self._run_id(run_id))
+
+    def _run_id(self, run_id: str) -> str:
+        """The id of the run `run_id` names, an id or a unique id prefix; StoreError else."""
         if self.has_run(run_id):
-            return self._read_run(run_id)
+            return run_id
         rows = self.conn.execute(
             "select run_id from runs where substr(run_id, 1, ?) = ? limit 2",
             [len(run_id), run_id],
@@ -798,7 +807,7 @@ class Store:
             raise StoreError(f"{self.path}: no run {run_id!r}")
         if len(rows) > 1:
             raise StoreError(f"{self.path}: run id prefix {run_id!r} is ambiguous")
-        return self._read_run(rows[0][0])
+        return str(rows[0][0])
 
     def _read_run(self, run_id: str, *, check: bool = True) -> RunRecord:
         """A stored run, every value checked (with `check`) as a record from elsewhere is:

@@ -307,6 +307,12 @@ def m017_estimate_scratch(db: sqlite_utils.Database) -> None:
     db.execute("alter table measurements add column scratch_run_id text")
 
 
+def m018_test_budgets(db: sqlite_utils.Database) -> None:
+    """A test's own memory budget (its mark), held by `memtrack check`."""
+    db.execute("alter table measurements add column budget_bytes integer")
+    db.execute("alter table measurements add column budget_metric text")
+
+
 STEPS = (
     m001_initial,
     m002_verdicts,
@@ -325,6 +331,7 @@ STEPS = (
     m015_inputs_and_largest_cache,
     m016_sites,
     m017_estimate_scratch,
+    m018_test_budgets,
 )
 
 
