@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -235,6 +236,22 @@ class Step:
     @property
     def fraction(self) -> float:
         return self.delta / self.before if self.before else float("inf")
+
+    @property
+    def spans_commits(self) -> bool:
+        """Whether commits with no run lie between the last run at the old level and the
+        first at the new one: the first one's parent is not the last one's commit."""
+        parent, previous = self.row.get("git_parent"), self.previous.get("git_commit")
+        return bool(parent and previous and parent != previous)
+
+    def bisect_command(self, case_id: str) -> str | None:
+        """`memtrack bisect` of a step that spans several commits, else None."""
+        if not self.spans_commits:
+            return None
+        return (
+            f"memtrack bisect {shlex.quote(case_id)} {self.previous['git_commit'][:12]} "
+            f"{self.row['git_commit'][:12]} --metric {self.metric}"
+        )
 
     def describe(self) -> str:
         pct = f" ({self.fraction:+.1%})" if self.before else ""

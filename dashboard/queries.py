@@ -47,6 +47,7 @@ _MEASUREMENT_COLUMNS = (
 _RUN_COLUMNS = (
     "started_at",
     "git_commit",
+    "git_parent",
     "git_branch",
     "git_subject",
     "git_dirty",

@@ -354,7 +354,7 @@ def render(ctx: Context) -> None:
         st.markdown(tchart, unsafe_allow_html=True)
 
     st.subheader("Where the series moved")
-    events = _events(ctx, rows, hist["verdicts"], moved_by_view, env_changes, by_run)
+    events = _events(ctx, case, rows, hist["verdicts"], moved_by_view, env_changes, by_run)
     if events:
         events.sort(key=lambda e: e["time"], reverse=True)
         st.markdown(html_table("h_events", events[:300], EVENT_COLUMNS), unsafe_allow_html=True)
@@ -570,6 +570,7 @@ def _points(rows: list[dict[str, Any]]) -> None:
 
 def _events(
     ctx: Context,
+    case: str,
     rows: list[dict[str, Any]],
     verdicts: list[dict[str, Any]],
     moved_by_view: dict[str, list[model.Step]],
@@ -591,12 +592,14 @@ def _events(
     for metric, moved in moved_by_view.items():
         for s in moved:
             fixed = f"; fixed at {short(s.fixed_by['git_commit'])}" if s.fixed_by else ""
+            command = s.bisect_command(case)
+            which = f"; several commits brought it, to find which: {command}" if command else ""
             out.append(
                 event(
                     s.row,
                     "step",
                     f"{model.METRIC_LABELS[metric]} {s.describe()}: "
-                    f"{format_size(s.before)} → {format_size(s.after)}{fixed}",
+                    f"{format_size(s.before)} → {format_size(s.after)}{fixed}{which}",
                 )
             )
     out += [event(e["row"], "environment", e["change"]) for e in env_changes]

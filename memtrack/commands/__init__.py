@@ -4,6 +4,7 @@ ingest` start without importing what `run`, `plan` or `dashboard` need."""
 
 COMMANDS = {
     "backup": "backup",
+    "bisect": "bisect",
     "check": "check",
     "dashboard": "dashboard",
     "diff": "diff",

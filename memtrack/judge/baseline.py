@@ -99,7 +99,7 @@ class Point:
     """How busy the machine was while the run was timed."""
 
 
-_FIGURES = (*metrics.COLUMNS.values(), *metrics.COMPONENTS.values())
+FIGURES = (*metrics.COLUMNS.values(), *metrics.COMPONENTS.values())
 """The measurement columns a baseline point reads besides its timing and samples."""
 
 
@@ -214,7 +214,7 @@ class BaselineFinder:
             branch=self.base_branch,
             candidate=self.owners.get(case_id, self.run.run_id),
             fingerprint=self.run.environment.fingerprint if same_env else None,
-            figures=_FIGURES,
+            figures=FIGURES,
         )
         cutoff, ancestor = self.cutoff, self._ancestor
         for row in rows:
@@ -225,7 +225,7 @@ class BaselineFinder:
         """The newest `limit` eligible same-environment points, newest first."""
         out = []
         for row in self._rows(case_id, same_env=True):
-            out.append(_point(row))
+            out.append(point_of(row))
             if len(out) >= self.limit:
                 break
         return out
@@ -237,7 +237,7 @@ class BaselineFinder:
         out = []
         for row in self._rows(case_id, same_env=False):
             if row["fingerprint"] != self.run.environment.fingerprint:
-                out.append(_point(row))
+                out.append(point_of(row))
                 if len(out) >= self.limit:
                     break
         return out
@@ -246,7 +246,7 @@ class BaselineFinder:
         """The newest eligible point of this case on another environment."""
         for row in self._rows(case_id, same_env=False):
             if row["fingerprint"] != self.run.environment.fingerprint:
-                return _point(row)
+                return point_of(row)
         return None
 
     def newest_cases(self) -> set[str] | None:
@@ -275,7 +275,9 @@ class BaselineFinder:
         return reads.measured_elsewhere(self.store, case_id, self.run.run_id)
 
 
-def _point(row: Row) -> Point:
+def point_of(row: Row) -> Point:
+    """A baseline point from a row of the store's point query (store.judging)."""
+
     def figures(columns: dict[str, str]) -> dict[str, int]:
         return {name: int(row[col]) for name, col in columns.items() if row[col] is not None}
 

@@ -18,6 +18,7 @@ so a noisy run at either end moves neither. Nothing here prints.
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -58,6 +59,19 @@ class Step:
     """A step up that a reviewed `Memtrack-Accept` trailer allowed: its reason (the
     acceptance the base branch's check recorded, else a trailer of the commits the step
     brought that allows its growth)."""
+    commits: int | None = None
+    """The commits the step brought (after `previous_commit`, up to `commit`), where git
+    knows both: more than one, and `memtrack bisect` finds which (`bisect_command`)."""
+
+    @property
+    def bisect_command(self) -> str | None:
+        """The command that finds the commit of a step that spans several, else None."""
+        if not self.commits or self.commits < 2:
+            return None
+        return (
+            f"memtrack bisect {shlex.quote(self.case_id)} {self.previous_commit[:12]} "
+            f"{self.commit[:12]} --metric {self.metric}"
+        )
 
 
 @dataclass(frozen=True)
@@ -377,6 +391,7 @@ def analyze_history(
             if creep is not None:
                 creeps.append(creep)
     commits = len({p.commit for points in series.values() for p in points})
+    steps = [replace(s, commits=_spanned(root, s)) for s in steps]
     steps.sort(key=lambda s: (s.case_id, s.metric))
     creeps.sort(key=lambda c: (not c.flagged, c.case_id, c.metric))
     return HistoryResult(
@@ -417,6 +432,12 @@ class _Acceptances:
             self.trailers[span], accept.Growth(workload, s.case_id, s.metric, s.delta, pct)
         )
         return a.reason if a is not None and a.allows(s.delta, pct) else None
+
+
+def _spanned(root: Path, s: Step) -> int | None:
+    """How many commits a step brought, by git (a merged branch's commits too)."""
+    out = git_output(root, "rev-list", "--count", revs=(f"{s.previous_commit}..{s.commit}",))
+    return int(out) if out and out.isdigit() else None
 
 
 def analyze_series(

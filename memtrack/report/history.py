@@ -43,6 +43,12 @@ def history_terminal(h: HistoryResult) -> list[Any]:
         ]
         steps.add_row(*(shown(c) for c in cells + ([s.accepted or ""] if accepted else [])))
     out.append(steps if h.steps else shown("steps: none found"))
+    for s in h.steps:
+        if s.bisect_command:
+            out.append(
+                shown(f"{s.case_id} {s.metric}: the step spans {s.commits} commits; which one: ")
+                + shown(s.bisect_command, style="bold")
+            )
     creep = Table(title=shown(f"creep against {h.anchor_label}"), title_justify="left")
     for col in ("", "case", "metric", "anchor", "latest", "growth", "allowed", "steps"):
         creep.add_column(col)
@@ -133,6 +139,13 @@ def history_markdown(
             ]
     if h.steps:
         lines += ["", "<details><summary>Steps</summary>", "", *_steps_table(h, dashboard_url)]
+        spans = [s for s in h.steps if s.bisect_command]
+        if spans:
+            lines += [""] + [
+                f"- {cell(s.case_id)} {cell(s.metric)}: the step spans {s.commits} commits; "
+                f"which one: {markdown_code(s.bisect_command or '')}"
+                for s in spans
+            ]
         lines += ["", "</details>"]
     text = "\n".join(lines) + "\n"
     return (

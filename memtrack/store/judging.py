@@ -65,6 +65,19 @@ def baseline_rows(
     return store.conn.execute(sql, params)
 
 
+def commit_rows(
+    store: Store, case_id: str, commit: str, fingerprint: str, figures: tuple[str, ...]
+) -> list[sqlite3.Row]:
+    """A case's measured rows of one commit on `fingerprint`, whatever their branch, newest
+    first (what `memtrack bisect` reuses): the columns of `baseline_rows`."""
+    sql = _point_sql(figures, True).replace(
+        "where r.git_branch = :branch and r.run_id != :candidate", "where r.git_commit = :commit"
+    )
+    return store.conn.execute(
+        sql, {"commit": commit, "case": case_id, "fp": fingerprint}
+    ).fetchall()
+
+
 def commit_time(store: Store, commit: str) -> str | None:
     """The commit time recorded for `commit` (a merge-base git does not know), or None."""
     row = store.conn.execute(

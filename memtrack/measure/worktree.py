@@ -1,0 +1,58 @@
+"""A commit measured in a git worktree of its own, beside the user's tree: what
+`memtrack bisect` measures, recorded into the database as a run of that commit."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from memtrack.config import Config
+
+FORGET = ("GITHUB_HEAD_REF", "GITHUB_REF_NAME")
+"""What would name a measured commit's run after the branch CI checked out: these runs are
+of their commits alone (no branch), so that no baseline takes them for the base branch's
+newest runs."""
+
+
+def measure_at(config: Config, db: Path, commit: str, case: str) -> str | None:
+    """`memtrack run -k CASE` at `commit`, in a worktree of its own, recorded into `db`:
+    None, or why the commit could not be measured (in one line)."""
+    root = config.root
+    top = Path(_git(root, "rev-parse", "--show-toplevel") or root)
+    rel = (config.path or top / "pyproject.toml").resolve().relative_to(top.resolve())
+    folder = Path(tempfile.mkdtemp(prefix="memtrack-bisect-"))
+    tree = folder / "tree"
+    try:
+        if _git(top, "worktree", "add", "--detach", "--quiet", str(tree), commit) is None:
+            return f"no worktree of {commit[:12]} could be made"
+        config_file = tree / rel
+        if not config_file.is_file():
+            return f"no {rel.as_posix()} at this commit"
+        env = {k: v for k, v in os.environ.items() if k not in FORGET}
+        done = subprocess.run(
+            [sys.executable, "-m", "memtrack.cli", "run", "-k", case, "--config", str(config_file)]
+            + ["--db", str(db)],
+            cwd=tree / rel.parent,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            return lines[-1] if lines else f"memtrack run exited {done.returncode}"
+        return None
+    finally:
+        _git(top, "worktree", "remove", "--force", str(tree))
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _git(root: Path, *args: str) -> str | None:
+    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+__all__ = ["FORGET", "measure_at"]
