@@ -137,6 +137,9 @@ def test_a_pull_request_that_keeps_every_logit_is_blocked_where_it_grew(decoder)
     (line,) = [x for x in comment.read_text().splitlines() if x.startswith("- 📍")]
     assert "`serve` allocated" in line and "`lm_head` at [serve.py:generate (line 20)]" in line
     assert f"(https://github.com/acme/chat/blob/{sha}/serve.py#L20)" in line
+    # each verdict's where-line, nested under it, names the module in a code span too
+    assert "  - +15.00 MiB at the peak: +16.00 MiB in `lm_head` at" in comment.read_text()
+    assert "\\`" not in comment.read_text()  # never a backtick escaped into view
 
     with Store.open(db, readonly=True) as store:
         before, after = store.sites(main_run, CASE), store.sites(pr_run, CASE)
@@ -469,3 +472,71 @@ def test_annotations_escape_hostile_names_keep_to_the_repository_and_respect_the
         assert _unescape(props["title"]).startswith(f"memtrack: {hostile}[")
     # line 99 is past the file's end: the file, without a line
     assert any("file" in p and "line" not in p for _, p, _ in errors)
+
+
+MANY = """\
+import torch
+from torch import nn
+
+import memtrack
+
+GROW = {grow}
+
+
+class Block(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+
+    def forward(self, x):
+        return x + 0, torch.ones(self.n)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        # 30 blocks keeping 40 KiB down to 11 KiB each: the smallest is 30th of its grouping
+        sizes = [256 * (40 - i) + (GROW if i == 29 else 0) for i in range(30)]
+        self.blocks = nn.ModuleList(Block(n) for n in sizes)
+
+    def forward(self, x):
+        kept = []
+        for b in self.blocks:
+            x, k = b(x)
+            kept.append(k)
+        return kept
+
+
+@memtrack.workload
+def many(ctx):
+    net = Net()
+    ctx.mark(net)
+    x = ctx.randn(4)
+    return lambda: net(x)
+"""
+
+
+@pytest.mark.slow
+def test_a_small_site_that_grows_is_diffed_against_its_own_baseline_bytes(tmp_path):
+    repo, db = init_repo(tmp_path / "repo"), tmp_path / "memtrack.db"
+    (repo / "wl.py").write_text(MANY.format(grow=0))
+    (repo / "memtrack.toml").write_text(
+        'modules = ["wl.py"]\nrepeats = 2\nmin_baseline_runs = 1\ntime_regression = "off"\n'
+    )
+    commit_all(repo, "thirty blocks")
+    _run(repo, db)
+    git(repo, "checkout", "-q", "-b", "grow")
+    (repo / "wl.py").write_text(MANY.format(grow=256 * 1024))  # 1 MiB more, the smallest
+    commit_all(repo, "the last block keeps 1 MiB more")
+    _run(repo, db)
+    code, verdicts = _check(repo, db)
+    (allocated,) = [v for v in verdicts if v["metric"] == "allocated"]
+    assert code == 1 and allocated["kind"] == "regression", allocated["message"]
+    # its baseline bytes (11 KiB, the 30th site) were kept: it grew by exactly 1 MiB
+    assert "+1.00 MiB in `blocks.29` at wl.py:forward" in allocated["message"], allocated
+    assert "(the rest)" not in allocated["message"]
+    done = _memtrack(repo, db, "diff", "main", "grow", "--json")
+    (case,) = json.loads(done.stdout)
+    moved = [s for s in case["sites"] if s["delta_bytes"]]
+    # only what changed: the grown block, never an unchanged block read as new
+    assert {s["key"] for s in moved} <= {"blocks.29 at wl.py:forward"}, moved

@@ -184,7 +184,7 @@ def _sites(item: pytest.Item, peak: int | None) -> list[str]:
             item.runtest()
     except Exception as exc:  # the test's own failure, the second time: no sites, said so
         return [f"no sites: the test's body failed when run again to find them ({exc!r:.200})"]
-    found = sites(mode, peak, top=SITES)
+    found = sites(mode, peak, top=SITES, upto=SITES)  # shown, not kept
     return budgets.sites_lines(found, max(peak or 0, mode.peak))
 
 

@@ -34,7 +34,11 @@ from memtrack.records.model import Site, pair_key, pair_parts
 from memtrack.workload.frames import NO_SOURCE, named, own
 
 TOP = 20
-"""Sites kept per grouping; the rest is one row."""
+"""Sites kept per grouping whatever their size; the rest is one row."""
+KEPT, SMALLEST = 500, 1 / 1000
+"""Beyond TOP, sites kept up to KEPT per grouping while each holds at least SMALLEST of the
+peak: a site small in the baseline that grows in a change is then diffed against its own
+baseline bytes, not read as new while its bytes hide in the baseline's rest."""
 MODULE, SOURCE, PAIR = "module", "source", "pair"
 SETUP = "(setup)"
 HELD = "(held from setup)"
@@ -237,8 +241,11 @@ def recording(
         mode.close()
 
 
-def sites(mode: SiteMode, measured_peak: int | None, top: int = TOP) -> tuple[Site, ...]:
-    """The top `top` sites of each grouping at the pass's peak, the rest as one row, and
+def sites(
+    mode: SiteMode, measured_peak: int | None, top: int = TOP, upto: int = KEPT
+) -> tuple[Site, ...]:
+    """The top `top` sites of each grouping at the pass's peak (and beyond them those of
+    SMALLEST of the peak or more, `upto` at most), the rest as one row, and
     what the measured peak holds beyond the pass's tensors as another: each grouping sums
     to the measured peak (to the pass's own where the measured one is lower)."""
     by_module, by_source, by_pair = mode.peak_groups
@@ -246,12 +253,14 @@ def sites(mode: SiteMode, measured_peak: int | None, top: int = TOP) -> tuple[Si
     out: list[Site] = []
     for grouping, groups in ((MODULE, by_module), (SOURCE, by_source), (PAIR, by_pair)):
         ranked = sorted(((k, v) for k, v in groups.items() if v > 0), key=lambda kv: -kv[1])
-        for key, nbytes in ranked[:top]:
+        least = SMALLEST * max(measured_peak or 0, mode.peak)
+        kept = [kv for i, kv in enumerate(ranked) if i < top or (i < upto and kv[1] >= least)]
+        for key, nbytes in kept:
             source = pair_parts(key)[1] if grouping == PAIR else key
             lines = mode.lines.get(source) if grouping != MODULE else None
             line = max(lines, key=lines.__getitem__) if lines else None
             out.append(Site(grouping, key, nbytes, line))
-        rest = sum(v for _, v in ranked[top:])
+        rest = sum(v for _, v in ranked[len(kept) :])
         if rest:
             out.append(Site(grouping, REST, rest))
         if scratch:

@@ -11,6 +11,7 @@ import urllib.parse
 
 from memtrack.escape import markdown_code, markdown_text
 from memtrack.judge.check import CheckResult
+from memtrack.judge.verdict import Verdict
 from memtrack.judge.where import Change, Where
 from memtrack.records import metrics, pair_parts
 from memtrack.report.rows import (
@@ -102,8 +103,8 @@ def _item(r: Row) -> str:
     """A verdict's arithmetic, its further lines and the snapshot hint, as a list item."""
     v = r.verdict
     full = f" ({markdown_code(v.case_id)})" if r.case != v.case_id else ""
-    lines = [f"- **{cell(r.label)}** {markdown_code(r.case)}{full}: {cell(v.message)}"]
-    lines += [f"  - {cell(d)}" for d in v.details]
+    lines = [f"- **{cell(r.label)}** {markdown_code(r.case)}{full}: {_with_where(v, v.message)}"]
+    lines += [f"  - {_with_where(v, d)}" for d in v.details]
     if r.hint:
         command = markdown_code(snapshot_command(v.case_id))
         lines.append(f"  - {cell(snapshot_words(v.case_id))}: {command}")
@@ -247,6 +248,16 @@ ALLOCATOR_WHERE = {
     "cached blocks)",
 }
 """Where the allocator's two views beside the device view grew, in words."""
+
+
+def _with_where(v: Verdict, text: str) -> str:
+    """`text` as a cell, its where-line (the verdict's own words for `v.where`) written as
+    Markdown: module paths in code spans, not in escaped backticks."""
+    if v.where is None or v.where.text() not in text:
+        return cell(text)
+    w = v.where
+    said = f"+{format_size(w.grew)} at the peak: {', '.join(w.parts(lambda c: _site(c, None)))}"
+    return said.join(cell(part) for part in text.split(w.text()))
 
 
 def _where_lines(s: CheckRows, source_url: str | None) -> list[str]:
