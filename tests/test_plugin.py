@@ -317,9 +317,12 @@ def test_a_test_reads_the_same_in_pytests_process_as_in_its_own(pytester, projec
     # host: the pages the test touched. Where it frees and allocates again, whether the C heap
     # reuses the freed memory follows what earlier tests left in it (process-wide, as the
     # docs say); what a test keeps reads the same either way.
+    # what it cannot isolate (process-wide figures that follow the tests before it) is not
+    # gated beside others, only said; alone, in its own process, it is
     case = "test_figures.py::test_blocks"
-    host = [metrics.value(m, "host_step") for m in (shared[case], forked[case])]
-    assert abs(host[0] - host[1]) <= metrics.FLOORS["host_step"], host
+    assert metrics.value(shared[case], "host_step") is None
+    assert any(n.startswith("process-wide (not gated): ") for n in shared[case].notes)
+    assert metrics.value(forked[case], "host_step") is not None
     assert shared["test_figures.py::test_blocks"].peak_allocated_bytes == 16 * MiB
     assert "forked" in forked["test_figures.py::test_blocks"].notes[0]
 

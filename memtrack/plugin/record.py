@@ -22,8 +22,10 @@ MAX_CASE_ID = 1000
 MAX_MESSAGE = 2000
 MAX_TRACEBACK = 20_000
 SHARED = (
-    "measured in the pytest process, beside other tests: allocated is the test's own; "
-    "reserved, device and host are the process's (what earlier tests left cached is reused)"
+    "measured in the pytest process, beside other tests: allocated is the test's own and "
+    "gated; reserved, device and host are the process's (what earlier tests left cached is "
+    "reused, so they move with the order of the tests): kept in this note, not gated "
+    "(--memtrack-forked measures each test alone and gates them)"
 )
 FORKED = "measured in its own process, forked from pytest's before the test"
 
@@ -81,16 +83,19 @@ def measurement(t: Outcome) -> Measurement:
         notes.append(t.budget_note)
     if f is not None:
         notes.extend(f.notes)
+    if f is not None and not t.forked:
+        notes.append(_process_wide(f))
+    shared = f is not None and not t.forked
     devices = tuple(
         DeviceMeasurement(
             index=d.index,
             uuid=None,
             name=None,
             total_bytes=None,
-            peak_process_bytes=d.process_bytes,
-            process_view="pid" if d.process_bytes is not None else None,
+            peak_process_bytes=None if shared else d.process_bytes,
+            process_view="pid" if d.process_bytes is not None and not shared else None,
             peak_allocated_bytes=d.allocated_bytes,
-            peak_reserved_bytes=d.reserved_bytes,
+            peak_reserved_bytes=None if shared else d.reserved_bytes,
         )
         for d in (f.devices if f else ())
     )
@@ -100,6 +105,12 @@ def measurement(t: Outcome) -> Measurement:
         notes.append(
             f"memory budget on {t.budget['device']} is held by pytest alone: `memtrack check` "
             "holds a test to a budget on its largest device"
+        )
+    elif shared and metric not in (None, "allocated"):
+        limit = metric = None
+        notes.append(
+            "its memory budget on a process-wide figure is held by pytest alone: `memtrack "
+            "check` gates a test measured beside others on allocated only"
         )
     return Measurement(
         workload=cid,
@@ -115,18 +126,32 @@ def measurement(t: Outcome) -> Measurement:
         traceback=_cut(t.traceback, MAX_TRACEBACK),
         framework=None if f is None else "cuda-caching-allocator" if cuda else "cpu-allocator",
         peak_allocated_bytes=f.allocated_bytes if f else None,
-        peak_reserved_bytes=f.reserved_bytes if f else None,
+        peak_reserved_bytes=f.reserved_bytes if f and not shared else None,
         allocated_samples=(f.allocated_bytes,) if f and f.allocated_bytes is not None else (),
         retained_samples=(f.retained_bytes,) if f and f.retained_bytes is not None else (),
-        host_step_peak_rss_bytes=f.host_peak_rss_bytes if f else None,
-        host_setup_rss_bytes=f.host_start_rss_bytes if f else None,
-        host_peak_source=f.host_source if f else None,
+        host_step_peak_rss_bytes=f.host_peak_rss_bytes if f and not shared else None,
+        host_setup_rss_bytes=f.host_start_rss_bytes if f and not shared else None,
+        host_peak_source=f.host_source if f and not shared else None,
         device_view="nvml" if any(d.peak_process_bytes is not None for d in devices) else None,
         devices=devices,
         duration_s=t.duration_s,
         notes=tuple(_cut(n, MAX_TEXT) or "" for n in notes),
         budget_bytes=limit,
         budget_metric=metric,
+    )
+
+
+def _process_wide(f: SpanFigures) -> str:
+    """The process-wide figures of a test measured beside others, said, not gated."""
+    from memtrack.units import format_size
+
+    def size(n: int | None) -> str:
+        return format_size(n) if n is not None else "-"
+
+    return (
+        f"process-wide (not gated): reserved {size(f.reserved_bytes)}, device "
+        f"{size(f.device_process_bytes)}, host rise {size(f.host_rise_bytes)} (peak RSS "
+        f"{size(f.host_peak_rss_bytes)} from {size(f.host_start_rss_bytes)})"
     )
 
 
