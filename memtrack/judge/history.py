@@ -168,11 +168,28 @@ def _series(
     other = reads.other_env_runs(store, base_branch, fp)
     if other:
         notes.append(
-            f"{other} run(s) on {base_branch} of other environments are left out: "
-            "a change of driver, torch or GPU is not a step in the code"
+            f"{other} run(s) on {base_branch} of other environments are left out (a change "
+            f"around the code is not a step in it): {_env_differences(store, base_branch, fp)}"
         )
     rows = reads.series_rows(store, base_branch, fp, limit)
     return fp, series_points(rows, base_branch, patterns, order, notes)
+
+
+def _env_differences(store: Store, branch: str, fingerprint: str) -> str:
+    """What each other environment of the branch differs from this one by, as the
+    environment's diff says it ('MALLOC_MMAP_THRESHOLD_: (unset) -> 131072')."""
+    from memtrack.judge.check import environment_diff
+
+    envs = reads.newest_env_ids(store, branch)
+    here = store.get_environment(envs[fingerprint]) if fingerprint in envs else None
+    said = []
+    for fp, env_id in envs.items():
+        if fp == fingerprint:
+            continue
+        other = store.get_environment(env_id)
+        diff = environment_diff(other, here) if other and here else []
+        said.append(f"{fp[:12]}: {'; '.join(diff) or 'its fingerprint differs'}")
+    return ", ".join(said) or "their fingerprints differ"
 
 
 def series_points(

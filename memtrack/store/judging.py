@@ -267,6 +267,18 @@ def newest_fingerprint(store: Store, branch: str) -> str | None:
     return None if row is None else row[0]
 
 
+def newest_env_ids(store: Store, branch: str) -> dict[str, str]:
+    """Each fingerprint of `branch`'s runs -> the env_id of its newest run."""
+    out: dict[str, str] = {}
+    for fp, env_id in store.conn.execute(
+        "select fingerprint, env_id from runs where git_branch = ? order by started_at desc",
+        [branch],
+    ):
+        if fp not in out and env_id:
+            out[fp] = env_id
+    return out
+
+
 def other_env_runs(store: Store, branch: str, fingerprint: str) -> int:
     """How many runs of `branch` are of another environment than `fingerprint`."""
     row = store.conn.execute(
