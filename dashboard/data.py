@@ -8,6 +8,7 @@ nothing.
 from __future__ import annotations
 
 import os
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -171,11 +172,7 @@ def history(
             kind="estimate",
         )
         still = model.open_dicts(open_regressions(s, base_branch, [case_id]))
-    for r in estimates:
-        r["x"] = r["started_at"]
-    for r in rows:
-        on_base = r["git_branch"] == base_branch
-        r["x"] = (r.get("git_committed_at") or r["started_at"]) if on_base else r["started_at"]
+    place_on_one_axis(rows, estimates, base_branch=base_branch)
     line = [r for r in rows if r["git_branch"] == base_branch] or rows
     return {
         "rows": rows,
@@ -186,6 +183,35 @@ def history(
         "on_base": line is not rows,
         "steps": {m: model.steps(line, m, factor) for m in model.CHART_METRICS},
     }
+
+
+def place_on_one_axis(*groups: list[dict[str, Any]], base_branch: str) -> None:
+    """Each row's `x` on one time base, the base branch's commit times: a base-branch run
+    at its commit's time, another branch's run at the time of its merge-base (where a run
+    of the base branch names that commit; else at its own commit's time). The run's start
+    is the last resort: runs start after their commits, and a history whose commits are
+    dated ahead of their runs would otherwise press one series against an edge."""
+    committed = {
+        r["git_commit"]: _utc(r["git_committed_at"])
+        for rows in groups
+        for r in rows
+        if r["git_branch"] == base_branch and r.get("git_committed_at")
+    }
+    for rows in groups:
+        for r in rows:
+            own = _utc(r.get("git_committed_at") or r["started_at"])
+            if r["git_branch"] == base_branch:
+                r["x"] = own
+            else:
+                r["x"] = committed.get(r.get("git_merge_base") or "", own)
+
+
+def _utc(stamp: str) -> str:
+    """An ISO time in UTC ('+02:00' commit times beside '+00:00' runs sort as times)."""
+    try:
+        return datetime.fromisoformat(stamp).astimezone(timezone.utc).isoformat()
+    except (TypeError, ValueError):
+        return stamp
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -52,6 +52,7 @@ _RUN_COLUMNS = (
     "git_subject",
     "git_dirty",
     "git_committed_at",
+    "git_merge_base",
     "fingerprint",
     "env_id",
     "ci_run_url",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,39 @@ def test_a_page_named_in_any_case_is_drawn_in_one_run(monkeypatch, reverted) -> 
     assert at.radio(key="page").value == "Regressions"
     assert at.query_params["page"] in ("Regressions", ["Regressions"])
     assert [t.value for t in at.title] == ["Regressions"]
+
+
+def test_a_branch_run_sits_at_its_merge_base_on_the_base_branchs_commit_time_axis(
+    monkeypatch, tmp_path
+) -> None:
+    """Commits dated a year ahead of their runs (a clock, a rebase): main is placed by its
+    commits' times, and a pull request's run at its merge-base, not at its run's start."""
+    db = tmp_path / "memtrack.db"
+    shas = [f"{i:x}" * 40 for i in range(1, 7)]
+    with Store.open(db) as store:
+        for i, sha in enumerate(shas):
+            run = make_run(
+                [make_measurement(peak=100 * MiB)],
+                commit=sha,
+                branch="main",
+                started_at=f"2026-03-01T10:{i:02d}:00+00:00",
+            )
+            store.write_run(
+                replace(run, git=replace(run.git, committed_at=f"2027-03-0{i + 1}T12:00:00+02:00"))
+            )
+        pr = make_run(
+            [make_measurement(peak=104 * MiB)],
+            branch="feature",
+            started_at="2026-03-01T11:00:00+00:00",
+            merge_base=shas[2],
+        )
+        store.write_run(pr)
+    config = tmp_path / "memtrack.toml"
+    config.write_text('base_branch = "main"\n')
+    at = _app(monkeypatch, {"db": db, "config": config}, page="History", case="decoder")
+    allocated = _panels(at)[0]
+    xs = [float(p.get("cx")) for p in _drawn(allocated, "point base")]
+    assert len(xs) == 6 and xs == sorted(xs) and xs[0] < xs[-1]  # spread along the axis
+    (other,) = _drawn(allocated, "point other")
+    x = float(other.get("d")[1:].split(",")[0])
+    assert abs(x - xs[2]) < 1  # at its merge-base, the third commit
