@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from memtrack.config import Budget
+from memtrack.judge import bisect
 from memtrack.judge.budgets import choose_budgets
 
 # The gate's step finder, imported here only: where the gate's history analysis lives is a
@@ -248,9 +248,8 @@ class Step:
         """`memtrack bisect` of a step that spans several commits, else None."""
         if not self.spans_commits:
             return None
-        return (
-            f"memtrack bisect {shlex.quote(case_id)} {self.previous['git_commit'][:12]} "
-            f"{self.row['git_commit'][:12]} --metric {self.metric}"
+        return bisect.command(
+            case_id, self.previous["git_commit"], self.row["git_commit"], self.metric
         )
 
     def describe(self) -> str:

@@ -37,6 +37,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench_estimate import commit, git, memtrack  # run as scripts/bench_zoo.py: a sibling
+
 from memtrack.measure.launcher import PINNED_ENV
 from memtrack.records import Measurement
 from memtrack.store.database import Store
@@ -146,22 +148,6 @@ for _ in range(3):
     rises.append(lib.memref_peak() - start)
 print(json.dumps({"held": held, "rises": rises, "weights": weights, "packed": packed}))
 """
-
-
-def memtrack(repo: Path, *args: str) -> None:
-    """One memtrack command in the repository, as a user runs it; its output on failure."""
-    done = subprocess.run(
-        [sys.executable, "-c", "from memtrack.cli import main; main()", *args],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        sys.exit(f"memtrack {' '.join(args)} exited {done.returncode}:\n{done.stderr}{done.stdout}")
-
-
-def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
 
 
 def latest(db: Path, kind: str) -> dict[str, Measurement]:
@@ -288,8 +274,7 @@ def main() -> None:
     (repo / "pyproject.toml").write_text(CONFIG)
     (repo / ".gitignore").write_text("memtrack.db*\n")
     shutil.copy(HERE / "zoo.py", repo / "zoo.py")
-    git(repo, "add", "-A")
-    git(repo, "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "zoo")
+    commit(repo, "zoo")
     memtrack(repo, "run", *patterns)
     memtrack(repo, "estimate", *patterns)
     measured, estimates = (

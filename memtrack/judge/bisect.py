@@ -16,6 +16,7 @@ commits come before its merge.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,11 @@ class Bisection:
     subject: str | None = None
     message: str = ""
     measured: tuple[str, ...] = field(default_factory=tuple)
+
+
+def command(case_id: str, good: str, bad: str, metric: str) -> str:
+    """The `memtrack bisect` that finds which commit after `good` up to `bad` made a step."""
+    return f"memtrack bisect {shlex.quote(case_id)} {good[:12]} {bad[:12]} --metric {metric}"
 
 
 def search(
@@ -272,4 +278,4 @@ def bisect(
     )
 
 
-__all__ = ["BAD", "GOOD", "SKIP", "Bisection", "Judge", "Judged", "bisect", "search"]
+__all__ = ["BAD", "GOOD", "SKIP", "Bisection", "Judge", "Judged", "bisect", "command", "search"]

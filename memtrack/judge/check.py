@@ -11,7 +11,6 @@ shows as one. Nothing here prints; `memtrack.report.check` shows what this retur
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,7 +36,14 @@ from memtrack.judge.budgets import (
 from memtrack.judge.memory import Candidate
 from memtrack.judge.verdict import Verdict
 from memtrack.judge.where import where
-from memtrack.records import Environment, Measurement, RunRecord, metrics, now
+from memtrack.records import (
+    Environment,
+    Measurement,
+    RunRecord,
+    distribution_key,
+    metrics,
+    now,
+)
 from memtrack.store import judging as reads
 from memtrack.store.database import Store
 from memtrack.units import format_size
@@ -186,8 +192,8 @@ packages name it lists every distribution, an older one only memory-relevant one
 
 
 def _packages(e: Environment) -> dict[str, str]:
-    """The environment's packages by normalised name (PEP 503: 'flash_attn' is 'flash-attn')."""
-    return {re.sub(r"[-_.]+", "-", k).lower(): v for k, v in e.packages.items()}
+    """The environment's packages by normalised name (an older record's 'flash_attn')."""
+    return {distribution_key(k): v for k, v in e.packages.items()}
 
 
 def _unbased_verdict(

@@ -18,7 +18,6 @@ so a noisy run at either end moves neither. Nothing here prints.
 from __future__ import annotations
 
 import json
-import shlex
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from memtrack.config import Config
-from memtrack.judge import accept
+from memtrack.judge import accept, bisect
 from memtrack.judge.baseline import iso_epoch
 from memtrack.judge.levels import noise, segment, within_runs
 from memtrack.machine.provenance import git_output
@@ -68,10 +67,7 @@ class Step:
         """The command that finds the commit of a step that spans several, else None."""
         if not self.commits or self.commits < 2:
             return None
-        return (
-            f"memtrack bisect {shlex.quote(self.case_id)} {self.previous_commit[:12]} "
-            f"{self.commit[:12]} --metric {self.metric}"
-        )
+        return bisect.command(self.case_id, self.previous_commit, self.commit, self.metric)
 
 
 @dataclass(frozen=True)

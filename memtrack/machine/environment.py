@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -22,7 +21,7 @@ from typing import Any
 
 from memtrack.probes.nvml import guarded, memory_info, resolve, usable_total
 from memtrack.probes.tree import die_with_parent
-from memtrack.records import Environment, GpuInfo
+from memtrack.records import Environment, GpuInfo, distribution_key
 
 ENV_ALLOWLIST = (
     "PYTORCH_ALLOC_CONF",
@@ -72,14 +71,10 @@ def installed_packages(path: list[str] | None = None) -> dict[str, str]:
                     name, version = dist.metadata["Name"] or "", dist.version
                 except Exception:  # unreadable metadata: not a package import sees
                     continue
-            key = _NORMAL.sub("-", name).lower()
+            key = distribution_key(name)
             if key and version and key not in found:
                 found[key] = version
     return found
-
-
-_NORMAL = re.compile(r"[-_.]+")
-"""PEP 503's normalisation of a distribution's name: runs of -, _ and . are one -."""
 
 
 _NOT_FINGERPRINTED = ("CUDA_VISIBLE_DEVICES",)

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from memtrack.config import Config
+from memtrack.machine.provenance import git_output
 
 FORGET = ("GITHUB_HEAD_REF", "GITHUB_REF_NAME")
 """What would name a measured commit's run after the branch CI checked out: these runs are
@@ -22,12 +23,13 @@ def measure_at(config: Config, db: Path, commit: str, case: str) -> str | None:
     """`memtrack run -k CASE` at `commit`, in a worktree of its own, recorded into `db`:
     None, or why the commit could not be measured (in one line)."""
     root = config.root
-    top = Path(_git(root, "rev-parse", "--show-toplevel") or root)
+    top = Path(git_output(root, "rev-parse", "--show-toplevel") or root)
     rel = (config.path or top / "pyproject.toml").resolve().relative_to(top.resolve())
     folder = Path(tempfile.mkdtemp(prefix="memtrack-bisect-"))
     tree = folder / "tree"
     try:
-        if _git(top, "worktree", "add", "--detach", "--quiet", str(tree), commit) is None:
+        made = git_output(top, "worktree", "add", "--detach", "--quiet", revs=(str(tree), commit))
+        if made is None:
             return f"no worktree of {commit[:12]} could be made"
         config_file = tree / rel
         if not config_file.is_file():
@@ -46,13 +48,8 @@ def measure_at(config: Config, db: Path, commit: str, case: str) -> str | None:
             return lines[-1] if lines else f"memtrack run exited {done.returncode}"
         return None
     finally:
-        _git(top, "worktree", "remove", "--force", str(tree))
+        git_output(top, "worktree", "remove", "--force", revs=(str(tree),))
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _git(root: Path, *args: str) -> str | None:
-    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else None
 
 
 __all__ = ["FORGET", "measure_at"]

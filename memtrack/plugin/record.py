@@ -83,9 +83,9 @@ def measurement(t: Outcome) -> Measurement:
         notes.append(t.budget_note)
     if f is not None:
         notes.extend(f.notes)
-    if f is not None and not t.forked:
-        notes.append(_process_wide(f))
     shared = f is not None and not t.forked
+    if f is not None and shared:
+        notes.append(_process_wide(f))
     devices = tuple(
         DeviceMeasurement(
             index=d.index,

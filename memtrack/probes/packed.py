@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import gc
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -157,9 +158,7 @@ def _numel(module: Any) -> int:
     if hasattr(module, "in_features") and hasattr(module, "out_features"):
         return int(module.in_features) * int(module.out_features)
     if hasattr(module, "in_channels") and hasattr(module, "kernel_size"):
-        kernel = 1
-        for k in module.kernel_size:
-            kernel *= int(k)
+        kernel = math.prod(int(k) for k in module.kernel_size)
         groups = int(getattr(module, "groups", 1))
         return int(module.out_channels) * int(module.in_channels) // groups * kernel
     return 0

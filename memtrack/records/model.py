@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -114,7 +115,8 @@ class Environment:
     cpu_count: int | None = None
     host_ram_bytes: int | None = None
     packages: dict[str, str] = field(default_factory=dict)
-    """Versions of the memory-relevant packages that are installed."""
+    """Versions of every installed distribution, by `distribution_key` (records made before
+    every one was recorded hold the memory-relevant ones alone)."""
     env_vars: dict[str, str] = field(default_factory=dict)
     """Allowlisted memory-relevant variables only (PYTORCH_CUDA_ALLOC_CONF, ...)."""
     cuda_available: bool | None = None
@@ -215,6 +217,15 @@ class Site:
 def pair_key(module: str, source: str) -> str:
     """A 'pair' site's key: 'lm_head at serve.py:generate'."""
     return f"{module} at {source}"
+
+
+def distribution_key(name: str) -> str:
+    """A distribution's name as PEP 503 normalises it: runs of -, _ and . are one -,
+    lowercase ('Flash_Attn' is 'flash-attn')."""
+    return _DISTRIBUTION_RUNS.sub("-", name).lower()
+
+
+_DISTRIBUTION_RUNS = re.compile(r"[-_.]+")
 
 
 def pair_parts(key: str) -> tuple[str, str]:

@@ -785,8 +785,9 @@ class Store:
         }
         if len(commits) > 1:
             raise StoreError(f"{self.path}: commit prefix {text!r} is ambiguous")
-        measured = self.run_ids(commit=text, limit=limit, measured=True)
-        ids = measured + [r for r in self.run_ids(commit=text, limit=limit) if r not in measured]
+        ids = self.run_ids(commit=text, limit=limit, measured=True)
+        if len(ids) < limit:  # then its estimate runs
+            ids += [r for r in self.run_ids(commit=text, limit=limit) if r not in ids]
         if not ids:
             raise StoreError(f"{self.path}: no run or commit {text!r}")
         return ids[:limit]

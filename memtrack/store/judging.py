@@ -29,8 +29,14 @@ class Row(Protocol):
 # -- the baseline --------------------------------------------------------------------------
 
 
+_ON_BRANCH = "r.git_branch = :branch and r.run_id != :candidate"
+"""The runs a baseline reads: the base branch's, but the candidate."""
+_OF_COMMIT = "r.git_commit = :commit"
+"""The runs a bisection reads: one commit's, whatever their branch."""
+
+
 @functools.cache
-def _point_sql(figures: tuple[str, ...], same_env: bool) -> str:
+def _point_sql(figures: tuple[str, ...], same_env: bool, runs: str = _ON_BRANCH) -> str:
     fingerprint = "and r.fingerprint = :fp" if same_env else ""
     return f"""
 select r.run_id, r.git_commit, r.started_at, r.git_committed_at, r.env_id, r.fingerprint,
@@ -39,7 +45,7 @@ select r.run_id, r.git_commit, r.started_at, r.git_committed_at, r.env_id, r.fin
        m.timing_runnable, m.timing_cores, m.timing_steal,
        {", ".join("m." + c for c in figures)}
 from runs r cross join measurements m
-where r.git_branch = :branch and r.run_id != :candidate {fingerprint}
+where {runs} {fingerprint}
   and m.case_id = :case and m.run_id = r.run_id and m.kind = 'measured'
 order by r.started_at desc
 """
@@ -70,9 +76,7 @@ def commit_rows(
 ) -> list[sqlite3.Row]:
     """A case's measured rows of one commit on `fingerprint`, whatever their branch, newest
     first (what `memtrack bisect` reuses): the columns of `baseline_rows`."""
-    sql = _point_sql(figures, True).replace(
-        "where r.git_branch = :branch and r.run_id != :candidate", "where r.git_commit = :commit"
-    )
+    sql = _point_sql(figures, True, _OF_COMMIT)
     return store.conn.execute(
         sql, {"commit": commit, "case": case_id, "fp": fingerprint}
     ).fetchall()
