@@ -233,7 +233,10 @@ def older_database(cache: Path, db: Path, tree: Path, sha: str) -> Path:
         [
             sys.executable,
             "-c",
-            "import sys; from memtrack.store import Store; Store.open(sys.argv[1]).close()",
+            # memtrack.store.database since the store became a package; memtrack.store before
+            "import sys\ntry:\n    from memtrack.store.database import Store\n"
+            "except ImportError:\n    from memtrack.store import Store\n"
+            "Store.open(sys.argv[1]).close()",
             str(part),
         ],
         check=True,
