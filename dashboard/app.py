@@ -4,13 +4,16 @@ Start it with `memtrack dashboard [--db PATH] [--config PATH]`, which runs
 
     streamlit run dashboard/app.py -- --db PATH [--config PATH]
 
-Without --db, the database is the config's `database` (found from the current directory
-as memtrack finds it). The database is opened read-only; nothing here writes to it.
+Without --db, the database is $MEMTRACK_DATABASE_URL (how `memtrack dashboard` hands over a
+server's URL: never on a command line), else the config's `database` (found from the
+current directory as memtrack finds it). The database is opened read-only; nothing here
+writes to it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -31,7 +34,8 @@ from memtrack.dashboard.views import (
 )
 
 from memtrack.config import Config, load_config
-from memtrack.errors import MemtrackError, StoreError
+from memtrack.errors import ConfigError, MemtrackError, StoreError
+from memtrack.store.url import Database, ServerUrl, parse_database
 
 RENDER = dict(
     zip(
@@ -51,7 +55,7 @@ RENDER = dict(
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="dashboard/app.py", add_help=False)
-    parser.add_argument("--db", type=Path)
+    parser.add_argument("--db")
     parser.add_argument("--config", type=Path)
     args, _ = parser.parse_known_args(argv)
     return args
@@ -77,7 +81,7 @@ def _has_no_tables(db: Path) -> bool:
         return False
 
 
-def empty_state(db: Path, why: str) -> None:
+def empty_state(db: Database, why: str) -> None:
     st.title("memtrack")
     st.info(
         f"**No runs recorded yet** in {esc(db)} ({why}).\n\n"
@@ -89,8 +93,10 @@ def empty_state(db: Path, why: str) -> None:
     )
 
 
-def open_database(db: Path) -> dict | None:
+def open_database(db: Database) -> dict | None:
     """The store's summary, or None after showing why it cannot be shown."""
+    if isinstance(db, ServerUrl):
+        return _open_server(db)
     if not db.is_file() or db.stat().st_size == 0 or _has_no_tables(db):
         empty_state(
             db, "the database does not exist yet" if not db.is_file() else "the database is empty"
@@ -103,6 +109,23 @@ def open_database(db: Path) -> dict | None:
         st.error(f"This database cannot be shown: {esc(exc)}")
         return None
     summary = data.summary(str(db), data.stamp(str(db)))
+    if summary["runs"] == 0:
+        empty_state(db, "the database has no runs")
+        return None
+    return summary
+
+
+def _open_server(db: ServerUrl) -> dict | None:
+    try:
+        queries.open_readonly(db).close()  # checks the schema version
+    except StoreError as exc:
+        if "empty database" in str(exc):
+            empty_state(db, "the database holds no memtrack schema yet")
+        else:
+            st.title("memtrack")
+            st.error(f"This database cannot be shown: {esc(exc)}")
+        return None
+    summary = data.summary(db.url, data.stamp(db.url))
     if summary["runs"] == 0:
         empty_state(db, "the database has no runs")
         return None
@@ -140,14 +163,13 @@ def choose_page() -> str:
     return page or PAGES[0]
 
 
-def show(db: Path, config: Config | None, config_error: str | None) -> None:
+def show(db: Database, config: Config | None, config_error: str | None) -> None:
     summary = open_database(db)
     if summary is None:
         return
-    key = data.stamp(str(db))
-    ctx = Context(
-        db=str(db), key=key, config=config, summary=summary, choices=data.choices(str(db), key)
-    )
+    name = db.url if isinstance(db, ServerUrl) else str(db)  # what opens it, never shown
+    key = data.stamp(name)
+    ctx = Context(db=name, key=key, config=config, summary=summary, choices=data.choices(name, key))
     page = choose_page()
     with st.sidebar:
         st.header("memtrack")
@@ -171,17 +193,31 @@ def show(db: Path, config: Config | None, config_error: str | None) -> None:
     RENDER[page](ctx)
 
 
+def server_errors() -> type[Exception]:
+    """The driver's errors where a server's database is read (a server gone while a page
+    is drawn), else a class nothing raises."""
+    psycopg = sys.modules.get("psycopg")
+    return psycopg.Error if psycopg is not None else StoreError
+
+
 def main() -> None:
     st.set_page_config(
         page_title="memtrack", page_icon="📈", layout="wide", initial_sidebar_state="collapsed"
     )
     args = parse_args(sys.argv[1:])
     config, config_error = load_settings(str(args.config) if args.config else None, str(Path.cwd()))
-    db = args.db or (config.database if config else Path("data/memtrack.db"))
-    db = db.resolve()
+    given = args.db or os.environ.get("MEMTRACK_DATABASE_URL")
+    try:
+        db = parse_database(given, "--db") if given else None
+    except ConfigError as exc:
+        st.error(esc(exc))
+        return
+    db = db or (config.database if config else Path("data/memtrack.db"))
+    if isinstance(db, Path):
+        db = db.resolve()
     try:
         show(db, config, config_error)
-    except (sqlite3.DatabaseError, StoreError) as exc:
+    except (sqlite3.DatabaseError, StoreError, server_errors()) as exc:
         # A damaged file (or one replaced while open): one line, not a traceback.
         st.error(
             f"The database {esc(db)} cannot be read: {esc(exc)}. Restore it from a "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import streamlit as st
@@ -17,13 +16,18 @@ from memtrack.dashboard import model, queries
 
 from memtrack.judge.baseline import open_regressions
 from memtrack.store.database import Store
+from memtrack.store.url import Database, ServerUrl, parse_database
 
 TTL_S = 600
 Stamp = tuple[int, ...]
 
 
 def stamp(db: str) -> Stamp:
-    """Changes whenever the database (or its write-ahead log) is written."""
+    """Changes whenever the database (or its write-ahead log) is written; a server's
+    database, whenever runs or verdicts are recorded."""
+    if isinstance(database(db), ServerUrl):
+        with _open(db) as s:
+            return queries.write_stamp(s.conn)
     out: list[int] = []
     for suffix in ("", "-wal"):
         try:
@@ -35,8 +39,14 @@ def stamp(db: str) -> Stamp:
     return tuple(out)
 
 
+def database(db: str) -> Database:
+    """The database a page's `db` names: a file's path, or a server's URL (its password
+    included: `db` is never shown; `str(database(db))` is)."""
+    return parse_database(db, "--db")
+
+
 def _open(db: str) -> Store:
-    return queries.open_readonly(Path(db))
+    return queries.open_readonly(database(db))
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -18,11 +18,12 @@ import json
 import re
 import sqlite3
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 from memtrack.records import metrics
 from memtrack.store.database import Store
+from memtrack.store.opening import open_store
+from memtrack.store.url import Database
 
 RARE_CASE_ROWS = 2000
 """Below this many measurements, a case's series is read from its own index entries."""
@@ -71,12 +72,12 @@ def _series_columns(conn: sqlite3.Connection) -> str:
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
 
 
-def open_readonly(path: Path) -> Store:
+def open_readonly(path: Database) -> Store:
     """The store, read-only, as `Store.open(readonly=True)` opens it, except that a schema
     older than this memtrack (migrations still pending) is read as it is: the dashboard
     needs only the first schema, and reads verdicts where the table exists. A newer or a
     foreign schema is refused as Store.open refuses it."""
-    return Store.open(path, readonly=True, older=True)
+    return open_store(path, readonly=True, older=True)
 
 
 def _dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
@@ -85,6 +86,8 @@ def _dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
 
 
 def has_table(conn: sqlite3.Connection, name: str) -> bool:
+    if not isinstance(conn, sqlite3.Connection):  # a server's (memtrack.store.server)
+        return bool(table_columns(conn, name))
     row = conn.execute(
         "select 1 from sqlite_master where type = 'table' and name = ?", [name]
     ).fetchone()
@@ -92,7 +95,26 @@ def has_table(conn: sqlite3.Connection, name: str) -> bool:
 
 
 def table_columns(conn: sqlite3.Connection, name: str) -> set[str]:
+    if not isinstance(conn, sqlite3.Connection):
+        rows = conn.execute(
+            "select column_name from information_schema.columns "
+            "where table_schema = current_schema() and table_name = ?",
+            [name],
+        )
+        return {r[0] for r in rows}
     return {r[1] for r in conn.execute(f"pragma table_info({name})")}
+
+
+def write_stamp(conn: sqlite3.Connection) -> tuple[int, ...]:
+    """What changes whenever runs are recorded or a check records verdicts (a server's
+    database, which has no file to look at): the runs counted, the newest verdict's id."""
+    runs = conn.execute("select count(*) from runs").fetchone()[0]
+    verdicts = (
+        conn.execute("select coalesce(max(id), 0) from verdicts").fetchone()[0]
+        if has_table(conn, "verdicts")
+        else 0
+    )
+    return (int(runs), int(verdicts))
 
 
 def summary(conn: sqlite3.Connection) -> dict[str, Any]:
@@ -142,7 +164,7 @@ def environments(conn: sqlite3.Connection, limit: int = 1000) -> list[dict[str, 
 def case_size(conn: sqlite3.Connection, case_id: str, cap: int = RARE_CASE_ROWS + 1) -> int:
     """How many measurements a case has, counted up to `cap` (its own index entries only)."""
     return conn.execute(
-        "select count(*) from (select 1 from measurements where case_id = ? limit ?)",
+        "select count(*) from (select 1 from measurements where case_id = ? limit ?) c",
         [case_id, cap],
     ).fetchone()[0]
 
@@ -201,7 +223,7 @@ def series(
     else:
         sql = (
             f"select {_series_columns(conn)} from runs r cross join measurements m "
-            f"on m.run_id = r.run_id and m.case_id = :case where 1{filters} "
+            f"on m.run_id = r.run_id and m.case_id = :case where true{filters} "
             "order by r.started_at desc limit :limit"
         )
     return _dicts(conn.execute(sql, params))
@@ -272,14 +294,17 @@ def find_runs(conn: sqlite3.Connection, text: str, *, limit: int = 20) -> list[d
     text = text.strip()
     if not text or not _HEX.match(text):
         return []
-    # GLOB is case-sensitive, so SQLite answers a prefix GLOB from the index.
-    pattern = text.lower() + "*"
+    # GLOB is case-sensitive, so SQLite answers a prefix GLOB from the index; a server's
+    # text columns are of the "C" collation, so its LIKE prefix rides the index too. The
+    # text is hex: no wildcard of either.
+    match = "glob" if isinstance(conn, sqlite3.Connection) else "like"
+    pattern = text.lower() + ("*" if match == "glob" else "%")
     return _dicts(
         conn.execute(
             "select run_id, started_at, git_commit, git_branch, git_subject, fingerprint from ("
-            " select * from runs where run_id glob :p"
-            " union select * from runs where git_commit glob :p"
-            ") order by started_at desc limit :n",
+            f" select * from runs where run_id {match} :p"
+            f" union select * from runs where git_commit {match} :p"
+            ") u order by started_at desc limit :n",
             {"p": pattern, "n": limit},
         )
     )

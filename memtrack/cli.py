@@ -28,6 +28,10 @@ def _unexpected(exc: Exception) -> str:
 
     from memtrack.store import database as store
 
+    if "psycopg" in sys.modules and isinstance(exc, sys.modules["psycopg"].Error):
+        from memtrack.store import opening, server
+
+        return server.describe(exc, opening.last_server)
     if isinstance(exc, (sqlite3.Error, OSError)):
         return store.describe_failure(exc, None if isinstance(exc, OSError) else store.last_path)
     if isinstance(exc, RecursionError):

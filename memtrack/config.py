@@ -17,6 +17,7 @@ from typing import Any
 from memtrack.errors import ConfigError
 from memtrack.files import read_named
 from memtrack.records import metrics
+from memtrack.store.url import Database, ServerUrl, parse_database
 from memtrack.units import parse_duration, parse_fraction, parse_size
 
 if sys.version_info >= (3, 11):
@@ -67,7 +68,7 @@ class Config:
     root: Path
     """Directory that relative paths and module files are resolved against."""
     modules: tuple[str, ...] = DEFAULT_MODULES
-    database: Path = Path("data/memtrack.db")
+    database: Database = Path("data/memtrack.db")
     base_branch: str = "main"
     device: str = "auto"
     warmup: int = 1
@@ -380,10 +381,10 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
     modules = c.get("modules", list, list(DEFAULT_MODULES))
     if not modules or not all(isinstance(m, str) and m for m in modules):
         raise c.fail("modules", "expected a non-empty list of module names or .py paths")
-    database_text = c.get("database", str, "data/memtrack.db")
-    if not database_text.strip() or "\0" in database_text:
-        raise c.fail("database", f"expected a file path, got {database_text!r}")
-    database = Path(database_text)
+    try:
+        database = parse_database(c.get("database", str, "data/memtrack.db"), "")
+    except ConfigError as exc:
+        raise c.fail("database", str(exc)) from None
     references_text = c.get("references", str, "perf/references")
     if not references_text.strip() or "\0" in references_text:
         raise c.fail("references", f"expected a folder path, got {references_text!r}")
@@ -412,7 +413,9 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
         path=path,
         root=root,
         modules=tuple(modules),
-        database=database if database.is_absolute() else root / database,
+        database=database
+        if isinstance(database, ServerUrl) or database.is_absolute()
+        else root / database,
         base_branch=c.branch("base_branch", "main"),
         device=c.choice("device", ("auto", "cpu", "cuda"), "auto") or "auto",
         warmup=c.count("warmup", 0, 1),

@@ -203,3 +203,26 @@ def nvml_with_a_failing_query(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     (tmp_path / "nvml.json").write_text(json.dumps(scenario))
     monkeypatch.setenv("FAKE_NVML", str(tmp_path / "nvml.json"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKE_NVML_DIR), *sys.path]))
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Any:
+    """A PostgreSQL server of this test session's own (tests/pgcluster.py). Skipped, with
+    the reason, where none can be started; in CI (`CI=true`, as `.ci/run` runs) a missing
+    server fails instead, so the server tests always run there."""
+    import pgcluster
+
+    why = pgcluster.unavailable()
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no PostgreSQL for the server tests: {why}")
+        pytest.skip(f"no PostgreSQL for the server tests: {why}")
+    cluster = pgcluster.Cluster()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def pg_url(pg_cluster: Any) -> str:
+    """The URL (password included) of a new, empty PostgreSQL database."""
+    return str(pg_cluster.database())

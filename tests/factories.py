@@ -437,19 +437,27 @@ STORY_MERGE, STORY_REVERT, STORY_ACCEPT = 9, 10, 15
 10; encoder's new head (+48 MiB allocated, +40 MiB in the step's host growth) is accepted
 with a trailer at 15, merged from a pull request that was checked first."""
 STORY_REASON = "the new head is the feature"
+STORY_RELAND, STORY_LEAK_AT, STORY_LEAK = 12, 17, 2 * MiB
+"""With `messier`: decoder's growth re-landed at 12; encoder keeps 2 MiB more each call
+from 17."""
 
 
-def story_history(work: Path, until: int = 18) -> dict[str, Any]:
+def story_history(
+    work: Path, until: int = 18, *, also: tuple[Any, ...] = (), messier: bool = False
+) -> dict[str, Any]:
     """A real repository and its recorded history, one main commit an hour from
     2026-02-01, each run checked as CI checks a push (verdicts recorded): two cases,
     decoder and encoder, with a merge of +8 MiB to decoder's cache and its revert one
     commit later, then a pull request that grows encoder by one intentional change and
     accepts it with one trailer (`Memtrack-Accept: encoder +64 MiB ...`), checked, then
-    merged. `until`: the last main commit recorded (the story so far). Returns the
-    repository, the database, the config and each main commit's sha by number."""
+    merged. `until`: the last main commit recorded (the story so far). `also`: databases
+    (paths or server URLs) each run is recorded and checked in too, in the same order;
+    `messier`: decoder's cache growth re-landed at STORY_RELAND, and encoder leaking
+    STORY_LEAK bytes a call from STORY_LEAK_AT. Returns the repository, the database, the
+    config, each main commit's sha by number and each run's id in the order recorded."""
     from memtrack.config import load_config
     from memtrack.judge.check import check as run_check
-    from memtrack.store.database import Store
+    from memtrack.store.opening import open_store
 
     repo = init_repo(work / "repo")
     db = work / "memtrack.db"
@@ -457,8 +465,12 @@ def story_history(work: Path, until: int = 18) -> dict[str, Any]:
     config = load_config(repo / "memtrack.toml", cwd=repo)
     shas: dict[int, str] = {}
 
+    run_ids: list[str] = []
+
     def figures(i: int, branch_grows: bool = False) -> list[Measurement]:
-        cache = 8 * MiB if i == STORY_MERGE else 0
+        cache = 8 * MiB if i == STORY_MERGE or (messier and i >= STORY_RELAND) else 0
+        leaking = messier and i >= STORY_LEAK_AT
+        retained = tuple(k * STORY_LEAK for k in range(1, 4)) if leaking else ()
         head = 48 * MiB if i >= STORY_ACCEPT or branch_grows else 0
         noise = (i * 7919 % 5) * 256 * 1024  # host RSS moves a little run to run
         # decoder's allocations move with its sampled lengths: a few discrete values
@@ -478,6 +490,7 @@ def story_history(work: Path, until: int = 18) -> dict[str, Any]:
                 peak=300 * MiB + head,
                 host=700 * MiB + noise + head,
                 host_step=20 * MiB + 40 * MiB * bool(head),
+                retained_samples=retained,
             ),
         ]
 
@@ -488,9 +501,11 @@ def story_history(work: Path, until: int = 18) -> dict[str, Any]:
         committed, subject = git(repo, "show", "-s", "--format=%cI%n%s", sha).splitlines()
         run = make_run(ms, commit=sha, branch=branch, started_at=when, subject=subject, **kw)
         run = replace(run, git=replace(run.git, committed_at=committed))
-        with Store.open(db) as store:
-            store.write_run(run)
-            store.save_verdicts(run_check(store, config, run_id=run.run_id, root=repo))
+        run_ids.append(run.run_id)
+        for where in (db, *also):
+            with open_store(where) as store:
+                store.write_run(run)
+                store.save_verdicts(run_check(store, config, run_id=run.run_id, root=repo))
 
     def commit(i: int, message: str, minute: int = 0) -> str:
         os.environ["GIT_COMMITTER_DATE"] = os.environ["GIT_AUTHOR_DATE"] = at(i, minute)
@@ -499,17 +514,25 @@ def story_history(work: Path, until: int = 18) -> dict[str, Any]:
 
     dates = {k: os.environ.get(k) for k in ("GIT_COMMITTER_DATE", "GIT_AUTHOR_DATE")}
     try:
-        _story(until, commit, record, figures, at, repo, shas)
+        _story(until, commit, record, figures, at, repo, shas, messier)
     finally:
         for k, v in dates.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    return {"repo": repo, "db": db, "config": repo / "memtrack.toml", "shas": shas}
+    return {
+        "repo": repo,
+        "db": db,
+        "config": repo / "memtrack.toml",
+        "shas": shas,
+        "runs": run_ids,
+    }
 
 
-def _story(until, commit, record, figures, at, repo: Path, shas: dict[int, str]) -> None:
+def _story(
+    until, commit, record, figures, at, repo: Path, shas: dict[int, str], messier: bool = False
+) -> None:
     """The main commits of `story_history`, each recorded and checked."""
     ci = CIInfo(provider="github-actions", event="push")
     for i in range(1, until + 1):
@@ -517,6 +540,10 @@ def _story(until, commit, record, figures, at, repo: Path, shas: dict[int, str])
             sha = commit(i, "a bigger KV cache for decoder")
         elif i == STORY_REVERT:
             sha = commit(i, 'Revert "a bigger KV cache for decoder"')
+        elif messier and i == STORY_RELAND:
+            sha = commit(i, 'Reapply "a bigger KV cache for decoder"')
+        elif messier and i == STORY_LEAK_AT:
+            sha = commit(i, "encoder keeps each call's scores")
         elif i == STORY_ACCEPT:
             git(repo, "checkout", "-q", "-b", "feature/encoder-head")
             pr = commit(

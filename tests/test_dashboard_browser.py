@@ -402,6 +402,64 @@ def test_a_reviewer_reads_a_revert_and_an_accepted_step(browser: Any, tmp_path: 
             assert (ARTIFACTS / f"story-{state}-{name}.png").stat().st_size > 10_000
 
 
+def test_the_dashboard_serves_overview_and_history_from_postgres(
+    browser: Any, tmp_path: Path, pg_url: str
+) -> None:
+    """`memtrack dashboard --db postgresql://...` over the story recorded into a server's
+    database: the URL is handed to the app by the environment (no password on a command
+    line), the sidebar names it with the password hidden, and Overview and History read as
+    they do from the SQLite file."""
+    from factories import STORY_MERGE, STORY_REVERT, story_history
+    from pgcluster import PASSWORD
+
+    from memtrack.store.url import parse_database
+
+    story = story_history(tmp_path, until=STORY_REVERT + 4, also=(parse_database(pg_url, "x"),))
+    port = free_port()
+    log = tmp_path / "dashboard.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMTRACK_")}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "memtrack.cli", "dashboard", "--db", pg_url]
+            + ["--port", str(port), "--config", str(story["config"])],
+            cwd=tmp_path,
+            env={**env, "STREAMLIT_SERVER_HEADLESS": "true"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    server = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(server, proc, log)
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+            assert PASSWORD.encode() not in f.read()  # the server's command line
+        page = browser.new_page(viewport={"width": 1440, "height": 900})
+        page.goto(server, wait_until="domcontentloaded", timeout=60_000)
+        page.get_by_text("A case's name opens its history").wait_for(timeout=60_000)
+        _settled(page)
+        body = page.inner_text("body")
+        merge, revert = story["shas"][STORY_MERGE][:10], story["shas"][STORY_REVERT][:10]
+        assert f"at {merge} (the gate's regression), fixed at {revert}" in body
+        page.goto(
+            f"{server}/?page=History&case={quote('decoder[batch=1]', safe='')}",
+            wait_until="domcontentloaded",
+        )
+        page.get_by_text("Where the series moved").wait_for(timeout=60_000)
+        _settled(page, panels=2)
+        sidebar = page.locator("[data-testid='stSidebar']").inner_text()
+        body = (page.inner_text("body") + sidebar).replace("\u2060", "")  # esc's joiners
+        assert "postgresql://memtrack:***@/" in body
+        assert PASSWORD not in body and quote(PASSWORD, safe="") not in body
+        page.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert PASSWORD not in log.read_text()
+
+
 def _overflow(page, selector: str) -> tuple[int, int]:
     """(scroll width, client width) of an element: wider content scrolls sideways."""
     scroll, client = page.eval_on_selector(selector, "e => [e.scrollWidth, e.clientWidth]")

@@ -7,8 +7,10 @@ from pathlib import Path
 import click
 
 from memtrack.commands.options import config_option, db_option, resolve
+from memtrack.errors import StoreError
 from memtrack.store import maintenance
-from memtrack.store.database import Store
+from memtrack.store.opening import open_store
+from memtrack.store.url import ServerUrl
 from memtrack.units import format_size
 
 
@@ -23,6 +25,11 @@ def backup(dest: Path, config_path: Path | None, db_path: Path | None, overwrite
     The copy is one consistent snapshot, safe to take while a run is being recorded.
     """
     _, db = resolve(config_path, db_path)
+    if isinstance(db, ServerUrl):
+        raise StoreError(
+            f"{db}: `memtrack backup` copies an SQLite file; back a server's database up with "
+            "its own tools (pg_dump)"
+        )
     result = maintenance.backup(db, dest, overwrite=overwrite)
     size = format_size(result.size_bytes)
     click.echo(f"{result.runs} run(s), {size}, backed up to {result.path}")
@@ -44,6 +51,6 @@ def export(
     """
     _, db = resolve(config_path, db_path)
     moment = maintenance.parse_since(since) if since else None
-    with Store.open(db, readonly=True) as store:
+    with open_store(db, readonly=True) as store:
         written = maintenance.export_runs(store, directory, since=moment)
     click.echo(f"{len(written)} run(s) exported to {directory}")

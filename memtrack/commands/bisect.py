@@ -12,6 +12,7 @@ from memtrack.commands.options import config_option, db_option, json_path_option
 from memtrack.config import is_revision
 from memtrack.errors import ConfigError, StoreError
 from memtrack.files import output_problem
+from memtrack.store.url import present
 
 if TYPE_CHECKING:
     from memtrack.judge.bisect import Bisection
@@ -50,7 +51,7 @@ def bisect(
     from memtrack.judge.bisect import bisect as run_bisect
     from memtrack.measure.suite import probe_environment
     from memtrack.measure.worktree import measure_at
-    from memtrack.store.database import Store
+    from memtrack.store.opening import open_store
 
     config, db = resolve(config_path, db_path)
     for name, ref in (("GOOD", good), ("BAD", bad)):
@@ -58,14 +59,14 @@ def bisect(
             raise ConfigError(f"{name}: {ref!r} is not a revision")
     if json_path is not None and (problem := output_problem(json_path)):
         raise ConfigError(f"--json {json_path}: {problem}")
-    if not db.is_file():
+    if not present(db):
         raise StoreError(f"{db}: no such database (record a run with `memtrack run`)")
     fingerprint = probe_environment().fingerprint
 
     def measure(commit: str) -> str | None:
         return measure_at(config, db, commit, case)
 
-    with Store.open(db) as store:
+    with open_store(db) as store:
         found = run_bisect(
             store, config, config.root, case, metric, good, bad, fingerprint, measure
         )

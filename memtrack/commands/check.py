@@ -140,7 +140,8 @@ def check(
     Exit status: 0 nothing blocks, 1 something blocks, 2 a usage, config or data error.
     With GITHUB_STEP_SUMMARY set, a compact Markdown summary is appended there.
     """
-    from memtrack.store.database import Store
+    from memtrack.store.opening import open_store
+    from memtrack.store.url import present
 
     config, db = resolve(config_path, db_path)
     _refuse_mixed(history, bool(run_id or commit), anchor is not None or bool(patterns))
@@ -153,9 +154,9 @@ def check(
         raise missing
     _output("--markdown", markdown_path)
     _output("--json", json_path)
-    if not db.is_file():
+    if not present(db):
         raise StoreError(f"{db}: no such database (record a run with `memtrack run`)")
-    with Store.open(db, readonly=history or no_record, create=False) as store:
+    with open_store(db, readonly=history or no_record, create=False) as store:
         if history:
             shown = _history(store, config, base_branch, patterns, history_anchor)
         else:

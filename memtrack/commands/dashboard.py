@@ -67,7 +67,11 @@ def dashboard(config_path: Path | None, db_path: Path | None, port: int, address
     problem = streamlit_problem()
     if problem:
         _fail(problem)
-    args = ["--db", str(db.resolve())]
+    if isinstance(db, Path):
+        args = ["--db", str(db.resolve())]
+    else:  # a server's URL by the environment: a command line is for everyone to read
+        args = []
+        os.environ["MEMTRACK_DATABASE_URL"] = db.url
     if config_path:
         args += ["--config", str(config_path.resolve())]
     cmd = [

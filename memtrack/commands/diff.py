@@ -9,6 +9,7 @@ from memtrack.commands.options import config_option, db_option, resolve, rich_co
 from memtrack.errors import ConfigError
 from memtrack.records import Measurement, Site
 from memtrack.store.database import Store
+from memtrack.store.opening import open_store
 
 
 def _pair(
@@ -92,7 +93,7 @@ def diff(
         pairs.append((case_b if case_a == case_b else f"{case_a} -> {case_b}", sites_a, sites_b))
     else:
         _, db = resolve(config_path, db_path)
-        with Store.open(db, readonly=True) as store:
+        with open_store(db, readonly=True) as store:
             by_a, by_b, shared = _pair(store, a, b, cases)
         pairs = [(c, by_a[c].sites, by_b[c].sites) for c in shared]
     changes = [(case, site_diff(x, y, grouping)) for case, x, y in pairs]

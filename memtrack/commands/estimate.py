@@ -8,6 +8,8 @@ import click
 
 from memtrack.commands import options
 from memtrack.store.database import Store
+from memtrack.store.opening import open_store
+from memtrack.store.url import Database, present
 from memtrack.workload.registry import no_match, select_cases
 
 
@@ -65,7 +67,7 @@ def estimate(
         if not cases:
             raise no_match(workloads, patterns)
         progress = options.progress_echo("estimating", options.plain_output())
-        with Store.open(db) if not no_db else nullcontext() as store:
+        with open_store(db) if not no_db else nullcontext() as store:
             with _reading(db) if no_db else nullcontext(store) as measured:
                 done = record_run(
                     lambda: calibrate(
@@ -90,8 +92,8 @@ def estimate(
     options.fail_on(done.failures)
 
 
-def _reading(db: Path) -> contextlib.AbstractContextManager[Store | None]:
+def _reading(db: Database) -> contextlib.AbstractContextManager[Store | None]:
     """The database to calibrate from, read-only, where it exists (--no-db writes nothing)."""
-    if not db.is_file():
+    if not present(db):
         return nullcontext(None)
-    return Store.open(db, readonly=True)
+    return open_store(db, readonly=True)

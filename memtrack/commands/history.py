@@ -8,7 +8,7 @@ from memtrack.commands.options import config_option, db_option, resolve, rich_co
 from memtrack.config import MAX_COUNT
 from memtrack.errors import StoreError
 from memtrack.report.run import history_table
-from memtrack.store.database import Store
+from memtrack.store.opening import open_store
 
 
 @click.command()
@@ -32,7 +32,7 @@ def history(
     CASE is a workload name or a whole case id, matched literally.
     """
     _, db = resolve(config_path, db_path)
-    with Store.open(db, readonly=True) as store:
+    with open_store(db, readonly=True) as store:
         rows = store.history(case, limit=limit, branch=branch)
         if not rows and (not branch or not store.history(case, limit=1)):
             near = store.nearest_cases(case)

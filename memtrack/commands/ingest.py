@@ -6,8 +6,8 @@ import click
 
 from memtrack.commands.options import config_option, db_option, resolve
 from memtrack.records.redact import secret_values
-from memtrack.store.database import Store
 from memtrack.store.ingest import read_runs
+from memtrack.store.opening import open_store
 
 
 @click.command()
@@ -25,11 +25,11 @@ def ingest(files: tuple[Path, ...], config_path: Path | None, db_path: Path | No
     _, db = resolve(config_path, db_path, writes=True)
     secrets = secret_values()  # once: this machine's secret variables, for every record
     with read_runs(files, secrets, db) as runs:
-        if not db.exists():
+        if isinstance(db, Path) and not db.exists():
             # Every record is read and checked before a new database is made: a refused
             # batch makes none, and no file that another process may have opened meanwhile
             # (a `memtrack run` starting) is ever removed.
             runs = iter(list(runs))
-        with Store.open(db) as store:
+        with open_store(db) as store:
             added, present = store.write_runs(runs)
     click.echo(f"{added} run(s) added, {present} already present, in {db}")

@@ -13,6 +13,7 @@ from memtrack.config import Config, load_config
 from memtrack.errors import ConfigError, StoreError
 from memtrack.files import output_problem
 from memtrack.store.database import room_problem
+from memtrack.store.url import Database, parse_database
 
 config_option = click.option(
     "--config",
@@ -48,24 +49,40 @@ def json_path_option(what: str) -> Callable[[Any], Any]:
     )
 
 
+class DatabaseParam(click.ParamType):
+    """A database: an SQLite file's path (or sqlite:///PATH) or a server URL
+    (postgresql://...), its password never shown in an error."""
+
+    name = "PATH|URL"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return parse_database(value, "")
+        except ConfigError as exc:
+            self.fail(str(exc), param, ctx)
+
+
 db_option = click.option(
     "--db",
     "db_path",
-    envvar="MEMTRACK_DB",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="SQLite database (default: $MEMTRACK_DB, else the config's `database`, data/memtrack.db).",
+    envvar=["MEMTRACK_DB", "MEMTRACK_DATABASE_URL"],
+    type=DatabaseParam(),
+    help="SQLite file or postgresql:// URL (default: $MEMTRACK_DB, $MEMTRACK_DATABASE_URL, "
+    "else the config's `database`, data/memtrack.db).",
 )
 
 
 def resolve(
-    config_path: Path | None, db_path: Path | None, *, writes: bool = False
-) -> tuple[Config, Path]:
+    config_path: Path | None, db_path: Database | None, *, writes: bool = False
+) -> tuple[Config, Database]:
     """The config, and the database: --db (or $MEMTRACK_DB) where given, else the config's
     `database`. A command that `writes` the database refuses a --db whose folder does not
     exist (a typo must not plant folders anywhere); the config's own path gets its folder
     made with the database."""
     config = load_config(config_path)
-    if writes and db_path is not None and not db_path.parent.is_dir():
+    if writes and isinstance(db_path, Path) and not db_path.parent.is_dir():
         raise ConfigError(
             f"--db {db_path}: no such folder {db_path.parent} (memtrack makes the database "
             "file, not the folders above it)"

@@ -78,8 +78,9 @@ def plan(
     from memtrack.measure.suite import run_suite
     from memtrack.plan import fit as planning
     from memtrack.plan import sweep
-    from memtrack.store.database import Store
+    from memtrack.store.opening import open_store
     from memtrack.store.save import record_run
+    from memtrack.store.url import present
     from memtrack.workload.registry import discover
 
     if as_markdown and as_json:
@@ -107,9 +108,9 @@ def plan(
 
     # Without recording, the database (if any) is only read, for the baselines' headroom.
     if not no_record:
-        opened: Any = Store.open(db)
-    elif db.is_file():
-        opened = Store.open(db, readonly=True, create=False)
+        opened: Any = open_store(db)
+    elif present(db):
+        opened = open_store(db, readonly=True, create=False)
     else:
         opened = nullcontext()
     with opened as store:

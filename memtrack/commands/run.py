@@ -24,7 +24,8 @@ from memtrack.config import MAX_COUNT, Config
 from memtrack.errors import ConfigError
 from memtrack.measure.forkserver import ForkServer
 from memtrack.measure.launcher import worker_env
-from memtrack.store.database import Store
+from memtrack.store.opening import open_store
+from memtrack.store.url import present
 from memtrack.workload.registry import Case, no_match, select_cases
 
 if TYPE_CHECKING:
@@ -87,8 +88,8 @@ def run(
             # An existing database is opened (and so checked) now; a new one is made only
             # once there is a case to measure.
             store = None
-            if not no_db and db.is_file():
-                store = stack.enter_context(Store.open(db))
+            if not no_db and present(db):
+                store = stack.enter_context(open_store(db))
                 store.check_writable()
             workloads = start.workloads()
             # A budget naming no workload or case guards nothing: refused before anything
@@ -107,7 +108,7 @@ def run(
                     "records every run against its commit (`git init` and a first commit)"
                 )
             if store is None and not no_db:
-                store = stack.enter_context(Store.open(db))
+                store = stack.enter_context(open_store(db))
             done = record_run(lambda: _measure(config, cases, shard, start), store, json_path)
     rich_console().print(run_table(done.record))
     commit = (done.record.git.commit or "no commit")[:12]

@@ -8,7 +8,7 @@ import click
 from memtrack.commands.options import config_option, db_option, resolve, rich_console
 from memtrack.records import to_dict
 from memtrack.report.run import run_detail
-from memtrack.store.database import Store
+from memtrack.store.opening import open_store
 
 
 @click.command()
@@ -24,7 +24,7 @@ def show(run_id: str, config_path: Path | None, db_path: Path | None, as_json: b
     RUN is a run id or a unique prefix of one (`memtrack history` lists them), or a commit
     (a SHA prefix): its newest run."""
     _, db = resolve(config_path, db_path)
-    with Store.open(db, readonly=True) as store:
+    with open_store(db, readonly=True) as store:
         record = store.find_run(run_id)
         measured = [m.case_id for m in record.measurements if m.kind == "measured"]
         estimates = store.latest_estimates(measured, record.git.commit) if measured else {}

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memtrack.records import Environment
+from memtrack.store.url import Database
 from memtrack.units import format_size
 from memtrack.workload.registry import Case, ranks_of
 
@@ -184,7 +185,7 @@ def _build_check(env: Environment) -> Check | None:
 
 def checks(
     env: Environment,
-    db_path: Path,
+    db_path: Database,
     nvml_error: str | None,
     cases: Sequence[Case] = (),
     shm: int | None = None,
@@ -242,6 +243,8 @@ def checks(
         out.append(Check("cudnn", "ok", env.cudnn))
     for k, v in env.env_vars.items():
         out.append(Check(k, "info", v))
+    if not isinstance(db_path, Path):  # a server's database: its own disk, not this one's
+        return out
     folder = db_path.parent if db_path.parent.exists() else Path.cwd()
     free = shutil.disk_usage(folder).free
     out.append(

@@ -25,6 +25,7 @@ from memtrack.measure.forkserver import ForkServer
 from memtrack.measure.ranks import snapshot_paths
 from memtrack.measure.suite import resolve_device, start_run
 from memtrack.records import Environment
+from memtrack.store.url import Database
 from memtrack.workload.registry import Case, Workload, ranks_of, select_cases
 
 SUFFIX = {"cuda": ".pickle", "cpu": ".json"}
@@ -95,7 +96,7 @@ def _work_tree(root: Path) -> Path | None:
     return Path(top).resolve() if top else None
 
 
-def check_out(out: Path, config: Config, db: Path) -> Path:
+def check_out(out: Path, config: Config, db: Database) -> Path:
     """The resolved `--out` path, or ConfigError (one line) where a snapshot must not go:
     inside data/, the database's folder or the repository's work tree (where it could be
     committed, uploaded as an artifact or read by the dashboard), or over an existing file."""
@@ -103,7 +104,10 @@ def check_out(out: Path, config: Config, db: Path) -> Path:
     tree = _work_tree(config.root)
     for folder, what in (
         (config.root / "data", "the data folder"),
-        (db.expanduser().resolve().parent, "the database's folder"),
+        (
+            db.expanduser().resolve().parent if isinstance(db, Path) else None,
+            "the database's folder",
+        ),
         (tree, "the repository's work tree"),
     ):
         if folder is not None and _inside(path, folder.resolve()):
@@ -138,7 +142,7 @@ def find_case(workloads: list[Workload], name: str) -> Case:
     raise WorkloadError(f"no case or workload {name!r} in the suite{hint}")
 
 
-def take(config: Config, name: str, db: Path, out: Path | None = None) -> Snapshot:
+def take(config: Config, name: str, db: Database, out: Path | None = None) -> Snapshot:
     """Run the case `name` (see find_case) in a fresh worker, forked by a fork server that
     imported torch and the suite (as `memtrack run`'s cases are): setup, warm-up, then one
     step under the recorder; the worker writes the snapshot. `db` is only kept clear of: it
@@ -156,7 +160,7 @@ def _take(
     case: Case,
     env: Environment,
     out: Path | None,
-    db: Path,
+    db: Database,
     server: ForkServer,
 ) -> Snapshot:
     device = resolve_device(config, env)

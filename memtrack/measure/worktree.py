@@ -12,6 +12,7 @@ from pathlib import Path
 
 from memtrack.config import Config
 from memtrack.machine.provenance import git_output
+from memtrack.store.url import Database, ServerUrl
 
 FORGET = ("GITHUB_HEAD_REF", "GITHUB_REF_NAME")
 """What would name a measured commit's run after the branch CI checked out: these runs are
@@ -19,7 +20,7 @@ of their commits alone (no branch), so that no baseline takes them for the base 
 newest runs."""
 
 
-def measure_at(config: Config, db: Path, commit: str, case: str) -> str | None:
+def measure_at(config: Config, db: Database, commit: str, case: str) -> str | None:
     """`memtrack run -k CASE` at `commit`, in a worktree of its own, recorded into `db`:
     None, or why the commit could not be measured (in one line)."""
     root = config.root
@@ -35,9 +36,10 @@ def measure_at(config: Config, db: Path, commit: str, case: str) -> str | None:
         if not config_file.is_file():
             return f"no {rel.as_posix()} at this commit"
         env = {k: v for k, v in os.environ.items() if k not in FORGET}
+        # a server's URL by the environment: a command line is for everyone on the machine
+        env["MEMTRACK_DB"] = db.url if isinstance(db, ServerUrl) else str(db)
         done = subprocess.run(
-            [sys.executable, "-m", "memtrack.cli", "run", "-k", case, "--config", str(config_file)]
-            + ["--db", str(db)],
+            [sys.executable, "-m", "memtrack.cli", "run", "-k", case, "--config", str(config_file)],
             cwd=tree / rel.parent,
             env=env,
             capture_output=True,

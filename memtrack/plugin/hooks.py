@@ -65,8 +65,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--memtrack-db",
         metavar="PATH",
-        default=os.environ.get("MEMTRACK_DB"),
-        help="SQLite database (default: $MEMTRACK_DB, else the config's `database`).",
+        default=os.environ.get("MEMTRACK_DB") or os.environ.get("MEMTRACK_DATABASE_URL"),
+        help="SQLite file or postgresql:// URL (default: $MEMTRACK_DB, "
+        "$MEMTRACK_DATABASE_URL, else the config's `database`).",
     )
 
 

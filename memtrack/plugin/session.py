@@ -17,8 +17,9 @@ from memtrack.errors import MemtrackError, StoreError
 from memtrack.machine import environment, provenance
 from memtrack.plugin.record import FIGURES, make_run, outcome_of
 from memtrack.records import now
-from memtrack.store.database import Store
+from memtrack.store.opening import open_store
 from memtrack.store.save import record_run
+from memtrack.store.url import parse_database
 
 
 class Recorder:
@@ -35,7 +36,9 @@ class Recorder:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         option = self.config.option
         config_path = Path(option.memtrack_config) if option.memtrack_config else None
-        db_path = Path(option.memtrack_db) if option.memtrack_db else None
+        db_path = (
+            parse_database(option.memtrack_db, "--memtrack-db") if option.memtrack_db else None
+        )
         try:
             self.mt_config, self.db = resolve(config_path, db_path, writes=True)
             self.git = provenance.git_info(self.mt_config.root, self.mt_config.base_branch)
@@ -44,7 +47,7 @@ class Recorder:
                     f"{self.mt_config.root}: not inside a git repository with a commit: "
                     "memtrack records every run against its commit"
                 )
-            with Store.open(self.db) as store:  # refused now, not after the suite ran
+            with open_store(self.db) as store:  # refused now, not after the suite ran
                 store.check_writable()
         except MemtrackError as exc:
             pytest.exit(f"memtrack: {exc}", returncode=2)
@@ -87,7 +90,7 @@ class Recorder:
             environment=env,
             config_path=str(self.mt_config.path) if self.mt_config.path else None,
         )
-        with Store.open(self.db) as store:
+        with open_store(self.db) as store:
             done = record_run(lambda: run, store, None)
         commit = (done.record.git.commit or "no commit")[:12]
         where = ", ".join(done.saved) or "nothing"

@@ -377,7 +377,11 @@ def missing(root: Path) -> list[Missing]:
                 )
             )
     database = config.database
-    if database.is_relative_to(root) and not git_ignore_rule(root, database):
+    if (
+        isinstance(database, Path)
+        and database.is_relative_to(root)
+        and not git_ignore_rule(root, database)
+    ):
         out.append(
             Missing(
                 database.relative_to(root), "the database is not git-ignored: add it to .gitignore"

@@ -262,7 +262,7 @@ def _column_affinity(f: dataclasses.Field[Any]) -> str:
     return "real" if hint.startswith("float") else "integer"  # int, bool
 
 
-def _expected_schema() -> dict[str, dict[str, str | None]]:
+def expected_schema() -> dict[str, dict[str, str | None]]:
     """Table -> column -> affinity: what memtrack writes and reads, from the records it
     stores (None: any type)."""
 
@@ -312,7 +312,7 @@ def schema_problem(conn: sqlite3.Connection) -> str | None:
     """What is missing or of the wrong type in a memtrack database whose migrations are all
     recorded as applied (a dropped table or column, a table made anew with other types), in
     a few words; None when it is whole."""
-    for table, columns in _expected_schema().items():
+    for table, columns in expected_schema().items():
         found = {r[1]: r[2] for r in conn.execute(f'pragma table_info("{table}")')}
         if not found:
             return f"table {table!r} is missing"
@@ -373,7 +373,7 @@ def _unwritable_folder(path: Path) -> bool:
         return False
 
 
-def _import_sqlite_utils() -> Any:
+def import_sqlite_utils() -> Any:
     """sqlite-utils, imported only where migrations are applied. It imports pandas and numpy
     when they are installed (half a second and 70 MiB) for DataFrame and array inserts that
     migrations never make, so they are hidden from that one import unless already loaded."""
@@ -546,7 +546,7 @@ class Store:
     def _migrate(self) -> None:
         """Apply pending migrations under an exclusive lock: processes that open a new
         database at once wait for the first one, then find nothing left to do."""
-        sqlite_utils = _import_sqlite_utils()
+        sqlite_utils = import_sqlite_utils()
         self.conn.execute("BEGIN EXCLUSIVE")
         try:
             self.check_schema(allow_pending=True)
@@ -577,6 +577,15 @@ class Store:
     def table_names(self) -> set[str]:
         rows = self.conn.execute("select name from sqlite_master where type = 'table'")
         return {r[0] for r in rows}
+
+    def kept_columns(self, table: str) -> set[str]:
+        """The columns of `table` a write names even where every row holds NULL: those with
+        a default other than NULL, or NOT NULL."""
+        return {
+            r[1]
+            for r in self.conn.execute(f"pragma table_info({table})")
+            if r[4] is not None or r[3]
+        }
 
     def check_schema(self, *, allow_pending: bool = False) -> None:
         """Refuse a database that a newer memtrack migrated, or one that is not memtrack's."""
@@ -674,7 +683,7 @@ class Store:
         """
         added = present = 0
         with self._writing():
-            batch = Batch(self.conn)
+            batch = Batch(self.conn, self.kept_columns)
             written: set[str] = set()  # by this call: a run twice is compared as stored
             for chunk in _chunks(runs, _LOOKUP):
                 stored = self._stored([run.run_id for run in chunk])
@@ -937,7 +946,7 @@ class Store:
         sql += "order by r.started_at desc, m.id desc limit :n"
         params = {"p": pattern, "n1": len(pattern) + 1, "b": branch, "n": limit}
         rows = [dict(r) for r in self.conn.execute(sql, params).fetchall()]
-        schema = _expected_schema()
+        schema = expected_schema()
         types = {**schema["runs"], **schema["measurements"]}
         for row in rows:  # shown as they are: a value of the wrong type is named, as damage
             problem = _wrong_type(row, types)
@@ -971,7 +980,7 @@ class Store:
         runs = conn.execute(
             "select run_id, git_commit, started_at from runs where run_id in "
             "(select run_id from measurements where kind = 'estimate') "
-            "order by coalesce(git_commit = ?, 0) desc, started_at desc",
+            "order by case when git_commit = ? then 1 else 0 end desc, started_at desc",
             [commit],
         )
 
@@ -1060,7 +1069,7 @@ class Store:
         for case in case_ids:
             row = self.conn.execute(
                 "select workload, params from measurements where case_id = ? "
-                "and kind = 'measured' order by rowid desc limit 1",
+                "and kind = 'measured' order by id desc limit 1",
                 [case],
             ).fetchone()
             try:

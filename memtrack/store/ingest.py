@@ -28,7 +28,9 @@ from memtrack.records import RunRecord, read_all, read_json
 from memtrack.records.redact import redact_run
 from memtrack.records.validate import bad_files
 from memtrack.store.database import Store
+from memtrack.store.opening import open_store
 from memtrack.store.rows import Prepared, RowMaker
+from memtrack.store.url import Database
 
 CHUNK = 32
 """Files a reader reads and sends back at once."""
@@ -82,7 +84,7 @@ def _record(path: Path, secrets: tuple[str, ...]) -> RunRecord:
 
 @contextlib.contextmanager
 def read_runs(
-    paths: Iterable[Path], secrets: tuple[str, ...], db: Path, *, jobs: int | None = None
+    paths: Iterable[Path], secrets: tuple[str, ...], db: Database, *, jobs: int | None = None
 ) -> Iterator[Iterator[RunRecord | Prepared]]:
     """The records of `paths`, redacted of `secrets`, for `Store.write_runs` into `db`:
     every file is read even after a bad one, and then RecordError names the first, as
@@ -117,7 +119,7 @@ def read_runs(
 
 
 def _fork_reader(
-    chunks: list[list[Path]], secrets: tuple[str, ...], db: Path, pipes: list[BinaryIO]
+    chunks: list[list[Path]], secrets: tuple[str, ...], db: Database, pipes: list[BinaryIO]
 ) -> int:
     """Start a reader of `chunks`, which writes each chunk's results to a new pipe, appended
     to `pipes`, as a length and a pickle; its pid. It opens `db` read-only, where it exists,
@@ -137,9 +139,9 @@ def _fork_reader(
             for pipe in pipes:
                 pipe.close()
             store = None
-            if db.is_file():
+            if isinstance(db, Path) and db.is_file():
                 with contextlib.suppress(MemtrackError):  # the writer compares them instead
-                    store = Store.open(db, readonly=True)
+                    store = open_store(db, readonly=True)
             with open(w, "wb") as out:
                 for chunk in chunks:
                     results = _read(chunk, secrets, store)

@@ -152,12 +152,7 @@ def shard_runs(store: Store, commit: str, fingerprint: str, total: str) -> list[
 
 def has_verdicts(store: Store) -> bool:
     """Whether the database has a verdicts table (an older schema, read as it is, may not)."""
-    return (
-        store.conn.execute(
-            "select 1 from sqlite_master where type = 'table' and name = 'verdicts'"
-        ).fetchone()
-        is not None
-    )
+    return "verdicts" in store.table_names()
 
 
 _OPEN_SQL = """

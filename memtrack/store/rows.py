@@ -230,8 +230,9 @@ class Batch:
         "rank_measurements": ("insert", ["measurement_id", *_R.names]),
     }
 
-    def __init__(self, conn: sqlite3.Connection):
+    def __init__(self, conn: sqlite3.Connection, kept_columns: Callable[[str], set[str]]):
         self.conn = conn
+        self.kept_columns = kept_columns
         row = conn.execute("select coalesce(max(id), 0) + 1 from measurements").fetchone()
         self.next_id = row[0]
         self.run_ids: set[str] = set()
@@ -283,11 +284,7 @@ class Batch:
             return
         verb, columns = self._TABLES[table]
         if table not in self.defaults:
-            self.defaults[table] = {
-                r[1]
-                for r in self.conn.execute(f"pragma table_info({table})")
-                if r[4] is not None or r[3]
-            }
+            self.defaults[table] = self.kept_columns(table)
         kept = self.defaults[table]
         keep = [
             i

@@ -57,6 +57,8 @@ def save_run(
             failures.append(str(exc))
         except (OSError, sqlite3.Error) as exc:  # whatever broke, the run is kept below
             failures.append(describe_failure(exc, store.path))
+        except Exception as exc:  # a server's driver error the store did not word
+            failures.append(f"{store.path}: {type(exc).__name__}: {exc}".splitlines()[0])
     if json_path:
         try:
             write_json(record, json_path)
@@ -66,7 +68,8 @@ def save_run(
     if failures and saved and store and str(store.path) not in saved:
         failures.append(f"the run is kept in {saved[0]}: `memtrack ingest {saved[0]}` records it")
     elif failures and not saved:
-        folders = [p.parent for p in (store.path if store else None, json_path) if p]
+        places = (store.path if store else None, json_path)
+        folders = [p.parent for p in places if isinstance(p, Path)]
         try:
             kept = write_fallback(record, [*folders, Path.cwd(), Path(tempfile.gettempdir())])
         except OSError as exc:

@@ -1,0 +1,443 @@
+"""The history on a PostgreSQL server: the same schema, the same SQL, the same verdicts as
+the embedded SQLite file, for teams whose runners and repositories share one database.
+
+Three pieces, each small:
+
+- `Connection` gives a psycopg 3 connection the few methods of `sqlite3.Connection` the
+  store calls (`execute`, `executemany`, `in_transaction`), rows read by name or index as
+  `sqlite3.Row`s are, and each statement translated once (cached) from the store's SQLite
+  dialect: `?` and `:name` placeholders, `INSERT OR IGNORE`, `IS ?`, `CROSS JOIN ... ON`.
+  The store's SQL is written once, in `memtrack.store`; nothing else holds SQL.
+- `schema_statements` derives the server's tables and indexes from the migrations
+  themselves: they are applied to an in-memory SQLite database and its tables written as
+  PostgreSQL DDL (text in the "C" collation, so ordering and prefix ranges compare bytes as
+  SQLite does). One set of migrations for both engines; a step not yet applied on a server
+  adds what it added in SQLite (tables, columns, indexes).
+- `ServerStore` is `Store` with the file's concerns replaced by the server's: every write
+  transaction takes one advisory lock first, so concurrent runners write one after another
+  as they do into the file (ids never collide, a retried ingest finds its runs and adds
+  nothing); migrations take it too.
+
+psycopg is imported only when a server URL is opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+import sqlite3
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from memtrack.errors import StoreError
+from memtrack.store import migrations
+from memtrack.store.database import Store, damaged, expected_schema
+from memtrack.store.url import ServerUrl
+
+LOCK_KEY = 0x6D656D74  # "memt": the advisory lock every writer of a memtrack database takes
+MIGRATIONS_TABLE = "memtrack_migrations"
+CONNECT_TIMEOUT_S = 10
+_TOKENS = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|\?|:[A-Za-z_]\w*|%|[^'\"?:%]+|.", re.S)
+
+
+# -- the dialect ---------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=512)
+def translate(sql: str) -> str:
+    """An SQL statement of the store, as PostgreSQL (psycopg's placeholders) reads it."""
+    out = []
+    for token in _TOKENS.findall(sql):
+        if token == "?":
+            out.append("%s")
+        elif token.startswith(":") and len(token) > 1:
+            out.append(f"%({token[1:]})s")
+        elif token == "%":
+            out.append("%%")
+        elif token.startswith("["):
+            out.append(token)
+        else:
+            out.append(token)
+    text = "".join(out)
+    text = re.sub(r"\[(\w+)\]", r'"\1"', text)  # sqlite-utils' quoting
+    if re.match(r"\s*insert\s+or\s+ignore\s+", text, re.I):
+        text = re.sub(r"^\s*insert\s+or\s+ignore\s+", "insert ", text, flags=re.I)
+        text += " on conflict do nothing"
+    text = re.sub(r"\bis\s+(?=%)", "is not distinct from ", text, flags=re.I)
+    # SQLite's planner hint (a unary + keeps an index out of a condition) is no operator of
+    # PostgreSQL's on text
+    text = re.sub(r"(?<=[\s(])\+(?=\w+\.\w+)", "", text)
+    text = re.sub(r"\bcross\s+join\s+(\w+(?:\s+\w+)?)\s+on\b", r"join \1 on", text, flags=re.I)
+    return text
+
+
+class Row:
+    """A row read by column name or by index, as `sqlite3.Row` (the first of two columns of
+    one name answers that name)."""
+
+    __slots__ = ("_names", "_values")
+
+    def __init__(self, values: Sequence[Any], names: dict[str, int]):
+        self._values = values
+        self._names = names
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            return self._values[self._names[key]]
+        return self._values[key]
+
+    def keys(self) -> list[str]:
+        return list(self._names)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Row) and tuple(self) == tuple(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Row({dict(zip(self._names, self._values, strict=False))!r})"
+
+
+def _row_factory(cursor: Any) -> Any:
+    names: dict[str, int] = {}
+    for i, column in enumerate(cursor.description or ()):
+        names.setdefault(column.name, i)
+    return lambda values: Row(values, names)
+
+
+class Connection:
+    """A psycopg connection (autocommit; the store says BEGIN and COMMIT itself) with the
+    calls of `sqlite3.Connection` the store makes."""
+
+    def __init__(self, raw: Any):
+        self.raw = raw
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        verb = sql.strip().upper()
+        if verb in ("BEGIN IMMEDIATE", "BEGIN EXCLUSIVE"):
+            cur = self.raw.execute("begin")
+            cur.execute("select pg_advisory_xact_lock(%s)", [LOCK_KEY])
+            return cur
+        cur = self.raw.cursor(row_factory=_row_factory)
+        cur.execute(translate(sql), params if params is not None else ())
+        return cur
+
+    def executemany(self, sql: str, seq: Any) -> Any:
+        cur = self.raw.cursor()
+        cur.executemany(translate(sql), list(seq))
+        return cur
+
+    @property
+    def in_transaction(self) -> bool:
+        from psycopg import pq
+
+        return bool(self.raw.pgconn.transaction_status != pq.TransactionStatus.IDLE)
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def connect(url: ServerUrl, *, readonly: bool = False) -> Connection:
+    """A connection to the server `url` names. StoreError in one line, the password never
+    in it, where the driver is missing or the server is down or refuses."""
+    try:
+        import psycopg
+        from psycopg.types.numeric import IntDumper
+    except ImportError:
+        raise StoreError(
+            f"{url}: a PostgreSQL database needs psycopg (pip install 'memtrack[postgres]')"
+        ) from None
+
+    class BoolAsInt(IntDumper):  # flags are integer columns on both engines
+        def dump(self, obj: Any) -> bytes:
+            return b"1" if obj else b"0"
+
+    try:
+        raw = psycopg.connect(url.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+    except psycopg.Error as exc:
+        raise StoreError(describe(exc, url)) from None
+    raw.adapters.register_dumper(bool, BoolAsInt)
+    if readonly:
+        raw.execute("set default_transaction_read_only = on")
+    return Connection(raw)
+
+
+def describe(exc: BaseException, url: ServerUrl | None) -> str:
+    """A driver's error as one line naming the database, the password never in it."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = "; ".join(lines[:2]) or type(exc).__name__
+    if url is not None:
+        text = url.redact(text)
+    return f"{url}: {text}" if url is not None else text
+
+
+# -- the schema ----------------------------------------------------------------------------
+
+
+def _pg_type(declared: str, *, primary: bool) -> str:
+    t = (declared or "").upper()
+    if "INT" in t:
+        return "bigint generated by default as identity" if primary else "bigint"
+    if any(w in t for w in ("REAL", "FLOA", "DOUB")):
+        return "double precision"
+    return 'text collate "C"'
+
+
+def _sqlite_schema(steps: int | None = None) -> dict[str, Any]:
+    """Tables (column -> (type, not null, default, primary key)) and index statements of a
+    database migrated by the first `steps` migrations (all: None), in memory."""
+    from memtrack.store.database import import_sqlite_utils
+
+    sqlite_utils = import_sqlite_utils()
+    conn = sqlite3.connect(":memory:")
+    chosen = migrations.STEPS if steps is None else migrations.STEPS[:steps]
+    db = sqlite_utils.Database(conn)
+    for step in chosen:
+        step(db)
+    tables: dict[str, dict[str, tuple[str, bool, Any, bool]]] = {}
+    for (name,) in conn.execute(
+        "select name from sqlite_master where type = 'table' and name not like 'sqlite%' "
+        "order by rowid"
+    ):
+        tables[name] = {
+            r[1]: (r[2], bool(r[3]), r[4], bool(r[5]))
+            for r in conn.execute(f'pragma table_info("{name}")')
+        }
+    indexes = {
+        name: sql
+        for name, sql in conn.execute(
+            "select name, sql from sqlite_master where type = 'index' and sql is not null "
+            "order by rowid"
+        )
+    }
+    conn.close()
+    return {"tables": tables, "indexes": indexes}
+
+
+def _column_ddl(name: str, spec: tuple[str, bool, Any, bool]) -> str:
+    declared, notnull, default, primary = spec
+    ddl = f'"{name}" {_pg_type(declared, primary=primary)}'
+    if primary:
+        ddl += " primary key"
+    if notnull and not primary:
+        ddl += " not null"
+    if default is not None:
+        ddl += f" default {default}"
+    return ddl
+
+
+def schema_statements(applied: int = 0) -> list[str]:
+    """The DDL that brings a server database migrated by the first `applied` steps to all of
+    them: tables, then columns, then indexes added by the steps not yet applied."""
+    new = _sqlite_schema()
+    old = _sqlite_schema(applied) if applied else {"tables": {}, "indexes": {}}
+    out = []
+    for table, columns in new["tables"].items():
+        if table not in old["tables"]:
+            body = ", ".join(_column_ddl(c, spec) for c, spec in columns.items())
+            out.append(f'create table "{table}" ({body})')
+            continue
+        for column, spec in columns.items():
+            if column not in old["tables"][table]:
+                out.append(f'alter table "{table}" add column {_column_ddl(column, spec)}')
+    for name, sql in new["indexes"].items():
+        if name not in old["indexes"]:
+            out.append(re.sub(r"\[(\w+)\]", r'"\1"', sql))
+    return out
+
+
+# -- the store -----------------------------------------------------------------------------
+
+
+class ServerStore(Store):
+    """A memtrack database on a PostgreSQL server. Open it with `open_store(url)`."""
+
+    url: ServerUrl
+    pg: Connection
+
+    @classmethod
+    def open_server(
+        cls, url: ServerUrl, *, readonly: bool = False, create: bool = True, older: bool = False
+    ) -> ServerStore:
+        conn = connect(url, readonly=readonly)
+        store = cls(conn, url, readonly)  # type: ignore[arg-type]
+        store.url, store.pg = url, conn
+        try:
+            store._prepare_server(create=create)
+        except BaseException:
+            conn.close()
+            raise
+        return store
+
+    def _fail(self, exc: BaseException) -> StoreError:
+        return StoreError(describe(exc, self.url))
+
+    def _prepare_server(self, *, create: bool) -> None:
+        import psycopg
+
+        try:
+            applied = self.applied_migrations()
+            if not applied and (self.readonly or not create):
+                self.check_schema()  # a foreign schema, or an empty database, said
+            if not self.readonly and set(migrations.names()) - applied:
+                self._migrate()
+            self.check_schema()
+            problem = self._schema_problem()
+        except psycopg.Error as exc:
+            raise self._fail(exc) from None
+        if problem:
+            raise damaged(self.path, problem)
+
+    def _migrate(self) -> None:
+        with self._writing():
+            self.check_schema(allow_pending=True)
+            applied = self.applied_migrations()
+            names = migrations.names()
+            done = 0
+            while done < len(names) and names[done] in applied:
+                done += 1
+            if set(names[done:]) & applied:
+                raise StoreError(f"{self.url}: migrations applied out of order; nothing changed")
+            self.conn.execute(
+                f"create table if not exists {MIGRATIONS_TABLE} (migration_set text, "
+                "name text, applied_at text, primary key (migration_set, name))"
+            )
+            for statement in schema_statements(done):
+                self.pg.raw.execute(statement)
+            for name in names[done:]:
+                self.conn.execute(
+                    f"insert into {MIGRATIONS_TABLE} (migration_set, name, applied_at) "
+                    "values (?, ?, cast(now() as text))",
+                    [migrations.SET_NAME, name],
+                )
+
+    def applied_migrations(self) -> set[str]:
+        if MIGRATIONS_TABLE not in self.table_names():
+            return set()
+        rows = self.conn.execute(
+            f"select name from {MIGRATIONS_TABLE} where migration_set = ?", [migrations.SET_NAME]
+        )
+        return {r[0] for r in rows}
+
+    def table_names(self) -> set[str]:
+        rows = self.conn.execute(
+            "select table_name from information_schema.tables "
+            "where table_schema = current_schema() and table_type = 'BASE TABLE'"
+        )
+        return {r[0] for r in rows}
+
+    def column_types(self, table: str) -> dict[str, str]:
+        rows = self.conn.execute(
+            "select column_name, data_type from information_schema.columns "
+            "where table_schema = current_schema() and table_name = ?",
+            [table],
+        )
+        return {r[0]: r[1] for r in rows}
+
+    def kept_columns(self, table: str) -> set[str]:
+        rows = self.conn.execute(
+            "select column_name from information_schema.columns "
+            "where table_schema = current_schema() and table_name = ? "
+            "and (column_default is not null or is_nullable = 'NO' or is_identity = 'YES')",
+            [table],
+        )
+        return {r[0] for r in rows}
+
+    def check_schema(self, *, allow_pending: bool = False) -> None:
+        known = set(migrations.names())
+        applied = self.applied_migrations()
+        tables = self.table_names() - {MIGRATIONS_TABLE}
+        unknown = applied - known
+        if unknown:
+            raise StoreError(
+                f"{self.url}: schema has migrations this memtrack does not know "
+                f"({', '.join(sorted(unknown))}); upgrade memtrack to read it"
+            )
+        if not applied and tables:
+            raise StoreError(
+                f"{self.url}: not a memtrack database (it holds other tables: "
+                f"{', '.join(sorted(tables)[:5])})"
+            )
+        if not allow_pending and known - applied:
+            if not applied:
+                raise StoreError(f"{self.url}: empty database (record a run with `memtrack run`)")
+            raise StoreError(
+                f"{self.url}: schema is older than this memtrack "
+                f"(pending: {', '.join(sorted(known - applied))}); open it once with `memtrack run`"
+            )
+
+    def _schema_problem(self) -> str | None:
+        kinds = {"bigint": "integer", "double precision": "real", "text": "text"}
+        for table, columns in expected_schema().items():
+            found = self.column_types(table)
+            if not found:
+                return f"table {table!r} is missing"
+            for column, affinity in columns.items():
+                if column not in found:
+                    return f"column {table}.{column} is missing"
+                if affinity is not None and kinds.get(found[column]) != affinity:
+                    return (
+                        f"column {table}.{column} is of type {found[column]}, expected {affinity}"
+                    )
+        return None
+
+    def _check_whole(self) -> None:
+        problem = self._schema_problem()
+        if problem:
+            raise damaged(self.path, problem)
+
+    def check_writable(self) -> None:
+        import psycopg
+
+        try:
+            for table in ("runs", "measurements", "environments", "verdicts"):
+                row = self.conn.execute(
+                    "select has_table_privilege(?, 'INSERT')", [table]
+                ).fetchone()
+                if not row[0]:
+                    raise StoreError(f"{self.url}: this user may not write table {table!r}")
+        except psycopg.Error as exc:
+            raise self._fail(exc) from None
+
+    def _check_same_file(self) -> None:
+        """A server database has no file that could be swapped under it."""
+
+    @contextlib.contextmanager
+    def _writing(self, refused: str = "opened read-only") -> Iterator[None]:
+        import psycopg
+
+        if self.readonly:
+            raise StoreError(f"{self.url}: {refused}")
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+            yield
+            self.conn.execute("COMMIT")
+        except psycopg.Error as exc:
+            self._rollback()
+            raise self._fail(exc) from None
+        except BaseException:
+            self._rollback()
+            raise
+
+    def _rollback(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.conn.in_transaction:
+                self.pg.raw.execute("rollback")
+
+
+__all__ = [
+    "Connection",
+    "Row",
+    "ServerStore",
+    "connect",
+    "describe",
+    "schema_statements",
+    "translate",
+]

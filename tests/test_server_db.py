@@ -1,0 +1,300 @@
+"""The history on a PostgreSQL server, as teams with many runners keep it: a real server
+started by the tests (tests/pgcluster.py), the real CLI in subprocesses, the same verdicts
+as the SQLite file, concurrent writers losing and duplicating nothing, and the password
+never shown or stored."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import pgcluster
+import pytest
+from factories import commit_all, init_repo, make_measurement, make_run, story_history
+
+from memtrack.errors import ConfigError, StoreError
+from memtrack.records import write_json
+from memtrack.store.opening import open_store
+from memtrack.store.url import ServerUrl, parse_database
+
+SECRETS = (pgcluster.PASSWORD, urllib.parse.quote(pgcluster.PASSWORD, safe=""))
+
+
+def _memtrack(*args: str, cwd: Path, url: str | None = None, **kw: Any) -> Any:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "MEMTRACK_"))}
+    if url is not None:
+        env["MEMTRACK_DATABASE_URL"] = url
+    return subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        **kw,
+    )
+
+
+def _no_secret(text: str) -> None:
+    for secret in SECRETS:
+        assert secret not in text
+
+
+def _every_text_cell(url: str) -> str:
+    """Every text value of every table of the server database, joined."""
+    import psycopg
+
+    out = []
+    with psycopg.connect(url) as conn:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "select table_name from information_schema.tables "
+                "where table_schema = current_schema()"
+            )
+        ]
+        for table in tables:
+            for row in conn.execute(f'select * from "{table}"'):
+                out.extend(str(v) for v in row if isinstance(v, str))
+    return "\n".join(out)
+
+
+# -- naming a database ---------------------------------------------------------------------
+
+
+def test_a_database_is_a_path_an_sqlite_url_or_a_server_url() -> None:
+    assert parse_database("data/memtrack.db", "--db") == Path("data/memtrack.db")
+    assert parse_database("sqlite:///data/m.db", "--db") == Path("data/m.db")
+    assert parse_database("sqlite:////abs/m.db", "--db") == Path("/abs/m.db")
+    url = parse_database("postgresql+psycopg://ci:hunter2pass@db.internal:5432/perf", "--db")
+    assert isinstance(url, ServerUrl)
+    assert url.url == "postgresql://ci:hunter2pass@db.internal:5432/perf"
+    assert str(url) == "postgresql://ci:***@db.internal:5432/perf"
+    assert "hunter2pass" not in repr(url)
+    query = parse_database("postgres://ci@db/perf?sslmode=verify-full&password=hunter2pass", "x")
+    assert "hunter2pass" not in str(query) and "sslmode=verify-full" in str(query)
+    for bad, words in (
+        ("mysql://u:hunter2pass@h/x", "unknown database scheme 'mysql'"),
+        ("postgresql://u:hunter2pass@h:port/x", "not a valid URL"),
+        ("postgresql://u:hunter2pass@h/", "names no database"),
+        ("sqlite:///", "names no file"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            parse_database(bad, "--db")
+        assert words in str(caught.value) and "hunter2pass" not in str(caught.value)
+
+
+def test_a_bad_database_url_is_one_line_and_exit_2_without_its_password(tmp_path: Path) -> None:
+    done = _memtrack("check", "--db", "mysql://ci:hunter2pass@h/perf", cwd=tmp_path)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "mysql" in done.stderr and "hunter2pass" not in done.stderr
+    (tmp_path / "memtrack.toml").write_text('database = "oracle://ci:hunter2pass@h/perf"\n')
+    done = _memtrack("history", "x", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "memtrack.toml" in done.stderr and "database" in done.stderr
+    assert "hunter2pass" not in done.stderr
+
+
+# -- the shipped suite on a server ---------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_shipped_suite_is_run_checked_ingested_and_shown_on_postgres(
+    pg_url: str, tmp_path: Path
+) -> None:
+    repo = init_repo(tmp_path / "repo")
+    (repo / "README").write_text("a model\n")
+    commit_all(repo, "a model")
+    record = tmp_path / "run.json"
+    outputs = []
+
+    run = _memtrack("run", "--json", str(record), cwd=repo, url=pg_url)
+    outputs.append(run.stdout + run.stderr)
+    assert run.returncode == 0, run.stderr
+    assert "recorded in postgresql://memtrack:***@/" in run.stdout
+    run_id = json.loads(record.read_text())["run_id"]
+
+    checked = _memtrack("check", "--json", str(tmp_path / "check.json"), cwd=repo, url=pg_url)
+    outputs.append(checked.stdout + checked.stderr)
+    assert checked.returncode == 0, checked.stderr
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert report["run_id"] == run_id and {v["kind"] for v in report["verdicts"]} == {"new"}
+
+    shown = _memtrack("show", run_id[:12], cwd=repo, url=pg_url)
+    history = _memtrack("history", "train_step", cwd=repo, url=pg_url)
+    again = _memtrack("ingest", str(record), cwd=repo, url=pg_url)  # a retried upload
+    doctor = _memtrack("doctor", cwd=repo, url=pg_url)
+    for done in (shown, history, again, doctor):
+        outputs.append(done.stdout + done.stderr)
+        assert done.returncode == 0, done.stderr
+    assert "train_step" in shown.stdout and run_id[:12] in history.stdout
+    assert again.stdout.startswith("0 run(s) added, 1 already present")
+
+    # a second commit, its run and the gate's diff against the first
+    (repo / "README").write_text("a model, documented\n")
+    commit_all(repo, "docs")
+    second = _memtrack("run", "-k", "train_step", cwd=repo, url=pg_url)
+    diff = _memtrack("diff", run_id[:12], "main", "train_step", cwd=repo, url=pg_url)
+    for done in (second, diff):
+        outputs.append(done.stdout + done.stderr)
+        assert done.returncode == 0, done.stderr
+
+    with open_store(parse_database(pg_url, "url"), readonly=True) as store:
+        assert store.get_run(run_id) == store.find_run(run_id)  # read back whole
+        assert len(store.run_ids()) == 2
+    _no_secret("\n".join(outputs))
+    _no_secret(_every_text_cell(pg_url))
+
+
+@pytest.mark.slow
+def test_the_pytest_plugin_records_a_test_into_postgres(pg_url: str, tmp_path: Path) -> None:
+    repo = init_repo(tmp_path / "repo")
+    (repo / "test_model.py").write_text(
+        "import torch\n\n\ndef test_forward():\n"
+        "    x = torch.ones(256, 256)\n    assert (x @ x).sum() > 0\n"
+    )
+    commit_all(repo, "a test")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "MEMTRACK_"))}
+    env["MEMTRACK_DATABASE_URL"] = pg_url
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--memtrack"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    _no_secret(done.stdout + done.stderr)
+    with open_store(parse_database(pg_url, "url"), readonly=True) as store:
+        (run,) = [store.get_run(r) for r in store.run_ids()]
+    assert [m.case_id for m in run.measurements] == ["test_model.py::test_forward"]
+
+
+# -- the same verdicts ---------------------------------------------------------------------
+
+
+def _as_checked(result: Any) -> str:
+    from memtrack.report.check import to_json
+
+    return json.dumps(to_json(dataclasses.replace(result, checked_at="")), sort_keys=True)
+
+
+@pytest.mark.slow
+def test_a_messy_history_gets_the_same_verdicts_on_sqlite_and_postgres(
+    pg_url: str, tmp_path: Path
+) -> None:
+    # A revert, a re-land, an accepted step and a leak, every run recorded and checked in
+    # both databases in the same order (each check recording its verdicts, as CI does).
+    server = parse_database(pg_url, "url")
+    story = story_history(tmp_path, 19, also=(server,), messier=True)
+    from memtrack.config import load_config
+    from memtrack.judge.check import check
+
+    config = load_config(story["config"], cwd=story["repo"])
+    kinds = set()
+    for run_id in story["runs"]:
+        judged = []
+        for db in (story["db"], server):
+            with open_store(db, readonly=True) as store:
+                result = check(store, config, run_id=run_id, root=story["repo"])
+            judged.append(_as_checked(result))
+            kinds |= {v.kind for v in result.verdicts}
+        assert judged[0] == judged[1], run_id
+    assert {"regression", "accepted", "leak"} <= kinds
+
+    # and the CLI's reports, byte for byte but for the time each check was made
+    outputs = {}
+    for name, db in (("sqlite", str(story["db"])), ("postgres", pg_url)):
+        for args in (("check", "--no-record"), ("check", "--history")):
+            out = tmp_path / f"{name}-{args[1]}.json"
+            done = _memtrack(*args, "--json", str(out), cwd=story["repo"], url=db)
+            assert done.returncode in (0, 1), done.stderr
+            text = out.read_text()
+            stamp = json.loads(text).get("checked_at")
+            outputs[name, args[1]] = text.replace(stamp, "") if stamp else text
+    for kind in ("--no-record", "--history"):
+        assert outputs["sqlite", kind] == outputs["postgres", kind]
+
+
+# -- many writers --------------------------------------------------------------------------
+
+
+def _records(folder: Path, n: int, tag: str) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(n):
+        run = make_run(
+            [make_measurement("decoder", {"batch": 1}, peak=(100 + i) * 2**20)],
+            commit=f"{tag}{i:04d}".ljust(40, "a"),
+            started_at=f"2026-03-01T{i // 60:02d}:{i % 60:02d}:00+00:00",
+        )
+        path = folder / f"{run.run_id}.json"
+        write_json(run, path)
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.slow
+def test_concurrent_writers_lose_nothing_and_duplicate_nothing(pg_url: str, tmp_path: Path) -> None:
+    shared = _records(tmp_path / "shared", 5, "5")  # every writer uploads these too
+    writers = []
+    for w in range(4):
+        own = _records(tmp_path / f"w{w}", 10, str(w))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEMTRACK_")}
+        env["MEMTRACK_DATABASE_URL"] = pg_url
+        writers.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "memtrack.cli", "ingest", *map(str, own + shared)],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outs = [p.communicate(timeout=300) for p in writers]
+    assert [p.returncode for p in writers] == [0] * 4, outs
+    added = sum(int(out.split()[0]) for out, _ in outs)
+    assert added == 4 * 10 + 5  # each shared record written once, by whichever came first
+    with open_store(parse_database(pg_url, "url"), readonly=True) as store:
+        ids = store.run_ids(limit=1000)
+        assert len(ids) == len(set(ids)) == 45
+        (count,) = store.conn.execute("select count(*) from measurements").fetchone()
+        assert count == 45
+
+
+# -- a server that is down -----------------------------------------------------------------
+
+
+def test_a_server_that_is_down_is_one_line_and_a_measured_run_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if pgcluster.unavailable():
+        pytest.skip(f"no PostgreSQL for the server tests: {pgcluster.unavailable()}")
+    from memtrack.store.save import save_run
+
+    cluster = pgcluster.Cluster()
+    try:
+        url = parse_database(cluster.database(), "url")
+        store = open_store(url)
+        cluster.stop()  # the server goes away while the run is being measured
+        run = make_run([make_measurement()])
+        monkeypatch.chdir(tmp_path)
+        saved, failures = save_run(run, store, None)
+        assert len(saved) == 1 and Path(saved[0]).name.startswith("memtrack-run-")
+        assert failures[0].startswith("postgresql://memtrack:***@/")
+        _no_secret("\n".join(failures))
+        with pytest.raises(StoreError) as caught:
+            open_store(url)
+        assert "***" in str(caught.value) and "\n" not in str(caught.value)
+        _no_secret(str(caught.value))
+    finally:
+        cluster.stop()
