@@ -35,6 +35,7 @@ from memtrack.dashboard.views import (
 
 from memtrack.config import Config, load_config
 from memtrack.errors import ConfigError, MemtrackError, StoreError
+from memtrack.machine.provenance import repository_identity
 from memtrack.store.url import Database, ServerUrl, parse_database
 
 RENDER = dict(
@@ -163,16 +164,35 @@ def choose_page() -> str:
     return page or PAGES[0]
 
 
+def choose_repository(found: list[str], config: Config | None) -> str | None:
+    """The repository shown, where the database records any: a selector of them (in the
+    address as `repo`, to share), the config's or the working tree's first, else the
+    first. Runs that record none are shown with every one."""
+    if not found:
+        return None
+    here = repository_identity(config.root, config.repository) if config else None
+    asked = st.query_params.get("repo")
+    default = asked if asked in found else here if here in found else found[0]
+    if len(found) == 1:
+        st.caption(f"Repository {esc(found[0])}")
+        return found[0]
+    chosen = str(st.selectbox("Repository", found, index=found.index(default), key="repository"))
+    if chosen != asked:
+        st.query_params["repo"] = chosen
+    return chosen
+
+
 def show(db: Database, config: Config | None, config_error: str | None) -> None:
     summary = open_database(db)
     if summary is None:
         return
     name = db.url if isinstance(db, ServerUrl) else str(db)  # what opens it, never shown
     key = data.stamp(name)
-    ctx = Context(db=name, key=key, config=config, summary=summary, choices=data.choices(name, key))
+    choices = data.choices(name, key)
     page = choose_page()
     with st.sidebar:
         st.header("memtrack")
+        repository = choose_repository(choices["repositories"], config)
         st.caption(
             f"Database {esc(db)} (read-only) · {summary['runs']:,} runs, newest "
             f"{esc((summary['last'] or '-')[:16].replace('T', ' '))}"
@@ -190,6 +210,14 @@ def show(db: Database, config: Config | None, config_error: str | None) -> None:
             st.caption(
                 "No verdicts recorded yet: regressions show once `memtrack check` records them."
             )
+    ctx = Context(
+        db=name,
+        key=key,
+        config=config,
+        summary=summary,
+        choices=choices,
+        repository=repository,
+    )
     RENDER[page](ctx)
 
 

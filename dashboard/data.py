@@ -45,25 +45,29 @@ def database(db: str) -> Database:
     return parse_database(db, "--db")
 
 
-def _open(db: str) -> Store:
-    return queries.open_readonly(database(db))
+def _open(db: str, repository: str | None = None) -> Store:
+    """The store, read-only, its history read as `repository`'s (`Store.repository`)."""
+    store = queries.open_readonly(database(db))
+    store.repository = repository
+    return store
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def summary(db: str, key: Stamp) -> dict[str, Any]:
-    with _open(db) as s:
+def summary(db: str, key: Stamp, repository: str | None = None) -> dict[str, Any]:
+    with _open(db, repository) as s:
         out = queries.summary(s.conn)
         out["has_verdicts"] = queries.has_table(s.conn, "verdicts")
         return out
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def choices(db: str, key: Stamp) -> dict[str, Any]:
+def choices(db: str, key: Stamp, repository: str | None = None) -> dict[str, Any]:
     """What the filters offer: case ids, branches, environments (by env id)."""
-    with _open(db) as s:
+    with _open(db, repository) as s:
         return {
             "cases": queries.case_ids(s.conn),
             "branches": queries.branches(s.conn),
+            "repositories": queries.repositories(s.conn),
             "environments": {e["env_id"]: e for e in queries.environments(s.conn)},
         }
 
@@ -77,18 +81,20 @@ def latest_by_case(
     points: int,
     factor: float,
     base_branch: str = "main",
+    repository: str | None = None,
 ) -> list[dict[str, Any]]:
     """Per case, its newest `points` measurements under the filters (cases without any are
     left out), the verdicts recorded about them ('window_verdicts') and about its newest run
     ('verdicts'), its newest verdict per metric that carries a budget or a threshold, the
     steps of each view ('steps'), and the base branch's regressions of the case still open,
     whatever their age ('open', on its newest run's environment)."""
-    with _open(db) as s:
+    with _open(db, repository) as s:
         out: list[dict[str, Any]] = []
         for case in queries.case_ids(s.conn):
             rows = queries.series(
                 s.conn,
                 case,
+                repository=s.repository,
                 branches=[branch] if branch else [],
                 fingerprints=[fingerprint] if fingerprint else [],
                 limit=points,
@@ -98,7 +104,9 @@ def latest_by_case(
                     {
                         "case_id": case,
                         "rows": rows,
-                        "budget_verdicts": queries.latest_verdicts(s.conn, case),
+                        "budget_verdicts": queries.latest_verdicts(
+                            s.conn, case, repository=s.repository
+                        ),
                     }
                 )
         verdicts = queries.verdicts_for_runs(s.conn, [r["run_id"] for c in out for r in c["rows"]])
@@ -118,14 +126,21 @@ def latest_by_case(
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def base_series(
-    db: str, key: Stamp, base_branch: str, points: int, factor: float
+    db: str,
+    key: Stamp,
+    base_branch: str,
+    points: int,
+    factor: float,
+    repository: str | None = None,
 ) -> list[dict[str, Any]]:
     """Per case, its newest `points` runs on the base branch, their verdicts and the steps
     of each view."""
-    with _open(db) as s:
+    with _open(db, repository) as s:
         out: list[dict[str, Any]] = []
         for case in queries.case_ids(s.conn):
-            rows = queries.series(s.conn, case, branches=[base_branch], limit=points)
+            rows = queries.series(
+                s.conn, case, branches=[base_branch], limit=points, repository=s.repository
+            )
             if rows:
                 out.append(
                     {
@@ -154,15 +169,17 @@ def history(
     limit: int,
     base_branch: str,
     factor: float,
+    repository: str | None = None,
 ) -> dict[str, Any]:
     """A case's rows under the filters (each with its place 'x' on the time axis: commit
     time on the base branch, run time elsewhere), their verdicts, and the steps of each
     view along the base branch (along the rows shown, without it). Cached: finding steps
     is the costly part of a page."""
-    with _open(db) as s:
+    with _open(db, repository) as s:
         rows = queries.series(
             s.conn,
             case_id,
+            repository=s.repository,
             branches=branches,
             fingerprints=fingerprints,
             since=since,
@@ -170,10 +187,11 @@ def history(
             limit=limit,
         )
         verdicts = queries.verdicts_for_runs(s.conn, [r["run_id"] for r in rows], case_id=case_id)
-        latest = queries.latest_verdicts(s.conn, case_id)
+        latest = queries.latest_verdicts(s.conn, case_id, repository=s.repository)
         estimates = queries.series(
             s.conn,
             case_id,
+            repository=s.repository,
             branches=branches,
             fingerprints=fingerprints,
             since=since,
@@ -225,12 +243,14 @@ def _utc(stamp: str) -> str:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def pull_requests(db: str, key: Stamp, base_branch: str, limit: int = 200) -> list[dict[str, Any]]:
+def pull_requests(
+    db: str, key: Stamp, base_branch: str, limit: int = 200, repository: str | None = None
+) -> list[dict[str, Any]]:
     """The newest run of each branch other than the base branch among the newest `limit`
     runs, newest first, each with its recorded verdicts ('verdicts')."""
-    with _open(db) as s:
+    with _open(db, repository) as s:
         seen: dict[str, dict[str, Any]] = {}
-        for r in queries.recent_runs(s.conn, limit=limit):
+        for r in queries.recent_runs(s.conn, limit=limit, repository=s.repository):
             branch = r.get("git_branch")
             if branch and branch != base_branch and branch not in seen:
                 seen[branch] = r
@@ -240,20 +260,26 @@ def pull_requests(db: str, key: Stamp, base_branch: str, limit: int = 200) -> li
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def recent_runs(db: str, key: Stamp, limit: int = 200) -> list[dict[str, Any]]:
-    with _open(db) as s:
-        return queries.recent_runs(s.conn, limit=limit)
+def recent_runs(
+    db: str, key: Stamp, limit: int = 200, repository: str | None = None
+) -> list[dict[str, Any]]:
+    with _open(db, repository) as s:
+        return queries.recent_runs(s.conn, limit=limit, repository=s.repository)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def find_runs(db: str, key: Stamp, text: str) -> list[dict[str, Any]]:
-    with _open(db) as s:
-        return queries.find_runs(s.conn, text)
+def find_runs(
+    db: str, key: Stamp, text: str, repository: str | None = None
+) -> list[dict[str, Any]]:
+    with _open(db, repository) as s:
+        return queries.find_runs(s.conn, text, repository=s.repository)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def run_detail(db: str, key: Stamp, run_id: str) -> dict[str, Any] | None:
-    with _open(db) as s:
+def run_detail(
+    db: str, key: Stamp, run_id: str, repository: str | None = None
+) -> dict[str, Any] | None:
+    with _open(db, repository) as s:
         run = queries.run(s.conn, run_id)
         if run is None:
             return None
@@ -264,15 +290,27 @@ def run_detail(db: str, key: Stamp, run_id: str) -> dict[str, Any] | None:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def plan_rows(
-    db: str, key: Stamp, workload: str, param: str, branch: str | None = None, limit: int = 200
+    db: str,
+    key: Stamp,
+    workload: str,
+    param: str,
+    branch: str | None = None,
+    limit: int = 200,
+    repository: str | None = None,
 ) -> list[dict[str, Any]]:
     """The newest `limit` measurements of each case of a workload that sets `param` (of one
     branch, or of all)."""
-    with _open(db) as s:
+    with _open(db, repository) as s:
         cases = [
             c
             for c in queries.case_ids(s.conn)
             if model.case_params(c)[0] == workload and param in model.case_params(c)[1]
         ]
         branches = (branch,) if branch else ()
-        return [r for c in cases for r in queries.series(s.conn, c, branches=branches, limit=limit)]
+        return [
+            r
+            for c in cases
+            for r in queries.series(
+                s.conn, c, branches=branches, limit=limit, repository=s.repository
+            )
+        ]

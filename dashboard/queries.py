@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from memtrack.records import metrics
-from memtrack.store.database import Store
+from memtrack.store.database import Store, of_repository
 from memtrack.store.opening import open_store
 from memtrack.store.url import Database
 
@@ -105,6 +105,14 @@ def table_columns(conn: sqlite3.Connection, name: str) -> set[str]:
     return {r[1] for r in conn.execute(f"pragma table_info({name})")}
 
 
+def _in_repository(conn: sqlite3.Connection, alias: str) -> str:
+    """SQL: ` and` the run `alias` is of the repository `:repo` (or of none recorded); ''
+    on a schema from before repositories were recorded, whose runs are all of one."""
+    if "git_repository" not in table_columns(conn, "runs"):
+        return ""
+    return f" and {of_repository(alias, ':repo')}"
+
+
 def write_stamp(conn: sqlite3.Connection) -> tuple[int, ...]:
     """What changes whenever runs are recorded or a check records verdicts (a server's
     database, which has no file to look at): the runs counted, the newest verdict's id."""
@@ -137,6 +145,13 @@ def _distinct(conn: sqlite3.Connection, table: str, column: str, limit: int) -> 
         select x from v where x is not null
     """
     return [r[0] for r in conn.execute(sql, {"limit": limit})]
+
+
+def repositories(conn: sqlite3.Connection, limit: int = 1000) -> list[str]:
+    """The repositories the runs record (none on a schema from before they were)."""
+    if "git_repository" not in table_columns(conn, "runs"):
+        return []
+    return _distinct(conn, "runs", "git_repository", limit)
 
 
 def case_ids(conn: sqlite3.Connection, limit: int = 5000) -> list[str]:
@@ -180,6 +195,7 @@ def series(
     limit: int = 500,
     size: int | None = None,
     kind: str = "measured",
+    repository: str | None = None,
 ) -> list[dict[str, Any]]:
     """A case's measurements with their run, newest first, at most `limit` rows.
 
@@ -187,8 +203,8 @@ def series(
     measurement count when the caller already knows it. `kind`: 'measured' (the series),
     or 'estimate' (`memtrack estimate`'s figures, never part of a series).
     """
-    params: dict[str, Any] = {"case": case_id, "limit": limit, "kind": kind}
-    where = []
+    params: dict[str, Any] = {"case": case_id, "limit": limit, "kind": kind, "repo": repository}
+    where = [w for w in [_in_repository(conn, "r")[len(" and ") :]] if w]
     if "kind" in table_columns(conn, "measurements"):
         where.append("m.kind = :kind")
     elif kind != "measured":  # a schema from before estimates holds none
@@ -248,7 +264,9 @@ def verdicts_for_runs(
     return out
 
 
-def latest_verdicts(conn: sqlite3.Connection, case_id: str) -> list[dict[str, Any]]:
+def latest_verdicts(
+    conn: sqlite3.Connection, case_id: str, *, repository: str | None = None
+) -> list[dict[str, Any]]:
     """The newest verdict per metric of a case that carries a baseline or a budget."""
     if not has_table(conn, "verdicts"):
         return []
@@ -256,10 +274,11 @@ def latest_verdicts(conn: sqlite3.Connection, case_id: str) -> list[dict[str, An
     # case_id index (whose entries end in the rowid) walks it newest first without sorting.
     rows = _dicts(
         conn.execute(
-            "select * from verdicts where case_id = ? and "
-            "(threshold is not null or budget_bytes is not null) "
-            "order by id desc limit 200",
-            [case_id],
+            "select v.* from verdicts v join runs r on r.run_id = v.run_id "
+            "where v.case_id = :case and "
+            f"(v.threshold is not null or v.budget_bytes is not null){_in_repository(conn, 'r')} "
+            "order by v.id desc limit 200",
+            {"case": case_id, "repo": repository},
         )
     )
     seen: dict[str, dict[str, Any]] = {}
@@ -269,7 +288,11 @@ def latest_verdicts(conn: sqlite3.Connection, case_id: str) -> list[dict[str, An
 
 
 def recent_runs(
-    conn: sqlite3.Connection, *, limit: int = 200, branch: str | None = None
+    conn: sqlite3.Connection,
+    *,
+    limit: int = 200,
+    branch: str | None = None,
+    repository: str | None = None,
 ) -> list[dict[str, Any]]:
     """The newest runs with their case and failure counts (measurements(run_id) index)."""
     cols = (
@@ -279,17 +302,25 @@ def recent_runs(
         "(select count(*) from measurements m where m.run_id = r.run_id "
         " and m.status != 'ok') as failed"
     )
+    scope = _in_repository(conn, "r")
+    params = {"branch": branch, "limit": limit, "repo": repository}
     if branch:
         cur = conn.execute(
-            f"select {cols} from runs r where r.git_branch = ? order by r.started_at desc limit ?",
-            [branch, limit],
+            f"select {cols} from runs r where r.git_branch = :branch{scope} "
+            "order by r.started_at desc limit :limit",
+            params,
         )
     else:
-        cur = conn.execute(f"select {cols} from runs r order by r.started_at desc limit ?", [limit])
+        cur = conn.execute(
+            f"select {cols} from runs r where true{scope} order by r.started_at desc limit :limit",
+            params,
+        )
     return _dicts(cur)
 
 
-def find_runs(conn: sqlite3.Connection, text: str, *, limit: int = 20) -> list[dict[str, Any]]:
+def find_runs(
+    conn: sqlite3.Connection, text: str, *, limit: int = 20, repository: str | None = None
+) -> list[dict[str, Any]]:
     """Runs whose id or commit starts with `text` (hex), newest first."""
     text = text.strip()
     if not text or not _HEX.match(text):
@@ -304,8 +335,8 @@ def find_runs(conn: sqlite3.Connection, text: str, *, limit: int = 20) -> list[d
             "select run_id, started_at, git_commit, git_branch, git_subject, fingerprint from ("
             f" select * from runs where run_id {match} :p"
             f" union select * from runs where git_commit {match} :p"
-            ") u order by started_at desc limit :n",
-            {"p": pattern, "n": limit},
+            f") u where true{_in_repository(conn, 'u')} order by started_at desc limit :n",
+            {"p": pattern, "n": limit, "repo": repository},
         )
     )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import sys
 import urllib.parse
 from dataclasses import dataclass, field
@@ -100,6 +101,9 @@ class Config:
     """The forge the repository is hosted on (http or https), the only host the dashboard
     links commits and compares to. A run's recorded CI address names the repository there;
     one recorded on another host gives no link."""
+    repository: str | None = None
+    """This repository's identity in a database shared by many ('host/owner/name'); None:
+    the CI's or the origin remote's (`memtrack.machine.provenance.repository_identity`)."""
     references: Path = Path("perf/references")
     """The folder of reference outputs and their manifest (see memtrack.measure.references). Not
     under data/ by default: many repositories ignore data/, and references are committed."""
@@ -137,7 +141,10 @@ _TOP_KEYS = {
     "forge_url",
     "references",
     "plan_headroom",
+    "repository",
 }
+REPOSITORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)+")
+"""A repository's identity: host/owner/name, no scheme, no credentials."""
 _NOT_IN_URL = set(' "<>()[]`\\')
 """Characters a link address here may not hold: they would end or break a Markdown link."""
 _WORKLOAD_KEYS = {"warmup", "repeats", "timeout", "params"}
@@ -374,6 +381,18 @@ def _budget(source: str, prefix: str, sub: Any) -> Budget:
     )
 
 
+def _repository(c: _Checker) -> str | None:
+    value = c.get("repository", str)
+    if value is None:
+        return None
+    if not REPOSITORY.fullmatch(value):
+        raise c.fail(
+            "repository",
+            f"expected 'host/owner/name' (letters, digits, . _ - / only), got {value!r}",
+        )
+    return value
+
+
 def _validate(table: Any, path: Path, prefix: str) -> Config:
     source = str(path)
     c = _Checker(source, prefix, table, _TOP_KEYS)
@@ -435,5 +454,6 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
         budgets=tuple(budgets),
         dashboard_url=c.url("dashboard_url"),
         forge_url=c.url("forge_url") or Config.forge_url,
+        repository=_repository(c),
         references=references if references.is_absolute() else root / references,
     )

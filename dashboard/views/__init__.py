@@ -74,6 +74,9 @@ class Context:
     config: Config | None
     summary: dict[str, Any]
     choices: dict[str, Any] = field(default_factory=dict)
+    repository: str | None = None
+    """The repository whose history is shown (with the runs that record none); None: only
+    those."""
 
     @property
     def base_branch(self) -> str:
@@ -178,5 +181,5 @@ def resolve_run(ctx: Context, text: str | None) -> str | None:
     text = (text or "").strip()
     if not text:
         return None
-    found = data.find_runs(ctx.db, ctx.key, text)
+    found = data.find_runs(ctx.db, ctx.key, text, repository=ctx.repository)
     return found[0]["run_id"] if found else None

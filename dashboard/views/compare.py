@@ -46,7 +46,7 @@ def _defaults(
     b_id = b_id or recent[0]["run_id"]
     b_at = next((r["started_at"] for r in recent if r["run_id"] == b_id), None)
     if b_at is None:
-        found = data.run_detail(ctx.db, ctx.key, b_id)
+        found = data.run_detail(ctx.db, ctx.key, b_id, repository=ctx.repository)
         b_at = found["started_at"] if found else ""
     earlier = [r for r in recent if r["started_at"] < b_at and r["run_id"] != b_id]
     base = [r for r in earlier if r["git_branch"] == ctx.base_branch] or earlier
@@ -185,7 +185,7 @@ def _time_row(
 
 def render(ctx: Context) -> None:
     st.title("Compare")
-    recent = data.recent_runs(ctx.db, ctx.key)
+    recent = data.recent_runs(ctx.db, ctx.key, repository=ctx.repository)
     labels = {r["run_id"]: run_label(r) for r in recent}
     left, right = st.columns(2)
     with right:
@@ -208,7 +208,10 @@ def render(ctx: Context) -> None:
     if a_id is None or b_id is None:
         st.info("Choose two runs to compare (no run before B was found for A).")
         return
-    a, b = data.run_detail(ctx.db, ctx.key, a_id), data.run_detail(ctx.db, ctx.key, b_id)
+    a, b = (
+        data.run_detail(ctx.db, ctx.key, a_id, repository=ctx.repository),
+        data.run_detail(ctx.db, ctx.key, b_id, repository=ctx.repository),
+    )
     if a is None or b is None:
         st.warning("One of these runs is gone from the database.")
         return

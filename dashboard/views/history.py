@@ -303,6 +303,7 @@ def render(ctx: Context) -> None:
         f["limit"],
         ctx.base_branch,
         ctx.headroom_factor,
+        repository=ctx.repository,
     )
     rows: list[dict[str, Any]] = hist["rows"]
     if not rows:

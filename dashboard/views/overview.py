@@ -267,6 +267,7 @@ def render(ctx: Context) -> None:
         TREND_POINTS,
         ctx.headroom_factor,
         ctx.base_branch,
+        repository=ctx.repository,
     )
     if not cases:
         st.info(
@@ -392,7 +393,7 @@ def _verdict_of(run: dict[str, Any], labels: dict[str, str]) -> tuple[str, str]:
 def _pull_requests(ctx: Context) -> None:
     """The other branches' newest runs with their verdict: a blocking pull request is one
     click from here (its Run detail), and its Compare with its merge-base another."""
-    runs = data.pull_requests(ctx.db, ctx.key, ctx.base_branch)
+    runs = data.pull_requests(ctx.db, ctx.key, ctx.base_branch, repository=ctx.repository)
     if not runs:
         return
     st.subheader("Pull requests and branches")

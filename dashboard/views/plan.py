@@ -123,7 +123,9 @@ def render(ctx: Context) -> None:
     )
     if not workload or not param:
         return
-    sweep = model.newest_sweep(data.plan_rows(ctx.db, ctx.key, workload, param, branch), param)
+    sweep = model.newest_sweep(
+        data.plan_rows(ctx.db, ctx.key, workload, param, branch, repository=ctx.repository), param
+    )
     if sweep is None:
         _no_sweep(ctx, workload, param, branch or "")
         return
@@ -155,7 +157,9 @@ def _no_sweep(ctx: Context, workload: str, param: str, branch: str) -> None:
     """Nothing to plan from on the chosen branch: say so, and where a sweep was recorded."""
     where = f"on {esc(branch)}" if branch else "on any branch"
     elsewhere = (
-        model.newest_sweep(data.plan_rows(ctx.db, ctx.key, workload, param), param)
+        model.newest_sweep(
+            data.plan_rows(ctx.db, ctx.key, workload, param, repository=ctx.repository), param
+        )
         if branch
         else None
     )

@@ -71,7 +71,9 @@ def _verdict(steps: list[model.Step], verdicts: list[dict[str, Any]]) -> tuple[s
 
 
 def _rows(ctx: Context) -> list[dict[str, Any]]:
-    series = data.base_series(ctx.db, ctx.key, ctx.base_branch, POINTS, ctx.headroom_factor)
+    series = data.base_series(
+        ctx.db, ctx.key, ctx.base_branch, POINTS, ctx.headroom_factor, repository=ctx.repository
+    )
     labels = model.short_case_labels(c["case_id"] for c in series)
     out = []
     for c in series:

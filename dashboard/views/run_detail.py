@@ -224,7 +224,7 @@ def render(ctx: Context) -> None:
 def _choose(ctx: Context) -> dict[str, Any] | None:
     """The run the visitor asked for (an id or commit prefix, or a recent run; the newest
     by default), or None with a warning where there is none."""
-    recent = data.recent_runs(ctx.db, ctx.key)
+    recent = data.recent_runs(ctx.db, ctx.key, repository=ctx.repository)
     labels = {r["run_id"]: run_label(r) for r in recent}
     left, right = st.columns([1, 2])
     text = left.text_input(
@@ -247,7 +247,7 @@ def _choose(ctx: Context) -> dict[str, Any] | None:
     if run_id is None:
         st.warning(f"No run or commit starts with “{esc(text, 40)}”.")
         return None
-    run: dict[str, Any] | None = data.run_detail(ctx.db, ctx.key, run_id)
+    run: dict[str, Any] | None = data.run_detail(ctx.db, ctx.key, run_id, repository=ctx.repository)
     if run is None:
         st.warning(f"Run {run_id} is gone from the database.")
     return run

@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from memtrack.commands.options import config_option, db_option, json_path_option, resolve
+from memtrack.commands.options import (
+    config_option,
+    db_option,
+    json_path_option,
+    repository_of,
+    resolve,
+)
 from memtrack.config import is_revision
 from memtrack.errors import ConfigError, StoreError
 from memtrack.files import output_problem
@@ -66,7 +72,7 @@ def bisect(
     def measure(commit: str) -> str | None:
         return measure_at(config, db, commit, case)
 
-    with open_store(db) as store:
+    with open_store(db, repository=repository_of(config)) as store:
         found = run_bisect(
             store, config, config.root, case, metric, good, bad, fingerprint, measure
         )

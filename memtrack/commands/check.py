@@ -16,6 +16,7 @@ from memtrack.commands.options import (
     db_option,
     json_path_option,
     patterns_option,
+    repository_of,
     resolve,
     rich_console,
 )
@@ -156,7 +157,8 @@ def check(
     _output("--json", json_path)
     if not present(db):
         raise StoreError(f"{db}: no such database (record a run with `memtrack run`)")
-    with open_store(db, readonly=history or no_record, create=False) as store:
+    here = repository_of(config)
+    with open_store(db, readonly=history or no_record, create=False, repository=here) as store:
         if history:
             shown = _history(store, config, base_branch, patterns, history_anchor)
         else:

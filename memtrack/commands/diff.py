@@ -5,7 +5,13 @@ from pathlib import Path
 
 import click
 
-from memtrack.commands.options import config_option, db_option, resolve, rich_console
+from memtrack.commands.options import (
+    config_option,
+    db_option,
+    repository_of,
+    resolve,
+    rich_console,
+)
 from memtrack.errors import ConfigError
 from memtrack.records import Measurement, Site
 from memtrack.store.database import Store
@@ -92,8 +98,8 @@ def diff(
             grouping = "source"  # a CUDA snapshot knows no module paths
         pairs.append((case_b if case_a == case_b else f"{case_a} -> {case_b}", sites_a, sites_b))
     else:
-        _, db = resolve(config_path, db_path)
-        with open_store(db, readonly=True) as store:
+        config, db = resolve(config_path, db_path)
+        with open_store(db, readonly=True, repository=repository_of(config)) as store:
             by_a, by_b, shared = _pair(store, a, b, cases)
         pairs = [(c, by_a[c].sites, by_b[c].sites) for c in shared]
     changes = [(case, site_diff(x, y, grouping)) for case, x, y in pairs]

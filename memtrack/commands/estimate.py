@@ -67,8 +67,9 @@ def estimate(
         if not cases:
             raise no_match(workloads, patterns)
         progress = options.progress_echo("estimating", options.plain_output())
-        with open_store(db) if not no_db else nullcontext() as store:
-            with _reading(db) if no_db else nullcontext(store) as measured:
+        here = options.repository_of(config)
+        with open_store(db, repository=here) if not no_db else nullcontext() as store:
+            with _reading(db, here) if no_db else nullcontext(store) as measured:
                 done = record_run(
                     lambda: calibrate(
                         estimate_cases(
@@ -92,8 +93,8 @@ def estimate(
     options.fail_on(done.failures)
 
 
-def _reading(db: Database) -> contextlib.AbstractContextManager[Store | None]:
+def _reading(db: Database, here: str | None) -> contextlib.AbstractContextManager[Store | None]:
     """The database to calibrate from, read-only, where it exists (--no-db writes nothing)."""
     if not present(db):
         return nullcontext(None)
-    return open_store(db, readonly=True)
+    return open_store(db, readonly=True, repository=here)

@@ -4,7 +4,13 @@ from pathlib import Path
 
 import click
 
-from memtrack.commands.options import config_option, db_option, resolve, rich_console
+from memtrack.commands.options import (
+    config_option,
+    db_option,
+    repository_of,
+    resolve,
+    rich_console,
+)
 from memtrack.config import MAX_COUNT
 from memtrack.errors import StoreError
 from memtrack.report.run import history_table
@@ -31,8 +37,8 @@ def history(
 
     CASE is a workload name or a whole case id, matched literally.
     """
-    _, db = resolve(config_path, db_path)
-    with open_store(db, readonly=True) as store:
+    config, db = resolve(config_path, db_path)
+    with open_store(db, readonly=True, repository=repository_of(config)) as store:
         rows = store.history(case, limit=limit, branch=branch)
         if not rows and (not branch or not store.history(case, limit=1)):
             near = store.nearest_cases(case)

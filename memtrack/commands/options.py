@@ -90,6 +90,13 @@ def resolve(
     return config, db_path or config.database
 
 
+def repository_of(config: Config) -> str | None:
+    """The working tree's repository, whose history a command reads (`Store.repository`)."""
+    from memtrack.machine.provenance import repository_identity
+
+    return repository_identity(config.root, config.repository)
+
+
 def rich_console(**kwargs: Any) -> Any:
     """A rich console; wide when not a terminal, so CI logs keep whole case ids."""
     from rich.console import Console

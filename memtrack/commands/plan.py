@@ -12,6 +12,7 @@ from memtrack.commands.options import (
     db_option,
     fail_on,
     progress_echo,
+    repository_of,
     resolve,
     rich_console,
 )
@@ -108,9 +109,9 @@ def plan(
 
     # Without recording, the database (if any) is only read, for the baselines' headroom.
     if not no_record:
-        opened: Any = open_store(db)
+        opened: Any = open_store(db, repository=repository_of(config))
     elif present(db):
-        opened = open_store(db, readonly=True, create=False)
+        opened = open_store(db, readonly=True, create=False, repository=repository_of(config))
     else:
         opened = nullcontext()
     with opened as store:

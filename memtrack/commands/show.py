@@ -5,7 +5,13 @@ from pathlib import Path
 
 import click
 
-from memtrack.commands.options import config_option, db_option, resolve, rich_console
+from memtrack.commands.options import (
+    config_option,
+    db_option,
+    repository_of,
+    resolve,
+    rich_console,
+)
 from memtrack.records import to_dict
 from memtrack.report.run import run_detail
 from memtrack.store.opening import open_store
@@ -23,8 +29,8 @@ def show(run_id: str, config_path: Path | None, db_path: Path | None, as_json: b
 
     RUN is a run id or a unique prefix of one (`memtrack history` lists them), or a commit
     (a SHA prefix): its newest run."""
-    _, db = resolve(config_path, db_path)
-    with open_store(db, readonly=True) as store:
+    config, db = resolve(config_path, db_path)
+    with open_store(db, readonly=True, repository=repository_of(config)) as store:
         record = store.find_run(run_id)
         measured = [m.case_id for m in record.measurements if m.kind == "measured"]
         estimates = store.latest_estimates(measured, record.git.commit) if measured else {}

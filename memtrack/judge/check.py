@@ -36,6 +36,7 @@ from memtrack.judge.budgets import (
 from memtrack.judge.memory import Candidate
 from memtrack.judge.verdict import Verdict
 from memtrack.judge.where import where
+from memtrack.machine.provenance import repository_identity
 from memtrack.records import (
     Environment,
     Measurement,
@@ -463,9 +464,28 @@ def check(
     base_branch: str | None = None,
     root: Path | None = None,
 ) -> CheckResult:
-    """Judge a candidate run against its baseline and the config's budgets."""
+    """Judge a candidate run against its baseline and the config's budgets, in the history
+    of the candidate's repository (found, by commit, in the working tree's)."""
     root = root or config.root
-    run = find_candidate(store, run_id=run_id, commit=commit, root=root)
+    scope = store.repository
+    try:
+        if scope is None:
+            store.repository = repository_identity(root, config.repository)
+        run = find_candidate(store, run_id=run_id, commit=commit, root=root)
+        store.repository = run.git.repository
+        return _check(store, config, run, run_id, base_branch, root)
+    finally:
+        store.repository = scope
+
+
+def _check(
+    store: Store,
+    config: Config,
+    run: RunRecord,
+    run_id: str | None,
+    base_branch: str | None,
+    root: Path,
+) -> CheckResult:
     if not run.measurements:
         raise StoreError(f"run {run.run_id} has no measurements to check")
     base = base_branch or config.base_branch

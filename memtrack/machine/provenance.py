@@ -15,23 +15,86 @@ from pathlib import Path
 
 from memtrack.records import CIInfo, GitInfo
 
+_REPO_PATH = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)+")
+_SCP_LIKE = re.compile(r"^(?:[^@/]+@)?([A-Za-z0-9.-]+):(?!/)(.+)$")
 
-def git_info(path: Path, base_branch: str, env: Mapping[str, str] | None = None) -> GitInfo:
-    """The commit at `path`, its merge-base with `base_branch` when that can be found."""
+
+def remote_identity(url: str) -> str | None:
+    """A remote's URL as a repository identity, 'host/owner/name': scheme, credentials, port
+    and a trailing '.git' left out, the host in lower case, so that the https and ssh
+    remotes of one repository are one identity. None for a local path or what reads as no
+    repository address."""
+    import urllib.parse
+
+    url = url.strip()
+    scp = _SCP_LIKE.match(url) if "://" not in url else None
+    if scp:
+        host, path = scp.group(1), scp.group(2)
+    elif "://" in url:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme == "file" or not parts.hostname:
+            return None
+        host, path = parts.hostname, parts.path
+    else:
+        return None
+    path = path.strip("/")
+    path = path[: -len(".git")] if path.endswith(".git") else path
+    identity = f"{host.lower()}/{path}"
+    return identity if _REPO_PATH.fullmatch(identity) else None
+
+
+def repository_identity(
+    path: Path, configured: str | None = None, env: Mapping[str, str] | None = None
+) -> str | None:
+    """The repository's identity, as a run records it: `configured` (the config's
+    `repository`), else GitHub's GITHUB_SERVER_URL host and GITHUB_REPOSITORY, else the
+    origin remote of the repository at `path`; None where none is known."""
+    import urllib.parse
+
     env = os.environ if env is None else env
+    if configured:
+        return configured
+    name = env.get("GITHUB_REPOSITORY", "")
+    if _REPO_PATH.fullmatch(name):
+        host = urllib.parse.urlsplit(env.get("GITHUB_SERVER_URL") or "https://github.com")
+        return f"{(host.hostname or 'github.com').lower()}/{name}"
+    origin = git_output(path, "config", "--get", "remote.origin.url")
+    return remote_identity(origin) if origin else None
+
+
+def git_info(
+    path: Path,
+    base_branch: str,
+    env: Mapping[str, str] | None = None,
+    repository: str | None = None,
+) -> GitInfo:
+    """The commit at `path`, its merge-base with `base_branch` when that can be found, and
+    the repository's identity (`repository`, the config's, else `repository_identity`'s)."""
+    env = os.environ if env is None else env
+    repository = repository_identity(path, repository, env)
     try:
         import git
     except ImportError:  # pragma: no cover - gitpython is a dependency
-        return GitInfo(base_branch=base_branch, notes=("gitpython is not installed",))
+        return GitInfo(
+            base_branch=base_branch, notes=("gitpython is not installed",), repository=repository
+        )
     try:
         repo = git.Repo(path, search_parent_directories=True)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        return GitInfo(base_branch=base_branch, notes=(f"{path} is not inside a git repository",))
+        return GitInfo(
+            base_branch=base_branch,
+            notes=(f"{path} is not inside a git repository",),
+            repository=repository,
+        )
     notes: list[str] = []
     try:
         head = repo.head.commit
     except ValueError:
-        return GitInfo(base_branch=base_branch, notes=("the repository has no commits yet",))
+        return GitInfo(
+            base_branch=base_branch,
+            notes=("the repository has no commits yet",),
+            repository=repository,
+        )
     shallow = Path(repo.git_dir, "shallow").exists()
     if shallow:
         notes.append("shallow clone: history and merge-base may be incomplete")
@@ -65,6 +128,7 @@ def git_info(path: Path, base_branch: str, env: Mapping[str, str] | None = None)
         merge_base=merge_base,
         shallow=shallow,
         notes=tuple(notes),
+        repository=repository,
     )
 
 

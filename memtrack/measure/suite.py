@@ -40,7 +40,9 @@ class RunStart:
         self.config = config
         self.server = server
         self.started_at = now()
-        self.git = provenance.git_info(config.root, config.base_branch)
+        self.git = provenance.git_info(
+            config.root, config.base_branch, repository=config.repository
+        )
 
     def workloads(self) -> list[Workload]:
         """The suite, discovered in the fork server: this process imports no workload module."""
@@ -95,7 +97,7 @@ def each_case(
     """Measure every case with `measure` and return the run. `note` goes on every case;
     `git` and `started`, where the caller took them already."""
     started = started or now()
-    git = git or provenance.git_info(config.root, config.base_branch)
+    git = git or provenance.git_info(config.root, config.base_branch, repository=config.repository)
     measurements = []
     for case in cases:
         if progress:

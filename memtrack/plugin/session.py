@@ -41,7 +41,11 @@ class Recorder:
         )
         try:
             self.mt_config, self.db = resolve(config_path, db_path, writes=True)
-            self.git = provenance.git_info(self.mt_config.root, self.mt_config.base_branch)
+            self.git = provenance.git_info(
+                self.mt_config.root,
+                self.mt_config.base_branch,
+                repository=self.mt_config.repository,
+            )
             if self.git.commit is None:
                 raise MemtrackError(
                     f"{self.mt_config.root}: not inside a git repository with a commit: "

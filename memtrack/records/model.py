@@ -49,6 +49,10 @@ class GitInfo:
     """The clone is shallow: history and merge-base may be incomplete."""
     notes: tuple[str, ...] = ()
     """Why a field is missing, in plain words."""
+    repository: str | None = None
+    """The repository's identity, 'host/owner/name' (the config's `repository`, else the CI's
+    GITHUB_SERVER_URL and GITHUB_REPOSITORY, else the origin remote without credentials);
+    None where none is known. Baselines, budgets and acceptances never cross it."""
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,14 @@ MEASURED_RUN = (
 """SQL: the run (of table `runs`, unaliased) measured something: it is not an estimate run."""
 
 
+def of_repository(runs: str = "r", mark: str = "?") -> str:
+    """SQL: the run (of table `runs` as `runs` names it) is of the store's repository, or of
+    none recorded (a run recorded before repositories were, or outside any), with `mark`
+    the placeholder of `Store.repository`'s value. Every read of a history goes through it:
+    baselines, acceptances and a branch's or a commit's runs never cross repositories."""
+    return f"({runs}.git_repository is null or {runs}.git_repository = {mark})"
+
+
 class CheckedRun(Protocol):
     """What `Store.save_verdicts` records of a check (memtrack.judge.check.CheckResult):
     its verdicts (memtrack.judge.verdict.Verdict: a field for each of VERDICT_COLUMNS but
@@ -421,6 +429,10 @@ class Store:
         self.path = path
         self.readonly = readonly
         self._identity: os.stat_result | None = None
+        self.repository: str | None = None
+        """The repository whose history is read (`of_repository`); None: the runs of none
+        recorded only. The judge sets it to the candidate's; commands to the working
+        tree's (`memtrack.machine.provenance.repository_identity`)."""
 
     @classmethod
     def open(
@@ -778,8 +790,9 @@ class Store:
         )
         if not named:
             branch = self.conn.execute(
-                "select run_id from runs where git_branch = ? order by started_at desc limit ?",
-                [text, limit],
+                f"select run_id from runs where git_branch = ? and {of_repository('runs')} "
+                "order by started_at desc limit ?",
+                [text, self.repository, limit],
             ).fetchall()
             if branch:  # a branch: its runs, newest first
                 return [r[0] for r in branch]
@@ -788,8 +801,9 @@ class Store:
         commits = {
             r[0]
             for r in self.conn.execute(
-                "select distinct git_commit from runs where substr(git_commit, 1, ?) = ? limit 2",
-                [len(text), text.lower()],
+                "select distinct git_commit from runs where substr(git_commit, 1, ?) = ? "
+                f"and {of_repository('runs')} limit 2",
+                [len(text), text.lower(), self.repository],
             )
         }
         if len(commits) > 1:
@@ -922,12 +936,14 @@ class Store:
             only = MEASURED_RUN if measured else ""
             rows = self.conn.execute(
                 f"select run_id from runs where substr(git_commit, 1, ?) = ? {only} "
-                "order by started_at desc limit ?",
-                [len(commit), commit.lower(), limit],
+                f"and {of_repository('runs')} order by started_at desc limit ?",
+                [len(commit), commit.lower(), self.repository, limit],
             )
         else:
             rows = self.conn.execute(
-                "select run_id from runs order by started_at desc limit ?", [limit]
+                f"select run_id from runs where {of_repository('runs')} "
+                "order by started_at desc limit ?",
+                [self.repository, limit],
             )
         return [r[0] for r in rows]
 
@@ -940,11 +956,18 @@ class Store:
             "r.fingerprint from measurements m join runs r on r.run_id = m.run_id "
             "where (m.case_id = :p or substr(m.case_id, 1, :n1) = :p || '[') "
             "and m.kind = 'measured' "  # an estimate is no point of a series
+            f"and {of_repository('r', ':repo')} "
         )
         if branch:
             sql += "and r.git_branch = :b "
         sql += "order by r.started_at desc, m.id desc limit :n"
-        params = {"p": pattern, "n1": len(pattern) + 1, "b": branch, "n": limit}
+        params = {
+            "p": pattern,
+            "n1": len(pattern) + 1,
+            "b": branch,
+            "n": limit,
+            "repo": self.repository,
+        }
         rows = [dict(r) for r in self.conn.execute(sql, params).fetchall()]
         schema = expected_schema()
         types = {**schema["runs"], **schema["measurements"]}
@@ -980,8 +1003,9 @@ class Store:
         runs = conn.execute(
             "select run_id, git_commit, started_at from runs where run_id in "
             "(select run_id from measurements where kind = 'estimate') "
+            f"and {of_repository('runs')} "
             "order by case when git_commit = ? then 1 else 0 end desc, started_at desc",
-            [commit],
+            [self.repository, commit],
         )
 
         def rank(run: sqlite3.Row) -> tuple[bool, str]:  # that order, to group its ties
@@ -1029,8 +1053,9 @@ class Store:
             "m.peak_allocated_bytes, m.unattributed_bytes, e.gpus from measurements m "
             "join runs r on r.run_id = m.run_id left join environments e on e.env_id = r.env_id "
             "where m.case_id = ? and m.kind = 'measured' and m.status = 'ok' and m.device = ? "
-            "and m.peak_allocated_bytes is not null order by r.started_at desc, m.id desc",
-            [case_id, device],
+            f"and m.peak_allocated_bytes is not null and {of_repository()} "
+            "order by r.started_at desc, m.id desc",
+            [case_id, device, self.repository],
         )
         for row in rows:
             if device == "cuda" and gpu not in self._gpu_names(row["id"], row["gpus"]):

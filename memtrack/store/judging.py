@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from memtrack.records import metrics
-from memtrack.store.database import MEASURED_RUN, Store
+from memtrack.store.database import MEASURED_RUN, Store, of_repository
 
 
 class Row(Protocol):
@@ -45,7 +45,7 @@ select r.run_id, r.git_commit, r.started_at, r.git_committed_at, r.env_id, r.fin
        m.timing_runnable, m.timing_cores, m.timing_steal,
        {", ".join("m." + c for c in figures)}
 from runs r cross join measurements m
-where {runs} {fingerprint}
+where {runs} {fingerprint} and {of_repository("r", ":repo")}
   and m.case_id = :case and m.run_id = r.run_id and m.kind = 'measured'
 order by r.started_at desc
 """
@@ -67,7 +67,13 @@ def baseline_rows(
     but `candidate`, only those of `fingerprint` when given. `figures`: the measurement
     columns read besides the timing and samples every row has."""
     sql = _point_sql(figures, fingerprint is not None)
-    params = {"branch": branch, "candidate": candidate, "case": case_id, "fp": fingerprint}
+    params = {
+        "branch": branch,
+        "candidate": candidate,
+        "case": case_id,
+        "fp": fingerprint,
+        "repo": store.repository,
+    }
     return store.conn.execute(sql, params)
 
 
@@ -78,14 +84,15 @@ def commit_rows(
     first (what `memtrack bisect` reuses): the columns of `baseline_rows`."""
     sql = _point_sql(figures, True, _OF_COMMIT)
     return store.conn.execute(
-        sql, {"commit": commit, "case": case_id, "fp": fingerprint}
+        sql, {"commit": commit, "case": case_id, "fp": fingerprint, "repo": store.repository}
     ).fetchall()
 
 
 def commit_time(store: Store, commit: str) -> str | None:
     """The commit time recorded for `commit` (a merge-base git does not know), or None."""
     row = store.conn.execute(
-        "select max(git_committed_at) from runs where git_commit = ?", [commit]
+        f"select max(git_committed_at) from runs where git_commit = ? and {of_repository('runs')}",
+        [commit, store.repository],
     ).fetchone()
     return row[0] if row else None
 
@@ -98,10 +105,10 @@ def base_runs(
     left_out = sorted(excluding)
     return store.conn.execute(
         "select run_id, git_commit, git_committed_at, started_at from runs "
-        "where git_branch = ? and fingerprint = ? "
+        f"where git_branch = ? and fingerprint = ? and {of_repository('runs')} "
         f"and run_id not in ({', '.join('?' for _ in left_out)}) "
         "order by started_at desc",
-        [branch, fingerprint, *left_out],
+        [branch, fingerprint, store.repository, *left_out],
     )
 
 
@@ -142,8 +149,8 @@ def shard_runs(store: Store, commit: str, fingerprint: str, total: str) -> list[
     run_id, shard."""
     return store.conn.execute(
         "select run_id, shard from runs where git_commit = ? and fingerprint = ? "
-        "and shard like ? order by started_at desc",
-        [commit, fingerprint, f"%/{total}"],
+        f"and shard like ? and {of_repository('runs')} order by started_at desc",
+        [commit, fingerprint, f"%/{total}", store.repository],
     ).fetchall()
 
 
@@ -162,6 +169,7 @@ select v.run_id, v.case_id, v.metric, v.baseline_value, v.threshold, v.candidate
 from verdicts v cross join runs r on r.run_id = v.run_id
 where v.context = 'base' and v.kind = 'regression' and v.case_id = :case
   and r.git_branch = :branch and v.threshold is not null {more}
+  and (r.git_repository is null or r.git_repository = :repo)
 order by r.started_at desc
 """
 
@@ -185,7 +193,13 @@ def base_regressions(
     fingerprint."""
     more = " and r.fingerprint = :fp" if fingerprint else ""
     sql = _OPEN_SQL.format(more=more + _before(until))
-    params = {"case": case_id, "branch": branch, "fp": fingerprint, "until": until}
+    params = {
+        "case": case_id,
+        "branch": branch,
+        "fp": fingerprint,
+        "until": until,
+        "repo": store.repository,
+    }
     return store.conn.execute(sql, params).fetchmany(limit)
 
 
@@ -207,7 +221,8 @@ def back_within(
         f"select 1 from runs r cross join measurements m on m.run_id = r.run_id "
         f"and m.case_id = :case where r.git_branch = :branch and r.started_at > :t "
         f"and r.fingerprint is :fp and m.kind = 'measured' and m.status = 'ok' "
-        f"and m.{column} <= :threshold{_before(until)} limit 1",
+        f"and m.{column} <= :threshold{_before(until)} "
+        f"and {of_repository('r', ':repo')} limit 1",
         {
             "case": case_id,
             "branch": branch,
@@ -215,6 +230,7 @@ def back_within(
             "fp": fingerprint,
             "threshold": threshold,
             "until": until,
+            "repo": store.repository,
         },
     ).fetchone()
     return row is not None
@@ -229,8 +245,15 @@ def accepted_after(
         "select 1 from verdicts v cross join runs r on r.run_id = v.run_id "
         "where v.context = 'base' and v.case_id = :case and v.metric = :metric "
         f"and v.kind = 'accepted' and r.git_branch = :branch and r.started_at > :t"
-        f"{_before(until)} limit 1",
-        {"case": case_id, "metric": metric, "branch": branch, "t": after, "until": until},
+        f"{_before(until)} and {of_repository('r', ':repo')} limit 1",
+        {
+            "case": case_id,
+            "metric": metric,
+            "branch": branch,
+            "t": after,
+            "until": until,
+            "repo": store.repository,
+        },
     ).fetchone()
     return row is not None
 
@@ -250,8 +273,8 @@ def accepted_at(
         "select v.accepted_reason, v.message from runs r cross join verdicts v "
         "on v.run_id = r.run_id where r.git_commit = ? and r.git_branch = ? "
         "and r.fingerprint = ? and v.case_id = ? and v.metric = ? "
-        "and v.context = 'base' and v.kind = 'accepted' limit 1",
-        [commit, branch, fingerprint, case_id, metric],
+        f"and v.context = 'base' and v.kind = 'accepted' and {of_repository()} limit 1",
+        [commit, branch, fingerprint, case_id, metric, store.repository],
     ).fetchone()
     return row
 
@@ -260,8 +283,8 @@ def newest_fingerprint(store: Store, branch: str) -> str | None:
     """The environment of the newest run of `branch` that measured something."""
     row = store.conn.execute(
         f"select fingerprint from runs where git_branch = ? {MEASURED_RUN} "
-        "order by started_at desc limit 1",
-        [branch],
+        f"and {of_repository('runs')} order by started_at desc limit 1",
+        [branch, store.repository],
     ).fetchone()
     return None if row is None else row[0]
 
@@ -270,8 +293,9 @@ def newest_env_ids(store: Store, branch: str) -> dict[str, str]:
     """Each fingerprint of `branch`'s runs -> the env_id of its newest run."""
     out: dict[str, str] = {}
     for fp, env_id in store.conn.execute(
-        "select fingerprint, env_id from runs where git_branch = ? order by started_at desc",
-        [branch],
+        f"select fingerprint, env_id from runs where git_branch = ? and {of_repository('runs')} "
+        "order by started_at desc",
+        [branch, store.repository],
     ):
         if fp not in out and env_id:
             out[fp] = env_id
@@ -281,8 +305,9 @@ def newest_env_ids(store: Store, branch: str) -> dict[str, str]:
 def other_env_runs(store: Store, branch: str, fingerprint: str) -> int:
     """How many runs of `branch` are of another environment than `fingerprint`."""
     row = store.conn.execute(
-        "select count(*) from runs where git_branch = ? and fingerprint != ?",
-        [branch, fingerprint],
+        "select count(*) from runs where git_branch = ? and fingerprint != ? "
+        f"and {of_repository('runs')}",
+        [branch, fingerprint, store.repository],
     ).fetchone()
     return int(row[0])
 
@@ -296,10 +321,10 @@ def series_rows(store: Store, branch: str, fingerprint: str, limit: int) -> list
         "m.allocated_samples, "
         f"{', '.join('m.' + c for c in metrics.COLUMNS.values())} "
         f"from (select * from runs where git_branch = ? and fingerprint = ? {MEASURED_RUN} "
-        "      order by started_at desc limit ?) r "
+        f"      and {of_repository('runs')} order by started_at desc limit ?) r "
         "join measurements m on m.run_id = r.run_id where m.status = 'ok' "
         "and m.kind = 'measured'",
-        [branch, fingerprint, limit],
+        [branch, fingerprint, store.repository, limit],
     ).fetchall()
 
 

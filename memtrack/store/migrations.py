@@ -313,6 +313,13 @@ def m018_test_budgets(db: sqlite_utils.Database) -> None:
     db.execute("alter table measurements add column budget_metric text")
 
 
+def m019_repository(db: sqlite_utils.Database) -> None:
+    """Each run's repository: one database holds the history of many, and a baseline is
+    read from the candidate's own (runs recorded before hold NULL: the one repository's)."""
+    db.execute("alter table runs add column git_repository text")
+    db.execute("create index idx_runs_repository on runs (git_repository, git_branch, started_at)")
+
+
 STEPS = (
     m001_initial,
     m002_verdicts,
@@ -332,6 +339,7 @@ STEPS = (
     m016_sites,
     m017_estimate_scratch,
     m018_test_budgets,
+    m019_repository,
 )
 
 

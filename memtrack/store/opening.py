@@ -15,18 +15,28 @@ escapes (its password hidden)."""
 
 
 def open_store(
-    db: Database, *, readonly: bool = False, create: bool = True, older: bool = False
+    db: Database,
+    *,
+    readonly: bool = False,
+    create: bool = True,
+    older: bool = False,
+    repository: str | None = None,
 ) -> Store:
     """The database `db` names, opened as `Store.open` opens a file: read-only for viewers,
     created (the file, or the schema on an empty server database) when `create`, an older
-    schema read as it is with `older`. Raises StoreError."""
+    schema read as it is with `older`; its history read as `repository`'s
+    (`Store.repository`). Raises StoreError."""
+    store: Store
     if isinstance(db, ServerUrl):
         from memtrack.store.server import ServerStore
 
         global last_server
         database.last_path, last_server = None, db
-        return ServerStore.open_server(db, readonly=readonly, create=create, older=older)
-    return Store.open(Path(db), readonly=readonly, create=create, older=older)
+        store = ServerStore.open_server(db, readonly=readonly, create=create, older=older)
+    else:
+        store = Store.open(Path(db), readonly=readonly, create=create, older=older)
+    store.repository = repository
+    return store
 
 
 __all__ = ["open_store"]

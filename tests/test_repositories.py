@@ -1,0 +1,156 @@
+"""Repositories as a dimension of one history: a fork and its upstream share every commit,
+record into one database (a file, or a server's), and each is judged against its own runs
+only; runs recorded before repositories were count as the one repository's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from factories import MiB, commit_all, git, init_repo, make_measurement, make_run
+
+from memtrack.machine.provenance import remote_identity, repository_identity
+from memtrack.store.opening import open_store
+from memtrack.store.url import parse_database
+
+UPSTREAM, FORK = "github.com/acme/model", "github.com/someone/model"
+CASE = "decoder[batch=1]"
+
+
+def test_a_remote_is_one_identity_whichever_way_it_is_written() -> None:
+    for url in (
+        "https://github.com/acme/model.git",
+        "https://x-access-token:ghs_abcdef@github.com/acme/model",
+        "git@github.com:acme/model.git",
+        "ssh://git@GitHub.com:22/acme/model.git",
+    ):
+        assert remote_identity(url) == UPSTREAM, url
+    assert remote_identity("/srv/git/model.git") is None
+    assert remote_identity("file:///srv/git/model.git") is None
+    env = {"GITHUB_REPOSITORY": "acme/model", "GITHUB_SERVER_URL": "https://github.com"}
+    assert repository_identity(Path("/nonexistent"), None, env) == UPSTREAM
+    assert repository_identity(Path("/nonexistent"), "gitlab.example/ml/model", env) == (
+        "gitlab.example/ml/model"
+    )
+
+
+def _database(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if engine == "sqlite":
+        return str(tmp_path / "shared.db")
+    return str(request.getfixturevalue("pg_url"))
+
+
+def _check(repo: Path, db: str, *args: str) -> dict[str, Any]:
+    out = repo.parent / f"{repo.name}-check.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "MEMTRACK_"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "check", *args, "--json", str(out)],
+        cwd=repo,
+        env={**env, "MEMTRACK_DB": db},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode in (0, 1), done.stderr
+    return json.loads(out.read_text())
+
+
+def _allocated(report: dict[str, Any]) -> dict[str, Any]:
+    (v,) = [v for v in report["verdicts"] if v["case_id"] == CASE and v["metric"] == "allocated"]
+    return v
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+def test_a_fork_and_its_upstream_in_one_database_never_share_a_baseline(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    db = _database(engine, tmp_path, request)
+    upstream = init_repo(tmp_path / "upstream")
+    shas = []
+    for i in range(6):
+        (upstream / "model.py").write_text(f"VERSION = {i}\n")
+        shas.append(commit_all(upstream, f"commit {i}"))
+    git(upstream, "remote", "add", "origin", "https://github.com/acme/model.git")
+    fork = tmp_path / "fork"
+    subprocess.run(["git", "clone", "-q", str(upstream), str(fork)], check=True)
+    git(fork, "remote", "set-url", "origin", "git@github.com:someone/model.git")
+    git(fork, "checkout", "-q", "-B", "main", shas[-1])
+
+    def run(i: int, repository: str | None, peak: int) -> Any:
+        r = make_run(
+            [make_measurement("decoder", {"batch": 1}, peak=peak)],
+            commit=shas[i],
+            started_at=f"2026-03-0{1 + i}T{10 if repository == UPSTREAM else 11}:00:00+00:00",
+        )
+        return replace(r, git=replace(r.git, repository=repository))
+
+    with open_store(parse_database(db, "db")) as store:
+        store.write_run(run(0, None, 100 * MiB))  # recorded before repositories were
+        for i in range(1, 5):
+            store.write_run(run(i, UPSTREAM, 100 * MiB))
+            store.write_run(run(i, FORK, 300 * MiB))
+        store.write_run(run(5, UPSTREAM, 100 * MiB))
+        store.write_run(run(5, FORK, 330 * MiB))
+
+    mine = _allocated(_check(upstream, db))
+    assert mine["kind"] == "ok" and mine["baseline_value"] == 100 * MiB
+    assert mine["baseline_runs"] == 5  # its own four, and the one that records none
+    theirs = _allocated(_check(fork, db))
+    assert theirs["baseline_value"] == 300 * MiB and theirs["baseline_runs"] == 4
+    assert theirs["candidate_value"] == 330 * MiB
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "MEMTRACK_"))}
+    history = subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", "history", "decoder"],
+        cwd=upstream,
+        env={**env, "MEMTRACK_DB": db},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert history.returncode == 0, history.stderr
+    assert "300.00 MiB" not in history.stdout and "330.00 MiB" not in history.stdout
+    assert history.stdout.count("100.00 MiB") == 6
+
+
+def test_the_dashboard_shows_one_repository_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamlit.testing.v1 import AppTest
+
+    db = tmp_path / "shared.db"
+    with open_store(db) as store:
+        for i, (repository, peak) in enumerate([(UPSTREAM, 100), (FORK, 300)] * 3):
+            r = make_run(
+                [make_measurement("decoder", {"batch": 1}, peak=peak * MiB)],
+                started_at=f"2026-03-01T1{i}:00:00+00:00",
+            )
+            store.write_run(replace(r, git=replace(r.git, repository=repository)))
+    config = tmp_path / "memtrack.toml"
+    config.write_text(f'repository = "{FORK}"\n')
+    app = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+    monkeypatch.setattr(sys, "argv", [str(app), "--db", str(db), "--config", str(config)])
+
+    def page(**query: str) -> Any:
+        at = AppTest.from_file(str(app), default_timeout=60)
+        for k, v in query.items():
+            at.query_params[k] = v
+        at.run()
+        assert not at.exception, [e.message for e in at.exception]
+        return at
+
+    def shown(at: Any) -> str:
+        return "\n".join(m.value for m in at.markdown)
+
+    at = page()  # the config's repository first
+    (chooser,) = [s for s in at.selectbox if s.label == "Repository"]
+    assert chooser.value == FORK and set(chooser.options) == {UPSTREAM, FORK}
+    assert "300.00 MiB" in shown(at) and "100.00 MiB" not in shown(at)
+    at = page(repo=UPSTREAM)  # a shared link names the other
+    assert "100.00 MiB" in shown(at) and "300.00 MiB" not in shown(at)
