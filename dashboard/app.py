@@ -36,6 +36,7 @@ from memtrack.dashboard.views import (
 from memtrack.config import Config, load_config
 from memtrack.errors import ConfigError, MemtrackError, StoreError
 from memtrack.machine.provenance import repository_identity
+from memtrack.store.database import ALL_REPOSITORIES
 from memtrack.store.url import Database, ServerUrl, parse_database
 
 RENDER = dict(
@@ -164,12 +165,12 @@ def choose_page() -> str:
     return page or PAGES[0]
 
 
-def choose_repository(found: list[str], config: Config | None) -> str | None:
+def choose_repository(found: list[str], config: Config | None) -> str:
     """The repository shown, where the database records any: a selector of them (in the
     address as `repo`, to share), the config's or the working tree's first, else the
     first. Runs that record none are shown with every one."""
     if not found:
-        return None
+        return ALL_REPOSITORIES
     here = repository_identity(config.root, config.repository) if config else None
     asked = st.query_params.get("repo")
     default = asked if asked in found else here if here in found else found[0]

@@ -15,7 +15,7 @@ import streamlit as st
 from memtrack.dashboard import model, queries
 
 from memtrack.judge.baseline import open_regressions
-from memtrack.store.database import Store
+from memtrack.store.database import ALL_REPOSITORIES, Store
 from memtrack.store.url import Database, ServerUrl, parse_database
 
 TTL_S = 600
@@ -45,7 +45,7 @@ def database(db: str) -> Database:
     return parse_database(db, "--db")
 
 
-def _open(db: str, repository: str | None = None) -> Store:
+def _open(db: str, repository: str | None = ALL_REPOSITORIES) -> Store:
     """The store, read-only, its history read as `repository`'s (`Store.repository`)."""
     store = queries.open_readonly(database(db))
     store.repository = repository
@@ -53,7 +53,7 @@ def _open(db: str, repository: str | None = None) -> Store:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def summary(db: str, key: Stamp, repository: str | None = None) -> dict[str, Any]:
+def summary(db: str, key: Stamp, repository: str | None = ALL_REPOSITORIES) -> dict[str, Any]:
     with _open(db, repository) as s:
         out = queries.summary(s.conn)
         out["has_verdicts"] = queries.has_table(s.conn, "verdicts")
@@ -61,7 +61,7 @@ def summary(db: str, key: Stamp, repository: str | None = None) -> dict[str, Any
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def choices(db: str, key: Stamp, repository: str | None = None) -> dict[str, Any]:
+def choices(db: str, key: Stamp, repository: str | None = ALL_REPOSITORIES) -> dict[str, Any]:
     """What the filters offer: case ids, branches, environments (by env id)."""
     with _open(db, repository) as s:
         return {
@@ -81,7 +81,7 @@ def latest_by_case(
     points: int,
     factor: float,
     base_branch: str = "main",
-    repository: str | None = None,
+    repository: str | None = ALL_REPOSITORIES,
 ) -> list[dict[str, Any]]:
     """Per case, its newest `points` measurements under the filters (cases without any are
     left out), the verdicts recorded about them ('window_verdicts') and about its newest run
@@ -94,7 +94,7 @@ def latest_by_case(
             rows = queries.series(
                 s.conn,
                 case,
-                repository=s.repository,
+                repository=s.scope,
                 branches=[branch] if branch else [],
                 fingerprints=[fingerprint] if fingerprint else [],
                 limit=points,
@@ -105,7 +105,7 @@ def latest_by_case(
                         "case_id": case,
                         "rows": rows,
                         "budget_verdicts": queries.latest_verdicts(
-                            s.conn, case, repository=s.repository
+                            s.conn, case, repository=s.scope
                         ),
                     }
                 )
@@ -131,7 +131,7 @@ def base_series(
     base_branch: str,
     points: int,
     factor: float,
-    repository: str | None = None,
+    repository: str | None = ALL_REPOSITORIES,
 ) -> list[dict[str, Any]]:
     """Per case, its newest `points` runs on the base branch, their verdicts and the steps
     of each view."""
@@ -139,7 +139,7 @@ def base_series(
         out: list[dict[str, Any]] = []
         for case in queries.case_ids(s.conn):
             rows = queries.series(
-                s.conn, case, branches=[base_branch], limit=points, repository=s.repository
+                s.conn, case, branches=[base_branch], limit=points, repository=s.scope
             )
             if rows:
                 out.append(
@@ -169,7 +169,7 @@ def history(
     limit: int,
     base_branch: str,
     factor: float,
-    repository: str | None = None,
+    repository: str | None = ALL_REPOSITORIES,
 ) -> dict[str, Any]:
     """A case's rows under the filters (each with its place 'x' on the time axis: commit
     time on the base branch, run time elsewhere), their verdicts, and the steps of each
@@ -179,7 +179,7 @@ def history(
         rows = queries.series(
             s.conn,
             case_id,
-            repository=s.repository,
+            repository=s.scope,
             branches=branches,
             fingerprints=fingerprints,
             since=since,
@@ -187,11 +187,11 @@ def history(
             limit=limit,
         )
         verdicts = queries.verdicts_for_runs(s.conn, [r["run_id"] for r in rows], case_id=case_id)
-        latest = queries.latest_verdicts(s.conn, case_id, repository=s.repository)
+        latest = queries.latest_verdicts(s.conn, case_id, repository=s.scope)
         estimates = queries.series(
             s.conn,
             case_id,
-            repository=s.repository,
+            repository=s.scope,
             branches=branches,
             fingerprints=fingerprints,
             since=since,
@@ -244,13 +244,17 @@ def _utc(stamp: str) -> str:
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def pull_requests(
-    db: str, key: Stamp, base_branch: str, limit: int = 200, repository: str | None = None
+    db: str,
+    key: Stamp,
+    base_branch: str,
+    limit: int = 200,
+    repository: str | None = ALL_REPOSITORIES,
 ) -> list[dict[str, Any]]:
     """The newest run of each branch other than the base branch among the newest `limit`
     runs, newest first, each with its recorded verdicts ('verdicts')."""
     with _open(db, repository) as s:
         seen: dict[str, dict[str, Any]] = {}
-        for r in queries.recent_runs(s.conn, limit=limit, repository=s.repository):
+        for r in queries.recent_runs(s.conn, limit=limit, repository=s.scope):
             branch = r.get("git_branch")
             if branch and branch != base_branch and branch not in seen:
                 seen[branch] = r
@@ -261,23 +265,23 @@ def pull_requests(
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def recent_runs(
-    db: str, key: Stamp, limit: int = 200, repository: str | None = None
+    db: str, key: Stamp, limit: int = 200, repository: str | None = ALL_REPOSITORIES
 ) -> list[dict[str, Any]]:
     with _open(db, repository) as s:
-        return queries.recent_runs(s.conn, limit=limit, repository=s.repository)
+        return queries.recent_runs(s.conn, limit=limit, repository=s.scope)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def find_runs(
-    db: str, key: Stamp, text: str, repository: str | None = None
+    db: str, key: Stamp, text: str, repository: str | None = ALL_REPOSITORIES
 ) -> list[dict[str, Any]]:
     with _open(db, repository) as s:
-        return queries.find_runs(s.conn, text, repository=s.repository)
+        return queries.find_runs(s.conn, text, repository=s.scope)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def run_detail(
-    db: str, key: Stamp, run_id: str, repository: str | None = None
+    db: str, key: Stamp, run_id: str, repository: str | None = ALL_REPOSITORIES
 ) -> dict[str, Any] | None:
     with _open(db, repository) as s:
         run = queries.run(s.conn, run_id)
@@ -296,7 +300,7 @@ def plan_rows(
     param: str,
     branch: str | None = None,
     limit: int = 200,
-    repository: str | None = None,
+    repository: str | None = ALL_REPOSITORIES,
 ) -> list[dict[str, Any]]:
     """The newest `limit` measurements of each case of a workload that sets `param` (of one
     branch, or of all)."""
@@ -310,7 +314,5 @@ def plan_rows(
         return [
             r
             for c in cases
-            for r in queries.series(
-                s.conn, c, branches=branches, limit=limit, repository=s.repository
-            )
+            for r in queries.series(s.conn, c, branches=branches, limit=limit, repository=s.scope)
         ]

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from memtrack.records import metrics
-from memtrack.store.database import Store, of_repository
+from memtrack.store.database import ALL_REPOSITORIES, Store, of_repository
 from memtrack.store.opening import open_store
 from memtrack.store.url import Database
 
@@ -106,8 +106,8 @@ def table_columns(conn: sqlite3.Connection, name: str) -> set[str]:
 
 
 def _in_repository(conn: sqlite3.Connection, alias: str) -> str:
-    """SQL: ` and` the run `alias` is of the repository `:repo` (or of none recorded); ''
-    on a schema from before repositories were recorded, whose runs are all of one."""
+    """SQL: ` and` the run `alias` is of the repository `:repo` (a `Store.scope`: with the
+    runs that record none); '' on a schema from before repositories were recorded."""
     if "git_repository" not in table_columns(conn, "runs"):
         return ""
     return f" and {of_repository(alias, ':repo')}"
@@ -195,7 +195,7 @@ def series(
     limit: int = 500,
     size: int | None = None,
     kind: str = "measured",
-    repository: str | None = None,
+    repository: str = ALL_REPOSITORIES,
 ) -> list[dict[str, Any]]:
     """A case's measurements with their run, newest first, at most `limit` rows.
 
@@ -265,7 +265,7 @@ def verdicts_for_runs(
 
 
 def latest_verdicts(
-    conn: sqlite3.Connection, case_id: str, *, repository: str | None = None
+    conn: sqlite3.Connection, case_id: str, *, repository: str = ALL_REPOSITORIES
 ) -> list[dict[str, Any]]:
     """The newest verdict per metric of a case that carries a baseline or a budget."""
     if not has_table(conn, "verdicts"):
@@ -292,7 +292,7 @@ def recent_runs(
     *,
     limit: int = 200,
     branch: str | None = None,
-    repository: str | None = None,
+    repository: str = ALL_REPOSITORIES,
 ) -> list[dict[str, Any]]:
     """The newest runs with their case and failure counts (measurements(run_id) index)."""
     cols = (
@@ -319,7 +319,7 @@ def recent_runs(
 
 
 def find_runs(
-    conn: sqlite3.Connection, text: str, *, limit: int = 20, repository: str | None = None
+    conn: sqlite3.Connection, text: str, *, limit: int = 20, repository: str = ALL_REPOSITORIES
 ) -> list[dict[str, Any]]:
     """Runs whose id or commit starts with `text` (hex), newest first."""
     text = text.strip()

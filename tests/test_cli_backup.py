@@ -51,7 +51,7 @@ _WRITER = textwrap.dedent(
 
     store = Store.open({db!r})
     store.conn.execute("BEGIN IMMEDIATE")
-    held = Batch(store.conn)
+    held = Batch(store.conn, store.kept_columns)
     held.add(make_run([make_measurement("decoder", {{"batch": 99}})], subject="held"))
     held.flush()
     print("holding", flush=True)

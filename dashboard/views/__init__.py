@@ -74,9 +74,9 @@ class Context:
     config: Config | None
     summary: dict[str, Any]
     choices: dict[str, Any] = field(default_factory=dict)
-    repository: str | None = None
-    """The repository whose history is shown (with the runs that record none); None: only
-    those."""
+    repository: str | None = "*"
+    """The repository whose history is shown, with the runs that record none
+    (`Store.repository`); '*': every run, where the database records no repository."""
 
     @property
     def base_branch(self) -> str:

@@ -46,7 +46,7 @@ from memtrack.records import (
     now,
 )
 from memtrack.store import judging as reads
-from memtrack.store.database import Store
+from memtrack.store.database import ALL_REPOSITORIES, Store
 from memtrack.units import format_size
 
 
@@ -469,7 +469,7 @@ def check(
     root = root or config.root
     scope = store.repository
     try:
-        if scope is None:
+        if scope == ALL_REPOSITORIES:  # the candidate is found in the working tree's
             store.repository = repository_identity(root, config.repository)
         run = find_candidate(store, run_id=run_id, commit=commit, root=root)
         store.repository = run.git.repository

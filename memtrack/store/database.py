@@ -81,12 +81,18 @@ MEASURED_RUN = (
 """SQL: the run (of table `runs`, unaliased) measured something: it is not an estimate run."""
 
 
+ALL_REPOSITORIES = "*"
+"""`Store.repository` of a reader of every repository's runs (no identity is '*')."""
+
+
 def of_repository(runs: str = "r", mark: str = "?") -> str:
     """SQL: the run (of table `runs` as `runs` names it) is of the store's repository, or of
-    none recorded (a run recorded before repositories were, or outside any), with `mark`
-    the placeholder of `Store.repository`'s value. Every read of a history goes through it:
-    baselines, acceptances and a branch's or a commit's runs never cross repositories."""
-    return f"({runs}.git_repository is null or {runs}.git_repository = {mark})"
+    none recorded (a run recorded before repositories were, or outside any); with `mark`
+    the placeholder of `Store.scope`: a repository, '' (runs that record none only) or '*'
+    (every run). Every read of a history goes through it: baselines, acceptances and a
+    branch's or a commit's runs never cross repositories."""
+    g = f"coalesce({runs}.git_repository, '')"
+    return f"{g} in ('', coalesce(nullif({mark}, '*'), {g}))"
 
 
 class CheckedRun(Protocol):
@@ -429,10 +435,16 @@ class Store:
         self.path = path
         self.readonly = readonly
         self._identity: os.stat_result | None = None
-        self.repository: str | None = None
-        """The repository whose history is read (`of_repository`); None: the runs of none
-        recorded only. The judge sets it to the candidate's; commands to the working
-        tree's (`memtrack.machine.provenance.repository_identity`)."""
+        self.repository: str | None = ALL_REPOSITORIES
+        """The repository whose history is read (`of_repository`), with the runs that
+        record none; None: those only; ALL_REPOSITORIES (as opened): every run. The judge
+        sets it to the candidate's; commands to the working tree's
+        (`memtrack.machine.provenance.repository_identity`)."""
+
+    @property
+    def scope(self) -> str:
+        """`repository` as `of_repository`'s placeholder takes it."""
+        return self.repository or ""
 
     @classmethod
     def open(
@@ -792,7 +804,7 @@ class Store:
             branch = self.conn.execute(
                 f"select run_id from runs where git_branch = ? and {of_repository('runs')} "
                 "order by started_at desc limit ?",
-                [text, self.repository, limit],
+                [text, self.scope, limit],
             ).fetchall()
             if branch:  # a branch: its runs, newest first
                 return [r[0] for r in branch]
@@ -803,7 +815,7 @@ class Store:
             for r in self.conn.execute(
                 "select distinct git_commit from runs where substr(git_commit, 1, ?) = ? "
                 f"and {of_repository('runs')} limit 2",
-                [len(text), text.lower(), self.repository],
+                [len(text), text.lower(), self.scope],
             )
         }
         if len(commits) > 1:
@@ -937,13 +949,13 @@ class Store:
             rows = self.conn.execute(
                 f"select run_id from runs where substr(git_commit, 1, ?) = ? {only} "
                 f"and {of_repository('runs')} order by started_at desc limit ?",
-                [len(commit), commit.lower(), self.repository, limit],
+                [len(commit), commit.lower(), self.scope, limit],
             )
         else:
             rows = self.conn.execute(
                 f"select run_id from runs where {of_repository('runs')} "
                 "order by started_at desc limit ?",
-                [self.repository, limit],
+                [self.scope, limit],
             )
         return [r[0] for r in rows]
 
@@ -966,7 +978,7 @@ class Store:
             "n1": len(pattern) + 1,
             "b": branch,
             "n": limit,
-            "repo": self.repository,
+            "repo": self.scope,
         }
         rows = [dict(r) for r in self.conn.execute(sql, params).fetchall()]
         schema = expected_schema()
@@ -1005,7 +1017,7 @@ class Store:
             "(select run_id from measurements where kind = 'estimate') "
             f"and {of_repository('runs')} "
             "order by case when git_commit = ? then 1 else 0 end desc, started_at desc",
-            [self.repository, commit],
+            [self.scope, commit],
         )
 
         def rank(run: sqlite3.Row) -> tuple[bool, str]:  # that order, to group its ties
@@ -1055,7 +1067,7 @@ class Store:
             "where m.case_id = ? and m.kind = 'measured' and m.status = 'ok' and m.device = ? "
             f"and m.peak_allocated_bytes is not null and {of_repository()} "
             "order by r.started_at desc, m.id desc",
-            [case_id, device, self.repository],
+            [case_id, device, self.scope],
         )
         for row in rows:
             if device == "cuda" and gpu not in self._gpu_names(row["id"], row["gpus"]):

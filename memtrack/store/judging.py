@@ -72,7 +72,7 @@ def baseline_rows(
         "candidate": candidate,
         "case": case_id,
         "fp": fingerprint,
-        "repo": store.repository,
+        "repo": store.scope,
     }
     return store.conn.execute(sql, params)
 
@@ -84,7 +84,7 @@ def commit_rows(
     first (what `memtrack bisect` reuses): the columns of `baseline_rows`."""
     sql = _point_sql(figures, True, _OF_COMMIT)
     return store.conn.execute(
-        sql, {"commit": commit, "case": case_id, "fp": fingerprint, "repo": store.repository}
+        sql, {"commit": commit, "case": case_id, "fp": fingerprint, "repo": store.scope}
     ).fetchall()
 
 
@@ -92,7 +92,7 @@ def commit_time(store: Store, commit: str) -> str | None:
     """The commit time recorded for `commit` (a merge-base git does not know), or None."""
     row = store.conn.execute(
         f"select max(git_committed_at) from runs where git_commit = ? and {of_repository('runs')}",
-        [commit, store.repository],
+        [commit, store.scope],
     ).fetchone()
     return row[0] if row else None
 
@@ -108,7 +108,7 @@ def base_runs(
         f"where git_branch = ? and fingerprint = ? and {of_repository('runs')} "
         f"and run_id not in ({', '.join('?' for _ in left_out)}) "
         "order by started_at desc",
-        [branch, fingerprint, store.repository, *left_out],
+        [branch, fingerprint, store.scope, *left_out],
     )
 
 
@@ -150,7 +150,7 @@ def shard_runs(store: Store, commit: str, fingerprint: str, total: str) -> list[
     return store.conn.execute(
         "select run_id, shard from runs where git_commit = ? and fingerprint = ? "
         f"and shard like ? and {of_repository('runs')} order by started_at desc",
-        [commit, fingerprint, f"%/{total}", store.repository],
+        [commit, fingerprint, f"%/{total}", store.scope],
     ).fetchall()
 
 
@@ -169,7 +169,7 @@ select v.run_id, v.case_id, v.metric, v.baseline_value, v.threshold, v.candidate
 from verdicts v cross join runs r on r.run_id = v.run_id
 where v.context = 'base' and v.kind = 'regression' and v.case_id = :case
   and r.git_branch = :branch and v.threshold is not null {more}
-  and (r.git_repository is null or r.git_repository = :repo)
+  and {in_repository}
 order by r.started_at desc
 """
 
@@ -192,13 +192,13 @@ def base_regressions(
     `until` when given. The verdict's figures, and its run's commit, subject, start and
     fingerprint."""
     more = " and r.fingerprint = :fp" if fingerprint else ""
-    sql = _OPEN_SQL.format(more=more + _before(until))
+    sql = _OPEN_SQL.format(more=more + _before(until), in_repository=of_repository("r", ":repo"))
     params = {
         "case": case_id,
         "branch": branch,
         "fp": fingerprint,
         "until": until,
-        "repo": store.repository,
+        "repo": store.scope,
     }
     return store.conn.execute(sql, params).fetchmany(limit)
 
@@ -230,7 +230,7 @@ def back_within(
             "fp": fingerprint,
             "threshold": threshold,
             "until": until,
-            "repo": store.repository,
+            "repo": store.scope,
         },
     ).fetchone()
     return row is not None
@@ -252,7 +252,7 @@ def accepted_after(
             "branch": branch,
             "t": after,
             "until": until,
-            "repo": store.repository,
+            "repo": store.scope,
         },
     ).fetchone()
     return row is not None
@@ -274,7 +274,7 @@ def accepted_at(
         "on v.run_id = r.run_id where r.git_commit = ? and r.git_branch = ? "
         "and r.fingerprint = ? and v.case_id = ? and v.metric = ? "
         f"and v.context = 'base' and v.kind = 'accepted' and {of_repository()} limit 1",
-        [commit, branch, fingerprint, case_id, metric, store.repository],
+        [commit, branch, fingerprint, case_id, metric, store.scope],
     ).fetchone()
     return row
 
@@ -284,7 +284,7 @@ def newest_fingerprint(store: Store, branch: str) -> str | None:
     row = store.conn.execute(
         f"select fingerprint from runs where git_branch = ? {MEASURED_RUN} "
         f"and {of_repository('runs')} order by started_at desc limit 1",
-        [branch, store.repository],
+        [branch, store.scope],
     ).fetchone()
     return None if row is None else row[0]
 
@@ -295,7 +295,7 @@ def newest_env_ids(store: Store, branch: str) -> dict[str, str]:
     for fp, env_id in store.conn.execute(
         f"select fingerprint, env_id from runs where git_branch = ? and {of_repository('runs')} "
         "order by started_at desc",
-        [branch, store.repository],
+        [branch, store.scope],
     ):
         if fp not in out and env_id:
             out[fp] = env_id
@@ -307,7 +307,7 @@ def other_env_runs(store: Store, branch: str, fingerprint: str) -> int:
     row = store.conn.execute(
         "select count(*) from runs where git_branch = ? and fingerprint != ? "
         f"and {of_repository('runs')}",
-        [branch, fingerprint, store.repository],
+        [branch, fingerprint, store.scope],
     ).fetchone()
     return int(row[0])
 
@@ -324,7 +324,7 @@ def series_rows(store: Store, branch: str, fingerprint: str, limit: int) -> list
         f"      and {of_repository('runs')} order by started_at desc limit ?) r "
         "join measurements m on m.run_id = r.run_id where m.status = 'ok' "
         "and m.kind = 'measured'",
-        [branch, fingerprint, store.repository, limit],
+        [branch, fingerprint, store.scope, limit],
     ).fetchall()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memtrack.store import database
-from memtrack.store.database import Store
+from memtrack.store.database import ALL_REPOSITORIES, Store
 from memtrack.store.url import Database, ServerUrl
 
 last_server: ServerUrl | None = None
@@ -20,7 +20,7 @@ def open_store(
     readonly: bool = False,
     create: bool = True,
     older: bool = False,
-    repository: str | None = None,
+    repository: str | None = ALL_REPOSITORIES,
 ) -> Store:
     """The database `db` names, opened as `Store.open` opens a file: read-only for viewers,
     created (the file, or the schema on an empty server database) when `create`, an older
