@@ -298,3 +298,44 @@ def test_a_server_that_is_down_is_one_line_and_a_measured_run_is_kept(
         _no_secret(str(caught.value))
     finally:
         cluster.stop()
+
+
+# -- moving a history ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_history_moves_to_postgres_and_back_row_for_row(pg_url: str, tmp_path: Path) -> None:
+    story = story_history(tmp_path, 19, messier=True)
+    back = tmp_path / "back" / "memtrack.db"
+    back.parent.mkdir()
+    there = _memtrack("db", "copy", str(story["db"]), pg_url, cwd=tmp_path)
+    again = _memtrack("db", "copy", str(story["db"]), pg_url, cwd=tmp_path)
+    home = _memtrack("db", "copy", pg_url, str(back), cwd=tmp_path)
+    assert there.returncode == 0 and home.returncode == 0, there.stderr + home.stderr
+    assert "verified row for row: 1 environments, 20 runs, 40 measurements" in there.stdout
+    assert again.returncode == 2 and "holds a history already" in again.stderr  # never merged
+    _no_secret(there.stdout + again.stderr + home.stdout)
+
+    reports = []
+    for db in (str(story["db"]), pg_url, str(back)):
+        out = tmp_path / f"history-{len(reports)}.json"
+        done = _memtrack("check", "--history", "--json", str(out), cwd=story["repo"], url=db)
+        assert done.returncode in (0, 1), done.stderr  # 1: the story's creep is flagged
+        reports.append((done.returncode, out.read_text()))
+    assert reports[0] == reports[1] == reports[2]
+    import sqlite3
+
+    def rows(path: Path) -> list[tuple]:
+        conn = sqlite3.connect(path)
+        try:
+            return conn.execute("select * from runs order by run_id").fetchall()
+        finally:
+            conn.close()
+
+    assert rows(story["db"]) == rows(back)  # recorded_at and every other column kept
+
+    # the server's ids continue after the copied ones: a new run and its check add rows
+    with open_store(parse_database(pg_url, "url")) as store:
+        store.write_run(make_run([make_measurement()], branch="feature/next"))
+        (n,) = store.conn.execute("select count(*) from measurements").fetchone()
+    assert n == 41

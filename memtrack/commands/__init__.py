@@ -7,6 +7,7 @@ COMMANDS = {
     "bisect": "bisect",
     "check": "check",
     "dashboard": "dashboard",
+    "db": "db",
     "diff": "diff",
     "doctor": "doctor",
     "estimate": "estimate",

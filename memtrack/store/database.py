@@ -782,6 +782,35 @@ class Store:
                 "different content; nothing written"
             )
 
+    # -- whole tables (`memtrack db copy`) -------------------------------------------------
+
+    def column_names(self, table: str) -> list[str]:
+        """The columns of `table`, in their order."""
+        return [r[1] for r in self.conn.execute(f'pragma table_info("{table}")')]
+
+    def count_rows(self, table: str) -> int:
+        return int(self.conn.execute(f'select count(*) from "{table}"').fetchone()[0])
+
+    def table_rows(
+        self, table: str, columns: list[str], key: str, batch: int = 5000
+    ) -> Iterator[tuple[Any, ...]]:
+        """Every row of `table` (its `columns`), in `key` order, read `batch` at a time."""
+        names = ", ".join(f'"{c}"' for c in columns)
+        cur = self.conn.execute(f'select {names} from "{table}" order by "{key}"')
+        while rows := cur.fetchmany(batch):
+            yield from (tuple(r) for r in rows)
+
+    def insert_tables(
+        self, tables: Iterable[tuple[str, list[str], Iterable[tuple[Any, ...]]]]
+    ) -> None:
+        """Rows into tables, as they are (ids included), all in one transaction."""
+        with self._writing():
+            for table, columns, rows in tables:
+                names = ", ".join(f'"{c}"' for c in columns)
+                sql = f'insert into "{table}" ({names}) values ({", ".join("?" for _ in columns)})'
+                for part in _chunks(rows, 5000):
+                    self.conn.executemany(sql, part)
+
     # -- reading ---------------------------------------------------------------------
 
     def find_run(self, text: str) -> RunRecord:

@@ -9,10 +9,14 @@ ways, both safe while `memtrack run` or `memtrack ingest` writes:
   WAL), checked with `PRAGMA quick_check`.
 - `export_runs`: every run as a portable JSON record, `<run_id>.json`; `memtrack ingest`
   merges them back by run id, so a database can be rebuilt on any machine and version.
+
+And moving a history between engines (`memtrack db copy`): every table copied as it is into
+an empty database, an SQLite file or a server's, then compared row for row.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import sqlite3
@@ -156,3 +160,73 @@ def export_runs(store: Store, directory: Path, *, since: datetime | None = None)
         write_json(store.get_run(run_id), path)
         written.append(path)
     return written
+
+
+# -- moving a history ----------------------------------------------------------------------
+
+COPIED_TABLES = (
+    ("environments", "env_id"),
+    ("runs", "run_id"),
+    ("measurements", "id"),
+    ("device_measurements", "id"),
+    ("rank_measurements", "id"),
+    ("verdicts", "id"),
+)
+"""The tables of a history, in the order their rows are copied (each after those it names),
+each with its key, by which both sides are read in one order."""
+
+
+@dataclass(frozen=True)
+class CopyResult:
+    """What `copy_history` copied: the rows of each table, equal on both sides."""
+
+    rows: dict[str, int]
+
+
+def copy_history(src: Store, dst: Store, *, batch: int = 5000) -> CopyResult:
+    """Copy every row of every table of `src`'s history into `dst`, an empty memtrack
+    database of the same schema (an SQLite file or a server's, either way), in one
+    transaction, then verify row for row: each table read from both sides in key order, every
+    row equal, value for value. The rows keep their ids and times: the copy is the same
+    history, not a history recorded again. StoreError for a destination that holds runs
+    already (runs are merged by `memtrack export` and `memtrack ingest`), or where the
+    verification finds a difference (the copy is then left as it is, and says where)."""
+    held = [table for table, _ in COPIED_TABLES if dst.count_rows(table)]
+    if held:
+        raise StoreError(
+            f"{dst.path}: holds a history already ({', '.join(held)}); `memtrack db copy` "
+            "fills an empty database (merge runs with `memtrack export` and `memtrack ingest`)"
+        )
+    plan = []
+    for table, key in COPIED_TABLES:
+        columns = src.column_names(table)
+        missing = [c for c in columns if c not in set(dst.column_names(table))]
+        if missing:
+            raise StoreError(f"{dst.path}: table {table} lacks columns {', '.join(missing)}")
+        plan.append((table, key, columns))
+    dst.insert_tables(
+        (table, columns, src.table_rows(table, columns, key, batch)) for table, key, columns in plan
+    )
+    counts = {}
+    for table, key, columns in plan:
+        n = 0
+        theirs = dst.table_rows(table, columns, key, batch)
+        for n, (a, b) in enumerate(
+            itertools.zip_longest(src.table_rows(table, columns, key, batch), theirs), 1
+        ):
+            if a != b:
+                raise StoreError(
+                    f"{dst.path}: table {table}, row {n} in {key} order differs from the "
+                    f"source's ({_first_difference(columns, a, b)})"
+                )
+        counts[table] = n
+    return CopyResult(counts)
+
+
+def _first_difference(columns: list[str], a: tuple | None, b: tuple | None) -> str:
+    if a is None or b is None:
+        return "one side has more rows"
+    for column, x, y in zip(columns, a, b, strict=True):
+        if x != y:
+            return f"{column}: {str(x)[:40]!r} != {str(y)[:40]!r}"
+    return "?"

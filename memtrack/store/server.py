@@ -27,7 +27,7 @@ import contextlib
 import functools
 import re
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from memtrack.errors import StoreError
@@ -340,6 +340,44 @@ class ServerStore(Store):
             [table],
         )
         return {r[0]: r[1] for r in rows}
+
+    def column_names(self, table: str) -> list[str]:
+        rows = self.conn.execute(
+            "select column_name from information_schema.columns "
+            "where table_schema = current_schema() and table_name = ? order by ordinal_position",
+            [table],
+        )
+        return [r[0] for r in rows]
+
+    def table_rows(
+        self, table: str, columns: list[str], key: str, batch: int = 5000
+    ) -> Iterator[tuple[Any, ...]]:
+        """Every row of `table` in `key` order, by a server-side cursor: `batch` rows in
+        memory at a time, not the whole table."""
+        names = ", ".join(f'"{c}"' for c in columns)
+        with self.pg.raw.transaction(), self.pg.raw.cursor(name=f"rows_{table}") as cur:
+            cur.itersize = batch
+            cur.execute(f'select {names} from "{table}" order by "{key}"')
+            yield from (tuple(r) for r in cur)
+
+    def insert_tables(
+        self, tables: Iterable[tuple[str, list[str], Iterable[tuple[Any, ...]]]]
+    ) -> None:
+        """Rows into tables by COPY (ids included), in one transaction; each identity
+        column's sequence then starts past the ids copied."""
+        with self._writing():
+            for table, columns, rows in tables:
+                names = ", ".join(f'"{c}"' for c in columns)
+                cur = self.pg.raw.cursor()
+                with cur.copy(f'copy "{table}" ({names}) from stdin') as copy:
+                    for row in rows:
+                        copy.write_row(row)
+                if "id" in columns:
+                    self.pg.raw.execute(
+                        f"select setval(pg_get_serial_sequence('\"{table}\"', 'id'), "
+                        f'coalesce((select max(id) from "{table}"), 0) + 1, false)'
+                    )
+                self.pg.raw.execute(f'analyze "{table}"')  # the planner's figures, now
 
     def kept_columns(self, table: str) -> set[str]:
         rows = self.conn.execute(
