@@ -6,7 +6,7 @@ import click
 
 from memtrack.commands.options import config_option, db_option, resolve
 from memtrack.records.redact import secret_values
-from memtrack.store.ingest import read_runs
+from memtrack.store.ingest import discard, private_path, publish, read_runs
 from memtrack.store.opening import open_store
 
 
@@ -24,12 +24,22 @@ def ingest(files: tuple[Path, ...], config_path: Path | None, db_path: Path | No
     """
     _, db = resolve(config_path, db_path, writes=True)
     secrets = secret_values()  # once: this machine's secret variables, for every record
-    with read_runs(files, secrets, db) as runs:
-        if isinstance(db, Path) and not db.exists():
-            # Every record is read and checked before a new database is made: a refused
-            # batch makes none, and no file that another process may have opened meanwhile
-            # (a `memtrack run` starting) is ever removed.
-            runs = iter(list(runs))
-        with open_store(db) as store:
-            added, present = store.write_runs(runs)
+    counts = None
+    if isinstance(db, Path) and not db.exists():
+        # A new database is written as a file of this process's own beside it, the records
+        # streaming into it from the readers, and put in place only once every one was
+        # read, checked and written: a refused batch makes none, and no file that another
+        # process may have opened meanwhile (a `memtrack run` starting) is ever removed.
+        fresh = private_path(db)
+        try:
+            with read_runs(files, secrets, db) as runs, open_store(fresh) as store:
+                counts = store.write_runs(runs)
+            if not publish(fresh, db):
+                counts = None  # made meanwhile: the records go into that one
+        finally:
+            discard(fresh)
+    if counts is None:
+        with read_runs(files, secrets, db) as runs, open_store(db) as store:
+            counts = store.write_runs(runs)
+    added, present = counts
     click.echo(f"{added} run(s) added, {present} already present, in {db}")

@@ -118,6 +118,29 @@ def read_runs(
             gc.enable()
 
 
+def private_path(db: Path) -> Path:
+    """A file of this process's own beside `db`, for a new database written before it is
+    put in place (`publish`)."""
+    return db.with_name(f".{db.name}.{os.getpid()}.new")
+
+
+def publish(fresh: Path, db: Path) -> bool:
+    """Put the closed database `fresh` at `db` by a hard link, which never replaces a file:
+    False (nothing changed) where `db` was made meanwhile by another process."""
+    try:
+        os.link(fresh, db)
+    except FileExistsError:
+        return False
+    return True
+
+
+def discard(fresh: Path) -> None:
+    """Remove a private database and the files SQLite keeps beside it."""
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{fresh}{suffix}")
+
+
 def _fork_reader(
     chunks: list[list[Path]], secrets: tuple[str, ...], db: Database, pipes: list[BinaryIO]
 ) -> int:
