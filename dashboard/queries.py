@@ -95,13 +95,8 @@ def has_table(conn: sqlite3.Connection, name: str) -> bool:
 
 
 def table_columns(conn: sqlite3.Connection, name: str) -> set[str]:
-    if not isinstance(conn, sqlite3.Connection):
-        rows = conn.execute(
-            "select column_name from information_schema.columns "
-            "where table_schema = current_schema() and table_name = ?",
-            [name],
-        )
-        return {r[0] for r in rows}
+    if not isinstance(conn, sqlite3.Connection):  # a server's: its catalog, read once
+        return {column for column, _, _ in conn.catalog().get(name, [])}
     return {r[1] for r in conn.execute(f"pragma table_info({name})")}
 
 

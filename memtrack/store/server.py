@@ -118,6 +118,30 @@ class Connection:
 
     def __init__(self, raw: Any):
         self.raw = raw
+        self._catalog: dict[str, list[tuple[str, str, bool]]] | None = None
+
+    def catalog(self) -> dict[str, list[tuple[str, str, bool]]]:
+        """Each table of the schema -> its columns in order: (name, type, whether a write
+        names it even where NULL: a default, NOT NULL or an identity). One query of
+        pg_catalog, kept until `forget_catalog` (information_schema's views take ~5 ms a
+        table)."""
+        if self._catalog is None:
+            rows = self.raw.execute(
+                "select c.relname, a.attname, format_type(a.atttypid, a.atttypmod), "
+                "a.attnotnull or a.atthasdef or a.attidentity <> '' "
+                "from pg_attribute a join pg_class c on c.oid = a.attrelid "
+                "join pg_namespace n on n.oid = c.relnamespace "
+                "where n.nspname = current_schema() and c.relkind in ('r', 'p') "
+                "and a.attnum > 0 and not a.attisdropped order by c.relname, a.attnum"
+            ).fetchall()
+            catalog: dict[str, list[tuple[str, str, bool]]] = {}
+            for table, column, kind, kept in rows:
+                catalog.setdefault(table, []).append((column, kind, bool(kept)))
+            self._catalog = catalog
+        return self._catalog
+
+    def forget_catalog(self) -> None:
+        self._catalog = None
 
     def execute(self, sql: str, params: Any = ()) -> Any:
         verb = sql.strip().upper()
@@ -317,6 +341,7 @@ class ServerStore(Store):
                     "values (?, ?, cast(now() as text))",
                     [migrations.SET_NAME, name],
                 )
+        self.pg.forget_catalog()
 
     def applied_migrations(self) -> set[str]:
         if MIGRATIONS_TABLE not in self.table_names():
@@ -327,27 +352,13 @@ class ServerStore(Store):
         return {r[0] for r in rows}
 
     def table_names(self) -> set[str]:
-        rows = self.conn.execute(
-            "select table_name from information_schema.tables "
-            "where table_schema = current_schema() and table_type = 'BASE TABLE'"
-        )
-        return {r[0] for r in rows}
+        return set(self.pg.catalog())
 
     def column_types(self, table: str) -> dict[str, str]:
-        rows = self.conn.execute(
-            "select column_name, data_type from information_schema.columns "
-            "where table_schema = current_schema() and table_name = ?",
-            [table],
-        )
-        return {r[0]: r[1] for r in rows}
+        return {name: kind for name, kind, _ in self.pg.catalog().get(table, [])}
 
     def column_names(self, table: str) -> list[str]:
-        rows = self.conn.execute(
-            "select column_name from information_schema.columns "
-            "where table_schema = current_schema() and table_name = ? order by ordinal_position",
-            [table],
-        )
-        return [r[0] for r in rows]
+        return [name for name, _, _ in self.pg.catalog().get(table, [])]
 
     def table_rows(
         self, table: str, columns: list[str], key: str, batch: int = 5000
@@ -380,13 +391,7 @@ class ServerStore(Store):
                 self.pg.raw.execute(f'analyze "{table}"')  # the planner's figures, now
 
     def kept_columns(self, table: str) -> set[str]:
-        rows = self.conn.execute(
-            "select column_name from information_schema.columns "
-            "where table_schema = current_schema() and table_name = ? "
-            "and (column_default is not null or is_nullable = 'NO' or is_identity = 'YES')",
-            [table],
-        )
-        return {r[0] for r in rows}
+        return {name for name, _, kept in self.pg.catalog().get(table, []) if kept}
 
     def check_schema(self, *, allow_pending: bool = False) -> None:
         known = set(migrations.names())
