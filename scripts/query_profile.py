@@ -100,16 +100,27 @@ class TimedConnection:
         return getattr(self._conn, name)
 
 
+def _open(db: str) -> Any:
+    """The store: through open_store where the tree has one (an SQLite file or a server's
+    database), else Store.open (an older tree)."""
+    try:
+        from memtrack.store.opening import open_store
+        from memtrack.store.url import parse_database
+    except ImportError:
+        return Store.open(Path(db))
+    return open_store(parse_database(db, "DB"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("db", type=Path)
+    ap.add_argument("db", help="an SQLite file, or (this tree) a postgresql:// URL")
     ap.add_argument("run_id")
     ap.add_argument("config", type=Path)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     config = load_config(args.config)
     walls = []
-    with Store.open(args.db) as store:
+    with _open(args.db) as store:
         for _ in range(args.repeat):
             t = time.perf_counter()
             check(store, config, run_id=args.run_id, root=args.config.parent)

@@ -2,7 +2,7 @@
 listening on a unix socket in it only (no TCP port), password authentication (scram) for
 the one role, and a fresh database per test. Debian's PostgreSQL is used where installed,
 else the one the `pgserver` wheel (the test extra) carries. As root, the server runs as the
-`postgres` user, since PostgreSQL refuses to run as root."""
+`postgres` user (else `nobody`), since PostgreSQL refuses to run as root."""
 
 from __future__ import annotations
 
@@ -46,11 +46,19 @@ def unavailable() -> str | None:
         return "psycopg is not installed (pip install -e '.[test]')"
     if binaries() is None:
         return "no PostgreSQL server binaries (apt-get install postgresql, or pip install pgserver)"
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 and _server_user() is None:
+        return "running as root without a 'postgres' or 'nobody' user to run the server as"
+    return None
+
+
+def _server_user() -> str | None:
+    """Whom the server runs as where this runs as root: Debian's `postgres`, else `nobody`."""
+    for name in ("postgres", "nobody"):
         try:
-            pwd.getpwnam("postgres")
+            pwd.getpwnam(name)
         except KeyError:
-            return "running as root without a 'postgres' user to run the server as"
+            continue
+        return name
     return None
 
 
@@ -62,7 +70,7 @@ class Cluster:
         assert self.bin is not None
         self.root = Path(tempfile.mkdtemp(prefix="memtrack-pg-"))
         self.data = self.root / "data"
-        self.user = "postgres" if os.geteuid() == 0 else None
+        self.user = _server_user() if os.geteuid() == 0 else None
         if self.user:
             entry = pwd.getpwnam(self.user)
             os.chown(self.root, entry.pw_uid, entry.pw_gid)

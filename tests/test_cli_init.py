@@ -1061,3 +1061,17 @@ def test_init_refuses_a_branch_name_it_cannot_write_and_writes_nothing(tmp_path,
     assert res.exit_code == 2, res.output
     assert "is not a branch name memtrack init can write" in res.output
     assert _files(repo) == {}
+
+
+def test_init_for_a_postgresql_history_writes_the_gate_reading_the_secret(tmp_path):
+    repo = init_repo(tmp_path / "app")
+    (repo / "pyproject.toml").write_text('[project]\nname = "app"\nversion = "1"\n')
+    done = _init(repo, "--requirement", REQ, "--database", "postgresql")
+    assert done.exit_code == 0, done.output
+    workflow = (repo / WORKFLOW).read_text()
+    assert "MEMTRACK_DATABASE_URL: ${{ secrets.MEMTRACK_DATABASE_URL }}" in workflow
+    assert "MEMTRACK_DB" not in workflow
+    # the config keeps the local default for runs on a laptop: no URL is ever written
+    assert "postgresql://" not in (repo / "pyproject.toml").read_text()
+    refused = _init(tmp_path, "--database", "mysql")
+    assert refused.exit_code == 2

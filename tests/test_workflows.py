@@ -42,7 +42,20 @@ GENERATED.parent.mkdir(parents=True)
 GENERATED.write_text(
     workflow_text("main", Pin("memtrack @ git+https://github.com/acme/memtrack@" + "0" * 40), True)
 )
-WORKFLOWS = [*sorted((GITHUB / "workflows").glob("*.yml")), GENERATED]
+# ...and its variant with the history on PostgreSQL (`memtrack init --database postgresql`).
+_INIT_PG = tempfile.TemporaryDirectory(prefix="memtrack-init-pg-")
+INIT_PG_GITHUB = Path(_INIT_PG.name) / ".github"
+GENERATED_PG = INIT_PG_GITHUB / "workflows" / "memtrack.yml"
+GENERATED_PG.parent.mkdir(parents=True)
+GENERATED_PG.write_text(
+    workflow_text(
+        "main",
+        Pin("memtrack @ git+https://github.com/acme/memtrack@" + "0" * 40),
+        True,
+        "postgresql",
+    )
+)
+WORKFLOWS = [*sorted((GITHUB / "workflows").glob("*.yml")), GENERATED, GENERATED_PG]
 MEMTRACK_WORKFLOWS = {"memtrack.yml": GITHUB / "workflows" / "memtrack.yml", "init": GENERATED}
 
 
@@ -51,6 +64,8 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _name(path: Path) -> str:
+    if path == GENERATED_PG:
+        return "init --database postgresql: memtrack.yml"
     return "init: memtrack.yml" if path == GENERATED else path.name
 
 
@@ -96,7 +111,9 @@ def test_workflows_and_action_match_githubs_schema() -> None:
         assert out.returncode == 0, out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("github", [GITHUB, INIT_GITHUB], ids=["memtrack", "init"])
+@pytest.mark.parametrize(
+    "github", [GITHUB, INIT_GITHUB, INIT_PG_GITHUB], ids=["memtrack", "init", "init-postgresql"]
+)
 def test_zizmor_offline_finds_nothing(github: Path) -> None:
     out = subprocess.run(
         [_tool("zizmor"), "--offline", "--no-progress", str(github)],
@@ -291,6 +308,26 @@ def test_only_the_gate_knows_where_the_history_is(workflow: Path) -> None:
         assert ("MEMTRACK_DB" in job.get("env", {})) == (name == "gate"), name
         if name != "gate":
             assert "MEMTRACK_DB" not in json.dumps(job), name
+
+
+def test_on_postgresql_only_the_gate_is_given_the_database_secret() -> None:
+    """With the history on a server, its URL (password included) is a repository secret
+    that only the gate reads: the measuring jobs run the pull request's code and must not
+    be able to write the base branch's history, a fork's pull request gets no job that
+    names it (and GitHub gives it no secret), and nothing points at a file any more."""
+    spec = _load(GENERATED_PG)
+    text = GENERATED_PG.read_text()
+    assert "MEMTRACK_DB" not in text and "--db" not in text and "memtrack backup" not in text
+    gate = spec["jobs"]["gate"]
+    assert gate["env"] == {"MEMTRACK_DATABASE_URL": "${{ secrets.MEMTRACK_DATABASE_URL }}"}
+    assert not evaluate(str(gate["if"]), FORK_PR) and evaluate(str(gate["if"]), SAME_REPO_PR)
+    for name, job in spec["jobs"].items():
+        if name != "gate":
+            assert "secrets." not in json.dumps(job), name
+            assert "MEMTRACK_DATABASE_URL" not in json.dumps(job), name
+    ingest = next(s["run"] for s in gate["steps"] if s.get("name") == "Ingest and check")
+    assert '"$bin/memtrack" ingest "${records[@]}"' in ingest
+    assert "--run" in ingest  # each measured run checked, by the same URL
 
 
 def test_the_generated_gate_runs_memtrack_pinned_and_nothing_of_the_checkout() -> None:

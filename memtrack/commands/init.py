@@ -38,8 +38,21 @@ _VERB = {"create": "created ", "append": "appended", "exists": "exists  "}
     help="The branch whose runs are the baseline (default: origin's default "
     "branch, else the branch checked out).",
 )
+@click.option(
+    "--database",
+    type=click.Choice(scaffold.DATABASES),
+    default="sqlite",
+    show_default=True,
+    help="Where the workflow keeps the history: an SQLite file on the gate's runner, or a "
+    "PostgreSQL database named by the repository secret MEMTRACK_DATABASE_URL (read by the "
+    "gate alone).",
+)
 def init(
-    check_only: bool, requirement: str | None, index_url: str | None, base_branch: str | None
+    check_only: bool,
+    requirement: str | None,
+    index_url: str | None,
+    base_branch: str | None,
+    database: str,
 ) -> None:
     """Set up this git repository for memtrack: the [tool.memtrack] table (in
     pyproject.toml, else memtrack.toml), perf/workloads.py to adapt, the CI workflow and its
@@ -61,7 +74,11 @@ def init(
         click.echo(f"{root}: nothing missing")
         return
     planned = scaffold.plan_files(
-        root, requirement=requirement, base_branch=base_branch, index_url=index_url
+        root,
+        requirement=requirement,
+        base_branch=base_branch,
+        index_url=index_url,
+        database=database,
     )
     done = scaffold.write_files(root, planned)
     for item in done:

@@ -471,9 +471,10 @@ def check(
     try:
         if scope == ALL_REPOSITORIES:  # the candidate is found in the working tree's
             store.repository = repository_identity(root, config.repository)
-        run = find_candidate(store, run_id=run_id, commit=commit, root=root)
-        store.repository = run.git.repository
-        return _check(store, config, run, run_id, base_branch, root)
+        with store.reading():  # one snapshot of the history
+            run = find_candidate(store, run_id=run_id, commit=commit, root=root)
+            store.repository = run.git.repository
+            return _check(store, config, run, run_id, base_branch, root)
     finally:
         store.repository = scope
 

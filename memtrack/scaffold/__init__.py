@@ -149,15 +149,74 @@ def _template(name: str) -> str:
     return (resources.files("memtrack") / "templates" / name).read_text(encoding="utf-8")
 
 
-def workflow_text(base_branch: str, pin: Pin, install_project: bool) -> str:
+DATABASES = ("sqlite", "postgresql")
+"""Where the generated workflow keeps the history: an SQLite file on the gate's runner, or a
+PostgreSQL database named by the repository secret MEMTRACK_DATABASE_URL."""
+
+_SERVER_GATE = (
+    # (as the SQLite workflow has it, as the PostgreSQL one has it)
+    (
+        "#   memtrack gate        [self-hosted, memtrack-db]: the only job with MEMTRACK_DB; "
+        "runs no code\n"
+        "#                        of this repository, only memtrack, pinned: ingests the "
+        "records, judges\n"
+        "#                        them, writes the history\n",
+        "#   memtrack gate        [self-hosted, memtrack-db]: the only job given the secret\n"
+        "#                        MEMTRACK_DATABASE_URL; runs no code of this repository, only\n"
+        "#                        memtrack, pinned: ingests the records into the PostgreSQL\n"
+        "#                        history, judges them\n",
+    ),
+    (
+        "# Repository variables (Settings > Secrets and variables > Actions > Variables), "
+        "optional:\n"
+        "#   MEMTRACK_DB         the persistent database on the `memtrack-db` runner\n"
+        "#                       (default /var/lib/memtrack/memtrack.db)\n",
+        "# Repository secret (Settings > Secrets and variables > Actions > Secrets), required:\n"
+        "#   MEMTRACK_DATABASE_URL  postgresql://USER:PASSWORD@HOST:PORT/DATABASE?sslmode=verify-full\n"
+        "#                       read by the gate alone: the measuring jobs, which run the pull\n"
+        "#                       request's code, never see it, and GitHub gives no secret to a\n"
+        "#                       fork's pull request\n"
+        "# Repository variables (Settings > Secrets and variables > Actions > Variables), "
+        "optional:\n",
+    ),
+    (
+        "    env:\n      MEMTRACK_DB: ${{ vars.MEMTRACK_DB || '/var/lib/memtrack/memtrack.db' }}\n",
+        "    env:\n      MEMTRACK_DATABASE_URL: ${{ secrets.MEMTRACK_DATABASE_URL }}\n",
+    ),
+    (
+        '          "$bin/memtrack" ingest --db "$MEMTRACK_DB" "${records[@]}" || exit\n',
+        '          "$bin/memtrack" ingest "${records[@]}" || exit\n',
+    ),
+    ('          args=(--db "$MEMTRACK_DB")\n', "          args=()\n"),
+)
+_SNAPSHOT = "      # A read-only snapshot of the history after each push to the base branch"
+_COMMENT_JOB = "\n  comment:\n"
+
+
+def _on_a_server(text: str) -> str:
+    """The workflow with its history on PostgreSQL: the gate reads the URL from the secret,
+    and no database snapshot is uploaded (the dashboard reads the server)."""
+    for old, new in _SERVER_GATE:
+        if old not in text:
+            raise AssertionError(f"the workflow template lacks {old[:60]!r}")
+        text = text.replace(old, new)
+    start, end = text.index(_SNAPSHOT), text.index(_COMMENT_JOB)
+    return text[:start].rstrip("\n") + "\n" + text[end:]
+
+
+def workflow_text(
+    base_branch: str, pin: Pin, install_project: bool, database: str = "sqlite"
+) -> str:
     """The CI workflow for a repository whose base branch is `base_branch`, installing
-    memtrack as `pin` says, and the repository's own package where pip can install it."""
+    memtrack as `pin` says, and the repository's own package where pip can install it;
+    the history in an SQLite file on the gate's runner, or (`database` "postgresql") in
+    the PostgreSQL database of the secret MEMTRACK_DATABASE_URL."""
     project = (
         '"$python" -m pip install --quiet -e .  # this repository\'s package'
         if install_project
         else "# this repository is not a pip project: the workloads import it from its root"
     )
-    return (
+    text = (
         _template("workflow.yml")
         # YAML flow scalars of their own: quotes, commas, `]#` and newlines stay in them
         .replace("@@BASE_BRANCH@@", json.dumps(base_branch))
@@ -165,6 +224,7 @@ def workflow_text(base_branch: str, pin: Pin, install_project: bool) -> str:
         .replace("@@INDEX_URL@@", json.dumps(pin.index_url))
         .replace("@@INSTALL_PROJECT@@", project)
     )
+    return _on_a_server(text) if database == "postgresql" else text
 
 
 def choose_pin(requirement: str | None, index_url: str | None) -> Pin:
@@ -190,6 +250,7 @@ def plan_files(
     requirement: str | None = None,
     base_branch: str | None = None,
     index_url: str | None = None,
+    database: str = "sqlite",
 ) -> list[Planned]:
     """What `memtrack init` would write in the repository at `root`, nothing written yet."""
     what = "--base-branch" if base_branch else "the branch checked out"
@@ -221,8 +282,8 @@ def plan_files(
                 "refuse to build\n" + table,
             )
         )
-    database = root / "data" / "memtrack.db"
-    if not git_ignore_rule(root, database):  # a new file of its own: no .gitignore is edited
+    local = root / "data" / "memtrack.db"
+    if not git_ignore_rule(root, local):  # a new file of its own: no .gitignore is edited
         ignore = Path("data/.gitignore")
         exists = (root / ignore).exists()
         out.append(
@@ -236,7 +297,7 @@ def plan_files(
     module = package.replace("-", "_") if package else "your_package"
     for path, what, text in (
         (WORKLOADS, "workloads to adapt", _template("workloads.py").replace("@@PACKAGE@@", module)),
-        (WORKFLOW, "CI workflow", workflow_text(branch, pin, installable)),
+        (WORKFLOW, "CI workflow", workflow_text(branch, pin, installable, database)),
         (COMMENT, "the workflow's pull request comment", _template("comment.py")),
         (HOOK, "GPU runner's pre-job hook", _template("memtrack-runner-hook.sh")),
     ):

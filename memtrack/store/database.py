@@ -782,6 +782,21 @@ class Store:
                 "different content; nothing written"
             )
 
+    # -- reading ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Reads that belong together (a whole check), on one snapshot where the engine has
+        a cost to do so: nothing here (SQLite answers each statement from the file, and a
+        lazy cursor is lazy already); a server's read-only transaction (ServerStore)."""
+        yield
+
+    def lazy_rows(self, sql: str, params: Any) -> Iterator[Any]:
+        """The rows of a query its caller stops reading early (a baseline walk), fetched as
+        they are read: SQLite's cursor is lazy itself; a server's, inside `reading`, is a
+        server-side cursor."""
+        return iter(self.conn.execute(sql, params))
+
     # -- whole tables (`memtrack db copy`) -------------------------------------------------
 
     def column_names(self, table: str) -> list[str]:

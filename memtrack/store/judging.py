@@ -67,14 +67,14 @@ def baseline_rows(
     but `candidate`, only those of `fingerprint` when given. `figures`: the measurement
     columns read besides the timing and samples every row has."""
     sql = _point_sql(figures, fingerprint is not None)
-    params = {
+    params: dict[str, Any] = {
         "branch": branch,
         "candidate": candidate,
         "case": case_id,
         "fp": fingerprint,
         "repo": store.scope,
     }
-    return store.conn.execute(sql, params)
+    return store.lazy_rows(sql, params)
 
 
 def commit_rows(
@@ -103,7 +103,7 @@ def base_runs(
     """The runs of `branch` on `fingerprint`, newest first, lazily, but those `excluding`:
     run_id, git_commit, git_committed_at, started_at."""
     left_out = sorted(excluding)
-    return store.conn.execute(
+    return store.lazy_rows(
         "select run_id, git_commit, git_committed_at, started_at from runs "
         f"where git_branch = ? and fingerprint = ? and {of_repository('runs')} "
         f"and run_id not in ({', '.join('?' for _ in left_out)}) "

@@ -285,6 +285,7 @@ class ServerStore(Store):
 
     url: ServerUrl
     pg: Connection
+    _cursors: int
 
     @classmethod
     def open_server(
@@ -292,7 +293,7 @@ class ServerStore(Store):
     ) -> ServerStore:
         conn = connect(url, readonly=readonly)
         store = cls(conn, url, readonly)  # type: ignore[arg-type]
-        store.url, store.pg = url, conn
+        store.url, store.pg, store._cursors = url, conn, 0
         try:
             store._prepare_server(create=create)
         except BaseException:
@@ -321,6 +322,8 @@ class ServerStore(Store):
 
     def _migrate(self) -> None:
         with self._writing():
+            # under the lock, the schema as it is now: another process may have just made it
+            self.pg.forget_catalog()
             self.check_schema(allow_pending=True)
             applied = self.applied_migrations()
             names = migrations.names()
@@ -359,6 +362,35 @@ class ServerStore(Store):
 
     def column_names(self, table: str) -> list[str]:
         return [name for name, _, _ in self.pg.catalog().get(table, [])]
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """One read-only transaction on one snapshot (REPEATABLE READ): a check sees one
+        moment of the history, and its lazy reads are server-side cursors in it."""
+        import psycopg
+
+        if self.pg.in_transaction:
+            yield
+            return
+        try:
+            self.pg.raw.execute("begin isolation level repeatable read read only")
+            yield
+        except psycopg.Error as exc:
+            raise self._fail(exc) from None
+        finally:
+            self._rollback()
+
+    def lazy_rows(self, sql: str, params: Any) -> Iterator[Any]:
+        """Inside `reading`, a server-side cursor: rows come 64 at a time as they are read,
+        and the server plans for the first ones (a baseline walk stops after a few dozen of
+        20,000); outside it, all rows at once."""
+        if not self.pg.in_transaction:
+            return iter(self.conn.execute(sql, params))
+        self._cursors += 1
+        cur = self.pg.raw.cursor(name=f"lazy_{self._cursors}", row_factory=_row_factory)
+        cur.itersize = 64
+        cur.execute(translate(sql), params)
+        return iter(cur)
 
     def table_rows(
         self, table: str, columns: list[str], key: str, batch: int = 5000
