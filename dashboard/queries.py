@@ -100,12 +100,13 @@ def table_columns(conn: sqlite3.Connection, name: str) -> set[str]:
     return {r[1] for r in conn.execute(f"pragma table_info({name})")}
 
 
-def _in_repository(conn: sqlite3.Connection, alias: str) -> str:
-    """SQL: ` and` the run `alias` is of the repository `:repo` (a `Store.scope`: with the
-    runs that record none); '' on a schema from before repositories were recorded."""
-    if "git_repository" not in table_columns(conn, "runs"):
+def _in_repository(conn: sqlite3.Connection, alias: str, scope: str) -> str:
+    """SQL: ` and` the run `alias` is of the repository `scope` (a `Store.scope`, bound to
+    `:repo`: with the runs that record none); '' for every repository, or on a schema from
+    before repositories were recorded."""
+    if scope == ALL_REPOSITORIES or "git_repository" not in table_columns(conn, "runs"):
         return ""
-    return f" and {of_repository(alias, ':repo')}"
+    return f" and {of_repository(scope, alias, ':repo')}"
 
 
 def write_stamp(conn: sqlite3.Connection) -> tuple[int, ...]:
@@ -199,7 +200,7 @@ def series(
     or 'estimate' (`memtrack estimate`'s figures, never part of a series).
     """
     params: dict[str, Any] = {"case": case_id, "limit": limit, "kind": kind, "repo": repository}
-    where = [w for w in [_in_repository(conn, "r")[len(" and ") :]] if w]
+    where = [w for w in [_in_repository(conn, "r", repository)[len(" and ") :]] if w]
     if "kind" in table_columns(conn, "measurements"):
         where.append("m.kind = :kind")
     elif kind != "measured":  # a schema from before estimates holds none
@@ -267,11 +268,12 @@ def latest_verdicts(
         return []
     # Verdicts are written as they are checked, so id order is check order, and the
     # case_id index (whose entries end in the rowid) walks it newest first without sorting.
+    scope = _in_repository(conn, "r", repository)
+    joined = "join runs r on r.run_id = v.run_id " if scope else ""
     rows = _dicts(
         conn.execute(
-            "select v.* from verdicts v join runs r on r.run_id = v.run_id "
-            "where v.case_id = :case and "
-            f"(v.threshold is not null or v.budget_bytes is not null){_in_repository(conn, 'r')} "
+            f"select v.* from verdicts v {joined}where v.case_id = :case and "
+            f"(v.threshold is not null or v.budget_bytes is not null){scope} "
             "order by v.id desc limit 200",
             {"case": case_id, "repo": repository},
         )
@@ -297,7 +299,7 @@ def recent_runs(
         "(select count(*) from measurements m where m.run_id = r.run_id "
         " and m.status != 'ok') as failed"
     )
-    scope = _in_repository(conn, "r")
+    scope = _in_repository(conn, "r", repository)
     params = {"branch": branch, "limit": limit, "repo": repository}
     if branch:
         cur = conn.execute(
@@ -330,7 +332,8 @@ def find_runs(
             "select run_id, started_at, git_commit, git_branch, git_subject, fingerprint from ("
             f" select * from runs where run_id {match} :p"
             f" union select * from runs where git_commit {match} :p"
-            f") u where true{_in_repository(conn, 'u')} order by started_at desc limit :n",
+            f") u where true{_in_repository(conn, 'u', repository)} "
+            "order by started_at desc limit :n",
             {"p": pattern, "n": limit, "repo": repository},
         )
     )

@@ -85,14 +85,16 @@ ALL_REPOSITORIES = "*"
 """`Store.repository` of a reader of every repository's runs (no identity is '*')."""
 
 
-def of_repository(runs: str = "r", mark: str = "?") -> str:
-    """SQL: the run (of table `runs` as `runs` names it) is of the store's repository, or of
-    none recorded (a run recorded before repositories were, or outside any); with `mark`
-    the placeholder of `Store.scope`: a repository, '' (runs that record none only) or '*'
-    (every run). Every read of a history goes through it: baselines, acceptances and a
-    branch's or a commit's runs never cross repositories."""
-    g = f"coalesce({runs}.git_repository, '')"
-    return f"{g} in ('', coalesce(nullif({mark}, '*'), {g}))"
+def of_repository(scope: str, runs: str = "r", mark: str = "?") -> str:
+    """SQL: the run (of table `runs` as `runs` names it) is of the repository `scope` (a
+    `Store.scope`), or of none recorded (a run recorded before repositories were, or
+    outside any); `mark` is the placeholder its caller binds to `scope`. For every
+    repository ('*') a condition that is true whatever the run (the planner drops it).
+    Every read of a history goes through it: baselines, acceptances and a branch's or a
+    commit's runs never cross repositories."""
+    if scope == ALL_REPOSITORIES:
+        return f"coalesce({mark}, '') = '*'"
+    return f"coalesce({runs}.git_repository, '') in ('', {mark})"
 
 
 class CheckedRun(Protocol):
@@ -445,6 +447,10 @@ class Store:
     def scope(self) -> str:
         """`repository` as `of_repository`'s placeholder takes it."""
         return self.repository or ""
+
+    def in_repository(self, runs: str = "r", mark: str = "?") -> str:
+        """`of_repository` of this store's scope: bind `mark` to `self.scope`."""
+        return of_repository(self.scope, runs, mark)
 
     @classmethod
     def open(
@@ -846,7 +852,7 @@ class Store:
         )
         if not named:
             branch = self.conn.execute(
-                f"select run_id from runs where git_branch = ? and {of_repository('runs')} "
+                f"select run_id from runs where git_branch = ? and {self.in_repository('runs')} "
                 "order by started_at desc limit ?",
                 [text, self.scope, limit],
             ).fetchall()
@@ -858,7 +864,7 @@ class Store:
             r[0]
             for r in self.conn.execute(
                 "select distinct git_commit from runs where substr(git_commit, 1, ?) = ? "
-                f"and {of_repository('runs')} limit 2",
+                f"and {self.in_repository('runs')} limit 2",
                 [len(text), text.lower(), self.scope],
             )
         }
@@ -992,12 +998,12 @@ class Store:
             only = MEASURED_RUN if measured else ""
             rows = self.conn.execute(
                 f"select run_id from runs where substr(git_commit, 1, ?) = ? {only} "
-                f"and {of_repository('runs')} order by started_at desc limit ?",
+                f"and {self.in_repository('runs')} order by started_at desc limit ?",
                 [len(commit), commit.lower(), self.scope, limit],
             )
         else:
             rows = self.conn.execute(
-                f"select run_id from runs where {of_repository('runs')} "
+                f"select run_id from runs where {self.in_repository('runs')} "
                 "order by started_at desc limit ?",
                 [self.scope, limit],
             )
@@ -1012,7 +1018,7 @@ class Store:
             "r.fingerprint from measurements m join runs r on r.run_id = m.run_id "
             "where (m.case_id = :p or substr(m.case_id, 1, :n1) = :p || '[') "
             "and m.kind = 'measured' "  # an estimate is no point of a series
-            f"and {of_repository('r', ':repo')} "
+            f"and {self.in_repository('r', ':repo')} "
         )
         if branch:
             sql += "and r.git_branch = :b "
@@ -1059,7 +1065,7 @@ class Store:
         runs = conn.execute(
             "select run_id, git_commit, started_at from runs where run_id in "
             "(select run_id from measurements where kind = 'estimate') "
-            f"and {of_repository('runs')} "
+            f"and {self.in_repository('runs')} "
             "order by case when git_commit = ? then 1 else 0 end desc, started_at desc",
             [self.scope, commit],
         )
@@ -1109,7 +1115,7 @@ class Store:
             "m.peak_allocated_bytes, m.unattributed_bytes, e.gpus from measurements m "
             "join runs r on r.run_id = m.run_id left join environments e on e.env_id = r.env_id "
             "where m.case_id = ? and m.kind = 'measured' and m.status = 'ok' and m.device = ? "
-            f"and m.peak_allocated_bytes is not null and {of_repository()} "
+            f"and m.peak_allocated_bytes is not null and {self.in_repository()} "
             "order by r.started_at desc, m.id desc",
             [case_id, device, self.scope],
         )

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from memtrack.records import metrics
-from memtrack.store.database import MEASURED_RUN, Store, of_repository
+from memtrack.store.database import MEASURED_RUN, Store
 
 
 class Row(Protocol):
@@ -36,7 +36,9 @@ _OF_COMMIT = "r.git_commit = :commit"
 
 
 @functools.cache
-def _point_sql(figures: tuple[str, ...], same_env: bool, runs: str = _ON_BRANCH) -> str:
+def _point_sql(
+    figures: tuple[str, ...], same_env: bool, in_repository: str, runs: str = _ON_BRANCH
+) -> str:
     fingerprint = "and r.fingerprint = :fp" if same_env else ""
     return f"""
 select r.run_id, r.git_commit, r.started_at, r.git_committed_at, r.env_id, r.fingerprint,
@@ -45,7 +47,7 @@ select r.run_id, r.git_commit, r.started_at, r.git_committed_at, r.env_id, r.fin
        m.timing_runnable, m.timing_cores, m.timing_steal,
        {", ".join("m." + c for c in figures)}
 from runs r cross join measurements m
-where {runs} {fingerprint} and {of_repository("r", ":repo")}
+where {runs} {fingerprint} and {in_repository}
   and m.case_id = :case and m.run_id = r.run_id and m.kind = 'measured'
 order by r.started_at desc
 """
@@ -66,7 +68,7 @@ def baseline_rows(
     """A case's measured rows on `branch` with their run, newest first, lazily: every run
     but `candidate`, only those of `fingerprint` when given. `figures`: the measurement
     columns read besides the timing and samples every row has."""
-    sql = _point_sql(figures, fingerprint is not None)
+    sql = _point_sql(figures, fingerprint is not None, store.in_repository("r", ":repo"))
     params: dict[str, Any] = {
         "branch": branch,
         "candidate": candidate,
@@ -82,7 +84,7 @@ def commit_rows(
 ) -> list[sqlite3.Row]:
     """A case's measured rows of one commit on `fingerprint`, whatever their branch, newest
     first (what `memtrack bisect` reuses): the columns of `baseline_rows`."""
-    sql = _point_sql(figures, True, _OF_COMMIT)
+    sql = _point_sql(figures, True, store.in_repository("r", ":repo"), _OF_COMMIT)
     return store.conn.execute(
         sql, {"commit": commit, "case": case_id, "fp": fingerprint, "repo": store.scope}
     ).fetchall()
@@ -91,7 +93,8 @@ def commit_rows(
 def commit_time(store: Store, commit: str) -> str | None:
     """The commit time recorded for `commit` (a merge-base git does not know), or None."""
     row = store.conn.execute(
-        f"select max(git_committed_at) from runs where git_commit = ? and {of_repository('runs')}",
+        "select max(git_committed_at) from runs where git_commit = ? "
+        f"and {store.in_repository('runs')}",
         [commit, store.scope],
     ).fetchone()
     return row[0] if row else None
@@ -105,7 +108,7 @@ def base_runs(
     left_out = sorted(excluding)
     return store.lazy_rows(
         "select run_id, git_commit, git_committed_at, started_at from runs "
-        f"where git_branch = ? and fingerprint = ? and {of_repository('runs')} "
+        f"where git_branch = ? and fingerprint = ? and {store.in_repository('runs')} "
         f"and run_id not in ({', '.join('?' for _ in left_out)}) "
         "order by started_at desc",
         [branch, fingerprint, store.scope, *left_out],
@@ -149,7 +152,7 @@ def shard_runs(store: Store, commit: str, fingerprint: str, total: str) -> list[
     run_id, shard."""
     return store.conn.execute(
         "select run_id, shard from runs where git_commit = ? and fingerprint = ? "
-        f"and shard like ? and {of_repository('runs')} order by started_at desc",
+        f"and shard like ? and {store.in_repository('runs')} order by started_at desc",
         [commit, fingerprint, f"%/{total}", store.scope],
     ).fetchall()
 
@@ -192,7 +195,9 @@ def base_regressions(
     `until` when given. The verdict's figures, and its run's commit, subject, start and
     fingerprint."""
     more = " and r.fingerprint = :fp" if fingerprint else ""
-    sql = _OPEN_SQL.format(more=more + _before(until), in_repository=of_repository("r", ":repo"))
+    sql = _OPEN_SQL.format(
+        more=more + _before(until), in_repository=store.in_repository("r", ":repo")
+    )
     params = {
         "case": case_id,
         "branch": branch,
@@ -222,7 +227,7 @@ def back_within(
         f"and m.case_id = :case where r.git_branch = :branch and r.started_at > :t "
         f"and r.fingerprint is :fp and m.kind = 'measured' and m.status = 'ok' "
         f"and m.{column} <= :threshold{_before(until)} "
-        f"and {of_repository('r', ':repo')} limit 1",
+        f"and {store.in_repository('r', ':repo')} limit 1",
         {
             "case": case_id,
             "branch": branch,
@@ -245,7 +250,7 @@ def accepted_after(
         "select 1 from verdicts v cross join runs r on r.run_id = v.run_id "
         "where v.context = 'base' and v.case_id = :case and v.metric = :metric "
         f"and v.kind = 'accepted' and r.git_branch = :branch and r.started_at > :t"
-        f"{_before(until)} and {of_repository('r', ':repo')} limit 1",
+        f"{_before(until)} and {store.in_repository('r', ':repo')} limit 1",
         {
             "case": case_id,
             "metric": metric,
@@ -273,7 +278,7 @@ def accepted_at(
         "select v.accepted_reason, v.message from runs r cross join verdicts v "
         "on v.run_id = r.run_id where r.git_commit = ? and r.git_branch = ? "
         "and r.fingerprint = ? and v.case_id = ? and v.metric = ? "
-        f"and v.context = 'base' and v.kind = 'accepted' and {of_repository()} limit 1",
+        f"and v.context = 'base' and v.kind = 'accepted' and {store.in_repository()} limit 1",
         [commit, branch, fingerprint, case_id, metric, store.scope],
     ).fetchone()
     return row
@@ -283,7 +288,7 @@ def newest_fingerprint(store: Store, branch: str) -> str | None:
     """The environment of the newest run of `branch` that measured something."""
     row = store.conn.execute(
         f"select fingerprint from runs where git_branch = ? {MEASURED_RUN} "
-        f"and {of_repository('runs')} order by started_at desc limit 1",
+        f"and {store.in_repository('runs')} order by started_at desc limit 1",
         [branch, store.scope],
     ).fetchone()
     return None if row is None else row[0]
@@ -293,8 +298,8 @@ def newest_env_ids(store: Store, branch: str) -> dict[str, str]:
     """Each fingerprint of `branch`'s runs -> the env_id of its newest run."""
     out: dict[str, str] = {}
     for fp, env_id in store.conn.execute(
-        f"select fingerprint, env_id from runs where git_branch = ? and {of_repository('runs')} "
-        "order by started_at desc",
+        "select fingerprint, env_id from runs where git_branch = ? "
+        f"and {store.in_repository('runs')} order by started_at desc",
         [branch, store.scope],
     ):
         if fp not in out and env_id:
@@ -306,7 +311,7 @@ def other_env_runs(store: Store, branch: str, fingerprint: str) -> int:
     """How many runs of `branch` are of another environment than `fingerprint`."""
     row = store.conn.execute(
         "select count(*) from runs where git_branch = ? and fingerprint != ? "
-        f"and {of_repository('runs')}",
+        f"and {store.in_repository('runs')}",
         [branch, fingerprint, store.scope],
     ).fetchone()
     return int(row[0])
@@ -321,7 +326,7 @@ def series_rows(store: Store, branch: str, fingerprint: str, limit: int) -> list
         "m.allocated_samples, "
         f"{', '.join('m.' + c for c in metrics.COLUMNS.values())} "
         f"from (select * from runs where git_branch = ? and fingerprint = ? {MEASURED_RUN} "
-        f"      and {of_repository('runs')} order by started_at desc limit ?) r "
+        f"      and {store.in_repository('runs')} order by started_at desc limit ?) r "
         "join measurements m on m.run_id = r.run_id where m.status = 'ok' "
         "and m.kind = 'measured'",
         [branch, fingerprint, store.scope, limit],

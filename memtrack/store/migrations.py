@@ -320,6 +320,12 @@ def m019_repository(db: sqlite_utils.Database) -> None:
     db.execute("create index idx_runs_repository on runs (git_repository, git_branch, started_at)")
 
 
+def m020_verdicts_newest(db: sqlite_utils.Database) -> None:
+    """A case's verdicts newest first by an index: SQLite's case_id index ends in the rowid,
+    so it has that order already; a server's sorts every verdict of the case without it."""
+    db.execute("create index idx_verdicts_case_newest on verdicts (case_id, id)")
+
+
 STEPS = (
     m001_initial,
     m002_verdicts,
@@ -340,6 +346,7 @@ STEPS = (
     m017_estimate_scratch,
     m018_test_budgets,
     m019_repository,
+    m020_verdicts_newest,
 )
 
 
