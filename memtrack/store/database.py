@@ -165,9 +165,10 @@ def _chunks(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
 # -- failures, in plain words --------------------------------------------------------------
 
 
-def _out_of_space(path: Path) -> bool:
+def _out_of_space(path: Path, needs: int = 0) -> bool:
     """Whether a failed write at `path` ran out of room: a nearly full file system, or a file
-    at the process's file size limit (RLIMIT_FSIZE; such writes fail with EFBIG)."""
+    at the process's file size limit (RLIMIT_FSIZE; such writes fail with EFBIG), or one
+    that was to grow to `needs` bytes past it (SQLite sizes a backup's copy at once)."""
     import resource
     import shutil
 
@@ -179,6 +180,8 @@ def _out_of_space(path: Path) -> bool:
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     if limit == resource.RLIM_INFINITY:
         return False
+    if needs + 2**16 >= limit:
+        return True
     for suffix in ("", "-wal", "-journal"):
         try:
             if Path(f"{path}{suffix}").stat().st_size + 2**16 >= limit:
@@ -198,7 +201,7 @@ _OS_WORDS = {
 }
 
 
-def describe_failure(exc: BaseException, path: Path | None) -> str:
+def describe_failure(exc: BaseException, path: Path | None, needs: int = 0) -> str:
     """An SQLite or OS error as one line in plain words, naming the file when known."""
     if isinstance(exc, OSError):
         where = exc.filename or path
@@ -209,7 +212,7 @@ def describe_failure(exc: BaseException, path: Path | None) -> str:
     if name == "SQLITE_FULL" or "database or disk is full" in text:
         words = "disk full"
     elif name.startswith("SQLITE_IOERR") or "disk I/O error" in text:
-        words = "disk full" if path is not None and _out_of_space(path) else text
+        words = "disk full" if path is not None and _out_of_space(path, needs) else text
         words += f" ({text})" if words != text else ""
     elif name.startswith("SQLITE_READONLY") or "readonly database" in text:
         words = f"read-only database, cannot write ({text})"

@@ -110,7 +110,9 @@ def backup(db: Path, dest: Path, *, overwrite: bool = False) -> BackupResult:
         except sqlite3.Error as exc:
             # Which side failed: a read error names the database, a write error the copy.
             failed = db if "malformed" in str(exc) or "not a database" in str(exc) else tmp
-            words = describe_failure(exc, failed).replace(str(tmp), str(target))
+            size = sum(p.stat().st_size for p in (db, db.with_name(db.name + "-wal")) if p.exists())
+            words = describe_failure(exc, failed, size if failed == tmp else 0)
+            words = words.replace(str(tmp), str(target))
             raise StoreError(f"{words}; no copy left behind") from None
         finally:
             copy.close()
