@@ -424,3 +424,29 @@ def test_a_test_over_its_budget_names_the_module_path_that_made_the_peak(pyteste
     # the first module the test ran is the root: its children by their paths in it
     assert re.search(r"by module:\n +8\.00 MiB  layers\.0\n +8\.00 MiB  layers\.1\n", out), out
     assert re.search(r"16\.00 MiB  test_model\.py:forward:9\n", out), out
+
+
+def test_a_training_tests_peak_is_put_on_the_forward_that_made_its_saved_activations(
+    pytester, project
+):
+    # A model from an installed package (torch's own layers), so the test's lines are the
+    # innermost own frames: its forward line makes the activations backward needs, its
+    # backward line the gradients. At the step's peak the activations hold most of it.
+    (project / "test_train.py").write_text(
+        "import pytest\nimport torch\n\n\n"
+        '@pytest.mark.memory_budget("1 MiB")\n'
+        "def test_train():\n"
+        "    torch.manual_seed(0)\n"
+        "    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])\n"
+        "    x = torch.randn(16384, 64)\n"
+        "    out = model(x)\n"  # line 10
+        "    out.square().mean().backward()\n"  # line 11
+    )
+    commit_all(project, "a training test")
+    result = _pytest(pytester, "-q", "--memtrack", "test_train.py")
+    result.assert_outcomes(failed=1)
+    # the failure's sites: the peak on the forward's line, not on backward()'s
+    (line,) = [x for x in result.outlines if "test_train.py:test_train:" in x]
+    assert line.split()[-1] == "test_train.py:test_train:10", line
+    held = float(line.split()[0])
+    assert line.split()[1] == "MiB" and held >= 40  # of a 52 MiB peak

@@ -60,12 +60,17 @@ class SiteMode(TorchDispatchMode):
         self.root = root
         self.local = threading.local()
         self.lock = threading.Lock()
-        self.live: dict[int, tuple[int, str, str, str]] = {}
-        """A live storage's finalizer key -> (bytes, module, source, their pair)."""
+        self.live: dict[int, tuple[int, str, str, str, int | None]] = {}
+        """A live storage's finalizer key -> (bytes, module, source, their pair, line)."""
         self.by_module: dict[str, int] = {}
         self.by_source: dict[str, int] = {}
         self.by_pair: dict[str, int] = {}
         self.lines: dict[str, dict[int, int]] = {}
+        """Per source site, the bytes alive that each of its lines allocated."""
+        self.peak_lines: dict[str, dict[int, int]] = {}
+        """`lines` at the pass's peak: a site's line is the one holding most of the peak
+        (the forward that made a step's saved activations, not the backward that frees
+        them), not the one that allocated most over the iteration."""
         self.total = 0
         self.peak = -1
         self.peak_groups: tuple[dict[str, int], ...] = ({}, {}, {})
@@ -137,7 +142,7 @@ class SiteMode(TorchDispatchMode):
             key = self._next
             self._next += 1
             pair = pair_key(module, source)
-            self.live[key] = (nbytes, module, source, pair)
+            self.live[key] = (nbytes, module, source, pair, line)
             self.by_module[module] = self.by_module.get(module, 0) + nbytes
             self.by_source[source] = self.by_source.get(source, 0) + nbytes
             self.by_pair[pair] = self.by_pair.get(pair, 0) + nbytes
@@ -152,6 +157,7 @@ class SiteMode(TorchDispatchMode):
                     dict(self.by_source),
                     dict(self.by_pair),
                 )
+                self.peak_lines = {s: dict(at) for s, at in self.lines.items()}
         weakref.finalize(owner, self._free, key)
 
     def _free(self, key: int) -> None:
@@ -159,10 +165,12 @@ class SiteMode(TorchDispatchMode):
             found = self.live.pop(key, None)
             if found is None:
                 return
-            nbytes, module, source, pair = found
+            nbytes, module, source, pair, line = found
             self.by_module[module] -= nbytes
             self.by_source[source] -= nbytes
             self.by_pair[pair] -= nbytes
+            if line is not None:
+                self.lines[source][line] -= nbytes
             self.total -= nbytes
 
     def close(self) -> None:
@@ -257,7 +265,7 @@ def sites(
         kept = [kv for i, kv in enumerate(ranked) if i < top or (i < upto and kv[1] >= least)]
         for key, nbytes in kept:
             source = pair_parts(key)[1] if grouping == PAIR else key
-            lines = mode.lines.get(source) if grouping != MODULE else None
+            lines = mode.peak_lines.get(source) if grouping != MODULE else None
             line = max(lines, key=lines.__getitem__) if lines else None
             out.append(Site(grouping, key, nbytes, line))
         rest = sum(v for _, v in ranked[len(kept) :])
