@@ -316,13 +316,25 @@ def test_a_history_moves_to_postgres_and_back_row_for_row(pg_url: str, tmp_path:
     assert again.returncode == 2 and "holds a history already" in again.stderr  # never merged
     _no_secret(there.stdout + again.stderr + home.stdout)
 
+    # a backup of the server is an SQLite file of the same history; an export its records
+    snapshots = tmp_path / "snapshots"
+    snapshots.mkdir()
+    saved = _memtrack("backup", str(snapshots), cwd=tmp_path, url=pg_url)
+    assert saved.returncode == 0, saved.stderr
+    assert saved.stdout.startswith("20 run(s), ")
+    (snapshot,) = snapshots.iterdir()
+    exported = _memtrack("export", str(tmp_path / "records"), cwd=tmp_path, url=pg_url)
+    assert exported.returncode == 0, exported.stderr
+    assert len(list((tmp_path / "records").glob("*.json"))) == 20
+    _no_secret(saved.stdout + saved.stderr + exported.stdout + exported.stderr)
+
     reports = []
-    for db in (str(story["db"]), pg_url, str(back)):
+    for db in (str(story["db"]), pg_url, str(back), str(snapshot)):
         out = tmp_path / f"history-{len(reports)}.json"
         done = _memtrack("check", "--history", "--json", str(out), cwd=story["repo"], url=db)
         assert done.returncode in (0, 1), done.stderr  # 1: the story's creep is flagged
         reports.append((done.returncode, out.read_text()))
-    assert reports[0] == reports[1] == reports[2]
+    assert reports[0] == reports[1] == reports[2] == reports[3]
     import sqlite3
 
     def rows(path: Path) -> list[tuple]:

@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from memtrack.commands.options import config_option, db_option, resolve
-from memtrack.errors import StoreError
 from memtrack.store import maintenance
 from memtrack.store.opening import open_store
 from memtrack.store.url import ServerUrl
@@ -22,15 +21,16 @@ from memtrack.units import format_size
 def backup(dest: Path, config_path: Path | None, db_path: Path | None, overwrite: bool) -> None:
     """Copy the database to DEST (a file, or a directory for a time-stamped name).
 
-    The copy is one consistent snapshot, safe to take while a run is being recorded.
+    The copy is one consistent snapshot, safe to take while a run is being recorded. A
+    server's database (postgresql://) is copied into an SQLite file, verified row for row:
+    a snapshot anyone can open with `memtrack dashboard --db FILE`.
     """
     _, db = resolve(config_path, db_path)
     if isinstance(db, ServerUrl):
-        raise StoreError(
-            f"{db}: `memtrack backup` copies an SQLite file; back a server's database up with "
-            "its own tools (pg_dump)"
-        )
-    result = maintenance.backup(db, dest, overwrite=overwrite)
+        with open_store(db, readonly=True) as source:
+            result = maintenance.backup_server(source, dest, overwrite=overwrite)
+    else:
+        result = maintenance.backup(db, dest, overwrite=overwrite)
     size = format_size(result.size_bytes)
     click.echo(f"{result.runs} run(s), {size}, backed up to {result.path}")
 

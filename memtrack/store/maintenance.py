@@ -206,9 +206,17 @@ def copy_history(src: Store, dst: Store, *, batch: int = 5000) -> CopyResult:
         if missing:
             raise StoreError(f"{dst.path}: table {table} lacks columns {', '.join(missing)}")
         plan.append((table, key, columns))
-    dst.insert_tables(
-        (table, columns, src.table_rows(table, columns, key, batch)) for table, key, columns in plan
-    )
+    with src.reading():  # one snapshot of a server's history, however many write meanwhile
+        dst.insert_tables(
+            (table, columns, src.table_rows(table, columns, key, batch))
+            for table, key, columns in plan
+        )
+        return CopyResult(_verified(src, dst, plan, batch))
+
+
+def _verified(src: Store, dst: Store, plan: list[tuple[str, str, list[str]]], batch: int) -> dict:
+    """Each table of `plan` read from both sides in key order, row for row: its rows counted;
+    StoreError at the first difference."""
     counts = {}
     for table, key, columns in plan:
         n = 0
@@ -222,7 +230,37 @@ def copy_history(src: Store, dst: Store, *, batch: int = 5000) -> CopyResult:
                     f"source's ({_first_difference(columns, a, b)})"
                 )
         counts[table] = n
-    return CopyResult(counts)
+    return counts
+
+
+def backup_server(src: Store, dest: Path, *, overwrite: bool = False) -> BackupResult:
+    """A server's history as an SQLite file at `dest` (or `dest/memtrack-<UTC time>.db`):
+    one snapshot of it, copied and verified row for row (`copy_history`) into a file of
+    its own beside the target, which replaces the target only once whole. StoreError."""
+    from memtrack.store.opening import open_store
+
+    target = backup_path(Path("memtrack.db"), Path(dest))
+    if target.exists() and not overwrite:
+        raise StoreError(f"{target}: already exists (choose another name, or overwrite it)")
+    if not target.parent.is_dir():
+        raise StoreError(f"{target.parent}: no such directory")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    leftovers = [tmp, *(tmp.with_name(tmp.name + s) for s in ("-journal", "-wal", "-shm"))]
+    try:
+        for leftover in leftovers:
+            leftover.unlink(missing_ok=True)
+        with open_store(tmp) as copy:
+            done = copy_history(src, copy)
+        one = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            one.execute("PRAGMA journal_mode=delete")  # one file, no -wal/-shm beside it
+        finally:
+            one.close()
+        tmp.replace(target)
+    finally:
+        for leftover in leftovers:
+            leftover.unlink(missing_ok=True)
+    return BackupResult(path=target, runs=done.rows["runs"], size_bytes=target.stat().st_size)
 
 
 def _first_difference(columns: list[str], a: tuple | None, b: tuple | None) -> str:
