@@ -141,6 +141,7 @@ def check(
     Exit status: 0 nothing blocks, 1 something blocks, 2 a usage, config or data error.
     With GITHUB_STEP_SUMMARY set, a compact Markdown summary is appended there.
     """
+    from memtrack.store.database import ALL_REPOSITORIES
     from memtrack.store.opening import open_store
     from memtrack.store.url import present
 
@@ -157,7 +158,8 @@ def check(
     _output("--json", json_path)
     if not present(db):
         raise StoreError(f"{db}: no such database (record a run with `memtrack run`)")
-    here = repository_of(config)
+    # the working tree's repository, where runs are found by branch or commit (not by id)
+    here = repository_of(config) if history or not run_id else ALL_REPOSITORIES
     with open_store(db, readonly=history or no_record, create=False, repository=here) as store:
         if history:
             shown = _history(store, config, base_branch, patterns, history_anchor)

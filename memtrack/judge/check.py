@@ -469,7 +469,7 @@ def check(
     root = root or config.root
     scope = store.repository
     try:
-        if scope == ALL_REPOSITORIES:  # the candidate is found in the working tree's
+        if scope == ALL_REPOSITORIES and not run_id:  # found by commit: in the working tree's
             store.repository = repository_identity(root, config.repository)
         with store.reading():  # one snapshot of the history
             run = find_candidate(store, run_id=run_id, commit=commit, root=root)
