@@ -90,6 +90,50 @@ def test_a_database_is_a_path_an_sqlite_url_or_a_server_url() -> None:
         assert words in str(caught.value) and "hunter2pass" not in str(caught.value)
 
 
+def test_a_password_a_url_parser_would_split_is_refused_and_never_shown() -> None:
+    # an unencoded '/' or '?' ends a URL's authority: a parser then finds no password, and
+    # what reads as a host and a port would be shown whole
+    for url in ("postgresql://u:ab/cd@host/db", "postgresql://u:99/secretpw@host/db"):
+        with pytest.raises(ConfigError) as caught:
+            parse_database(url, "--db")
+        assert "percent-encode" in str(caught.value)
+        assert "cd@" not in str(caught.value) and "secretpw" not in str(caught.value)
+    # a driver may quote the password as written, decoded or encoded: none is shown
+    url = parse_database("postgresql://u:x%41yz%ZZ@h/db", "--db")
+    assert isinstance(url, ServerUrl)
+    assert url.redact('invalid token "x%41yz%ZZ", xAyz%ZZ') == 'invalid token "***", ***'
+
+
+def test_the_store_sql_is_translated_outside_literals_and_comments_only() -> None:
+    from memtrack.store.server import translate
+
+    assert translate("select 'a%', ?") == "select 'a%%', %s"
+    assert translate("select 1 where x = 'this is %' and y is ?") == (
+        "select 1 where x = 'this is %%' and y is not distinct from %s"
+    )
+    assert translate("select 'a [b] c', [c] from t -- a ? here") == (
+        "select 'a [b] c', \"c\" from t -- a ? here"
+    )
+    assert translate("select x::text from t where a = :a") == (
+        "select x::text from t where a = %(a)s"
+    )
+    assert translate("insert or ignore into t (a) values (?);") == (
+        "insert into t (a) values (%s) on conflict do nothing"
+    )
+    assert translate("select 1 from a cross join t as r on r.x = a.x") == (
+        "select 1 from a join t as r on r.x = a.x"
+    )
+
+
+def test_a_write_inside_a_read_snapshot_is_refused_and_the_snapshot_kept(pg_url: str) -> None:
+    with open_store(parse_database(pg_url, "url")) as store:
+        with store.reading():
+            with pytest.raises(StoreError, match="a write inside a read"):
+                store.write_run(make_run([make_measurement()]))
+            assert store.conn.execute("select count(*) from runs").fetchone()[0] == 0
+            assert store.pg.in_transaction  # type: ignore[attr-defined]
+
+
 def test_a_bad_database_url_is_one_line_and_exit_2_without_its_password(tmp_path: Path) -> None:
     done = _memtrack("check", "--db", "mysql://ci:hunter2pass@h/perf", cwd=tmp_path)
     assert done.returncode == 2

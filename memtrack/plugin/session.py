@@ -36,10 +36,10 @@ class Recorder:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         option = self.config.option
         config_path = Path(option.memtrack_config) if option.memtrack_config else None
-        db_path = (
-            parse_database(option.memtrack_db, "--memtrack-db") if option.memtrack_db else None
-        )
         try:
+            db_path = (
+                parse_database(option.memtrack_db, "--memtrack-db") if option.memtrack_db else None
+            )
             self.mt_config, self.db = resolve(config_path, db_path, writes=True)
             self.git = provenance.git_info(
                 self.mt_config.root,

@@ -1158,9 +1158,10 @@ class Store:
         out: dict[str, tuple[str, dict[str, Any]]] = {}
         for case in case_ids:
             row = self.conn.execute(
-                "select workload, params from measurements where case_id = ? "
-                "and kind = 'measured' order by id desc limit 1",
-                [case],
+                "select m.workload, m.params from measurements m join runs r "
+                "on r.run_id = m.run_id where m.case_id = ? and m.kind = 'measured' "
+                f"and {self.in_repository()} order by m.id desc limit 1",
+                [case, self.scope],
             ).fetchone()
             try:
                 params = json.loads(row["params"]) if row else None

@@ -32,13 +32,15 @@ from typing import Any
 
 from memtrack.errors import StoreError
 from memtrack.store import migrations
-from memtrack.store.database import Store, damaged, expected_schema
+from memtrack.store.database import BUSY_TIMEOUT_S, Store, damaged, expected_schema
 from memtrack.store.url import ServerUrl
 
 LOCK_KEY = 0x6D656D74  # "memt": the advisory lock every writer of a memtrack database takes
 MIGRATIONS_TABLE = "memtrack_migrations"
 CONNECT_TIMEOUT_S = 10
-_TOKENS = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|\?|:[A-Za-z_]\w*|%|[^'\"?:%]+|.", re.S)
+_TOKENS = re.compile(
+    r"'(?:[^']|'')*'|\"[^\"]*\"|--[^\n]*|::|\?|:[A-Za-z_]\w*|%|[^'\"?:%-]+|.", re.S
+)
 
 
 # -- the dialect ---------------------------------------------------------------------------
@@ -46,30 +48,36 @@ _TOKENS = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|\?|:[A-Za-z_]\w*|%|[^'\"?:%]+|.
 
 @functools.lru_cache(maxsize=512)
 def translate(sql: str) -> str:
-    """An SQL statement of the store, as PostgreSQL (psycopg's placeholders) reads it."""
+    """An SQL statement of the store, as PostgreSQL (psycopg's placeholders) reads it. String
+    literals, quoted names and comments are kept as they are (a '%' in them doubled, as
+    psycopg reads every '%'); the rewrites apply to the rest only."""
+    kept: list[str] = []
     out = []
     for token in _TOKENS.findall(sql):
-        if token == "?":
+        if token.startswith(("'", '"', "--")):
+            kept.append(token.replace("%", "%%"))
+            out.append(f"\x00{len(kept) - 1}\x00")
+        elif token == "?":
             out.append("%s")
-        elif token.startswith(":") and len(token) > 1:
+        elif token.startswith(":") and len(token) > 1 and token != "::":
             out.append(f"%({token[1:]})s")
         elif token == "%":
             out.append("%%")
-        elif token.startswith("["):
-            out.append(token)
         else:
             out.append(token)
     text = "".join(out)
     text = re.sub(r"\[(\w+)\]", r'"\1"', text)  # sqlite-utils' quoting
     if re.match(r"\s*insert\s+or\s+ignore\s+", text, re.I):
         text = re.sub(r"^\s*insert\s+or\s+ignore\s+", "insert ", text, flags=re.I)
-        text += " on conflict do nothing"
+        text = re.sub(r"\s*;?\s*\Z", " on conflict do nothing", text, count=1)
     text = re.sub(r"\bis\s+(?=%)", "is not distinct from ", text, flags=re.I)
     # SQLite's planner hint (a unary + keeps an index out of a condition) is no operator of
     # PostgreSQL's on text
     text = re.sub(r"(?<=[\s(])\+(?=\w+\.\w+)", "", text)
-    text = re.sub(r"\bcross\s+join\s+(\w+(?:\s+\w+)?)\s+on\b", r"join \1 on", text, flags=re.I)
-    return text
+    text = re.sub(
+        r"\bcross\s+join\s+(\w+(?:\s+(?:as\s+)?\w+)?)\s+on\b", r"join \1 on", text, flags=re.I
+    )
+    return re.sub("\x00(\\d+)\x00", lambda m: kept[int(m.group(1))], text)
 
 
 class Row:
@@ -146,7 +154,9 @@ class Connection:
     def execute(self, sql: str, params: Any = ()) -> Any:
         verb = sql.strip().upper()
         if verb in ("BEGIN IMMEDIATE", "BEGIN EXCLUSIVE"):
+            # the writers' lock, waited for as long as SQLite waits out another writer
             cur = self.raw.execute("begin")
+            cur.execute(f"set local lock_timeout = '{int(BUSY_TIMEOUT_S * 1000)}ms'")
             cur.execute("select pg_advisory_xact_lock(%s)", [LOCK_KEY])
             return cur
         cur = self.raw.cursor(row_factory=_row_factory)
@@ -279,6 +289,16 @@ def schema_statements(applied: int = 0) -> list[str]:
 
 # -- the store -----------------------------------------------------------------------------
 
+_WRITTEN = (
+    "environments",
+    "runs",
+    "measurements",
+    "device_measurements",
+    "rank_measurements",
+    "verdicts",
+)
+"""The tables a run or a check writes."""
+
 
 class ServerStore(Store):
     """A memtrack database on a PostgreSQL server. Open it with `open_store(url)`."""
@@ -295,7 +315,7 @@ class ServerStore(Store):
         store = cls(conn, url, readonly)  # type: ignore[arg-type]
         store.url, store.pg, store._cursors = url, conn, 0
         try:
-            store._prepare_server(create=create)
+            store._prepare_server(create=create, older=older)
         except BaseException:
             conn.close()
             raise
@@ -304,11 +324,14 @@ class ServerStore(Store):
     def _fail(self, exc: BaseException) -> StoreError:
         return StoreError(describe(exc, self.url))
 
-    def _prepare_server(self, *, create: bool) -> None:
+    def _prepare_server(self, *, create: bool, older: bool = False) -> None:
         import psycopg
 
         try:
             applied = self.applied_migrations()
+            if self.readonly and older and applied:  # an older schema read as it is
+                self.check_schema(allow_pending=True)
+                return
             if not applied and (self.readonly or not create):
                 self.check_schema()  # a foreign schema, or an empty database, said
             if not self.readonly and set(migrations.names()) - applied:
@@ -472,7 +495,10 @@ class ServerStore(Store):
         import psycopg
 
         try:
-            for table in ("runs", "measurements", "environments", "verdicts"):
+            (read_only,) = self.pg.raw.execute("show transaction_read_only").fetchone()
+            if read_only == "on":
+                raise StoreError(f"{self.url}: the server takes no writes (read-only)")
+            for table in _WRITTEN:
                 row = self.conn.execute(
                     "select has_table_privilege(?, 'INSERT')", [table]
                 ).fetchone()
@@ -490,10 +516,18 @@ class ServerStore(Store):
 
         if self.readonly:
             raise StoreError(f"{self.url}: {refused}")
+        if self.pg.in_transaction:  # a write inside `reading` would end its snapshot
+            raise StoreError(f"{self.url}: a write inside a read of the history; nothing written")
         try:
             self.conn.execute("BEGIN IMMEDIATE")
             yield
             self.conn.execute("COMMIT")
+        except psycopg.errors.LockNotAvailable:
+            self._rollback()
+            raise StoreError(
+                f"{self.url}: another writer held the database for {BUSY_TIMEOUT_S:g} s; "
+                "nothing written"
+            ) from None
         except psycopg.Error as exc:
             self._rollback()
             raise self._fail(exc) from None

@@ -39,19 +39,23 @@ class ServerUrl:
 
     @property
     def password(self) -> str | None:
-        parts = urllib.parse.urlsplit(self.url)
-        query = urllib.parse.parse_qs(parts.query)
-        if "password" in query:
-            return query["password"][-1]
-        return urllib.parse.unquote(parts.password) if parts.password else None
+        """The password as written in the URL (user part, else a `password=` parameter)."""
+        written = _written_password(self.url)
+        if written:
+            return written
+        query = re.search(r"[?&]password=([^&]*)", self.url)
+        return query.group(1) if query and query.group(1) else None
 
     def redact(self, text: str) -> str:
-        """`text` with this URL's password (as given, and percent-encoded) written `***`."""
+        """`text` with this URL's password written `***`: as written, decoded, and
+        percent-encoded (a driver may quote any of them)."""
         secret = self.password
         if not secret:
             return text
-        for form in {secret, urllib.parse.quote(secret, safe="")}:
-            text = text.replace(form, "***")
+        forms = {secret, urllib.parse.unquote(secret), urllib.parse.quote(secret, safe="")}
+        for form in sorted(forms, key=len, reverse=True):
+            if form:
+                text = text.replace(form, "***")
         return text
 
 
@@ -65,16 +69,26 @@ def present(db: Database) -> bool:
     return isinstance(db, ServerUrl) or db.is_file()
 
 
+def _written_password(url: str) -> str | None:
+    """The password of `scheme://user:password@host...` as written, whatever it holds: all
+    between the user's ':' and the last '@' (an unencoded '/', '?' or '#' in a password
+    would end the address's authority for a URL parser, which then finds none)."""
+    head, sep, rest = url.partition("://")
+    at = rest.rfind("@")
+    if not sep or at < 0:
+        return None
+    user, colon, secret = rest[:at].partition(":")
+    return secret if colon and secret else None
+
+
 def redact_url(url: str) -> str:
     """A URL with its password (in the user part or a `password=` query parameter) `***`."""
-    parts = urllib.parse.urlsplit(url)
-    netloc = parts.netloc
-    if parts.password is not None:
-        user, _, host = netloc.rpartition("@")
-        name = user.partition(":")[0]
-        netloc = f"{name}:***@{host}"
-    query = re.sub(r"(^|&)(password=)[^&]*", r"\1\2***", parts.query)
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    head, sep, rest = url.partition("://")
+    if sep and _written_password(url) is not None:
+        at = rest.rfind("@")
+        user = rest[:at].partition(":")[0]
+        rest = f"{user}:***@{rest[at + 1 :]}"
+    return re.sub(r"([?&]password=)[^&]*", r"\1***", f"{head}{sep}{rest}")
 
 
 def parse_database(text: str, where: str) -> Database:
@@ -104,6 +118,12 @@ def parse_database(text: str, where: str) -> Database:
         )
     url = "postgresql" + text[match.end(1) :]
     shown = redact_url(url)
+    secret = _written_password(url)
+    if secret and any(c in secret for c in "/?#@"):
+        raise ConfigError(
+            f"{where}{shown!r}: its password holds '/', '?', '#' or '@': percent-encode it "
+            "(or leave it to PGPASSWORD or PGPASSFILE)"
+        )
     try:
         parts = urllib.parse.urlsplit(url)
         parts.port  # noqa: B018  # raises ValueError on a port that is not a number
