@@ -39,6 +39,17 @@ def read_html_table(markup: str) -> pd.DataFrame:
     return frame
 
 
+def drawn(app: str, **query: str) -> AppTest:
+    """The app (its arguments as sys.argv holds them) run once at the address `query`
+    names, having raised nothing."""
+    at = AppTest.from_file(app, default_timeout=60)
+    for k, v in query.items():
+        at.query_params[k] = v
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
 def tables(at: AppTest) -> list[pd.DataFrame]:
     """Every table of the main area, in the order the page shows them."""
     out = []

@@ -296,6 +296,16 @@ def test_run_detail_of_hostile_notes_fetches_and_links_nothing_remote(
     assert elsewhere == []
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """End a served dashboard: SIGTERM, then SIGKILL after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 @contextlib.contextmanager
 def _serving(db: Path, config: Path, where: Path) -> Iterator[str]:
     """`streamlit run` of the app over a database, as the `server` fixture starts it."""
@@ -323,12 +333,7 @@ def _serving(db: Path, config: Path, where: Path) -> Iterator[str]:
         wait_healthy(url, proc, log)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        _stop(proc)
 
 
 def test_a_reviewer_reads_a_revert_and_an_accepted_step(browser: Any, tmp_path: Path) -> None:
@@ -451,12 +456,7 @@ def test_the_dashboard_serves_overview_and_history_from_postgres(
         assert PASSWORD not in body and quote(PASSWORD, safe="") not in body
         page.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        _stop(proc)
     assert PASSWORD not in log.read_text()
 
 

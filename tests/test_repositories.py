@@ -46,17 +46,22 @@ def _database(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> st
     return str(request.getfixturevalue("pg_url"))
 
 
-def _check(repo: Path, db: str, *args: str) -> dict[str, Any]:
-    out = repo.parent / f"{repo.name}-check.json"
+def _cli(repo: Path, db: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`memtrack ARGS` in `repo` on the database `db`, no CI's or user's settings seen."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "MEMTRACK_"))}
-    done = subprocess.run(
-        [sys.executable, "-m", "memtrack.cli", "check", *args, "--json", str(out)],
+    return subprocess.run(
+        [sys.executable, "-m", "memtrack.cli", *args],
         cwd=repo,
         env={**env, "MEMTRACK_DB": db},
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def _check(repo: Path, db: str, *args: str) -> dict[str, Any]:
+    out = repo.parent / f"{repo.name}-check.json"
+    done = _cli(repo, db, "check", *args, "--json", str(out))
     assert done.returncode in (0, 1), done.stderr
     return json.loads(out.read_text())
 
@@ -105,15 +110,7 @@ def test_a_fork_and_its_upstream_in_one_database_never_share_a_baseline(
     assert theirs["baseline_value"] == 300 * MiB and theirs["baseline_runs"] == 4
     assert theirs["candidate_value"] == 330 * MiB
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "MEMTRACK_"))}
-    history = subprocess.run(
-        [sys.executable, "-m", "memtrack.cli", "history", "decoder"],
-        cwd=upstream,
-        env={**env, "MEMTRACK_DB": db},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    history = _cli(upstream, db, "history", "decoder")
     assert history.returncode == 0, history.stderr
     assert "300.00 MiB" not in history.stdout and "330.00 MiB" not in history.stdout
     assert history.stdout.count("100.00 MiB") == 6
@@ -122,7 +119,7 @@ def test_a_fork_and_its_upstream_in_one_database_never_share_a_baseline(
 def test_the_dashboard_shows_one_repository_at_a_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from streamlit.testing.v1 import AppTest
+    from apptables import drawn
 
     db = tmp_path / "shared.db"
     with open_store(db) as store:
@@ -138,12 +135,7 @@ def test_the_dashboard_shows_one_repository_at_a_time(
     monkeypatch.setattr(sys, "argv", [str(app), "--db", str(db), "--config", str(config)])
 
     def page(**query: str) -> Any:
-        at = AppTest.from_file(str(app), default_timeout=60)
-        for k, v in query.items():
-            at.query_params[k] = v
-        at.run()
-        assert not at.exception, [e.message for e in at.exception]
-        return at
+        return drawn(str(app), **query)
 
     def shown(at: Any) -> str:
         return "\n".join(m.value for m in at.markdown)

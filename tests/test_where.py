@@ -296,7 +296,7 @@ def test_the_dashboard_shows_a_runs_sites_and_where_two_runs_differ(tmp_path, mo
     real store of two runs whose sites were recorded."""
     from dataclasses import replace
 
-    from apptables import tables
+    from apptables import drawn, tables
     from factories import make_measurement, make_run
     from streamlit.testing.v1 import AppTest
 
@@ -325,12 +325,7 @@ def test_the_dashboard_shows_a_runs_sites_and_where_two_runs_differ(tmp_path, mo
     monkeypatch.setattr(sys, "argv", [str(app), "--db", str(db)])
 
     def page(**query: str) -> AppTest:
-        at = AppTest.from_file(str(app), default_timeout=60)
-        for k, v in query.items():
-            at.query_params[k] = v
-        at.run()
-        assert not at.exception, [e.message for e in at.exception]
-        return at
+        return drawn(str(app), **query)
 
     def table(at: AppTest, column: str):
         return next(t for t in tables(at) if column in t.columns)

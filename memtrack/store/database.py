@@ -620,14 +620,21 @@ class Store:
             if r[4] is not None or r[3]
         }
 
+    BOOKKEEPING: frozenset[str] = frozenset()
+    """Tables of the engine's own bookkeeping that do not make a database memtrack's or
+    foreign (a server's migrations table)."""
+
     def check_schema(self, *, allow_pending: bool = False) -> None:
         """Refuse a database that a newer memtrack migrated, or one that is not memtrack's."""
         known = set(migrations.names())
         applied = self.applied_migrations()
-        newer = newer_schema(self.conn, self.path)
-        if newer is not None:
-            raise newer
-        tables = self.table_names()
+        unknown = applied - known
+        if unknown:
+            raise StoreError(
+                f"{self.path}: schema has migrations this memtrack does not know "
+                f"({', '.join(sorted(unknown))}); upgrade memtrack to read it"
+            )
+        tables = self.table_names() - self.BOOKKEEPING
         if not applied and "runs" in tables:
             raise StoreError(f"{self.path}: has a 'runs' table but no memtrack schema record")
         if not applied and tables:

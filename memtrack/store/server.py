@@ -306,6 +306,7 @@ class ServerStore(Store):
     url: ServerUrl
     pg: Connection
     _cursors: int
+    BOOKKEEPING = frozenset({MIGRATIONS_TABLE})
 
     @classmethod
     def open_server(
@@ -447,29 +448,6 @@ class ServerStore(Store):
 
     def kept_columns(self, table: str) -> set[str]:
         return {name for name, _, kept in self.pg.catalog().get(table, []) if kept}
-
-    def check_schema(self, *, allow_pending: bool = False) -> None:
-        known = set(migrations.names())
-        applied = self.applied_migrations()
-        tables = self.table_names() - {MIGRATIONS_TABLE}
-        unknown = applied - known
-        if unknown:
-            raise StoreError(
-                f"{self.url}: schema has migrations this memtrack does not know "
-                f"({', '.join(sorted(unknown))}); upgrade memtrack to read it"
-            )
-        if not applied and tables:
-            raise StoreError(
-                f"{self.url}: not a memtrack database (it holds other tables: "
-                f"{', '.join(sorted(tables)[:5])})"
-            )
-        if not allow_pending and known - applied:
-            if not applied:
-                raise StoreError(f"{self.url}: empty database (record a run with `memtrack run`)")
-            raise StoreError(
-                f"{self.url}: schema is older than this memtrack "
-                f"(pending: {', '.join(sorted(known - applied))}); open it once with `memtrack run`"
-            )
 
     def _schema_problem(self) -> str | None:
         kinds = {"bigint": "integer", "double precision": "real", "text": "text"}
