@@ -104,6 +104,13 @@ class Config:
     repository: str | None = None
     """This repository's identity in a database shared by many ('host/owner/name'); None:
     the CI's or the origin remote's (`memtrack.machine.provenance.repository_identity`)."""
+    against: str | None = None
+    """`memtrack run`'s paired timing by default (`--against`): 'merge-base' (the candidate's
+    merge-base with the base branch; on the base branch, the commit's parent) or a git
+    revision; None: unpaired, as without the option. Only where time is gated (not off)."""
+    pair_rounds: int = 5
+    """Rounds of a paired timing, each one pass of REF and one of the candidate: 5 at least,
+    so that the sign test can reach judge.timing.TIME_ALPHA (2^-5 = 0.031)."""
     references: Path = Path("perf/references")
     """The folder of reference outputs and their manifest (see memtrack.measure.references). Not
     under data/ by default: many repositories ignore data/, and references are committed."""
@@ -142,6 +149,8 @@ _TOP_KEYS = {
     "references",
     "plan_headroom",
     "repository",
+    "against",
+    "pair_rounds",
 }
 REPOSITORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)+")
 """A repository's identity: host/owner/name, no scheme, no credentials."""
@@ -341,6 +350,18 @@ def config_from_text(text: str, path: Path) -> Config:
     return _validate(data, path, "memtrack")
 
 
+MIN_PAIR_ROUNDS = 5
+"""Fewer rounds could never reach the sign test's threshold (every round slower: 2^-k)."""
+MERGE_BASE = "merge-base"
+
+
+def _against(c: _Checker) -> str | None:
+    value = c.get("against", str)
+    if value is not None and not is_revision(value.strip()):
+        raise c.fail("against", f"expected 'merge-base' or a git revision, got {value!r}")
+    return value.strip() if value is not None else None
+
+
 def _plan_headroom(c: _Checker) -> float:
     value = c.fraction("plan_headroom", 0.10)
     if value > 1:
@@ -455,5 +476,7 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
         dashboard_url=c.url("dashboard_url"),
         forge_url=c.url("forge_url") or Config.forge_url,
         repository=_repository(c),
+        against=_against(c),
+        pair_rounds=c.count("pair_rounds", MIN_PAIR_ROUNDS, 5),
         references=references if references.is_absolute() else root / references,
     )

@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from memtrack.worker.server import YOUNG_ONLY  # noqa: E402
 THRESHOLDS = gc.get_threshold()
 gc.set_threshold(*YOUNG_ONLY)
 
+import machine_share  # noqa: E402
 from factories import GIT_ENV  # noqa: E402
 
 
@@ -151,6 +153,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _machine_share(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """A `quiet` test has the machine to itself; any other shares it (tests.machine_share)."""
+    with machine_share.share(tmp_path_factory.getbasetemp().parent, "quiet" in request.keywords):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import socket
 import subprocess
 import sys
@@ -966,6 +967,15 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
     assert "weights grew" in verdict, verdict  # the wider layers
     assert case in summary.read_text()
     assert not ran.exists()
+    # its time was paired with its merge-base: REF's passes recorded as a run of REF, and
+    # not checked as a candidate
+    refs = sorted(p.name for p in (keeper / "memtrack-records").glob("*.ref.json"))
+    assert refs == ["run-1-of-1.ref.json"]
+    with sqlite3.connect(db) as c:
+        timing_runs = c.execute(
+            "select count(distinct run_id) from measurements where kind = 'timing'"
+        ).fetchone()
+    assert timing_runs == (1,)
 
     # The dashboard from the wheel serves that history
     app = sh(

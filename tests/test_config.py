@@ -76,6 +76,9 @@ def test_pyproject_table_is_read_and_paths_resolved(tmp_path):
         ("database = ''\n", r"memtrack.database: expected a file path"),
         ("repeats = 100000000000\n", r"memtrack.repeats: must be at most 1,000,000"),
         ("max_cases = 0\n", r"memtrack.max_cases: must be at least 1"),
+        # a paired timing of 4 rounds could never reach the sign test's threshold
+        ("pair_rounds = 4\n", r"memtrack.pair_rounds: must be at least 5, got 4"),
+        ("against = '--output=x'\n", r"memtrack.against: expected 'merge-base' or a git"),
         # The PR comment links to this address: only a plain http(s) one is taken.
         ("dashboard_url = 'javascript:alert(1)'\n", r"memtrack.dashboard_url: expected an http"),
         ("dashboard_url = 'https://u:p@dash.example'\n", r"memtrack.dashboard_url: expected"),

@@ -548,9 +548,17 @@ def test_time_is_judged_by_runs_not_pooled_iterations(store, tmp_path):
     assert _verdict(check(store, _config(tmp_path), run_id=near), "time").kind == "ok"
     slow = _candidate(store, [make_measurement(times=(0.020, 0.021, 0.022))], 11)
     t = _verdict(check(store, _config(tmp_path), run_id=slow), "time")
+    # beyond all 5 runs is rank p = 1/6: no evidence at the threshold of 0.05
+    assert (t.kind, t.p_value) == ("ok", pytest.approx(1 / 6))
+    assert "slower than all 5 baseline runs, but rank p = 0.17 is above 0.05" in t.message
+    for i in range(5, 19):
+        times = tuple(0.010 + 0.0002 * ((i + k) % 4) for k in range(3))
+        _record(store, [make_measurement(times=times)], i + 20)
+    slow = _candidate(store, [make_measurement(times=(0.020, 0.021, 0.022))], 50)
+    t = _verdict(check(store, _config(tmp_path), run_id=slow), "time")
     assert (t.kind, t.blocking) == ("time_regression", False)
-    assert t.p_value == pytest.approx(1 / 6)  # one run beyond all 5: evidence of one run
-    assert "slower than all 5 baseline runs" in t.message
+    assert t.p_value == pytest.approx(1 / 20)  # beyond all 19: rank p = 0.05
+    assert "slower than all 19 baseline runs" in t.message
     t = _verdict(check(store, _config(tmp_path, time_regression="block"), run_id=slow), "time")
     assert t.blocking
     result = check(store, _config(tmp_path, time_regression="off"), run_id=slow)
@@ -697,22 +705,20 @@ def _timed(cpu: float, *, runnable: float = 0.0, wall: float | None = None) -> M
 
 
 def test_time_is_judged_on_cpu_time_and_not_on_an_oversubscribed_machine(store, tmp_path):
-    for i in range(5):  # wall time all over the place, CPU time steady
-        _record(store, [_timed(0.010 + 0.0001 * i, wall=0.010 * (1 + i))], i)
-    _record(store, [_timed(0.030, runnable=6.0)], 5)  # timed beside six busy loops
-    cosmetic = _candidate(store, [_timed(0.0101, wall=0.080)], 10)
+    for i in range(19):  # wall time all over the place, CPU time steady
+        _record(store, [_timed(0.010 + 0.0001 * (i % 5), wall=0.010 * (1 + i % 5))], i)
+    _record(store, [_timed(0.030, runnable=6.0)], 25)  # timed beside six busy loops
+    cosmetic = _candidate(store, [_timed(0.0101, wall=0.080)], 30)
     t = _verdict(check(store, _config(tmp_path), run_id=cosmetic), "time")
-    assert (t.kind, t.baseline_runs) == ("ok", 5), t.message  # the busy run left out
-    assert (
-        t.message.startswith("time (CPU time):") and "1 run timed on an oversubscribed" in t.message
-    )
-    slower = _candidate(store, [_timed(0.020)], 11)
+    assert (t.kind, t.baseline_runs) == ("ok", 19), t.message  # the busy run left out
+    assert t.message.startswith("time (CPU time):") and "1 run timed on a contended" in t.message
+    slower = _candidate(store, [_timed(0.020)], 31)
     t = _verdict(check(store, _config(tmp_path), run_id=slower), "time")
     assert (t.kind, t.blocking) == ("time_regression", False), t.message
-    busy = _candidate(store, [_timed(0.020, runnable=4.0)], 12)
+    busy = _candidate(store, [_timed(0.020, runnable=4.0)], 32)
     t = _verdict(check(store, _config(tmp_path), run_id=busy), "time")
     assert (t.kind, t.blocking) == ("abstained", False)
-    assert "not judged: the machine was oversubscribed" in t.message
+    assert "not judged: the machine was contended" in t.message
     assert "4.0 runnable tasks of other processes" in t.message
 
 
@@ -763,3 +769,60 @@ def test_a_package_installed_or_removed_is_named_where_both_sides_list_every_pac
     # an older record lists the memory-relevant packages alone: no install is read into it
     older = replace(CPU_ENV, packages={"torch": "2.13.0+cpu", "flash-attn": "2.8.2"})
     assert environment_diff(older, new) == ["flash-attn: 2.8.2 -> 2.8.3"]
+
+
+PAIR_REF = "a" * 40
+
+
+def _paired(here: list[float], there: list[float], **kw) -> Measurement:
+    return make_measurement(
+        pair_ref=PAIR_REF,
+        pair_figure="CPU time",
+        pair_times_s=tuple(here),
+        pair_ref_times_s=tuple(there),
+        **kw,
+    )
+
+
+def test_a_paired_timing_is_judged_round_by_round_without_any_history(store, tmp_path):
+    config = _config(tmp_path)
+    there = [0.010, 0.012, 0.009, 0.011, 0.010]
+    slow = _candidate(store, [_paired([2 * t for t in there], there)], 1)
+    t = _verdict(check(store, config, run_id=slow), "time")
+    assert (t.kind, t.blocking, t.baseline_runs) == ("time_regression", False, 5), t.message
+    assert t.p_value == pytest.approx(1 / 32)  # 5 of 5 rounds slower
+    assert f"paired with {PAIR_REF[:12]} over 5 rounds" in t.message
+    assert "ratio median 2.000" in t.message and "slower in 5 of 5 rounds" in t.message
+    t = _verdict(check(store, _config(tmp_path, time_regression="block"), run_id=slow), "time")
+    assert t.blocking
+    # four rounds, every one slower, cannot reach p <= 0.05 (1/16): not a finding
+    four = _candidate(store, [_paired([2 * t for t in there[:4]], there[:4])], 2)
+    t = _verdict(check(store, config, run_id=four), "time")
+    assert t.kind == "ok" and "sign test p = 0.062 above 0.05: not a finding" in t.message
+    # a machine whose load swings by 2x between rounds: the spread of the ratios is the bar
+    swings = [1.0, 1.9, 0.6, 1.4, 1.1]
+    noisy = _candidate(
+        store, [_paired([t * s for t, s in zip(there, swings, strict=True)], there)], 3
+    )
+    t = _verdict(check(store, config, run_id=noisy), "time")
+    assert t.kind == "ok" and "within the threshold" in t.message, t.message
+    # the pair's load does not matter: both sides had it
+    busy = _candidate(store, [_paired(there, there, timing_runnable=9.0, timing_cores=2)], 4)
+    assert _verdict(check(store, config, run_id=busy), "time").kind == "ok"
+
+
+def test_a_pair_of_unequal_sides_from_elsewhere_is_no_pair(store, tmp_path):
+    for i in range(3):
+        _record(store, [make_measurement(times=(0.010,) * 3)], i)
+    odd = _candidate(store, [_paired([0.02] * 5, [0.01] * 4, times=(0.010,) * 3)], 10)
+    t = _verdict(check(store, _config(tmp_path), run_id=odd), "time")
+    assert t.kind == "ok" and t.message.startswith("time (wall time): baseline"), t.message
+
+
+def test_no_time_warning_from_fewer_runs_than_the_gates_minimum(store, tmp_path):
+    for i in range(2):
+        _record(store, [make_measurement(times=(0.010,) * 3)], i)
+    slow = _candidate(store, [make_measurement(times=(0.030,) * 3)], 10)
+    t = _verdict(check(store, _config(tmp_path), run_id=slow), "time")
+    assert (t.kind, t.provisional) == ("ok", True)
+    assert "2 baseline runs of the 3 the gate needs: not judged" in t.message

@@ -20,7 +20,7 @@ from memtrack.commands.options import (
     resolve,
     rich_console,
 )
-from memtrack.config import MAX_COUNT, Config
+from memtrack.config import MAX_COUNT, Config, is_revision
 from memtrack.errors import ConfigError
 from memtrack.measure.forkserver import ForkServer
 from memtrack.measure.launcher import worker_env
@@ -29,6 +29,7 @@ from memtrack.store.url import present
 from memtrack.workload.registry import Case, no_match, select_cases
 
 if TYPE_CHECKING:
+    from memtrack.measure.pairs import Pairing
     from memtrack.measure.suite import RunStart
     from memtrack.records import Measurement, RunRecord
 
@@ -53,6 +54,14 @@ def _parse_shard(value: str | None) -> tuple[int, int] | None:
 @patterns_option("Run")
 @json_path_option("the run as a JSON record")
 @click.option("--shard", help="Run shard i of n of the suite (e.g. 2/4), for several runners.")
+@click.option(
+    "--against",
+    metavar="REF",
+    help="Time each case against REF in the same job, passes alternating (paired timing): "
+    "'merge-base' (the merge-base with the base branch) or a git revision. REF's passes are "
+    "recorded as a run of REF. Default: the config's `against`.",
+)
+@click.option("--unpaired", is_flag=True, help="No paired timing, whatever the config says.")
 @no_db_option
 def run(
     config_path: Path | None,
@@ -60,6 +69,8 @@ def run(
     patterns: tuple[str, ...],
     json_path: Path | None,
     shard: str | None,
+    against: str | None,
+    unpaired: bool,
     no_db: bool,
 ) -> None:
     """Measure the suite, one fresh process per case, and record the run."""
@@ -75,14 +86,18 @@ def run(
     with ForkServer.start(worker_env()) as server:
         from memtrack.judge.check import check_budget_targets
         from memtrack.measure.suite import RunStart
+        from memtrack.records.redact import redact_run
         from memtrack.report.run import run_table
-        from memtrack.store.save import record_run
+        from memtrack.store.save import record_run, save_run
 
         config, db = resolve(config_path, db_path, writes=not no_db)
         # The outputs are checked first, not after an hour of measuring, nor after the
         # suite's discovery (which waits on the server's imports).
         if json_path:
             check_json_folder(json_path)
+        if against is not None and not is_revision(against):
+            raise ConfigError(f"--against: {against!r} is not a git revision or 'merge-base'")
+        against = None if unpaired else (against or config.against)
         start = RunStart(config, server)
         with contextlib.ExitStack() as stack:
             # An existing database is opened (and so checked) now; a new one is made only
@@ -107,29 +122,85 @@ def run(
                     f"{config.root}: not inside a git repository with a commit: memtrack "
                     "records every run against its commit (`git init` and a first commit)"
                 )
+            ref = None
+            if against and config.time_regression != "off":
+                from memtrack.measure.pairs import resolve_ref
+
+                ref = resolve_ref(config, against, start.git)  # before an hour of measuring
             if store is None and not no_db:
                 store = stack.enter_context(open_store(db))
-            done = record_run(lambda: _measure(config, cases, shard, start), store, json_path)
+            pairing: list[Pairing] = []
+            done = record_run(
+                lambda: _measure(config, cases, shard, start, ref, pairing), store, json_path
+            )
+            saved_ref = None
+            if pairing and pairing[0].ref_record is not None:
+                saved_ref = save_run(redact_run(pairing[0].ref_record), store, _ref_json(json_path))
     rich_console().print(run_table(done.record))
+    if against and config.time_regression == "off":
+        click.echo("no paired timing: time_regression is off, so time is not judged")
+    for line in pairing[0].lines if pairing else ():
+        click.echo(line)
     commit = (done.record.git.commit or "no commit")[:12]
     click.echo(
         f"run {done.record.run_id} of {commit} recorded in {', '.join(done.saved) or 'nothing'}"
     )
-    fail_on(done.failures)
+    failures = list(done.failures)
+    if saved_ref is not None and pairing[0].ref_record is not None:
+        ref_run = pairing[0].ref_record
+        where, failed = saved_ref
+        click.echo(
+            f"run {ref_run.run_id} of {(ref_run.git.commit or '')[:12]} (its timing passes) "
+            f"recorded in {', '.join(where) or 'nothing'}"
+        )
+        failures += failed
+    fail_on(tuple(failures))
 
 
-def _measure(config: Config, cases: list[Case], shard: str | None, start: RunStart) -> RunRecord:
+def _ref_json(json_path: Path | None) -> Path | None:
+    """Where REF's run of a paired timing goes beside the run's JSON record: RUN.ref.json."""
+    return json_path.with_name(f"{json_path.stem}.ref{json_path.suffix}") if json_path else None
+
+
+def _measure(
+    config: Config,
+    cases: list[Case],
+    shard: str | None,
+    start: RunStart,
+    ref: tuple[str, str] | None,
+    pairing: list[Pairing],
+) -> RunRecord:
+    """The run's cases, then (`ref`: REF's commit and how it was chosen) their paired
+    timing, which goes into `pairing`."""
     from memtrack.measure.suite import run_suite  # imported once the server started (above)
 
     plain = plain_output()
     progress = progress_echo("running", plain)
     if plain:
-        return run_suite(config, cases, shard=shard, progress=progress, start=start)
-    with rich_console(stderr=True).status("measuring ...") as status:
+        record = run_suite(config, cases, shard=shard, progress=progress, start=start)
+    else:
+        with rich_console(stderr=True).status("measuring ...") as status:
 
-        def live(event: str, case: Case, m: Measurement | None) -> None:
-            if event == "start":
-                status.update(f"measuring {case.case_id} ...")
-            progress(event, case, m)
+            def live(event: str, case: Case, m: Measurement | None) -> None:
+                if event == "start":
+                    status.update(f"measuring {case.case_id} ...")
+                progress(event, case, m)
 
-        return run_suite(config, cases, shard=shard, progress=live, start=start)
+            record = run_suite(config, cases, shard=shard, progress=live, start=start)
+    if ref is None:
+        return record
+    from memtrack.measure.pairs import pair_cases
+    from memtrack.measure.suite import resolve_device
+
+    device = resolve_device(config, record.environment)
+    done = pair_cases(
+        config,
+        cases,
+        record,
+        start.server,
+        device,
+        *ref,
+        say=lambda line: click.echo(line, err=True),
+    )
+    pairing.append(done)
+    return done.record

@@ -307,6 +307,9 @@ def point_of(row: Row) -> Point:
             row["timing_cores"],
             row["timing_steal"],
             own_demand(cpu, wall),
+            row["timing_wait_cores"],
+            row["timing_others_cores"],
+            sum(wall),
         ),
     )
 

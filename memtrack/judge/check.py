@@ -303,7 +303,7 @@ def _judge_case(
     leaked = leak.verdict(m, c.points, c.context)
     if leaked is not None:
         out.append(leaked)
-    if time_on and c.points:
+    if time_on and (c.points or m.pair_times_s):  # a pair needs no history
         t = timing.verdict(c, config)
         if t is not None:
             out.append(t)

@@ -3,11 +3,24 @@
 Time is judged on what load moves least (process CPU time on the CPU, CUDA event time on a
 GPU), but no figure survives a machine where the case and the other processes together want
 more cores than there are: threads wait for a CPU, caches are shared, and even CPU time
-grows (a thread pool's threads spin while they wait for each other). There the gate
-abstains. The case's own demand is its CPU time over its wall time; the others' is their
-runnable tasks. CPU pressure (PSI) is shown and decides nothing: it counts the case's own
-threads waiting for each other too (four sessions on two cores read 60-77 % on a quiet
-machine), and a pass of a millisecond is too short for it (0 % beside six busy loops).
+grows (a thread pool's threads spin while they wait for each other). There, without a paired
+timing, the gate abstains.
+
+The line is the cores themselves, the demand measured over the whole timing pass: the case's
+own CPU time, the time its threads waited for a CPU, the CPU time other processes used on its
+CPUs, and a lower bound of the others' wait (the share of the pass in which some task waited,
+PSI `some`, less the case's own wait), each over the pass's wall time. Demand above the cores
+by more than the time floor (5 %), with others wanting more than that share of the cores, is
+contention. The others' wait counts: where the scheduler gives the case's session its fair
+share, as Linux's autogroups do, the case barely waits while four busy loops queue. A case
+whose own threads outnumber the cores waits for itself alone, on a quiet machine as on every
+run of its history: not contention. Below the line, others took at most the floor's share of
+the case's CPUs, which the floor absorbs.
+
+A pass shorter than WHOLE_PASS_S is too short for those counters, and records from before
+them hold none: there the instants stand in, a sample of the other processes' runnable tasks
+before and after each iteration (dense in so short a pass), against the cores plus
+SLACK_CORES.
 """
 
 from __future__ import annotations
@@ -17,10 +30,18 @@ from dataclasses import dataclass
 
 from memtrack.records import Measurement
 
+CONTENTION = 0.05
+"""Demand above the cores by more than this share of them, with other processes taking more
+than this share, is contention: the time floor (judge.timing.TIME_MIN_EFFECT) is 5 % too."""
 SLACK_CORES = 1.5
-"""Demand up to the cores plus one and a half is not oversubscription: the runnable counts
-are instants, and catch a sampler or a shell that runs for a moment (on the shipped suite's
-256 recorded measurements of a quiet 2-core machine, demand reached cores + 1.1)."""
+"""Instants around iterations only (older records, passes too short for the counters):
+demand up to the cores plus one and a half is not oversubscription, as a sampler or a shell
+runs for a moment (on the shipped suite's 256 recorded measurements of a quiet 2-core
+machine, the instants read up to cores + 1.1)."""
+WHOLE_PASS_S = 0.1
+"""A timing pass shorter than this is too short for the counters over the whole pass (the
+CPU lines count in clock ticks of 10 ms): its instants, a sample before and after each of its
+iterations, cover it instead."""
 
 
 def own_demand(cpu_times: Sequence[float], wall_times: Sequence[float]) -> float | None:
@@ -46,6 +67,12 @@ class Load:
     """Share of CPU time a hypervisor gave others."""
     own: float | None = None
     """Cores the case itself kept busy (`own_demand`)."""
+    wait: float | None = None
+    """Cores' worth of time the case's threads waited for a CPU over the pass."""
+    others: float | None = None
+    """Cores other processes used on the case's CPUs over the pass."""
+    wall: float | None = None
+    """The pass's timed wall time (its iterations'), seconds."""
 
     @classmethod
     def of(cls, m: Measurement) -> Load:
@@ -55,12 +82,42 @@ class Load:
             m.timing_cores,
             m.timing_steal,
             own_demand(m.iteration_cpu_times_s, m.iteration_times_s),
+            m.timing_wait_cores,
+            m.timing_others_cores,
+            sum(m.iteration_times_s),
         )
+
+    @property
+    def others_waiting(self) -> float:
+        """A lower bound of the other processes' wait for a CPU, in cores: the share of the
+        pass in which some task waited (PSI `some`) less the case's own wait."""
+        return max(0.0, (self.pressure or 0.0) - (self.wait or 0.0))
+
+    @property
+    def demand(self) -> float | None:
+        """Cores the pass wanted: the case's CPU time and its wait, the others' CPU time and
+        (a lower bound of) their wait."""
+        if self.wait is None or self.others is None:
+            return None
+        return (self.own or 0.0) + self.wait + self.others + self.others_waiting
 
     def oversubscribed(self) -> str | None:
         """Why the machine was too busy to judge time on; None where it was not (or where
         nothing was recorded: older records)."""
-        if self.runnable is None or not self.cores:
+        if not self.cores:
+            return None
+        demand = self.demand
+        long_enough = self.wall is None or self.wall >= WHOLE_PASS_S
+        if demand is not None and self.others is not None and long_enough:
+            others = self.others + self.others_waiting
+            if demand <= self.cores * (1 + CONTENTION) or others <= CONTENTION * self.cores:
+                return None
+            return (
+                f"the pass wanted {demand:.1f} cores of {self.cores}: the case "
+                f"{self.own or 0.0:.1f} busy and {self.wait or 0.0:.1f} waiting, other "
+                f"processes {self.others:.1f} busy and {self.others_waiting:.1f} waiting"
+            )
+        if self.runnable is None:
             return None
         demand = self.runnable + (self.own or 0.0)
         if demand <= self.cores + SLACK_CORES:
@@ -71,18 +128,23 @@ class Load:
         )
 
     def describe(self) -> str:
-        """'CPU pressure 3%, 0.2 runnable others on 2 cores, steal 0%' (what was recorded)."""
+        """'CPU pressure 3%, demand 2.1 cores (others 0.1 busy, 0.0 waiting), steal 0%,
+        2 cores' (what was recorded)."""
         parts = []
         if self.pressure is not None:
             parts.append(f"CPU pressure {self.pressure:.0%}")
-        if self.runnable is not None:
+        if self.demand is not None:
             parts.append(
-                f"{self.runnable:.1f} runnable others"
-                + (f" on {self.cores} core{'s' * (self.cores != 1)}" if self.cores else "")
+                f"demand {self.demand:.1f} cores (others {self.others or 0.0:.1f} busy, "
+                f"{self.others_waiting:.1f} waiting)"
             )
-        if self.steal:
+        if self.runnable is not None:
+            parts.append(f"{self.runnable:.1f} runnable others")
+        if self.steal is not None:
             parts.append(f"steal {self.steal:.0%}")
+        if self.cores:
+            parts.append(f"{self.cores} cores")
         return ", ".join(parts)
 
 
-__all__ = ["SLACK_CORES", "Load", "own_demand"]
+__all__ = ["CONTENTION", "SLACK_CORES", "WHOLE_PASS_S", "Load", "own_demand"]

@@ -1,20 +1,29 @@
-"""Time verdicts, judged at the level of runs, on the figure load moves least.
+"""Time verdicts: paired where the run measured a pair, else against the history's runs.
 
-Iterations of one run share its process, caches and the machine's mood of the moment: they
-are not independent samples, and pooling them overstates the evidence. So each run counts
-once, by its median iteration time. A candidate is slower only when its median is beyond
-both the effect threshold (the run-to-run spread times the factor, and at least 5 %) and
-every baseline run's median: the rank p-value of that is 1 / (n + 1).
+A paired timing (`memtrack run --against REF`) measured REF and the candidate in the same job,
+their timing passes alternating (each a fresh process), so that both sides saw the same
+machine. Each round gives one ratio, candidate over REF. The candidate is slower when the
+median ratio is beyond 1 + max(factor x the ratios' spread, 5 %) and a one-sided sign test
+of the rounds (how many were slower, of k, each slower or faster with chance 1/2 were
+nothing changed) has p <= TIME_ALPHA. Load does not matter to a pair: it is why there is one.
+
+Without a pair, the candidate's run is compared with the history's runs. Iterations of one
+run share its process, caches and the machine's mood of the moment: they are not independent
+samples, so each run counts once, by its median iteration time. The candidate is slower only
+when its median is beyond both the effect threshold (the run-to-run spread times the factor,
+and at least 5 %) and every baseline run's median, and the rank p-value of that, 1 / (n + 1),
+is at most TIME_ALPHA: 19 baseline runs at least. Fewer than the gate's minimum of runs
+judge nothing. A run timed on a contended machine (see memtrack.judge.load) is no evidence
+either way: the gate abstains on such a candidate, in one line saying why, and leaves such
+runs out of the baseline.
 
 The figure is the one other processes move least: CUDA event time on a GPU, process CPU
-time on the CPU, the wall clock only for records that hold neither. A run timed while the
-machine was oversubscribed (see memtrack.judge.load) is no evidence either way: the gate
-abstains on such a candidate, in one line saying why, and leaves such runs out of the
-baseline.
+time on the CPU, the wall clock only for records that hold neither.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,6 +39,12 @@ from memtrack.units import format_seconds
 TIME_MIN_EFFECT = 0.05
 """Time is noisy: a median slowdown under 5 % (or under the observed run-to-run spread times
 the factor) is not a finding."""
+TIME_ALPHA = 0.05
+"""The largest one-sided p-value a time warning is given on: one false warning in 20 cases
+at most were nothing changed and the effect floor absent, and the floor (and the spread
+times the factor) must be passed too, which noise alone rarely does (scripts/bench_time.py
+counts the false warnings over recorded reruns). Unpaired, the rank test reaches it from 19
+baseline runs; paired, the sign test from 5 rounds, every one slower."""
 
 _Of = tuple[str, Callable[[Measurement], Sequence[float]], Callable[[Point], Sequence[float]]]
 _FIGURES: tuple[_Of, ...] = (
@@ -51,14 +66,95 @@ def _figure(m: Measurement, points: list[Point]) -> tuple[str, list[float], list
     return None
 
 
+def sign_test(slower: int, rounds: int) -> float:
+    """P(at least `slower` of `rounds` rounds slower) were each slower or faster with chance
+    1/2: the one-sided sign test's p-value."""
+    return sum(math.comb(rounds, j) for j in range(slower, rounds + 1)) / 2**rounds
+
+
+def rank_runs_needed() -> int:
+    """Baseline runs the unpaired rank test needs to reach TIME_ALPHA (19)."""
+    return math.ceil(1 / TIME_ALPHA - 1e-9) - 1
+
+
+def _blocking(kind: str, config: Config, c: Candidate, provisional: bool = False) -> bool:
+    return (
+        kind == "time_regression"
+        and config.time_regression == "block"
+        and not provisional
+        and c.context != "base"
+    )
+
+
+def paired(c: Candidate, config: Config, common: dict[str, Any]) -> Verdict | None:
+    """The verdict of a paired timing: the candidate's passes against REF's, round by round."""
+    m = c.m
+    if len(m.pair_times_s) != len(m.pair_ref_times_s):  # a record from elsewhere: no pair
+        return None
+    rounds = [(h, t) for h, t in zip(m.pair_times_s, m.pair_ref_times_s, strict=True) if t > 0]
+    if not rounds:
+        return None
+    ratios = [h / t for h, t in rounds]
+    k = len(ratios)
+    ratio = statistics.median(ratios)
+    spread = 1.4826 * statistics.median(abs(x - ratio) for x in ratios) if k >= 2 else 0.0
+    factor = config.headroom_factor
+    line = 1 + max(factor * spread, TIME_MIN_EFFECT)
+    slower = sum(x > 1 for x in ratios)
+    p_value = sign_test(slower, k)
+    base = statistics.median(t for _, t in rounds)
+    value = statistics.median(h for h, _ in rounds)
+    kind = "time_regression" if ratio > line and p_value <= TIME_ALPHA else "ok"
+    if kind == "time_regression":
+        words = f"slower in {slower} of {k} rounds (sign test p = {p_value:.2g})"
+    elif ratio <= line:
+        words = "within the threshold"
+    else:
+        words = (
+            f"slower in {slower} of {k} rounds, sign test p = {p_value:.2g} above "
+            f"{TIME_ALPHA:g}: not a finding"
+        )
+    blocking = _blocking(kind, config, c)
+    if kind == "time_regression" and not blocking:
+        words += " (warning)"
+    ref = (m.pair_ref or "?")[:12]
+    message = (
+        f"time ({m.pair_figure}), paired with {ref} over {k} round{'s' * (k != 1)} under the "
+        f"same load: {ref} median {format_seconds(base)}, candidate median "
+        f"{format_seconds(value)}; ratio median {ratio:.3f}, spread {spread:.3f} x factor "
+        f"{factor:g}, floor {TIME_MIN_EFFECT:.0%} -> threshold {line:.3f}: {words}"
+    )
+    return Verdict(
+        kind=kind,
+        blocking=blocking,
+        message=message,
+        baseline_value=base,
+        spread=spread * base,
+        factor=factor,
+        floor=TIME_MIN_EFFECT * base,
+        threshold=line * base,
+        candidate_value=value,
+        delta=value - base,
+        delta_pct=pct(value - base, base),
+        baseline_runs=k,
+        p_value=p_value,
+        words=words,
+        **common,
+    )
+
+
 def verdict(c: Candidate, config: Config) -> Verdict | None:
     m = c.m
     common: dict[str, Any] = dict(
         case_id=m.case_id, workload=m.workload, metric="time", context=c.context
     )
+    if m.pair_times_s and m.pair_ref_times_s:
+        found_pair = paired(c, config, common)
+        if found_pair is not None:
+            return found_pair
     busy = Load.of(m).oversubscribed()
     if busy:
-        words = f"not judged: the machine was oversubscribed while this case was timed ({busy})"
+        words = f"not judged: the machine was contended while this case was timed ({busy})"
         return Verdict(
             kind="abstained", blocking=False, message=f"time: {words}", words=words, **common
         )
@@ -82,29 +178,36 @@ def verdict(c: Candidate, config: Config) -> Verdict | None:
     as_slow = sum(x >= value for x in medians)
     p_value = (as_slow + 1) / (n + 1)
     provisional = n < config.min_baseline_runs
-    if value > threshold and as_slow == 0:
+    needed = rank_runs_needed()
+    if provisional:
+        kind = "ok"
+        words = (
+            f"{n} baseline run{'s' * (n != 1)} of the {config.min_baseline_runs} the gate "
+            "needs: not judged"
+        )
+    elif value > threshold and as_slow == 0 and p_value <= TIME_ALPHA:
         kind = "time_regression"
         words = f"slower than all {n} baseline run{'s' * (n != 1)} (rank p = {p_value:.2g})"
     else:
         kind = "ok"
-        words = (
-            "within the threshold"
-            if value <= threshold
-            else f"{as_slow} of {n} baseline runs were as slow: not a finding"
-        )
-    blocking = (
-        kind == "time_regression"
-        and config.time_regression == "block"
-        and not provisional
-        and c.context != "base"
-    )
+        if value <= threshold:
+            words = "within the threshold"
+        elif as_slow:
+            words = f"{as_slow} of {n} baseline runs were as slow: not a finding"
+        else:
+            words = (
+                f"slower than all {n} baseline run{'s' * (n != 1)}, but rank p = "
+                f"{p_value:.2g} is above {TIME_ALPHA:g}: not a finding before {needed} runs "
+                "(or a paired timing, `memtrack run --against`)"
+            )
+    blocking = _blocking(kind, config, c, provisional)
     if kind == "time_regression" and not blocking:
         words += " (warning)"
     message = (
         f"time ({what}): baseline {format_seconds(base)} (median of {n} run median"
         f"{'s' * (n != 1)}{', provisional' if provisional else ''}"
         + (
-            f"; {left_out} run{'s' * (left_out != 1)} timed on an oversubscribed machine left out"
+            f"; {left_out} run{'s' * (left_out != 1)} timed on a contended machine left out"
             if left_out
             else ""
         )
@@ -133,4 +236,4 @@ def verdict(c: Candidate, config: Config) -> Verdict | None:
     )
 
 
-__all__ = ["TIME_MIN_EFFECT", "verdict"]
+__all__ = ["TIME_ALPHA", "TIME_MIN_EFFECT", "paired", "rank_runs_needed", "sign_test", "verdict"]

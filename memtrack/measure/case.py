@@ -28,10 +28,12 @@ def run_case(
     quality: QualitySpec | None = None,
     snapshot_path: Path | None = None,
     server: ForkServer | None = None,
+    timing_only: bool = False,
 ) -> Measurement:
     """One case in a fresh worker. `quality`: what the worker does with the step's output
     (measure.references); `snapshot_path`: `memtrack snapshot` writes there instead;
-    `server`: the run's fork server, which forks the worker (ranks are spawned)."""
+    `server`: the run's fork server, which forks the worker (ranks are spawned);
+    `timing_only`: setup, warm-up and the timing pass alone (one side of a paired timing)."""
     world = ranks_of(case.params)
     if world is not None:  # one process per rank, all at once
         return run_ranks(config, case, device, visible_uuids, world, snapshot_path=snapshot_path)
@@ -49,8 +51,11 @@ def run_case(
             scratch_dir=scratch,
             quality=quality,
             snapshot_path=snapshot_path,
+            timing_only=timing_only,
         )
-        sampler = start_sampler(device, config.nvml_interval_s, visible_uuids)
+        sampler = (
+            None if timing_only else start_sampler(device, config.nvml_interval_s, visible_uuids)
+        )
         (outcome,), _ = launch([spec], timeout_s, sampler=sampler, server=server)
     return to_measurement(case, spec, outcome, config.nvml_interval_s, timeout_s)
 

@@ -103,6 +103,7 @@ def new_spec(
     quality: QualitySpec | None = None,
     ranks: int | None = None,
     snapshot_path: Path | None = None,
+    timing_only: bool = False,
 ) -> Spec:
     """What a worker needs to find and run one case: the same for a measured case, each rank
     of one, and an estimate."""
@@ -122,6 +123,7 @@ def new_spec(
         quality=quality,
         ranks=ranks,
         snapshot_path=str(snapshot_path) if snapshot_path else None,
+        timing_only=timing_only,
     )
 
 

@@ -1,13 +1,16 @@
 """A commit measured in a git worktree of its own, beside the user's tree: what
-`memtrack bisect` measures, recorded into the database as a run of that commit."""
+`memtrack bisect` measures (recorded into the database as a run of that commit), and the
+reference side of a paired timing (measure.pairs)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from memtrack.config import Config
@@ -20,27 +23,44 @@ of their commits alone (no branch), so that no baseline takes them for the base 
 newest runs."""
 
 
-def measure_at(config: Config, db: Database, commit: str, case: str) -> str | None:
-    """`memtrack run -k CASE` at `commit`, in a worktree of its own, recorded into `db`:
-    None, or why the commit could not be measured (in one line)."""
-    root = config.root
-    top = Path(git_output(root, "rev-parse", "--show-toplevel") or root)
+def without_branch_names() -> dict[str, str]:
+    """This process's environment less what names the checked-out branch (FORGET)."""
+    return {k: v for k, v in os.environ.items() if k not in FORGET}
+
+
+@contextlib.contextmanager
+def worktree(config: Config, commit: str) -> Iterator[tuple[Path | None, str | None]]:
+    """A detached worktree of `commit`, removed after the block: (the config file there,
+    None), or (None, why there is none, in one line)."""
+    top = Path(git_output(config.root, "rev-parse", "--show-toplevel") or config.root)
     rel = (config.path or top / "pyproject.toml").resolve().relative_to(top.resolve())
-    folder = Path(tempfile.mkdtemp(prefix="memtrack-bisect-"))
+    folder = Path(tempfile.mkdtemp(prefix="memtrack-worktree-"))
     tree = folder / "tree"
     try:
         made = git_output(top, "worktree", "add", "--detach", "--quiet", revs=(str(tree), commit))
         if made is None:
-            return f"no worktree of {commit[:12]} could be made"
-        config_file = tree / rel
-        if not config_file.is_file():
-            return f"no {rel.as_posix()} at this commit"
-        env = {k: v for k, v in os.environ.items() if k not in FORGET}
+            yield None, f"no worktree of {commit[:12]} could be made"
+        elif not (tree / rel).is_file():
+            yield None, f"no {rel.as_posix()} at {commit[:12]}"
+        else:
+            yield tree / rel, None
+    finally:
+        git_output(top, "worktree", "remove", "--force", revs=(str(tree),))
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def measure_at(config: Config, db: Database, commit: str, case: str) -> str | None:
+    """`memtrack run -k CASE` at `commit`, in a worktree of its own, recorded into `db`:
+    None, or why the commit could not be measured (in one line)."""
+    with worktree(config, commit) as (config_file, why):
+        if config_file is None:
+            return why
+        env = without_branch_names()
         # a server's URL by the environment: a command line is for everyone on the machine
         env["MEMTRACK_DB"] = db.url if isinstance(db, ServerUrl) else str(db)
         done = subprocess.run(
             [sys.executable, "-m", "memtrack.cli", "run", "-k", case, "--config", str(config_file)],
-            cwd=tree / rel.parent,
+            cwd=config_file.parent,
             env=env,
             capture_output=True,
             text=True,
@@ -49,9 +69,6 @@ def measure_at(config: Config, db: Database, commit: str, case: str) -> str | No
             lines = (done.stderr or done.stdout).strip().splitlines()
             return lines[-1] if lines else f"memtrack run exited {done.returncode}"
         return None
-    finally:
-        git_output(top, "worktree", "remove", "--force", revs=(str(tree),))
-        shutil.rmtree(folder, ignore_errors=True)
 
 
-__all__ = ["FORGET", "measure_at"]
+__all__ = ["FORGET", "measure_at", "without_branch_names", "worktree"]

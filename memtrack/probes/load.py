@@ -2,7 +2,12 @@
 from the CPUs while the case was timed, so that a slow pass on a busy machine can be told
 from a slow step. Linux /proc only; a figure the kernel does not give is None, never 0.
 
-The pass's start and end read /proc/pressure/cpu and /proc/stat; a sample before and after
+Over the whole pass (its start and end, nothing between): the time the case's threads
+waited for a CPU (each thread's /proc/self/task/TID/schedstat, nanoseconds) and the CPU time
+other processes used on the CPUs the case may run on (their /proc/stat lines, less the
+case's own CPU time): together with the case's own CPU time, the cores the pass wanted.
+
+The pass's start and end also read /proc/pressure/cpu and /proc/stat; a sample before and after
 every iteration, outside its clocks, reads /proc/loadavg and, when more than one task runs,
 the state of each of this process's threads (a small file each: ~50 us in all for a few
 threads here). The timed region is as it was.
@@ -19,6 +24,7 @@ PRESSURE = "/proc/pressure/cpu"
 STAT = "/proc/stat"
 LOADAVG = "/proc/loadavg"
 TASKS = "/proc/self/task"
+TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def _read(path: str) -> str | None:
@@ -89,6 +95,49 @@ def runnable_others() -> int | None:
     return max(0, int(running) - own_running())
 
 
+def own_wait_ns() -> int | None:
+    """Nanoseconds this process's threads have waited on a run queue so far (the second
+    figure of each thread's schedstat); None where the kernel keeps no scheduler figures."""
+    try:
+        tids = os.listdir(TASKS)
+    except OSError:
+        return None
+    total, seen = 0, False
+    for tid in tids:
+        words = (_read(f"{TASKS}/{tid}/schedstat") or "").split()
+        if len(words) >= 2 and words[1].isdigit():
+            total += int(words[1])
+            seen = True
+    return total if seen else None
+
+
+def busy_ticks(cpus: set[int]) -> int | None:
+    """CPU time used on `cpus` so far, in clock ticks (user, nice, system, irq, softirq of
+    their /proc/stat lines: not idle, iowait or steal); None where a line is missing."""
+    text = _read(STAT)
+    if not text or not cpus:
+        return None
+    total, found = 0, 0
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus):
+            continue
+        words = rest.split()
+        if len(words) < 7 or not all(w.isdigit() for w in words[:7]):
+            return None
+        user, nice, system, _idle, _iowait, irq, softirq = (int(w) for w in words[:7])
+        total += user + nice + system + irq + softirq
+        found += 1
+    return total if found == len(cpus) else None
+
+
+def affinity() -> set[int]:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return set()
+
+
 def cores() -> int | None:
     """CPUs this process may run on (its affinity), or None where the platform cannot say."""
     try:
@@ -107,11 +156,19 @@ class TimingLoad:
         self._pressure: int | None = None
         self._ticks: tuple[int, int | None] | None = None
         self._cores: int | None = None
+        self._cpus: set[int] = set()
+        self._busy: int | None = None
+        self._wait: int | None = None
+        self._own = 0.0
 
     def start(self) -> None:
         self._cores = cores()
+        self._cpus = affinity()
         self._ticks = cpu_ticks()
         self._pressure = cpu_pressure_us()
+        self._wait = own_wait_ns()
+        self._busy = busy_ticks(self._cpus)
+        self._own = time.process_time()
         self._start = time.perf_counter()
 
     def sample(self) -> None:
@@ -122,8 +179,20 @@ class TimingLoad:
     def figures(self) -> dict[str, Any]:
         """The Measurement's `timing_*` figures."""
         wall = time.perf_counter() - self._start
+        own = time.process_time() - self._own
+        busy, wait = busy_ticks(self._cpus), own_wait_ns()
         pressure, ticks = cpu_pressure_us(), cpu_ticks()
+        others = None
+        if busy is not None and self._busy is not None and wall > 0:
+            # less one clock tick per CPU, the counters' resolution: a short pass on a quiet
+            # machine does not read as shared (a busy one still does, by a tick less)
+            used = (busy - self._busy - len(self._cpus)) / TICKS_PER_S
+            others = max(0.0, used - own) / wall
         return {
+            "timing_wait_cores": (wait - self._wait) / 1e9 / wall
+            if wait is not None and self._wait is not None and wall > 0
+            else None,
+            "timing_others_cores": others,
             "timing_cpu_pressure": _pressure_share(self._pressure, pressure, wall),
             "timing_runnable": statistics.fmean(self.runnable) if self.runnable else None,
             "timing_steal": _steal_share(self._ticks, ticks),
@@ -152,9 +221,12 @@ def _steal_share(
 
 __all__ = [
     "TimingLoad",
+    "affinity",
+    "busy_ticks",
     "cores",
     "cpu_pressure_us",
     "cpu_ticks",
     "own_running",
+    "own_wait_ns",
     "runnable_others",
 ]

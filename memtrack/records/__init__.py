@@ -5,6 +5,7 @@ redaction of recorded text (`redact`). The records' names are importable from he
 
 from memtrack.records.model import (
     KINDS,
+    PAIR_FIGURES,
     QUALITY_STATUSES,
     SCHEMA_VERSION,
     STATUSES,
@@ -44,6 +45,7 @@ from memtrack.records.validate import (
 __all__ = [
     "COMMIT_PATTERN",
     "KINDS",
+    "PAIR_FIGURES",
     "MAX_BYTES",
     "QUALITY_STATUSES",
     "SCHEMA_VERSION",

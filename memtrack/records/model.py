@@ -17,7 +17,9 @@ from typing import Any
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "error", "timeout", "crashed")
 QUALITY_STATUSES = ("ok", "fail", "error", "none")
-KINDS = ("measured", "estimate")
+KINDS = ("measured", "estimate", "timing")
+PAIR_FIGURES = ("device time", "CPU time", "wall time")
+"""The figures time is judged on, the one other processes move least first."""
 
 
 def now() -> str:
@@ -396,8 +398,9 @@ class Measurement:
     """The declared tolerance: max_abs, max_rel, metric (at most); cosine, metric_min (at
     least)."""
     kind: str = "measured"
-    """'measured', or 'estimate': predicted under fake tensors (`memtrack estimate`), never
-    a baseline, budget figure or history point."""
+    """'measured'; 'estimate': predicted under fake tensors (`memtrack estimate`); or
+    'timing': timing passes only, the reference side of a paired timing (`memtrack run
+    --against`). The last two are never a baseline, budget figure or history point."""
     retained_samples: tuple[int, ...] = ()
     """Framework bytes each measured iteration left allocated when it ended, after a garbage
     collection (its allocations less its frees): 0 for a step that frees what it makes, the
@@ -425,6 +428,30 @@ class Measurement:
     clock tick."""
     timing_cores: int | None = None
     """CPUs this process may run on (its affinity) during the timing pass."""
+    timing_wait_cores: float | None = None
+    """Time the case's threads waited for a CPU over the whole timing pass (their run-queue
+    wait, /proc/self/task/*/schedstat), over the pass's wall time: in cores."""
+    timing_others_cores: float | None = None
+    """CPU time other processes used on the case's CPUs over the whole timing pass (their
+    /proc/stat lines less the case's own CPU time), over the pass's wall time: in cores.
+    With the case's own CPU time and `timing_wait_cores`, the cores the pass wanted
+    (judge.load)."""
+    iteration_instructions: tuple[int, ...] = ()
+    """Instructions the case's threads retired in user space in each timing-pass iteration
+    (the CPU's counter, perf_event_open): a figure other processes do not move. Empty where
+    not counted, and `instructions_note` says why."""
+    instructions_note: str | None = None
+    """Why no instruction count was taken (one line), where none was."""
+    pair_ref: str | None = None
+    """A paired timing (`memtrack run --against REF`): the commit the other side measured,
+    its timing passes alternating with this one's under the same load."""
+    pair_figure: str | None = None
+    """The figure of the pair's passes: 'device time', 'CPU time' or 'wall time'."""
+    pair_times_s: tuple[float, ...] = ()
+    """This side's timing passes of the pair, each a fresh process: their median iteration
+    times (of `pair_figure`), round by round."""
+    pair_ref_times_s: tuple[float, ...] = ()
+    """The other side's passes (at `pair_ref`), in the same rounds as `pair_times_s`."""
     session_peak_bytes: int | None = None
     """Concurrent cases: one session's step run alone, after the memory pass, in the same
     process (in the first session's thread, on its stream): its framework peak, the level

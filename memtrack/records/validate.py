@@ -18,6 +18,7 @@ from memtrack.records.codec import Dialect, decode, hints, required, short
 from memtrack.records.metrics import GATED
 from memtrack.records.model import (
     KINDS,
+    PAIR_FIGURES,
     QUALITY_STATUSES,
     SCHEMA_VERSION,
     STATUSES,
@@ -51,7 +52,7 @@ than memtrack writes (a message is cut at 2,000), far less than a 50 MB one."""
 MAX_TRACEBACK = 100_000
 """Characters of a traceback (memtrack keeps its last 20,000)."""
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
-_COMMIT_FIELDS = {"commit", "parent", "merge_base", "sha"}
+_COMMIT_FIELDS = {"commit", "parent", "merge_base", "sha", "pair_ref"}
 _BYTE_LISTS = {"allocated_samples", "categories"}
 _BYTE_CHANGES = {"retained_samples"}
 """Byte figures that may be negative: an iteration can free what an earlier one made."""
@@ -68,6 +69,9 @@ _COUNTS = {
     "rank",
     "timing_cores",
     "timing_runnable",  # a mean of counts
+    "timing_wait_cores",
+    "timing_others_cores",
+    "iteration_instructions",
     "line",
 }
 SITE_GROUPINGS = ("module", "source", "pair")
@@ -101,6 +105,8 @@ def _rules(name: str) -> dict[str, Any]:
         return {"minimum": -1, "maximum": 1}
     if name == "quality_reference_sha256":
         return {"pattern": SHA256_PATTERN}
+    if name == "pair_figure":
+        return {"enum": list(PAIR_FIGURES)}
     if name == "kind":
         return {"enum": list(KINDS)}
     if name == "grouping":

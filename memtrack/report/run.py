@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from memtrack.escape import terminal_text
+from memtrack.judge.load import Load
 from memtrack.records import Measurement, RunRecord, device_peak, host_peak, host_step, metrics
 from memtrack.units import format_seconds, format_size
 from memtrack.workload.registry import short_case_labels
@@ -390,11 +391,24 @@ def iteration_rows(m: Measurement) -> list[tuple[str, str]]:
         timing.append(f"CPU time median {format_seconds(median(m.iteration_cpu_times_s))}")
     if m.iteration_device_times_s:
         timing.append(f"device time median {format_seconds(median(m.iteration_device_times_s))}")
+    if m.iteration_instructions:
+        timing.append(f"instructions median {median(m.iteration_instructions):,.0f}")
     load = machine_load(m)
     if load:
         timing.append(f"machine: {load}")
     if timing:
         rows.append(("timing pass", "; ".join(timing)))
+    if m.instructions_note and not m.iteration_instructions:
+        rows.append(("instructions", f"not counted: {m.instructions_note}"))
+    if m.pair_ref and m.pair_times_s and m.pair_ref_times_s:
+        rows.append(
+            (
+                "paired timing",
+                f"{len(m.pair_times_s)} rounds against {m.pair_ref[:12]}: {m.pair_figure} "
+                f"median {format_seconds(median(m.pair_times_s))} here, "
+                f"{format_seconds(median(m.pair_ref_times_s))} there",
+            )
+        )
     if m.session_peak_bytes is not None and m.sessions_sum_bytes is not None:
         n = m.params.get("concurrency", "N")
         rows.append(
@@ -410,16 +424,7 @@ def iteration_rows(m: Measurement) -> list[tuple[str, str]]:
 
 def machine_load(m: Measurement) -> str:
     """The machine's load during the timing pass in a few words ('' where none was read)."""
-    parts = []
-    if m.timing_cpu_pressure is not None:
-        parts.append(f"CPU pressure {m.timing_cpu_pressure:.0%}")
-    if m.timing_runnable is not None:
-        parts.append(f"{m.timing_runnable:.1f} runnable others")
-    if m.timing_steal is not None:
-        parts.append(f"steal {m.timing_steal:.0%}")
-    if m.timing_cores is not None:
-        parts.append(f"{m.timing_cores} cores")
-    return ", ".join(parts)
+    return Load.of(m).describe()
 
 
 def rank_table(m: Measurement) -> Table:

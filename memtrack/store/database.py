@@ -142,16 +142,14 @@ def _unprefixed(cls: type, row: dict[str, Any], prefix: str, json_fields: set[st
 _GIT_JSON = {"notes"}
 _ENV_JSON = {"gpus", "torch_cuda_arch_list", "packages", "env_vars", "visible_uuids", "notes"}
 _MEASUREMENT_JSON = {
-    "params",
-    "allocated_samples",
-    "categories",
-    "iteration_times_s",
-    "notes",
-    "quality_tolerance",
-    "retained_samples",
-    "iteration_cpu_times_s",
-    "iteration_device_times_s",
-    "sites",
+    f.name
+    for f in dataclasses.fields(Measurement)
+    if str(f.type).startswith(("tuple", "dict")) and f.name not in ("devices", "ranks")
+}
+"""A measurement's lists and mappings, stored as JSON text (store.rows); NULL in rows from
+before the migration that added the column."""
+_MEASUREMENT_FIELDS = {
+    f.name: f for f in dataclasses.fields(Measurement) if f.name in _MEASUREMENT_JSON
 }
 
 
@@ -990,13 +988,12 @@ class Store:
                 ranks=tuple(
                     _unprefixed(records.RankMeasurement, dict(r), "", set()) for r in ranks
                 ),
-                quality_tolerance=m.quality_tolerance or {},  # NULL in rows from before m009
-                # NULL in rows from before m013
-                retained_samples=m.retained_samples or (),
-                iteration_cpu_times_s=m.iteration_cpu_times_s or (),
-                iteration_device_times_s=m.iteration_device_times_s or (),
-                # NULL in rows from before m016
                 sites=tuple(records.Site(**s) for s in m.sites or ()),
+                **{  # NULL in rows from before the column's migration
+                    name: {} if str(f.type).startswith("dict") else ()
+                    for name, f in _MEASUREMENT_FIELDS.items()
+                    if getattr(m, name) is None and name != "sites"
+                },
             )
 
     def run_ids(

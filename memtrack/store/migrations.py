@@ -326,6 +326,23 @@ def m020_verdicts_newest(db: sqlite_utils.Database) -> None:
     db.execute("create index idx_verdicts_case_newest on verdicts (case_id, id)")
 
 
+def m021_time_evidence(db: sqlite_utils.Database) -> None:
+    """The timing pass's demand over the whole pass (the case's wait for a CPU, other
+    processes' CPU time on its CPUs), its instruction counts (or why none), and a paired
+    timing's passes of both sides."""
+    for name, kind in (
+        ("timing_wait_cores", "real"),
+        ("timing_others_cores", "real"),
+        ("iteration_instructions", "text"),
+        ("instructions_note", "text"),
+        ("pair_ref", "text"),
+        ("pair_figure", "text"),
+        ("pair_times_s", "text"),
+        ("pair_ref_times_s", "text"),
+    ):
+        db.execute(f"alter table measurements add column {name} {kind}")
+
+
 STEPS = (
     m001_initial,
     m002_verdicts,
@@ -347,6 +364,7 @@ STEPS = (
     m018_test_budgets,
     m019_repository,
     m020_verdicts_newest,
+    m021_time_evidence,
 )
 
 

@@ -35,14 +35,17 @@ def _timing_pass(step: Any, device: Any, repeats: int) -> dict[str, Any]:
     sessions' streams join it). The machine's load is read around each iteration, outside
     its clocks."""
     from memtrack.probes.load import TimingLoad
+    from memtrack.probes.perf import Counters
 
     load = TimingLoad()
     events = _device_events(device)
-    times, cpu_times, device_times = [], [], []
+    times, cpu_times, device_times, instructions = [], [], [], []
+    counters = Counters.open()  # after the warm-up: every thread of the step's pools exists
     load.start()
     for _ in range(repeats):
         _sync(device)
         load.sample()
+        i0 = counters.read()
         c0, t0 = time.process_time(), time.perf_counter()
         if events:
             events[0].record(events[2])
@@ -51,16 +54,23 @@ def _timing_pass(step: Any, device: Any, repeats: int) -> dict[str, Any]:
             events[1].record(events[2])
         _sync(device)
         t1, c1 = time.perf_counter(), time.process_time()
+        i1 = counters.read()
         load.sample()
         times.append(t1 - t0)
         cpu_times.append(c1 - c0)
+        if i0 is not None and i1 is not None:
+            instructions.append(max(0, i1 - i0))
         if events:
             device_times.append(events[0].elapsed_time(events[1]) / 1000)  # ms to s
+    figures = load.figures()
+    counters.close()
     return {
         **_time_summary(times),
         "iteration_cpu_times_s": cpu_times,
         "iteration_device_times_s": device_times,
-        **load.figures(),
+        "iteration_instructions": instructions,
+        "instructions_note": counters.why,
+        **figures,
     }
 
 
@@ -157,6 +167,11 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     result.update(phase="timing")
     distributed.barrier(case.rank)
     timing = _timing_pass(step, ctx.device, spec.repeats)
+    if spec.timing_only:  # one side of a paired timing: its time alone
+        _close(step)
+        result.update(phase="done", **timing)
+        distributed.teardown(case.rank)
+        return
     step_peak = host.peak()
     result.update(
         phase="memory",

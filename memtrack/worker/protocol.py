@@ -85,6 +85,9 @@ class Spec:
     """The `ranks` param of a multi-rank case: each rank is a worker of its own."""
     snapshot_path: str | None = None
     """`memtrack snapshot`: one more step under the recorder, written here."""
+    timing_only: bool = False
+    """One side of a paired timing (`memtrack run --against`): setup, warm-up and the timing
+    pass, no memory pass."""
     sampler_clock: str | None = None
     """The NVML sampler's clock file, where one samples the case: after the memory pass the
     worker holds its level until two samples were taken after it (probes.nvml)."""
@@ -109,7 +112,8 @@ FIGURES = tuple(
     quality_status quality_message quality_reference quality_reference_sha256 quality_max_abs
     quality_max_rel quality_cosine quality_value quality_tolerance
     retained_samples iteration_cpu_times_s iteration_device_times_s
-    timing_cpu_pressure timing_runnable timing_steal timing_cores
+    timing_cpu_pressure timing_runnable timing_steal timing_cores timing_wait_cores
+    timing_others_cores iteration_instructions instructions_note
     session_peak_bytes sessions_sum_bytes sites
     """.split()
 )

@@ -1,0 +1,238 @@
+"""A paired timing (`memtrack run --against REF`): REF and the candidate timed in the same
+job, their timing passes alternating, so that both sides see the same machine.
+
+After the run's own cases, each case is timed again in rounds: one pass of REF (its workload
+code, in a worktree of REF beside the user's tree, forked from a fork server of its own) and
+one of the candidate (forked from the run's server), in the order A B, then B A, so that a
+load that grows or fades over the rounds weighs on both sides alike. A pass is a fresh
+process: setup, warm-up and the timing pass, with the candidate's warm-up and repeats on
+both sides, and no memory pass (memory is judged against the history, as without a pair).
+
+The candidate's measurement keeps both sides' pass medians (`pair_*`), which the time
+verdict compares (judge.timing). REF's passes are recorded as a run of REF: timing-only
+measurements (kind 'timing'), never a baseline. The cost is about two timing passes (with
+their setup and warm-up) per round per case, printed after the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from memtrack.config import MERGE_BASE, Config, load_config
+from memtrack.errors import ConfigError, MemtrackError
+from memtrack.machine import provenance
+from memtrack.machine.provenance import git_output
+from memtrack.measure.case import run_case
+from memtrack.measure.forkserver import ForkServer
+from memtrack.measure.launcher import worker_env
+from memtrack.measure.worktree import without_branch_names, worktree
+from memtrack.records import PAIR_FIGURES, GitInfo, Measurement, RunRecord, now
+from memtrack.workload.registry import Case, ranks_of, suite_hash
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """What a paired timing did: the run with its pairs, REF's run, and what it says."""
+
+    record: RunRecord
+    """The candidate's run, each paired case's measurement holding both sides' passes."""
+    ref_record: RunRecord | None
+    """REF's passes as a run of REF (None where no case was paired)."""
+    lines: tuple[str, ...]
+    """Its cost, and each case left unpaired with why, one line each."""
+
+
+def resolve_ref(config: Config, against: str, git: GitInfo) -> tuple[str, str]:
+    """REF's commit and how it was chosen ('the merge-base with main', ...). 'merge-base':
+    the candidate's merge-base with the base branch, or on the base branch itself (the
+    merge-base is the commit) its first parent. A ConfigError where there is no such
+    commit, or where it is the checked-out commit itself."""
+    if against == MERGE_BASE:
+        how = f"the merge-base with {config.base_branch}"
+        ref = git.merge_base
+        if ref is not None and ref == git.commit:
+            ref, how = git.parent, "the parent commit, on the base branch"
+        if ref is None:
+            raise ConfigError(
+                f"--against merge-base: no merge-base with {config.base_branch!r} is known "
+                "here (a shallow clone? fetch the history: fetch-depth: 0)"
+            )
+    else:
+        how = f"{against} as given"
+        ref = git_output(
+            config.root, "rev-parse", "--verify", "--quiet", revs=(f"{against}^{{commit}}",)
+        )
+        if not ref:
+            raise ConfigError(f"--against: {against!r} names no commit in this repository")
+    if ref == git.commit and not git.dirty:
+        raise ConfigError(f"--against {against}: that is the checked-out commit itself")
+    return ref, how
+
+
+def pass_median(m: Measurement, figure: str) -> float:
+    return float(statistics.median(_times(m, figure)))
+
+
+def _times(m: Measurement, figure: str) -> Sequence[float]:
+    return {
+        "device time": m.iteration_device_times_s,
+        "CPU time": m.iteration_cpu_times_s,
+        "wall time": m.iteration_times_s,
+    }[figure]
+
+
+def _figure(passes: Sequence[Measurement]) -> str:
+    """The first figure (the one load moves least) every pass holds."""
+    for figure in PAIR_FIGURES:
+        if all(_times(m, figure) for m in passes):
+            return figure
+    return "wall time"
+
+
+def _reference_measurement(
+    passes: list[Measurement], figure: str, here: list[float], there: list[float], commit: str
+) -> Measurement:
+    """REF's passes as one timing-only measurement: every pass's iterations in order."""
+    first = passes[0]
+    walls = tuple(t for m in passes for t in m.iteration_times_s)
+    ordered = sorted(walls)
+    counted = all(m.iteration_instructions for m in passes)
+    return dataclasses.replace(
+        first,
+        kind="timing",
+        repeats=sum(m.repeats for m in passes),
+        iteration_times_s=walls,
+        iteration_cpu_times_s=tuple(t for m in passes for t in m.iteration_cpu_times_s),
+        iteration_device_times_s=tuple(t for m in passes for t in m.iteration_device_times_s),
+        iteration_instructions=tuple(i for m in passes for i in m.iteration_instructions)
+        if counted
+        else (),
+        time_median_s=statistics.median(walls),
+        time_min_s=ordered[0],
+        time_p95_s=ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered) + 0.5) - 1))],
+        duration_s=round(sum(m.duration_s or 0.0 for m in passes), 4),
+        pair_ref=commit,
+        pair_figure=figure,
+        pair_times_s=tuple(there),
+        pair_ref_times_s=tuple(here),
+        notes=(
+            f"timing passes only: the reference side of a paired timing of {commit[:12]} "
+            f"({len(passes)} rounds)",
+        ),
+    )
+
+
+def pair_cases(
+    config: Config,
+    cases: list[Case],
+    record: RunRecord,
+    server: ForkServer,
+    device: str,
+    ref: str,
+    how: str,
+    say: Callable[[str], None] = lambda line: None,
+) -> Pairing:
+    """Time every case of `record` that measured ok against REF, in `config.pair_rounds`
+    rounds; `server`: the run's fork server (the candidate's side)."""
+    started, t0 = now(), time.perf_counter()
+    lines: list[str] = []
+    paired: dict[str, Measurement] = {}
+    refs: list[Measurement] = []
+    rounds = config.pair_rounds
+    visible = record.environment.visible_uuids
+    with worktree(config, ref) as (config_file, why):
+        if config_file is None:
+            return Pairing(record, None, (f"no paired timing against {ref[:12]}: {why}",))
+        try:
+            ref_config = load_config(config_file)
+        except MemtrackError as exc:
+            return Pairing(record, None, (f"no paired timing: {ref[:12]}'s config: {exc}",))
+        # REF's workload code, the candidate's settings (warm-up, repeats, timeout)
+        ref_view = dataclasses.replace(config, root=ref_config.root)
+        with ForkServer.start(worker_env()) as ref_server:
+            try:
+                theirs = {c.case_id: c for w in ref_server.discover(ref_config) for c in w.cases()}
+            except MemtrackError as exc:
+                return Pairing(record, None, (f"no paired timing: {ref[:12]}'s suite: {exc}",))
+            by_id = {c.case_id: c for c in cases}
+            for m in record.measurements:
+                case, other = by_id.get(m.case_id), theirs.get(m.case_id)
+                if case is None or m.status != "ok" or m.kind != "measured":
+                    continue
+                if ranks_of(case.params) is not None:
+                    lines.append(f"{m.case_id}: not paired: a case of several processes")
+                    continue
+                if other is None:
+                    lines.append(f"{m.case_id}: not paired: {ref[:12]} has no such case")
+                    continue
+                say(f"paired timing · {m.case_id} · {rounds} rounds against {ref[:12]}")
+                here: list[Measurement] = []
+                there: list[Measurement] = []
+                failed = None
+                for i in range(rounds):
+                    sides = [(ref_view, other, ref_server, there), (config, case, server, here)]
+                    for cfg, c, srv, into in sides if i % 2 == 0 else sides[::-1]:
+                        p = run_case(cfg, c, device, visible, server=srv, timing_only=True)
+                        into.append(p)
+                        if p.status != "ok":
+                            side = ref[:12] if into is there else "the candidate"
+                            failed = f"{side}'s pass {p.status}: {p.message or ''}".strip()
+                            break
+                    if failed:
+                        break
+                if failed:
+                    lines.append(f"{m.case_id}: not paired: {failed}")
+                    continue
+                figure = _figure([*here, *there])
+                mine = [pass_median(p, figure) for p in here]
+                others = [pass_median(p, figure) for p in there]
+                paired[m.case_id] = dataclasses.replace(
+                    m,
+                    pair_ref=ref,
+                    pair_figure=figure,
+                    pair_times_s=tuple(mine),
+                    pair_ref_times_s=tuple(others),
+                )
+                refs.append(
+                    _reference_measurement(there, figure, mine, others, record.git.commit or "")
+                )
+        ref_git = provenance.git_info(
+            config_file.parent,
+            config.base_branch,
+            env=without_branch_names(),
+            repository=record.git.repository,
+        )
+    seconds = time.perf_counter() - t0
+    if paired:
+        passes = 2 * rounds * len(paired)
+        lines.insert(
+            0,
+            f"paired timing against {ref[:12]} ({how}): {len(paired)} case"
+            f"{'s' * (len(paired) != 1)} x {rounds} rounds, {passes} timing passes more, "
+            f"{seconds:.1f} s",
+        )
+    record = dataclasses.replace(
+        record, measurements=tuple(paired.get(m.case_id, m) for m in record.measurements)
+    )
+    if not refs:
+        return Pairing(record, None, tuple(lines))
+    ref_record = RunRecord(
+        run_id=uuid.uuid4().hex,
+        started_at=started,
+        finished_at=now(),
+        git=dataclasses.replace(ref_git, branch=None),
+        ci=record.ci,
+        environment=record.environment,
+        suite_hash=suite_hash([theirs[m.case_id] for m in refs], ref_config),
+        config_path=record.config_path,
+        measurements=tuple(refs),
+    )
+    return Pairing(record, ref_record, tuple(lines))
+
+
+__all__ = ["Pairing", "pair_cases", "pass_median", "resolve_ref"]

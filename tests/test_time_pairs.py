@@ -1,0 +1,179 @@
+"""Time on a shared runner, on a real repository with real runs: a history of 19 runs of the
+base branch, then pull requests measured as CI measures them. A cosmetic pull request timed
+while busy loops oversubscribe the cores gets no time warning, paired (`memtrack run
+--against merge-base`) or not; a real 2x slowdown under the same load warns when paired; on
+a quiet machine it warns unpaired too. Each test has the machine to itself (`quiet`): no
+other test's load is in its figures, only the load it makes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import machine_share
+import processes
+import pytest
+from factories import commit_all, git, init_repo, memtrack_cli
+
+from memtrack.config import load_config
+from memtrack.judge.load import Load
+from memtrack.measure.forkserver import ForkServer
+from memtrack.measure.launcher import worker_env
+from memtrack.measure.suite import RunStart, run_suite
+from memtrack.records import run_from_dict
+from memtrack.store.database import Store
+from memtrack.workload.registry import select_cases
+
+pytestmark = pytest.mark.quiet
+
+WORKLOAD = """\
+import memtrack
+
+N = {n}  # additions per step: a single thread of pure Python, seconds of CPU time in all
+
+
+@memtrack.workload
+def spin(ctx):
+    def step():
+        total = 0
+        for i in range(N):
+            total += i * i
+        return total
+
+    return step
+"""
+CONFIG = 'modules = ["wl.py"]\nwarmup = 1\nrepeats = 5\n'
+N = 400_000
+HISTORY = 19  # the fewest baseline runs at which the unpaired rank test reaches p = 0.05
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """The repository on main with 19 recorded runs of its commit: (repo, database, sha)."""
+    root = tmp_path_factory.mktemp("pairs")
+    repo, db = init_repo(root / "repo"), root / "memtrack.db"
+    (repo / "memtrack.toml").write_text(CONFIG)
+    (repo / "wl.py").write_text(WORKLOAD.format(n=N))
+    (repo / "README.md").write_text("spin\n")
+    sha = commit_all(repo, "a suite")
+    # the module's runs are measured with the machine to this process (tests.machine_share)
+    with machine_share.share(tmp_path_factory.getbasetemp().parent, exclusive=True):
+        config = load_config(repo / "memtrack.toml")
+        with ForkServer.start(worker_env()) as server, Store.open(db) as store:
+            start = RunStart(config, server)
+            cases = select_cases(start.workloads(), (), None)
+            for _ in range(HISTORY):
+                store.write_run(run_suite(config, cases, start=start))
+    return repo, db, sha
+
+
+def _pull_request(repo: Path, name: str, change: dict[str, str]) -> None:
+    git(repo, "checkout", "-q", "-B", name, "main")
+    for path, text in change.items():
+        (repo / path).write_text(text)
+    commit_all(repo, name)
+
+
+def _run_and_check(repo: Path, db: Path, *run_args: str) -> tuple[dict, str]:
+    """`memtrack run ARGS` then `memtrack check`, as CI runs them: the time verdict and what
+    the run printed."""
+    ran = memtrack_cli(repo, "run", "--db", str(db), *run_args)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    out = repo.parent / "check.json"
+    checked = memtrack_cli(repo, "check", "--db", str(db), "--json", str(out))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    (v,) = [v for v in json.loads(out.read_text())["verdicts"] if v["metric"] == "time"]
+    return v, ran.stdout
+
+
+def _candidate_load(db: Path) -> Load:
+    """The machine's load while the newest run on a branch other than main was timed."""
+    with Store.open(db, readonly=True) as store:
+        (run_id,) = store.run_ids(limit=1, measured=True)
+        (m,) = store.get_run(run_id).measurements
+    return Load.of(m)
+
+
+def test_a_slowdown_warns_unpaired_on_a_quiet_machine(history) -> None:
+    repo, db, _ = history
+    try:
+        _pull_request(repo, "slower", {"wl.py": WORKLOAD.format(n=2 * N)})
+        v, _ = _run_and_check(repo, db)
+    finally:
+        git(repo, "checkout", "-q", "main")
+    busy = _candidate_load(db).oversubscribed()
+    if busy:  # another job on this machine: the gate must say so, not judge
+        assert v["kind"] == "abstained" and busy in v["message"], v["message"]
+    else:
+        assert (v["kind"], v["blocking"]) == ("time_regression", False), v["message"]
+        assert f"slower than all {HISTORY} baseline runs (rank p = 0.05)" in v["message"]
+
+
+def test_under_busy_loops_a_cosmetic_change_never_warns_and_a_slowdown_warns_when_paired(
+    history,
+) -> None:
+    repo, db, main_sha = history
+    hogs = processes.hogs(2 * (os.cpu_count() or 1) + 2)
+    try:
+        time.sleep(0.5)  # let them take the cores first
+        _pull_request(repo, "docs", {"README.md": "spin, documented\n"})
+        unpaired, _ = _run_and_check(repo, db)
+        paired, said = _run_and_check(repo, db, "--against", "merge-base")
+        _pull_request(repo, "slower", {"wl.py": WORKLOAD.format(n=2 * N)})
+        slower, _ = _run_and_check(repo, db, "--against", "merge-base")
+    finally:
+        for p in hogs:
+            p.kill()
+            p.wait()
+        git(repo, "checkout", "-q", "main")
+    # unpaired under load: abstains (the pass was contended) or judges it ok, never warns
+    assert unpaired["kind"] in ("ok", "abstained"), unpaired["message"]
+    # paired: both sides under the same load, the cosmetic change is within the threshold
+    assert paired["kind"] == "ok", paired["message"]
+    assert f"paired with {main_sha[:12]} over 5 rounds" in paired["message"]
+    assert (slower["kind"], slower["blocking"]) == ("time_regression", False), slower["message"]
+    assert "slower in 5 of 5 rounds (sign test p = 0.031)" in slower["message"]
+    # the cost is said; REF's passes are a run of REF, timing only, of no branch
+    assert "paired timing against" in said and "10 timing passes more" in said
+    with sqlite3.connect(db) as c:
+        refs = c.execute(
+            "select r.git_commit, r.git_branch, m.kind, m.repeats from runs r join "
+            "measurements m on m.run_id = r.run_id where m.kind = 'timing'"
+        ).fetchall()
+    assert refs == [(main_sha, None, "timing", 25)] * 2
+    # the user's tree is as it was: no worktree left, nothing changed
+    assert git(repo, "status", "--porcelain") == ""
+    assert len(git(repo, "worktree", "list").splitlines()) == 1
+
+
+def test_a_paired_run_refuses_a_reference_that_names_no_commit_before_measuring(history):
+    repo, db, _ = history
+    ran = memtrack_cli(repo, "run", "--db", str(db), "--against", "no-such-branch")
+    assert ran.returncode == 2
+    assert ran.stderr.strip().splitlines() == [
+        "memtrack: error: --against: 'no-such-branch' names no commit in this repository"
+    ]
+    with Store.open(db, readonly=True) as store:
+        runs = [store.get_run(r) for r in store.run_ids(limit=100)]
+    assert all(r.git.branch in ("main", "docs", "slower", None) for r in runs)
+    assert len([r for r in runs if r.git.branch == "main"]) == HISTORY
+
+
+def test_a_json_record_of_a_paired_run_goes_beside_its_reference_record(history, tmp_path):
+    repo, _, main_sha = history
+    try:
+        _pull_request(repo, "docs2", {"README.md": "spin, again\n"})
+        out = tmp_path / "run.json"
+        ran = memtrack_cli(repo, "run", "--no-db", "--json", str(out), "--against", "main")
+        assert ran.returncode == 0, ran.stderr
+    finally:
+        git(repo, "checkout", "-q", "main")
+    run = run_from_dict(json.loads(out.read_text()))
+    ref = run_from_dict(json.loads((tmp_path / "run.ref.json").read_text()))
+    (m,), (r,) = run.measurements, ref.measurements
+    assert (m.kind, m.pair_ref, len(m.pair_times_s)) == ("measured", main_sha, 5)
+    assert (r.kind, ref.git.commit, r.pair_ref) == ("timing", main_sha, run.git.commit)
+    assert r.pair_times_s == m.pair_ref_times_s and r.pair_ref_times_s == m.pair_times_s
