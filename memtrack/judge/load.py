@@ -17,10 +17,10 @@ whose own threads outnumber the cores waits for itself alone, on a quiet machine
 run of its history: not contention. Below the line, others took at most the floor's share of
 the case's CPUs, which the floor absorbs.
 
-A pass shorter than WHOLE_PASS_S is too short for those counters, and records from before
-them hold none: there the instants stand in, a sample of the other processes' runnable tasks
-before and after each iteration (dense in so short a pass), against the cores plus
-SLACK_CORES.
+A pass shorter than WHOLE_PASS_S is too short for the CPU lines' clock ticks (read less one
+tick per CPU, they can only read the others low), and records from before these figures hold
+none: there the instants count too, a sample of the other processes' runnable tasks before
+and after each iteration (dense in so short a pass), against the cores plus SLACK_CORES.
 """
 
 from __future__ import annotations
@@ -107,16 +107,18 @@ class Load:
         if not self.cores:
             return None
         demand = self.demand
-        long_enough = self.wall is None or self.wall >= WHOLE_PASS_S
-        if demand is not None and self.others is not None and long_enough:
+        if demand is not None and self.others is not None:
             others = self.others + self.others_waiting
-            if demand <= self.cores * (1 + CONTENTION) or others <= CONTENTION * self.cores:
+            if demand > self.cores * (1 + CONTENTION) and others > CONTENTION * self.cores:
+                return (
+                    f"the pass wanted {demand:.1f} cores of {self.cores}: the case "
+                    f"{self.own or 0.0:.1f} busy and {self.wait or 0.0:.1f} waiting, other "
+                    f"processes {self.others:.1f} busy and {self.others_waiting:.1f} waiting"
+                )
+            if self.wall is None or self.wall >= WHOLE_PASS_S:
                 return None
-            return (
-                f"the pass wanted {demand:.1f} cores of {self.cores}: the case "
-                f"{self.own or 0.0:.1f} busy and {self.wait or 0.0:.1f} waiting, other "
-                f"processes {self.others:.1f} busy and {self.others_waiting:.1f} waiting"
-            )
+        # too short a pass for the CPU lines' ticks (they read others low, never high), or
+        # an older record: the instants around its iterations too
         if self.runnable is None:
             return None
         demand = self.runnable + (self.own or 0.0)
