@@ -355,6 +355,16 @@ MIN_PAIR_ROUNDS = 5
 MERGE_BASE = "merge-base"
 
 
+MAX_PAIR_ROUNDS = 1000
+
+
+def _pair_rounds(c: _Checker) -> int:
+    rounds = int(c.count("pair_rounds", MIN_PAIR_ROUNDS, 5))
+    if rounds > MAX_PAIR_ROUNDS:
+        raise c.fail("pair_rounds", f"must be at most {MAX_PAIR_ROUNDS:,}, got {rounds}")
+    return rounds
+
+
 def _against(c: _Checker) -> str | None:
     value = c.get("against", str)
     if value is not None and not is_revision(value.strip()):
@@ -477,6 +487,6 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
         forge_url=c.url("forge_url") or Config.forge_url,
         repository=_repository(c),
         against=_against(c),
-        pair_rounds=c.count("pair_rounds", MIN_PAIR_ROUNDS, 5),
+        pair_rounds=_pair_rounds(c),
         references=references if references.is_absolute() else root / references,
     )

@@ -160,7 +160,8 @@ def _machine_share(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[None]:
     """A `quiet` test has the machine to itself; any other shares it (tests.machine_share)."""
-    with machine_share.share(tmp_path_factory.getbasetemp().parent, "quiet" in request.keywords):
+    quiet = request.node.get_closest_marker("quiet") is not None
+    with machine_share.share(machine_share.session_folder(tmp_path_factory), quiet):
         yield
 
 

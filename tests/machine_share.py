@@ -12,10 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 _held: list[str] = []  # this process's hold: "ex" or "sh", nested
+
+
+def session_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where this session's lock lives: the xdist workers' common temp folder, else this
+    session's own (another pytest session of the user is another machine share)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @contextlib.contextmanager

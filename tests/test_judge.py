@@ -18,7 +18,7 @@ from factories import (
 )
 
 from memtrack.config import Budget, Config
-from memtrack.errors import ConfigError
+from memtrack.errors import ConfigError, StoreError
 from memtrack.judge.budgets import budgets_for
 from memtrack.judge.check import check
 from memtrack.judge.levels import current_level, find_steps, noise, segment, within_runs
@@ -811,12 +811,10 @@ def test_a_paired_timing_is_judged_round_by_round_without_any_history(store, tmp
     assert _verdict(check(store, config, run_id=busy), "time").kind == "ok"
 
 
-def test_a_pair_of_unequal_sides_from_elsewhere_is_no_pair(store, tmp_path):
-    for i in range(3):
-        _record(store, [make_measurement(times=(0.010,) * 3)], i)
-    odd = _candidate(store, [_paired([0.02] * 5, [0.01] * 4, times=(0.010,) * 3)], 10)
-    t = _verdict(check(store, _config(tmp_path), run_id=odd), "time")
-    assert t.kind == "ok" and t.message.startswith("time (wall time): baseline"), t.message
+def test_a_pair_of_unequal_sides_from_elsewhere_is_refused_and_nothing_written(store):
+    with pytest.raises(StoreError, match="pair_times_s: 5 rounds against 4 of pair_ref"):
+        _candidate(store, [_paired([0.02] * 5, [0.01] * 4)], 10)
+    assert store.run_ids(limit=10) == []
 
 
 def test_no_time_warning_from_fewer_runs_than_the_gates_minimum(store, tmp_path):

@@ -356,3 +356,41 @@ def test_only_an_estimate_carries_kernel_scratch_and_it_is_part_of_its_peak():
     ):
         with pytest.raises(RecordError, match=match):
             run_from_dict(_measurement(copy.deepcopy(data), **bad))
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        (
+            {"pair_ref": "a" * 40, "pair_figure": "CPU time", "pair_times_s": [0.1] * 5},
+            "pair_ref: a paired timing holds pair_ref, pair_figure, pair_times_s and",
+        ),
+        (
+            {
+                "pair_ref": "a" * 40,
+                "pair_figure": "CPU time",
+                "pair_times_s": [0.1] * 5,
+                "pair_ref_times_s": [0.1] * 4,
+            },
+            "pair_times_s: 5 rounds against 4 of pair_ref_times_s",
+        ),
+        (
+            {
+                "pair_ref": "a" * 40,
+                "pair_figure": "CPU time",
+                "pair_times_s": [1e300] * 5,
+                "pair_ref_times_s": [1e-4] * 5,
+            },
+            "pair_times_s: 1e+300 is not a pass's time",
+        ),
+    ],
+)
+def test_a_paired_timing_from_elsewhere_is_checked_value_by_value(fields, said):
+    from memtrack.errors import RecordError
+    from memtrack.records import run_from_dict, to_dict
+
+    data = to_dict(make_run([make_measurement()]))
+    data["measurements"][0].update(fields)
+    with pytest.raises(RecordError) as caught:
+        run_from_dict(data, where="r.json")
+    assert said in str(caught.value) and "\n" not in str(caught.value)

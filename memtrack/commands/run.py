@@ -97,6 +97,7 @@ def run(
             check_json_folder(json_path)
         if against is not None and not is_revision(against):
             raise ConfigError(f"--against: {against!r} is not a git revision or 'merge-base'")
+        explicit = against is not None
         against = None if unpaired else (against or config.against)
         start = RunStart(config, server)
         with contextlib.ExitStack() as stack:
@@ -122,11 +123,18 @@ def run(
                     f"{config.root}: not inside a git repository with a commit: memtrack "
                     "records every run against its commit (`git init` and a first commit)"
                 )
-            ref = None
+            ref, unpaired_why = None, None
             if against and config.time_regression != "off":
                 from memtrack.measure.pairs import resolve_ref
 
-                ref = resolve_ref(config, against, start.git)  # before an hour of measuring
+                try:  # before an hour of measuring
+                    ref = resolve_ref(config, against, start.git)
+                except ConfigError as exc:
+                    if explicit:
+                        raise
+                    # the config's default pairs where it can: the base branch's first
+                    # commit, a shallow clone, a run of `against` itself measure unpaired
+                    unpaired_why = f"no paired timing (the config's against): {exc}"
             if store is None and not no_db:
                 store = stack.enter_context(open_store(db))
             pairing: list[Pairing] = []
@@ -139,6 +147,8 @@ def run(
     rich_console().print(run_table(done.record))
     if against and config.time_regression == "off":
         click.echo("no paired timing: time_regression is off, so time is not judged")
+    if unpaired_why:
+        click.echo(unpaired_why)
     for line in pairing[0].lines if pairing else ():
         click.echo(line)
     commit = (done.record.git.commit or "no commit")[:12]

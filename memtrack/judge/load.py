@@ -115,10 +115,11 @@ class Load:
                     f"{self.own or 0.0:.1f} busy and {self.wait or 0.0:.1f} waiting, other "
                     f"processes {self.others:.1f} busy and {self.others_waiting:.1f} waiting"
                 )
-            if self.wall is None or self.wall >= WHOLE_PASS_S:
+            if (self.wall is None or self.wall >= WHOLE_PASS_S) and self.pressure is not None:
                 return None
-        # too short a pass for the CPU lines' ticks (they read others low, never high), or
-        # an older record: the instants around its iterations too
+        # too short a pass for the CPU lines' ticks (they read others low, never high), a
+        # kernel without PSI (the others' wait unseen), or an older record: the instants
+        # around its iterations too
         if self.runnable is None:
             return None
         demand = self.runnable + (self.own or 0.0)

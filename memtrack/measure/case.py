@@ -29,11 +29,13 @@ def run_case(
     snapshot_path: Path | None = None,
     server: ForkServer | None = None,
     timing_only: bool = False,
+    data_dir: Path | None = None,
 ) -> Measurement:
     """One case in a fresh worker. `quality`: what the worker does with the step's output
     (measure.references); `snapshot_path`: `memtrack snapshot` writes there instead;
     `server`: the run's fork server, which forks the worker (ranks are spawned);
-    `timing_only`: setup, warm-up and the timing pass alone (one side of a paired timing)."""
+    `timing_only`: setup, warm-up and the timing pass alone (one side of a paired timing);
+    `data_dir`: the case's `ctx.data_file` folder, where not the config root's data/."""
     world = ranks_of(case.params)
     if world is not None:  # one process per rank, all at once
         return run_ranks(config, case, device, visible_uuids, world, snapshot_path=snapshot_path)
@@ -52,6 +54,7 @@ def run_case(
             quality=quality,
             snapshot_path=snapshot_path,
             timing_only=timing_only,
+            data_dir=data_dir,
         )
         sampler = (
             None if timing_only else start_sampler(device, config.nvml_interval_s, visible_uuids)

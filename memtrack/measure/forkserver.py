@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import IO, TypeVar
 
 from memtrack import errors
@@ -122,9 +123,10 @@ class ForkServer:
         """Whether the server forked a case: until then it has nothing to reap at its end."""
 
     @classmethod
-    def start(cls, env: Mapping[str, str]) -> ForkServer:
-        """Start the server in `env` (the workers' environment); it begins importing at once.
-        The runner's guard first: what a workload module starts at its import is guarded too."""
+    def start(cls, env: Mapping[str, str], cwd: Path | None = None) -> ForkServer:
+        """Start the server in `env` (the workers' environment), in `cwd` (by default this
+        process's); it begins importing at once. The runner's guard first: what a workload
+        module starts at its import is guarded too."""
         runner_guard()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         stderr = tempfile.TemporaryFile()
@@ -136,6 +138,7 @@ class ForkServer:
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
                 env=dict(env),
+                cwd=cwd,
             )
         except OSError as exc:
             ours.close()

@@ -104,6 +104,7 @@ def new_spec(
     ranks: int | None = None,
     snapshot_path: Path | None = None,
     timing_only: bool = False,
+    data_dir: Path | None = None,
 ) -> Spec:
     """What a worker needs to find and run one case: the same for a measured case, each rank
     of one, and an estimate."""
@@ -116,7 +117,7 @@ def new_spec(
         device=device,
         warmup=warmup,
         repeats=repeats,
-        data_dir=str(config.root / "data"),
+        data_dir=str(data_dir or config.root / "data"),
         result_path=str(result_path),
         scratch_dir=str(scratch_dir) if scratch_dir else None,
         case_id=case.case_id,

@@ -32,6 +32,7 @@ from memtrack.measure.forkserver import ForkServer
 from memtrack.measure.launcher import worker_env
 from memtrack.measure.worktree import without_branch_names, worktree
 from memtrack.records import PAIR_FIGURES, GitInfo, Measurement, RunRecord, now
+from memtrack.records.redact import redact
 from memtrack.workload.registry import Case, ranks_of, suite_hash
 
 
@@ -138,7 +139,25 @@ def pair_cases(
     say: Callable[[str], None] = lambda line: None,
 ) -> Pairing:
     """Time every case of `record` that measured ok against REF, in `config.pair_rounds`
-    rounds; `server`: the run's fork server (the candidate's side)."""
+    rounds; `server`: the run's fork server (the candidate's side). Whatever goes wrong
+    here (an interrupt too), the run itself is kept, unpaired, with a line saying why."""
+    try:
+        return _pair_cases(config, cases, record, server, device, ref, how, say)
+    except (Exception, KeyboardInterrupt) as exc:
+        why = redact(f"{type(exc).__name__}: {exc}".strip().splitlines()[0]) or ""
+        return Pairing(record, None, (f"no paired timing against {ref[:12]}: {why}",))
+
+
+def _pair_cases(
+    config: Config,
+    cases: list[Case],
+    record: RunRecord,
+    server: ForkServer,
+    device: str,
+    ref: str,
+    how: str,
+    say: Callable[[str], None],
+) -> Pairing:
     started, t0 = now(), time.perf_counter()
     lines: list[str] = []
     paired: dict[str, Measurement] = {}
@@ -152,9 +171,15 @@ def pair_cases(
             ref_config = load_config(config_file)
         except MemtrackError as exc:
             return Pairing(record, None, (f"no paired timing: {ref[:12]}'s config: {exc}",))
-        # REF's workload code, the candidate's settings (warm-up, repeats, timeout)
+        # REF's workload code, the candidate's settings (warm-up, repeats, timeout) and
+        # data/ (data is not code, and often not in git)
         ref_view = dataclasses.replace(config, root=ref_config.root)
-        with ForkServer.start(worker_env()) as ref_server:
+        data_dir = config.root / "data"
+        tree = ref_config.root
+        # REF's tree first on the import path (registry.import_workload_module): what the
+        # workloads import from the repository is REF's, though an editable install points
+        # at the user's tree; a package installed otherwise is the same on both sides
+        with ForkServer.start(worker_env(), cwd=tree) as ref_server:
             try:
                 theirs = {c.case_id: c for w in ref_server.discover(ref_config) for c in w.cases()}
             except MemtrackError as exc:
@@ -177,11 +202,14 @@ def pair_cases(
                 for i in range(rounds):
                     sides = [(ref_view, other, ref_server, there), (config, case, server, here)]
                     for cfg, c, srv, into in sides if i % 2 == 0 else sides[::-1]:
-                        p = run_case(cfg, c, device, visible, server=srv, timing_only=True)
+                        p = run_case(
+                            cfg, c, device, visible, server=srv, timing_only=True, data_dir=data_dir
+                        )
                         into.append(p)
                         if p.status != "ok":
                             side = ref[:12] if into is there else "the candidate"
-                            failed = f"{side}'s pass {p.status}: {p.message or ''}".strip()
+                            said = (p.message or "").strip().splitlines()
+                            failed = f"{side}'s pass {p.status}: {redact(said[-1]) if said else ''}"
                             break
                     if failed:
                         break

@@ -33,10 +33,15 @@ def worktree(config: Config, commit: str) -> Iterator[tuple[Path | None, str | N
     """A detached worktree of `commit`, removed after the block: (the config file there,
     None), or (None, why there is none, in one line)."""
     top = Path(git_output(config.root, "rev-parse", "--show-toplevel") or config.root)
-    rel = (config.path or top / "pyproject.toml").resolve().relative_to(top.resolve())
+    config_path = (config.path or top / "pyproject.toml").resolve()
+    if not config_path.is_relative_to(top.resolve()):
+        yield None, f"the config {config_path} is outside the repository at {top}"
+        return
+    rel = config_path.relative_to(top.resolve())
     folder = Path(tempfile.mkdtemp(prefix="memtrack-worktree-"))
     tree = folder / "tree"
     try:
+        git_output(top, "worktree", "prune")  # what a killed run left registered
         made = git_output(top, "worktree", "add", "--detach", "--quiet", revs=(str(tree), commit))
         if made is None:
             yield None, f"no worktree of {commit[:12]} could be made"
@@ -59,7 +64,17 @@ def measure_at(config: Config, db: Database, commit: str, case: str) -> str | No
         # a server's URL by the environment: a command line is for everyone on the machine
         env["MEMTRACK_DB"] = db.url if isinstance(db, ServerUrl) else str(db)
         done = subprocess.run(
-            [sys.executable, "-m", "memtrack.cli", "run", "-k", case, "--config", str(config_file)],
+            [
+                sys.executable,
+                "-m",
+                "memtrack.cli",
+                "run",
+                "--unpaired",
+                "-k",
+                case,
+                "--config",
+                str(config_file),
+            ],
             cwd=config_file.parent,
             env=env,
             capture_output=True,

@@ -95,20 +95,26 @@ def runnable_others() -> int | None:
     return max(0, int(running) - own_running())
 
 
-def own_wait_ns() -> int | None:
-    """Nanoseconds this process's threads have waited on a run queue so far (the second
-    figure of each thread's schedstat); None where the kernel keeps no scheduler figures."""
+def own_wait_ns() -> dict[str, int] | None:
+    """Nanoseconds each of this process's threads has waited on a run queue so far (the
+    second figure of its schedstat), by thread id; None where the kernel keeps no scheduler
+    figures."""
     try:
         tids = os.listdir(TASKS)
     except OSError:
         return None
-    total, seen = 0, False
+    out = {}
     for tid in tids:
         words = (_read(f"{TASKS}/{tid}/schedstat") or "").split()
         if len(words) >= 2 and words[1].isdigit():
-            total += int(words[1])
-            seen = True
-    return total if seen else None
+            out[tid] = int(words[1])
+    return out or None
+
+
+def waited_ns(before: dict[str, int], after: dict[str, int]) -> int:
+    """What the threads alive at the end waited between the two readings (a thread started
+    meanwhile from 0; one that ended meanwhile is not known, and counts nothing)."""
+    return max(0, sum(ns - before.get(tid, 0) for tid, ns in after.items()))
 
 
 def busy_ticks(cpus: set[int]) -> int | None:
@@ -158,7 +164,7 @@ class TimingLoad:
         self._cores: int | None = None
         self._cpus: set[int] = set()
         self._busy: int | None = None
-        self._wait: int | None = None
+        self._wait: dict[str, int] | None = None
         self._own = 0.0
 
     def start(self) -> None:
@@ -189,7 +195,7 @@ class TimingLoad:
             used = (busy - self._busy - len(self._cpus)) / TICKS_PER_S
             others = max(0.0, used - own) / wall
         return {
-            "timing_wait_cores": (wait - self._wait) / 1e9 / wall
+            "timing_wait_cores": waited_ns(self._wait, wait) / 1e9 / wall
             if wait is not None and self._wait is not None and wall > 0
             else None,
             "timing_others_cores": others,
@@ -228,5 +234,6 @@ __all__ = [
     "cpu_ticks",
     "own_running",
     "own_wait_ns",
+    "waited_ns",
     "runnable_others",
 ]

@@ -24,7 +24,7 @@ PERF_COUNT_SW_TASK_CLOCK = 1
 _FLAG_FD_CLOEXEC = 8
 _INHERIT, _EXCLUDE_KERNEL, _EXCLUDE_HV = 1 << 1, 1 << 5, 1 << 6
 _ATTR_SIZE = 128  # PERF_ATTR_SIZE_VER7; the kernel accepts any size it knows
-_SYSCALL = {"x86_64": 298, "aarch64": 241, "ppc64le": 319, "s390x": 331}
+_SYSCALL = {"x86_64": 298, "aarch64": 241, "ppc64le": 319}
 _PARANOID = "/proc/sys/kernel/perf_event_paranoid"
 _TASKS = "/proc/self/task"
 
@@ -74,7 +74,7 @@ class Counters:
             return cls([], f"no C library to call perf_event_open through ({exc})")
         attr = ctypes.create_string_buffer(_ATTR_SIZE)
         flags = _INHERIT | _EXCLUDE_KERNEL | _EXCLUDE_HV
-        struct.pack_into("<IIQQQQQ", attr, 0, kind, _ATTR_SIZE, config, 0, 0, 0, flags)
+        struct.pack_into("=IIQQQQQ", attr, 0, kind, _ATTR_SIZE, config, 0, 0, 0, flags)
         fds: list[int] = []
         for tid in sorted(int(t) for t in os.listdir(_TASKS) if t.isdigit()):
             fd = libc.syscall(nr, attr, tid, -1, -1, _FLAG_FD_CLOEXEC)
@@ -92,7 +92,7 @@ class Counters:
     def read(self) -> int | None:
         if not self.fds:
             return None
-        return sum(struct.unpack("<q", os.read(fd, 8))[0] for fd in self.fds)
+        return sum(struct.unpack("=q", os.read(fd, 8))[0] for fd in self.fds)
 
     def close(self) -> None:
         for fd in self.fds:

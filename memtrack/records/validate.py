@@ -288,7 +288,7 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
         if m.case_id in seen:
             raise RecordError(f"{where}: case {m.case_id!r} is measured twice in one run")
         seen.add(m.case_id)
-        scratch_problem = _scratch_problem(m)
+        scratch_problem = _scratch_problem(m) or _pair_problem(m)
         if scratch_problem:
             raise RecordError(f"{where}: measurements[{i}].{scratch_problem}")
         if (m.budget_bytes is None) != (m.budget_metric is None) or m.budget_bytes == 0:
@@ -303,6 +303,35 @@ def run_from_dict(data: Any, *, where: str = "record") -> RunRecord:
                 f"0..{len(numbers) - 1} in order, each once"
             )
     return run
+
+
+MAX_PAIR_ROUNDS = 1000
+"""The most rounds a paired timing holds (the config's `pair_rounds` is bounded alike)."""
+_TIMES = (1e-9, 1e6)
+"""A pass's median time, seconds: a nanosecond to eleven days."""
+
+
+def _pair_problem(m: Measurement) -> str | None:
+    """What is wrong with a measurement's paired timing, if anything: all its fields or
+    none, both sides the same rounds, each a time a pass can take."""
+    fields = (m.pair_ref, m.pair_figure, m.pair_times_s, m.pair_ref_times_s)
+    if not any(fields):
+        return None
+    if not all(fields):
+        return (
+            "pair_ref: a paired timing holds pair_ref, pair_figure, pair_times_s and "
+            "pair_ref_times_s together"
+        )
+    if len(m.pair_times_s) != len(m.pair_ref_times_s) or len(m.pair_times_s) > MAX_PAIR_ROUNDS:
+        return (
+            f"pair_times_s: {len(m.pair_times_s)} rounds against {len(m.pair_ref_times_s)} "
+            f"of pair_ref_times_s (the same rounds, at most {MAX_PAIR_ROUNDS:,})"
+        )
+    for name in ("pair_times_s", "pair_ref_times_s"):
+        bad = [t for t in getattr(m, name) if not _TIMES[0] <= t <= _TIMES[1]]
+        if bad:
+            return f"{name}: {bad[0]!r} is not a pass's time (1 ns to 1e6 s)"
+    return None
 
 
 def _scratch_problem(m: Measurement) -> str | None:

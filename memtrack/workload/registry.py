@@ -332,10 +332,16 @@ def _module_name(ref: str, root: Path) -> str:
 
 
 def import_workload_module(ref: str, root: Path) -> str:
-    """Import a module by dotted name, or a .py file relative to `root`; return its name."""
+    """Import a module by dotted name, or a .py file relative to `root`; return its name.
+    `root` (and its src/ folder) go first on the import path: what the workload imports
+    from the repository is that tree's, also where an editable install points at another
+    checkout (a paired timing's reference, in a worktree of its own)."""
     name = _module_name(ref, root)
     if name in sys.modules:
         return name
+    for folder in (root / "src", root):
+        if folder.is_dir() and str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
     if _is_path(ref):
         path = (root / ref).resolve()
         if not path.is_file():
@@ -350,8 +356,6 @@ def import_workload_module(ref: str, root: Path) -> str:
             del sys.modules[name]
             raise
     else:
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
         importlib.import_module(ref)
     return name
 
