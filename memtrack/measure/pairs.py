@@ -176,7 +176,7 @@ def _pair_cases(
         ref_view = dataclasses.replace(config, root=ref_config.root)
         data_dir = config.root / "data"
         tree = ref_config.root
-        # REF's tree first on the import path (registry.import_workload_module): what the
+        # REF's tree first on the import path (registry.repository_first): what the
         # workloads import from the repository is REF's, though an editable install points
         # at the user's tree; a package installed otherwise is the same on both sides
         with ForkServer.start(worker_env(), cwd=tree) as ref_server:

@@ -281,7 +281,7 @@ def estimate_case(spec: Spec, result: ResultFile) -> None:
     from memtrack.probes.framework import MemTrackerProbe
     from memtrack.worker.known_values import KnownValues
     from memtrack.workload.context import Context
-    from memtrack.workload.registry import find, import_workload_module
+    from memtrack.workload.registry import find, import_workload_module, repository_first
 
     gc.freeze()  # as a measured case does (worker.measure): a collection walks the case's objects
     result.update(phase="setup")
@@ -292,6 +292,7 @@ def estimate_case(spec: Spec, result: ResultFile) -> None:
             raise NotFakeable(reason)
         device = "cuda:0"  # an explicit index: no CUDA call to find the current device
     torch.manual_seed(spec.seed)
+    repository_first(Path(spec.root))  # a forked worker has it so from its server already
     import_workload_module(spec.module, Path(spec.root))
     wl = find(spec.workload)
     # Tensors a workload module made at import are real: they enter as fake constants.

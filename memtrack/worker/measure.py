@@ -199,9 +199,10 @@ def _set_up(spec: Spec, result: ResultFile, host: Any) -> _Case:
     from memtrack.probes.loading import LoadingProbe
     from memtrack.worker import distributed
     from memtrack.workload.context import Context
-    from memtrack.workload.registry import find, import_workload_module
+    from memtrack.workload.registry import find, import_workload_module, repository_first
 
     rank = distributed.setup(spec)  # None unless the case has the `ranks` param
+    repository_first(Path(spec.root))  # a forked worker has it so from its server already
     import_workload_module(spec.module, Path(spec.root))
     wl = find(spec.workload)
     ctx = Context(

@@ -210,6 +210,7 @@ class Server:
             discover,
             import_failure,
             modules_where,
+            repository_first,
             workload_data,
         )
 
@@ -219,6 +220,7 @@ class Server:
             current[:] = [ref]
             self.chan.send(protocol.Importing(ref))
 
+        repository_first(config.root)  # this server serves one repository
         try:
             found = discover(config, importing)
         except KeyboardInterrupt as exc:

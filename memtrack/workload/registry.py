@@ -331,17 +331,23 @@ def _module_name(ref: str, root: Path) -> str:
     return f"memtrack_user_{digest}"
 
 
+def repository_first(root: Path) -> None:
+    """Put the repository at `root` (and its src/ folder) first on this process's import
+    path: what the workloads import from the repository is that tree's, also where an
+    editable install points at another checkout (a paired timing's reference, in a worktree
+    of its own). For a process of one repository: the fork server, a spawned worker."""
+    for folder in (root / "src", root):
+        if folder.is_dir():
+            if str(folder) in sys.path:
+                sys.path.remove(str(folder))
+            sys.path.insert(0, str(folder))
+
+
 def import_workload_module(ref: str, root: Path) -> str:
-    """Import a module by dotted name, or a .py file relative to `root`; return its name.
-    `root` (and its src/ folder) go first on the import path: what the workload imports
-    from the repository is that tree's, also where an editable install points at another
-    checkout (a paired timing's reference, in a worktree of its own)."""
+    """Import a module by dotted name, or a .py file relative to `root`; return its name."""
     name = _module_name(ref, root)
     if name in sys.modules:
         return name
-    for folder in (root / "src", root):
-        if folder.is_dir() and str(folder) not in sys.path:
-            sys.path.insert(0, str(folder))
     if _is_path(ref):
         path = (root / ref).resolve()
         if not path.is_file():
@@ -356,6 +362,8 @@ def import_workload_module(ref: str, root: Path) -> str:
             del sys.modules[name]
             raise
     else:
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
         importlib.import_module(ref)
     return name
 
