@@ -32,7 +32,6 @@ import json
 import os
 import random
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -72,9 +71,7 @@ def record(rounds: int, path: Path) -> None:
     with ForkServer.start(worker_env()) as server:
         cases = [c for c in select_cases(server.discover(config)) if ranks_of(c.params) is None]
         for load in LOADS:
-            hogs = processes.hogs(_hogs(load))
-            try:
-                time.sleep(0.5)
+            with processes.busy_loops(_hogs(load), settle_s=0.5):
                 for r in range(rounds):
                     # as a paired timing alternates: each case's two passes one after the
                     # other, A B in even rounds, B A in odd ones
@@ -86,10 +83,6 @@ def record(rounds: int, path: Path) -> None:
                     for side, ms in sides.items():
                         passes.append({"load": load, "round": r, "side": side, "run": ms})
                     print(f"  {load}: round {r + 1} of {rounds}", file=sys.stderr)
-            finally:
-                for p in hogs:
-                    p.kill()
-                    p.wait()
     data = {
         "cores": len(os.sched_getaffinity(0)),
         "passes": [

@@ -3,12 +3,13 @@ process known by its pid and its start time (a pid reused meanwhile is another p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 GONE_WITHIN_S = 30.0
@@ -71,6 +72,21 @@ keep their cores, and it burns no CPU time they would have used."""
 def hogs(n: int) -> list[subprocess.Popen[bytes]]:
     """`n` busy processes (HOG); the caller kills and waits for them."""
     return [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(n)]
+
+
+@contextlib.contextmanager
+def busy_loops(n: int, settle_s: float = 0.0) -> Iterator[None]:
+    """`n` busy processes (HOG) for the block, `settle_s` given them first to take the
+    cores; killed and waited for however the block ends."""
+    started = hogs(n)
+    try:
+        time.sleep(settle_s)
+        yield
+    finally:
+        for hog in started:
+            hog.kill()
+        for hog in started:
+            hog.wait()
 
 
 def kill(processes: dict[int, int]) -> None:

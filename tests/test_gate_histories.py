@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -292,14 +291,9 @@ def test_a_changed_param_is_compared_with_the_case_it_replaces(main4: History) -
 
 
 def test_time_is_not_judged_on_a_contended_machine(main4: History) -> None:
-    hogs = processes.hogs(2 * (os.cpu_count() or 1) + 2)
-    try:
-        time.sleep(0.5)  # let them take the cores before the case starts
+    # 0.5 s: let them take the cores before the case starts
+    with processes.busy_loops(2 * (os.cpu_count() or 1) + 2, settle_s=0.5):
         checked, report = main4.pull_request("docs", "a docstring")
-    finally:
-        for p in hogs:
-            p.kill()
-            p.wait()
     v = _one(report, "time")
     assert (v["kind"], v["blocking"]) == ("abstained", False), v["message"]
     assert "contended" in v["message"]

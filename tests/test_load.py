@@ -66,14 +66,8 @@ def test_the_timing_pass_records_the_machines_load(tmp_path):
 
 
 def test_cpu_hogs_read_as_runnable_others_and_cpu_pressure(tmp_path):
-    hogs = processes.hogs(2 * len(os.sched_getaffinity(0)))
-    try:
+    with processes.busy_loops(2 * len(os.sched_getaffinity(0))):
         m = _measure(tmp_path)
-    finally:
-        for hog in hogs:
-            hog.kill()
-        for hog in hogs:
-            hog.wait()
     # Twice as many hogs as cores: whenever a sample is read at least one of them runs or
     # waits, and some task always waits for a CPU.
     assert m.timing_runnable is not None and m.timing_runnable >= 1, m.timing_runnable
@@ -114,14 +108,8 @@ def test_hogs_make_the_whole_pass_read_as_contended(tmp_path):
     wait, the others' CPU time on its CPUs and their wait (PSI) say the pass wanted more
     than the cores. With autogroups the case's session gets its share and barely waits;
     the busy loops queue instead, which the others' wait counts."""
-    hogs = processes.hogs(2 * len(os.sched_getaffinity(0)) + 2)
-    try:
+    with processes.busy_loops(2 * len(os.sched_getaffinity(0)) + 2):
         m = _measure(tmp_path)
-    finally:
-        for hog in hogs:
-            hog.kill()
-        for hog in hogs:
-            hog.wait()
     assert m.timing_wait_cores is not None and m.timing_others_cores is not None
     busy = Load.of(m).oversubscribed()
     assert busy and busy.startswith("the pass wanted"), (busy, Load.of(m).describe())

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import time
 from pathlib import Path
 
 import machine_share
@@ -122,18 +121,14 @@ def test_under_busy_loops_a_cosmetic_change_never_warns_and_a_slowdown_warns_whe
     history,
 ) -> None:
     repo, db, main_sha = history
-    hogs = processes.hogs(2 * (os.cpu_count() or 1) + 2)
     try:
-        time.sleep(0.5)  # let them take the cores first
-        _pull_request(repo, "docs", {"README.md": "spin, documented\n"})
-        unpaired, _ = _run_and_check(repo, db)
-        paired, said = _run_and_check(repo, db, "--against", "merge-base")
-        _pull_request(repo, "slower", {"spinlib.py": LIBRARY.format(n=2 * N)})
-        slower, _ = _run_and_check(repo, db, "--against", "merge-base")
+        with processes.busy_loops(2 * (os.cpu_count() or 1) + 2, settle_s=0.5):
+            _pull_request(repo, "docs", {"README.md": "spin, documented\n"})
+            unpaired, _ = _run_and_check(repo, db)
+            paired, said = _run_and_check(repo, db, "--against", "merge-base")
+            _pull_request(repo, "slower", {"spinlib.py": LIBRARY.format(n=2 * N)})
+            slower, _ = _run_and_check(repo, db, "--against", "merge-base")
     finally:
-        for p in hogs:
-            p.kill()
-            p.wait()
         git(repo, "checkout", "-q", "main")
     # unpaired under load: abstains (the pass was contended) or judges it ok, never warns
     assert unpaired["kind"] in ("ok", "abstained"), unpaired["message"]
