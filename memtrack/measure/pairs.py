@@ -33,6 +33,7 @@ from memtrack.measure.launcher import worker_env
 from memtrack.measure.worktree import without_branch_names, worktree
 from memtrack.records import PAIR_FIGURES, GitInfo, Measurement, RunRecord, now
 from memtrack.records.redact import redact
+from memtrack.worker.measure import time_summary
 from memtrack.workload.registry import Case, ranks_of, suite_hash
 
 
@@ -101,21 +102,17 @@ def _reference_measurement(
     """REF's passes as one timing-only measurement: every pass's iterations in order."""
     first = passes[0]
     walls = tuple(t for m in passes for t in m.iteration_times_s)
-    ordered = sorted(walls)
     counted = all(m.iteration_instructions for m in passes)
     return dataclasses.replace(
         first,
         kind="timing",
         repeats=sum(m.repeats for m in passes),
-        iteration_times_s=walls,
+        **time_summary(walls),
         iteration_cpu_times_s=tuple(t for m in passes for t in m.iteration_cpu_times_s),
         iteration_device_times_s=tuple(t for m in passes for t in m.iteration_device_times_s),
         iteration_instructions=tuple(i for m in passes for i in m.iteration_instructions)
         if counted
         else (),
-        time_median_s=statistics.median(walls),
-        time_min_s=ordered[0],
-        time_p95_s=ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered) + 0.5) - 1))],
         duration_s=round(sum(m.duration_s or 0.0 for m in passes), 4),
         pair_ref=commit,
         pair_figure=figure,

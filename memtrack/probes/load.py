@@ -144,12 +144,11 @@ def affinity() -> set[int]:
         return set()
 
 
-def cores() -> int | None:
-    """CPUs this process may run on (its affinity), or None where the platform cannot say."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count()
+def cores(cpus: set[int] | None = None) -> int | None:
+    """CPUs this process may run on (its affinity, or `cpus` read from it already), or the
+    machine's where the platform has no affinity; None where it cannot say."""
+    cpus = affinity() if cpus is None else cpus
+    return len(cpus) or os.cpu_count()
 
 
 class TimingLoad:
@@ -168,8 +167,8 @@ class TimingLoad:
         self._own = 0.0
 
     def start(self) -> None:
-        self._cores = cores()
         self._cpus = affinity()
+        self._cores = cores(self._cpus)
         self._ticks = cpu_ticks()
         self._pressure = cpu_pressure_us()
         self._wait = own_wait_ns()

@@ -13,7 +13,7 @@ import gc
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,7 @@ def _timing_pass(step: Any, device: Any, repeats: int) -> dict[str, Any]:
     figures = load.figures()
     counters.close()
     return {
-        **_time_summary(times),
+        **time_summary(times),
         "iteration_cpu_times_s": cpu_times,
         "iteration_device_times_s": device_times,
         "iteration_instructions": instructions,
@@ -85,7 +85,9 @@ def _device_events(device: Any) -> tuple[Any, Any, Any] | None:
     return start, end, torch.cuda.current_stream(device)
 
 
-def _time_summary(times: list[float]) -> dict[str, Any]:
+def time_summary(times: Sequence[float]) -> dict[str, Any]:
+    """A timing pass's iteration times and their median, p95 and minimum (the Measurement's
+    `iteration_times_s` and `time_*` figures)."""
     ordered = sorted(times)
     p95 = ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered) + 0.5) - 1))]
     return {
