@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import streamlit as st
-from memtrack.dashboard import data, queries
+from memtrack.dashboard import data
 from memtrack.dashboard.views import (
     PAGES,
     Context,
@@ -36,6 +36,7 @@ from memtrack.dashboard.views import (
 from memtrack.config import Config, load_config
 from memtrack.errors import ConfigError, MemtrackError, StoreError
 from memtrack.machine.provenance import repository_identity
+from memtrack.store import browse as queries
 from memtrack.store.database import ALL_REPOSITORIES
 from memtrack.store.url import Database, ServerUrl, parse_database
 
@@ -72,17 +73,6 @@ def load_settings(config_path: str | None, cwd: str) -> tuple[Config | None, str
         return None, str(exc)
 
 
-def _has_no_tables(db: Path) -> bool:
-    try:
-        conn = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True)
-        try:
-            return conn.execute("select count(*) from sqlite_master").fetchone()[0] == 0
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return False
-
-
 def empty_state(db: Database, why: str) -> None:
     st.title("memtrack")
     st.info(
@@ -99,7 +89,7 @@ def open_database(db: Database) -> dict | None:
     """The store's summary, or None after showing why it cannot be shown."""
     if isinstance(db, ServerUrl):
         return _open_server(db)
-    if not db.is_file() or db.stat().st_size == 0 or _has_no_tables(db):
+    if not db.is_file() or db.stat().st_size == 0 or queries.has_no_tables(db):
         empty_state(
             db, "the database does not exist yet" if not db.is_file() else "the database is empty"
         )

@@ -52,6 +52,22 @@ MARKER_NAMES = {
 }
 """Marks as legends and tooltips name them."""
 OTHER_BRANCHES = "other branches"
+BRANCH_COLORS = ("#1b9e77", "#e6ab02", "#7a0177", "#000000", "#808000", "#66a61e", "#e7298a")
+"""Each other branch's colour on History, the newest branches first: none a view's line's
+(VIEW_COLORS), and the first ones far from the marks' too."""
+MORE_BRANCHES = "#999999"
+"""The branches past the palette share this one."""
+
+
+def branch_colors(branches: Sequence[str]) -> dict[str, str]:
+    """Each branch of `branches` (the newest first) its own colour, the same on every panel
+    of the page; those past BRANCH_COLORS share MORE_BRANCHES."""
+    return {
+        b: BRANCH_COLORS[i] if i < len(BRANCH_COLORS) else MORE_BRANCHES
+        for i, b in enumerate(dict.fromkeys(branches))
+    }
+
+
 SVG = {"embedOptions": {"renderer": "svg"}}
 """Drawn as SVG: axes stay text in the page (readable by tests and screen readers)."""
 BREAKDOWN = (

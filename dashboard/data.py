@@ -12,9 +12,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 import streamlit as st
-from memtrack.dashboard import model, queries
+from memtrack.dashboard import model
 
-from memtrack.judge.baseline import open_regressions
+from memtrack.judge.gather.baseline import open_regressions
+from memtrack.store import browse as queries
 from memtrack.store.database import ALL_REPOSITORIES, Store
 from memtrack.store.url import Database, ServerUrl, parse_database
 

@@ -12,14 +12,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memtrack.config import Budget
-from memtrack.judge import bisect
+from memtrack.config import HEADROOM_FACTOR, Budget
+from memtrack.judge import bisect, noise
 from memtrack.judge.budgets import choose_budgets
-
-# The gate's step finder, imported here only: where the gate's history analysis lives is a
-# one-line change for the dashboard.
-from memtrack.judge.levels import segment, within_runs
-from memtrack.records import Site, metrics
+from memtrack.records import Environment, GpuInfo, Site, environment_diff, metrics
 from memtrack.records.validate import SITE_GROUPINGS
 from memtrack.units import format_size
 from memtrack.workload.registry import short_case_labels  # noqa: F401 (the views use it from here)
@@ -38,9 +34,6 @@ NEAR_BUDGET = 0.9
 
 STATUSES = ("failed", "over budget", "regression", "near budget", "ok")
 """Most urgent first; the overview sorts by this order."""
-HEADROOM_FACTOR = 3.0
-"""The gate's default: a step must exceed this many times the series' noise (and the
-metric's floor), as `memtrack check --history` finds steps."""
 
 
 def metric_value(row: dict[str, Any], metric: str) -> int | None:
@@ -261,7 +254,7 @@ def steps(
     rows_newest_first: Sequence[dict[str, Any]], metric: str, factor: float = HEADROOM_FACTOR
 ) -> list[Step]:
     """Where the series moved, newest first, found as the gate finds steps on the base
-    branch (memtrack.judge.levels). Each environment is its own series: a move between
+    branch (memtrack.judge.noise). Each environment is its own series: a move between
     environments is an environment change, not a step. Points without the figure (failed
     runs) are skipped. A step up that a later step brings back is marked fixed."""
     groups: dict[Any, list[dict[str, Any]]] = {}
@@ -281,9 +274,11 @@ def _steps(rows_newest_first: Sequence[dict[str, Any]], metric: str, factor: flo
         return []
     out: list[Step] = []
     # the allocated view's iterations: how far one run already moves (a concurrent peak)
-    within = within_runs([samples_of(r) for r, _ in points]) if metric == "allocated" else 0.0
-    seg = segment(values, factor, metrics.floor(metric, statistics.median(values)), within=within)
-    starts, room = list(seg.starts), seg.room
+    samples = [samples_of(r) for r, _ in points]
+    within = noise.within_runs(samples) if metric == "allocated" else 0.0
+    floor = metrics.floor(metric, statistics.median(values))
+    found = noise.levels(values, factor, floor, within=within)
+    starts, room = list(found.starts), found.room
     bounds = [0, *starts, len(values)]
     for k, i in enumerate(starts, start=1):
         # Each level is its own segment: a step and a later fix are two steps.
@@ -348,7 +343,7 @@ def gate_regressions(
 ) -> list[GateRegression]:
     """The regressions the gate found on the base branch's runs among these rows, newest
     first, each with the run that fixed it or the one that accepted it, as the rows and
-    verdicts show them (memtrack.judge.baseline.open_regressions reads the same rule from
+    verdicts show them (memtrack.judge.gather.baseline.open_regressions reads the same rule from
     the store, whatever the age)."""
     base = [r for r in reversed(rows_newest_first) if r.get("git_branch") == base_branch]
     at = {r["run_id"]: i for i, r in enumerate(base)}
@@ -403,7 +398,7 @@ def accepted_reasons(verdicts: Iterable[dict[str, Any]]) -> dict[tuple[str, str]
 
 
 def open_dicts(found: Iterable[Any]) -> list[dict[str, Any]]:
-    """The gate's open regressions of the base branch (memtrack.judge.baseline's
+    """The gate's open regressions of the base branch (memtrack.judge.verdict's
     OpenRegression, whatever their age) as plain dicts for the views, each with its line."""
     out = []
     for o in found:
@@ -454,19 +449,35 @@ def env_short(env: dict[str, Any] | None) -> str:
 
 
 def env_changes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[str]:
-    """The versions that differ, as 'torch 2.13.0 → 2.14.1'; the fingerprint if nothing
-    listed differs (a memory-relevant variable, say)."""
-    a, b = _env_fields(old), _env_fields(new)
+    """The versions that differ, as the gate says them ('torch 2.13.0 → 2.14.1'); the
+    fingerprint where nothing listed differs."""
+    a, b = environment(old), environment(new)
     out = [
-        f"{name} {a.get(key) or '-'} → {b.get(key) or '-'}"
-        for key, name in _VERSION_KEYS
-        if a.get(key) != b.get(key)
+        f"{what} {change.replace(' -> ', ' → ')}"
+        for what, _, change in (d.partition(": ") for d in environment_diff(a, b))
     ]
-    if not out and a.get("env_vars") != b.get("env_vars"):
-        out.append("memory-relevant variables changed")
-    if not out:
-        out.append(f"fingerprint {a.get('fingerprint')} → {b.get('fingerprint')}")
-    return out
+    return out or [f"fingerprint {a.fingerprint} → {b.fingerprint}"]
+
+
+def environment(env: dict[str, Any] | None) -> Environment:
+    """An environment row (queries.environments) as the record it was stored from."""
+    env = env or {}
+    fields = [f.name for f in dataclasses.fields(GpuInfo)]
+    found: list[dict[str, Any]] = [g for g in env.get("gpus") or () if isinstance(g, dict)]
+    gpus = tuple(GpuInfo(*(g.get(k) for k in fields)) for g in found)  # type: ignore[arg-type]
+    return Environment(
+        fingerprint=str(env.get("fingerprint") or ""),
+        gpus=gpus,
+        driver=env.get("driver"),
+        cuda_runtime=env.get("cuda_runtime"),
+        cudnn=env.get("cudnn"),
+        nccl=env.get("nccl"),
+        torch=env.get("torch"),
+        python=env.get("python"),
+        os=env.get("os"),
+        packages=dict(env.get("packages") or {}),
+        env_vars=dict(env.get("env_vars") or {}),
+    )
 
 
 def headroom_band(verdict: dict[str, Any]) -> tuple[int, int] | None:

@@ -20,6 +20,7 @@ from memtrack.dashboard import model
 from memtrack.dashboard.charts import (
     MARKER_COLORS,
     MARKER_NAMES,
+    MORE_BRANCHES,
     OTHER_BRANCHES,
     VIEW_COLORS,
     unit_for,
@@ -143,15 +144,115 @@ def _point(x: float, y: float, tip: str, cls: str, color: str, figure: float) ->
     )
 
 
-def _diamond(x: float, y: float, tip: str, figure: float, unit: str = "bytes") -> str:
-    """Another branch's run: an open diamond off the line; its figure in data-`unit`."""
+def _diamond(
+    x: float,
+    y: float,
+    tip: str,
+    figure: float,
+    unit: str = "bytes",
+    color: str = "#555",
+    branch: str | None = None,
+) -> str:
+    """Another branch's run: an open diamond off the line, in its branch's colour; its
+    figure in data-`unit`, its branch in data-branch."""
     d = 5.5
     data = f"{figure:.0f}" if unit == "bytes" else f"{figure:g}"
+    named = f' data-branch="{_a(branch)}"' if branch is not None else ""
     return (
         f'<path class="point other" d="M{x:.1f},{y - d:.1f} L{x + d:.1f},{y:.1f} '
-        f'L{x:.1f},{y + d:.1f} L{x - d:.1f},{y:.1f} Z" fill="none" stroke="#555" '
-        f'stroke-width="1.5" data-{unit}="{data}"><title>{_a(tip)}</title></path>'
+        f'L{x:.1f},{y + d:.1f} L{x - d:.1f},{y:.1f} Z" fill="none" stroke="{color}" '
+        f'stroke-width="1.8" data-{unit}="{data}"{named}><title>{_a(tip)}</title></path>'
     )
+
+
+LANE = 9.0
+"""How far apart, in the panel's units, the runs of branches that share an x are drawn."""
+
+
+def _lanes(at: Sequence[tuple[float, str]], order: Sequence[str]) -> list[float]:
+    """How far right of its x each other branch's run is drawn: branches whose runs fall on
+    one x (the same merge-base) side by side, a lane each in `order` (the legend's), all
+    right of the base branch's point there; a branch's reruns share its lane."""
+    rank = {b: i for i, b in enumerate(order)}
+    near: dict[int, list[str]] = {}
+    for x, branch in at:
+        here = near.setdefault(round(x / 4), [])
+        if branch not in here:
+            here.append(branch)
+    out = []
+    for x, branch in at:
+        here = sorted(near[round(x / 4)], key=lambda b: rank.get(b, len(rank)))
+        out.append(LANE * (here.index(branch) + 1))
+    return out
+
+
+def _others(
+    frame: _Frame,
+    others: Sequence[tuple[str, float, str, float, str]],
+    branches: dict[str, str],
+    unit: str = "bytes",
+) -> list[str]:
+    """Other branches' runs, (x, y value, tip, figure, branch) each: a diamond in the
+    branch's colour, in its lane beside the x where it was placed."""
+    lanes = _lanes([(frame.x(x), b) for x, _, _, _, b in others], list(branches))
+    return [
+        _diamond(
+            frame.x(x) + lane,
+            frame.y(value),
+            tip,
+            figure,
+            unit,
+            branches.get(branch, MORE_BRANCHES),
+            branch,
+        )
+        for (x, value, tip, figure, branch), lane in zip(others, lanes, strict=True)
+    ]
+
+
+def _branch_legend(
+    base: str | None, base_color: str, branches: dict[str, str], shown: Sequence[str]
+) -> list[str]:
+    """Which mark is which branch, in one row under the title: the base branch's line,
+    then each other branch of `shown` that has a colour of its own, in the order of
+    `branches`; the rest (past the palette, or past the row) counted at its end."""
+    names = [b for b in branches if b in set(shown)]
+    if not names:
+        return []
+    coloured = [b for b in names if branches[b] != MORE_BRANCHES]
+    items = ([(base, True)] if base else []) + [(b, False) for b in coloured]
+    out, x, y = [], float(LEFT), 31.0
+    drawn = 0
+    for i, (name, on_line) in enumerate(items):
+        text = name if len(name) <= 40 else name[:39] + "…"
+        width = 26 + 6.4 * len(text)
+        last = i == len(items) - 1 and len(coloured) == len(names)
+        if x + width + (0 if last else 170) > WIDTH - RIGHT:
+            break
+        if on_line:
+            mark = (
+                f'<path d="M{x:.1f},{y:.1f} L{x + 14:.1f},{y:.1f}" stroke="{base_color}" '
+                f'stroke-width="1.6"/><circle cx="{x + 7:.1f}" cy="{y:.1f}" r="3" '
+                f'fill="{base_color}"/>'
+            )
+        else:
+            drawn += 1
+            mark = (
+                f'<path d="M{x + 7:.1f},{y - 5:.1f} L{x + 12:.1f},{y:.1f} L{x + 7:.1f},'
+                f'{y + 5:.1f} L{x + 2:.1f},{y:.1f} Z" fill="none" stroke="{branches[name]}" '
+                f'stroke-width="1.8"/>'
+            )
+        out.append(
+            f'<g class="branches" data-branch="{_a(name)}">{mark}'
+            f'<text x="{x + 18:.1f}" y="{y + 4:.1f}">{_a(text)}</text></g>'
+        )
+        x += width
+    rest = len(names) - drawn
+    if rest:
+        out.append(
+            f'<text class="branches more" x="{x:.0f}" y="{y + 4:.0f}">'
+            f"+{rest} more branch{'es' * (rest != 1)} (hover a mark)</text>"
+        )
+    return out
 
 
 SHAPES = {
@@ -258,10 +359,13 @@ def view_panel(
     times: Sequence[str],
     height: int = 210,
     scale: str = "data",
+    branches: dict[str, str] | None = None,
 ) -> str:
     """One view of a case on its own y-scale: the base branch as a line per environment,
-    other branches as separate points, the budget line, the headroom band over the current
-    level, and marks (failures where they were seen, verdicts at their figure).
+    other branches as separate points (each branch its colour from `branches`, runs of
+    several branches at one merge-base side by side, a legend naming them), the budget
+    line, the headroom band over the current level, and marks (failures where they were
+    seen, verdicts at their figure).
 
     The scale follows the data (`scale` 'data'): a budget within a span of the data is a
     line, a budget far from it a marker at the panel's edge that says how far, so that a
@@ -284,7 +388,8 @@ def view_panel(
     body += [_environment_rule(frame, e, height) for e in env_changes]
     if budget is not None:
         body.append(_budget(frame, budget, edge, points, factor, height))
-    body += _series(frame, points, factor, VIEW_COLORS.get(metric, "#1f77b4"))
+    color = VIEW_COLORS.get(metric, "#1f77b4")
+    body += _series(frame, points, factor, color, branches or {})
     body += [
         _mark(
             frame.x(m["x"]),
@@ -296,6 +401,9 @@ def view_panel(
         for m in marks
     ]
     body += _legend(sorted({m["kind"] for m in marks}))
+    base = next((p["branch"] for p in points if p["line"] != OTHER_BRANCHES), None)
+    others = [p["branch"] for p in points if p["line"] == OTHER_BRANCHES]
+    body += _branch_legend(base, color, branches or {}, others)
     return _svg(frame, body, label, unit, metric)
 
 
@@ -394,10 +502,14 @@ def _held(xy: Sequence[tuple[float, float]]) -> str:
 
 
 def _series(
-    frame: _Frame, points: Sequence[dict[str, Any]], factor: float, color: str
+    frame: _Frame,
+    points: Sequence[dict[str, Any]],
+    factor: float,
+    color: str,
+    branches: dict[str, str],
 ) -> list[str]:
     """The base branch as one line per environment (figures of two software stacks are
-    never joined), other branches as separate points."""
+    never joined), other branches as separate points, each in its branch's colour."""
 
     def tip(p: dict[str, Any]) -> str:
         return (
@@ -427,12 +539,12 @@ def _series(
             )
             for p in line
         ]
-    body += [
-        _diamond(frame.x(p["x"]), frame.y(p["bytes"] / factor), tip(p), p["bytes"])
+    others = [
+        (p["x"], p["bytes"] / factor, tip(p), p["bytes"], p["branch"])
         for p in points
         if p["line"] == OTHER_BRANCHES
     ]
-    return body
+    return body + _others(frame, others, branches)
 
 
 def time_panel(
@@ -441,12 +553,14 @@ def time_panel(
     times: Sequence[str],
     height: int = 180,
     base: str | None = None,
+    branches: dict[str, str] | None = None,
 ) -> str | None:
     """Median (solid) and p95 (dashed) iteration time per run (rows carry their x). Each
     run has one mark, on its median, whose tooltip gives both and its branch: a second mark
     per run (on the p95) doubled the panel's elements, and SVG tooltips are what a browser
     pays most for in a panel. With `base`, only that branch's runs make the lines; the
-    other branches' are separate ◇ points, as on the memory panels."""
+    other branches' are separate ◇ points, in their colours and lanes as on the memory
+    panels."""
 
     def on_line(r: dict[str, Any]) -> bool:
         return base is None or r.get("git_branch") == base
@@ -467,6 +581,7 @@ def time_panel(
             f'<polyline class="line {stat}" points="{xy}" fill="none" '
             f'stroke="{color}" stroke-width="1.4" stroke-dasharray="{dash}"/>'
         )
+    others: list[tuple[str, float, str, float, str]] = []
     for r in rows:
         median, p95 = r.get("time_median_s"), r.get("time_p95_s")
         at = median if median is not None else p95
@@ -484,12 +599,14 @@ def time_panel(
         )
         stat = "median" if median is not None else "p95"
         if not on_line(r):
-            body.append(_diamond(frame.x(r["x"]), frame.y(at * scale), tip, at, "seconds"))
+            others.append((r["x"], at * scale, tip, at, r.get("git_branch") or "-"))
             continue
         body.append(
             f'<circle class="point {stat}" cx="{frame.x(r["x"]):.1f}" '
             f'cy="{frame.y(at * scale):.1f}" r="2.4" fill="#1f77b4">'
             f"<title>{_a(tip)}</title></circle>"
         )
+    body += _others(frame, others, branches or {}, "seconds")
     body.append(f'<text x="{WIDTH - RIGHT - 150}" y="18">— median   - - p95</text>')
+    body += _branch_legend(base, "#1f77b4", branches or {}, [o[4] for o in others])
     return _svg(frame, body, "iteration time", unit, "time")

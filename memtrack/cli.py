@@ -156,10 +156,12 @@ def _traceback() -> None:
 def _error(text: str) -> None:
     """An error in one line on stderr. Secrets out first: a message can quote a value of a
     record, a config or a workload's exception (a token, a URL with its password), and CI
-    logs are public."""
+    logs are public; then control characters shown, not acted on (`terminal_text`)."""
+    from memtrack.escape import terminal_text
     from memtrack.records.redact import redact
 
-    click.echo(f"memtrack: error: {redact(text)}", err=True)
+    # one line whatever it quotes: a case id or message holding a newline or an escape
+    click.echo(f"memtrack: error: {terminal_text(redact(text))}", err=True)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

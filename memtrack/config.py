@@ -60,6 +60,11 @@ class Budget:
     on the CPU; None: everywhere."""
 
 
+HEADROOM_FACTOR = 3.0
+"""The default `headroom_factor`: a run of unchanged code stays within 3 sigma of its level
+(memtrack.judge.noise). The gate, `check --history` and the dashboard read it from here."""
+
+
 @dataclass(frozen=True)
 class Config:
     """A validated configuration. Paths are absolute."""
@@ -78,7 +83,7 @@ class Config:
     nvml_interval_s: float = 0.01
     baseline_runs: int = 20
     min_baseline_runs: int = 3
-    headroom_factor: float = 3.0
+    headroom_factor: float = HEADROOM_FACTOR
     time_regression: str = "warn"
     noisy_above: float = 0.05
     """A headroom wider than this fraction of its baseline is too wide to judge: `noisy`."""
@@ -474,7 +479,7 @@ def _validate(table: Any, path: Path, prefix: str) -> Config:
         nvml_interval_s=c.duration("nvml_interval") or 0.01,
         baseline_runs=c.count("baseline_runs", 1, 20),
         min_baseline_runs=c.count("min_baseline_runs", 1, 3),
-        headroom_factor=c.positive("headroom_factor", 3.0),
+        headroom_factor=c.positive("headroom_factor", HEADROOM_FACTOR),
         time_regression=c.choice("time_regression", ("warn", "block", "off"), "warn") or "warn",
         creep_anchor=anchor.strip() if isinstance(anchor, str) else anchor,
         creep_tolerance=c.fraction("creep_tolerance", 0.01),

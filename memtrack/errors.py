@@ -21,3 +21,7 @@ class StoreError(MemtrackError):
 
 class RecordError(MemtrackError):
     """A JSON run record is malformed or of an unsupported schema version."""
+
+
+class ProbeError(MemtrackError):
+    """The machine's environment could not be probed: its probe hung or failed."""

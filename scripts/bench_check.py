@@ -57,10 +57,9 @@ from factories import (  # noqa: E402
 )
 
 from memtrack.config import Config, load_config  # noqa: E402
-from memtrack.judge.baseline import Point  # noqa: E402
 from memtrack.judge.check import check  # noqa: E402
+from memtrack.judge.evidence import Point  # noqa: E402
 from memtrack.judge.history import judge_series  # noqa: E402
-from memtrack.judge.levels import within_runs  # noqa: E402
 from memtrack.judge.load import Load  # noqa: E402
 from memtrack.judge.memory import Candidate, verdict  # noqa: E402
 from memtrack.records import (  # noqa: E402
@@ -190,7 +189,7 @@ def _judge(config: Config, m: Measurement, base: list[tuple], before: list | Non
     oldest first; `before`: the pairs of an older environment, whose noise the gate knows."""
     points = [_point(r, b, i) for i, (r, b) in enumerate(base)][::-1]  # newest first
     known = [_point(r, b, i, "older") for i, (r, b) in enumerate(before or [])][::-1]
-    c = Candidate(m, points, {}, len(points) < config.min_baseline_runs, known=known)
+    c = Candidate(m, points, known=known)
     return {
         metric: verdict(c, metric, config)
         for metric in metrics.NAMES
@@ -432,9 +431,7 @@ def history_false(
                     metric,
                     config,
                     anchor_index=max(0, commits - 1 - 50),
-                    within=within_runs([m.allocated_samples for m in draws])
-                    if metric == "allocated"
-                    else 0.0,
+                    samples=[m.allocated_samples for m in draws],
                 )
                 c = counts.setdefault(metric, [0, 0, 0])
                 c[0] += 1

@@ -42,7 +42,7 @@ import processes  # noqa: E402
 from factories import CPU_ENV, make_run  # noqa: E402
 
 from memtrack.config import Config, load_config  # noqa: E402
-from memtrack.judge.baseline import Point  # noqa: E402
+from memtrack.judge.evidence import Point  # noqa: E402
 from memtrack.judge.load import Load, own_demand  # noqa: E402
 from memtrack.judge.memory import Candidate  # noqa: E402
 from memtrack.judge.timing import verdict  # noqa: E402
@@ -135,7 +135,7 @@ def _slower(m: Measurement, s: float) -> Measurement:
 
 
 def _kind(m: Measurement, points: list[Point], config: Config) -> str:
-    v = verdict(Candidate(m, points, {}, False), config)
+    v = verdict(Candidate(m, points), config)
     return v.kind if v is not None else "none"
 
 

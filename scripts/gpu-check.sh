@@ -32,6 +32,8 @@
 # 15 minutes. They are a plan: the GPU path has not yet run on a GPU. steps.log's "in N s of
 # M s planned" says how far each step is from its deadline: set them from the first run.
 #
+#   bash scripts/gpu-check.sh DIR   the results go into DIR (or OUT=DIR; else a new
+#                    temporary folder)
 #   DRY_RUN=1        print the plan (each step's deadline, the total) and run nothing
 #   DEADLINES="doctor=30 run-1=60"   other deadlines for these steps, in seconds
 #   PYTHON=python3   the interpreter (memtrack is used from this checkout, not installed)
@@ -111,7 +113,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   exit 2
 fi
 
-out=${OUT:-$(mktemp -d)}
+out=${1:-${OUT:-$(mktemp -d)}}  # the results folder: the first argument, else OUT
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 if [ -n "${SCRATCH:-}" ]; then

@@ -312,6 +312,7 @@ def realistic_history(
 
     from memtrack.config import Config
     from memtrack.judge.check import check as run_check
+    from memtrack.report.check import record as record_verdicts
     from memtrack.store.database import Store
 
     runs = reruns or read_reruns()
@@ -390,7 +391,7 @@ def realistic_history(
             )
             store.write_run(run)
             if check:
-                store.save_verdicts(run_check(store, config, run_id=run.run_id))
+                record_verdicts(store, run_check(store, config, run_id=run.run_id))
         for k in range(10):
             base = HISTORY_COMMITS - 9 + k
             src = order[HISTORY_COMMITS + k]
@@ -425,7 +426,7 @@ def realistic_history(
             )
             store.write_run(run)
             if check:
-                store.save_verdicts(run_check(store, config, run_id=run.run_id))
+                record_verdicts(store, run_check(store, config, run_id=run.run_id))
             prs.append(run.run_id)
     return {"prs": prs, "grow": prs[GROW_PR], "config": config}
 
@@ -457,6 +458,7 @@ def story_history(
     config, each main commit's sha by number and each run's id in the order recorded."""
     from memtrack.config import load_config
     from memtrack.judge.check import check as run_check
+    from memtrack.report.check import record as record_verdicts
     from memtrack.store.opening import open_store
 
     repo = init_repo(work / "repo")
@@ -505,7 +507,7 @@ def story_history(
         for where in (db, *also):
             with open_store(where) as store:
                 store.write_run(run)
-                store.save_verdicts(run_check(store, config, run_id=run.run_id, root=repo))
+                record_verdicts(store, run_check(store, config, run_id=run.run_id, root=repo))
 
     def commit(i: int, message: str, minute: int = 0) -> str:
         os.environ["GIT_COMMITTER_DATE"] = os.environ["GIT_AUTHOR_DATE"] = at(i, minute)

@@ -6,9 +6,11 @@ reruns of a concurrent case, where it must never name a wrong commit."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from factories import (
 )
 
 from memtrack.config import Config
-from memtrack.judge.bisect import bisect
+from memtrack.judge.gather.bisect import bisect
 from memtrack.store.database import Store
 
 WORKLOAD = """\
@@ -128,12 +130,148 @@ def test_bad_input_is_one_line_exit_2(history, tmp_path):
         (("keep", shas[-1], shas[0]), "is not an ancestor of BAD"),
         (("keep", shas[0], shas[0]), "GOOD and BAD are the same commit"),
         (("--", "keep", "--output=x", "main"), "is not a revision"),
-        (("nosuch", shas[0], shas[-1]), "GOOD"),
+        (("nosuch", shas[0], shas[-1]), "no case or workload 'nosuch'"),
     ]:
         done = memtrack_cli(repo, "bisect", "--db", str(db), *args)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and said in lines[0], (args, done.stderr)
+
+
+NAMED = """\
+import torch
+
+import memtrack
+
+BLOCKS = {blocks}  # MiB kept alive at once
+
+
+def keep(ctx):
+    def step():
+        kept = [torch.ones(256 * 1024) for _ in range(BLOCKS)]
+        return sum(float(k[0]) for k in kept)
+
+    return step
+
+
+infer = memtrack.workload(keep, name="infer", params={{"batch": 1}})
+tagged = memtrack.workload(keep, name="tagged", params={{"tag": ["one\\ntwo"]}})
+"""
+
+
+@pytest.fixture(scope="module")
+def named(tmp_path_factory) -> tuple[Path, list[str], Path]:
+    """3 commits of two workloads of one case each (`infer[batch=1]`, and `tagged`, whose
+    case id holds a newline), the 2nd keeping 2 MiB more; the 1st and 3rd recorded."""
+    root = tmp_path_factory.mktemp("named")
+    repo, db = init_repo(root / "repo"), root / "memtrack.db"
+    (repo / "memtrack.toml").write_text(CONFIG)
+    shas = []
+    for i in range(1, 4):
+        (repo / "wl.py").write_text(NAMED.format(blocks=4 if i < 2 else 6))
+        (repo / "NOTES.md").write_text(f"change {i}\n")
+        shas.append(commit_all(repo, f"change {i}"))
+    for sha in (shas[0], shas[-1]):
+        git(repo, "checkout", "-q", sha)
+        ran = memtrack_cli(repo, "run", "--db", str(db))
+        assert ran.returncode == 0, ran.stderr
+    git(repo, "checkout", "-q", "main")
+    return repo, shas, db
+
+
+def test_bisect_takes_a_workload_name_with_one_case_as_history_does(named, tmp_path):
+    """The README's own form, `memtrack bisect WORKLOAD GOOD BAD`: the workload's one case is
+    bisected; a name that is no workload gets history's "did you mean"."""
+    repo, shas, recorded = named
+    db = tmp_path / "m.db"
+    shutil.copy(recorded, db)
+    assert "infer" in _cli(repo, db, "history", "infer").stdout
+    out = tmp_path / "found.json"
+    done = _cli(repo, db, "bisect", "infer", shas[0], shas[-1], "--json", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = json.loads(out.read_text())
+    assert found["case_id"] == "infer[batch=1]" and found["first_bad"] == shas[1], done.stdout
+    assert f"first bad commit: {shas[1][:12]} change 2" in done.stdout
+    wrong = _cli(repo, db, "bisect", "infre", shas[0], shas[-1])
+    assert wrong.returncode == 2
+    assert wrong.stderr.strip().splitlines() == [
+        f"memtrack: error: {db}: no case or workload 'infre'; did you mean infer?"
+    ]
+
+
+def test_a_relative_database_gets_every_run_the_bisection_measures(named, tmp_path):
+    """`--db data/m.db` (and MEMTRACK_DB) relative to where bisect was started: the commit
+    measured in a worktree is recorded there, in the database given, never in the
+    worktree's own folder, and what is said to be recorded is."""
+    repo, shas, recorded = named
+    for how in ("--db", "MEMTRACK_DB"):
+        data = repo / "data"
+        data.mkdir(exist_ok=True)
+        db = data / "m.db"
+        shutil.copy(recorded, db)
+        args = ("--db", "data/m.db") if how == "--db" else ()
+        env = {"MEMTRACK_DB": "data/m.db"} if how == "MEMTRACK_DB" else None
+        done = memtrack_cli(repo, "bisect", "infer[batch=1]", shas[0], shas[-1], *args, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"first bad commit: {shas[1][:12]}" in done.stdout, done.stdout
+        assert f"measured 1 commit (recorded as runs of those commits): {shas[1][:12]}" in (
+            done.stdout
+        )
+        with Store.open(db, readonly=True) as store:
+            assert store.run_ids(commit=shas[1], measured=True), how
+        shutil.rmtree(data)
+    assert git(repo, "status", "--porcelain", "--ignored") == ""
+
+
+def test_a_case_id_holding_a_newline_is_shown_on_one_line(named, tmp_path):
+    repo, shas, recorded = named
+    db = tmp_path / "m.db"
+    shutil.copy(recorded, db)
+    done = _cli(repo, db, "bisect", "tagged[tag=one\ntwo]", shas[0], shas[-1])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("bisect tagged[tag=one two] allocated: 2 commits"), done.stdout
+    assert not [line for line in done.stdout.splitlines() if line.startswith("two]")]
+    assert f"first bad commit: {shas[1][:12]}" in done.stdout
+
+
+HANGS = """\
+import sys
+import time
+
+if "memtrack.machine.environment" in sys.orig_argv:
+    time.sleep(3600)  # the environment probe, as a hung GPU driver holds it
+"""
+
+
+def test_good_and_bad_are_resolved_before_the_environment_probe(named, tmp_path):
+    """A wrong GOOD or BAD is said at once, even where the probe would hang."""
+    repo, shas, db = named
+    hang = tmp_path / "hang"
+    hang.mkdir()
+    (hang / "sitecustomize.py").write_text(HANGS)
+    env = {"PYTHONPATH": os.pathsep.join([str(hang), *sys.path])}
+    for args, said in [
+        (("infer", "nosuchref", "main"), "GOOD: 'nosuchref' is no commit"),
+        (("infer", shas[-1], shas[0]), "is not an ancestor of BAD"),
+        (("infre", shas[0], shas[-1]), "no case or workload 'infre'"),
+    ]:
+        done = memtrack_cli(repo, "bisect", "--db", str(db), *args, env=env, timeout=60)
+        assert done.returncode == 2, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and said in lines[0], (args, done.stderr)
+
+
+def test_an_environment_probe_that_hangs_is_one_error_line(tmp_path):
+    """The probe's timeout (a hung driver) is a ProbeError of one line, not a traceback."""
+    from memtrack.errors import ProbeError
+    from memtrack.machine.environment import probe
+
+    (tmp_path / "sitecustomize.py").write_text(HANGS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    with pytest.raises(ProbeError) as caught:
+        probe(timeout_s=0.5, env=env)
+    said = str(caught.value)
+    assert "\n" not in said and "environment probe" in said and "within 0.5 s" in said
 
 
 def test_a_noisy_concurrent_case_is_found_or_undecided_never_wrong(tmp_path):

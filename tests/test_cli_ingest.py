@@ -329,6 +329,14 @@ IMPOSSIBLE = {
         lambda d: _first(d, params={"batch": 1, "note": "n" * 20_000}),
         "measurements[0].params['note']: 20,000 characters, more than the 10,000",
     ),
+    "a 400-digit integer for a float": (
+        lambda d: _first(d, time_median_s=int("9" * 400)),
+        f"measurements[0].time_median_s: {'9' * 57}... is too large for a number",
+    ),
+    "a 400-digit integer among a float list": (
+        lambda d: _first(d, iteration_times_s=[0.01, -int("9" * 400)]),
+        f"measurements[0].iteration_times_s[1]: -{'9' * 56}... is too large for a number",
+    ),
     "a variable's name of 20,000 characters": (
         lambda d: {**d, "environment": {**d["environment"], "env_vars": {"V" * 20_000: "1"}}},
         "environment.env_vars['VVVVVVVVVVVVVVVVVVVV']: 20,000 characters",

@@ -45,6 +45,13 @@ def _init(repo: Path, *args: str):
         os.chdir(cwd)
 
 
+def _adopt(repo: Path) -> None:
+    """What an adopter does after `memtrack init`: adapt the workload, commit."""
+    workloads = repo / "perf" / "workloads.py"
+    workloads.write_text(workloads.read_text().replace('"width": 1024', '"width": 512'))
+    commit_all(repo, "memtrack")
+
+
 def _files(repo: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(repo)): p.read_bytes()
@@ -82,12 +89,46 @@ def test_init_writes_the_table_workloads_workflow_and_hook_then_nothing_more(tmp
     assert "next:" in lines and any("memtrack init --check" in x for x in lines)
     # the database is git-ignored by a file of its own: no .gitignore edited
     assert git(repo, "check-ignore", "data/memtrack.db", "data/memtrack.db-wal")
+    _adopt(repo)
     assert _init(repo, "--check").exit_code == 0
 
     before = _files(repo)
     again = _init(repo, "--requirement", REQ)
     assert again.exit_code == 0 and _files(repo) == before
     assert "created" not in again.output and "appended" not in again.output
+
+
+def test_check_right_after_init_names_the_template_and_what_is_not_committed(tmp_path):
+    """What the README promises: `--check` lists what is still missing, and right after
+    `memtrack init` that is the workload to adapt and the files to commit (CI checks out
+    the commit); once adapted and committed, nothing."""
+    repo = init_repo(tmp_path / "app")
+    assert _init(repo, "--requirement", REQ).exit_code == 0
+    res = _init(repo, "--check")
+    assert res.exit_code == 2, res.output
+    missing = [line for line in res.output.splitlines() if line.startswith("missing")]
+    assert missing[0] == (
+        "missing  perf/workloads.py: still the template `memtrack init` wrote: adapt its "
+        "workload to your model"
+    )
+    uncommitted = sorted(line.split(":")[0].split()[-1] for line in missing[1:])
+    assert uncommitted == sorted(
+        map(str, [COMMENT, HOOK, WORKFLOW, "data/.gitignore", "memtrack.toml", "perf/workloads.py"])
+    )
+    assert all("not committed: CI checks out the commit" in line for line in missing[1:])
+    commit_all(repo, "memtrack, as init wrote it")
+    res = _init(repo, "--check")
+    assert [line for line in res.output.splitlines() if line.startswith("missing")] == missing[:1]
+    workloads = repo / "perf" / "workloads.py"
+    workloads.write_text(workloads.read_text().replace('"width": 1024', '"width": 512'))
+    res = _init(repo, "--check")
+    assert [line for line in res.output.splitlines() if line.startswith("missing")] == [
+        "missing  perf/workloads.py: has changes not committed: CI checks out the commit, "
+        "without them"
+    ]
+    commit_all(repo, "the workload adapted")
+    res = _init(repo, "--check")
+    assert res.exit_code == 0 and res.output == f"{repo.resolve()}: nothing missing\n"
 
 
 def test_init_never_overwrites_and_without_a_pyproject_writes_memtrack_toml(tmp_path):
@@ -192,6 +233,7 @@ def test_a_pinned_requirement_is_written_as_given_and_check_accepts_it(tmp_path,
     res = _init(repo, "--requirement", requirement)
     assert res.exit_code == 0, res.output
     assert load_yaml(repo / WORKFLOW)["env"]["MEMTRACK_REQUIREMENT"] == requirement
+    _adopt(repo)
     assert _init(repo, "--check").exit_code == 0
 
 
@@ -212,6 +254,7 @@ def test_check_refuses_a_workflow_requirement_that_pins_nothing(tmp_path, value)
     wf.write_text(
         wf.read_text().replace(f'MEMTRACK_REQUIREMENT: "{REQ}"', f"MEMTRACK_REQUIREMENT: {value}")
     )
+    _adopt(repo)
     res = _init(repo, "--check")
     assert res.exit_code == 2
     problems = [line for line in res.output.splitlines() if line.startswith("missing")]
@@ -224,6 +267,7 @@ def test_check_refuses_a_workflow_requirement_that_pins_nothing(tmp_path, value)
 def test_check_refuses_an_index_that_is_no_https_url_or_holds_credentials(tmp_path):
     repo = init_repo(tmp_path / "app")
     assert _init(repo, "--requirement", REQ).exit_code == 0
+    _adopt(repo)
     wf = repo / WORKFLOW
     text = wf.read_text()
     for index, said in (
@@ -231,6 +275,8 @@ def test_check_refuses_an_index_that_is_no_https_url_or_holds_credentials(tmp_pa
         ("https://ci:s3cret@pypi.example.org/simple", "written with credentials"),
     ):
         wf.write_text(text.replace('MEMTRACK_INDEX_URL: ""', f'MEMTRACK_INDEX_URL: "{index}"'))
+        git(repo, "add", "-A")  # committed, so that the value is all --check finds
+        git(repo, "commit", "-q", "--allow-empty", "-m", index)
         res = _init(repo, "--check")
         assert res.exit_code == 2
         (line,) = [x for x in res.output.splitlines() if x.startswith("missing")]
@@ -315,6 +361,7 @@ def test_init_pins_an_index_install_by_version_and_keeps_an_index_not_pypis(
     assert env == {"MEMTRACK_REQUIREMENT": "memtrack==1.2.3", "MEMTRACK_INDEX_URL": written}
     said = written or "the runners' package index (PyPI's"
     assert f"installs memtrack==1.2.3 from {said}" in res.output
+    _adopt(repo)
     assert _init(repo, "--check").exit_code == 0
 
 
@@ -418,8 +465,10 @@ def test_check_lists_what_is_missing_and_exits_2(tmp_path):
         "missing  data/references: git ignores the references folder (.gitignore:1:data/), "
         "and references must be committed: set `references` to a folder git keeps",
         "missing  memtrack.db: the database is not git-ignored: add it to .gitignore",
+        "missing  memtrack.toml: not committed: CI checks out the commit, without it "
+        "(git add, git commit)",
     ]
-    assert res.output.splitlines()[-1].startswith("memtrack: error: 5 thing(s) missing in ")
+    assert res.output.splitlines()[-1].startswith("memtrack: error: 6 thing(s) missing in ")
 
 
 def test_reference_refuses_a_folder_git_ignores_before_running_anything(tmp_path):
@@ -549,11 +598,13 @@ def test_a_flat_layout_project_still_installs_after_init_and_check_says_when_it_
     installed = _pip_install_editable(python, repo)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     assert _imported_from(python, module, tmp_path / "venv").startswith(str(repo))
+    _adopt(repo)
     assert _init(repo, "--check").exit_code == 0
 
     # Without that table, setuptools refuses to build, and --check says so with the fix.
     text = pyproject.read_text()
     pyproject.write_text(text[: text.index("# setuptools would")])
+    commit_all(repo, "without the table")
     refused = _pip_install_editable(python, repo)
     assert refused.returncode != 0
     assert "Multiple top-level packages discovered in a flat-layout: ['data', 'perf'" in (
@@ -754,6 +805,7 @@ def test_from_a_wheel_init_asks_for_a_requirement_and_a_flat_layout_package_stil
     # which would name a layout setuptools refuses, finds nothing missing.
     installed = _pip_install_editable(_venv_with_setuptools(tmp_path / "project"), repo)
     assert installed.returncode == 0, installed.stdout + installed.stderr
+    _adopt(repo)
     check = memtrack("init", "--check", cwd=repo)
     assert check.returncode == 0 and check.stdout == f"{repo.resolve()}: nothing missing\n"
 
@@ -845,9 +897,11 @@ def test_an_adopter_from_a_wheel_gets_a_blocked_pull_request_and_a_dashboard(tmp
     assert "created  .github/workflows/memtrack.yml" in init.stdout
     # setuptools finds the package by itself: init keeps it finding that package alone
     assert "setuptools' package list" in init.stdout
-    assert sh(venv / "bin/memtrack", "init", "--check", cwd=repo).returncode == 0
+    unadapted = sh(venv / "bin/memtrack", "init", "--check", cwd=repo, check=False)
+    assert unadapted.returncode == 2 and "still the template" in unadapted.stdout
     (repo / "perf" / "workloads.py").write_text(SEEN + ADAPTED)  # the adopter adapts it
     commit_all(repo, "memtrack")
+    assert sh(venv / "bin/memtrack", "init", "--check", cwd=repo).returncode == 0
 
     builder = _builder()
     purelib = subprocess.run(

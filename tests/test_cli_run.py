@@ -129,3 +129,46 @@ def test_history_and_show_read_the_run_back(example_run):
         check=True,
     )
     assert json.loads(show.stdout)["run_id"] == run.run_id
+
+
+def test_the_shipped_budgets_hold_on_a_fresh_run_with_room_for_the_cuda_build(example_run):
+    """The quick start's `memtrack run && memtrack check`, with this repository's own
+    budgets: no case is over budget; each allocated budget is about 25 % above its case's
+    figure (meaningful, not a ceiling nothing reaches); each host budget also holds the
+    ~145 MiB the CUDA build of torch adds on a machine without a GPU."""
+    from pathlib import Path
+
+    from memtrack.config import load_config
+
+    repo, _, _ = example_run
+    text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    config = repo / "pyproject.toml"
+    config.write_text(text[text.index("[tool.memtrack]") :])
+    try:
+        budgets = load_config(config).budgets
+        checked = subprocess.run(
+            [sys.executable, "-m", "memtrack.cli", "check"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        config.unlink()
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "over budget" not in checked.stdout.lower(), checked.stdout
+    run = read_json(repo / "run.json")
+    MiB, seen = 2**20, 0
+    for b in budgets:
+        cases = [m for m in run.measurements if m.workload == b.workload]
+        seen += bool(cases)
+        if b.metric == "allocated":
+            # the largest case binds; a concurrent case's figure moves with interleaving
+            top = max(m.peak_allocated_bytes for m in cases)
+            assert 1.1 * top <= b.limit_bytes <= 1.6 * top, (b.workload, top, b.reason)
+        else:
+            assert b.metric == "host"
+            top = max(m.host_peak_rss_bytes - m.host_file_rss_bytes for m in cases)
+            cuda = top + 145 * MiB  # the CUDA build, no GPU
+            assert 1.1 * cuda <= b.limit_bytes <= 1.5 * cuda, (b.workload, top, b.reason)
+    assert seen == len(budgets) == 10

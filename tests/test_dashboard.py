@@ -553,6 +553,101 @@ def test_history_scale_follows_the_data_and_a_far_budget_is_a_marker_at_the_edge
     assert _domain(_panels(_ok(at))[0])[0] == 0
 
 
+def _branching(tmp_path: Path) -> tuple[Path, Path]:
+    """Main at 5 commits (committed at 09:00, run at 12:00, a day apart), and two pull
+    requests from main's 3rd commit: a cosmetic one (the same figure) and one that grows
+    the case by 10 MiB. Their runs share one x, the merge-base's time."""
+    from dataclasses import replace
+
+    def run(i: int, sha: str, branch: str, peak: int, committed: str, **kw: Any) -> Any:
+        made = make_run(
+            [make_measurement("decoder", {"batch": 1}, peak=peak)],
+            commit=sha,
+            branch=branch,
+            subject=f"{branch} {i}",
+            started_at=f"2026-02-{i:02d}T12:00:00+00:00",
+            **kw,
+        )
+        return replace(made, git=replace(made.git, committed_at=committed))
+
+    runs = [
+        run(i, commit(i), "main", 100 * MiB, f"2026-02-{i:02d}T09:00:00+00:00") for i in range(1, 6)
+    ]
+    for sha, branch, peak in (("c" * 40, "feature/cosmetic", 100), ("d" * 40, "feature/grow", 110)):
+        runs.append(
+            run(6, sha, branch, peak * MiB, "2026-02-06T08:00:00+00:00", merge_base=commit(3))
+        )
+    db, config = tmp_path / "branches.db", tmp_path / "branches.toml"
+    with Store.open(db) as store:
+        for r in runs:
+            store.write_run(r)
+    config.write_text('base_branch = "main"\n')
+    return db, config
+
+
+def _x(mark: ET.Element) -> float:
+    """Where a point is drawn: a circle's centre, a diamond's top vertex."""
+    if mark.get("cx") is not None:
+        return float(mark.get("cx") or 0)
+    return float(re.match(r"M([\d.]+),", mark.get("d") or "").group(1))  # type: ignore[union-attr]
+
+
+def test_history_draws_each_branch_apart_at_its_merge_base_with_a_legend(app, tmp_path) -> None:
+    """Main, a cosmetic branch and a regressing one at one merge-base: each branch its own
+    colour and lane beside main's point there, named in a legend, on the memory and the
+    time panels alike; the status line says where the axis places the run (its commit's
+    time) and when it ran; the Views chips have a row of their own."""
+    db, config = _branching(tmp_path)
+    at = _ok(app(db=db, config=config, page="History", case=D1))
+    allocated, *_, time = _panels(at)
+    assert time.get("data-metric") == "time"
+    colors = {}
+    for panel in (allocated, time):
+        others = {e.get("data-branch"): e for e in _drawn(panel, "other")}
+        assert set(others) == {"feature/cosmetic", "feature/grow"}
+        drawn = {b: e.get("stroke") for b, e in others.items()}
+        assert len(set(drawn.values())) == 2 and "#555" not in drawn.values()
+        colors = colors or drawn
+        assert drawn == colors  # one colour per branch on every panel
+        (merge_base,) = [
+            e
+            for e in _drawn(panel, "point")
+            if "other" not in (e.get("class") or "") and commit(3)[:10] in "".join(e.itertext())
+        ]
+        xs = sorted(_x(e) for e in others.values())
+        assert _x(merge_base) < xs[0] < xs[1] < _x(merge_base) + 30, (_x(merge_base), xs)
+        legend = {g.get("data-branch"): g for g in _drawn(panel, "branches")}
+        assert list(legend) == ["main", "feature/grow", "feature/cosmetic"]  # newest first
+        for branch, color in colors.items():
+            assert "".join(legend[branch].itertext()) == branch
+            assert [e.get("stroke") for e in legend[branch] if e.tag.endswith("path")] == [color]
+    grow = next(e for e in _drawn(allocated, "other") if e.get("data-branch") == "feature/grow")
+    assert int(grow.get("data-bytes")) == 110 * MiB
+    status = _plain(next(str(e.value) for e in at.markdown if "latest run on main" in e.value))
+    assert (
+        f"latest run on main: {commit(5)[:10]}, on the time axis at 2026-02-05 09:00 UTC, "
+        "its commit's time; run 2026-02-05 12:00" in status
+    ), status
+    assert "each at its commit's time" in _texts(at.caption)
+    assert "runs of any date" in _texts(at.caption)
+    # the Views chips in no column: the page's whole width, so that no label is cut
+    assert "column" not in _blocks_around(at.main, "h_views")
+    assert "column" in _blocks_around(at.main, "h_scale")  # where the narrow controls are
+
+
+def _blocks_around(node: Any, key: str, path: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The types of the blocks that hold the widget `key`, outermost first; () where none
+    of the page's widgets has that key."""
+    children = getattr(node, "children", None)
+    for child in children.values() if isinstance(children, dict) else ():
+        if getattr(child, "key", None) == key:
+            return (*path, "")
+        found = _blocks_around(child, key, (*path, child.type))
+        if found:
+            return found
+    return ()
+
+
 def test_history_marks_each_kind_with_its_own_shape_and_a_readable_legend(app) -> None:
     allocated = _panels(_ok(app(page="History", case=D8)))[0]
     shapes = {m.get("data-kind"): m.tag.split("}")[-1] for m in _drawn(allocated, "mark")}
@@ -784,7 +879,7 @@ def test_compare_with_only_b_picks_an_older_a(app) -> None:
 def test_compare_across_environments_warns(app) -> None:
     at = _ok(app(page="Compare", a="01aaaa", b="05aaaa"))
     assert "not like for like" in _texts(at.warning)
-    assert "GPU CPU → NVIDIA H200" in _texts(at.warning)
+    assert "GPUs none → NVIDIA H200 (141.00 GiB)" in _texts(at.warning)
 
 
 @pytest.mark.parametrize(

@@ -548,3 +548,47 @@ def test_a_newcomers_first_look_fits_1280_px_and_tells_cases_apart(
         assert page.locator("[data-testid='stVegaLiteChart']").count() == 0
     for name in ("overview", "run-detail", "plan"):
         assert (ARTIFACTS / f"first-look-{name}.png").stat().st_size > 10_000
+
+
+def test_the_docs_screenshot_recipe_works_as_written(chromium: Path, tmp_path: Path) -> None:
+    """docs/dashboard.md's screenshot commands, run by bash as written (but for the install
+    line, done, and a free port for 8501), over a history of the shipped suite in
+    data/memtrack.db: the PNG shows the History page drawn, not a blank page."""
+    import signal
+
+    from factories import realistic_history
+    from PIL import Image
+
+    page = (ROOT / "docs" / "dashboard.md").read_text()
+    (block,) = [
+        b for b in re.findall(r"^```bash\n(.*?)^```", page, re.S | re.M) if "dashboard_shot" in b
+    ]
+    port = str(free_port())
+    script = block.replace("8501", port).replace("scripts/", f"{ROOT}/scripts/")
+    script = re.sub(r"^pip install .*$", ":", script, flags=re.M)
+    (tmp_path / "data").mkdir()
+    realistic_history(tmp_path / "data" / "memtrack.db", check=False)
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {k: v for k, v in env.items() if not k.startswith("MEMTRACK_")}
+    proc = subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever the recipe left running
+    shot = tmp_path / "history.png"
+    assert proc.returncode == 0 and shot.is_file(), out
+    image = Image.open(shot).convert("L")
+    assert image.size[0] == 1440 and image.size[1] > 900, image.size
+    dark, light = image.getextrema()
+    assert dark < 80 and light > 200, (light, dark)  # text and panels drawn, not blank
+    assert "Traceback" not in out

@@ -46,7 +46,7 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> dict:
     work = tmp_path_factory.mktemp("history")
     db = work / "memtrack.db"
     out = realistic_history(db)
-    # the repository's own config: the shipped budgets (1 GiB of host per case on the CPU),
+    # the repository's own config: the shipped budgets (host per case on the CPU far above it),
     # less those of gpt_generate, a shipped case newer than the reruns the history is made of
     head, *blocks = (ROOT / "pyproject.toml").read_text().split("[[tool.memtrack.budgets]]")
     kept = [b for b in blocks if 'workload = "gpt_generate"' not in b]
@@ -94,10 +94,10 @@ def test_the_overview_lists_the_old_step_and_nothing_false(app) -> None:
     # under the table, with each case's id, environment and notes
     noise = read_table(at, "overview_details").set_index("case id")["noise"].to_dict()
     serve = next(c for c in noise if c.startswith("decoder_serve"))
-    # its noise, said as a property of the case: its step's host growth (its allocated peak,
-    # set by how its sessions interleave, is judged against the sum of its sessions)
-    assert noise[serve].startswith("host step ±")
-    assert noise[TRAIN] == ""
+    # no case's headroom is widened by its noise past noisy_above: the step's host growth of
+    # the concurrent case moves by a sigma of about 0.45 MiB, under its 2 MiB floor (its
+    # allocated peak, set by how its sessions interleave, is judged against their sum)
+    assert noise[serve] == "" and noise[TRAIN] == ""
 
 
 def test_the_regressing_pull_request_is_one_click_from_the_overview(app, history) -> None:
@@ -163,14 +163,19 @@ def _domain(panel: ET.Element) -> tuple[float, float]:
     return tuple(float(x.replace(",", "")) for x in found.groups())  # type: ignore[return-value]
 
 
-def test_history_shows_the_creep_on_a_scale_that_follows_the_data(app) -> None:
+def test_history_shows_the_creep_on_a_scale_that_follows_the_data(app, history) -> None:
     at = app(page="History", case=IMAGE)
     at.button_group(key="h_views").set_value(["host"]).run()
     (host, _) = _panels(at)
     low, high = _domain(host)
-    assert high - low <= 20  # MiB: the creep fills the panel, the 1 GiB budget does not
+    assert high - low <= 20  # MiB: the creep fills the panel, the far budget does not
     budget = [e for e in host.iter() if "budget" in (e.get("class") or "")]
-    assert [int(b.get("data-bytes")) for b in budget] == [2**30]
+    (shipped,) = [
+        b.limit_bytes
+        for b in _config(history).budgets
+        if (b.workload, b.metric) == ("image_classify", "host")
+    ]
+    assert [int(b.get("data-bytes")) for b in budget] == [shipped]
     assert "edge" in budget[0].get("class")
     line = [e for e in host.iter() if e.get("class") == "point base"]
     last = [int(e.get("data-bytes")) for e in line][-50:]
@@ -182,7 +187,7 @@ def test_history_shows_the_creep_on_a_scale_that_follows_the_data(app) -> None:
 
 
 def test_check_history_finds_the_step_and_the_creep_and_nothing_false(history) -> None:
-    from memtrack.judge.history import analyze_history
+    from memtrack.judge.gather.history import analyze_history
 
     with Store.open(history["db"], readonly=True) as store:
         h = analyze_history(store, _config(history), root=history["work"])

@@ -65,7 +65,7 @@ def test_every_relative_link_names_a_file_and_anchor_that_exist(page):
 def test_the_docs_state_the_one_provisional_rule_the_gate_applies():
     """Every page that says how far a provisional regression must jump says the jump the
     code uses: one rule, written once in the code, the same in every page."""
-    from memtrack.judge.memory import PROVISIONAL_BLOCK_FRACTION
+    from memtrack.judge.memory import PROVISIONAL as PROVISIONAL_BLOCK_FRACTION
 
     rule = f"{PROVISIONAL_BLOCK_FRACTION:.0%}".replace("%", " %")
     said = {}
@@ -90,3 +90,65 @@ def test_ci_runs_the_readme_test_command_in_a_fresh_venv_and_times_its_stages():
     assert made < activated < command
     assert "deactivate" not in lines[activated:command]
     assert sum(line.startswith("stage ") for line in lines) >= 5  # each stage prints its time
+
+
+def test_the_docs_speak_of_the_project_and_nothing_else():
+    """The README and the docs site describe memtrack: how a machine is lent to whoever
+    develops it, its output folder's name there or its time budget are no part of it."""
+    lent = re.compile(r"\$OUT\b|\blent\b|device machine|minutes of device time|/work/\.library")
+    for page in [README, *PAGES]:
+        found = [m.group() for m in lent.finditer(page.read_text())]
+        assert not found, (page.name, found)
+
+
+def _shipped_suite() -> dict[str, list[dict[str, object]]]:
+    """The shipped example suite as `memtrack run` finds it in a clone: each workload's
+    cases' params."""
+    from memtrack.config import Config
+    from memtrack.workload.registry import discover, select_cases
+
+    suite: dict[str, list[dict[str, object]]] = {}
+    for case in select_cases(discover(Config(path=None, root=ROOT))):
+        suite.setdefault(case.workload, []).append(case.params)
+    return suite
+
+
+def _quick_start(page: Path) -> str:
+    text = " ".join(page.read_text().split())
+    start = text.index("This runs the shipped example suite")
+    return text[start : text.index("imported torch once.", start)]
+
+
+def test_the_readme_and_getting_started_describe_what_a_fresh_clone_runs_alike():
+    """One account of the shipped suite, in both places a newcomer reads it: the number of
+    cases and workloads, every case named as `memtrack run`'s table names it (a workload of
+    one case by its name, the others by the params that tell them apart), and one measured
+    time, said with how it was measured."""
+    suite = _shipped_suite()
+    cases = sum(len(c) for c in suite.values())
+    readme, started = _quick_start(README), _quick_start(DOCS / "getting-started.md")
+    assert readme == started
+    assert f"{cases} cases of {len(suite)} workloads" in readme
+    for workload, params in suite.items():
+        if len(params) == 1:
+            assert f"`{workload}`" in readme, workload
+            continue
+        differ = sorted(k for k in params[0] if len({str(p[k]) for p in params}) > 1)
+        for p in params:
+            label = f"{workload}[{','.join(f'{k}={p[k]}' for k in differ)}]"
+            assert f"`{label}`" in readme, label
+    took = re.search(r"took (\d+)(?: to (\d+))? s on 2 CPU cores \(`time memtrack run`", readme)
+    assert took, readme
+
+
+def test_the_server_page_shows_a_socket_url_the_database_made_first_and_a_clones_install():
+    """docs/storage.md shows a unix-socket URL beside the TCP one and says the database must
+    exist first; the install of the server extra is a clone's, as the quick start's."""
+    storage = (DOCS / "storage.md").read_text()
+    assert "'postgresql:///memtrack?host=/var/run/postgresql'" in storage
+    assert "createdb" in storage and "must exist" in storage
+    for page in [README, *PAGES]:
+        text = page.read_text()
+        assert "pip install 'memtrack[postgres]'" not in text, page.name
+        if "[postgres]" in text:
+            assert 'pip install -e ".[postgres]"' in text, page.name

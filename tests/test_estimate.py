@@ -280,7 +280,7 @@ def test_an_estimate_on_main_is_never_a_baseline(tmp_path, monkeypatch):
         f"estimate of commit {base[:12]} (not the one checked) 100.00 MiB (tensors only: "
         "excludes kernel scratch) (measured 200.00 MiB, -50.00%)"
     ) in res.output
-    from memtrack.dashboard import queries
+    from memtrack.store import browse as queries
 
     with Store.open(db, readonly=True) as store:
         series = queries.series(store.conn, "decoder[batch=1]")

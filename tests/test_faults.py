@@ -118,6 +118,25 @@ def test_backup_onto_a_full_disk_leaves_no_copy_or_journal(tmp_path):
     _intact(db, 20)
 
 
+def test_db_copy_onto_a_full_disk_leaves_no_destination(tmp_path):
+    """A copy that cannot be written leaves no DST at all: an empty file there would be
+    refused by the next try as a database that is not empty, or opened as a history."""
+    db = tmp_path / "m.db"
+    _seed(db, 20)
+    dest = tmp_path / "copies"
+    dest.mkdir()
+    for fsize in (db.stat().st_size // 2, db.stat().st_size - KiB):
+        res = memtrack("db", "copy", str(db), str(dest / "copy.db"), fsize=fsize)
+        line = _error_line(res)
+        assert "disk full" in line and str(dest / "copy.db") in line, line
+        assert list(dest.iterdir()) == []
+    _intact(db, 20)
+    done = memtrack("db", "copy", str(db), str(dest / "copy.db"))
+    assert done.returncode == 0, done.stderr
+    _intact(dest / "copy.db", 20)
+    assert [p.name for p in dest.iterdir()] == ["copy.db"]
+
+
 def _held_open(db: Path) -> sqlite3.Connection:
     """Another reader of the database, as on a busy runner: its shared-memory file already
     exists, so only the output under test can meet the size limit."""

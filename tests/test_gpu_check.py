@@ -237,6 +237,19 @@ def test_gpu_check_refuses_a_scratch_inside_out(tmp_path):
     assert not (tmp_path / "python3.log").exists()
 
 
+def test_the_results_folder_is_the_scripts_argument(tmp_path):
+    """`bash scripts/gpu-check.sh DIR`, as docs/development.md runs it: DIR is the results
+    folder (found here by a scratch folder inside it, refused before anything runs)."""
+    results = tmp_path / "results"
+    env = _env(tmp_path, _bin(tmp_path), SCRATCH=str(results / "scratch"))
+    del env["OUT"]
+    out = subprocess.run(
+        ["bash", str(SCRIPT), str(results)], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 2 and f"is inside OUT ({results})" in out.stderr, out.stderr
+    assert not (tmp_path / "python3.log").exists()
+
+
 def _plan(text: str) -> tuple[dict[str, int], int]:
     steps = dict((m[1], int(m[2])) for m in re.finditer(r"^  (\S+) +(\d+) s$", text, re.MULTILINE))
     (total,) = re.findall(r"^  total +(\d+) s ", text, re.MULTILINE)

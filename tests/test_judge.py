@@ -19,13 +19,14 @@ from factories import (
 
 from memtrack.config import Budget, Config
 from memtrack.errors import ConfigError, StoreError
+from memtrack.judge import noise
 from memtrack.judge.budgets import budgets_for
 from memtrack.judge.check import check
-from memtrack.judge.levels import current_level, find_steps, noise, segment, within_runs
-from memtrack.judge.levels import spread as baseline_spread
-from memtrack.judge.memory import repeat_spread, suggest_budget
+from memtrack.judge.memory import suggest
 from memtrack.records import Measurement
 from memtrack.records.metrics import FLOORS
+from memtrack.report.check import record
+from memtrack.report.words import details, message
 from memtrack.store.database import VERDICT_COLUMNS, Store
 
 BASE = 100 * MiB
@@ -63,25 +64,33 @@ def _verdict(result, metric="allocated"):
     return v
 
 
-def test_spread_never_lets_an_observed_value_exceed_its_threshold():
-    assert baseline_spread([BASE] * 5) == 0
-    assert baseline_spread([BASE] * 20 + [BASE + 2 * MiB]) == MiB  # 20+ runs: no scaling
-    values = [BASE, BASE, BASE, BASE, BASE + 4 * MiB]
-    spread = baseline_spread(values)
-    assert spread >= 2 * MiB  # half the range, though the MAD is 0
-    assert 3 * spread > 4 * MiB
-    assert baseline_spread([BASE]) == 0
+def test_sigma_is_read_from_successive_differences_and_no_step_moves_it():
+    # a deterministic figure has no noise, whatever its steps
+    assert noise.sigma(noise.differences([float(BASE)] * 8 + [float(BASE + MiB)] * 4)) == 0
+    # normal noise: sigma is its standard deviation (the trimmed mean's constant is exact)
+    import random
+
+    rng = random.Random(3)
+    values = [rng.gauss(0, 1000) for _ in range(4000)]
+    assert noise.sigma(noise.differences(values)) == pytest.approx(1000, rel=0.05)
+    # a step moves one difference of many: sigma barely moves with it
+    stepped = values[:2000] + [v + 10**6 for v in values[2000:]]
+    assert noise.sigma(noise.differences(stepped)) == pytest.approx(1000, rel=0.06)
+    # a figure that takes a few values moves though most differences are 0
+    a, b = 10957824.0, 10576896.0
+    assert noise.sigma(noise.differences([a, a, a, b, a, a, b, a, a, a])) > 0
 
 
-def test_repeat_spread_cannot_be_widened_by_one_odd_iteration():
-    first_low = make_measurement(samples=(36_576_780, 39_750_268, 39_750_268))
-    assert repeat_spread(first_low, "allocated") == 0  # a lower first iteration: structure
-    one_high = make_measurement(samples=(100, 100, 100, 150))
-    assert repeat_spread(one_high, "allocated") == 0
-    assert repeat_spread(make_measurement(samples=(10, 12, 11)), "allocated") == 1
-    # two samples cannot tell an outlier from noise: not estimated from repeats
-    assert repeat_spread(make_measurement(samples=(99_900_000, 138_000_000)), "allocated") == 0
-    assert repeat_spread(first_low, "host") == 0
+def test_the_small_sample_factor_is_computed_and_never_jumps():
+    # t(0.99, n - 1) / z(0.99): Student's t itself, not a table that ends
+    assert noise.t_quantile(0.99, 4) == pytest.approx(3.7469, abs=1e-4)
+    assert noise.t_quantile(0.99, 19) == pytest.approx(2.5395, abs=1e-4)
+    assert noise.small_sample(5) == pytest.approx(1.6107, abs=1e-4)
+    factors = [noise.small_sample(n) for n in range(3, 200)]
+    pairs = list(zip(factors[:-1], factors[1:], strict=True))
+    assert all(a > b for a, b in pairs)  # narrower with every run
+    assert max(a / b for a, b in pairs) < 1.6  # no cut-off
+    assert factors[-1] == pytest.approx(1.0, abs=0.02)
 
 
 def test_deterministic_two_percent_regression_blocks_with_its_arithmetic(store, tmp_path):
@@ -90,7 +99,7 @@ def test_deterministic_two_percent_regression_blocks_with_its_arithmetic(store, 
     result = check(store, _config(tmp_path), run_id=run_id)
     v = _verdict(result)
     assert (v.kind, v.blocking, v.provisional) == ("regression", True, False)
-    assert v.baseline_value == BASE and v.spread == 0 and v.floor == 512
+    assert v.baseline_value == BASE and v.why.spread == 0 and v.why.floor == 512
     assert v.threshold == BASE + 512
     assert v.delta == int(BASE * 1.02) - BASE and round(v.delta_pct, 2) == 2.0
     for part in (
@@ -103,7 +112,7 @@ def test_deterministic_two_percent_regression_blocks_with_its_arithmetic(store, 
         "+2.00%",
         "regression",
     ):
-        assert part in v.message
+        assert part in message(v)
     assert result.exit_code == 1
 
 
@@ -121,11 +130,13 @@ def test_observed_noise_widens_the_headroom(store, tmp_path):
         _record(store, [make_measurement(host=v)], i)
     ok = _candidate(store, [make_measurement(host=host + 3 * MiB)], 10)
     v = _verdict(check(store, _config(tmp_path), run_id=ok), "host")
-    assert v.kind == "ok" and v.floor == FLOORS["host"]
-    # half the 4 MiB range, scaled from 5 runs to the range 20 runs would show, widened as
-    # a prediction from 5 runs is (t(0.99, 4) / z(0.99))
-    assert v.spread == pytest.approx(2 * MiB * 3.735 / 2.326 * 3.747 / 2.326)
-    assert "x 1.61 for 5 runs" in v.message
+    assert v.kind == "ok" and v.why.floor == FLOORS["host"]
+    # sigma from the differences 1, -2, 4, -3 MiB (the smallest four fifths: 1, 2, 3 MiB),
+    # widened as a prediction from 5 runs is: t(0.99, 4) / z(0.99)
+    assert v.why.noise == pytest.approx(2 * MiB / noise.TRIMMED_MEAN, rel=1e-3)
+    assert v.why.spread == pytest.approx(2 * MiB / noise.TRIMMED_MEAN * 1.6107, rel=1e-3)
+    assert v.room == pytest.approx(3 * v.why.spread)
+    assert "x 1.61 for 5 runs" in message(v)
     bad = _candidate(store, [make_measurement(host=host + 20 * MiB)], 11)
     assert _verdict(check(store, _config(tmp_path), run_id=bad), "host").kind == "regression"
 
@@ -141,8 +152,8 @@ def test_a_merged_regression_is_the_new_level_not_noise(store, tmp_path):
     assert (v.kind, v.blocking) == ("regression", True)
     assert v.baseline_value == BASE + MiB and v.delta == MiB  # against the new level
     assert v.threshold == BASE + MiB + 512  # the spread never spans the step
-    assert (v.baseline_runs, v.level_commit) == (1, level_commit)
-    assert f"median of 1 run at the level since {level_commit[:12]}, 6 in the window" in v.message
+    assert (v.baseline_runs, v.why.level_since) == (1, level_commit)
+    assert f"median of 1 run at the level since {level_commit[:12]}, 6 in the window" in message(v)
     same = _candidate(store, [make_measurement(peak=BASE + MiB)], 11)
     assert _verdict(check(store, _config(tmp_path), run_id=same)).kind == "ok"
 
@@ -150,10 +161,10 @@ def test_a_merged_regression_is_the_new_level_not_noise(store, tmp_path):
 def test_one_noisy_run_is_not_a_level_of_its_own():
     host = 400 * MiB
     noisy = [host, host + 2 * MiB, host - MiB, host + MiB, host, host + 3 * MiB]
-    level = current_level(noisy, 3.0, FLOORS["host"])
-    assert (level.start, level.steps) == (0, 0)
-    stepped = current_level(noisy + [host + 40 * MiB] * 2, 3.0, FLOORS["host"])
-    assert (stepped.start, stepped.values) == (6, (host + 40 * MiB,) * 2)
+    level = noise.levels(noisy, 3.0, FLOORS["host"])
+    assert (level.start, level.starts) == (0, ())
+    stepped = noise.levels(noisy + [host + 40 * MiB] * 2, 3.0, FLOORS["host"])
+    assert (stepped.start, stepped.current) == (6, (host + 40 * MiB,) * 2)
 
 
 # decoder_serve[concurrency=4]'s allocated peak and each iteration's, in real reruns of one
@@ -174,34 +185,37 @@ def test_a_figure_that_takes_a_few_values_never_blocks_on_a_value_it_already_pro
     store, tmp_path
 ):
     # Three reruns at one value, then two at another: the peaks alone read as two flat
-    # levels, and the newest one's zero spread would block the first value again.
+    # levels, and the newest one's zero spread would block the first value again; the
+    # runs' own iterations say the figure moves.
     for minute, i in enumerate((0, 3, 4, 2, 5)):
         peak, samples = SERVE_RERUNS[i]
         _record(store, [make_measurement(peak=peak, samples=samples)], minute)
     peak, samples = SERVE_RERUNS[7]
     run_id = _candidate(store, [make_measurement(peak=peak, samples=samples)], 10)
     v = _verdict(check(store, _config(tmp_path), run_id=run_id))
-    assert not v.blocking and v.kind == "noisy", v.message
-    assert v.baseline_runs == 5  # one level: the median iteration moves as the peak does
-    assert "iterations" in v.message and v.threshold > max(p for p, _ in SERVE_RERUNS)
+    assert not v.blocking and v.kind == "noisy", message(v)
+    assert v.baseline_runs == 5  # one level
+    assert v.threshold > max(p for p, _ in SERVE_RERUNS)
 
 
 def test_a_discrete_figure_has_noise_and_is_not_split_where_it_repeats_itself():
     a, b, c = 10957824, 10576896, 11086784
-    values = [a, a, a, b, b, a, a, c, a, b, a, a]
-    assert noise([float(v) for v in values]) > 0  # most differences are 0, yet it moves
+    values = [float(x) for x in (a, a, a, b, b, a, a, c, a, b, a, a)]
+    assert noise.sigma(noise.differences(values)) > 0  # most differences are 0, yet it moves
     # its runs' own iterations say it moves: no step between runs
-    within = within_runs([samples for _, samples in SERVE_RERUNS])
+    within = noise.within_runs([samples for _, samples in SERVE_RERUNS])
     assert within > 0
-    assert segment(values, 3.0, FLOORS["allocated"], within=within).starts == ()
-    assert noise([float(BASE)] * 8 + [float(BASE + MiB)] * 4) == 0  # deterministic: 0
-    # levels that repeat values of their neighbour are one level, whatever their medians
-    repeating = [a, a, b, a, b, b, b, a, b]
-    sigma = noise(repeating)
-    assert find_steps(repeating, 3 * sigma, sigma) == []
+    assert noise.levels(values, 3.0, FLOORS["allocated"], within=within).starts == ()
+    # levels that repeat values of their neighbour are one level
+    repeating = [float(x) for x in (a, a, b, a, b, b, b, a, b)]
+    sigma = noise.sigma(noise.differences(repeating))
+    assert noise.split(repeating, 3 * sigma * noise.small_sample(9), sigma) == []
     # without noise, one run away and back is a change and its revert: two steps
-    assert find_steps([a, a, a, c, a], 512, 0) == [3, 4]
-    assert find_steps([a] * 4 + [c] * 4, 512, 0) == [4]
+    assert noise.split([a, a, a, c, a], 512, 0) == [3, 4]
+    assert noise.split([a] * 4 + [c] * 4, 512, 0) == [4]
+    # and the level after the revert is the level before it: one level, five runs
+    back = noise.levels([a, a, a, c, a], 3.0, 512)
+    assert (back.starts, back.current) == ((3, 4), (a, a, a, a))
 
 
 def test_no_shipped_case_blocks_against_baselines_drawn_from_its_own_real_reruns(tmp_path):
@@ -211,7 +225,7 @@ def test_no_shipped_case_blocks_against_baselines_drawn_from_its_own_real_reruns
     import random
 
     from memtrack.config import load_config
-    from memtrack.judge.baseline import Point
+    from memtrack.judge.evidence import Point
     from memtrack.judge.memory import Candidate, verdict
     from memtrack.records import metrics
     from memtrack.workload.registry import discover
@@ -242,39 +256,44 @@ def test_no_shipped_case_blocks_against_baselines_drawn_from_its_own_real_reruns
                 )
                 for i, b in enumerate(base)
             ][::-1]
-            c = Candidate(m, points, {}, n < config.min_baseline_runs)
+            c = Candidate(m, points)
             for metric in metrics.NAMES:
                 v = verdict(c, metric, config)
                 if v is not None and v.blocking:
-                    blocked.append(f"{case_id} {metric} ({n} runs): {v.message}")
+                    blocked.append(f"{case_id} {metric} ({n} runs): {message(v)}")
     assert blocked == []
 
 
-def test_a_run_or_two_apart_in_a_noisy_series_is_not_a_level_yet():
+def test_one_run_apart_in_a_noisy_series_is_not_a_level_yet_two_are():
     host = 400 * MiB
     noisy = [host + d * MiB for d in (0, 1, -1, 2, 0, 1, -1, 0)]
-    low = [host - 7 * MiB, host - 8 * MiB]
-    level = current_level(noisy + low, 3.0, FLOORS["host"])
-    assert (level.start, level.steps) == (0, 0)  # two outliers, or a step: not known yet
-    level = current_level(noisy + low + [host - 7 * MiB], 3.0, FLOORS["host"])
-    assert (level.start, level.steps) == (len(noisy), 1)  # the third run says it is one
+    alone = noise.levels(noisy + [host - 9 * MiB], 3.0, FLOORS["host"])
+    assert alone.starts == ()  # one run away: an outlier until a second one says otherwise
+    assert 9 * MiB < 2 * alone.room
+    two = noise.levels(noisy + [host - 9 * MiB, host - 9 * MiB], 3.0, FLOORS["host"])
+    assert (two.start, two.current) == (len(noisy), (host - 9 * MiB,) * 2)
 
 
-def test_a_noisy_figure_stays_provisional_and_blocks_only_past_the_floor_times_the_factor(
-    store, tmp_path
-):
-    for i, v in enumerate((12.0, 12.5, 11.8, 12.2)):  # four runs of a noisy figure
+def test_a_noisy_figure_is_provisional_below_the_minimum_then_judged_by_its_noise(store, tmp_path):
+    for i, v in enumerate((12.0, 12.5)):  # two runs of a noisy figure
         _record(store, [make_measurement(host_step=int(v * MiB))], i)
     run_id = _candidate(store, [make_measurement(host_step=17 * MiB)], 10)
     v = _verdict(check(store, _config(tmp_path), run_id=run_id), "host_step")
-    assert (v.kind, v.provisional, v.blocking) == ("regression", True, False)  # +40 %, 4.9 MiB
-    assert "past a 10% jump and past 6.00 MiB" in v.message
+    assert (v.kind, v.provisional, v.blocking) == ("regression", True, False)  # +38 %, 4.75 MiB
+    assert "past a 10% jump and past 6.00 MiB" in message(v)
     big = _candidate(store, [make_measurement(host_step=19 * MiB)], 11)
     v = _verdict(check(store, _config(tmp_path), run_id=big), "host_step")
     assert (v.kind, v.blocking) == ("regression", True)
-    # a deterministic figure is judged in full from min_baseline_runs on
-    v = _verdict(check(store, _config(tmp_path), run_id=big))
-    assert not v.provisional
+    # from min_baseline_runs on, the noise the runs show, widened for how few they are
+    for i, v in enumerate((11.8, 12.2)):
+        _record(store, [make_measurement(host_step=int(v * MiB))], i + 2)
+    again = _candidate(store, [make_measurement(host_step=17 * MiB)], 12)
+    v = _verdict(check(store, _config(tmp_path), run_id=again), "host_step")
+    assert (v.kind, v.provisional, v.blocking) == ("regression", False, True), message(v)
+    assert v.room == pytest.approx(3 * v.why.noise * noise.small_sample(4))
+    within = _candidate(store, [make_measurement(host_step=int(14.5 * MiB))], 13)
+    v = _verdict(check(store, _config(tmp_path), run_id=within), "host_step")
+    assert (v.kind, v.blocking) == ("noisy", False), message(v)  # 3.34 MiB: 28 % of 12 MiB
 
 
 def test_a_headroom_too_wide_to_judge_says_noisy_and_how_to_sharpen_it(store, tmp_path):
@@ -284,8 +303,8 @@ def test_a_headroom_too_wide_to_judge_says_noisy_and_how_to_sharpen_it(store, tm
     run_id = _candidate(store, [make_measurement(peak=BASE + MiB)], 10)
     v = _verdict(check(store, _config(tmp_path), run_id=run_id))
     assert (v.kind, v.blocking) == ("noisy", False)
-    assert "wider than 5%" in v.message and "more baseline runs (now 5 of 20)" in v.message
-    assert "requested" not in v.message  # the CPU never records it: not suggested
+    assert "wider than 5%" in message(v) and "more baseline runs (now 5 of 20)" in message(v)
+    assert "requested" not in message(v)  # the CPU never records it: not suggested
     over = _candidate(store, [make_measurement(peak=BASE + MiB)], 11)
     budget = Budget("decoder", BASE, "must fit", metric="allocated")
     v = _verdict(check(store, _config(tmp_path, budgets=(budget,)), run_id=over))
@@ -299,8 +318,8 @@ def test_a_regression_names_the_component_that_grew(store, tmp_path):
         _record(store, [make_measurement(peak=BASE, caches_bytes=10 * MiB)], i)
     grown = make_measurement(peak=BASE + 8 * MiB, caches_bytes=18 * MiB)
     v = _verdict(check(store, _config(tmp_path), run_id=_candidate(store, [grown], 10)))
-    assert (v.kind, v.component, v.component_delta) == ("regression", "caches", 8 * MiB)
-    assert "caches grew +8.00 MiB" in v.message
+    assert (v.kind, v.why.component, v.why.component_delta) == ("regression", "caches", 8 * MiB)
+    assert "caches grew +8.00 MiB" in message(v)
 
 
 def test_a_base_branch_run_is_judged_against_its_previous_level_never_blocking(store, tmp_path):
@@ -310,7 +329,7 @@ def test_a_base_branch_run_is_judged_against_its_previous_level_never_blocking(s
     v = _verdict(result)
     assert (result.context, v.context, v.kind, v.blocking) == ("base", "base", "regression", False)
     assert result.exit_code == 0
-    store.save_verdicts(result)
+    record(store, result)
     row = store.conn.execute(
         "select context, kind from verdicts where run_id = ? and metric = 'allocated'", [pushed]
     ).fetchone()
@@ -361,20 +380,19 @@ def test_a_fifty_case_comment_shows_its_one_block_and_counts_the_rest(store, tmp
 
 
 def test_the_quality_title_says_what_its_rows_say():
-    from memtrack.judge.check import CheckResult
-    from memtrack.judge.verdict import Verdict
+    from memtrack.judge.decide import CheckResult
+    from memtrack.judge.verdict import Quality, Verdict
     from memtrack.report import check as report
 
-    def q(kind: str, message: str, blocking: bool) -> Verdict:
+    def q(kind: str, status: str, blocking: bool) -> Verdict:
+        why = Quality(status, "c[dtype=f32]", "dtype bf16 (reference f32)", None, "max_rel 0.2")
         return Verdict(
-            case_id=f"c[dtype={message[:4]}]",
+            case_id=f"c[dtype={status}]",
             workload="c",
             metric="quality",
             kind=kind,
             blocking=blocking,
-            message=message,
-            words=message.partition(":")[0],  # as the judge says it: what the message opens with
-            reference="c[dtype=f32]",
+            why=why,
         )
 
     def title(*vs: Verdict) -> str:
@@ -392,34 +410,35 @@ def test_the_quality_title_says_what_its_rows_say():
             )
         )
 
-    broken = q("quality", "the result changed: max_rel 0.2 > 0.05", True)
+    broken = q("quality", "beyond", True)
     assert title(broken, broken) == "Quality after a precision change: 2 beyond tolerance"
-    kept = q("ok", "quality kept, dtype bf16: saves 1 MiB", False)
+    kept = q("ok", "ok", False)
     assert title(kept) == "Quality after a precision change: memory saved and quality kept"
-    missing = q("quality", "not compared: no reference recorded yet", False)
+    missing = q("quality", "none", False)
     assert title(broken, missing, kept) == (
         "Quality after a precision change: 1 beyond tolerance, 1 without a reference yet, 1 kept"
     )
 
 
 def test_an_estimate_of_another_commit_names_that_commit():
-    from memtrack.judge.check import Estimate
+    from memtrack.judge.evidence import Estimate
+    from memtrack.report.words import estimate
 
     mine = Estimate("c", 5 * MiB, "e1", "a" * 40, measured_bytes=5 * MiB, candidate_commit="a" * 40)
-    assert mine.describe().startswith(
+    assert estimate(mine).startswith(
         "estimate 5.00 MiB (tensors only: excludes kernel scratch) (measured 5.00 MiB"
     )
     calibrated = replace(mine, estimate_bytes=6 * MiB, scratch_bytes=MiB, scratch_run_id="f" * 32)
-    assert calibrated.describe().startswith(
+    assert estimate(calibrated).startswith(
         f"estimate 6.00 MiB (5.00 MiB of tensors + 1.00 MiB kernel scratch from run {'f' * 12})"
     )
     # calibrated from the very run checked: it matches that run by construction, said so
     here = replace(calibrated, candidate_run_id="f" * 32)
-    assert f"kernel scratch from run {'f' * 12}, this run) (measured" in here.describe()
+    assert f"kernel scratch from run {'f' * 12}, this run) (measured" in estimate(here)
     older = Estimate(
         "c", 5 * MiB, "e1", "b" * 40, measured_bytes=5 * MiB, candidate_commit="a" * 40
     )
-    assert older.describe().startswith(f"estimate of commit {'b' * 12} (not the one checked)")
+    assert estimate(older).startswith(f"estimate of commit {'b' * 12} (not the one checked)")
 
 
 def test_a_budget_that_names_no_workload_is_refused_with_the_nearest_names(store, tmp_path):
@@ -448,7 +467,7 @@ def test_below_the_minimum_of_baseline_runs_only_a_jump_past_the_provisional_rul
         run_id = _candidate(store, [make_measurement(peak=int(BASE * grown))], minute)
         v = _verdict(check(store, _config(tmp_path), run_id=run_id))
         assert (v.kind, v.provisional, v.blocking) == ("regression", True, False)
-        assert "provisional: blocks only past a 10% jump and past 1.50 KiB" in v.message
+        assert "provisional: blocks only past a 10% jump and past 1.50 KiB" in message(v)
     big = _candidate(store, [make_measurement(peak=int(BASE * 1.3))], 12)
     v = _verdict(check(store, _config(tmp_path), run_id=big))
     assert (v.kind, v.provisional, v.blocking) == ("regression", True, True)
@@ -463,9 +482,9 @@ def test_improvement_suggests_a_tighter_budget(store, tmp_path):
     budget = Budget("decoder", 128 * MiB, "fits", metric="allocated")
     v = _verdict(check(store, _config(tmp_path, budgets=(budget,)), run_id=run_id))
     assert v.kind == "improvement" and not v.blocking
-    assert 60 * MiB < v.suggested_budget < 128 * MiB
-    assert v.suggested_budget == suggest_budget(60 * MiB, 512) == 66 * MiB
-    assert "a budget of 66.00 MiB would hold it" in v.message
+    assert 60 * MiB < v.why.suggested_budget < 128 * MiB
+    assert v.why.suggested_budget == suggest(60 * MiB, 512, None) == 66 * MiB
+    assert "a budget of 66.00 MiB would hold it" in message(v)
 
 
 def test_budget_breach_blocks_without_a_baseline(store, tmp_path):
@@ -474,7 +493,7 @@ def test_budget_breach_blocks_without_a_baseline(store, tmp_path):
     result = check(store, _config(tmp_path, budgets=(budget,)), run_id=run_id)
     v = _verdict(result)
     assert (v.kind, v.blocking, v.budget_bytes) == ("over_budget", True, 64 * MiB)
-    assert "two sessions on a 24 GiB card" in v.message and "OVER by 6.00 MiB" in v.message
+    assert "two sessions on a 24 GiB card" in message(v) and "OVER by 6.00 MiB" in message(v)
     assert _verdict(result, "host").kind == "new"
 
 
@@ -503,8 +522,8 @@ def test_environment_change_is_reported_not_compared(store, tmp_path):
     result = check(store, _config(tmp_path), run_id=run_id)
     v = _verdict(result)
     assert (v.kind, v.blocking, v.baseline_value) == ("environment_changed", False, None)
-    assert "torch: 2.13.0+cpu -> 2.14.0+cpu" in v.details
-    assert "not compared" in v.message
+    assert "torch: 2.13.0+cpu -> 2.14.0+cpu" in details(v)
+    assert "not compared" in message(v)
     assert result.exit_code == 0
 
 
@@ -519,7 +538,7 @@ def test_a_failed_candidate_blocks_unless_the_baseline_failed_too(
     result = check(store, _config(tmp_path), run_id=run_id)
     (v,) = result.verdicts
     assert (v.metric, v.kind, v.blocking) == ("status", "failed", blocking)
-    assert "oom (CUDA out of memory)" in v.message
+    assert "oom (CUDA out of memory)" in message(v)
 
 
 def test_a_case_fixed_after_runs_that_all_failed_is_new_and_held_to_its_budget(store, tmp_path):
@@ -529,7 +548,7 @@ def test_a_case_fixed_after_runs_that_all_failed_is_new_and_held_to_its_budget(s
     result = check(store, _config(tmp_path), run_id=run_id)
     v = _verdict(result)
     assert (v.kind, v.blocking) == ("new", False)
-    assert "no ok run on main: its 2 runs there failed (error)" in v.message
+    assert "no ok run on main: its 2 runs there failed (error)" in message(v)
     assert {x.metric for x in result.verdicts} >= {"allocated", "host"}
     budget = Budget("decoder", BASE, "one card", metric="allocated")
     result = check(store, _config(tmp_path, budgets=(budget,)), run_id=run_id)
@@ -550,7 +569,7 @@ def test_time_is_judged_by_runs_not_pooled_iterations(store, tmp_path):
     t = _verdict(check(store, _config(tmp_path), run_id=slow), "time")
     # beyond all 5 runs is rank p = 1/6: no evidence at the threshold of 0.05
     assert (t.kind, t.p_value) == ("ok", pytest.approx(1 / 6))
-    assert "slower than all 5 baseline runs, but rank p = 0.17 is above 0.05" in t.message
+    assert "slower than all 5 baseline runs, but rank p = 0.17 is above 0.05" in message(t)
     for i in range(5, 19):
         times = tuple(0.010 + 0.0002 * ((i + k) % 4) for k in range(3))
         _record(store, [make_measurement(times=times)], i + 20)
@@ -558,7 +577,7 @@ def test_time_is_judged_by_runs_not_pooled_iterations(store, tmp_path):
     t = _verdict(check(store, _config(tmp_path), run_id=slow), "time")
     assert (t.kind, t.blocking) == ("time_regression", False)
     assert t.p_value == pytest.approx(1 / 20)  # beyond all 19: rank p = 0.05
-    assert "slower than all 19 baseline runs" in t.message
+    assert "slower than all 19 baseline runs" in message(t)
     t = _verdict(check(store, _config(tmp_path, time_regression="block"), run_id=slow), "time")
     assert t.blocking
     result = check(store, _config(tmp_path, time_regression="off"), run_id=slow)
@@ -582,16 +601,16 @@ def test_peak_plus_headroom_must_fit_each_device(store, tmp_path):
     )
     v = _verdict(check(store, _config(tmp_path), run_id=run_id), "device")
     assert (v.kind, v.blocking) == ("over_budget", True)  # 1 MiB left < the 2 MiB floor
-    assert v.budget_reason == "VRAM of device 0 (NVIDIA H200)"
-    assert any("does NOT fit" in d for d in v.details)
+    assert v.budget.reason == "VRAM of device 0 (NVIDIA H200)" and v.budget.vram
+    assert any("does NOT fit" in d for d in details(v))
 
 
 def test_verdicts_are_recorded_once_per_run(store, tmp_path):
     _baseline(store, [BASE] * 3)
     run_id = _candidate(store, [make_measurement(peak=BASE + MiB)], 10)
     result = check(store, _config(tmp_path), run_id=run_id)
-    assert store.save_verdicts(result) == len(result.verdicts)
-    store.save_verdicts(result)  # again: replaces, never duplicates
+    assert record(store, result) == len(result.verdicts)
+    record(store, result)  # again: replaces, never duplicates
     rows = [
         dict(r)
         for r in store.conn.execute("select * from verdicts where run_id = ? order by id", [run_id])
@@ -603,8 +622,10 @@ def test_verdicts_are_recorded_once_per_run(store, tmp_path):
     assert row["message"].startswith("allocated: baseline")
     cols = [r[1] for r in store.conn.execute("pragma table_info(verdicts)")]
     assert cols == ["id", *VERDICT_COLUMNS]
-    # every column the verdict's of its name, but the check's own
-    own = [c for c in VERDICT_COLUMNS if not hasattr(result.verdicts[0], c)]
+    # every column the verdict's flat record's of its name, but the check's own
+    from memtrack.report.check import flat
+
+    own = [c for c in VERDICT_COLUMNS if c not in flat(result.verdicts[0])]
     assert own == ["run_id", "checked_at"]
 
 
@@ -628,8 +649,9 @@ def test_a_revert_is_two_steps_and_a_re_land_blocks_at_the_floor(store, tmp_path
     _baseline(store, [BASE] * 4 + [BASE + 8 * MiB, BASE])  # merged, then reverted
     run_id = _candidate(store, [make_measurement(peak=BASE + 8 * MiB)], 10)
     v = _verdict(check(store, _config(tmp_path), run_id=run_id))
-    assert (v.kind, v.blocking, v.threshold) == ("regression", True, BASE + 512), v.message
-    assert v.baseline_runs == 1 and "at the level since" in v.message
+    assert (v.kind, v.blocking, v.threshold) == ("regression", True, BASE + 512), message(v)
+    # the revert returns to the level before the merge: its runs are one level again
+    assert v.baseline_runs == 5 and "at the level since" in message(v)
 
 
 def test_the_noise_of_a_case_is_known_across_an_environment_change(store, tmp_path):
@@ -639,9 +661,9 @@ def test_the_noise_of_a_case_is_known_across_an_environment_change(store, tmp_pa
     _record(store, [make_measurement(peak=BASE + MiB)], 5, env=upgraded)  # the upgrade's step
     run_id = _candidate(store, [make_measurement(peak=int((BASE + MiB) * 1.01))], 10, env=upgraded)
     v = _verdict(check(store, _config(tmp_path), run_id=run_id))
-    assert (v.kind, v.blocking, v.provisional) == ("regression", True, False), v.message
+    assert (v.kind, v.blocking, v.provisional) == ("regression", True, False), message(v)
     assert v.baseline_value == BASE + MiB  # the level is the new environment's own
-    assert "the noise known from 4 more runs on other environments" in v.message
+    assert "4 of them on other environments" in message(v)
 
 
 def test_a_leak_blocks_unless_the_baseline_leaked_as_much(store, tmp_path):
@@ -655,8 +677,8 @@ def test_a_leak_blocks_unless_the_baseline_leaked_as_much(store, tmp_path):
     )
     v = _verdict(result, "retained")
     assert (v.kind, v.blocking, v.candidate_value) == ("leak", True, 6400)
-    assert "+6,400 B per iteration" in v.message and "6.10 MiB after 1,000 calls" in v.message
-    assert _verdict(result, "allocated").repeat_spread == 0  # the leak is not noise
+    assert "+6,400 B per iteration" in message(v) and "6.10 MiB after 1,000 calls" in message(v)
+    assert _verdict(result, "allocated").why.noise == 0  # the leak is not noise
     _record(store, [make_measurement(peak=BASE + 12800, **leaking)], 11)  # main leaks too
     again = check(
         store,
@@ -664,7 +686,7 @@ def test_a_leak_blocks_unless_the_baseline_leaked_as_much(store, tmp_path):
         run_id=_candidate(store, [make_measurement(peak=BASE + 12800, **leaking)], 12),
     )
     v = _verdict(again, "retained")
-    assert (v.kind, v.blocking) == ("leak", False) and "a known leak" in v.message
+    assert (v.kind, v.blocking) == ("leak", False) and "a known leak" in message(v)
 
 
 def test_a_concurrent_peak_is_judged_against_the_sum_of_its_sessions(store, tmp_path):
@@ -686,12 +708,12 @@ def test_a_concurrent_peak_is_judged_against_the_sum_of_its_sessions(store, tmp_
     run_id = _candidate(store, [serve(14 * MiB)], 10)  # below the sum of sessions: 14 MiB
     result = check(store, _config(tmp_path), run_id=run_id)
     v = _verdict(result)
-    assert (v.kind, v.blocking, v.threshold) == ("ok", False, 14 * MiB + 512), v.message
-    assert "bounded by the sum of 4 sessions 14.00 MiB" in v.message
+    assert (v.kind, v.blocking, v.threshold) == ("ok", False, 14 * MiB + 512), message(v)
+    assert "bounded by the sum of 4 sessions 14.00 MiB" in message(v)
     assert _verdict(result, "sessions").kind == "ok"
     grown = _candidate(store, [serve(11 * MiB, per=one + one // 10)], 11)
     v = _verdict(check(store, _config(tmp_path), run_id=grown), "sessions")
-    assert (v.kind, v.blocking, v.threshold) == ("regression", True, 14 * MiB + 512), v.message
+    assert (v.kind, v.blocking, v.threshold) == ("regression", True, 14 * MiB + 512), message(v)
 
 
 def _timed(cpu: float, *, runnable: float = 0.0, wall: float | None = None) -> Measurement:
@@ -710,16 +732,16 @@ def test_time_is_judged_on_cpu_time_and_not_on_an_oversubscribed_machine(store, 
     _record(store, [_timed(0.030, runnable=6.0)], 25)  # timed beside six busy loops
     cosmetic = _candidate(store, [_timed(0.0101, wall=0.080)], 30)
     t = _verdict(check(store, _config(tmp_path), run_id=cosmetic), "time")
-    assert (t.kind, t.baseline_runs) == ("ok", 19), t.message  # the busy run left out
-    assert t.message.startswith("time (CPU time):") and "1 run timed on a contended" in t.message
+    assert (t.kind, t.baseline_runs) == ("ok", 19), message(t)  # the busy run left out
+    assert message(t).startswith("time (CPU time):") and "1 run timed on a contended" in message(t)
     slower = _candidate(store, [_timed(0.020)], 31)
     t = _verdict(check(store, _config(tmp_path), run_id=slower), "time")
-    assert (t.kind, t.blocking) == ("time_regression", False), t.message
+    assert (t.kind, t.blocking) == ("time_regression", False), message(t)
     busy = _candidate(store, [_timed(0.020, runnable=4.0)], 32)
     t = _verdict(check(store, _config(tmp_path), run_id=busy), "time")
     assert (t.kind, t.blocking) == ("abstained", False)
-    assert "not judged: the machine was contended" in t.message
-    assert "4.0 runnable tasks of other processes" in t.message
+    assert "not judged: the machine was contended" in message(t)
+    assert "4.0 runnable tasks of other processes" in message(t)
 
 
 def test_sixteen_real_reruns_of_a_concurrent_case_raise_nothing(store, tmp_path):
@@ -734,9 +756,9 @@ def test_sixteen_real_reruns_of_a_concurrent_case_raise_nothing(store, tmp_path)
         if i >= 3:
             cand = _candidate(store, r.measurements, 30 + i)
             result = check(store, _config(tmp_path), run_id=cand)
-            assert not result.blocking, [v.message for v in result.blocking]
+            assert not result.blocking, [message(v) for v in result.blocking]
             for metric in ("allocated", "sessions"):
-                assert _verdict(result, metric).kind == "ok", _verdict(result, metric).message
+                assert _verdict(result, metric).kind == "ok", message(_verdict(result, metric))
         _record(store, r.measurements, i)
 
 
@@ -751,16 +773,16 @@ def test_a_growth_names_what_changed_around_the_code_since_the_baseline(store, t
     v = _verdict(check(store, _config(tmp_path), run_id=grown))
     assert v.kind == "regression" and v.blocking
     said = "Python: 3.11.7 -> 3.11.9; numpy: 1.26.4 -> 2.1.0 between baseline and candidate"
-    assert said in v.message and said in v.details
+    assert said in message(v) and said in details(v)
     # unchanged figures say nothing of it on their lines; the run's note names the bump
     same = _candidate(store, [make_measurement(peak=BASE)], 11, env=new)
     result = check(store, _config(tmp_path), run_id=same)
-    assert "between baseline and candidate" not in _verdict(result).message
+    assert "between baseline and candidate" not in message(_verdict(result))
     assert any(n.startswith(said) for n in result.notes), result.notes
 
 
 def test_a_package_installed_or_removed_is_named_where_both_sides_list_every_package():
-    from memtrack.judge.check import environment_diff
+    from memtrack.records import environment_diff
 
     every = {"click": "8.1.7", "torch": "2.13.0+cpu", "flash_attn": "2.8.3"}
     old = replace(CPU_ENV, packages=every)
@@ -789,23 +811,23 @@ def test_a_paired_timing_is_judged_round_by_round_without_any_history(store, tmp
     there = [0.010, 0.012, 0.009, 0.011, 0.010]
     slow = _candidate(store, [_paired([2 * t for t in there], there)], 1)
     t = _verdict(check(store, config, run_id=slow), "time")
-    assert (t.kind, t.blocking, t.baseline_runs) == ("time_regression", False, 5), t.message
+    assert (t.kind, t.blocking, t.baseline_runs) == ("time_regression", False, 5), message(t)
     assert t.p_value == pytest.approx(1 / 32)  # 5 of 5 rounds slower
-    assert f"paired with {PAIR_REF[:12]} over 5 rounds" in t.message
-    assert "ratio median 2.000" in t.message and "slower in 5 of 5 rounds" in t.message
+    assert f"paired with {PAIR_REF[:12]} over 5 rounds" in message(t)
+    assert "ratio median 2.000" in message(t) and "slower in 5 of 5 rounds" in message(t)
     t = _verdict(check(store, _config(tmp_path, time_regression="block"), run_id=slow), "time")
     assert t.blocking
     # four rounds, every one slower, cannot reach p <= 0.05 (1/16): not a finding
     four = _candidate(store, [_paired([2 * t for t in there[:4]], there[:4])], 2)
     t = _verdict(check(store, config, run_id=four), "time")
-    assert t.kind == "ok" and "sign test p = 0.062 above 0.05: not a finding" in t.message
+    assert t.kind == "ok" and "sign test p = 0.062 above 0.05: not a finding" in message(t)
     # a machine whose load swings by 2x between rounds: the spread of the ratios is the bar
     swings = [1.0, 1.9, 0.6, 1.4, 1.1]
     noisy = _candidate(
         store, [_paired([t * s for t, s in zip(there, swings, strict=True)], there)], 3
     )
     t = _verdict(check(store, config, run_id=noisy), "time")
-    assert t.kind == "ok" and "within the threshold" in t.message, t.message
+    assert t.kind == "ok" and "within the threshold" in message(t), message(t)
     # the pair's load does not matter: both sides had it
     busy = _candidate(store, [_paired(there, there, timing_runnable=9.0, timing_cores=2)], 4)
     assert _verdict(check(store, config, run_id=busy), "time").kind == "ok"
@@ -823,4 +845,4 @@ def test_no_time_warning_from_fewer_runs_than_the_gates_minimum(store, tmp_path)
     slow = _candidate(store, [make_measurement(times=(0.030,) * 3)], 10)
     t = _verdict(check(store, _config(tmp_path), run_id=slow), "time")
     assert (t.kind, t.provisional) == ("ok", True)
-    assert "2 baseline runs of the 3 the gate needs: not judged" in t.message
+    assert "2 baseline runs of the 3 the gate needs: not judged" in message(t)

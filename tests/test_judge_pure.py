@@ -1,6 +1,6 @@
-"""The judge's decisions on data in memory: no database, no git repository. The store reads
-(memtrack.store.judging) and the judge decides; these tests hand the judge what the store
-would, as records and dicts, and check what it decides."""
+"""The judge's decisions on data in memory: no database, no git repository. The gather step
+(memtrack.judge.gather) reads the store and git; the rest of the judge decides; these tests
+hand the rules what gathering would, as records and dicts, and check what they decide."""
 
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ from factories import MiB, make_measurement, make_run
 
 from memtrack.config import Config
 from memtrack.judge.accept import Acceptance
-from memtrack.judge.baseline import OpenRegression, Point, eligible
-from memtrack.judge.check import still_open
+from memtrack.judge.decide import accepts_open, still_open
+from memtrack.judge.evidence import CheckInput, Point
+from memtrack.judge.gather.baseline import eligible
 from memtrack.judge.history import SeriesPoint, analyze_series, series_points
 from memtrack.judge.memory import Candidate, verdict
-from memtrack.judge.verdict import Verdict
+from memtrack.judge.verdict import OpenRegression, Verdict
 from memtrack.records import Measurement, metrics
+from memtrack.report.words import creep as creep_words
+from memtrack.report.words import message
 
 BASE = 100 * MiB
 JUDGE = Path(__file__).resolve().parents[1] / "memtrack" / "judge"
@@ -44,21 +47,46 @@ def _point(i: int, m: Measurement) -> Point:
 
 def test_the_judge_holds_no_sql():
     # Every statement is the store's (memtrack.store.judging): the judge asks, and decides.
-    for path in sorted(JUDGE.glob("*.py")):
+    for path in sorted(JUDGE.rglob("*.py")):
         text = path.read_text()
         found = re.findall(r"\.execute(?:many)?\(|\.conn\b|\bsqlite3\b|BEGIN IMMEDIATE", text)
         assert found == [], path.name
 
 
+def test_only_the_gather_step_reads_the_store_or_runs_git():
+    # The rules decide on what was gathered: no module of the judge but the gather step
+    # imports the store, or runs git (or any process).
+    import ast
+
+    reaching = ("memtrack.store", "memtrack.machine.provenance", "subprocess", "git")
+    for path in sorted(JUDGE.rglob("*.py")):
+        if "gather" in path.relative_to(JUDGE).parts:
+            continue
+        tree = ast.parse(path.read_text())
+        typing_only = {  # `if TYPE_CHECKING:` imports read nothing at run time
+            id(n)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and getattr(block.test, "id", "") == "TYPE_CHECKING"
+            for n in ast.walk(block)
+        }
+        imported = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+        assert not [m for m in imported if m.startswith(reaching)], path.name
+
+
 def test_a_growth_past_the_threshold_is_a_regression_on_points_in_memory(tmp_path):
     points = [_point(i, make_measurement(peak=BASE)) for i in range(3, 0, -1)]  # newest first
     grown = make_measurement(peak=BASE + MiB)
-    v = verdict(Candidate(grown, points, {}, provisional=False), "allocated", _config(tmp_path))
+    v = verdict(Candidate(grown, points), "allocated", _config(tmp_path))
     assert v is not None and (v.kind, v.blocking) == ("regression", True)
     assert (v.baseline_value, v.threshold, v.delta, v.baseline_runs) == (BASE, BASE + 512, MiB, 3)
-    same = verdict(
-        Candidate(make_measurement(peak=BASE), points, {}, False), "allocated", _config(tmp_path)
-    )
+    same = verdict(Candidate(make_measurement(peak=BASE), points), "allocated", _config(tmp_path))
     assert same is not None and (same.kind, same.blocking) == ("ok", False)
 
 
@@ -108,27 +136,42 @@ def _open(threshold: float = BASE + 512, delta: float = MiB) -> OpenRegression:
 
 
 def _ok(m: Measurement) -> Verdict:
-    return Verdict(m.case_id, m.workload, "allocated", "ok", False, "allocated: ok")
+    return Verdict(m.case_id, m.workload, "allocated", "ok", False)
+
+
+def _input(run, context: str, in_history: bool = True) -> CheckInput:
+    return CheckInput(
+        run=run,
+        base_branch="main",
+        context=context,
+        merge_base=None,
+        baseline_mode="ancestry",
+        cases=(),
+        checked_at="",
+        open_found=((_open(), in_history),),
+    )
 
 
 def test_a_regression_stays_open_until_a_base_run_is_back_within_its_threshold():
     still_high = make_measurement(peak=BASE + MiB)
     run = make_run([still_high], branch="main")
-    verdicts = [_ok(still_high)]
-    found, notes = still_open([_open()], run, "main", "base", verdicts, [])
+    found, notes = still_open(_input(run, "base"), [_ok(still_high)])
     assert [(o.case_id, o.fixed_here) for o in found] == [("decoder[batch=1]", False)]
-    assert notes == [] and verdicts == [_ok(still_high)]
+    assert notes == []
     back = make_measurement(peak=BASE)
     # a run of the base branch back within it fixes it, and says so
-    found, notes = still_open([_open()], make_run([back]), "main", "base", [_ok(back)], [])
+    found, notes = still_open(_input(make_run([back]), "base"), [_ok(back)])
     assert found == [] and len(notes) == 1 and "fixed by this run" in notes[0]
     # a pull request back within it: still open on the base branch, fixed here
     pr = make_run([back], branch="pr")
-    found, notes = still_open([_open()], pr, "main", "pull_request", [_ok(back)], [])
+    found, notes = still_open(_input(pr, "pull_request"), [_ok(back)])
     assert [o.fixed_here for o in found] == [True] and notes == []
+    # a branch cut before the regression merged: not in this change, being within fixes nothing
+    found, _ = still_open(_input(pr, "pull_request", in_history=False), [_ok(back)])
+    assert [(o.predates, o.fixed_here) for o in found] == [(True, False)]
     # a failed case says nothing of its figures: still open, not fixed here
     failed = make_measurement(peak=BASE, status="oom")
-    found, _ = still_open([_open()], make_run([failed]), "main", "base", [_ok(failed)], [])
+    found, _ = still_open(_input(make_run([failed]), "base"), [_ok(failed)])
     assert [o.fixed_here for o in found] == [False]
 
 
@@ -136,22 +179,18 @@ def test_an_acceptance_that_allows_the_growth_accepts_the_open_regression():
     m = make_measurement(peak=BASE + MiB)
     run = make_run([m], branch="pr")
     allows = Acceptance("d" * 40, "decoder", "allocated", 2 * MiB, None, "a longer context")
-    verdicts = [_ok(m)]
-    found, notes = still_open([_open()], run, "main", "pull_request", verdicts, [allows])
-    assert found == [] and notes == []
-    v = verdicts[0]
-    assert (v.kind, v.blocking, v.accepted_reason) == ("accepted", False, "a longer context")
-    assert "within the +2.00 MiB accepted in commit dddddddddddd" in v.message
+    v = accepts_open(_ok(m), m, [_open()], [allows])
+    assert (v.kind, v.blocking, v.acceptance.reason) == ("accepted", False, "a longer context")
+    assert "within the +2.00 MiB accepted in commit dddddddddddd" in message(v)
+    found, notes = still_open(_input(run, "pull_request"), [v])
+    assert found == [] and notes == []  # accepted: closed
     # one that allows less leaves it open, and the verdict as it was
     small = replace(allows, bytes=MiB // 2)
-    verdicts = [_ok(m)]
-    found, _ = still_open([_open()], run, "main", "pull_request", verdicts, [small])
-    assert len(found) == 1 and verdicts == [_ok(m)]
+    assert accepts_open(_ok(m), m, [_open()], [small]) == _ok(m)
+    assert len(still_open(_input(run, "pull_request"), [_ok(m)])[0]) == 1
     # nor does an acceptance turn a blocking verdict into an accepted one
     blocking = replace(_ok(m), kind="regression", blocking=True)
-    verdicts = [blocking]
-    found, _ = still_open([_open()], run, "main", "pull_request", verdicts, [allows])
-    assert len(found) == 1 and verdicts == [blocking]
+    assert accepts_open(blocking, m, [_open()], [allows]) == blocking
 
 
 def _row(commit: str, minute: int, case: str = "decoder[batch=1]", peak: int = BASE) -> dict:
@@ -207,7 +246,9 @@ def test_a_series_step_and_its_growth_since_the_anchor(tmp_path):
     ]
     assert creep is not None and creep.flagged and creep.steps_between == 1
     assert (creep.anchor_commit, creep.latest_commit) == (pts[2].commit, pts[-1].commit)
-    assert creep.delta == 8 * MiB and "1 step(s) between, the largest +8.00 MiB" in creep.message
+    assert creep.delta == 8 * MiB and "1 step(s) between, the largest +8.00 MiB" in creep_words(
+        creep
+    )
     # no anchor: steps only; a flat series: nothing
     assert analyze_series("decoder[batch=1]", "allocated", pts, config, None)[1] is None
     flat = [replace(p, values={"allocated": float(BASE)}) for p in pts]
@@ -227,7 +268,7 @@ def _grown(tmp_path, acceptances, grow_small=True):
         base = make_measurement(params={"batch": batch}, peak=BASE, host_step=20 * MiB)
         points = [_point(i, base) for i in range(3, 0, -1)]
         grown = make_measurement(params={"batch": batch}, peak=BASE + 12 * MiB, host_step=34 * MiB)
-        c = Candidate(grown, points, {}, provisional=False, acceptances=acceptances)
+        c = Candidate(grown, points, acceptances=acceptances)
         out += [verdict(c, metric, config) for metric in ("allocated", "host_step")]
     return [v for v in out if v is not None]
 
@@ -251,8 +292,8 @@ def test_a_trailer_without_a_metric_accepts_every_memory_metric_of_its_cases(tmp
         ("decoder[batch=8]", "allocated", "accepted", False),
         ("decoder[batch=8]", "host_step", "accepted", False),
     ]
-    assert {v.accepted_reason for v in verdicts} == {"one longer context, every view"}
-    assert {v.accepted_commit for v in verdicts} == {"d" * 40}
+    assert {v.acceptance.reason for v in verdicts} == {"one longer context, every view"}
+    assert {v.acceptance.commit for v in verdicts} == {"d" * 40}
     # a relative amount, for each metric against its own baseline: +12 % of 100 MiB and
     # +70 % of 20 MiB
     (relative,) = [parse("d" * 40, "decoder +70 % a longer context")]
@@ -272,11 +313,11 @@ def test_a_trailer_with_a_metric_accepts_that_one_and_a_block_says_which_trailer
     blocked = next(v for v in verdicts if v.metric == "host_step")
     # it names the trailer that would accept it: the same, for every memory metric, with
     # the amount this growth needs
-    assert blocked.would_accept == "decoder +14 MiB the longer context"
+    assert blocked.would.value == "decoder +14 MiB the longer context"
     assert (
         "the Memtrack-Accept trailer of commit dddddddddddd names allocated only; "
         "`Memtrack-Accept: decoder +14 MiB the longer context` would accept this"
-    ) in blocked.message
+    ) in message(blocked)
     # a trailer that allows too little: the same metric, with enough
     small = parse("d" * 40, "decoder[batch=8] allocated +10 MiB too little")
     (v,) = [
@@ -284,15 +325,15 @@ def test_a_trailer_with_a_metric_accepts_that_one_and_a_block_says_which_trailer
         for v in _grown(tmp_path, [small])
         if (v.case_id, v.metric) == ("decoder[batch=8]", "allocated")
     ]
-    assert (v.kind, v.would_accept) == (
+    assert (v.kind, v.would.value) == (
         "regression",
         "decoder[batch=8] allocated +12 MiB too little",
     )
-    assert "beyond the +10.00 MiB accepted" in v.message and "allows +10.00 MiB" in v.message
+    assert "beyond the +10.00 MiB accepted" in message(v) and "allows +10.00 MiB" in message(v)
     # a percentage stays one, rounded up to a whole percent
     pct = parse("d" * 40, "decoder allocated +5 % not enough")
     (v,) = [v for v in _grown(tmp_path, [pct]) if v.metric == "allocated"][:1]
-    assert v.would_accept == "decoder allocated +12% not enough"
+    assert v.would.value == "decoder allocated +12% not enough"
     # a trailer naming another case says nothing of this one
     other = parse("d" * 40, "encoder +1 GiB another workload")
-    assert all(v.would_accept is None for v in _grown(tmp_path, [other]))
+    assert all(v.would is None for v in _grown(tmp_path, [other]))

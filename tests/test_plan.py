@@ -281,13 +281,13 @@ def test_the_judges_headroom_is_used_where_the_case_has_a_baseline(tmp_path):
             catalog=CATALOG,
             gpus=(T4,),
         )
-    # concurrency=1: a level of 3 runs, MAD 0, range 1 MiB scaled to 20 runs
-    # (d2(20) / d2(3) = 3.735 / 1.693): spread 1.103 MiB, x 3 = 3.309 MiB, 3.309 % of
-    # 100 MiB. concurrency=2: no spread, the 512 B floor: a smaller share.
-    expected = 3 * (3.735 / 1.693) * 0.5 * MiB / (100 * MiB)
+    # concurrency=1: a deterministic figure (two of three runs repeat one value) that went to
+    # 101 MiB and back: a change and its revert, the level 100 MiB with no noise, so the
+    # 512 B floor; concurrency=2: the floor too, of 150 MiB: a smaller share.
+    expected = 512 / (100 * MiB)
     assert p.headroom.source == "judge"
     assert p.headroom.fraction == pytest.approx(expected)
-    assert "serve[concurrency=1]" in p.headroom.detail and "3 run(s) on main" in p.headroom.detail
+    assert "serve[concurrency=1]" in p.headroom.detail and "2 run(s) on main" in p.headroom.detail
     assert p.metric == "allocated" and "measured on the CPU" in p.metric_note
     # Without a database (or a baseline): the configured share.
     p = make_plan(

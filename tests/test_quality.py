@@ -482,6 +482,7 @@ def test_figures_over_several_outputs_keep_the_worst_and_name_what_cannot_be_com
 
 def test_on_the_base_branch_a_quality_failure_is_reported_not_blocking():
     from memtrack.judge.quality import verdicts
+    from memtrack.report.words import message
 
     ref = make_measurement(
         "w",
@@ -513,7 +514,7 @@ def test_on_the_base_branch_a_quality_failure_is_reported_not_blocking():
     assert (
         v.kind == "quality"
         and v.blocking
-        and v.message.startswith(
+        and message(v).startswith(
             "the precision change breaks its tolerance (dtype bfloat16 (reference float32)"
         )
     )

@@ -19,8 +19,8 @@ from factories import GiB, commit_all, git, init_repo, make_measurement
 from memtrack.cli import main
 from memtrack.config import Budget, load_config
 from memtrack.errors import RecordError, WorkloadError
-from memtrack.judge.budgets import device_memory
-from memtrack.judge.memory import Candidate as JudgedCase
+from memtrack.judge.budgets import budget_use, device_memory
+from memtrack.judge.verdict import Verdict
 from memtrack.measure.case import run_case
 from memtrack.records import (
     DeviceMeasurement,
@@ -29,6 +29,7 @@ from memtrack.records import (
     run_from_dict,
     to_dict,
 )
+from memtrack.report.words import budget_words, details
 from memtrack.store.database import Store
 from memtrack.workload.registry import Case, discover, ranks_of, workload
 
@@ -327,27 +328,33 @@ def _two_gpu_case(peaks: tuple[int, int], total: int = 141 * GiB):
     return replace(m, devices=devices, ranks=ranks)
 
 
-def _allocated_verdict(m, limit: int):
-    budget = Budget("sharded", limit, "fits one device", metric="allocated")
-    case = JudgedCase(m, [], {"allocated": budget}, True)
-    return case.figure("allocated"), case.budget_part("allocated", m.peak_allocated_bytes, budget)
+def _allocated_verdict(m, limit: int) -> tuple[bool, Verdict]:
+    """Whether the case's allocated peak is over a budget of `limit`, and a verdict carrying
+    that budget, as the gate makes it (judge.budgets)."""
+    budget = budget_use(m, "allocated", Budget("sharded", limit, "fits one", metric="allocated"))
+    assert budget is not None
+    value = float(m.peak_allocated_bytes)
+    v = Verdict(
+        m.case_id, m.workload, "allocated", "ok", False, candidate_value=value, budget=budget
+    )
+    return budget.over(value), v
 
 
 def test_a_budget_above_the_device_memory_is_reported_as_such():
     m = _two_gpu_case((10 * GiB, 20 * GiB))
-    (value, _, over, details), _ = _allocated_verdict(m, 200 * GiB)
-    assert value == 20 * GiB and not over
-    assert details == (
+    over, v = _allocated_verdict(m, 200 * GiB)
+    assert v.candidate_value == 20 * GiB and not over
+    assert details(v) == [
         "budget 200.00 GiB is above the 141.00 GiB of device 1 (NVIDIA H200): "
         "a peak that fits the device is all it can hold",
-    )
+    ]
     assert device_memory(m, "device") == (141 * GiB, "device 1 (NVIDIA H200)")
 
 
 def test_a_per_device_peak_above_the_device_memory_cannot_be_within_budget():
     m = _two_gpu_case((10 * GiB, 20 * GiB), total=16 * GiB)
-    (_, _, over, _), words = _allocated_verdict(m, 200 * GiB)
+    over, v = _allocated_verdict(m, 200 * GiB)
     assert over
-    assert words.endswith(
+    assert budget_words(v).endswith(
         "but above the 16.00 GiB of device 1 (NVIDIA H200): it cannot be within budget"
     )

@@ -1,11 +1,10 @@
 """The reports of `memtrack check` (memtrack.report) render one row model, built once from
-the check's result, and read what they show of a verdict from its fields, never from its
-message: judged on records stored in a real SQLite file, then rendered as terminal text,
-Markdown and JSON."""
+the check's result, and read what they show of a verdict from its data: its words are
+written once (memtrack.report.words), never parsed back. Judged on records stored in a real
+SQLite file, then rendered as terminal text, Markdown and JSON."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 from pathlib import Path
 
@@ -14,8 +13,9 @@ from factories import MiB, make_measurement, make_run
 
 from memtrack.config import Config
 from memtrack.judge.check import CheckResult, check
-from memtrack.judge.verdict import RESTATED, Verdict
+from memtrack.judge.verdict import KINDS, Quality, Verdict
 from memtrack.report import check as report
+from memtrack.report import words
 from memtrack.report.rows import check_rows
 from memtrack.store.database import Store
 
@@ -66,15 +66,16 @@ def test_a_noisy_verdict_carries_its_advice_and_the_comment_says_only_that(store
     grown = make_measurement(peak=BASE + MiB)
     result = _checked(store, tmp_path, [grown, make_measurement("loader", peak=BASE)])
     v = _verdict(result, "decoder", "allocated")
-    assert v.kind == "noisy" and v.sharpen is not None
-    assert "more baseline runs (now 5 of 20)" in v.sharpen
-    assert v.component == "intermediates"  # and the message says so after the advice
-    assert f"; to sharpen it: {v.sharpen}; intermediates grew +" in v.message
-    assert v.words is not None and v.message.endswith(v.words)
+    sharpen = words.sharpen(v)
+    assert v.kind == "noisy" and sharpen is not None
+    assert "more baseline runs (now 5 of 20)" in sharpen
+    assert v.why.component == "intermediates"  # and the message says so after the advice
+    assert f"; to sharpen it: {sharpen}; intermediates grew +" in words.message(v)
+    assert words.message(v).endswith(words.words(v))
     # The comment's line of noise gives the advice alone, not what the message says after it.
     (line,) = [x for x in report.markdown(result).splitlines() if x.startswith("- `decoder`")]
-    assert line.endswith(f"; to sharpen it: {v.sharpen}")
-    assert v.headroom is not None and v.headroom.runs == 5 and v.headroom.bound is None
+    assert line.endswith(f"; to sharpen it: {sharpen}")
+    assert v.why.runs == 5 and v.why.bound is None
     assert v.room == pytest.approx(v.threshold - v.baseline_value)
 
 
@@ -83,8 +84,8 @@ def test_a_failure_is_shown_by_its_reason_whatever_its_last_line_holds(store, tm
     result = _checked(store, tmp_path, [oom, make_measurement("loader", peak=BASE)])
     v = _verdict(result, "decoder", "status")
     assert (v.kind, v.blocking) == ("failed", True)
-    assert v.failure == "oom (CUDA out of memory; 2 GiB free)"
-    assert v.message == f"status: {v.failure}; {v.words}"
+    assert words.failure(v) == "oom (CUDA out of memory; 2 GiB free)"
+    assert words.message(v) == f"status: {words.failure(v)}; {words.words(v)}"
     md = report.markdown(result)
     # the reason whole, cut only to its room: 40 characters in the outcome, 24 in the table
     assert md.startswith(
@@ -114,26 +115,34 @@ def test_the_renderers_show_one_row_model_in_one_order(store, tmp_path):
     assert text.count("memtrack snapshot 'loader[batch=1]'") == 1
 
 
-def test_what_the_reports_decide_does_not_depend_on_the_messages(store, tmp_path):
-    oom = make_measurement("loader", status="oom", message="killed; no memory")
-    result = _checked(store, tmp_path, [make_measurement(peak=BASE + MiB), oom])
-    blank = dataclasses.replace(
-        result, verdicts=tuple(dataclasses.replace(v, message="") for v in result.verdicts)
-    )
-    # Above the fold and in the folded noise the comment shows no message; in the terminal,
-    # the table and the count above the lines of arithmetic: the same, whatever they say.
-    fold = "<details><summary>The arithmetic"
-    assert report.markdown(result).split(fold)[0] == report.markdown(blank).split(fold)[0]
-    lines = "each has its line below"
-    assert _terminal(result).split(lines)[0] == _terminal(blank).split(lines)[0]
-    assert report.summary_line(result) == report.summary_line(blank)
+def test_a_kind_is_declared_once_and_every_renderer_reads_it():
+    # the order, whether it can block, the mark and the word: one table, in memtrack.judge
+    from memtrack.report.rows import EMOJI, ORDER, QUIET, WORD
+
+    assert set(KINDS) == set(ORDER) == set(EMOJI) == set(WORD)
+    assert {k for k, kind in KINDS.items() if kind.blocks} == {
+        "failed",
+        "over_budget",
+        "regression",
+        "leak",
+        "quality",
+    }
+    assert set(QUIET) == {"noisy", "accepted", "abstained", "new", "improvement", "ok"}
 
 
-def test_the_json_report_leaves_out_what_restates_the_message(store, tmp_path):
+def test_the_json_report_holds_each_verdict_flat_with_its_message(store, tmp_path):
     result = _checked(store, tmp_path, [make_measurement(peak=BASE + MiB)])
-    fields = [f.name for f in dataclasses.fields(Verdict)]
-    for v in report.to_json(result)["verdicts"]:
-        assert list(v) == [f for f in fields if f not in RESTATED]
+    data = report.to_json(result)
+    assert data["report_version"] == 2
+    for v, flat in zip(check_rows(result).rows, data["verdicts"], strict=True):
+        assert flat["message"] == words.message(v.verdict)
+        assert (flat["kind"], flat["blocking"], flat["threshold"]) == (
+            v.verdict.kind,
+            v.verdict.blocking,
+            v.verdict.threshold,
+        )
+    grown = next(v for v in data["verdicts"] if v["metric"] == "allocated")
+    assert grown["noise"] > 0 and grown["factor"] == 3 and grown["noise_runs"] == 5
 
 
 def test_each_mark_and_column_means_one_thing(store, tmp_path):
@@ -185,9 +194,7 @@ def test_a_case_that_is_its_own_reference_is_not_said_to_be_at_full_precision():
         metric="quality",
         kind="ok",
         blocking=False,
-        message="quality: within tolerance",
-        reference="gpt[batch=1]",
-        quality="max abs 0",
+        why=Quality("ok", "gpt[batch=1]", None, None, "max abs 0"),
     )
     result = CheckResult(
         run_id="r" * 32,

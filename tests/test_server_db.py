@@ -150,6 +150,47 @@ def test_a_bad_database_url_is_one_line_and_exit_2_without_its_password(tmp_path
 
 
 @pytest.mark.slow
+def test_the_storage_pages_socket_url_works_as_written_and_a_missing_database_says_createdb(
+    pg_cluster: Any, pg_url: str, tmp_path: Path
+) -> None:
+    """The unix-socket URL of docs/storage.md, as written there, but for this cluster's socket
+    folder, its database and its role (the page's server authenticates by peer, this one by
+    password): a history goes in and comes back. A database not made first is one line
+    naming it, with the `createdb` that makes it."""
+    import re
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "storage.md").read_text()
+    (written,) = set(re.findall(r"'(postgresql:///memtrack\?host=/var/run/postgresql)'", page))
+    name = urllib.parse.urlsplit(pg_url).path.lstrip("/")
+    url = written.replace("/memtrack?", f"/{name}?").replace(
+        "/var/run/postgresql", str(pg_cluster.root)
+    )
+    url += f"&user={pgcluster.USER}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "MEMTRACK_"))}
+    env.update(PGPASSWORD=pgcluster.PASSWORD, MEMTRACK_DATABASE_URL=url)
+
+    def memtrack(*args: str, **more: str) -> Any:
+        return subprocess.run(
+            [sys.executable, "-m", "memtrack.cli", *args],
+            cwd=tmp_path,
+            env={**env, **more},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    record = tmp_path / "run.json"
+    write_json(make_run([make_measurement("decoder", {"batch": 1})]), record)
+    assert memtrack("ingest", str(record)).returncode == 0
+    shown = memtrack("history", "decoder")
+    assert shown.returncode == 0 and "decoder" in shown.stdout, shown.stderr
+    missing = memtrack("history", "decoder", MEMTRACK_DATABASE_URL=url.replace(name, "nosuch"))
+    assert missing.returncode == 2
+    (line,) = missing.stderr.strip().splitlines()
+    assert 'database "nosuch" does not exist (make it first: createdb nosuch)' in line, line
+    _no_secret(missing.stderr)
+
+
 def test_the_shipped_suite_is_run_checked_ingested_and_shown_on_postgres(
     pg_url: str, tmp_path: Path
 ) -> None:

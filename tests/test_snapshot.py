@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from factories import GiB, commit_all, git, init_repo, make_measurement, make_run
 
 from memtrack.cli import main
-from memtrack.judge.check import CheckResult
+from memtrack.judge.decide import CheckResult
 from memtrack.judge.verdict import Verdict
 from memtrack.report import check as report
 from memtrack.store.database import Store
@@ -210,7 +210,6 @@ def _verdict(case_id: str, metric: str, kind: str, blocking: bool) -> Verdict:
         metric=metric,
         kind=kind,
         blocking=blocking,
-        message=f"{metric}: {kind}",
         candidate_value=float(GiB),
     )
 

@@ -313,12 +313,10 @@ def _checked(run_id: str, *verdicts):
 
 
 def test_verdicts_are_written_whole_or_not_at_all_through_the_stores_write_path(tmp_path):
-    from memtrack.judge.verdict import Verdict
-
     db = tmp_path / "m.db"
     run = make_run([make_measurement()], branch="pr")
-    ok = Verdict("decoder[batch=1]", "decoder", "allocated", "ok", False, "allocated: ok")
-    grew = replace(ok, metric="host", kind="regression", blocking=True, delta=float(MiB))
+    ok = {"case_id": "decoder[batch=1]", "metric": "allocated", "kind": "ok", "blocking": False}
+    grew = {**ok, "metric": "host", "kind": "regression", "blocking": True, "delta": float(MiB)}
 
     def stored(store):
         rows = store.conn.execute("select metric, kind, blocking, delta, checked_at from verdicts")
@@ -328,23 +326,24 @@ def test_verdicts_are_written_whole_or_not_at_all_through_the_stores_write_path(
         ("allocated", "ok", 0, None, "2026-01-01T01:00:00+00:00"),
         ("host", "regression", 1, MiB, "2026-01-01T01:00:00+00:00"),
     ]
+    checked = _checked(run.run_id)
     with Store.open(db) as store:
         store.write_run(run)
-        assert store.save_verdicts(_checked(run.run_id, ok, grew)) == 2
+        assert store.save_verdicts(checked, [ok, grew]) == 2
         assert stored(store) == first
         # a row SQLite cannot take: the check's earlier verdicts are not deleted either
-        unbindable = replace(ok, message=["not", "text"])
+        unbindable = {**ok, "message": ["not", "text"]}
         with pytest.raises(StoreError, match="m.db"):
-            store.save_verdicts(_checked(run.run_id, ok, unbindable))
+            store.save_verdicts(checked, [ok, unbindable])
         assert stored(store) == first and not store.conn.in_transaction
     with Store.open(db, readonly=True) as store:
         with pytest.raises(StoreError, match="read-only, cannot record verdicts"):
-            store.save_verdicts(_checked(run.run_id, ok))
+            store.save_verdicts(checked, [ok])
         assert stored(store) == first
     with Store.open(db) as store:
         db.rename(tmp_path / "moved.db")
         with pytest.raises(StoreError, match="deleted or replaced"):
-            store.save_verdicts(_checked(run.run_id, ok))
+            store.save_verdicts(checked, [ok])
         assert stored(store) == first
 
 

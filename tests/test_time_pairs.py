@@ -196,3 +196,28 @@ def test_a_configured_pair_that_cannot_be_made_measures_unpaired_and_says_why(tm
     explicit = memtrack_cli(repo, "run", "--db", str(tmp_path / "m.db"), "--against", "HEAD")
     assert explicit.returncode == 2
     assert "that is the checked-out commit itself" in explicit.stderr
+
+
+def test_a_pair_beyond_a_shallow_clone_is_refused_before_measuring(tmp_path):
+    """A clone of main at depth 1 names its commit's parent (the merge-base rule's REF on the
+    base branch) without holding it: `--against merge-base` is refused, one line, before any
+    case runs; the config's own `against` measures unpaired and says why."""
+    origin = init_repo(tmp_path / "origin")
+    (origin / "memtrack.toml").write_text(CONFIG)
+    (origin / "wl.py").write_text(WORKLOAD)
+    (origin / "spinlib.py").write_text(LIBRARY.format(n=1000))
+    commit_all(origin, "a suite")
+    (origin / "README.md").write_text("spin\n")
+    commit_all(origin, "a readme")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", "--depth", "1", "--branch", "main", f"file://{origin}", str(clone))
+    db = tmp_path / "m.db"
+    ran = memtrack_cli(clone, "run", "--db", str(db), "--against", "merge-base")
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    lines = ran.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is not in this clone (a shallow clone?" in lines[0], lines
+    assert "running" not in ran.stderr and not db.exists()  # nothing measured, nothing made
+    (clone / "memtrack.toml").write_text(CONFIG + 'against = "merge-base"\n')
+    ran = memtrack_cli(clone, "run", "--db", str(db))
+    assert ran.returncode == 0, ran.stderr
+    assert "no paired timing (the config's against): --against merge-base:" in ran.stdout

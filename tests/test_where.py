@@ -425,9 +425,10 @@ def test_annotations_escape_hostile_names_keep_to_the_repository_and_respect_the
             metric="allocated",
             kind="regression",
             blocking=blocking,
-            message=f"allocated grew\nby {i} MiB, 100%",
-            delta=float((i + 1) * 2**20),
+            baseline_value=0.0,
+            candidate_value=float((i + 1) * 2**20),
             where=Where((i + 1) * 2**20, (change,), 0),
+            around=f"numpy: 1\nby {i} MiB, 100%",  # recorded text, in the message
         )
 
     keys = [

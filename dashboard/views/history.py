@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 from memtrack.dashboard import data, model, panels
-from memtrack.dashboard.charts import MARKER_NAMES
+from memtrack.dashboard.charts import MARKER_NAMES, branch_colors
 from memtrack.dashboard.tables import Column, html_table, page_url
 from memtrack.dashboard.views import Context, badge, esc, goto, plain, resolve_case, short, when
 
@@ -91,7 +91,7 @@ def _filters(ctx: Context) -> dict[str, Any]:
         fps.setdefault(e["fingerprint"], model.env_label(e))
     # In a popover: its widgets are drawn (and their code loaded) only when it is opened,
     # which took about a third of a second off every History visit in Chromium.
-    pop = st.popover("Filters: branches, environments, time range, runs")
+    pop = st.popover("Filters: branches, environments, run dates, runs")
     branches = pop.multiselect(
         "Branches",
         ctx.choices["branches"],
@@ -112,7 +112,12 @@ def _filters(ctx: Context) -> dict[str, Any]:
     lo = hi = None
     if first and last:
         picked = pop.date_input(
-            "Time range", value=(first, last), min_value=first, max_value=last, key="h_range"
+            "Runs started between",
+            value=(first, last),
+            min_value=first,
+            max_value=last,
+            key="h_range",
+            help="When the runs were made; the time axis places each run at its commit's time",
         )
         if isinstance(picked, (tuple, list)) and len(picked) == 2:
             lo, hi = picked
@@ -133,7 +138,7 @@ def _filters(ctx: Context) -> dict[str, Any]:
     shown = [
         ", ".join(esc(b) for b in branches) if branches else "all branches",
         f"{len(fingerprints)} environment(s)" if fingerprints else "all environments",
-        f"{lo} to {hi}" if since or until else "all dates",
+        f"runs started {lo} to {hi}" if since or until else "runs of any date",
         f"the newest {int(limit)} runs",
     ]
     st.caption("Showing " + " · ".join(shown) + ".")
@@ -327,11 +332,25 @@ def render(ctx: Context) -> None:
         env_changes = [e for e in env_changes if e["x"] >= old_first[0]["x"]]
     times = [r["x"] for r in old_first] + [e["x"] for e in estimates]
     fmt = panels.time_format(times)
+    # each other branch its colour on every panel, the newest branches first
+    newest_first = sorted(old_first, key=lambda r: (r["x"], r["started_at"]), reverse=True)
+    branches = branch_colors(
+        [r["git_branch"] or "-" for r in newest_first if on_base and r["git_branch"] != base]
+    )
     moved_by_view: dict[str, list[model.Step]] = {}
     for metric in views or []:
         moved_by_view[metric] = hist["steps"][metric]
         panel = _view_panel(
-            ctx, hist, metric, old_first, by_run, bool(on_base), estimates, env_changes, times
+            ctx,
+            hist,
+            metric,
+            old_first,
+            by_run,
+            bool(on_base),
+            estimates,
+            env_changes,
+            times,
+            branches,
         )
         if panel is not None:
             st.markdown(panel(fmt, budgeted.get(metric), scale), unsafe_allow_html=True)
@@ -348,7 +367,9 @@ def render(ctx: Context) -> None:
         )
 
     st.subheader("Completion time")
-    tchart = panels.time_panel(old_first, fmt, times, base=base if on_base else None)
+    tchart = panels.time_panel(
+        old_first, fmt, times, base=base if on_base else None, branches=branches
+    )
     if tchart is None:
         st.caption("No iteration times recorded for these runs.")
     else:
@@ -381,12 +402,22 @@ def _status(
         o for o in hist.get("open", []) if o.get("fingerprint") == latest.get("fingerprint")
     ]
     status = model.case_status(latest, budgets, latest_verdicts, still_open)
+    # the time axis places a run at its commit's time: said here beside the run's own
     st.markdown(
-        f"{badge(status.status)} latest run on {esc(latest['git_branch'] or '-')} "
-        f"at {esc(short(latest['git_commit']))}, {esc(when(latest['started_at']))} · "
+        f"{badge(status.status)} latest run on {esc(latest['git_branch'] or '-')}: "
+        f"{esc(short(latest['git_commit']))}, on the time axis at {esc(_axis_time(latest))}; "
+        f"run {esc(when(latest['started_at']))} · "
         f"{esc(model.describe_status(status), 300)}"
     )
     return status, budgets
+
+
+def _axis_time(row: dict[str, Any]) -> str:
+    """Where the time axis places the status line's run, in UTC as the axis labels it: its
+    commit's time (where none was recorded, its start)."""
+    at = str(row.get("x") or row["started_at"])[:16].replace("T", " ")
+    how = "its commit's time" if row.get("git_committed_at") else "its start"
+    return f"{at} UTC, {how}"
 
 
 def _controls(
@@ -407,16 +438,17 @@ def _controls(
     shown = [
         m for m in available if m == status.metric or m in budgeted or steps.get(m) or m in flagged
     ] or available[:1]
-    left, mid, right = st.columns([3, 2, 2])
-    with left:
-        views = st.pills(
-            "Views",
-            available,
-            selection_mode="multi",
-            default=shown,
-            format_func=lambda m: model.METRIC_LABELS[m],
-            key="h_views",
-        )
+    # The views on a row of their own: in a third of the page their chips were cut
+    # ("host step growt").
+    views = st.pills(
+        "Views",
+        available,
+        selection_mode="multi",
+        default=shown,
+        format_func=lambda m: model.METRIC_LABELS[m],
+        key="h_views",
+    )
+    mid, right, _ = st.columns([3, 3, 2])
     scale = (
         mid.segmented_control(
             "Scale",
@@ -455,9 +487,10 @@ def _view_panel(
     estimates: list[dict[str, Any]],
     env_changes: list[dict[str, Any]],
     times: list[Any],
+    branches: dict[str, str],
 ) -> Any:
     """One view's panel, to draw with the time format, its budget and the scale; None where
-    no shown run has the figure."""
+    no shown run has the figure. `branches`: each other branch's colour."""
     base = ctx.base_branch
     envs = {e: model.env_short(ctx.env(e)) for e in {r["env_id"] for r in hist["rows"]}}
     points = [
@@ -490,7 +523,7 @@ def _view_panel(
     def draw(fmt: Any, b: model.CaseBudget | None, scale: str) -> str:
         budget = (f" ({b.reason})" if b.reason else "", b.limit_bytes) if b else None
         return panels.view_panel(
-            metric, points, fmt, budget, band, marks, rules, times, scale=scale
+            metric, points, fmt, budget, band, marks, rules, times, scale=scale, branches=branches
         )
 
     return draw
@@ -506,8 +539,13 @@ def _captions(
 ) -> str:
     """What the panels show, in one caption under them."""
     captions = [
-        f"{runs} runs; {esc(base)} as a line in commit order"
-        + (", other branches as separate ◇ points" if other_branches else "")
+        f"{runs} runs, each at its commit's time; {esc(base)} as a line in commit order"
+        + (
+            ", each other branch's runs as ◇ points in its own colour at its merge-base's "
+            "time (several branches there side by side)"
+            if other_branches
+            else ""
+        )
     ]
     if budgeted:
         captions.append(

@@ -160,14 +160,18 @@ def check(
         raise StoreError(f"{db}: no such database (record a run with `memtrack run`)")
     # the working tree's repository, where runs are found by branch or commit (not by id)
     here = repository_of(config) if history or not run_id else ALL_REPOSITORIES
+    if annotations is None:
+        annotations = os.environ.get("GITHUB_ACTIONS") == "true"
     with open_store(db, readonly=history or no_record, create=False, repository=here) as store:
         if history:
             shown = _history(store, config, base_branch, patterns, history_anchor)
         else:
-            shown = _judged(store, config, run_id, commit, base_branch, record=not no_record)
-    if annotations is None:
-        annotations = os.environ.get("GITHUB_ACTIONS") == "true"
-    _show(shown, markdown_path, json_path, annotations)
+            shown = _judged(store, config, run_id, commit, base_branch)
+        # Shown and written first: a verdict that cannot be recorded still reaches the job.
+        _show(shown, markdown_path, json_path, annotations)
+        if shown.record is not None and not no_record:
+            _record(store, shown.record)
+    sys.exit(shown.code)
 
 
 class _Shown(NamedTuple):
@@ -179,6 +183,8 @@ class _Shown(NamedTuple):
     markdown: Callable[[], str]
     data: Callable[[], Any]
     annotations: Callable[[], list[str]] = list
+    record: Any = None
+    """A check's result, to record after it is shown; None for a history."""
 
 
 def _history(
@@ -188,7 +194,7 @@ def _history(
     patterns: tuple[str, ...],
     anchor: str | int | None,
 ) -> _Shown:
-    from memtrack.judge.history import analyze_history
+    from memtrack.judge.gather.history import analyze_history
     from memtrack.report import check as report
 
     h = analyze_history(
@@ -208,16 +214,12 @@ def _judged(
     run_id: str | None,
     commit: str | None,
     base_branch: str | None,
-    *,
-    record: bool,
 ) -> _Shown:
     from memtrack.judge.check import check as run_check
     from memtrack.report import check as report
     from memtrack.report.annotations import workflow_commands
 
     result = run_check(store, config, run_id=run_id, commit=commit, base_branch=base_branch)
-    if record:
-        store.save_verdicts(result)
     return _Shown(
         report.terminal(result),
         result.exit_code,
@@ -226,14 +228,31 @@ def _judged(
         ),
         lambda: report.to_json(result),
         lambda: workflow_commands(result, config.root),
+        result,
     )
+
+
+def _record(store: Store, result: Any) -> None:
+    """Record a check's verdicts; where the database refuses (a read-only user, a server
+    gone), one warning line: the verdict, already shown, stands."""
+    from memtrack.report.check import record
+
+    try:
+        record(store, result)
+    except (StoreError, OSError) as exc:
+        click.echo(f"warning: verdicts not recorded: {exc}", err=True)
+    except Exception as exc:  # noqa: BLE001 - a driver's own error (sqlite3, psycopg)
+        if type(exc).__module__.split(".")[0] not in ("sqlite3", "psycopg"):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        click.echo(f"warning: verdicts not recorded: {first}", err=True)
 
 
 def _show(
     shown: _Shown, markdown_path: Path | None, json_path: Path | None, annotations: bool
 ) -> None:
-    """Print the terminal lines (and the annotations, where asked), write the reports
-    asked for, exit with the verdict."""
+    """Print the terminal lines (and the annotations, where asked), and write the reports
+    asked for."""
     from rich.text import Text
 
     console = rich_console()
@@ -251,4 +270,3 @@ def _show(
         _write(Path(summary), text + "\n", append=True)
     if json_path:
         _write(json_path, json.dumps(shown.data(), indent=2, default=str) + "\n")
-    sys.exit(shown.code)

@@ -3,6 +3,8 @@ PostgreSQL server, either way), verified row for row."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from memtrack.commands.options import DatabaseParam
@@ -34,8 +36,17 @@ def copy(src: Database, dst: Database) -> None:
         raise StoreError(f"{dst}: is the source itself; nothing copied")
     if not present(src):
         raise StoreError(f"{src}: no such database")
-    with open_store(src, readonly=True) as source, open_store(dst) as target:
-        done = maintenance.copy_history(source, target)
+    if isinstance(dst, Path) and not dst.exists():
+        # a new file is made whole beside DST and moved into place: a full disk or an
+        # interrupt leaves no DST at all, not an empty one that a second try would refuse
+        if not dst.parent.is_dir():
+            raise StoreError(f"{dst}: no such folder {dst.parent}")
+        needs = 0 if isinstance(src, ServerUrl) else src.stat().st_size
+        with open_store(src, readonly=True) as source:
+            done = maintenance.copy_history_to_file(source, dst, needs)
+    else:
+        with open_store(src, readonly=True) as source, open_store(dst) as target:
+            done = maintenance.copy_history(source, target)
     rows = ", ".join(f"{n:,} {table}" for table, n in done.rows.items())
     click.echo(f"copied {src} to {dst}, verified row for row: {rows}")
 

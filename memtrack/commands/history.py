@@ -10,9 +10,9 @@ from memtrack.commands.options import (
     repository_of,
     resolve,
     rich_console,
+    series_of,
 )
 from memtrack.config import MAX_COUNT
-from memtrack.errors import StoreError
 from memtrack.report.run import history_table
 from memtrack.store.opening import open_store
 
@@ -35,15 +35,14 @@ def history(
 ) -> None:
     """Show a workload's (or one case's) series, newest first.
 
-    CASE is a workload name or a whole case id, matched literally.
+    CASE is a workload name, a whole case id, or a prefix of one case's id.
     """
     config, db = resolve(config_path, db_path)
     with open_store(db, readonly=True, repository=repository_of(config)) as store:
         rows = store.history(case, limit=limit, branch=branch)
-        if not rows and (not branch or not store.history(case, limit=1)):
-            near = store.nearest_cases(case)
-            hint = f"; did you mean {', '.join(near)}?" if near else ""
-            raise StoreError(f"{db}: no case or workload {case!r}{hint}")
+        if not rows:
+            case = series_of(store, db, case)
+            rows = store.history(case, limit=limit, branch=branch)
     if not rows:
         click.echo(f"no measurements of {case!r} on branch {branch!r} in {db}", err=True)
         return

@@ -12,7 +12,7 @@ import click
 from memtrack.config import Config, load_config
 from memtrack.errors import ConfigError, StoreError
 from memtrack.files import output_problem
-from memtrack.store.database import room_problem
+from memtrack.store.database import Store, room_problem
 from memtrack.store.url import Database, parse_database
 
 config_option = click.option(
@@ -88,6 +88,42 @@ def resolve(
             "file, not the folders above it)"
         )
     return config, db_path or config.database
+
+
+def series_of(store: Store, db: Database, name: str) -> str:
+    """What `history` shows for `name`: the name itself where it has runs (a case id, or a
+    workload name for all its cases), else the one case whose id starts with it (a unique
+    prefix). StoreError naming what it could have meant: the cases it is a prefix of, else
+    the recorded names that read most like it."""
+    if store.history(name, limit=1):
+        return name
+    ids = [c for c in store.case_ids() if c.startswith(name) and store.history(c, limit=1)]
+    if len(ids) == 1:
+        return ids[0]
+    # several: their workloads first (a name cut short), then the cases themselves
+    near = [*dict.fromkeys(c.partition("[")[0] for c in ids), *ids][:3]
+    near = near if ids else store.nearest_cases(name)
+    hint = f"; did you mean {', '.join(near)}?" if near else ""
+    raise StoreError(f"{db}: no case or workload {name!r}{hint}")
+
+
+def one_case_of(store: Store, db: Database, name: str) -> str:
+    """The one case `name` names, as `history` reads it (`series_of`): a case id, a
+    workload name with one case, a unique prefix. StoreError for a workload of several
+    cases, naming them."""
+    series = series_of(store, db, name)
+    ids = [
+        c
+        for c in store.case_ids()
+        if (c == series or c.startswith(f"{series}[")) and store.history(c, limit=1)
+    ]
+    if len(ids) > 1:
+        more = f" and {len(ids) - 3} more" if len(ids) > 3 else ""
+        raise StoreError(
+            f"{db}: workload {name!r} has {len(ids)} cases; did you mean "
+            f"{', '.join(ids[:3])}{more}?"
+        )
+    return ids[0] if ids else series
 
 
 def repository_of(config: Config) -> str | None:

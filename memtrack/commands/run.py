@@ -84,7 +84,7 @@ def run(
     # imports what measuring and recording need (here, not at the top, so that it starts
     # 0.05 s sooner), reads the config and takes the git facts.
     with ForkServer.start(worker_env()) as server:
-        from memtrack.judge.check import check_budget_targets
+        from memtrack.judge.budgets import check_budget_targets
         from memtrack.measure.suite import RunStart
         from memtrack.records.redact import redact_run
         from memtrack.report.run import run_table

@@ -20,11 +20,9 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NamedTuple
 
 from memtrack.errors import ConfigError
-from memtrack.machine.provenance import git_output
 from memtrack.records import metrics
 from memtrack.units import format_size, parse_size
 
@@ -66,10 +64,6 @@ class Acceptance:
     def amount(self) -> str:
         return f"+{format_size(self.bytes)}" if self.bytes is not None else f"+{self.percent:g}%"
 
-    def describe(self) -> str:
-        """'the +2.00 MiB accepted in commit 1a2b3c4d5e6f: a longer context is the feature'."""
-        return f"the {self.amount()} accepted in commit {self.commit[:12]}: {self.reason}"
-
     def value(self) -> str:
         """The trailer's value as it is written: 'decoder allocated +2 MiB the reason'."""
         what = self.target if self.metric is None else f"{self.target} {self.metric}"
@@ -97,33 +91,6 @@ def parse(commit: str, value: str) -> Acceptance:
         )
     size = parse_size(f"{number} {unit}".strip(), what=where)
     return Acceptance(commit, match["target"], metric, size, None, match["reason"].strip())
-
-
-def read(root: Path, since: str | None, until: str | None) -> tuple[list[Acceptance], list[str]]:
-    """The acceptances in the commits after `since` up to `until` (git's since..until), and
-    notes on what could not be read. Never raises: a bad trailer is a note, not an error."""
-    if not until or not _SHA.match(until) or (since is not None and not _SHA.match(since)):
-        return [], []
-    span = f"{since}..{until}" if since else until
-    out = git_output(
-        root,
-        "log",
-        "--format=%H%x00%(trailers:key=" + TRAILER + ",valueonly,separator=%x01)%x00",
-        revs=(span,),
-    )
-    if out is None:
-        return [], [
-            f"acceptances not read: the commits {span[:40]} are not in the repository at {root}"
-        ]
-    found, notes = [], []
-    for record in out.split("\x00\n"):
-        sha, _, values = record.strip("\n").partition("\x00")
-        for value in filter(None, (v.strip() for v in values.strip("\x00").split("\x01"))):
-            try:
-                found.append(parse(sha, value))
-            except ConfigError as exc:
-                notes.append(f"ignored: {exc}")
-    return found, notes
 
 
 def unknown_targets(acceptances: Iterable[Acceptance], known: set[str]) -> list[str]:
@@ -197,29 +164,12 @@ def would_accept(
     return None
 
 
-def would_words(found: tuple[Acceptance, Acceptance], metric: str) -> str:
-    """'Memtrack-Accept: decoder allocated +2 MiB ... (commit 1a2b3c4d5e6f) names allocated
-    only; `Memtrack-Accept: decoder +2 MiB ...` would accept this too'."""
-    given, wanted = found
-    why = (
-        f"names {given.metric} only"
-        if given.metric is not None and given.metric != metric
-        else f"allows {given.amount()}"
-    )
-    return (
-        f"the {TRAILER} trailer of commit {given.commit[:12]} {why}; "
-        f"`{TRAILER}: {wanted.value()}` would accept this"
-    )
-
-
 __all__ = [
     "TRAILER",
     "Growth",
     "Acceptance",
     "find",
     "parse",
-    "read",
     "unknown_targets",
     "would_accept",
-    "would_words",
 ]

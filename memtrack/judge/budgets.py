@@ -1,43 +1,16 @@
-"""Budgets: absolute ceilings from the config, each with its reason; the VRAM each device
-holds; and the budget changes a revision makes (raising one is a reviewed change)."""
+"""Budgets: absolute ceilings from the config, each with its reason, and the VRAM each device
+holds. (The budget changes a revision makes are read from git by memtrack.judge.gather.)"""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 
-from memtrack.config import Budget, Config, config_from_text
+from memtrack.config import Budget, Config
 from memtrack.errors import ConfigError
-from memtrack.judge.verdict import Verdict
-from memtrack.machine.provenance import git_output
+from memtrack.judge.verdict import BudgetUse, DeviceFit, RankPeak, Verdict
 from memtrack.records import Environment, Measurement, metrics, peak_rank
-from memtrack.units import format_size
-
-
-@dataclass(frozen=True)
-class BudgetChange:
-    """A budget that the candidate's config changes relative to the base config."""
-
-    workload: str
-    metric: str | None
-    gpu: str | None
-    change: str
-    """raised | lowered | added | removed"""
-    old_bytes: int | None
-    new_bytes: int | None
-    reason: str
-
-    def describe(self) -> str:
-        where = (
-            self.workload
-            + (f" ({self.metric})" if self.metric else "")
-            + (f" on {self.gpu}" if self.gpu else "")
-        )
-        return (
-            f"budget {self.change}: {where} {format_size(self.old_bytes)} -> "
-            f"{format_size(self.new_bytes)} ({self.reason})"
-        )
 
 
 def default_budget_metric(m: Measurement) -> str:
@@ -72,6 +45,26 @@ def choose_budgets(
     return {metric: b for metric, (_, b) in chosen.items()}
 
 
+def check_budget_targets(config: Config, known: set[str], *, strict: bool = True) -> list[str]:
+    """A budget that names no known workload or case guards nothing: refuse it. Not
+    `strict` (known: what the database recorded, where a partial run leaves workloads out):
+    refuse only a name close to a known one (a typo), and note the others."""
+    notes = []
+    for i, b in enumerate(config.budgets):
+        if b.workload in known:
+            continue
+        close = difflib.get_close_matches(b.workload, sorted(known), n=3)
+        where = f"{config.path or 'config'}: budgets[{i}].workload: {b.workload!r}"
+        if strict or close:
+            hint = f"; nearest: {', '.join(close)}" if close else ""
+            raise ConfigError(f"{where} names no known workload or case{hint}")
+        notes.append(
+            f"{where}: no measurement of it is recorded yet (a run that left it "
+            "out with -k or --shard): its budget is not checked"
+        )
+    return notes
+
+
 def budgets_for(budgets: Sequence[Budget], m: Measurement, env: Environment) -> dict[str, Budget]:
     """The budget that applies to each metric of a case (see choose_budgets)."""
     gpu_names = [g.name for g in env.gpus if g.name]  # None: NVML would not say
@@ -87,85 +80,6 @@ def budgets_for(budgets: Sequence[Budget], m: Measurement, env: Environment) -> 
 
 
 TEST_BUDGET_REASON = "the test's memory_budget mark"
-
-
-def budget_changes(
-    config: Config, root: Path, rev: str | None
-) -> tuple[list[BudgetChange], str | None]:
-    """Budgets the current config changes relative to the same file at `rev`."""
-    if config.path is None:
-        return [], None
-    quiet = not config.budgets  # nothing to raise: a missing base is not worth a note
-    if rev is None:
-        return [], None if quiet else "budget changes not checked: no base revision to compare with"
-    top = git_output(root, "rev-parse", "--show-toplevel")
-    if top is None:
-        return [], "budget changes not checked: the config is not in a git repository"
-    try:
-        rel = config.path.resolve().relative_to(Path(top).resolve()).as_posix()
-    except ValueError:
-        return [], "budget changes not checked: the config is outside the repository"
-    if git_output(root, "rev-parse", "--verify", "--quiet", revs=(f"{rev}^{{commit}}",)) is None:
-        note = (
-            f"budget changes not checked: {rev} is not in this clone (shallow?), so the "
-            "config cannot be compared with the base's"
-        )
-        return [], None if quiet else note
-    text = git_output(root, "show", revs=(f"{rev}:{rel}",))
-    if text is None:
-        return [], None  # the file is new here: its budgets are all new
-    try:
-        old = config_from_text(text, config.path)
-    except ConfigError as exc:
-        return [], f"budget changes not checked: the base config does not load ({exc})"
-
-    def key(b: Budget) -> tuple[str, str, str]:
-        return (b.workload, b.metric or "", b.gpu or "")
-
-    before = {key(b): b for b in old.budgets}
-    after = {key(b): b for b in config.budgets}
-    out = []
-    for k in sorted(set(before) | set(after)):
-        a, b = before.get(k), after.get(k)
-        if a and b and a.limit_bytes == b.limit_bytes:
-            continue
-        change = (
-            "added"
-            if a is None
-            else "removed"
-            if b is None
-            else "raised"
-            if b.limit_bytes > a.limit_bytes
-            else "lowered"
-        )
-        ref = b or a
-        assert ref is not None
-        out.append(
-            BudgetChange(
-                ref.workload,
-                ref.metric,
-                ref.gpu,
-                change,
-                a.limit_bytes if a else None,
-                b.limit_bytes if b else None,
-                ref.reason,
-            )
-        )
-    return out, None
-
-
-def budget_part(value: int, budget: Budget | None, memory: tuple[int, str] | None = None) -> str:
-    """The budget's words in a verdict; `memory` is the VRAM of the device holding the peak
-    (device_memory): a peak above it cannot be within any budget."""
-    if budget is None:
-        return ""
-    margin = budget.limit_bytes - value
-    state = f"margin {format_size(margin)}" if margin >= 0 else f"OVER by {format_size(-margin)}"
-    if memory is not None and margin >= 0 and value > memory[0]:
-        state += (
-            f", but above the {format_size(memory[0])} of {memory[1]}: it cannot be within budget"
-        )
-    return f"; budget {format_size(budget.limit_bytes)} ({budget.reason}): {state}"
 
 
 PER_DEVICE = tuple(x.name for x in metrics.METRICS.values() if x.per_device)
@@ -193,71 +107,63 @@ def device_memory(m: Measurement, metric: str) -> tuple[int, str] | None:
     return total, f"device {held[0].index} ({held[0].name or '?'})"
 
 
-def rank_part(m: Measurement, metric: str) -> str:
-    """Which rank a multi-rank case's figure is of, in a verdict: devices do not pool."""
+def budget_use(m: Measurement, metric: str, budget: Budget | None) -> BudgetUse | None:
+    """The budget that applies to a figure, with the memory of the device that holds it."""
+    if budget is None:
+        return None
+    memory = device_memory(m, metric)
+    return BudgetUse(
+        budget.limit_bytes,
+        budget.reason,
+        memory[0] if memory else None,
+        memory[1] if memory else None,
+    )
+
+
+def rank_peak(m: Measurement, metric: str) -> RankPeak | None:
+    """Which rank a multi-rank case's figure is of: devices do not pool."""
     if not m.ranks:
-        return ""
+        return None
     if metrics.METRICS[metric].ranks_summed:
-        return f"; summed over {len(m.ranks)} ranks (they share the host)"
+        return RankPeak(len(m.ranks), summed=True)
     rank = peak_rank(m, metric)
     if rank is None:
-        return ""
-    return f"; largest per-device peak, rank {rank.rank} (device {rank.device})"
+        return RankPeak(len(m.ranks))
+    return RankPeak(len(m.ranks), rank.rank, rank.device)
+
+
+def fits(m: Measurement, room: float) -> tuple[DeviceFit, ...]:
+    """Each device's peak plus the headroom against its VRAM: devices do not pool."""
+    return tuple(
+        DeviceFit(d.index, d.name, d.peak_process_bytes, room, d.total_bytes)
+        for d in m.devices
+        if d.peak_process_bytes is not None and d.total_bytes
+    )
 
 
 def vram_verdict(v: Verdict, m: Measurement) -> Verdict:
-    """Does peak plus the observed variation fit each device's VRAM? Devices do not pool."""
-    if v.threshold is not None and v.baseline_value is not None:
-        room = v.threshold - v.baseline_value
-    else:
-        room = float(metrics.FLOORS["device"])
-    lines, worst = [], None
-    for d in m.devices:
-        if d.peak_process_bytes is None or not d.total_bytes:
-            continue
-        need = d.peak_process_bytes + room
-        margin = d.total_bytes - need
-        fit = f"fits, margin {format_size(int(margin))}" if margin >= 0 else "does NOT fit"
-        lines.append(
-            f"device {d.index} ({d.name or '?'}): peak "
-            f"{format_size(d.peak_process_bytes)} + headroom {format_size(int(room))} "
-            f"of {format_size(d.total_bytes)} VRAM: {fit}"
-        )
-        if worst is None or margin < worst[0]:
-            worst = (margin, d)
-    if worst is None:
+    """The device view: does its peak plus the observed variation fit each device's VRAM?
+    Over a device's VRAM, it is over budget (that device's memory is the limit)."""
+    room = v.room if v.room is not None else float(metrics.FLOORS["device"])
+    found = fits(m, room)
+    if not found:
         return v
-    margin, d = worst
-    details = v.details + tuple(lines)
-    if margin >= 0:
-        return replace(
-            v,
-            details=details,
-            message=v.message + f"; fits VRAM of device {d.index} "
-            f"with {format_size(int(margin))} to spare",
-        )
-    if v.kind == "over_budget":
-        return replace(v, details=details)
-    return replace(
-        v,
-        kind="over_budget",
-        blocking=True,
-        details=details,
-        budget_bytes=d.total_bytes,
-        budget_reason=f"VRAM of device {d.index} ({d.name})",
-        message=v.message + f"; peak + headroom does NOT fit the "
-        f"{format_size(d.total_bytes)} VRAM of device {d.index} ({d.name})",
-    )
+    worst = min(found, key=lambda f: f.margin)
+    if worst.margin >= 0 or v.kind == "over_budget":
+        return replace(v, fits=found)
+    vram = BudgetUse(worst.total_bytes, f"VRAM of device {worst.index} ({worst.name})", vram=True)
+    return replace(v, fits=found, kind="over_budget", blocking=v.context != "base", budget=vram)
 
 
 __all__ = [
     "PER_DEVICE",
-    "BudgetChange",
-    "budget_changes",
-    "budget_part",
+    "budget_use",
     "budgets_for",
+    "check_budget_targets",
+    "choose_budgets",
     "default_budget_metric",
     "device_memory",
-    "rank_part",
+    "fits",
+    "rank_peak",
     "vram_verdict",
 ]

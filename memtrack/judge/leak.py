@@ -12,10 +12,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from memtrack.judge.baseline import Point
-from memtrack.judge.verdict import Verdict
+from memtrack.judge.evidence import Point
+from memtrack.judge.verdict import Leak, Verdict
 from memtrack.records import Measurement
-from memtrack.units import format_size
 
 CALLS = 1000
 """The leak is also said as what this many calls would keep."""
@@ -42,7 +41,7 @@ def steady(m: Measurement) -> tuple[int, ...]:
     return tuple(out)
 
 
-def verdict(m: Measurement, points: list[Point], context: str) -> Verdict | None:
+def verdict(m: Measurement, points: Sequence[Point], context: str) -> Verdict | None:
     """A leak verdict where the candidate leaks; None where it does not. It blocks a pull
     request that brought it: one whose baseline's newest run did not leak as much. Without a
     baseline run that recorded what it retained (a new case, the first run on a new
@@ -54,33 +53,16 @@ def verdict(m: Measurement, points: list[Point], context: str) -> Verdict | None
     measured = [p for p in points if p.status == "ok" and p.retained]
     before = rate(measured[0].retained) if measured else None
     known = before is not None and before >= per
-    shown = ", ".join(f"{b:,} B" for b in m.retained_samples)
-    if known and before is not None:
-        why = (
-            f"the newest baseline run leaked {before:,} B per iteration too: a known leak, "
-            "not caused here"
-        )
-    elif not measured:
-        why = (
-            "no baseline run says what the case retained before, so it is reported: memory "
-            "that grows with every call is a leak, unless the runtime's caches fill"
-        )
-    else:
-        why = "memory that grows with every call is a leak, never noise"
     return Verdict(
         case_id=m.case_id,
         workload=m.workload,
         metric="retained",
         kind="leak",
         blocking=bool(measured) and not known and context != "base",
+        context=context,
+        why=Leak(per, tuple(m.retained_samples), before, bool(measured), CALLS),
         baseline_value=float(before or 0),
         candidate_value=float(per),
-        delta=float(per - (before or 0)),
-        context=context,
-        message=f"retained: leak: +{per:,} B per iteration (each of the "
-        f"{len(m.retained_samples)} measured iterations left memory allocated when it "
-        f"ended: {shown}), {format_size(per * CALLS)} after {CALLS:,} calls; {why}",
-        words=why,
     )
 
 

@@ -12,21 +12,16 @@ case against its full-precision sibling's, bytes and %.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
-from memtrack.judge.verdict import Verdict
+from memtrack.judge.verdict import Quality, Verdict
 from memtrack.records import Measurement
-from memtrack.units import format_size
 from memtrack.workload.registry import split_case_id
-
-NOT_COMPARED = "not compared"
-"""How a quality verdict without a reference recorded yet begins: a warning, anywhere."""
 
 
 def missing_reference(v: Verdict) -> bool:
     """A quality verdict that only says no reference is recorded yet: on the base branch
     as on a pull request a warning, never a regression."""
-    return v.kind == "quality" and v.words == NOT_COMPARED
+    return isinstance(v.why, Quality) and v.why.status == "none"
 
 
 def precision_change(case_id: str, reference: str) -> str | None:
@@ -56,16 +51,6 @@ def saving(m: Measurement, sibling: Measurement | None) -> tuple[int, int, float
     return full, own, 100.0 * (full - own) / full
 
 
-def saving_text(s: tuple[int, int, float] | None) -> str:
-    if s is None:
-        return "-"
-    full, own, pct = s
-    saved = full - own
-    if saved >= 0:
-        return f"{format_size(saved)} ({pct:.1f}%)"
-    return f"none: {format_size(-saved)} more ({-pct:.1f}%)"
-
-
 def verdict(
     m: Measurement, sibling: Measurement | None, context: str = "pull_request"
 ) -> Verdict | None:
@@ -75,61 +60,26 @@ def verdict(
         return None
     ref = m.quality_reference
     changed = precision_change(m.case_id, ref)
-    pinned = f" (sha256 {m.quality_reference_sha256[:12]})" if m.quality_reference_sha256 else ""
-    against = (
-        f"{changed} against {ref}{pinned}"
-        if changed
-        else f"at the reference's own precision, against {ref}{pinned}"
-    )
     s = saving(m, sibling) if changed else None
-    figures: dict[str, Any] = dict(
+    status = {"ok": "ok", "none": "none", "error": "error"}.get(m.quality_status, "beyond")
+    why = Quality(
+        status,
+        ref,
+        changed,
+        m.quality_reference_sha256,
+        m.quality_message or "",
+        sibling_measured=s is not None,
+    )
+    return Verdict(
+        case_id=m.case_id,
+        workload=m.workload,
+        metric="quality",
+        kind="ok" if status == "ok" else "quality",
+        blocking=status in ("beyond", "error") and context != "base",
+        context=context,
+        why=why,
         baseline_value=float(s[0]) if s else None,
         candidate_value=float(s[1]) if s else None,
-        delta=float(s[1] - s[0]) if s else None,
-        delta_pct=100.0 * (s[1] - s[0]) / s[0] if s else None,
-        quality=m.quality_message,
-        reference=ref,
-    )
-    base: dict[str, Any] = dict(
-        case_id=m.case_id, workload=m.workload, metric="quality", context=context
-    )
-    status = m.quality_status
-    if status == "ok":
-        memory = ""
-        if changed:
-            memory = (
-                f"; framework peak {format_size(s[1])} against {format_size(s[0])} at "
-                f"full precision: saves {saving_text(s)}"
-                if s
-                else "; the full-precision sibling was not measured in this run: no saving shown"
-            )
-        return Verdict(
-            **base,
-            kind="ok",
-            blocking=False,
-            message=f"quality kept, {against}: {m.quality_message}{memory}",
-            words="quality kept",
-            **figures,
-        )
-    if status == "none":
-        return Verdict(
-            **base,
-            kind="quality",
-            blocking=False,
-            message=f"{NOT_COMPARED}: {m.quality_message}",
-            words=NOT_COMPARED,
-            **figures,
-        )
-    what = "the precision change breaks its tolerance" if changed else "the result changed"
-    if status == "error":
-        what = "quality error"
-    return Verdict(
-        **base,
-        kind="quality",
-        blocking=context != "base",
-        message=f"{what} ({against}): {m.quality_message}",
-        words=what,
-        **figures,
     )
 
 
@@ -145,12 +95,4 @@ def verdicts(measurements: Iterable[Measurement], context: str = "pull_request")
     return out
 
 
-__all__ = [
-    "NOT_COMPARED",
-    "missing_reference",
-    "precision_change",
-    "saving",
-    "saving_text",
-    "verdict",
-    "verdicts",
-]
+__all__ = ["missing_reference", "precision_change", "saving", "verdict", "verdicts"]

@@ -30,12 +30,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from memtrack.config import Config
-from memtrack.judge.baseline import Point
+from memtrack.judge.evidence import Point
 from memtrack.judge.load import Load
-from memtrack.judge.memory import Candidate, fmt_pct, pct
-from memtrack.judge.verdict import Verdict
+from memtrack.judge.memory import Candidate
+from memtrack.judge.verdict import Abstained, Paired, Unpaired, Verdict
 from memtrack.records import Measurement
-from memtrack.units import format_seconds
 
 TIME_MIN_EFFECT = 0.05
 """Time is noisy: a median slowdown under 5 % (or under the observed run-to-run spread times
@@ -87,7 +86,7 @@ def _blocking(kind: str, config: Config, c: Candidate, provisional: bool = False
     )
 
 
-def paired(c: Candidate, config: Config, common: dict[str, Any]) -> Verdict | None:
+def paired(c: Candidate, config: Config) -> Verdict | None:
     """The verdict of a paired timing: the candidate's passes against REF's, round by round."""
     m = c.m
     if len(m.pair_times_s) != len(m.pair_ref_times_s):  # a record from elsewhere: no pair
@@ -107,151 +106,95 @@ def paired(c: Candidate, config: Config, common: dict[str, Any]) -> Verdict | No
     factor = config.headroom_factor
     line_log = max(factor * spread_log, math.log1p(TIME_MIN_EFFECT))
     # records are checked (1 ns to 1e6 s a pass): these logs are within +-35
-    ratio, spread, line = math.exp(middle), math.exp(spread_log) - 1, math.exp(line_log)
+    line = math.exp(line_log)
     slower = sum(x > 0 for x in logs)
     p_value = sign_test(slower, k)
     base = statistics.median(t for _, t in rounds)
-    value = statistics.median(h for h, _ in rounds)
     kind = "time_regression" if middle > line_log and p_value <= TIME_ALPHA else "ok"
-    if kind == "time_regression":
-        words = f"slower in {slower} of {k} rounds (sign test p = {p_value:.2g})"
-    elif middle <= line_log:
-        words = "within the threshold"
-    else:
-        words = (
-            f"slower in {slower} of {k} rounds, sign test p = {p_value:.2g} above "
-            f"{TIME_ALPHA:g}: not a finding"
-        )
-    blocking = _blocking(kind, config, c)
-    if kind == "time_regression" and not blocking:
-        words += " (warning)"
-    ref = (m.pair_ref or "?")[:12]
-    message = (
-        f"time ({m.pair_figure}), paired with {ref} over {k} round{'s' * (k != 1)} under the "
-        f"same load: {ref} median {format_seconds(base)}, candidate median "
-        f"{format_seconds(value)}; ratio median {ratio:.3f}, spread {spread:.1%} (half the "
-        f"rounds' range) to the power {factor:g}, floor {TIME_MIN_EFFECT:.0%} -> threshold "
-        f"{line:.3f}: {words}"
+    why = Paired(
+        ref=m.pair_ref or "?",
+        figure=m.pair_figure or "time",
+        rounds=k,
+        slower=slower,
+        ratio=math.exp(middle),
+        spread=math.exp(spread_log) - 1,
+        line=line,
+        factor=factor,
+        min_effect=TIME_MIN_EFFECT,
+        alpha=TIME_ALPHA,
     )
     return Verdict(
+        case_id=m.case_id,
+        workload=m.workload,
+        metric="time",
         kind=kind,
-        blocking=blocking,
-        message=message,
+        blocking=_blocking(kind, config, c),
+        context=c.context,
+        why=why,
         baseline_value=base,
-        spread=spread * base,
-        factor=factor,
-        floor=TIME_MIN_EFFECT * base,
         threshold=line * base,
-        candidate_value=value,
-        delta=value - base,
-        delta_pct=pct(value - base, base),
+        candidate_value=statistics.median(h for h, _ in rounds),
         baseline_runs=k,
         p_value=p_value,
-        words=words,
-        **common,
     )
 
 
 def verdict(c: Candidate, config: Config) -> Verdict | None:
+    """Paired where the run measured a pair, else against the history's uncontended runs;
+    abstained where the candidate was timed on a contended machine."""
     m = c.m
+    if m.pair_times_s and m.pair_ref_times_s:
+        found_pair = paired(c, config)
+        if found_pair is not None:
+            return found_pair
     common: dict[str, Any] = dict(
         case_id=m.case_id, workload=m.workload, metric="time", context=c.context
     )
-    if m.pair_times_s and m.pair_ref_times_s:
-        found_pair = paired(c, config, common)
-        if found_pair is not None:
-            return found_pair
     busy = Load.of(m).oversubscribed()
     if busy:
-        words = f"not judged: the machine was contended while this case was timed ({busy})"
-        return Verdict(
-            kind="abstained", blocking=False, message=f"time: {words}", words=words, **common
-        )
+        return Verdict(kind="abstained", blocking=False, why=Abstained(busy), **common)
     quiet = [p for p in c.points if p.status == "ok" and not p.load.oversubscribed()]
     found = _figure(m, quiet)
     if found is None:
         return None
     what, cand, medians = found
-    left_out = sum(p.status == "ok" and bool(p.load.oversubscribed()) for p in c.points)
     value = statistics.median(cand)
     base = statistics.median(medians)
-    delta = value - base
-    delta_pct = pct(delta, base)
-    spread = 0.0
-    if len(medians) >= 2:
-        spread = 1.4826 * statistics.median(abs(x - base) for x in medians)
-    floor = TIME_MIN_EFFECT * base
-    factor = config.headroom_factor
-    threshold = base + max(factor * spread, floor)
     n = len(medians)
+    spread = 1.4826 * statistics.median(abs(x - base) for x in medians) if n >= 2 else 0.0
+    factor = config.headroom_factor
+    threshold = base + max(factor * spread, TIME_MIN_EFFECT * base)
     as_slow = sum(x >= value for x in medians)
     slowest = max(medians)
     p_value = (as_slow + 1) / (n + 1)
     provisional = n < config.min_baseline_runs
-    needed = rank_runs_needed()
-    if provisional:
-        kind = "ok"
-        words = (
-            f"{n} baseline run{'s' * (n != 1)} of the {config.min_baseline_runs} the gate "
-            "needs: not judged"
-        )
-    elif value > threshold and value > slowest * (1 + TIME_MIN_EFFECT) and p_value <= TIME_ALPHA:
-        kind = "time_regression"
-        words = f"slower than all {n} baseline run{'s' * (n != 1)} (rank p = {p_value:.2g})"
-    else:
-        kind = "ok"
-        if value <= threshold:
-            words = "within the threshold"
-        elif as_slow:
-            words = f"{as_slow} of {n} baseline runs were as slow: not a finding"
-        elif value <= slowest * (1 + TIME_MIN_EFFECT):
-            words = (
-                f"within {TIME_MIN_EFFECT:.0%} of the slowest baseline run "
-                f"({format_seconds(slowest)}): not a finding"
-            )
-        else:
-            window = (
-                f"before {needed} runs"
-                if config.baseline_runs >= needed
-                else f"in a window of {config.baseline_runs} (baseline_runs): it takes {needed}"
-            )
-            words = (
-                f"slower than all {n} baseline run{'s' * (n != 1)}, but rank p = "
-                f"{p_value:.2g} is above {TIME_ALPHA:g}: not a finding {window} "
-                "(or a paired timing, `memtrack run --against`)"
-            )
-    blocking = _blocking(kind, config, c, provisional)
-    if kind == "time_regression" and not blocking:
-        words += " (warning)"
-    message = (
-        f"time ({what}): baseline {format_seconds(base)} (median of {n} run median"
-        f"{'s' * (n != 1)}{', provisional' if provisional else ''}"
-        + (
-            f"; {left_out} run{'s' * (left_out != 1)} timed on a contended machine left out"
-            if left_out
-            else ""
-        )
-        + f"), run-to-run spread {format_seconds(spread)} x factor {factor:g}, floor "
-        f"{TIME_MIN_EFFECT:.0%} = {format_seconds(floor)} -> threshold "
-        f"{format_seconds(threshold)}; candidate median {format_seconds(value)} of {len(cand)} "
-        f"iterations, delta {fmt_pct(delta_pct)}: {words}"
+    slower = value > threshold and value > slowest * (1 + TIME_MIN_EFFECT)
+    kind = "time_regression" if not provisional and slower and p_value <= TIME_ALPHA else "ok"
+    why = Unpaired(
+        figure=what,
+        runs=n,
+        iterations=len(cand),
+        left_out=sum(p.status == "ok" and bool(p.load.oversubscribed()) for p in c.points),
+        spread=spread,
+        factor=factor,
+        min_effect=TIME_MIN_EFFECT,
+        as_slow=as_slow,
+        slowest=slowest,
+        alpha=TIME_ALPHA,
+        needed=rank_runs_needed(),
+        window=config.baseline_runs,
+        minimum=config.min_baseline_runs,
     )
     return Verdict(
         kind=kind,
-        blocking=blocking,
-        message=message,
-        provisional=provisional,
+        blocking=_blocking(kind, config, c, provisional),
+        why=why,
         baseline_value=base,
-        spread=spread,
-        factor=factor,
-        floor=floor,
         threshold=threshold,
         candidate_value=value,
-        delta=delta,
-        delta_pct=delta_pct,
         baseline_runs=n,
+        provisional=provisional,
         p_value=p_value,
-        words=words,
         **common,
     )
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
+from memtrack.errors import ProbeError
 from memtrack.probes.nvml import guarded, memory_info, resolve, usable_total
 from memtrack.probes.tree import die_with_parent
 from memtrack.records import Environment, GpuInfo, distribution_key
@@ -285,16 +286,30 @@ def from_dict(data: dict[str, Any]) -> Environment:
 
 def probe(timeout_s: float = 120.0, env: Mapping[str, str] | None = None) -> Environment:
     """Collect the environment in a child process; `env`: the environment the workers run
-    in (its allowlisted variables are what is recorded), by default this process's."""
-    out = subprocess.run(
-        [sys.executable, "-m", "memtrack.machine.environment", str(os.getpid())],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=True,
-        env=None if env is None else dict(env),
-    )
-    return from_dict(json.loads(out.stdout))
+    in (its allowlisted variables are what is recorded), by default this process's.
+    ProbeError, in one line, where the probe hangs past `timeout_s` (a hung GPU driver) or
+    fails."""
+    what = f"the environment probe ({sys.executable} -m memtrack.machine.environment)"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "memtrack.machine.environment", str(os.getpid())],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=None if env is None else dict(env),
+        )
+    except subprocess.TimeoutExpired:
+        raise ProbeError(
+            f"{what} gave no answer within {timeout_s:g} s (a hung GPU driver? try `nvidia-smi`)"
+        ) from None
+    if out.returncode != 0:
+        lines = (out.stderr or out.stdout).strip().splitlines()
+        said = f": {lines[-1]}" if lines else ""
+        raise ProbeError(f"{what} exited with status {out.returncode}{said}")
+    try:
+        return from_dict(json.loads(out.stdout))
+    except ValueError as exc:
+        raise ProbeError(f"{what} answered what is not an environment: {exc}") from None
 
 
 if __name__ == "__main__":

@@ -73,6 +73,12 @@ def resolve_ref(config: Config, against: str, git: GitInfo) -> tuple[str, str]:
             raise ConfigError(f"--against: {against!r} names no commit in this repository")
     if ref == git.commit and not git.dirty:
         raise ConfigError(f"--against {against}: that is the checked-out commit itself")
+    if not git_output(config.root, "rev-parse", "--verify", "--quiet", revs=(f"{ref}^{{commit}}",)):
+        # a shallow clone names its boundary's parents without holding them
+        raise ConfigError(
+            f"--against {against}: {ref[:12]} ({how}) is not in this clone (a shallow clone? "
+            "fetch the history: fetch-depth: 0)"
+        )
     return ref, how
 
 

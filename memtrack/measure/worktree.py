@@ -62,7 +62,8 @@ def measure_at(config: Config, db: Database, commit: str, case: str) -> str | No
             return why
         env = without_branch_names()
         # a server's URL by the environment: a command line is for everyone on the machine
-        env["MEMTRACK_DB"] = db.url if isinstance(db, ServerUrl) else str(db)
+        # a file's path made absolute here: the run's working directory is the worktree
+        env["MEMTRACK_DB"] = db.url if isinstance(db, ServerUrl) else str(Path(db).absolute())
         done = subprocess.run(
             [
                 sys.executable,

@@ -3,7 +3,6 @@ which figure must fit, and which headroom is justified (see memtrack.plan.fit fo
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -115,39 +114,29 @@ def choose_metric(ms: Sequence[Measurement]) -> tuple[str, str]:
 def judge_headroom(
     store: Store, run: RunRecord, config: Config, metric: str, ms: Sequence[Measurement]
 ) -> Headroom | None:
-    """The gate's headroom (factor x spread of the baseline's current level, floored), as a
-    share of that baseline, for the swept cases that have one; the largest share. None
-    where no swept case has a baseline on the base branch."""
-    from memtrack.judge.baseline import BaselineFinder
-    from memtrack.judge.levels import current_level
-    from memtrack.judge.memory import headroom, repeat_spread
+    """The gate's own headroom (memtrack.judge.memory's verdict against the baseline's
+    current level), as a share of that baseline, for the swept cases that have one; the
+    largest share. None where no swept case has a baseline on the base branch."""
+    from memtrack.judge.gather.baseline import BaselineFinder
+    from memtrack.judge.memory import Candidate, verdict
+    from memtrack.judge.verdict import Headroom as Room
 
     finder = BaselineFinder(store, run, config.base_branch, config.root, config.baseline_runs)
-    factor = config.headroom_factor
     best: tuple[float, str] | None = None
     with_baseline = 0
     for m in ms:
-        window = [
-            p.values[metric]
-            for p in reversed(finder.points(m.case_id))
-            if p.status == "ok" and metric in p.values
-        ]
-        if not window:
+        v = verdict(Candidate(m, finder.points(m.case_id)), metric, config)
+        if v is None or v.baseline_value is None or not isinstance(v.why, Room):
             continue
         with_baseline += 1
-        values = [float(v) for v in window]
-        level = current_level(values, factor, metrics.floor(metric, statistics.median(values)))
-        base = level.median
-        floor = metrics.floor(metric, base)
-        spread = max(level.spread, float(repeat_spread(m, metric)))
-        room = headroom(spread, factor, floor)
+        base, room = v.baseline_value, v.room or 0.0
         share = room / base if base > 0 else 0.0
         if best is None or share > best[0]:
             detail = (
                 f"the gate's headroom over the baseline of {m.case_id} "
-                f"(median of {len(level.values)} run(s) on {config.base_branch}, "
-                f"{format_size(int(base))}): max({factor:g} x spread "
-                f"{format_size(int(spread))}, floor {format_size(int(floor))}) = "
+                f"(median of {v.baseline_runs} run(s) on {config.base_branch}, "
+                f"{format_size(int(base))}): max({v.why.factor:g} x spread "
+                f"{format_size(int(v.why.spread))}, floor {format_size(int(v.why.floor))}) = "
                 f"{format_size(int(room))}, {share:.2%} of it"
             )
             best = (share, detail)

@@ -41,6 +41,7 @@ from memtrack.records.validate import (
     write_fallback,
     write_json,
 )
+from memtrack.records.versions import environment_diff
 
 __all__ = [
     "COMMIT_PATTERN",
@@ -62,6 +63,7 @@ __all__ = [
     "case_id",
     "device_peak",
     "distribution_key",
+    "environment_diff",
     "host_peak",
     "host_step",
     "json_schema",

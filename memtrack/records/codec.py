@@ -242,10 +242,14 @@ def _float_check(d: Dialect, rules: dict[str, Any], nullable: bool) -> Check:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             d.fail(w, d.expected("a number", v))
+        try:
+            v = float(v)
+        except OverflowError:  # an integer of hundreds of digits: no float holds it
+            d.fail(w, f"{short(v)} is too large for a number")
         if d.finite and not math.isfinite(v):
             d.fail(w, f"{v} is not a finite number")
-        _check_rules(d, float(v), rules, w)
-        return float(v)
+        _check_rules(d, v, rules, w)
+        return v
 
     return check_float
 

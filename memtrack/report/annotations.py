@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memtrack.judge.check import CheckResult
+from memtrack.judge.decide import CheckResult
 from memtrack.judge.verdict import Verdict
 from memtrack.records import pair_parts
 from memtrack.report.rows import label, signed_delta
+from memtrack.report.words import message
 
 PER_LEVEL = 10
 """Annotations GitHub shows of one level (error, warning) in one step."""
@@ -60,7 +61,7 @@ def _command(level: str, v: Verdict, root: Path) -> str:
     grew = f" {signed_delta(v, 1)}" if v.delta is not None else ""
     title = f"memtrack: {v.case_id} {v.metric}{grew}"
     props = [*_site(v, root), f"title={escape_property(title)}"]
-    return f"::{level} {','.join(props)}::{escape_data(f'{label(v)}: {v.message}')}"
+    return f"::{level} {','.join(props)}::{escape_data(f'{label(v)}: {message(v)}')}"
 
 
 def _site(v: Verdict, root: Path) -> list[str]:

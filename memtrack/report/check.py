@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from memtrack.judge.check import CheckResult
-from memtrack.judge.verdict import RESTATED
-from memtrack.report import rows
+from memtrack.judge.decide import CheckResult
+from memtrack.judge.verdict import Verdict
+from memtrack.report import rows, words
 from memtrack.report.history import history_markdown, history_terminal
 from memtrack.report.markdown import (
     MARKDOWN_LIMIT,
@@ -26,7 +26,9 @@ from memtrack.report.markdown import (
 from memtrack.report.rows import label, quality_title, shown, summary_line, where
 from memtrack.units import format_size
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2
+"""2: a verdict's noise in its own fields (noise, widen, noise_runs), its arithmetic's words in
+`message`, a failure's, a rename's and an acceptance's parts apart."""
 TABLE_COLUMNS = (
     "verdict",
     "case",
@@ -51,7 +53,7 @@ def terminal(result: CheckResult) -> list[Any]:
         shown(rows.baseline_line(result)),
     ]
     out += [shown(f"note: {note}", style="yellow") for note in result.notes]
-    out += [shown(change.describe(), style="magenta") for change in result.budget_changes]
+    out += [shown(words.budget_change(c), style="magenta") for c in result.budget_changes]
     if not result.estimate_only:
         out += _table(s)
     for row in s.rows:
@@ -83,7 +85,7 @@ def terminal(result: CheckResult) -> list[Any]:
     if s.quality:
         out.append(_quality_table(s))
     for e in result.estimates:
-        out.append(shown(f"estimate · {e.case_id} · {e.describe()}", style="cyan"))
+        out.append(shown(f"estimate · {e.case_id} · {words.estimate(e)}", style="cyan"))
     out.append(shown(summary_line(result), style="bold red" if result.blocking else "bold green"))
     return out
 
@@ -112,8 +114,11 @@ def _table(s: rows.CheckRows) -> list[Any]:
 def _verdict_lines(r: rows.Row) -> list[Any]:
     """A verdict's line of arithmetic, its further lines, and the snapshot hint."""
     v = r.verdict
-    out = [shown(f"{r.label} · {v.case_id} · {v.message}", style="" if v.kind == "ok" else r.style)]
-    out += [shown(f"    {line}", style="dim") for line in v.details]
+    text = words.message(v)
+    out = [shown(f"{r.label} · {v.case_id} · {text}", style="" if v.kind == "ok" else r.style)]
+    # the where-line and what changed around are in the message already: said once
+    said = [x for x in words.details(v) if x not in text]
+    out += [shown(f"    {line}", style="dim") for line in said]
     if r.hint:
         out.append(shown(f"    {rows.snapshot_hint(v.case_id)}"))
     return out
@@ -134,14 +139,77 @@ def _quality_table(s: rows.CheckRows) -> Any:
     return q
 
 
+def flat(v: Verdict) -> dict[str, Any]:
+    """A verdict as one flat record: its message, figures and what it rests on, the shape
+    of the JSON report's verdicts and of the database's verdicts table."""
+    why = v.why
+    out: dict[str, Any] = {
+        "case_id": v.case_id,
+        "workload": v.workload,
+        "metric": v.metric,
+        "kind": v.kind,
+        "blocking": v.blocking,
+        "context": v.context,
+        "message": words.message(v),
+        "provisional": v.provisional,
+        "baseline_value": v.baseline_value,
+        "threshold": v.threshold,
+        "candidate_value": v.candidate_value,
+        "delta": v.delta,
+        "delta_pct": v.delta_pct,
+        "baseline_runs": v.baseline_runs,
+        "budget_bytes": v.budget_bytes,
+        "budget_reason": v.budget.reason if v.budget else None,
+        "p_value": v.p_value,
+        "details": words.details(v),
+        "accepted_reason": v.acceptance.reason if v.acceptance else None,
+        "accepted_commit": v.acceptance.commit if v.acceptance else None,
+        "compared_with": v.rename.compared_with if v.rename else None,
+        "param_change": v.rename.change if v.rename else None,
+        "failure": words.failure(v),
+        "where": dataclasses.asdict(v.where) if v.where else None,
+    }
+    out.update(_why_fields(why))
+    return out
+
+
+def _why_fields(why: Any) -> dict[str, Any]:
+    """A memory verdict's noise and headroom; a quality verdict's reference and outcome."""
+    from memtrack.judge.verdict import Headroom, Quality
+
+    if isinstance(why, Headroom):
+        return {
+            "noise": why.noise,
+            "widen": why.widen,
+            "noise_runs": why.runs,
+            "spread": why.spread,
+            "factor": why.factor,
+            "floor": why.floor,
+            "bound": why.bound,
+            "level_commit": why.level_since,
+            "suggested_budget": why.suggested_budget,
+            "component": why.component,
+            "component_delta": why.component_delta,
+            "sharpen": why.sharpen,
+        }
+    if isinstance(why, Quality):
+        return {"reference": why.reference, "quality": why.outcome}
+    return {}
+
+
+def record(store: Any, result: CheckResult) -> int:
+    """Record a check's verdicts in `store` (memtrack.store.database.Store), each as its flat
+    record with its message: how many were written."""
+    return int(store.save_verdicts(result, [flat(v) for v in result.verdicts]))
+
+
 def to_json(result: CheckResult) -> dict[str, Any]:
-    """The whole result as plain data, for machines. A verdict's fields that restate its
-    message (RESTATED) are left out: the message says them, and the report keeps its shape."""
+    """The whole result as plain data, for machines."""
     data = dataclasses.asdict(result)
-    data["verdicts"] = [
-        {k: x for k, x in dataclasses.asdict(r.verdict).items() if k not in RESTATED}
-        for r in rows.check_rows(result).rows
-    ]
+    data["verdicts"] = [flat(r.verdict) for r in rows.check_rows(result).rows]
+    data["notes"] = list(result.notes)
+    data["budget_changes"] = [dataclasses.asdict(c) for c in result.budget_changes]
+    data["open_regressions"] = [dataclasses.asdict(o) for o in result.open_regressions]
     data["exit_code"] = result.exit_code
     data["blocking"] = len(result.blocking)
     data["summary"] = summary_line(result)
@@ -154,6 +222,8 @@ __all__ = [
     "REPORT_VERSION",
     "TABLE_ROWS",
     "compare_link",
+    "flat",
+    "record",
     "history_link",
     "history_markdown",
     "history_terminal",

@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from memtrack.escape import markdown_code
+from memtrack.judge.bisect import command
 from memtrack.report.markdown import MARKDOWN_LIMIT, case_link, cell
 from memtrack.report.rows import shown
+from memtrack.report.words import creep as creep_words
 from memtrack.units import format_size
 
 if TYPE_CHECKING:
-    from memtrack.judge.history import HistoryResult
+    from memtrack.judge.history import HistoryResult, Step
 
 
 def history_terminal(h: HistoryResult) -> list[Any]:
@@ -44,10 +46,10 @@ def history_terminal(h: HistoryResult) -> list[Any]:
         steps.add_row(*(shown(c) for c in cells + ([s.accepted or ""] if accepted else [])))
     out.append(steps if h.steps else shown("steps: none found"))
     for s in h.steps:
-        if s.bisect_command:
+        if (found := bisect_command(s)) is not None:
             out.append(
                 shown(f"{s.case_id} {s.metric}: the step spans {s.commits} commits; which one: ")
-                + shown(s.bisect_command, style="bold")
+                + shown(found, style="bold")
             )
     creep = Table(title=shown(f"creep against {h.anchor_label}"), title_justify="left")
     for col in ("", "case", "metric", "anchor", "latest", "growth", "allowed", "steps"):
@@ -72,9 +74,16 @@ def history_terminal(h: HistoryResult) -> list[Any]:
     for c in h.creeps:
         if c.flagged or c.accepted:
             style = "red" if c.flagged else "magenta"
-            out.append(shown(f"{_creep_label(c)} · {c.case_id} · {c.message}", style=style))
+            out.append(shown(f"{_creep_label(c)} · {c.case_id} · {creep_words(c)}", style=style))
     out.append(shown(_history_summary(h), style="bold red" if h.exit_code else "bold green"))
     return out
+
+
+def bisect_command(s: Step) -> str | None:
+    """The `memtrack bisect` that finds the commit of a step that spans several, else None."""
+    if not s.commits or s.commits < 2:
+        return None
+    return command(s.case_id, s.previous_commit, s.commit, s.metric)
 
 
 def _creep_label(c: Any) -> str:
@@ -134,16 +143,16 @@ def history_markdown(
         if creeps:
             lines += ["", f"### {title}", ""] + [
                 f"- **{_creep_label(c)}** {case_link(c.case_id, dashboard_url)} "
-                f"{cell(c.metric)}: {cell(c.message)}"
+                f"{cell(c.metric)}: {cell(creep_words(c))}"
                 for c in creeps
             ]
     if h.steps:
         lines += ["", "<details><summary>Steps</summary>", "", *_steps_table(h, dashboard_url)]
-        spans = [s for s in h.steps if s.bisect_command]
+        spans = [s for s in h.steps if bisect_command(s)]
         if spans:
             lines += [""] + [
                 f"- {cell(s.case_id)} {cell(s.metric)}: the step spans {s.commits} commits; "
-                f"which one: {markdown_code(s.bisect_command or '')}"
+                f"which one: {markdown_code(bisect_command(s) or '')}"
                 for s in spans
             ]
         lines += ["", "</details>"]

@@ -10,10 +10,11 @@ from __future__ import annotations
 import urllib.parse
 
 from memtrack.escape import markdown_code, markdown_text
-from memtrack.judge.check import CheckResult
-from memtrack.judge.verdict import Verdict
+from memtrack.judge.decide import CheckResult
+from memtrack.judge.verdict import Headroom, Verdict
 from memtrack.judge.where import Change, Where
 from memtrack.records import metrics, pair_parts
+from memtrack.report import words
 from memtrack.report.rows import (
     EMOJI,
     QUALITY_COLUMNS,
@@ -103,8 +104,9 @@ def _item(r: Row) -> str:
     """A verdict's arithmetic, its further lines and the snapshot hint, as a list item."""
     v = r.verdict
     full = f" ({markdown_code(v.case_id)})" if r.case != v.case_id else ""
-    lines = [f"- **{cell(r.label)}** {markdown_code(r.case)}{full}: {_with_where(v, v.message)}"]
-    lines += [f"  - {_with_where(v, d)}" for d in v.details]
+    text = words.message(v)
+    lines = [f"- **{cell(r.label)}** {markdown_code(r.case)}{full}: {_with_where(v, text)}"]
+    lines += [f"  - {_with_where(v, d)}" for d in words.details(v)]
     if r.hint:
         command = markdown_code(snapshot_command(v.case_id))
         lines.append(f"  - {cell(snapshot_words(v.case_id))}: {command}")
@@ -116,10 +118,10 @@ def _what(r: Row) -> str:
     caches grew'."""
     v = r.verdict
     name = markdown_code(r.case)
-    if v.param_change:  # a renamed series: what changed says more than the new name
-        name = f"{markdown_code(v.workload)} {cell(v.param_change)}:"
+    if v.rename:  # a renamed series: what changed says more than the new name
+        name = f"{markdown_code(v.workload)} {cell(v.rename.change)}:"
     if v.kind == "failed":
-        return f"{name} failed ({cell((v.failure or '')[:WHAT_FAILED])})"
+        return f"{name} failed ({cell((words.failure(v) or '')[:WHAT_FAILED])})"
     if v.kind == "over_budget" and v.budget_bytes is not None:
         return (
             f"{name} {v.metric} {value(v, v.candidate_value)} over its "
@@ -129,7 +131,8 @@ def _what(r: Row) -> str:
         return f"{name} quality beyond its tolerance"
     if v.kind == "leak":
         return f"{name} leaks {value(v, v.candidate_value)} per iteration"
-    grew = f", {v.component} grew" if v.component else ""
+    component = v.why.component if isinstance(v.why, Headroom) else None
+    grew = f", {component} grew" if component else ""
     return f"{name} {v.metric} {r.short_delta}{grew}"
 
 
@@ -172,7 +175,8 @@ def _accepted(s: CheckRows) -> list[str]:
     groups: dict[tuple[str, str], list[Row]] = {}
     for r in s.accepted:
         v = r.verdict
-        groups.setdefault((v.accepted_reason or "", v.accepted_commit or ""), []).append(r)
+        a = v.acceptance
+        groups.setdefault((a.reason if a else "", a.commit if a else ""), []).append(r)
     lines = []
     for (reason, commit), rows in list(groups.items())[:ACCEPTED_SHOWN]:
         by_case: dict[str, list[str]] = {}
@@ -197,7 +201,7 @@ def _noisy_line(r: Row) -> str:
     return (
         f"- {markdown_code(r.case)} {v.metric}: a growth under "
         f"{format_size(int(room))}{pct} cannot be told from its noise"
-        + (f"; to sharpen it: {cell(v.sharpen)}" if v.sharpen else "")
+        + (f"; to sharpen it: {cell(words.sharpen(v))}" if words.sharpen(v) else "")
     )
 
 
@@ -317,7 +321,7 @@ def _open(s: CheckRows) -> list[str]:
         body.append("")
     if result.budget_changes:
         body.append("**Budget changes in this revision:**")
-        body += [f"- {cell(c.describe())}" for c in result.budget_changes]
+        body += [f"- {cell(words.budget_change(c))}" for c in result.budget_changes]
         body.append("")
     return body
 
@@ -353,7 +357,10 @@ def _folds(s: CheckRows) -> list[str]:
             rows.append("| " + " | ".join(cells) + " |")
         body += _folded(quality_title(result), rows)
     if result.estimates:
-        est = [f"- {markdown_code(e.case_id)}: {cell(e.describe())}" for e in result.estimates[:50]]
+        est = [
+            f"- {markdown_code(e.case_id)}: {cell(words.estimate(e))}"
+            for e in result.estimates[:50]
+        ]
         if len(result.estimates) > 50:
             est.append(f"- _{len(result.estimates) - 50} more in the JSON report_")
         body += _folded(f"Estimates ({len(result.estimates)}, fake tensors, not judged)", est)

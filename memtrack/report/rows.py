@@ -16,97 +16,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from memtrack.escape import terminal_text
-from memtrack.judge.check import CheckResult
-from memtrack.judge.verdict import Verdict
+from memtrack.judge.decide import CheckResult
+from memtrack.judge.quality import missing_reference, precision_change
+from memtrack.judge.verdict import KINDS, Quality, Verdict
 from memtrack.records import metrics
+from memtrack.report import words as said
 from memtrack.units import format_seconds, format_size
 from memtrack.workload.registry import short_case_labels
 
-ORDER = {
-    "leak": 2,
-    "failed": 0,
-    "over_budget": 1,
-    "regression": 2,
-    "quality": 2,
-    "noisy": 3,
-    "time_regression": 4,
-    "environment_changed": 5,
-    "removed": 5,
-    "abstained": 7,
-    "accepted": 6,
-    "new": 7,
-    "improvement": 8,
-    "ok": 9,
-}
+ORDER = {k.name: k.order for k in KINDS.values()}
 """Kinds in the order they are shown, after what blocks."""
-STYLE = {
-    "leak": "bold red",
-    "failed": "bold red",
-    "over_budget": "bold red",
-    "regression": "bold red",
-    "quality": "bold red",
-    "noisy": "yellow",
-    "time_regression": "yellow",
-    "environment_changed": "yellow",
-    "removed": "yellow",
-    "abstained": "dim",
-    "accepted": "magenta",
-    "new": "cyan",
-    "improvement": "green",
-    "ok": "dim",
-}
-"""The terminal's style of each kind."""
-EMOJI = {
-    "leak": "🚰",
-    "failed": "💥",
-    "over_budget": "⛔",
-    "regression": "🔺",
-    "quality": "🎯",
-    "noisy": "〰️",
-    "time_regression": "🐢",
-    "environment_changed": "🔀",
-    "removed": "➖",
-    "abstained": "⏸️",
-    "accepted": "☑️",
-    "new": "🆕",
-    "improvement": "🔻",
-    "ok": "✅",
-}
-"""The Markdown's mark of each kind: its table's first column is one, to stay narrow."""
-WORD = {
-    "regression": "regression",
-    "over_budget": "over budget",
-    "failed": "failed",
-    "quality": "quality",
-    "time_regression": "slower",
-    "environment_changed": "env. changed",
-    "removed": "removed",
-    "leak": "leak",
-    "abstained": "time not judged",
-    "noisy": "noisy",
-    "accepted": "accepted",
-    "new": "new",
-    "improvement": "improvement",
-    "ok": "ok",
-}
-"""Each kind in a word or two, beside its emoji."""
-WARN_EMOJI = {
-    "regression": "🔸",
-    "failed": "🔁",
-    "leak": "💧",
-    "quality": "❔",
-}
-"""The mark of a listed verdict of a pull request that only warns although its kind can
-block (a provisional regression, a failure or a leak the baseline had too, a quality
-check without a reference yet): each mark in the table means one thing, blocking or not."""
-WARN_WORD = {
-    "regression": "provisional regression",
-    "failed": "known failure",
-    "leak": "known leak",
-    "quality": "no reference yet",
-}
-"""Those verdicts in a word or two, beside their mark."""
-QUIET = ("ok", "improvement", "new", "accepted", "noisy", "abstained")
+STYLE = {k.name: k.style for k in KINDS.values()}
+EMOJI = {k.name: k.symbol for k in KINDS.values()}
+WORD = {k.name: k.word for k in KINDS.values()}
+QUIET = tuple(k.name for k in KINDS.values() if k.quiet)
 """Kinds that are neither blocking nor a warning: counted, not listed. `noisy` is a property
 of the case (its headroom too wide to judge a small growth), said once."""
 SNAPSHOT_METRICS = metrics.STEP
@@ -150,15 +73,7 @@ def ordered(verdicts: Iterable[Verdict]) -> list[Verdict]:
 
 def reported(v: Verdict) -> bool:
     """On the base branch: what would have blocked a pull request."""
-    from memtrack.judge.quality import missing_reference
-
-    return v.kind in (
-        "regression",
-        "over_budget",
-        "failed",
-        "quality",
-        "leak",
-    ) and not missing_reference(v)
+    return KINDS[v.kind].blocks and not missing_reference(v)
 
 
 def found_words(found: Sequence[Verdict]) -> str:
@@ -319,9 +234,10 @@ class CheckRows:
 def marks(v: Verdict, context: str) -> tuple[str, str]:
     """A verdict's mark and word in the Markdown table: its kind's, or, for a pull
     request's verdict that only warns where its kind can block, a mark of its own."""
-    if context != "base" and not v.blocking and v.kind in WARN_EMOJI:
-        return WARN_EMOJI[v.kind], WARN_WORD[v.kind]
-    return EMOJI.get(v.kind, v.kind), WORD.get(v.kind, v.kind)
+    k = KINDS[v.kind]
+    if context != "base" and not v.blocking and k.warn_symbol and k.warn_word:
+        return k.warn_symbol, k.warn_word
+    return k.symbol, k.word
 
 
 def check_rows(result: CheckResult) -> CheckRows:
@@ -360,7 +276,7 @@ def check_rows(result: CheckResult) -> CheckRows:
                 budget=_budget(v),
                 short_delta=signed_delta(v, 1),
                 limit=_limit(v),
-                outcome=(v.failure or "")[:FAILURE_CELL] if failed else candidate,
+                outcome=(said.failure(v) or "")[:FAILURE_CELL] if failed else candidate,
             )
         )
     return CheckRows(result, tuple(rows), labels, tuple(quality_rows(result)))
@@ -402,10 +318,10 @@ def param_changes(result: CheckResult, but: str | None = None) -> list[str]:
     out, seen = [], {but}
     for v in result.verdicts:
         key = v.case_id
-        if v.param_change is None or v.metric in ("status", "time") or key in seen:
+        if v.rename is None or v.metric in ("status", "time") or key in seen:
             continue
         seen.add(key)
-        out.append(f"{v.workload} {v.param_change}: {v.metric} {signed_delta(v)}")
+        out.append(f"{v.workload} {v.rename.change}: {v.metric} {signed_delta(v)}")
     return out
 
 
@@ -451,8 +367,6 @@ QUALITY_COLUMNS = (
 
 def quality_title(result: CheckResult) -> str:
     """The quality table's title, as its rows read: kept, broken, or not compared yet."""
-    from memtrack.judge.quality import missing_reference
-
     vs = [v for v in result.verdicts if v.metric == "quality"]
     broken = sum(v.kind == "quality" and not missing_reference(v) for v in vs)
     missing = sum(missing_reference(v) for v in vs)
@@ -472,16 +386,14 @@ def quality_title(result: CheckResult) -> str:
 def quality_rows(result: CheckResult) -> list[tuple[Verdict, tuple[str, ...]]]:
     """One row per quality verdict: the case, its reference, its framework peak against the
     full-precision sibling's in the same run, what that saves, and the quality kept."""
-    from memtrack.judge.quality import precision_change
-
     rows: list[tuple[Verdict, tuple[str, ...]]] = []
     verdicts = ordered([v for v in result.verdicts if v.metric == "quality"])
     labels = short_case_labels(
-        [*{v.case_id for v in verdicts}, *{v.reference for v in verdicts if v.reference}]
+        [*{v.case_id for v in verdicts}, *{r for v in verdicts if (r := _reference(v))}]
     )
     for v in verdicts:
-        ref = v.reference or "-"
-        changed = v.reference is not None and precision_change(v.case_id, v.reference)
+        ref = _reference(v) or "-"
+        changed = ref != "-" and precision_change(v.case_id, ref)
         if v.baseline_value is not None and v.candidate_value is not None:
             full, own = int(v.baseline_value), int(v.candidate_value)
             saved = full - own
@@ -497,5 +409,10 @@ def quality_rows(result: CheckResult) -> list[tuple[Verdict, tuple[str, ...]]]:
             # param may hold bf16 tensors (its notes say which the worker found)
             peaks = ("-", "-", "-" if changed else "(its own reference)")
         against = "itself" if ref == v.case_id else labels.get(ref, ref)
-        rows.append((v, (labels[v.case_id], against, *peaks, v.quality or "-")))
+        outcome = v.why.outcome if isinstance(v.why, Quality) else ""
+        rows.append((v, (labels[v.case_id], against, *peaks, outcome or "-")))
     return rows
+
+
+def _reference(v: Verdict) -> str | None:
+    return v.why.reference if isinstance(v.why, Quality) else None

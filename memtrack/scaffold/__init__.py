@@ -451,7 +451,60 @@ def missing(root: Path) -> list[Missing]:
     problem = layout_problem(root)
     if problem:
         out.append(Missing(Path("pyproject.toml"), problem))
-    return out
+    if is_template(root / WORKLOADS):
+        out.append(
+            Missing(
+                WORKLOADS,
+                "still the template `memtrack init` wrote: adapt its workload to your model",
+            )
+        )
+    modules = [Path(ref) for ref in config.modules if ref.endswith(".py") or "/" in ref]
+    adopted = [rel, WORKLOADS, WORKFLOW, COMMENT, HOOK, Path("data/.gitignore"), *modules]
+    kept = [p for p in adopted if not p.is_absolute() and (root / p).exists()]
+    return out + uncommitted(root, kept)
+
+
+def is_template(path: Path) -> bool:
+    """Whether the file at `path` is still the workloads template `memtrack init` wrote,
+    byte for byte but the package its comment names."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    template = re.escape(_template("workloads.py")).replace("@@PACKAGE@@", r"[\w.]+")
+    return re.fullmatch(template, text) is not None
+
+
+def uncommitted(root: Path, paths: list[Path]) -> list[Missing]:
+    """Which of `paths` (relative to `root`) are not committed as they are: CI checks out
+    the commit, so a file that is only here is not there."""
+    if not paths:
+        return []
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", *paths],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return []
+    if out.returncode != 0:
+        return []
+    found: list[Missing] = []
+    entries = iter(out.stdout.split("\0"))
+    for entry in entries:
+        if len(entry) < 4:
+            continue
+        state, path = entry[:2], Path(entry[3:])
+        if "R" in state or "C" in state:
+            next(entries, None)  # a rename's or copy's source
+        if state == "??":
+            why = "not committed: CI checks out the commit, without it (git add, git commit)"
+        else:
+            why = "has changes not committed: CI checks out the commit, without them"
+        found.append(Missing(path, why))
+    return found
 
 
 def workflow_value(text: str, key: str) -> str | None:
@@ -554,10 +607,12 @@ __all__ = [
     "choose_pin",
     "config_table",
     "installed_pin",
+    "is_template",
     "missing",
     "next_steps",
     "plan_files",
     "repository_root",
+    "uncommitted",
     "workflow_text",
     "workflow_value",
     "write_files",

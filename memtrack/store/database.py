@@ -98,10 +98,9 @@ def of_repository(scope: str, runs: str = "r", mark: str = "?") -> str:
 
 
 class CheckedRun(Protocol):
-    """What `Store.save_verdicts` records of a check (memtrack.judge.check.CheckResult):
-    its verdicts (memtrack.judge.verdict.Verdict: a field for each of VERDICT_COLUMNS but
-    the check's own), each on the run holding its case's figures (`case_runs`, else
-    `run_id`)."""
+    """What `Store.save_verdicts` records of a check (memtrack.judge.decide.CheckResult):
+    the run it judged, when, and, per case, the run holding its figures (`case_runs`, else
+    `run_id`), on which each verdict is recorded."""
 
     @property
     def run_id(self) -> str: ...
@@ -112,20 +111,25 @@ class CheckedRun(Protocol):
     @property
     def case_runs(self) -> Mapping[str, str]: ...
 
-    @property
-    def verdicts(self) -> Sequence[Any]: ...
 
-
-def verdict_row(verdict: Any, run_id: str, checked_at: str) -> dict[str, Any]:
-    """A verdict's row of table `verdicts`: each column the verdict's field of its name (a
-    flag as 0 or 1), and the check's own columns."""
-    row = {c: getattr(verdict, c) for c in _VERDICT_FIELDS}
+def verdict_row(verdict: Mapping[str, Any], run_id: str, checked_at: str) -> dict[str, Any]:
+    """A verdict's row of table `verdicts` from its flat record (memtrack.report.check.flat):
+    each column its value of that name (a flag as 0 or 1), and the check's own columns."""
+    row = {c: verdict.get(c) for c in _VERDICT_FIELDS}
     row.update(run_id=run_id, checked_at=checked_at)
     return {c: int(v) if isinstance(v, bool) else v for c, v in row.items()}
 
 
 last_path: Path | None = None
 """The database this process opened last: the CLI names it when an SQLite error escapes."""
+
+
+def _selection(row: Any) -> tuple[str, ...]:
+    """A run's selection, as stored (JSON text; NULL for the whole suite, or a row from
+    before the migration that added it)."""
+    keys = row.keys() if hasattr(row, "keys") else ()
+    raw = row["selection"] if "selection" in keys else None
+    return tuple(str(x) for x in json.loads(raw)) if raw else ()
 
 
 def _unprefixed(cls: type, row: dict[str, Any], prefix: str, json_fields: set[str]) -> Any:
@@ -764,13 +768,14 @@ class Store:
             self._rollback()
             raise
 
-    def save_verdicts(self, checked: CheckedRun) -> int:
-        """Record a check's verdicts in one transaction, replacing those recorded before
-        about the runs it judged (the candidate, and the shard runs joined to it): each
-        verdict on the run holding its case's figures. Returns how many were written."""
+    def save_verdicts(self, checked: CheckedRun, verdicts: Sequence[Mapping[str, Any]]) -> int:
+        """Record a check's verdicts (flat records, each naming its case) in one transaction,
+        replacing those recorded before about the runs it judged (the candidate, and the
+        runs joined to it): each verdict on the run holding its case's figures. Returns how
+        many were written."""
         rows = [
-            verdict_row(v, checked.case_runs.get(v.case_id, checked.run_id), checked.checked_at)
-            for v in checked.verdicts
+            verdict_row(v, checked.case_runs.get(v["case_id"], checked.run_id), checked.checked_at)
+            for v in verdicts
         ]
         with self._writing("opened read-only, cannot record verdicts"):
             for run_id in sorted({checked.run_id, *checked.case_runs.values()}):

@@ -80,6 +80,42 @@ def baseline_rows(
     return store.lazy_rows(sql, params)
 
 
+def commits_rows(
+    store: Store,
+    case_ids: Iterable[str],
+    commits: Iterable[str],
+    *,
+    branch: str,
+    exclude: Iterable[str],
+    fingerprint: str | None,
+    figures: tuple[str, ...],
+) -> list[sqlite3.Row]:
+    """The measured rows of `case_ids` in runs of `commits` on `branch` (but the runs
+    `exclude`), only those of `fingerprint` when given: the columns of `baseline_rows` and
+    each row's case_id. A baseline read in commit order asks this for the newest commits
+    first, a batch at a time (runs(git_commit) finds them)."""
+    cases, shas, left_out = list(case_ids), list(commits), sorted(exclude) or [""]
+    if not cases or not shas:
+        return []
+
+    def marks(xs: list[str]) -> str:
+        return ", ".join("?" for _ in xs)
+
+    runs = (
+        f"r.git_commit in ({marks(shas)}) and r.git_branch = ? "
+        f"and r.run_id not in ({marks(left_out)})"
+    )
+    sql = _point_sql(figures, fingerprint is not None, store.in_repository("r", "?"), runs)
+    sql = sql.replace("m.case_id = :case", f"m.case_id in ({marks(cases)})").replace(
+        "select r.run_id,", "select m.case_id, r.run_id,", 1
+    )
+    sql = sql.replace("and r.fingerprint = :fp", "and r.fingerprint = ?")
+    params: list[Any] = [*shas, branch, *left_out]
+    params += [fingerprint] if fingerprint is not None else []
+    params += [store.scope, *cases]
+    return store.conn.execute(sql, params).fetchall()
+
+
 def commit_rows(
     store: Store, case_id: str, commit: str, fingerprint: str, figures: tuple[str, ...]
 ) -> list[sqlite3.Row]:
@@ -155,6 +191,19 @@ def shard_runs(store: Store, commit: str, fingerprint: str, total: str) -> list[
         "select run_id, shard from runs where git_commit = ? and fingerprint = ? "
         f"and shard like ? and {store.in_repository('runs')} order by started_at desc",
         [commit, fingerprint, f"%/{total}", store.scope],
+    ).fetchall()
+
+
+def commit_runs(
+    store: Store, commit: str, fingerprint: str, *, exclude: str | None = None
+) -> list[sqlite3.Row]:
+    """The measuring runs of `commit` on `fingerprint`, newest first, but `exclude`:
+    run_id, started_at. (A commit holds a handful of runs: the list is read whole.)"""
+    return store.conn.execute(
+        f"select run_id, started_at from runs where git_commit = ? and fingerprint = ? "
+        f"and run_id != ? {MEASURED_RUN} and {store.in_repository('runs')} "
+        "order by started_at desc",
+        [commit, fingerprint, exclude or "", store.scope],
     ).fetchall()
 
 
@@ -342,6 +391,8 @@ __all__ = [
     "base_regressions",
     "base_runs",
     "baseline_rows",
+    "commit_runs",
+    "commits_rows",
     "commit_time",
     "ever_measured",
     "has_verdicts",

@@ -233,33 +233,52 @@ def _verified(src: Store, dst: Store, plan: list[tuple[str, str, list[str]]], ba
     return counts
 
 
-def backup_server(src: Store, dest: Path, *, overwrite: bool = False) -> BackupResult:
-    """A server's history as an SQLite file at `dest` (or `dest/memtrack-<UTC time>.db`):
-    one snapshot of it, copied and verified row for row (`copy_history`) into a file of
-    its own beside the target, which replaces the target only once whole. StoreError."""
+def copy_history_to_file(src: Store, target: Path, needs: int = 0) -> CopyResult:
+    """`copy_history` into a new SQLite file at `target`: made beside it under a name of its
+    own, one file (no -wal beside it), and moved into place only once whole and verified, so
+    that a failure (a full disk, an interrupt) leaves nothing at `target`. `needs`: the bytes
+    the copy may take, for naming a full disk. StoreError."""
     from memtrack.store.opening import open_store
 
-    target = backup_path(Path("memtrack.db"), Path(dest))
-    if target.exists() and not overwrite:
-        raise StoreError(f"{target}: already exists (choose another name, or overwrite it)")
-    if not target.parent.is_dir():
-        raise StoreError(f"{target.parent}: no such directory")
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     leftovers = [tmp, *(tmp.with_name(tmp.name + s) for s in ("-journal", "-wal", "-shm"))]
     try:
         for leftover in leftovers:
             leftover.unlink(missing_ok=True)
-        with open_store(tmp) as copy:
-            done = copy_history(src, copy)
-        one = sqlite3.connect(tmp, isolation_level=None)
         try:
-            one.execute("PRAGMA journal_mode=delete")  # one file, no -wal/-shm beside it
-        finally:
-            one.close()
+            with open_store(tmp) as copy:
+                done = copy_history(src, copy)
+            one = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                one.execute("PRAGMA journal_mode=delete")  # one file, no -wal/-shm beside it
+            finally:
+                one.close()
+        except (sqlite3.Error, OSError, StoreError) as exc:
+            # the store's own words lack what the copy needs: its cause, described again
+            cause = exc.__context__ if isinstance(exc, StoreError) else exc
+            if isinstance(cause, (sqlite3.Error, OSError)):
+                words = describe_failure(cause, tmp, needs)
+            else:
+                words = str(exc)
+            words = words.replace(str(tmp), str(target))
+            raise StoreError(f"{words}; nothing left at {target}") from None
         tmp.replace(target)
     finally:
         for leftover in leftovers:
             leftover.unlink(missing_ok=True)
+    return done
+
+
+def backup_server(src: Store, dest: Path, *, overwrite: bool = False) -> BackupResult:
+    """A server's history as an SQLite file at `dest` (or `dest/memtrack-<UTC time>.db`):
+    one snapshot of it, copied and verified row for row (`copy_history_to_file`) into a file
+    of its own beside the target, which replaces the target only once whole. StoreError."""
+    target = backup_path(Path("memtrack.db"), Path(dest))
+    if target.exists() and not overwrite:
+        raise StoreError(f"{target}: already exists (choose another name, or overwrite it)")
+    if not target.parent.is_dir():
+        raise StoreError(f"{target.parent}: no such directory")
+    done = copy_history_to_file(src, target)
     return BackupResult(path=target, runs=done.rows["runs"], size_bytes=target.stat().st_size)
 
 

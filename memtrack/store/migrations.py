@@ -343,6 +343,12 @@ def m021_time_evidence(db: sqlite_utils.Database) -> None:
         db.execute(f"alter table measurements add column {name} {kind}")
 
 
+def m022_selection(db: sqlite_utils.Database) -> None:
+    """What a run was limited to (-k, a pytest selection): a case it left out is not
+    measured there, never removed."""
+    db.execute("alter table runs add column selection text")
+
+
 STEPS = (
     m001_initial,
     m002_verdicts,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import shlex
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -207,6 +208,9 @@ def describe(exc: BaseException, url: ServerUrl | None) -> str:
     """A driver's error as one line naming the database, the password never in it."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = "; ".join(lines[:2]) or type(exc).__name__
+    missing = re.search(r'database "([^"]+)" does not exist', text)
+    if missing:  # memtrack makes its tables on first use, never the database itself
+        text += f" (make it first: createdb {shlex.quote(missing.group(1))})"
     if url is not None:
         text = url.redact(text)
     return f"{url}: {text}" if url is not None else text

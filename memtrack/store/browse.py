@@ -1,4 +1,5 @@
-"""Read-only SQL behind the dashboard. Every query is bounded and rides an index.
+"""What the dashboard reads: its read-only SQL, here in the store with every other statement.
+Every query is bounded and rides an index.
 
 The schema's indexes are measurements(case_id, run_id), measurements(run_id),
 runs(started_at), runs(git_branch, started_at) and runs(git_commit). A series is read by
@@ -18,6 +19,7 @@ import json
 import re
 import sqlite3
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from memtrack.records import metrics
@@ -372,3 +374,16 @@ def measurements(conn: sqlite3.Connection, run_id: str) -> list[dict[str, Any]]:
             )
         )
     return rows
+
+
+def has_no_tables(path: Path) -> bool:
+    """Whether the SQLite file at `path` holds no table yet (a database made but never
+    written); False where it cannot be read."""
+    try:
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+        try:
+            return conn.execute("select count(*) from sqlite_master").fetchone()[0] == 0
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
