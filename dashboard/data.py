@@ -176,30 +176,14 @@ def history(
     time on the base branch, run time elsewhere), their verdicts, and the steps of each
     view along the base branch (along the rows shown, without it). Cached: finding steps
     is the costly part of a page."""
+    shown: dict[str, Any] = dict(
+        branches=branches, fingerprints=fingerprints, since=since, until=until, limit=limit
+    )
     with _open(db, repository) as s:
-        rows = queries.series(
-            s.conn,
-            case_id,
-            repository=s.scope,
-            branches=branches,
-            fingerprints=fingerprints,
-            since=since,
-            until=until,
-            limit=limit,
-        )
+        rows = queries.series(s.conn, case_id, repository=s.scope, **shown)
         verdicts = queries.verdicts_for_runs(s.conn, [r["run_id"] for r in rows], case_id=case_id)
         latest = queries.latest_verdicts(s.conn, case_id, repository=s.scope)
-        estimates = queries.series(
-            s.conn,
-            case_id,
-            repository=s.scope,
-            branches=branches,
-            fingerprints=fingerprints,
-            since=since,
-            until=until,
-            limit=limit,
-            kind="estimate",
-        )
+        estimates = queries.series(s.conn, case_id, repository=s.scope, kind="estimate", **shown)
         still = model.open_dicts(open_regressions(s, base_branch, [case_id]))
     place_on_one_axis(rows, estimates, base_branch=base_branch)
     line = [r for r in rows if r["git_branch"] == base_branch] or rows

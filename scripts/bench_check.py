@@ -526,6 +526,104 @@ def report_reruns(config: Config, runs: list[RunRecord], how: str, args) -> None
         )
 
 
+# -- 2c: histories recorded out of commit order ------------------------------------------
+
+ORDER_COMMITS = 12
+"""Main commits of each out-of-order history."""
+
+
+def _suite_of(cases: dict[str, list], rng: random.Random) -> list[Measurement]:
+    """One run of every case: a real measurement of each, drawn."""
+    return [rng.choice(pairs)[1] for pairs in cases.values()]
+
+
+def out_of_order(cases: dict[str, list], histories: int, seed: int, work: Path) -> dict:
+    """`check` (store and git, as a user runs it) of a pull request against histories of
+    ORDER_COMMITS main commits, one of which merged a step (every case's allocated view up
+    by 15 %), whose runs are recorded out of commit order: each commit's run, then re-runs
+    of commits before the step (at the old level) started last, as a re-run job or a queued
+    runner records them. An unchanged candidate (at main's level) must pass (false blocks);
+    one that grows every case by 15 % more must block each (misses), as it does against
+    the same runs recorded in order."""
+    from memtrack.records import GitInfo
+
+    repo = work / "order"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    shas = []
+    for i in range(ORDER_COMMITS):
+        (repo / "f").write_text(str(i))
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-q", "-m", f"commit {i}")
+        shas.append(_git(repo, "rev-parse", "HEAD"))
+    heads = []
+    for name in ("unchanged", "grown"):  # two pull requests off main's newest commit
+        _git(repo, "checkout", "-q", "-b", name, shas[-1])
+        (repo / "f").write_text(name)
+        _git(repo, "commit", "-q", "-am", f"the {name} pull request")
+        heads.append(_git(repo, "rev-parse", "HEAD"))
+    (repo / "memtrack.toml").write_text('base_branch = "main"\n')
+    config = load_config(repo / "memtrack.toml")
+    rng = random.Random(seed + 4)
+    counts = {"judged": 0, "false": 0, "missed": 0, "control": 0, "reruns": 0}
+    # one growth per case (a change adds the same bytes to every run of it)
+    step = {case: _growth(pairs[0][1], "allocated") for case, pairs in cases.items()}
+
+    def stepped(ms: list[Measurement]) -> list[Measurement]:
+        return [_inject(m, "allocated", step[m.case_id]) for m in ms]
+
+    for h in range(histories):
+        at = rng.randrange(3, ORDER_COMMITS - 2)  # a step merged at this commit
+        suites = [_suite_of(cases, rng) for _ in shas]
+        suites = [stepped(ms) if i >= at else ms for i, ms in enumerate(suites)]
+        late = rng.sample(range(at), k=min(at, rng.randint(1, 3)))  # older than the step
+        order = [(i, suites[i]) for i in range(ORDER_COMMITS)]
+        order += [(i, _suite_of(cases, rng)) for i in late]  # re-runs, started last
+        counts["reruns"] += len(late)
+        cand = stepped(_suite_of(cases, rng))  # unchanged: at main's level
+        grown = stepped(cand)
+        for shuffled in (True, False):
+            db = work / f"order-{h}-{shuffled}.db"
+            with Store.open(db) as store:
+                recorded = order if shuffled else sorted(order, key=lambda x: x[0])
+                for minute, (i, ms) in enumerate(recorded):
+                    when = f"2026-01-01T{minute // 60:02d}:{minute % 60:02d}:00+00:00"
+                    run = make_run(ms, commit=shas[i], started_at=when)
+                    store.write_run(replace(run, git=replace(run.git, merge_base=shas[i])))
+                for k, (ms, head) in enumerate(zip((cand, grown), heads, strict=True)):
+                    git = GitInfo(
+                        commit=head,
+                        branch="pr",
+                        parent=shas[-1],
+                        dirty=False,
+                        base_branch="main",
+                        merge_base=shas[-1],
+                    )
+                    run = make_run(ms, commit=head, started_at=f"2026-01-02T00:0{k}:00Z")
+                    store.write_run(replace(run, git=git))
+                    result = check(store, config, run_id=run.run_id, root=repo)
+                    blocked = {v.case_id for v in result.blocking if v.metric == "allocated"}
+                    if k == 0 and shuffled:
+                        counts["judged"] += len(cand)
+                        counts["false"] += len(result.blocking)
+                    elif k == 1:
+                        key = "missed" if shuffled else "control"
+                        counts[key] += len(cand) - len(blocked)
+    return counts
+
+
+def report_out_of_order(cases: dict[str, list], args, work: Path) -> None:
+    c = out_of_order(cases, args.out_of_order, args.seed, work)
+    print(
+        f"2c. histories recorded out of commit order: {args.out_of_order} histories of "
+        f"{ORDER_COMMITS} main commits and a step, {c['reruns']} re-runs of commits before the "
+        "step recorded last, "
+        f"every case judged by `check` (store and git): {c['false']} false blocks of "
+        f"{c['judged']:,} verdicts of an unchanged pull request; a 15 % growth of every case's "
+        f"allocated view: {c['missed']} missed (in commit order: {c['control']} missed)"
+    )
+
+
 # -- 4: the PR comment ---------------------------------------------------------------------
 
 GITHUB_CSS = """
@@ -922,6 +1020,12 @@ def main() -> int:
         default=20,
         help="resampled 150-commit histories per case for `check --history`",
     )
+    ap.add_argument(
+        "--out-of-order",
+        type=int,
+        default=20,
+        help="histories recorded out of commit order, each checked by `check` (0: none)",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--commits", type=int, default=20_000)
     ap.add_argument("--cases", type=int, default=50)
@@ -954,6 +1058,8 @@ def main() -> int:
                     hows.append(f"{path.name}: {how}")
                 how = "; ".join(hows)
             report_reruns(config, runs, how, args)
+            if args.out_of_order:
+                report_out_of_order(by_case(runs, args.patterns), args, work)
             comment_size(runs, work)
         if args.skip_speed:
             return 0

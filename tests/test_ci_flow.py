@@ -280,20 +280,20 @@ def test_shards_on_two_runners_are_collected_and_checked_together(
         runs = [store.get_run(r) for r in store.run_ids(commit=head)]
     assert sorted(r.shard or "" for r in runs) == ["1/2", "2/2"]
     assert {m.case_id for r in runs for m in r.measurements} == {MLP, EMBED}
-    assert set(gate.steps["record"]["outputs"]["runs"].split()) == {r.run_id for r in runs}
-    # Both shards were judged: the summary and the verdict (for the PR comment) hold one
-    # outcome per shard's run (its ok verdicts counted, not listed), the JSON every verdict.
+    # One check of the commit, both shards' runs its evidence: the summary and the verdict
+    # (for the PR comment) hold one outcome naming both runs, the JSON every verdict.
+    (checked,) = gate.steps["record"]["outputs"]["runs"].split()
+    assert checked in {r.run_id for r in runs}
     summary = Path(env["GITHUB_STEP_SUMMARY"]).read_text()
     verdict = Path(check["verdict"]).read_text()
     for text in (summary, verdict):
-        assert text.count("### ✅ memtrack: nothing blocks") == 2, text
+        assert text.count("### ✅ memtrack: nothing blocks") == 1, text
         assert all(r.run_id[:12] in text for r in runs) and "BLOCK" not in text
     judged = {
         v["case_id"]
-        for r in runs
-        for v in json.loads(
-            (Path(check["verdict"]).parent / f"verdict-{r.run_id}.json").read_text()
-        )["verdicts"]
+        for v in json.loads((Path(check["verdict"]).parent / f"verdict-{checked}.json").read_text())[
+            "verdicts"
+        ]
     }
     assert judged == {MLP, EMBED}
     # Ingesting the same records again (a re-run of the job) adds nothing.

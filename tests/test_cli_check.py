@@ -456,7 +456,7 @@ def test_a_case_left_out_of_the_candidate_is_named(project):
     res = _check(repo, db)
     assert res.exit_code == 0, res.output
     # a warning listed in the table and counted in the outcome, never a folded note
-    line = f"warn removed · {BIG_ID} · removed: a case of the newest baseline run"
+    line = f"warn removed · {BIG_ID} · removed: held by main's runs of the same kind"
     assert line in res.output
     assert "passed: nothing blocks (1 removed, " in res.output
 
@@ -529,7 +529,7 @@ def test_a_shallow_clone_degrades_to_time_with_a_note(project, tmp_path):
         main, ["check", "--config", str(clone / "memtrack.toml"), "--db", str(db), "--commit", pr]
     )
     assert res.exit_code == 0, res.output
-    assert "note: shallow clone: baseline chosen by time, not ancestry" in res.output
+    assert "note: shallow clone: baseline chosen by commit time, not ancestry" in res.output
     assert "fetch-depth: 0" in res.output
     assert "median of 5 runs" in res.output  # main's later commit is newer than the PR's
 
@@ -757,7 +757,7 @@ def test_shards_of_one_commit_are_checked_together(project, tmp_path):
     assert res.exit_code == 1, res.output
     assert f"BLOCK regression · {BIG_ID}" in res.output  # in shard 2, the newest run's sibling
     assert "not in this run" not in res.output
-    assert "checked together with the newest run of each other shard" in res.output
+    assert f"the commit's evidence: this run and 1 more of the same commit ({ids[0][:12]})" in res.output
     with Store.open(db, readonly=True) as store:
         rows = store.conn.execute(
             "select distinct run_id, case_id from verdicts order by case_id"

@@ -301,13 +301,9 @@ def render(ctx: Context) -> None:
         ctx.db,
         ctx.key,
         case,
-        f["branches"],
-        f["fingerprints"],
-        f["since"],
-        f["until"],
-        f["limit"],
-        ctx.base_branch,
-        ctx.headroom_factor,
+        **f,
+        base_branch=ctx.base_branch,
+        factor=ctx.headroom_factor,
         repository=ctx.repository,
     )
     rows: list[dict[str, Any]] = hist["rows"]
@@ -359,11 +355,10 @@ def render(ctx: Context) -> None:
     )
     if hist.get("estimates"):
         latest = hist["estimates"][0]
+        drift = esc(estimate_drift(latest, rows))
         st.caption(
             f"Latest estimate ({short(latest['git_commit'])}): "
-            f"{format_size(latest['peak_allocated_bytes'])}, "
-            + esc(estimate_drift(latest, rows))
-            + "."
+            f"{format_size(latest['peak_allocated_bytes'])}, {drift}."
         )
 
     st.subheader("Completion time")
@@ -374,20 +369,22 @@ def render(ctx: Context) -> None:
         st.caption("No iteration times recorded for these runs.")
     else:
         st.markdown(tchart, unsafe_allow_html=True)
-
-    st.subheader("Where the series moved")
-    events = _events(ctx, case, rows, hist["verdicts"], moved_by_view, env_changes, by_run)
-    if events:
-        events.sort(key=lambda e: e["time"], reverse=True)
-        st.markdown(html_table("h_events", events[:300], EVENT_COLUMNS), unsafe_allow_html=True)
-        st.caption(
-            "A step is a shift of the series' level past its headroom (the gate's "
-            "change points); the run named is the first at the new level. A commit opens "
-            "its run."
-        )
-    else:
-        st.caption(f"No step, failure, environment change or verdict among these {len(rows)} runs.")
+    _moves(_events(ctx, case, rows, hist["verdicts"], moved_by_view, env_changes, by_run), rows)
     _points(rows)
+
+
+def _moves(events: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
+    """Where the series moved: its steps, failures, environment changes and verdicts."""
+    st.subheader("Where the series moved")
+    if not events:
+        st.caption(f"No step, failure, environment change or verdict among these {len(rows)} runs.")
+        return
+    events.sort(key=lambda e: e["time"], reverse=True)
+    st.markdown(html_table("h_events", events[:300], EVENT_COLUMNS), unsafe_allow_html=True)
+    st.caption(
+        "A step is a shift of the series' level past its headroom (the gate's change points); "
+        "the run named is the first at the new level. A commit opens its run."
+    )
 
 
 def _status(

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +26,7 @@ from memtrack.config import MAX_COUNT, Config, is_revision
 from memtrack.errors import ConfigError
 from memtrack.measure.forkserver import ForkServer
 from memtrack.measure.launcher import worker_env
+from memtrack.measure.timeout import RECENT_RUNS
 from memtrack.store.opening import open_store
 from memtrack.store.url import present
 from memtrack.workload.registry import Case, no_match, select_cases
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from memtrack.measure.pairs import Pairing
     from memtrack.measure.suite import RunStart
     from memtrack.records import Measurement, RunRecord
+    from memtrack.store.save import Recorded
 
 
 def _parse_shard(value: str | None) -> tuple[int, int] | None:
@@ -84,7 +88,6 @@ def run(
     # imports what measuring and recording need (here, not at the top, so that it starts
     # 0.05 s sooner), reads the config and takes the git facts.
     with ForkServer.start(worker_env()) as server:
-        from memtrack.judge.budgets import check_budget_targets
         from memtrack.measure.suite import RunStart
         from memtrack.records.redact import redact_run
         from memtrack.report.run import run_table
@@ -107,39 +110,25 @@ def run(
             if not no_db and present(db):
                 store = stack.enter_context(open_store(db))
                 store.check_writable()
-            workloads = start.workloads()
-            # A budget naming no workload or case guards nothing: refused before anything
-            # runs. A budget on a test (a node id, 'file.py::test') is the plugin's to record.
-            tests = {b.workload for b in config.budgets if "::" in b.workload}
-            check_budget_targets(
-                config,
-                {x for w in workloads for c in w.cases() for x in (w.name, c.case_id)} | tests,
-            )
-            cases = select_cases(workloads, patterns, shard_t)
-            if not cases:
-                raise no_match(workloads, patterns)
-            if start.git.commit is None:
-                raise ConfigError(
-                    f"{config.root}: not inside a git repository with a commit: memtrack "
-                    "records every run against its commit (`git init` and a first commit)"
-                )
-            ref, unpaired_why = None, None
-            if against and config.time_regression != "off":
-                from memtrack.measure.pairs import resolve_ref
-
-                try:  # before an hour of measuring
-                    ref = resolve_ref(config, against, start.git)
-                except ConfigError as exc:
-                    if explicit:
-                        raise
-                    # the config's default pairs where it can: the base branch's first
-                    # commit, a shallow clone, a run of `against` itself measure unpaired
-                    unpaired_why = f"no paired timing (the config's against): {exc}"
+            cases = _cases(config, start, patterns, shard_t)
+            ref, unpaired_why = _paired_ref(config, against, explicit, start)
             if store is None and not no_db:
                 store = stack.enter_context(open_store(db))
+            durations = (
+                store.durations(
+                    start.environment().fingerprint, [c.case_id for c in cases], RECENT_RUNS
+                )
+                if store is not None
+                else {}
+            )
             pairing: list[Pairing] = []
             done = record_run(
-                lambda: _measure(config, cases, shard, start, ref, pairing), store, json_path
+                lambda: replace(
+                    _measure(config, cases, shard, start, ref, pairing, durations),
+                    selection=patterns,
+                ),
+                store,
+                json_path,
             )
             saved_ref = None
             if pairing and pairing[0].ref_record is not None:
@@ -149,22 +138,72 @@ def run(
         click.echo("no paired timing: time_regression is off, so time is not judged")
     if unpaired_why:
         click.echo(unpaired_why)
-    for line in pairing[0].lines if pairing else ():
+    fail_on(_said(done, pairing[0] if pairing else None, saved_ref))
+
+
+def _cases(
+    config: Config, start: RunStart, patterns: tuple[str, ...], shard: tuple[int, int] | None
+) -> list[Case]:
+    """The cases to measure, discovered in the fork server; refused before anything runs:
+    a budget naming no workload or case (it would guard nothing; a budget on a test, a node
+    id 'file.py::test', is the plugin's to record), a selection of nothing, no commit."""
+    from memtrack.judge.budgets import check_budget_targets
+
+    workloads = start.workloads()
+    tests = {b.workload for b in config.budgets if "::" in b.workload}
+    check_budget_targets(
+        config, {x for w in workloads for c in w.cases() for x in (w.name, c.case_id)} | tests
+    )
+    cases = select_cases(workloads, patterns, shard)
+    if not cases:
+        raise no_match(workloads, patterns)
+    if start.git.commit is None:
+        raise ConfigError(
+            f"{config.root}: not inside a git repository with a commit: memtrack "
+            "records every run against its commit (`git init` and a first commit)"
+        )
+    return cases
+
+
+def _paired_ref(
+    config: Config, against: str | None, explicit: bool, start: RunStart
+) -> tuple[tuple[str, str] | None, str | None]:
+    """REF of a paired timing (its commit and how it was chosen), resolved before an hour of
+    measuring, or why the config's default measures unpaired."""
+    if not against or config.time_regression == "off":
+        return None, None
+    from memtrack.measure.pairs import resolve_ref
+
+    try:
+        return resolve_ref(config, against, start.git), None
+    except ConfigError as exc:
+        if explicit:
+            raise
+        # the config's default pairs where it can: the base branch's first commit, a
+        # shallow clone, a run of `against` itself measure unpaired
+        return None, f"no paired timing (the config's against): {exc}"
+
+
+def _said(
+    done: Recorded, pairing: Pairing | None, saved_ref: tuple[list[str], list[str]] | None
+) -> tuple[str, ...]:
+    """Print where the run (and REF's timing passes) went; the failures to save them."""
+    for line in pairing.lines if pairing else ():
         click.echo(line)
     commit = (done.record.git.commit or "no commit")[:12]
     click.echo(
         f"run {done.record.run_id} of {commit} recorded in {', '.join(done.saved) or 'nothing'}"
     )
     failures = list(done.failures)
-    if saved_ref is not None and pairing[0].ref_record is not None:
-        ref_run = pairing[0].ref_record
+    if saved_ref is not None and pairing is not None and pairing.ref_record is not None:
+        ref_run = pairing.ref_record
         where, failed = saved_ref
         click.echo(
             f"run {ref_run.run_id} of {(ref_run.git.commit or '')[:12]} (its timing passes) "
             f"recorded in {', '.join(where) or 'nothing'}"
         )
         failures += failed
-    fail_on(tuple(failures))
+    return tuple(failures)
 
 
 def _ref_json(json_path: Path | None) -> Path | None:
@@ -179,15 +218,19 @@ def _measure(
     start: RunStart,
     ref: tuple[str, str] | None,
     pairing: list[Pairing],
+    durations: Mapping[str, Sequence[float]],
 ) -> RunRecord:
-    """The run's cases, then (`ref`: REF's commit and how it was chosen) their paired
-    timing, which goes into `pairing`."""
+    """The run's cases (`durations`: each one's recorded durations here, for its timeout),
+    then (`ref`: REF's commit and how it was chosen) their paired timing, which goes into
+    `pairing`."""
     from memtrack.measure.suite import run_suite  # imported once the server started (above)
 
     plain = plain_output()
     progress = progress_echo("running", plain)
     if plain:
-        record = run_suite(config, cases, shard=shard, progress=progress, start=start)
+        record = run_suite(
+            config, cases, shard=shard, progress=progress, start=start, durations=durations
+        )
     else:
         with rich_console(stderr=True).status("measuring ...") as status:
 
@@ -196,7 +239,9 @@ def _measure(
                     status.update(f"measuring {case.case_id} ...")
                 progress(event, case, m)
 
-            record = run_suite(config, cases, shard=shard, progress=live, start=start)
+            record = run_suite(
+                config, cases, shard=shard, progress=live, start=start, durations=durations
+            )
     if ref is None:
         return record
     from memtrack.measure.pairs import pair_cases

@@ -166,6 +166,7 @@ def judge_case(
         inp.acceptances,
         inp.context,
         known=case.known,
+        values=case.values,
     )
     if m.status != "ok":
         out = [failed(c)]
@@ -211,7 +212,7 @@ def _figure(
 def unbased(c: Candidate, case: CaseEvidence, metric: str, base_branch: str) -> Verdict | None:
     """No baseline on this environment: 'new' or 'environment changed'; budgets still hold."""
     m = c.m
-    value = metrics.value(m, metric)
+    value = c.value(metric)
     if value is None:
         return None
     budget = budget_use(m, metric, c.budgets.get(metric))
@@ -317,13 +318,15 @@ def still_open(
     open, in this check's report as in every later one. A regression whose commit is not in
     the candidate's history predates the branch: being within it fixes nothing there."""
     by_case = {m.case_id: m for m in inp.run.measurements}
+    values = {case.m.case_id: case.values for case in inp.cases}
     closed = {v.closes.key for v in verdicts if v.closes is not None}
     still, notes = [], []
     for o, in_history in inp.open_found:
         if o.key in closed:
             continue
         m = by_case[o.case_id]
-        value = metrics.value(m, o.metric) if m.status == "ok" else None
+        value = values.get(o.case_id, {}).get(o.metric, metrics.value(m, o.metric))
+        value = value if m.status == "ok" else None
         fixed = value is not None and value <= o.threshold
         if fixed and inp.context == "base":
             notes.append(

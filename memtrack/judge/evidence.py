@@ -37,6 +37,8 @@ class Point:
     """CUDA event time of each timed iteration."""
     load: Load = field(default_factory=lambda: Load())
     """How busy the machine was while the run was timed."""
+    case_id: str | None = None
+    """The case id it was recorded under (a test's, from another rootdir), where read."""
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,11 @@ class CaseEvidence:
     renamed_from: str | None = None
     """A new case replacing one of its workload whose params changed: the old case id."""
     param_change: str | None = None
+    values: dict[str, float] = field(default_factory=dict)
+    """The figures judged where the commit measured the case in several runs: each the
+    lower median over them (judge.gather.commit); else the measurement's own."""
     runs: tuple[str, ...] = ()
-    """The runs of the commit holding the case's figures (the evidence)."""
+    """The runs of the commit that measured the case (the evidence)."""
 
 
 @dataclass(frozen=True)

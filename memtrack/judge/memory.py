@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from memtrack.config import Budget, Config
@@ -51,6 +51,16 @@ class Candidate:
     context: str = "pull_request"
     known: Sequence[Point] = ()
     """Runs of the case on other environments, newest first: noise this window lacks."""
+    values: Mapping[str, float] = field(default_factory=dict)
+    """The figures judged, where the commit measured the case in several runs (the lower
+    median over them); else the measurement's own."""
+
+    def value(self, metric: str) -> float | None:
+        """The candidate's figure of `metric`."""
+        if metric in self.values:
+            return self.values[metric]
+        found = metrics.value(self.m, metric)
+        return None if found is None else float(found)
 
 
 def changes_for(c: Candidate, metric: str) -> tuple[BudgetChange, ...]:
@@ -113,7 +123,7 @@ def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
     """The figure against its level and budget; None where the candidate or every baseline
     run lacks it (the caller's `new` judges a figure without a baseline)."""
     m = c.m
-    value = metrics.value(m, metric)
+    value = c.value(metric)
     points = window(c, metric)
     if value is None or not points:
         return None
@@ -124,8 +134,9 @@ def verdict(c: Candidate, metric: str, config: Config) -> Verdict | None:
     room = down = max(lv.room, float(floor))
     provisional = len(points) + known_runs < config.min_baseline_runs
     bound = sessions_bound(m, points, factor) if metric == "allocated" else None
-    if bound is not None:
-        room, provisional = max(bound + floor - base, float(floor)), False
+    if bound is not None:  # never narrower than what the level's own runs reached
+        reached = max(points[i].values[metric] for i in lv.members) - base
+        room, provisional = max(bound + floor - base, reached, float(floor)), False
         down = max(room, down)
     budget = budget_use(m, metric, c.budgets.get(metric))
     over = budget is not None and budget.over(value)

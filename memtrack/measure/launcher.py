@@ -31,6 +31,7 @@ from memtrack.config import Config
 from memtrack.measure.forkserver import ForkedWorker, ForkServer
 from memtrack.measure.guard import Guard, marked, runner_guard
 from memtrack.measure.sampler import NvmlSampler
+from memtrack.probes.load import CaseLoad
 from memtrack.probes.nvml import SamplerResult
 from memtrack.probes.quality import QualitySpec
 from memtrack.probes.tree import ProcessTree, subreaper
@@ -144,6 +145,9 @@ class CaseOutcome:
     tree_source: str | None = None
     spawned: str | None = None
     """Why a case that had a fork server was started as a fresh interpreter instead."""
+    load: dict[str, Any] | None = None
+    """At a timeout: the machine's load over the case, read while its processes still ran
+    (probes.load.CaseLoad: judge.load.Load's fields); None otherwise."""
 
 
 def _group(n: int, first_pid: int | None) -> dict[str, Any]:
@@ -194,8 +198,10 @@ def launch(
     if clock is not None:
         specs = [dataclasses.replace(s, sampler_clock=str(clock)) for s in specs]
     t0 = time.perf_counter()
+    case_load = CaseLoad()
     started = _Started(guard=runner_guard())
     in_time = False
+    load = None
     exited_pids: dict[int, float] = {}
     with (
         tempfile.TemporaryDirectory(prefix="memtrack-spec-") as tmp,
@@ -212,6 +218,8 @@ def launch(
                 timeout_s,
                 lambda pid: read_result(Path(specs[by_pid[pid]].result_path)).status != "ok",
             )
+            if not in_time:  # what the machine did meanwhile, while the case still runs
+                load = case_load.figures(started.tree.members())
         finally:
             # Whatever happened, nothing the case started outlives it.
             if started.tree is not None:
@@ -240,6 +248,7 @@ def launch(
             (tree.peak or None) if tree else None,
             tree.source if tree else None,
             started.spawned,
+            load,
         )
         for i in range(n)
     ]

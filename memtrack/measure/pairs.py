@@ -131,6 +131,10 @@ def _reference_measurement(
     )
 
 
+class _NoPair(Exception):
+    """Why no case is paired (one line): REF's tree, config or suite cannot be had."""
+
+
 def pair_cases(
     config: Config,
     cases: list[Case],
@@ -144,126 +148,169 @@ def pair_cases(
     """Time every case of `record` that measured ok against REF, in `config.pair_rounds`
     rounds; `server`: the run's fork server (the candidate's side). Whatever goes wrong
     here (an interrupt too), the run itself is kept, unpaired, with a line saying why."""
+    started, t0 = now(), time.perf_counter()
     try:
-        return _pair_cases(config, cases, record, server, device, ref, how, say)
+        with worktree(config, ref) as (config_file, why):
+            if config_file is None:
+                raise _NoPair(f"no paired timing against {ref[:12]}: {why}")
+            try:
+                ref_config = load_config(config_file)
+            except MemtrackError as exc:
+                raise _NoPair(f"no paired timing: {ref[:12]}'s config: {exc}") from exc
+            # REF's tree first on the import path (registry.repository_first): what the
+            # workloads import from the repository is REF's, though an editable install
+            # points at the user's tree; a package installed otherwise is the same on both
+            with ForkServer.start(worker_env(), cwd=ref_config.root) as ref_server:
+                try:
+                    theirs = {
+                        c.case_id: c for w in ref_server.discover(ref_config) for c in w.cases()
+                    }
+                except MemtrackError as exc:
+                    raise _NoPair(f"no paired timing: {ref[:12]}'s suite: {exc}") from exc
+                # REF's workload code, the candidate's settings (warm-up, repeats, timeout)
+                # and data/ (data is not code, and often not in git)
+                ref_view = dataclasses.replace(config, root=ref_config.root)
+
+                def timed(cfg: Config, case: Case, srv: ForkServer) -> Measurement:
+                    return run_case(
+                        cfg,
+                        case,
+                        device,
+                        record.environment.visible_uuids,
+                        server=srv,
+                        timing_only=True,
+                        data_dir=config.root / "data",
+                    )
+
+                paired, refs, lines = _time_pairs(
+                    record, cases, theirs, (ref_view, ref_server), (config, server), timed, ref, say
+                )
+            ref_git = provenance.git_info(
+                config_file.parent,
+                config.base_branch,
+                env=without_branch_names(),
+                repository=record.git.repository,
+            )
+    except _NoPair as exc:
+        return Pairing(record, None, (str(exc),))
     except (Exception, KeyboardInterrupt) as exc:
         why = redact(f"{type(exc).__name__}: {exc}".strip().splitlines()[0]) or ""
         return Pairing(record, None, (f"no paired timing against {ref[:12]}: {why}",))
-
-
-def _pair_cases(
-    config: Config,
-    cases: list[Case],
-    record: RunRecord,
-    server: ForkServer,
-    device: str,
-    ref: str,
-    how: str,
-    say: Callable[[str], None],
-) -> Pairing:
-    started, t0 = now(), time.perf_counter()
-    lines: list[str] = []
-    paired: dict[str, Measurement] = {}
-    refs: list[Measurement] = []
-    rounds = config.pair_rounds
-    visible = record.environment.visible_uuids
-    with worktree(config, ref) as (config_file, why):
-        if config_file is None:
-            return Pairing(record, None, (f"no paired timing against {ref[:12]}: {why}",))
-        try:
-            ref_config = load_config(config_file)
-        except MemtrackError as exc:
-            return Pairing(record, None, (f"no paired timing: {ref[:12]}'s config: {exc}",))
-        # REF's workload code, the candidate's settings (warm-up, repeats, timeout) and
-        # data/ (data is not code, and often not in git)
-        ref_view = dataclasses.replace(config, root=ref_config.root)
-        data_dir = config.root / "data"
-        tree = ref_config.root
-        # REF's tree first on the import path (registry.repository_first): what the
-        # workloads import from the repository is REF's, though an editable install points
-        # at the user's tree; a package installed otherwise is the same on both sides
-        with ForkServer.start(worker_env(), cwd=tree) as ref_server:
-            try:
-                theirs = {c.case_id: c for w in ref_server.discover(ref_config) for c in w.cases()}
-            except MemtrackError as exc:
-                return Pairing(record, None, (f"no paired timing: {ref[:12]}'s suite: {exc}",))
-            by_id = {c.case_id: c for c in cases}
-            for m in record.measurements:
-                case, other = by_id.get(m.case_id), theirs.get(m.case_id)
-                if case is None or m.status != "ok" or m.kind != "measured":
-                    continue
-                if ranks_of(case.params) is not None:
-                    lines.append(f"{m.case_id}: not paired: a case of several processes")
-                    continue
-                if other is None:
-                    lines.append(f"{m.case_id}: not paired: {ref[:12]} has no such case")
-                    continue
-                say(f"paired timing · {m.case_id} · {rounds} rounds against {ref[:12]}")
-                here: list[Measurement] = []
-                there: list[Measurement] = []
-                failed = None
-                for i in range(rounds):
-                    sides = [(ref_view, other, ref_server, there), (config, case, server, here)]
-                    for cfg, c, srv, into in sides if i % 2 == 0 else sides[::-1]:
-                        p = run_case(
-                            cfg, c, device, visible, server=srv, timing_only=True, data_dir=data_dir
-                        )
-                        into.append(p)
-                        if p.status != "ok":
-                            side = ref[:12] if into is there else "the candidate"
-                            said = (p.message or "").strip().splitlines()
-                            failed = f"{side}'s pass {p.status}: {redact(said[-1]) if said else ''}"
-                            break
-                    if failed:
-                        break
-                if failed:
-                    lines.append(f"{m.case_id}: not paired: {failed}")
-                    continue
-                figure = _figure([*here, *there])
-                mine = [pass_median(p, figure) for p in here]
-                others = [pass_median(p, figure) for p in there]
-                paired[m.case_id] = dataclasses.replace(
-                    m,
-                    pair_ref=ref,
-                    pair_figure=figure,
-                    pair_times_s=tuple(mine),
-                    pair_ref_times_s=tuple(others),
-                )
-                refs.append(
-                    _reference_measurement(there, figure, mine, others, record.git.commit or "")
-                )
-        ref_git = provenance.git_info(
-            config_file.parent,
-            config.base_branch,
-            env=without_branch_names(),
-            repository=record.git.repository,
-        )
-    seconds = time.perf_counter() - t0
     if paired:
-        passes = 2 * rounds * len(paired)
+        passes = 2 * config.pair_rounds * len(paired)
         lines.insert(
             0,
             f"paired timing against {ref[:12]} ({how}): {len(paired)} case"
-            f"{'s' * (len(paired) != 1)} x {rounds} rounds, {passes} timing passes more, "
-            f"{seconds:.1f} s",
+            f"{'s' * (len(paired) != 1)} x {config.pair_rounds} rounds, {passes} timing passes "
+            f"more, {time.perf_counter() - t0:.1f} s",
         )
     record = dataclasses.replace(
         record, measurements=tuple(paired.get(m.case_id, m) for m in record.measurements)
     )
     if not refs:
         return Pairing(record, None, tuple(lines))
-    ref_record = RunRecord(
+    ref_hash = suite_hash([theirs[m.case_id] for m in refs], ref_config)
+    return Pairing(record, _ref_run(record, refs, ref_git, ref_hash, started), tuple(lines))
+
+
+def _ref_run(
+    record: RunRecord, refs: list[Measurement], git: GitInfo, suite: str, started: str
+) -> RunRecord:
+    """REF's timing passes as a run of REF (of no branch), on the candidate's machine."""
+    return RunRecord(
         run_id=uuid.uuid4().hex,
         started_at=started,
         finished_at=now(),
-        git=dataclasses.replace(ref_git, branch=None),
+        git=dataclasses.replace(git, branch=None),
         ci=record.ci,
         environment=record.environment,
-        suite_hash=suite_hash([theirs[m.case_id] for m in refs], ref_config),
+        suite_hash=suite,
         config_path=record.config_path,
         measurements=tuple(refs),
     )
-    return Pairing(record, ref_record, tuple(lines))
+
+
+def _time_pairs(
+    record: RunRecord,
+    cases: list[Case],
+    theirs: dict[str, Case],
+    ref_side: tuple[Config, ForkServer],
+    own_side: tuple[Config, ForkServer],
+    timed: Callable[[Config, Case, ForkServer], Measurement],
+    ref: str,
+    say: Callable[[str], None],
+) -> tuple[dict[str, Measurement], list[Measurement], list[str]]:
+    """Each case of the run that measured ok, timed in rounds against REF's case of the same
+    id: the candidate's paired measurements, REF's, and a line for each case left unpaired."""
+    (ref_config, ref_server), (config, server) = ref_side, own_side
+    paired: dict[str, Measurement] = {}
+    refs: list[Measurement] = []
+    lines: list[str] = []
+    by_id = {c.case_id: c for c in cases}
+    for m in record.measurements:
+        case, other = by_id.get(m.case_id), theirs.get(m.case_id)
+        if case is None or m.status != "ok" or m.kind != "measured":
+            continue
+        if ranks_of(case.params) is not None:
+            lines.append(f"{m.case_id}: not paired: a case of several processes")
+            continue
+        if other is None:
+            lines.append(f"{m.case_id}: not paired: {ref[:12]} has no such case")
+            continue
+        say(f"paired timing · {m.case_id} · {config.pair_rounds} rounds against {ref[:12]}")
+        here, there, failed = _rounds(
+            config.pair_rounds, (ref_config, other, ref_server), (config, case, server), timed, ref
+        )
+        if failed is not None:
+            lines.append(f"{m.case_id}: not paired: {failed}")
+            continue
+        paired[m.case_id], ref_m = _pair(m, here, there, ref, record.git.commit or "")
+        refs.append(ref_m)
+    return paired, refs, lines
+
+
+Side = tuple[Config, Case, ForkServer]
+
+
+def _rounds(
+    rounds: int,
+    ref_side: Side,
+    own_side: Side,
+    timed: Callable[[Config, Case, ForkServer], Measurement],
+    ref: str,
+) -> tuple[list[Measurement], list[Measurement], str | None]:
+    """`rounds` rounds of one timing pass of each side, REF first in the even ones (A B,
+    B A): the candidate's passes, REF's, and where a pass failed, why they stopped."""
+    here: list[Measurement] = []
+    there: list[Measurement] = []
+    for i in range(rounds):
+        sides = [(ref_side, there), (own_side, here)]
+        for (cfg, case, srv), into in sides if i % 2 == 0 else sides[::-1]:
+            p = timed(cfg, case, srv)
+            into.append(p)
+            if p.status != "ok":
+                side = ref[:12] if into is there else "the candidate"
+                said = (p.message or "").strip().splitlines()
+                return here, there, f"{side}'s pass {p.status}: {redact(said[-1]) if said else ''}"
+    return here, there, None
+
+
+def _pair(
+    m: Measurement, here: list[Measurement], there: list[Measurement], ref: str, commit: str
+) -> tuple[Measurement, Measurement]:
+    """The candidate's measurement with both sides' pass medians, and REF's passes as one
+    timing-only measurement."""
+    figure = _figure([*here, *there])
+    mine = [pass_median(p, figure) for p in here]
+    others = [pass_median(p, figure) for p in there]
+    paired = dataclasses.replace(
+        m,
+        pair_ref=ref,
+        pair_figure=figure,
+        pair_times_s=tuple(mine),
+        pair_ref_times_s=tuple(others),
+    )
+    return paired, _reference_measurement(there, figure, mine, others, commit)
 
 
 __all__ = ["Pairing", "pair_cases", "pass_median", "resolve_ref"]

@@ -22,6 +22,7 @@ from memtrack.config import Config
 from memtrack.measure.launcher import CaseOutcome, launch, new_spec, worker_env
 from memtrack.measure.outcome import case_status, to_measurement
 from memtrack.measure.sampler import start_sampler
+from memtrack.measure.timeout import contended
 from memtrack.probes.tree import CGROUP
 from memtrack.records import Measurement, RankMeasurement
 from memtrack.records.breakdown import with_breakdown
@@ -73,11 +74,14 @@ def run_ranks(
     device: str,
     visible_uuids: tuple[str, ...],
     world: int,
+    timeout_s: float,
     *,
     snapshot_path: Path | None = None,
-) -> Measurement:
-    """Measure a case of `world` ranks; one Measurement with a RankMeasurement per rank."""
-    warmup, repeats, timeout_s = config.settings_for(case.workload)
+) -> tuple[Measurement, str | None]:
+    """Measure a case of `world` ranks within `timeout_s`: one Measurement with a
+    RankMeasurement per rank, and why the machine was contended where a rank timed out on a
+    busy one (measure.timeout)."""
+    warmup, repeats, _ = config.settings_for(case.workload)
     snapshots = snapshot_paths(snapshot_path, world) if snapshot_path else [None] * world
     for attempt in range(PORT_RETRIES + 1):
         with tempfile.TemporaryDirectory(prefix="memtrack-") as tmp:
@@ -109,7 +113,8 @@ def run_ranks(
         if attempt < PORT_RETRIES and any(_port_taken(o) for o in outcomes):
             continue
         break
-    return to_case(case, specs[0], outcomes, exited, config.nvml_interval_s, timeout_s)
+    m = to_case(case, specs[0], outcomes, exited, config.nvml_interval_s, timeout_s)
+    return m, next((why for o in outcomes if (why := contended(o))), None)
 
 
 def _port_taken(outcome: CaseOutcome) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from memtrack.config import Config
 from memtrack.machine import environment, provenance
@@ -20,6 +20,7 @@ from memtrack.measure import references
 from memtrack.measure.case import run_case
 from memtrack.measure.forkserver import ForkServer
 from memtrack.measure.launcher import worker_env
+from memtrack.measure.timeout import timeout_for
 from memtrack.records import Environment, GitInfo, Measurement, RunRecord, now
 from memtrack.workload.registry import Case, Workload, suite_hash
 
@@ -43,14 +44,18 @@ class RunStart:
         self.git = provenance.git_info(
             config.root, config.base_branch, repository=config.repository
         )
+        self._environment: Environment | None = None
 
     def workloads(self) -> list[Workload]:
         """The suite, discovered in the fork server: this process imports no workload module."""
         return self.server.discover(self.config)
 
     def environment(self) -> Environment:
-        """The fingerprint from the server's forked probe, else from a fresh interpreter."""
-        return self.server.environment() or probe_environment()
+        """The fingerprint from the server's forked probe, else from a fresh interpreter
+        (probed once)."""
+        if self._environment is None:
+            self._environment = self.server.environment() or probe_environment()
+        return self._environment
 
 
 @contextlib.contextmanager
@@ -130,12 +135,22 @@ def run_suite(
     progress: ProgressFn | None = None,
     env: Environment | None = None,
     start: RunStart | None = None,
+    durations: Mapping[str, Sequence[float]] | None = None,
 ) -> RunRecord:
     """Measure every case and return the run (the caller stores it). `start`: the run's
-    start (`start_run`); without one, the run starts its own."""
+    start (`start_run`); without one, the run starts its own. `durations`: each case's
+    recorded durations on this environment, which set its timeout (measure.timeout)."""
     if start is None:
         with start_run(config) as own:
-            return run_suite(config, cases, shard=shard, progress=progress, env=env, start=own)
+            return run_suite(
+                config,
+                cases,
+                shard=shard,
+                progress=progress,
+                env=env,
+                start=own,
+                durations=durations,
+            )
     server = start.server
     server.ready(config)  # the suite imported there, where the caller discovered it itself
     env = env or start.environment()
@@ -145,7 +160,17 @@ def run_suite(
 
     def measure(case: Case) -> Measurement:
         quality = references.quality_spec(config, case, manifest)
-        return run_case(config, case, device, env.visible_uuids, quality=quality, server=server)
+        configured = config.settings_for(case.workload)[2]
+        timeout_s = timeout_for(configured, (durations or {}).get(case.case_id, ()))
+        return run_case(
+            config,
+            case,
+            device,
+            env.visible_uuids,
+            quality=quality,
+            server=server,
+            timeout_s=timeout_s,
+        )
 
     return each_case(
         config,

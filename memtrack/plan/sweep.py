@@ -125,7 +125,8 @@ def judge_headroom(
     best: tuple[float, str] | None = None
     with_baseline = 0
     for m in ms:
-        v = verdict(Candidate(m, finder.points(m.case_id)), metric, config)
+        points = finder.points({m.case_id: (m.case_id,)})[m.case_id]
+        v = verdict(Candidate(m, points), metric, config)
         if v is None or v.baseline_value is None or not isinstance(v.why, Room):
             continue
         with_baseline += 1

@@ -9,6 +9,7 @@ import unicodedata
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from memtrack.probes.span import SpanFigures
@@ -28,6 +29,22 @@ SHARED = (
     "(--memtrack-forked measures each test alone and gates them)"
 )
 FORKED = "measured in its own process, forked from pytest's before the test"
+
+
+def test_id(nodeid: str, rootdir: Path, top: Path | None) -> str:
+    """A test's identity in its repository: its file's path relative to the repository's
+    root (git's top level), then its name and parameters as pytest writes them. pytest's
+    node id is relative to its rootdir, which moves with the arguments and ini files of
+    each invocation; the repository's root does not. A file outside the repository (or no
+    repository) keeps the node id."""
+    path, sep, rest = nodeid.partition("::")
+    if top is None or not path:
+        return nodeid
+    try:
+        rel = (rootdir / path).resolve().relative_to(top.resolve())
+    except (ValueError, OSError):
+        return nodeid
+    return rel.as_posix() + sep + rest
 
 
 def case_id_of(nodeid: str) -> str:
@@ -183,6 +200,7 @@ def make_run(
     ci: CIInfo,
     environment: Environment,
     config_path: str | None,
+    selection: tuple[str, ...] = (),
 ) -> RunRecord:
     """The run of every measured test, in the order they ended; a test measured twice (a
     rerun plugin) keeps its last outcome."""
@@ -201,7 +219,19 @@ def make_run(
         suite_hash=suite_hash(last),
         config_path=config_path,
         measurements=tuple(last.values()),
+        selection=selection,
     )
+
+
+def selection_of(option: Any, args: Iterable[str]) -> tuple[str, ...]:
+    """What a pytest session was limited to beyond whole files: its `-k` and `-m`
+    expressions, the node ids it was given, what it deselected, and a last-failed rerun."""
+    out = [f"-k {option.keyword}"] if getattr(option, "keyword", "") else []
+    out += [f"-m {option.markexpr}"] if getattr(option, "markexpr", "") else []
+    out += [a for a in args if "::" in a]
+    out += [f"--deselect {d}" for d in getattr(option, "deselect", None) or ()]
+    out += ["--lf"] if getattr(option, "lf", False) else []
+    return tuple(out)
 
 
 def outcome_of(nodeid: str, reports: list[Any]) -> Outcome | None:
@@ -265,5 +295,7 @@ __all__ = [
     "make_run",
     "measurement",
     "outcome_of",
+    "selection_of",
     "suite_hash",
+    "test_id",
 ]

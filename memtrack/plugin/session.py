@@ -15,7 +15,7 @@ import pytest
 from memtrack.commands.options import resolve
 from memtrack.errors import MemtrackError, StoreError
 from memtrack.machine import environment, provenance
-from memtrack.plugin.record import FIGURES, make_run, outcome_of
+from memtrack.plugin.record import FIGURES, make_run, outcome_of, selection_of, test_id
 from memtrack.records import now
 from memtrack.store.opening import open_store
 from memtrack.store.save import record_run
@@ -55,6 +55,8 @@ class Recorder:
                 store.check_writable()
         except MemtrackError as exc:
             pytest.exit(f"memtrack: {exc}", returncode=2)
+        top = provenance.git_output(self.mt_config.root, "rev-parse", "--show-toplevel")
+        self.top = Path(top) if top else None
         self.started_at = now()
         self.ready = True
 
@@ -76,7 +78,12 @@ class Recorder:
             session.exitstatus = 2
 
     def _record(self) -> None:
-        outcomes = [o for n, rs in self.reports.items() if (o := outcome_of(n, rs)) is not None]
+        rootdir = self.config.rootpath
+        outcomes = [
+            o
+            for n, rs in self.reports.items()
+            if (o := outcome_of(test_id(n, rootdir, self.top), rs)) is not None
+        ]
         # Here, at the end: pytest's process ran the tests (torch imported, CUDA started
         # where they used it), and a probe beside them would take their CPUs.
         # as plain JSON data, as a probe's process hands it over (torch's version is a str
@@ -93,6 +100,7 @@ class Recorder:
             ci=provenance.ci_info(),
             environment=env,
             config_path=str(self.mt_config.path) if self.mt_config.path else None,
+            selection=selection_of(self.config.option, self.config.args),
         )
         with open_store(self.db) as store:
             done = record_run(lambda: run, store, None)

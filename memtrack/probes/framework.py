@@ -49,19 +49,13 @@ def _category_tracker() -> Any:
 
 
 def category_tracker_class() -> type:
-    """A MemTracker that tolerates a module called again in one session (a decode loop).
-
-    Only the global peak by category is used here, so per-module statistics are reset
-    instead of refused when a root module runs twice. Imported here, not at the top: a
-    torch without MemTracker (before 2.5) then fails only what needs it, with this message.
-
-    The probe's tracker (`_probe_tracker_class`) replaces the per-module tracking; `memtrack
-    snapshot`'s keeps it, for its table by module.
-
-    Tensors that are neither parameters, buffers, gradients, optimizer state nor tagged
-    caches, but alive when an iteration starts (the input batch, a plain attribute made in
-    setup) are counted as `INPUT` ("Input"), a category of their own.
-    """
+    """A MemTracker that tolerates a module called again in one session (a decode loop):
+    only the global peak by category is used here, so per-module statistics are reset
+    instead of refused when a root module runs twice (the probe's tracker,
+    `_probe_tracker_class`, replaces them; `memtrack snapshot`'s keeps them for its table).
+    Tensors alive when an iteration starts that are no parameter, buffer, gradient,
+    optimizer state or tagged cache (the input batch) count as `INPUT` ("Input"). Imported
+    here: a torch without MemTracker (before 2.5) fails only what needs it."""
     try:
         from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
     except ImportError as exc:
@@ -112,10 +106,7 @@ def category_tracker_class() -> type:
         def _track_module_params_and_buffers(
             self, module: Any, install_grad_hooks: bool = True
         ) -> tuple[int, int]:
-            """MemTracker's, with gradient hooks only on the parameters that can have a
-            gradient: torch's own registers one on every parameter, and a frozen one (a LoRA
-            fine-tune's base weights, a model served with `requires_grad_(False)`) raises
-            "cannot register a hook on a tensor that doesn't require gradient"."""
+            """MemTracker's, gradient hooks on trainable parameters only (`_hook_trainable`)."""
             counted = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
             if install_grad_hooks:
                 _hook_trainable(self, module)
@@ -142,7 +133,10 @@ def category_tracker_class() -> type:
 def _hook_trainable(tracker: Any, module: Any) -> None:
     """MemTracker's two gradient hooks (the gradient as it is made, and once accumulated) on
     each of `module`'s parameters that requires a gradient and has none yet, kept where
-    MemTracker removes them when it exits (torch 2.5 to 2.14 alike)."""
+    MemTracker removes them when it exits (torch 2.5 to 2.14 alike). torch's own registers
+    one on every parameter, and a frozen one (a LoRA fine-tune's base weights, a model served
+    with `requires_grad_(False)`) raises "cannot register a hook on a tensor that doesn't
+    require gradient"."""
     from torch.distributed._tools.mem_tracker import _MemRefType
 
     def count(grad: torch.Tensor | None) -> None:

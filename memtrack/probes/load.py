@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Iterable
 from typing import Any
 
 PRESSURE = "/proc/pressure/cpu"
@@ -205,6 +206,56 @@ class TimingLoad:
         }
 
 
+def tree_usage(pids: Iterable[int]) -> tuple[float, float]:
+    """CPU seconds and run-queue wait seconds of these processes so far: each one's own CPU
+    time and its reaped children's (/proc/PID/stat utime, stime, cutime, cstime), and every
+    thread's wait (/proc/PID/task/TID/schedstat). A process gone meanwhile counts nothing."""
+    cpu_ticks, wait_ns = 0, 0
+    for pid in pids:
+        text = _read(f"/proc/{pid}/stat")
+        words = (text or "").rpartition(")")[2].split()
+        if len(words) > 14 and all(w.isdigit() for w in words[11:15]):
+            cpu_ticks += sum(int(w) for w in words[11:15])
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            figures = (_read(f"/proc/{pid}/task/{tid}/schedstat") or "").split()
+            if len(figures) >= 2 and figures[1].isdigit():
+                wait_ns += int(figures[1])
+    return cpu_ticks / TICKS_PER_S, wait_ns / 1e9
+
+
+class CaseLoad:
+    """The machine's load over a whole case, read by the runner: `CaseLoad()` as the case
+    starts, `figures(pids)` while its processes `pids` still run (at a timeout). The same
+    figures as a timing pass's (judge.load.Load), over the case instead of its pass."""
+
+    def __init__(self) -> None:
+        self._cpus = affinity()
+        self._busy = busy_ticks(self._cpus)
+        self._pressure = cpu_pressure_us()
+        self._start = time.perf_counter()
+
+    def figures(self, pids: Iterable[int]) -> dict[str, Any]:
+        """pressure, cores, own, wait, others and wall: judge.load.Load's fields."""
+        wall = time.perf_counter() - self._start
+        own, wait = tree_usage(pids)
+        busy, others = busy_ticks(self._cpus), None
+        if busy is not None and self._busy is not None and wall > 0:
+            used = (busy - self._busy - len(self._cpus)) / TICKS_PER_S  # less a tick per CPU
+            others = max(0.0, used - own) / wall
+        return {
+            "pressure": _pressure_share(self._pressure, cpu_pressure_us(), wall),
+            "cores": cores(self._cpus),
+            "own": own / wall if wall > 0 else None,
+            "wait": wait / wall if wall > 0 else None,
+            "others": others,
+            "wall": wall,
+        }
+
+
 def _pressure_share(before: int | None, after: int | None, wall_s: float) -> float | None:
     if before is None or after is None or wall_s <= 0:
         return None
@@ -225,6 +276,7 @@ def _steal_share(
 
 
 __all__ = [
+    "CaseLoad",
     "TimingLoad",
     "affinity",
     "busy_ticks",
@@ -235,4 +287,5 @@ __all__ = [
     "own_wait_ns",
     "waited_ns",
     "runnable_others",
+    "tree_usage",
 ]

@@ -29,6 +29,7 @@ from memtrack.records.model import (
     pair_key,
     pair_parts,
     peak_rank,
+    test_file,
     to_dict,
 )
 from memtrack.records.validate import (
@@ -74,6 +75,7 @@ __all__ = [
     "read_all",
     "read_json",
     "run_from_dict",
+    "test_file",
     "to_dict",
     "write_fallback",
     "write_json",

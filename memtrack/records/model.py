@@ -552,6 +552,12 @@ def load_host(m: Measurement) -> int | None:
     return max(0, m.load_host_peak_rss_bytes - m.load_file_rss_bytes)
 
 
+def test_file(case_id: str) -> str | None:
+    """A test's file (its case id's path before '::'); None for a workload's case."""
+    path, sep, _ = case_id.partition("::")
+    return path if sep else None
+
+
 def memory_pass_peak(m: Measurement) -> int | None:
     """Largest per-device process peak within the memory pass (the allocator's window)."""
     peaks = [d.memory_pass_peak_bytes for d in m.devices if d.memory_pass_peak_bytes is not None]
@@ -575,6 +581,10 @@ class RunRecord:
     measurements: tuple[Measurement, ...]
     shard: str | None = None
     """'i/n' when this run holds one shard of the suite."""
+    selection: tuple[str, ...] = ()
+    """What this run was limited to (`memtrack run -k PATTERN`, pytest's `-k` or `-m`
+    expression, or test node ids), each as given; () for the whole suite, or every test of
+    the files it ran. A case such a run leaves out is not measured here, never removed."""
     schema_version: int = SCHEMA_VERSION
 
 

@@ -25,6 +25,7 @@ from memtrack.report.rows import (
     check_rows,
     counts,
     found_words,
+    known_failures,
     label,
     param_changes,
     quality_title,
@@ -160,6 +161,8 @@ def _outcome(s: CheckRows) -> str:
         return f"{icon} memtrack on {cell(result.base_branch)}: {'; '.join(parts)} (never blocking)"
     named = blocking[0].verdict.case_id if blocking else None
     changed = "".join(f"; {cell(c)}" for c in param_changes(result, but=named))
+    not_gated = known_failures(result, lambda c: markdown_code(c))
+    changed += f"; not gated: {not_gated}" if not_gated else ""
     if blocking:
         n = len(blocking) - 1
         # said apart from the first one's words, which may end in what grew

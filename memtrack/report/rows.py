@@ -11,7 +11,7 @@ every verdict keeps its one-line arithmetic.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -283,14 +283,14 @@ def check_rows(result: CheckResult) -> CheckRows:
 
 
 def summary_line(result: CheckResult) -> str:
-    """The outcome in one line, with every verdict counted by kind."""
-    parts = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in counts(result.verdicts))
-    blocking = result.blocking
+    """The outcome in one line: what blocks counted apart from the rest, every verdict
+    counted by kind, and the cases not gated because they fail on the base branch too."""
     if result.estimate_only:
         return (
             f"estimate run: nothing measured, nothing judged "
             f"({len(result.estimates)} case(s) estimated)"
         )
+    blocking = result.blocking
     if result.context == "base":
         found = [v for v in result.verdicts if reported(v)]
         opened = len(result.open_regressions)
@@ -302,14 +302,43 @@ def summary_line(result: CheckResult) -> str:
         if opened:
             head += f", {opened} still open (not fixed or accepted)"
         head += " (never blocking)" if found or opened else ""
+        parts = _counted(result.verdicts) or "no verdicts"
+    elif blocking:
+        n = len(blocking)
+        head = f"BLOCKED: {n} blocking verdict{'s' * (n != 1)} ({_counted(blocking)})"
+        rest = [v for v in result.verdicts if not v.blocking]
+        parts = f"also {_counted(rest)}" if rest else ""
     else:
-        head = (
-            f"BLOCKED: {len(blocking)} blocking verdict{'s' * (len(blocking) != 1)}"
-            if blocking
-            else "passed: nothing blocks"
-        )
-    changed = "".join(f"; {c}" for c in param_changes(result))
-    return f"{head} ({parts or 'no verdicts'}){changed}"
+        head, parts = "passed: nothing blocks", _counted(result.verdicts) or "no verdicts"
+    said = (
+        f"{head} ({parts})" if parts and not blocking else f"{head}{'; ' + parts if parts else ''}"
+    )
+    not_gated = known_failures(result)
+    if not_gated:
+        said += f"; not gated: {not_gated}"
+    return said + "".join(f"; {c}" for c in param_changes(result))
+
+
+def _counted(verdicts: Iterable[Verdict]) -> str:
+    return ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in counts(verdicts))
+
+
+def known_failures(result: CheckResult, code: Callable[[str], str] = str) -> str:
+    """A pull request's cases that fail where the base branch's newest run failed too, in
+    words ('`generate` fails on main too (timeout)'); '' where there is none. Never
+    silence: a case that does not run is not gated, and the headline says so."""
+    if result.context == "base":
+        return ""
+    found = [
+        v for v in result.verdicts if v.kind == "failed" and not v.blocking and v.why is not None
+    ]
+    if not found:
+        return ""
+    labels = short_case_labels([v.case_id for v in found])
+    status = {v.case_id: getattr(v.why, "status", "failed") for v in found}
+    cases = ", ".join(f"{code(labels[c])} ({status[c]})" for c in dict.fromkeys(status))
+    verb = "fails" if len(status) == 1 else "fail"
+    return f"{cases} {verb} on {result.base_branch} too"
 
 
 def param_changes(result: CheckResult, but: str | None = None) -> list[str]:

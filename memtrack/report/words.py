@@ -6,6 +6,9 @@ lines. The judge decides and hands over data (memtrack.judge.verdict); nothing h
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from memtrack.judge.evidence import Estimate
 from memtrack.judge.history import Creep
 from memtrack.judge.verdict import (
@@ -53,29 +56,8 @@ def signed(x: float) -> str:
 def words(v: Verdict) -> str:
     """The conclusion in words, as the message says it after its arithmetic and before the
     budget's part: 'regression', 'the baseline passed (20 of 20 runs ok)'."""
-    why = v.why
-    if isinstance(why, Headroom):
-        return _memory_words(v, why)
-    if isinstance(why, Failure):
-        return _failure_why(why)
-    if isinstance(why, Leak):
-        return _leak_why(why)
-    if isinstance(why, Paired):
-        return _paired_words(v, why)
-    if isinstance(why, Unpaired):
-        return _unpaired_words(v, why)
-    if isinstance(why, Abstained):
-        return f"not judged: the machine was contended while this case was timed ({why.busy})"
-    if isinstance(why, Quality):
-        return _quality_what(why)
-    if isinstance(why, Unbased):
-        return _unbased_words(v, why)
-    if isinstance(why, Removed):
-        return (
-            f"a case of the newest baseline run on {why.base_branch} that this run does not "
-            "hold (its series ends here; or it was left out with -k)"
-        )
-    return v.kind.replace("_", " ")
+    said = _WORDS.get(type(v.why))
+    return said(v, v.why) if said is not None else v.kind.replace("_", " ")
 
 
 def _memory_words(v: Verdict, h: Headroom) -> str:
@@ -235,31 +217,17 @@ def message(v: Verdict) -> str:
 
 
 def _core(v: Verdict) -> str:
-    why = v.why
-    if isinstance(why, Headroom):
-        return _memory_message(v, why)
-    if isinstance(why, Unbased):
-        return f"{v.metric} {size(v.candidate_value or 0)}: {words(v)}{budget_words(v)}"
-    if isinstance(why, Failure):
-        return f"status: {why.failure}; {words(v)}"
-    if isinstance(why, Leak):
-        shown = ", ".join(f"{b:,} B" for b in why.retained)
-        return (
-            f"retained: leak: +{why.per:,} B per iteration (each of the {len(why.retained)} "
-            f"measured iterations left memory allocated when it ended: {shown}), "
-            f"{format_size(why.per * why.calls)} after {why.calls:,} calls; {words(v)}"
-        )
-    if isinstance(why, Paired):
-        return _paired_message(v, why)
-    if isinstance(why, Unpaired):
-        return _unpaired_message(v, why)
-    if isinstance(why, Abstained):
-        return f"time: {words(v)}"
-    if isinstance(why, Quality):
-        return _quality_message(v, why)
-    if isinstance(why, Removed):
-        return f"removed: {words(v)}"
-    return words(v)
+    said = _MESSAGES.get(type(v.why))
+    return said(v, v.why) if said is not None else words(v)
+
+
+def _leak_message(v: Verdict, why: Leak) -> str:
+    shown = ", ".join(f"{b:,} B" for b in why.retained)
+    return (
+        f"retained: leak: +{why.per:,} B per iteration (each of the {len(why.retained)} "
+        f"measured iterations left memory allocated when it ended: {shown}), "
+        f"{format_size(why.per * why.calls)} after {why.calls:,} calls; {words(v)}"
+    )
 
 
 def _memory_message(v: Verdict, h: Headroom) -> str:
@@ -515,6 +483,42 @@ def creep(c: Creep) -> str:
         f"{'>' if c.trend_flagged else '<='} allowed {size(c.allowed)} = max(tolerance "
         f"{c.tolerance:.1%}, factor x standard error {size(c.error)}); {how}"
     )
+
+
+# -- each record's words, by its type ------------------------------------------------------
+
+_WORDS: dict[type, Callable[[Verdict, Any], str]] = {
+    Headroom: _memory_words,
+    Failure: lambda v, why: _failure_why(why),
+    Leak: lambda v, why: _leak_why(why),
+    Paired: _paired_words,
+    Unpaired: _unpaired_words,
+    Abstained: lambda v, why: (
+        f"not judged: the machine was contended while this case was timed ({why.busy})"
+    ),
+    Quality: lambda v, why: _quality_what(why),
+    Unbased: _unbased_words,
+    Removed: lambda v, why: (
+        f"held by {why.base_branch}'s runs of the same kind (the suite, or the tests of its "
+        "file) and by none of this commit's: its series ends here"
+    ),
+}
+"""The conclusion (`words`) of each kind of verdict record."""
+
+_MESSAGES: dict[type, Callable[[Verdict, Any], str]] = {
+    Headroom: _memory_message,
+    Unbased: lambda v, why: (
+        f"{v.metric} {size(v.candidate_value or 0)}: {words(v)}{budget_words(v)}"
+    ),
+    Failure: lambda v, why: f"status: {why.failure}; {words(v)}",
+    Leak: _leak_message,
+    Paired: _paired_message,
+    Unpaired: _unpaired_message,
+    Abstained: lambda v, why: f"time: {words(v)}",
+    Quality: _quality_message,
+    Removed: lambda v, why: f"removed: {words(v)}",
+}
+"""The message's arithmetic and conclusion (`message`, before what it adds) by record."""
 
 
 __all__ = [

@@ -943,6 +943,7 @@ class Store:
             config_path=row["config_path"],
             measurements=measurements,
             shard=row["shard"],
+            selection=_selection(row),
             schema_version=row["schema_version"],
         )
 
@@ -1178,6 +1179,27 @@ class Store:
                 continue
             if isinstance(params, dict):
                 out[case] = (str(row["workload"]), params)
+        return out
+
+    def durations(
+        self, fingerprint: str, case_ids: Iterable[str], n: int
+    ) -> dict[str, list[float]]:
+        """The whole-case wall times (`duration_s`) of each case's `n` newest ok measured runs
+        on the environment `fingerprint`, newest first; a case with none is left out."""
+        out: dict[str, list[float]] = {}
+        for part in _chunks(sorted(set(case_ids)), _LOOKUP):
+            rows = self.conn.execute(
+                "select m.case_id, m.duration_s from measurements m "
+                "join runs r on r.run_id = m.run_id where r.fingerprint = ? "
+                "and m.kind = 'measured' and m.status = 'ok' and m.duration_s is not null "
+                f"and m.case_id in ({', '.join('?' * len(part))}) and {self.in_repository()} "
+                "order by r.started_at desc, m.id desc",
+                [fingerprint, *part, self.scope],
+            )
+            for case, value in rows:
+                kept = out.setdefault(case, [])
+                if len(kept) < n and isinstance(value, (int, float)):
+                    kept.append(float(value))
         return out
 
     def case_ids(self) -> list[str]:

@@ -80,6 +80,22 @@ def baseline_rows(
     return store.lazy_rows(sql, params)
 
 
+def commits_runs(
+    store: Store, commits: Iterable[str], *, branch: str, fingerprint: str
+) -> list[sqlite3.Row]:
+    """The measuring runs of `commits` on `branch` and `fingerprint`: run_id, git_commit,
+    started_at."""
+    shas = list(commits)
+    if not shas:
+        return []
+    return store.conn.execute(
+        f"select run_id, git_commit, started_at from runs where git_commit in "
+        f"({', '.join('?' for _ in shas)}) and git_branch = ? and fingerprint = ? "
+        f"{MEASURED_RUN} and {store.in_repository('runs')}",
+        [*shas, branch, fingerprint, store.scope],
+    ).fetchall()
+
+
 def commits_rows(
     store: Store,
     case_ids: Iterable[str],
@@ -393,6 +409,7 @@ __all__ = [
     "baseline_rows",
     "commit_runs",
     "commits_rows",
+    "commits_runs",
     "commit_time",
     "ever_measured",
     "has_verdicts",

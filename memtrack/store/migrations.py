@@ -371,6 +371,7 @@ STEPS = (
     m019_repository,
     m020_verdicts_newest,
     m021_time_evidence,
+    m022_selection,
 )
 
 

@@ -142,6 +142,7 @@ RUN_OWN = [
     "schema_version",
     "env_id",
     "fingerprint",
+    "selection",
 ]
 """The columns of table `runs` that are the run's own (the rest are its git and CI facts)."""
 _RECORDED_AT = RUN_OWN.index("recorded_at")
@@ -199,6 +200,7 @@ class RowMaker:
             run.schema_version,
             eid,
             env.fingerprint,
+            json.dumps(list(run.selection)) if run.selection else None,
         ]
         measurements = [
             (

@@ -1,13 +1,17 @@
-"""A case's baseline: its last runs on the base branch, at or before the merge-base, found by
-git's ancestry (or, in a shallow clone, by commit time, said in a note); and the regressions
-of the base branch still open."""
+"""A case's baseline: the newest runs of the base branch at or before the candidate's
+merge-base, in commit order, each commit's runs together: git's first-parent order of the
+merge-base, else (a shallow clone, no repository) the recorded commit times, said in a note.
+A re-run of an old commit joins that commit; it never becomes the newest level. Also the
+base branch's evidence at its newest commit (which cases it held, by kind of run), and its
+regressions still open."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,13 @@ from memtrack.units import parse_time
 
 FIGURES = (*metrics.COLUMNS.values(), *metrics.COMPONENTS.values())
 """The measurement columns a baseline point reads besides its timing and samples."""
+FIRST_BATCH = 64
+"""Commits of the first-parent history read at first; each later batch is twice as many."""
+MAX_COMMITS = 20_000
+"""Commits walked back at the most for a case's baseline."""
+TIME_WALK = 5
+"""In time order, a case's runs read (newest started first) per baseline run wanted: a
+re-run of an old commit started late is read, and put back at its commit's time."""
 
 
 def iso_epoch(iso: str | None) -> float | None:
@@ -42,6 +53,7 @@ def point_of(row: Row) -> Point:
 
     cpu = tuple(float(x) for x in numbers("iteration_cpu_times_s"))
     wall = tuple(float(x) for x in numbers("iteration_times_s"))
+    keys = set(row.keys()) if hasattr(row, "keys") else set()
     return Point(
         row["run_id"],
         row["git_commit"],
@@ -66,6 +78,7 @@ def point_of(row: Row) -> Point:
             row["timing_others_cores"],
             sum(wall),
         ),
+        case_id=row["case_id"] if "case_id" in keys else None,
     )
 
 
@@ -81,8 +94,41 @@ def eligible(row: Row, *, cutoff: float | None, ancestor: Any) -> bool:
     return when is not None and cutoff is not None and when <= cutoff
 
 
+class FirstParent:
+    """The first-parent history of a revision, newest first, listed lazily in batches."""
+
+    def __init__(self, root: Path, rev: str):
+        self.root, self.rev = root, rev
+        self.commits: list[str] = []
+        self.complete = False
+
+    def batches(self) -> Iterator[list[str]]:
+        """The commits, newest first, in batches that double."""
+        size, done = FIRST_BATCH, 0
+        while done < MAX_COMMITS:
+            want = done + size
+            if len(self.commits) < want and not self.complete:
+                self.commits = git.first_parent(self.root, self.rev, want)
+                self.complete = len(self.commits) < want
+            batch = self.commits[done:want]
+            if not batch:
+                return
+            yield batch
+            done, size = want, size * 2
+
+
+@dataclass(frozen=True)
+class BaseEvidence:
+    """The base branch's runs at its newest commit in the candidate's history (the cases
+    a baseline of each kind of run held)."""
+
+    commit: str | None
+    runs: tuple[RunRecord, ...] = ()
+
+
 class BaselineFinder:
-    """Finds the baseline points of a case: base branch, at or before the merge-base."""
+    """Finds the baseline of the candidate's cases: the base branch at or before its
+    merge-base, in commit order."""
 
     def __init__(
         self,
@@ -91,18 +137,19 @@ class BaselineFinder:
         base_branch: str,
         root: Path,
         limit: int,
-        owners: dict[str, str] | None = None,
+        exclude: Iterable[str] = (),
     ):
         self.store, self.run, self.base_branch, self.root = store, run, base_branch, root
         self.limit = limit
-        # case id -> the run holding the candidate's figures (runs of one commit differ)
-        self.owners = owners or {}
+        self.exclude = {run.run_id, *exclude}
+        """The candidate's own runs: never its baseline."""
         self.notes: list[str] = []
         # Only a commit id goes on to git (a database written before records were checked
         # may hold anything here).
         mb = run.git.merge_base
         self.merge_base = mb if mb and re.fullmatch(COMMIT_PATTERN[1:-1], mb) else None
         self.ancestry: git.Ancestry | None = None
+        self.order: FirstParent | None = None
         self.cutoff: float | None = None
         self.mode = self._choose_mode()
         self._ancestor = self.ancestry.contains if self.ancestry is not None else None
@@ -117,13 +164,14 @@ class BaselineFinder:
         )
         if mb_known and not shallow:
             self.ancestry = git.Ancestry(self.root, self.merge_base or "")
+            self.order = FirstParent(self.root, self.merge_base or "")
             return "ancestry"
         self._by_time(inside, shallow)
         return "time"
 
     def _by_time(self, inside: bool, shallow: bool) -> None:
         """Degrade to time: base-branch commits no newer than the merge-base (or the
-        candidate), said in a note."""
+        candidate), by their recorded commit times, said in a note."""
         g = self.run.git
         why = (
             "shallow clone"
@@ -148,64 +196,135 @@ class BaselineFinder:
         self.cutoff = ref_time
         stamp = datetime.fromtimestamp(ref_time or 0, timezone.utc).isoformat(timespec="seconds")
         self.notes.append(
-            f"{why}: baseline chosen by time, not ancestry: runs on {self.base_branch} of "
-            f"commits made at or before {stamp} ({ref_what}); fetch the full history "
+            f"{why}: baseline chosen by commit time, not ancestry: runs on {self.base_branch} "
+            f"of commits made at or before {stamp} ({ref_what}); fetch the full history "
             f"(actions/checkout fetch-depth: 0) for an exact baseline"
         )
 
     def _eligible(self, row: Row) -> bool:
         return eligible(row, cutoff=self.cutoff, ancestor=self._ancestor)
 
-    def _rows(self, case_id: str, same_env: bool) -> Iterator[Row]:
-        rows = reads.baseline_rows(
-            self.store,
-            case_id,
-            branch=self.base_branch,
-            candidate=self.owners.get(case_id, self.run.run_id),
-            fingerprint=self.run.environment.fingerprint if same_env else None,
-            figures=FIGURES,
-        )
-        for row in rows:
-            if self._eligible(row):
-                yield row
+    # -- points -------------------------------------------------------------------------
 
-    def points(self, case_id: str) -> list[Point]:
-        """The newest `limit` eligible same-environment points, newest first."""
-        out = []
-        for row in self._rows(case_id, same_env=True):
-            out.append(point_of(row))
-            if len(out) >= self.limit:
-                break
-        return out
+    def points(
+        self,
+        cases: dict[str, tuple[str, ...]],
+        *,
+        same_env: bool = True,
+        limit: int | None = None,
+    ) -> dict[str, list[Point]]:
+        """Each case's newest `limit` baseline points in commit order, newest first (each
+        commit's runs newest first): `cases` maps a case to the ids it was recorded under
+        (itself, and the ids of a test recorded from another rootdir). `same_env`: on the
+        candidate's environment, else on every other one."""
+        limit = limit or self.limit
+        if self.order is not None:
+            return self._by_commits(cases, same_env, limit)
+        return {c: self._by_clock(ids, same_env, limit) for c, ids in cases.items()}
 
-    def other_points(self, case_id: str) -> list[Point]:
-        """The newest `limit` eligible points of this case on other environments, newest
-        first: what the history knows of the case's noise."""
-        out = []
-        for row in self._rows(case_id, same_env=False):
-            if row["fingerprint"] != self.run.environment.fingerprint:
-                out.append(point_of(row))
-                if len(out) >= self.limit:
-                    break
-        return out
-
-    def other_env(self, case_id: str) -> Point | None:
-        """The newest eligible point of this case on another environment."""
-        for row in self._rows(case_id, same_env=False):
-            if row["fingerprint"] != self.run.environment.fingerprint:
-                return point_of(row)
-        return None
-
-    def newest_cases(self) -> set[str] | None:
-        """The cases of the newest eligible same-environment base run, if there is one."""
-        candidates = {self.run.run_id, *self.owners.values()}
+    def _by_commits(
+        self, cases: dict[str, tuple[str, ...]], same_env: bool, limit: int
+    ) -> dict[str, list[Point]]:
+        assert self.order is not None
         fingerprint = self.run.environment.fingerprint
-        for row in reads.base_runs(self.store, self.base_branch, fingerprint, candidates):
-            if self._eligible(row):
-                cases = reads.measured_cases(self.store, row["run_id"])
-                if cases:  # an estimate run is no baseline run
-                    return cases
-        return None
+        out: dict[str, list[Point]] = {c: [] for c in cases}
+        alias = {i: c for c, ids in cases.items() for i in ids}
+        need = set(cases)
+        for batch in self.order.batches():
+            rows = reads.commits_rows(
+                self.store,
+                [i for c in need for i in cases[c]],
+                batch,
+                branch=self.base_branch,
+                exclude=self.exclude,
+                fingerprint=fingerprint if same_env else None,
+                figures=FIGURES,
+            )
+            found: dict[tuple[str, str], list[Row]] = defaultdict(list)
+            for r in rows:
+                if same_env or r["fingerprint"] != fingerprint:
+                    found[(alias[r["case_id"]], r["git_commit"])].append(r)
+            for commit in batch:
+                for case in sorted(need):
+                    runs = sorted(found.get((case, commit), ()), key=lambda r: r["started_at"])
+                    out[case] += [point_of(r) for r in reversed(runs)]
+                    if len(out[case]) >= limit:
+                        need.discard(case)
+            if not need:
+                break
+        return {c: ps[:limit] for c, ps in out.items()}
+
+    def _by_clock(self, ids: tuple[str, ...], same_env: bool, limit: int) -> list[Point]:
+        """Without git's order: the newest eligible runs, read as they started, put in the
+        order of their commits' recorded times."""
+        fingerprint = self.run.environment.fingerprint
+        rows: list[Row] = []
+        for case_id in ids:
+            walk = reads.baseline_rows(
+                self.store,
+                case_id,
+                branch=self.base_branch,
+                candidate=self.run.run_id,
+                fingerprint=fingerprint if same_env else None,
+                figures=FIGURES,
+            )
+            mine = 0
+            for row in walk:
+                ok = row["run_id"] not in self.exclude and self._eligible(row)
+                if ok and (same_env or row["fingerprint"] != fingerprint):
+                    rows.append(row)
+                    mine += 1
+                    if mine >= limit * TIME_WALK:
+                        break
+
+        def when(r: Row) -> tuple[float, str]:
+            return (
+                iso_epoch(r["git_committed_at"]) or iso_epoch(r["started_at"]) or 0.0,
+                r["started_at"],
+            )
+
+        rows.sort(key=when, reverse=True)
+        return [point_of(r) for r in rows[:limit]]
+
+    # -- the base branch's evidence, its history -----------------------------------------
+
+    def base_evidence(self) -> BaseEvidence:
+        """The base branch's runs (on this environment) at its newest commit in the
+        candidate's history that has any."""
+        fingerprint = self.run.environment.fingerprint
+        if self.order is not None:
+            for batch in self.order.batches():
+                found = reads.commits_runs(
+                    self.store, batch, branch=self.base_branch, fingerprint=fingerprint
+                )
+                by_commit = defaultdict(list)
+                for r in found:
+                    if r["run_id"] not in self.exclude:
+                        by_commit[r["git_commit"]].append(r["run_id"])
+                for commit in batch:
+                    if by_commit.get(commit):
+                        return BaseEvidence(commit, self._measured(by_commit[commit]))
+            return BaseEvidence(None)
+        for row in reads.base_runs(self.store, self.base_branch, fingerprint, self.exclude):
+            if self._eligible(row) and row["git_commit"]:
+                ids = [
+                    r["run_id"]
+                    for r in reads.commit_runs(self.store, row["git_commit"], fingerprint)
+                    if r["run_id"] not in self.exclude
+                ]
+                runs = self._measured(ids)
+                if runs:
+                    return BaseEvidence(row["git_commit"], runs)
+        return BaseEvidence(None)
+
+    def _measured(self, run_ids: list[str]) -> tuple[RunRecord, ...]:
+        out = []
+        for run_id in run_ids:
+            run = self.store.get_run(run_id)
+            measured = tuple(m for m in run.measurements if m.kind == "measured")
+            if measured:
+                out.append(replace(run, measurements=measured))
+        return tuple(out)
 
     def in_history(self, commit: str | None, started_at: str) -> bool:
         """Whether a base-branch commit (its run started at `started_at`) is in the
@@ -284,7 +403,9 @@ def _open_regression(case: str, row: Row) -> OpenRegression:
 
 __all__ = [
     "FIGURES",
+    "BaseEvidence",
     "BaselineFinder",
+    "FirstParent",
     "eligible",
     "iso_epoch",
     "open_regressions",

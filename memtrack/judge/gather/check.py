@@ -11,10 +11,18 @@ from memtrack.config import Config
 from memtrack.errors import ConfigError, StoreError
 from memtrack.judge import accept, budgets
 from memtrack.judge.evidence import CaseEvidence, CheckInput, Estimate, Point
-from memtrack.judge.gather import git
+from memtrack.judge.gather import commit, git
 from memtrack.judge.gather.baseline import BaselineFinder, open_regressions
+from memtrack.judge.gather.commit import Evidence
 from memtrack.machine.provenance import git_output, repository_identity
-from memtrack.records import Environment, Measurement, RunRecord, environment_diff, now
+from memtrack.records import (
+    Environment,
+    Measurement,
+    RunRecord,
+    environment_diff,
+    now,
+    test_file,
+)
 from memtrack.store import judging as reads
 from memtrack.store.database import ALL_REPOSITORIES, Store
 
@@ -45,27 +53,6 @@ def find_candidate(
             "first, or pass --run ID"
         )
     return store.get_run(ids[0])
-
-
-def with_sibling_shards(store: Store, run: RunRecord) -> tuple[RunRecord, dict[str, str]]:
-    """A run of one shard (i/n) joined by the newest run of each other shard of the same
-    commit and environment, so that the whole suite is checked at once. Returns the joined
-    run and, per case id, the run that holds its figures."""
-    owners = {m.case_id: run.run_id for m in run.measurements}
-    if not run.shard or "/" not in run.shard or not run.git.commit:
-        return run, owners
-    total = run.shard.split("/", 1)[1]
-    rows = reads.shard_runs(store, run.git.commit, run.environment.fingerprint, total)
-    seen, measurements = {run.shard}, list(run.measurements)
-    for row in rows:
-        if row["shard"] in seen:
-            continue
-        seen.add(row["shard"])
-        for m in store.get_run(row["run_id"]).measurements:
-            if m.case_id not in owners:
-                owners[m.case_id] = row["run_id"]
-                measurements.append(m)
-    return replace(run, measurements=tuple(measurements)), owners
 
 
 def gather(
@@ -106,22 +93,25 @@ def _gather(
     measured = tuple(m for m in run.measurements if m.kind == "measured")
     if not measured:
         return _estimate_run(config, run, base)
-    run = replace(run, measurements=measured)
-    owners = {m.case_id: run.run_id for m in run.measurements}
-    if run_id is None:
-        run, owners = with_sibling_shards(store, run)
+    evidence = commit.of_commit(store, replace(run, measurements=measured))
+    run = evidence.run
     known = known_targets(store, run, {b.workload for b in config.budgets})
     notes = budgets.check_budget_targets(config, known, strict=False)
     context = context_of(run, base)
-    finder = BaselineFinder(store, run, base, root, config.baseline_runs, owners)
-    notes = [*finder.notes, *notes, *_run_notes(run, base, context, owners)]
+    runs = [r.run_id for r in evidence.runs]
+    finder = BaselineFinder(store, run, base, root, config.baseline_runs, exclude=runs)
+    notes = [*finder.notes, *notes, *_run_notes(run, base, context), *evidence.notes]
     changes, note = git.budget_changes(config, root, finder.merge_base or base)
     notes += [note] if note else []
-    points, missing, renamed = _baselines(store, run, finder)
-    acceptances, accept_notes = _acceptances(run, context, finder.merge_base, points, root)
+    ids = recorded_ids(store, run)
+    base_evidence = finder.base_evidence()
+    points, removed, not_measured, renamed = _baselines(
+        store, finder, evidence, ids, base_evidence.runs
+    )
+    since = base_evidence.commit if context == "base" else finder.merge_base
+    acceptances, accept_notes = _acceptances(run, since, root)
     known |= known_targets(store, run, {a.target for a in acceptances})
     notes += accept_notes + accept.unknown_targets(acceptances, known)
-    cases = _cases(store, config, finder, points, renamed)
     found = open_regressions(
         store,
         base,
@@ -135,18 +125,37 @@ def _gather(
         context=context,
         merge_base=finder.merge_base,
         baseline_mode=finder.mode,
-        cases=tuple(cases),
+        cases=tuple(_cases(store, config, finder, points, renamed, evidence, ids)),
         checked_at=now(),
         notes=tuple(notes),
-        removed=() if run.shard else tuple(missing),
-        not_measured=tuple(missing) if run.shard else (),
+        removed=tuple(removed),
+        not_measured=tuple(not_measured),
         budget_changes=tuple(changes),
         acceptances=tuple(acceptances),
         open_found=tuple((o, finder.in_history(o.commit, o.started_at)) for o in found),
         estimates=_estimates(store, run, finder.merge_base),
-        case_runs=owners,
+        case_runs=evidence.owners,
+        runs=tuple(runs),
         environment=run.environment,
     )
+
+
+def recorded_ids(store: Store, run: RunRecord) -> dict[str, tuple[str, ...]]:
+    """Each case of the run, and the ids it was recorded under before: a test recorded from
+    another rootdir ('repo/tests/x.py::t' for 'tests/x.py::t', or 'x.py::t')."""
+    out: dict[str, tuple[str, ...]] = {m.case_id: (m.case_id,) for m in run.measurements}
+    tests = [c for c in out if test_file(c)]
+    if not tests:
+        return out
+    by_name: dict[str, list[str]] = {}
+    for stored in store.case_ids():
+        if test_file(stored):
+            by_name.setdefault(stored.partition("::")[2], []).append(stored)
+    for c in tests:
+        same = by_name.get(c.partition("::")[2], [])
+        also = [s for s in same if s != c and (s.endswith("/" + c) or c.endswith("/" + s))]
+        out[c] = (c, *also)
+    return out
 
 
 def known_targets(store: Store, run: RunRecord, names: set[str]) -> set[str]:
@@ -156,20 +165,13 @@ def known_targets(store: Store, run: RunRecord, names: set[str]) -> set[str]:
     return known | {name for name in names - known if reads.ever_measured(store, name)}
 
 
-def _run_notes(run: RunRecord, base: str, context: str, owners: dict[str, str]) -> list[str]:
-    """What the report says of the candidate itself: a base-branch run, joined shards, a
-    dirty tree."""
+def _run_notes(run: RunRecord, base: str, context: str) -> list[str]:
+    """What the report says of the candidate itself: a base-branch run, a dirty tree."""
     notes = []
     if context == "base":
         notes.append(
             f"a run of {base} itself, judged against the previous level: verdicts "
             "are reported and recorded, never blocking"
-        )
-    shard_runs = sorted(set(owners.values()) - {run.run_id})
-    if shard_runs:
-        notes.append(
-            f"shard {run.shard} checked together with the newest run of each other "
-            f"shard of this commit: {', '.join(r[:12] for r in shard_runs)}"
         )
     if run.git.dirty:
         notes.append("the candidate was measured with uncommitted changes (dirty tree)")
@@ -177,21 +179,56 @@ def _run_notes(run: RunRecord, base: str, context: str, owners: dict[str, str]) 
 
 
 def _baselines(
-    store: Store, run: RunRecord, finder: BaselineFinder
-) -> tuple[dict[str, list[Point]], list[str], dict[str, tuple[str, str]]]:
-    """Each case's baseline points; the cases of the newest baseline run that this run
-    lacks; and the cases renamed by a changed param (their points: the old case's)."""
-    points = {
-        m.case_id: finder.points(m.case_id) if finder.seen_anywhere(m.case_id) else []
-        for m in run.measurements
+    store: Store,
+    finder: BaselineFinder,
+    evidence: Evidence,
+    ids: dict[str, tuple[str, ...]],
+    base_runs: tuple[RunRecord, ...],
+) -> tuple[dict[str, list[Point]], list[str], list[str], dict[str, tuple[str, str]]]:
+    """Each case's baseline points; the cases the base branch's evidence held that the
+    candidate's no longer does (removed), and those it did not measure (not measured here);
+    and the cases renamed by a changed param (their points: the old case's)."""
+    run = evidence.run
+    seen = {c: i for c, i in ids.items() if any(finder.seen_anywhere(x) for x in i)}
+    points: dict[str, list[Point]] = {c: [] for c in ids}
+    points.update(finder.points(seen))
+    removed, not_measured = gone(base_runs, evidence, ids)
+    renamed = _renamed(store, run, removed, points)
+    if renamed:
+        old = finder.points({new: (was,) for new, (was, _) in renamed.items()})
+        points.update(old)
+    replaced = {was for was, _ in renamed.values()}
+    return points, [c for c in removed if c not in replaced], not_measured, renamed
+
+
+def gone(
+    base_runs: tuple[RunRecord, ...], evidence: Evidence, ids: dict[str, tuple[str, ...]]
+) -> tuple[list[str], list[str]]:
+    """The base branch's cases the candidate lacks: removed, where the same kind of run
+    measured the whole of what held them (the suite, unselected, or all its shards; a test
+    file, in a run of no selection); else not measured here."""
+    alias = {x: c for c, xs in ids.items() for x in xs}
+    held = set(ids)
+    was = {alias.get(m.case_id, m.case_id) for r in base_runs for m in r.measurements}
+    lacking = sorted(was - held)
+    suites = [r for r in evidence.runs if any(not test_file(m.case_id) for m in r.measurements)]
+    whole = any(not r.selection and not r.shard for r in suites) or _every_shard(suites)
+    files = {
+        test_file(m.case_id)
+        for r in evidence.runs
+        if not r.selection
+        for m in r.measurements
+        if test_file(m.case_id)
     }
-    newest = finder.newest_cases() or set()
-    missing = sorted(newest - {m.case_id for m in run.measurements})
-    renamed = _renamed(store, run, missing, points)
-    for new_case, (old_case, _) in renamed.items():
-        points[new_case] = finder.points(old_case)
-    replaced = {old for old, _ in renamed.values()}
-    return points, [c for c in missing if c not in replaced], renamed
+    removed = [c for c in lacking if (test_file(c) in files if test_file(c) else whole and suites)]
+    return removed, [c for c in lacking if c not in removed]
+
+
+def _every_shard(runs: list[RunRecord]) -> bool:
+    """Runs that are every shard i/n of one n, unselected."""
+    shards = {r.shard for r in runs if r.shard and not r.selection}
+    totals = {s.split("/")[1] for s in shards}
+    return len(totals) == 1 and len(shards) == int(next(iter(totals)))
 
 
 def _renamed(
@@ -228,6 +265,8 @@ def _cases(
     finder: BaselineFinder,
     points: dict[str, list[Point]],
     renamed: dict[str, tuple[str, str]],
+    evidence: Evidence,
+    ids: dict[str, tuple[str, ...]],
 ) -> list[CaseEvidence]:
     """Each case's evidence, with what differs around the code between its newest baseline
     run and the candidate."""
@@ -244,9 +283,11 @@ def _cases(
         case_points = points[m.case_id]
         old_case, change = renamed.get(m.case_id, (None, None))
         short = 0 < len(case_points) < 2 * config.min_baseline_runs
+        seen = any(finder.seen_anywhere(x) for x in ids[m.case_id])
         other = None
-        if not case_points and finder.seen_anywhere(m.case_id):
-            other = finder.other_env(m.case_id)
+        if not case_points and seen:
+            found = finder.points({m.case_id: ids[m.case_id]}, same_env=False, limit=1)
+            other = next(iter(found[m.case_id]), None)
         other_env = env(other.env_id) if other else None
         around: tuple[str, ...] = ()
         sites: tuple = ()
@@ -255,13 +296,14 @@ def _cases(
             old = env(newest.env_id)
             around = tuple(environment_diff(old, run.environment)) if old else ()
             if m.sites:
-                sites = store.sites(newest.run_id, old_case or m.case_id)
+                sites = store.sites(newest.run_id, old_case or newest.case_id or m.case_id)
+        known = finder.points({m.case_id: ids[m.case_id]}, same_env=False) if short else {}
         out.append(
             CaseEvidence(
                 m=m,
                 points=tuple(case_points),
-                known=tuple(finder.other_points(m.case_id)) if short else (),
-                seen=finder.seen_anywhere(m.case_id),
+                known=tuple(known.get(m.case_id, ())),
+                seen=seen,
                 other_env=other,
                 other_env_diff=tuple(environment_diff(other_env, run.environment))
                 if other_env
@@ -270,6 +312,8 @@ def _cases(
                 base_sites=sites,
                 renamed_from=old_case,
                 param_change=change,
+                values=evidence.values.get(m.case_id, {}),
+                runs=tuple(r.run_id for r in evidence.runs if m in r.measurements),
             )
         )
     return out
@@ -280,9 +324,9 @@ def _estimates(store: Store, run: RunRecord, merge_base: str | None) -> tuple[Es
     the change branched from); never another branch's."""
     cases = [m.case_id for m in run.measurements]
     found: dict[str, dict[str, Any]] = {}
-    for commit in dict.fromkeys(c for c in (run.git.commit, merge_base) if c):
-        for case, made in store.latest_estimates(cases, commit).items():
-            if made["git_commit"] == commit:  # else it is the newest one: of any commit
+    for sha in dict.fromkeys(c for c in (run.git.commit, merge_base) if c):
+        for case, made in store.latest_estimates(cases, sha).items():
+            if made["git_commit"] == sha:  # else it is the newest one: of any commit
                 found.setdefault(case, made)
     return tuple(
         Estimate(
@@ -302,22 +346,12 @@ def _estimates(store: Store, run: RunRecord, merge_base: str | None) -> tuple[Es
 
 
 def _acceptances(
-    run: RunRecord, context: str, merge_base: str | None, points: dict[str, list[Point]], root: Path
+    run: RunRecord, since: str | None, root: Path
 ) -> tuple[list[accept.Acceptance], list[str]]:
     """The acceptances in the commits this run adds to its baseline: a pull request's own
-    commits (merge-base..head), or on the base branch those since its previous run."""
-    if context == "base":
-        newest = max(
-            (p for ps in points.values() for p in ps[:1] if p.commit),
-            key=lambda p: p.started_at,
-            default=None,
-        )
-        since = newest.commit if newest else None
-        if since == run.git.commit:
-            return [], []
-    else:
-        since = merge_base
-    if since is None:
+    commits (merge-base..head), or on the base branch those since its newest baseline
+    commit (`since`)."""
+    if since is None or since == run.git.commit:
         return [], []
     return git.acceptances(root, since, run.git.commit)
 
@@ -368,10 +402,4 @@ def _estimate_of(run: RunRecord, m: Measurement, limit: int | None, metric: str 
     )
 
 
-__all__ = [
-    "context_of",
-    "find_candidate",
-    "gather",
-    "known_targets",
-    "with_sibling_shards",
-]
+__all__ = ["context_of", "find_candidate", "gather", "gone", "known_targets", "recorded_ids"]

@@ -93,6 +93,12 @@ def first_parent_order(root: Path, base_branch: str) -> dict[str, int] | None:
     return None
 
 
+def first_parent(root: Path, rev: str, n: int) -> list[str]:
+    """The newest `n` commits of `rev`'s first-parent history, newest first."""
+    out = git_output(root, "rev-list", "--first-parent", "-n", str(n), revs=(rev,))
+    return (out or "").split()
+
+
 def spanned(root: Path, previous: str, commit: str) -> int | None:
     """How many commits `commit` brings after `previous` (a merged branch's too)."""
     out = git_output(root, "rev-list", "--count", revs=(f"{previous}..{commit}",))
@@ -244,6 +250,7 @@ __all__ = [
     "commit_time",
     "commits_between",
     "compare_budgets",
+    "first_parent",
     "first_parent_order",
     "has_commit",
     "merge_base",
