@@ -853,7 +853,7 @@ def big_database(work: Path, shas: list[str], pr: str, cases: int) -> tuple[Path
         run_rows, m_rows = [], []
         t0 = 1_767_225_600
         for i, sha in enumerate(shas, 1):
-            run_id = f"run{i:06d}"
+            run_id = f"{i:032x}"  # run ids are 32 hex digits, as records hold them
             iso = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(t0 + 60 * i))
             started = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(t0 + 60 * i + 30))
             run_rows.append(

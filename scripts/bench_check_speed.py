@@ -132,9 +132,10 @@ def big_database(
                 )
 
         for i, sha in enumerate(shas, 1):
-            add_run(f"run{i:06d}", i, sha, "measured", 30)
+            # run ids are 32 hex digits, as records hold them
+            add_run(f"{i:031x}0", i, sha, "measured", 30)
             if i in estimated:  # its id sorts beside its commit's, as random ids spread
-                add_run(f"run{i:06d}e", i, sha, "estimate", 45)
+                add_run(f"{i:031x}e", i, sha, "estimate", 45)
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(
             "insert into runs (run_id, started_at, finished_at, recorded_at, suite_hash, "

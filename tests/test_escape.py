@@ -113,7 +113,7 @@ def test_a_crafted_record_cannot_restructure_the_comment_or_summary(tmp_path, mo
 
 def test_the_history_markdown_escapes_recorded_subjects():
     from memtrack.judge.history import HistoryResult, Step
-    from memtrack.report.check import history_markdown
+    from memtrack.report.history import history_markdown
 
     step = Step(
         case_id=case_id(NAME, {"batch": 1}),

@@ -195,7 +195,7 @@ def _history(
     anchor: str | int | None,
 ) -> _Shown:
     from memtrack.judge.gather.history import analyze_history
-    from memtrack.report import check as report
+    from memtrack.report import history as report
 
     h = analyze_history(
         store, config, base_branch=base_branch, patterns=tuple(patterns), anchor=anchor

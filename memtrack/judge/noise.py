@@ -219,8 +219,8 @@ def split(values: Sequence[float], room: float, noise: float) -> list[int]:
     2 sigma^2 ln n), merged, closest first, where two neighbours' medians differ by no more
     than `room` (twice that for a level of fewer than NEW_LEVEL_RUNS runs of a varying
     series)."""
-    if len(values) < 2 or room <= 0:
-        return []
+    if len(values) < 2 or room <= 0 or max(values) - min(values) <= room:
+        return []  # (no two medians can differ by more than the room: every split merges)
     center = statistics.median(values)
     signal = [(v - center) / room for v in values]
     penalty = max(2 * (noise / room) ** 2 * math.log(len(values)), PENALTY_FLOOR)

@@ -2,8 +2,8 @@
 
 Both read the rows of `memtrack.report.rows`, which decides once what is listed, counted
 and hinted; `memtrack.report.markdown` renders the same rows as the PR comment, and
-`memtrack.report.history` renders `check --history`. Their public names are importable
-from here too, as `memtrack check` imports them.
+`memtrack.report.history` renders `check --history`. The Markdown's public names are
+importable from here too, as `memtrack check` imports them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any
 from memtrack.judge.decide import CheckResult
 from memtrack.judge.verdict import Verdict
 from memtrack.report import rows, words
-from memtrack.report.history import history_markdown, history_terminal
 from memtrack.report.markdown import (
     MARKDOWN_LIMIT,
     TABLE_ROWS,
@@ -225,8 +224,6 @@ __all__ = [
     "flat",
     "record",
     "history_link",
-    "history_markdown",
-    "history_terminal",
     "label",
     "markdown",
     "quality_title",

@@ -7,10 +7,8 @@ lines. The judge decides and hands over data (memtrack.judge.verdict); nothing h
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from memtrack.judge.evidence import Estimate
-from memtrack.judge.history import Creep
 from memtrack.judge.verdict import (
     Abstained,
     BudgetChange,
@@ -26,6 +24,10 @@ from memtrack.judge.verdict import (
     Verdict,
 )
 from memtrack.units import format_seconds, format_size
+
+if TYPE_CHECKING:
+    from memtrack.judge.evidence import Estimate
+    from memtrack.judge.history import Creep
 
 # -- figures ------------------------------------------------------------------------------
 
