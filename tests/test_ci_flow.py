@@ -289,12 +289,8 @@ def test_shards_on_two_runners_are_collected_and_checked_together(
     for text in (summary, verdict):
         assert text.count("### ✅ memtrack: nothing blocks") == 1, text
         assert all(r.run_id[:12] in text for r in runs) and "BLOCK" not in text
-    judged = {
-        v["case_id"]
-        for v in json.loads((Path(check["verdict"]).parent / f"verdict-{checked}.json").read_text())[
-            "verdicts"
-        ]
-    }
+    report = Path(check["verdict"]).parent / f"verdict-{checked}.json"
+    judged = {v["case_id"] for v in json.loads(report.read_text())["verdicts"]}
     assert judged == {MLP, EMBED}
     # Ingesting the same records again (a re-run of the job) adds nothing.
     again = _action(

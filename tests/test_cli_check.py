@@ -757,7 +757,8 @@ def test_shards_of_one_commit_are_checked_together(project, tmp_path):
     assert res.exit_code == 1, res.output
     assert f"BLOCK regression · {BIG_ID}" in res.output  # in shard 2, the newest run's sibling
     assert "not in this run" not in res.output
-    assert f"the commit's evidence: this run and 1 more of the same commit ({ids[0][:12]})" in res.output
+    said = f"the commit's evidence: this run and 1 more of the same commit ({ids[0][:12]})"
+    assert said in res.output
     with Store.open(db, readonly=True) as store:
         rows = store.conn.execute(
             "select distinct run_id, case_id from verdicts order by case_id"

@@ -436,3 +436,34 @@ def test_a_history_moves_to_postgres_and_back_row_for_row(pg_url: str, tmp_path:
         store.write_run(make_run([make_measurement()], branch="feature/next"))
         (n,) = store.conn.execute("select count(*) from measurements").fetchone()
     assert n == 41
+
+
+def test_a_select_only_user_sees_the_verdicts_and_one_warning(pg_url: str, tmp_path: Path) -> None:
+    """A reader of the team's history (SELECT only) checks a commit: the verdicts are shown
+    and written, exit status the verdict's; that they were not recorded is one warning."""
+    import psycopg
+
+    repo = init_repo(tmp_path / "repo")
+    (repo / "memtrack.toml").write_text('base_branch = "main"\n')
+    sha = commit_all(repo, "a model")
+    record = tmp_path / "run.json"
+    write_json(make_run([make_measurement()], commit=sha), record)
+    assert _memtrack("ingest", str(record), cwd=repo, url=pg_url).returncode == 0
+    reader, secret = "reader", "r3ad:only"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"create role {reader} login password '{secret}'")
+        conn.execute(f"grant select on all tables in schema public to {reader}")
+    quoted = urllib.parse.quote(secret, safe="")
+    as_reader = pg_url.replace(
+        f"{pgcluster.USER}:{urllib.parse.quote(pgcluster.PASSWORD, safe='')}@",
+        f"{reader}:{quoted}@",
+    )
+    assert as_reader != pg_url
+    checked = _memtrack("check", "--json", str(tmp_path / "check.json"), cwd=repo, url=as_reader)
+    assert checked.returncode == 0, checked.stderr
+    assert "new · decoder[batch=1] · allocated" in checked.stdout  # a push: judged, shown
+    (warning,) = checked.stderr.strip().splitlines()
+    assert warning.startswith("warning: verdicts not recorded: ") and "verdicts" in warning
+    assert json.loads((tmp_path / "check.json").read_text())["verdicts"]
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("select count(*) from verdicts").fetchone() == (0,)

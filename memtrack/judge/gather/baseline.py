@@ -47,7 +47,7 @@ def iso_epoch(iso: str | None) -> float | None:
 def point_of(row: Row) -> Point:
     """A baseline point from a row of the store's point query (store.judging)."""
     if not isinstance(row, dict):  # a dict reads a column by name in a third of the time;
-        # as in a sqlite3.Row, the first of two columns of one name answers it
+        # as in the store's rows, the first of two columns of one name answers it
         raw = cast(Any, row)
         row = dict(zip(reversed(raw.keys()), reversed(tuple(raw)), strict=True))
 
