@@ -52,25 +52,33 @@ def _cli(repo: Path, db: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return memtrack_cli(repo, *args, "--db", str(db))
 
 
-@pytest.fixture(scope="module")
-def history(tmp_path_factory) -> tuple[Path, list[str], Path]:
-    """9 commits (the 6th keeps 2 MiB more), the first and last recorded as CI records
-    them; the repository, its commits oldest first, and the database."""
-    root = tmp_path_factory.mktemp("bisect")
+def _recorded(
+    root: Path, workloads: str, commits: int, grown_from: int, env: dict[str, str] | None = None
+) -> tuple[Path, list[str], Path]:
+    """A repository of `commits` commits of `workloads` (2 MiB more kept from the
+    `grown_from`-th on), its first and last commits recorded by `memtrack run`: the
+    repository, its commits oldest first, and the database."""
     repo, db = init_repo(root / "repo"), root / "memtrack.db"
     (repo / "memtrack.toml").write_text(CONFIG)
     shas = []
-    for i in range(1, 10):
-        (repo / "wl.py").write_text(WORKLOAD.format(blocks=4 if i < 6 else 6))
+    for i in range(1, commits + 1):
+        (repo / "wl.py").write_text(workloads.format(blocks=4 if i < grown_from else 6))
         (repo / "NOTES.md").write_text(f"change {i}\n")
         shas.append(commit_all(repo, f"change {i}"))
     for sha in (shas[0], shas[-1]):
         git(repo, "checkout", "-q", sha)
-        # as CI records a push to main: a detached checkout, the branch named by GitHub
-        ran = memtrack_cli(repo, "run", "--db", str(db), env={"GITHUB_REF_NAME": "main"})
+        ran = memtrack_cli(repo, "run", "--db", str(db), env=env)
         assert ran.returncode == 0, ran.stderr
     git(repo, "checkout", "-q", "main")
     return repo, shas, db
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory) -> tuple[Path, list[str], Path]:
+    """9 commits (the 6th keeps 2 MiB more), the first and last recorded as CI records
+    them (a detached checkout, the branch named by GitHub)."""
+    root = tmp_path_factory.mktemp("bisect")
+    return _recorded(root, WORKLOAD, 9, 6, env={"GITHUB_REF_NAME": "main"})
 
 
 def _bisect(repo: Path, db: Path, good: str, bad: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -163,20 +171,7 @@ tagged = memtrack.workload(keep, name="tagged", params={{"tag": ["one\\ntwo"]}})
 def named(tmp_path_factory) -> tuple[Path, list[str], Path]:
     """3 commits of two workloads of one case each (`infer[batch=1]`, and `tagged`, whose
     case id holds a newline), the 2nd keeping 2 MiB more; the 1st and 3rd recorded."""
-    root = tmp_path_factory.mktemp("named")
-    repo, db = init_repo(root / "repo"), root / "memtrack.db"
-    (repo / "memtrack.toml").write_text(CONFIG)
-    shas = []
-    for i in range(1, 4):
-        (repo / "wl.py").write_text(NAMED.format(blocks=4 if i < 2 else 6))
-        (repo / "NOTES.md").write_text(f"change {i}\n")
-        shas.append(commit_all(repo, f"change {i}"))
-    for sha in (shas[0], shas[-1]):
-        git(repo, "checkout", "-q", sha)
-        ran = memtrack_cli(repo, "run", "--db", str(db))
-        assert ran.returncode == 0, ran.stderr
-    git(repo, "checkout", "-q", "main")
-    return repo, shas, db
+    return _recorded(tmp_path_factory.mktemp("named"), NAMED, 3, 2)
 
 
 def test_bisect_takes_a_workload_name_with_one_case_as_history_does(named, tmp_path):

@@ -26,7 +26,6 @@ from memtrack.config import MAX_COUNT, Config, is_revision
 from memtrack.errors import ConfigError
 from memtrack.measure.forkserver import ForkServer
 from memtrack.measure.launcher import worker_env
-from memtrack.measure.timeout import RECENT_RUNS
 from memtrack.store.opening import open_store
 from memtrack.store.url import present
 from memtrack.workload.registry import Case, no_match, select_cases
@@ -89,6 +88,7 @@ def run(
     # 0.05 s sooner), reads the config and takes the git facts.
     with ForkServer.start(worker_env()) as server:
         from memtrack.measure.suite import RunStart
+        from memtrack.measure.timeout import RECENT_RUNS
         from memtrack.records.redact import redact_run
         from memtrack.report.run import run_table
         from memtrack.store.save import record_run, save_run

@@ -33,6 +33,7 @@ from memtrack.judge.verdict import (
 )
 from memtrack.judge.where import where
 from memtrack.records import Measurement, metrics
+from memtrack.units import format_size
 
 GREW = ("regression", "over_budget", "time_regression", "leak")
 """The verdicts that say a figure grew: each names where it grew."""
@@ -117,7 +118,7 @@ def decide(inp: CheckInput, config: Config) -> CheckResult:
     verdicts += quality.verdicts(run.measurements, inp.context)
     verdicts += [_removed(case, inp) for case in inp.removed]
     if inp.not_measured:
-        notes.append(_not_measured(inp.not_measured))
+        notes.append(_not_measured(inp.not_measured, inp.base_branch))
     return CheckResult(
         verdicts=tuple(verdicts),
         budget_changes=inp.budget_changes,
@@ -134,7 +135,7 @@ def _case_notes(case: CaseEvidence, inp: CheckInput, config: Config) -> list[str
     m = case.m
     chosen = budgets_for(config.budgets, m, inp.run.environment)
     notes = [
-        f"{m.case_id}: budget on {metric} ({_size(b.limit_bytes)}) "
+        f"{m.case_id}: budget on {metric} ({format_size(b.limit_bytes)}) "
         f"not checked: {metric} was not measured on this run"
         for metric, b in chosen.items()
         if metrics.value(m, metric) is None and m.status == "ok"
@@ -145,12 +146,6 @@ def _case_notes(case: CaseEvidence, inp: CheckInput, config: Config) -> list[str
             f"run {case.points[0].run_id[:12]})"
         )
     return notes
-
-
-def _size(n: int) -> str:
-    from memtrack.units import format_size
-
-    return format_size(n)
 
 
 def judge_case(
@@ -350,12 +345,13 @@ def _removed(case_id: str, inp: CheckInput) -> Verdict:
     )
 
 
-def _not_measured(cases: Iterable[str]) -> str:
+def _not_measured(cases: Iterable[str], base_branch: str) -> str:
     gone = list(cases)
     shown = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
     return (
-        f"{len(gone)} case(s) of the newest baseline run are not in this shard's run "
-        f"(another shard's, or removed), so not checked: {shown}"
+        f"{len(gone)} case(s) of {base_branch}'s runs are not in this commit's runs (left out "
+        "by a selection or a shard, or the other kind of run's): not measured here, so not "
+        f"checked: {shown}"
     )
 
 

@@ -73,7 +73,7 @@ class CaseEvidence:
 
     m: Measurement
     """The candidate's measurement: of the one run of the commit that measured the case, or
-    of several (see gather: each figure the median of the commit's runs)."""
+    of several (see gather: each figure judged is then the lower median, `values`)."""
     points: tuple[Point, ...] = ()
     """Same-environment baseline runs, newest first, in commit order."""
     known: tuple[Point, ...] = ()
@@ -95,8 +95,6 @@ class CaseEvidence:
     values: dict[str, float] = field(default_factory=dict)
     """The figures judged where the commit measured the case in several runs: each the
     lower median over them (judge.gather.commit); else the measurement's own."""
-    runs: tuple[str, ...] = ()
-    """The runs of the commit that measured the case (the evidence)."""
 
 
 @dataclass(frozen=True)

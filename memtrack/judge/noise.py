@@ -11,7 +11,7 @@ property of the case and metric: how it varies run to run on unchanged code.
     sigma     = the mean of the smallest 80 % of |x_i - x_(i-1)| within levels / 0.790
     n         = the runs sigma is read from (the differences, plus one)
     c(n)      = t(0.99, n - 1) / z(0.99)                        the small-sample factor
-    headroom  = max(factor x sigma x c(n), floor, widest)       factor: `headroom_factor`, 3
+    headroom  = max(factor x sigma x c(n), floor)               factor: `headroom_factor`, 3
     steps     = least-squares change points of the window, each kept where the medians on
                 either side differ by more than the headroom (a level of fewer than
                 NEW_LEVEL_RUNS runs in a varying series: by more than twice the headroom)
@@ -34,8 +34,6 @@ property of the case and metric: how it varies run to run on unchanged code.
 - floor: the granularity of the metric (records.metrics.FLOORS): 512 B of allocator rounding,
   a 2 MiB segment or huge page, the larger of 4 MiB and 1 % for a process's whole RSS. A
   deterministic figure is judged at its floor.
-- widest: the farthest the newest level's own runs lie from its median. A value the unchanged
-  code has already produced at this level is neither a regression nor an improvement.
 - One segmentation for the gate, the history and the dashboard, with the verdict's own
   headroom as its room: a growth that passes as within the headroom never becomes a level,
   and one beyond it is one. Two passes: sigma from every difference (robust to a few steps),
@@ -286,16 +284,6 @@ class Levels:
     @property
     def median(self) -> float:
         return float(statistics.median(self.current))
-
-    @property
-    def widest(self) -> float:
-        """The farthest the newest level's runs lie from its median."""
-        b = self.median
-        return max(abs(v - b) for v in self.current)
-
-    def segments(self) -> list[tuple[float, ...]]:
-        bounds = [0, *self.starts, len(self.values)]
-        return [self.values[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def flat(values: Sequence[float]) -> bool:

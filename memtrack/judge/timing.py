@@ -86,6 +86,11 @@ def _blocking(kind: str, config: Config, c: Candidate, provisional: bool = False
     )
 
 
+def _about(c: Candidate) -> dict[str, Any]:
+    """What every time verdict of the candidate says of what it judged."""
+    return dict(case_id=c.m.case_id, workload=c.m.workload, metric="time", context=c.context)
+
+
 def paired(c: Candidate, config: Config) -> Verdict | None:
     """The verdict of a paired timing: the candidate's passes against REF's, round by round."""
     m = c.m
@@ -124,18 +129,15 @@ def paired(c: Candidate, config: Config) -> Verdict | None:
         alpha=TIME_ALPHA,
     )
     return Verdict(
-        case_id=m.case_id,
-        workload=m.workload,
-        metric="time",
         kind=kind,
         blocking=_blocking(kind, config, c),
-        context=c.context,
         why=why,
         baseline_value=base,
         threshold=line * base,
         candidate_value=statistics.median(h for h, _ in rounds),
         baseline_runs=k,
         p_value=p_value,
+        **_about(c),
     )
 
 
@@ -147,9 +149,7 @@ def verdict(c: Candidate, config: Config) -> Verdict | None:
         found_pair = paired(c, config)
         if found_pair is not None:
             return found_pair
-    common: dict[str, Any] = dict(
-        case_id=m.case_id, workload=m.workload, metric="time", context=c.context
-    )
+    common = _about(c)
     busy = Load.of(m).oversubscribed()
     if busy:
         return Verdict(kind="abstained", blocking=False, why=Abstained(busy), **common)

@@ -455,10 +455,6 @@ class Verdict:
     def budget_bytes(self) -> int | None:
         return self.budget.limit_bytes if self.budget else None
 
-    @property
-    def kind_of(self) -> Kind:
-        return KINDS[self.kind]
-
 
 __all__ = [
     "KINDS",

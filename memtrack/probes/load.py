@@ -188,12 +188,7 @@ class TimingLoad:
         own = time.process_time() - self._own
         busy, wait = busy_ticks(self._cpus), own_wait_ns()
         pressure, ticks = cpu_pressure_us(), cpu_ticks()
-        others = None
-        if busy is not None and self._busy is not None and wall > 0:
-            # less one clock tick per CPU, the counters' resolution: a short pass on a quiet
-            # machine does not read as shared (a busy one still does, by a tick less)
-            used = (busy - self._busy - len(self._cpus)) / TICKS_PER_S
-            others = max(0.0, used - own) / wall
+        others = _others_cores(self._busy, busy, len(self._cpus), own, wall)
         return {
             "timing_wait_cores": waited_ns(self._wait, wait) / 1e9 / wall
             if wait is not None and self._wait is not None and wall > 0
@@ -242,10 +237,7 @@ class CaseLoad:
         """pressure, cores, own, wait, others and wall: judge.load.Load's fields."""
         wall = time.perf_counter() - self._start
         own, wait = tree_usage(pids)
-        busy, others = busy_ticks(self._cpus), None
-        if busy is not None and self._busy is not None and wall > 0:
-            used = (busy - self._busy - len(self._cpus)) / TICKS_PER_S  # less a tick per CPU
-            others = max(0.0, used - own) / wall
+        others = _others_cores(self._busy, busy_ticks(self._cpus), len(self._cpus), own, wall)
         return {
             "pressure": _pressure_share(self._pressure, cpu_pressure_us(), wall),
             "cores": cores(self._cpus),
@@ -254,6 +246,19 @@ class CaseLoad:
             "others": others,
             "wall": wall,
         }
+
+
+def _others_cores(
+    before: int | None, after: int | None, cpus: int, own_s: float, wall_s: float
+) -> float | None:
+    """Cores other processes used on `cpus` CPUs between two `busy_ticks` readings, beside
+    `own_s` seconds of this case's CPU time over `wall_s`. Less one clock tick per CPU, the
+    counters' resolution: a short pass on a quiet machine does not read as shared (a busy
+    one still does, by a tick less)."""
+    if before is None or after is None or wall_s <= 0:
+        return None
+    used = (after - before - cpus) / TICKS_PER_S
+    return max(0.0, used - own_s) / wall_s
 
 
 def _pressure_share(before: int | None, after: int | None, wall_s: float) -> float | None:

@@ -168,16 +168,6 @@ def base_runs(
     )
 
 
-def measured_cases(store: Store, run_id: str) -> set[str]:
-    """The cases a run measured (none for an estimate run)."""
-    return {
-        r[0]
-        for r in store.conn.execute(
-            "select case_id from measurements where run_id = ? and kind = 'measured'", [run_id]
-        )
-    }
-
-
 def measured_elsewhere(store: Store, case_id: str, run_id: str) -> bool:
     """Whether a run other than `run_id` measured the case."""
     row = store.conn.execute(
@@ -198,16 +188,6 @@ def ever_measured(store: Store, name: str) -> bool:
         [name, name + "[", name + "\\"],
     ).fetchone()
     return row is not None
-
-
-def shard_runs(store: Store, commit: str, fingerprint: str, total: str) -> list[sqlite3.Row]:
-    """The runs of a commit on `fingerprint` of a shard 'i/`total`', newest first:
-    run_id, shard."""
-    return store.conn.execute(
-        "select run_id, shard from runs where git_commit = ? and fingerprint = ? "
-        f"and shard like ? and {store.in_repository('runs')} order by started_at desc",
-        [commit, fingerprint, f"%/{total}", store.scope],
-    ).fetchall()
 
 
 def commit_runs(
@@ -413,10 +393,8 @@ __all__ = [
     "commit_time",
     "ever_measured",
     "has_verdicts",
-    "measured_cases",
     "measured_elsewhere",
     "newest_fingerprint",
     "other_env_runs",
     "series_rows",
-    "shard_runs",
 ]

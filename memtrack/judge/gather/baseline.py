@@ -45,47 +45,48 @@ def iso_epoch(iso: str | None) -> float | None:
 
 
 def point_of(row: Row) -> Point:
-    """A baseline point from a row of the store's point query (store.judging)."""
-    if not isinstance(row, dict):  # a dict reads a column by name in a third of the time;
-        # as in the store's rows, the first of two columns of one name answers it
-        raw = cast(Any, row)
-        row = dict(zip(reversed(raw.keys()), reversed(tuple(raw)), strict=True))
+    """A baseline point from a row of the store's point query (store.judging), or a dict."""
+    # a dict reads a column by name in a third of the time; as in the store's rows, the
+    # first of two columns of one name answers it
+    raw = cast(Any, row)
+    col: dict[str, Any] = raw
+    if not isinstance(raw, dict):
+        col = dict(zip(reversed(raw.keys()), reversed(tuple(raw)), strict=True))
 
     def figures(columns: dict[str, str]) -> dict[str, int]:
-        return {name: int(row[col]) for name, col in columns.items() if row[col] is not None}
+        return {name: int(col[c]) for name, c in columns.items() if col[c] is not None}
 
     def numbers(column: str) -> tuple[Any, ...]:
-        raw = row[column]
-        return tuple(json.loads(raw) or ()) if raw else ()
+        text = col[column]
+        return tuple(json.loads(text) or ()) if text else ()
 
     cpu = tuple(float(x) for x in numbers("iteration_cpu_times_s"))
     wall = tuple(float(x) for x in numbers("iteration_times_s"))
-    keys = set(row.keys()) if hasattr(row, "keys") else set()
     return Point(
-        row["run_id"],
-        row["git_commit"],
-        row["started_at"],
-        row["env_id"],
-        row["status"],
+        col["run_id"],
+        col["git_commit"],
+        col["started_at"],
+        col["env_id"],
+        col["status"],
         figures(metrics.COLUMNS),
         wall,
         figures(metrics.COMPONENTS),
         tuple(int(x) for x in numbers("allocated_samples")),
-        row["fingerprint"],
+        col["fingerprint"],
         tuple(int(x) for x in numbers("retained_samples")),
         cpu,
         tuple(float(x) for x in numbers("iteration_device_times_s")),
         Load(
-            row["timing_cpu_pressure"],
-            row["timing_runnable"],
-            row["timing_cores"],
-            row["timing_steal"],
+            col["timing_cpu_pressure"],
+            col["timing_runnable"],
+            col["timing_cores"],
+            col["timing_steal"],
             own_demand(cpu, wall),
-            row["timing_wait_cores"],
-            row["timing_others_cores"],
+            col["timing_wait_cores"],
+            col["timing_others_cores"],
             sum(wall),
         ),
-        case_id=row["case_id"] if "case_id" in keys else None,
+        case_id=col.get("case_id"),
     )
 
 

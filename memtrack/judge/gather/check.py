@@ -74,7 +74,7 @@ def gather(
         with store.reading():  # one snapshot of the history
             run = find_candidate(store, run_id=run_id, commit=commit, root=root)
             store.repository = run.git.repository
-            return _gather(store, config, run, run_id, base_branch or config.base_branch, root)
+            return _gather(store, config, run, base_branch or config.base_branch, root)
     finally:
         store.repository = scope
 
@@ -85,9 +85,7 @@ def context_of(run: RunRecord, base_branch: str) -> str:
     return "base" if on_base and run.ci.event != "pull_request" else "pull_request"
 
 
-def _gather(
-    store: Store, config: Config, run: RunRecord, run_id: str | None, base: str, root: Path
-) -> CheckInput:
+def _gather(store: Store, config: Config, run: RunRecord, base: str, root: Path) -> CheckInput:
     if not run.measurements:
         raise StoreError(f"run {run.run_id} has no measurements to check")
     measured = tuple(m for m in run.measurements if m.kind == "measured")
@@ -104,9 +102,11 @@ def _gather(
     changes, note = git.budget_changes(config, root, finder.merge_base or base)
     notes += [note] if note else []
     ids = recorded_ids(store, run)
+    # the cases some other run measured (anywhere): the others have no baseline to look for
+    seen = {c for c, i in ids.items() if any(finder.seen_anywhere(x) for x in i)}
     base_evidence = finder.base_evidence()
     points, removed, not_measured, renamed = _baselines(
-        store, finder, evidence, ids, base_evidence.runs
+        store, finder, evidence, {c: ids[c] for c in seen}, ids, base_evidence.runs
     )
     since = base_evidence.commit if context == "base" else finder.merge_base
     acceptances, accept_notes = _acceptances(run, since, root)
@@ -125,7 +125,7 @@ def _gather(
         context=context,
         merge_base=finder.merge_base,
         baseline_mode=finder.mode,
-        cases=tuple(_cases(store, config, finder, points, renamed, evidence, ids)),
+        cases=tuple(_cases(store, config, finder, points, renamed, evidence, ids, seen)),
         checked_at=now(),
         notes=tuple(notes),
         removed=tuple(removed),
@@ -182,14 +182,15 @@ def _baselines(
     store: Store,
     finder: BaselineFinder,
     evidence: Evidence,
+    seen: dict[str, tuple[str, ...]],
     ids: dict[str, tuple[str, ...]],
     base_runs: tuple[RunRecord, ...],
 ) -> tuple[dict[str, list[Point]], list[str], list[str], dict[str, tuple[str, str]]]:
-    """Each case's baseline points; the cases the base branch's evidence held that the
+    """Each case's baseline points (of `seen`, the cases another run measured, by the ids
+    they were recorded under); the cases the base branch's evidence held that the
     candidate's no longer does (removed), and those it did not measure (not measured here);
     and the cases renamed by a changed param (their points: the old case's)."""
     run = evidence.run
-    seen = {c: i for c, i in ids.items() if any(finder.seen_anywhere(x) for x in i)}
     points: dict[str, list[Point]] = {c: [] for c in ids}
     points.update(finder.points(seen))
     removed, not_measured = gone(base_runs, evidence, ids)
@@ -267,9 +268,10 @@ def _cases(
     renamed: dict[str, tuple[str, str]],
     evidence: Evidence,
     ids: dict[str, tuple[str, ...]],
+    seen: set[str],
 ) -> list[CaseEvidence]:
     """Each case's evidence, with what differs around the code between its newest baseline
-    run and the candidate."""
+    run and the candidate (`seen`: the cases another run measured)."""
     run = finder.run
     envs: dict[str | None, Environment | None] = {}
 
@@ -283,9 +285,8 @@ def _cases(
         case_points = points[m.case_id]
         old_case, change = renamed.get(m.case_id, (None, None))
         short = 0 < len(case_points) < 2 * config.min_baseline_runs
-        seen = any(finder.seen_anywhere(x) for x in ids[m.case_id])
         other = None
-        if not case_points and seen:
+        if not case_points and m.case_id in seen:
             found = finder.points({m.case_id: ids[m.case_id]}, same_env=False, limit=1)
             other = next(iter(found[m.case_id]), None)
         other_env = env(other.env_id) if other else None
@@ -303,7 +304,7 @@ def _cases(
                 m=m,
                 points=tuple(case_points),
                 known=tuple(known.get(m.case_id, ())),
-                seen=seen,
+                seen=m.case_id in seen,
                 other_env=other,
                 other_env_diff=tuple(environment_diff(other_env, run.environment))
                 if other_env
@@ -313,7 +314,6 @@ def _cases(
                 renamed_from=old_case,
                 param_change=change,
                 values=evidence.values.get(m.case_id, {}),
-                runs=tuple(r.run_id for r in evidence.runs if m in r.measurements),
             )
         )
     return out

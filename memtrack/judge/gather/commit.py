@@ -9,7 +9,7 @@ fingerprint and of its tree (a run with uncommitted changes is of no commit but 
 - a case measured by several runs is judged on the lower median of each figure over its
   runs that finished (a growth blocks where at least half of them show it; a run that
   failed while another finished is said in a note); its other parts (sites, iterations,
-  time) are those of its newest run that finished;
+  time) are those of the checked run where it finished, else of the newest run that did;
 - a case that failed in every run is that failure.
 """
 
@@ -31,7 +31,8 @@ class Evidence:
     """A commit's runs joined into one candidate."""
 
     run: RunRecord
-    """The checked run, its measurements each case's newest that finished (or failed)."""
+    """The checked run, its measurements each case's from the checked run where it finished,
+    else from the newest run that did (or failed)."""
     values: dict[str, dict[str, float]]
     """Case id -> metric -> the figure judged: the lower median over its runs."""
     owners: dict[str, str]

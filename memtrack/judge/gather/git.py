@@ -86,15 +86,15 @@ def first_parent_order(root: Path, base_branch: str) -> dict[str, int] | None:
     """Commit -> its position on the base branch's first-parent history (oldest 1); None
     where the branch is unknown here."""
     for ref in (base_branch, f"origin/{base_branch}"):
-        out = git_output(root, "log", "--first-parent", "--format=%H", "-n", "100000", revs=(ref,))
-        if out:
-            commits = out.split()
+        commits = first_parent(root, ref, 100_000)
+        if commits:
             return {c: len(commits) - i for i, c in enumerate(commits)}
     return None
 
 
 def first_parent(root: Path, rev: str, n: int) -> list[str]:
-    """The newest `n` commits of `rev`'s first-parent history, newest first."""
+    """The newest `n` commits of `rev`'s first-parent history, newest first (none where git
+    does not know `rev`)."""
     out = git_output(root, "rev-list", "--first-parent", "-n", str(n), revs=(rev,))
     return (out or "").split()
 
