@@ -570,3 +570,79 @@ def _story(
             sha = commit(i, f"main commit {i}")
         shas[i] = sha
         record(i, sha, "main", figures(i), at(i, 5), merge_base=sha, ci=ci)
+
+
+FED_BY_WORKERS = """\
+import os
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import memtrack
+
+CORPUS_MIB = {corpus}  # each worker builds its own copy of the corpus
+WORK_S = {work}  # each worker's CPU time per item
+corpus = b""
+
+
+class Items(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        time.sleep(0.05)  # the workers live at least as long as a few of the tree's samples
+        spent = time.process_time() + WORK_S  # and each item costs the worker CPU time
+        while time.process_time() < spent:
+            pass
+        return torch.full((4,), float(i) + len(corpus))
+
+
+def build_corpus(worker_id):
+    global corpus
+    corpus = b"\\x01" * (CORPUS_MIB * 2**20)
+    with open("/proc/self/smaps_rollup") as f:
+        private = sum(int(x.split()[1]) * 1024 for x in f if x.startswith("Private_Dirty:"))
+    with open(os.path.join(os.environ["REFERENCE_DIR"], f"worker-{{worker_id}}"), "w") as f:
+        f.write(str(private))
+
+
+@memtrack.workload
+def feed(ctx):
+    loader = DataLoader(
+        Items(), batch_size=2, num_workers=2, persistent_workers=True, worker_init_fn=build_corpus
+    )
+
+    def step():
+        return sum(float(b.sum()) for b in loader)
+
+    return step
+"""
+FED_BY_WORKERS_CONFIG = 'modules = ["wl.py"]\nrepeats = 3\nwarmup = 1\ntime_regression = "off"\n'
+
+
+def fed_by_workers(
+    root: Path, corpora: dict[str, int], work_s: float
+) -> tuple[Path, Path, dict[str, dict[str, int]]]:
+    """A repository whose case `feed` iterates a DataLoader with two persistent worker
+    processes, each spending `work_s` of its own CPU time per item and building its own copy
+    of a corpus: one commit per entry of `corpora` (branch name -> MiB per worker; the first
+    on main, each later one on a branch of its own from the one before), each recorded by
+    `memtrack run`. Returns the repository, the database and, by branch, what each worker
+    wrote down of its private memory once its corpus was built."""
+    repo, db = init_repo(root / "repo"), root / "memtrack.db"
+    (repo / "memtrack.toml").write_text(FED_BY_WORKERS_CONFIG)
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    references = {}
+    for i, (name, corpus) in enumerate(corpora.items()):
+        if i:
+            git(repo, "checkout", "-q", "-b", name)
+        (repo / "wl.py").write_text(FED_BY_WORKERS.format(corpus=corpus, work=work_s))
+        commit_all(repo, f"corpus of {corpus} MiB per worker")
+        out = root / f"reference-{name}"
+        out.mkdir()
+        ran = memtrack_cli(repo, "run", "--db", str(db), env={"REFERENCE_DIR": str(out)})
+        if ran.returncode != 0:
+            raise RuntimeError(f"memtrack run failed: {ran.stdout}{ran.stderr}")
+        references[name] = {f.name: int(f.read_text()) for f in out.iterdir()}
+    return repo, db, references

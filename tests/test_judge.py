@@ -744,6 +744,26 @@ def test_time_is_judged_on_cpu_time_and_not_on_an_oversubscribed_machine(store, 
     assert "4.0 runnable tasks of other processes" in message(t)
 
 
+def test_work_added_to_the_data_loader_workers_is_judged_on_the_tree_cpu_time(store, tmp_path):
+    """The case's own CPU time did not move; its workers' did: the process tree's CPU time
+    is the figure judged, where the baseline runs hold it too."""
+
+    def fed(own: float, workers: float) -> Measurement:
+        # the case waits for its workers: the tree keeps about one core busy
+        timed = _timed(own, wall=own + workers)
+        return replace(timed, iteration_tree_cpu_times_s=(own + workers,) * 3)
+
+    for i in range(19):
+        _record(store, [fed(0.010 + 0.0001 * (i % 5), 0.020)], i)
+    slower = _candidate(store, [fed(0.010, 0.060)], 30)
+    t = _verdict(check(store, _config(tmp_path), run_id=slower), "time")
+    assert (t.kind, t.blocking) == ("time_regression", False), message(t)
+    assert message(t).startswith("time (tree CPU time):"), message(t)
+    same = _candidate(store, [fed(0.010, 0.020)], 31)
+    t = _verdict(check(store, _config(tmp_path), run_id=same), "time")
+    assert t.kind == "ok" and message(t).startswith("time (tree CPU time):"), message(t)
+
+
 def test_sixteen_real_reruns_of_a_concurrent_case_raise_nothing(store, tmp_path):
     """decoder_serve (4 sessions), recorded 16 times alone on one commit, each run checked as
     a pull request against the ones before it: its peak moves with how the sessions

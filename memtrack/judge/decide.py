@@ -31,8 +31,8 @@ from memtrack.judge.verdict import (
     Unbased,
     Verdict,
 )
-from memtrack.judge.where import where
-from memtrack.records import Measurement, metrics
+from memtrack.judge.where import Where, where
+from memtrack.records import Measurement, metrics, own_process
 from memtrack.units import format_size
 
 GREW = ("regression", "over_budget", "time_regression", "leak")
@@ -260,9 +260,10 @@ def around_the_code(case: CaseEvidence, verdicts: list[Verdict]) -> list[Verdict
     """Verdicts that say a tensor figure grew, with where it grew at the peak against the
     newest baseline run; every verdict a change around the code could explain, with what
     changed; a renamed case's, with the case it replaces."""
-    place = None
+    place = processes = None
     if case.base_sites and any(v.kind in GREW for v in verdicts):
         place = where(case.base_sites, case.m.sites)
+        processes = where(case.base_sites, case.m.sites, "process")
     around = "; ".join(case.around) or None
     rename = Rename(case.renamed_from, case.param_change or "") if case.renamed_from else None
     out = []
@@ -270,12 +271,25 @@ def around_the_code(case: CaseEvidence, verdicts: list[Verdict]) -> list[Verdict
         out.append(
             replace(
                 v,
-                where=place if v.kind in GREW and v.metric in TENSORS else None,
+                where=_where(v, place, processes),
                 around=around if v.kind in EXPLAINED else None,
                 rename=rename,
             )
         )
     return out
+
+
+def _where(v: Verdict, place: Where | None, processes: Where | None) -> Where | None:
+    """Where a figure that grew grew: a tensor or host figure at its peak's sites, the
+    process tree's by its processes, where another than the case's own grew (else as the
+    case's own host figure)."""
+    if v.kind not in GREW:
+        return None
+    if v.metric == "host_tree" and processes is not None:
+        if any(not own_process(c.key) for c in processes.named):
+            return processes
+        return place
+    return place if v.metric in TENSORS else None
 
 
 def accepts_open(

@@ -39,6 +39,8 @@ class Point:
     """How busy the machine was while the run was timed."""
     case_id: str | None = None
     """The case id it was recorded under (a test's, from another rootdir), where read."""
+    tree_cpu_times: tuple[float, ...] = ()
+    """CPU time of the case's whole process tree in each timed iteration."""
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,9 @@ class Load:
             m.timing_runnable,
             m.timing_cores,
             m.timing_steal,
-            own_demand(m.iteration_cpu_times_s, m.iteration_times_s),
+            own_demand(
+                m.iteration_tree_cpu_times_s or m.iteration_cpu_times_s, m.iteration_times_s
+            ),
             m.timing_wait_cores,
             m.timing_others_cores,
             sum(m.iteration_times_s),

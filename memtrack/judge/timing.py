@@ -49,6 +49,7 @@ baseline runs; paired, the sign test from 5 rounds, every one slower."""
 _Of = tuple[str, Callable[[Measurement], Sequence[float]], Callable[[Point], Sequence[float]]]
 _FIGURES: tuple[_Of, ...] = (
     ("device time", lambda m: m.iteration_device_times_s, lambda p: p.device_times),
+    ("tree CPU time", lambda m: m.iteration_tree_cpu_times_s, lambda p: p.tree_cpu_times),
     ("CPU time", lambda m: m.iteration_cpu_times_s, lambda p: p.cpu_times),
     ("wall time", lambda m: m.iteration_times_s, lambda p: p.times),
 )

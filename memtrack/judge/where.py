@@ -3,7 +3,9 @@
 Sites (records.Site, measured by probes.sites) are matched by module path and
 `file:function`, never by line, so that a pull request that only moves lines keeps every
 site matched. A growth is said by the pairs (module at file:function) that grew most,
-until they explain nine tenths of it, and the rest as 'elsewhere'.
+until they explain nine tenths of it, and the rest as 'elsewhere'. A growth of the process
+tree's host peak is said the same way by the processes that grew ('process' sites: `main`,
+`pt_data_worker 1`).
 """
 
 from __future__ import annotations
@@ -80,12 +82,16 @@ class Where:
         return f"+{format_size(self.grew)} at the peak: {', '.join(self.parts(pair_text))}"
 
 
-def where(base: tuple[Site, ...], candidate: tuple[Site, ...]) -> Where | None:
-    """Where the candidate's peak grew; None where either run has no sites or nothing
-    grew."""
-    if not base or not candidate:
+def where(
+    base: tuple[Site, ...], candidate: tuple[Site, ...], grouping: str = "pair"
+) -> Where | None:
+    """Where the candidate's peak grew, by the sites of `grouping` ('pair', or 'process' for
+    the process tree's peak); None where either run has none or nothing grew."""
+    if not any(s.grouping == grouping for s in base) or not any(
+        s.grouping == grouping for s in candidate
+    ):
         return None
-    changes = diff(base, candidate, "pair")
+    changes = diff(base, candidate, grouping)
     grew = sum(c.delta for c in changes)
     if grew <= 0:
         return None
@@ -100,6 +106,8 @@ def where(base: tuple[Site, ...], candidate: tuple[Site, ...]) -> Where | None:
 
 
 def pair_text(c: Change) -> str:
+    if c.grouping == "process":
+        return f"process `{c.key}`"
     module, source = pair_parts(c.key)
     line = f" (line {c.line})" if c.line else ""
     return f"`{module}` at {source}{line}" if module else f"{source}{line}"

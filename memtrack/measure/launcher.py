@@ -148,6 +148,8 @@ class CaseOutcome:
     load: dict[str, Any] | None = None
     """At a timeout: the machine's load over the case, read while its processes still ran
     (probes.load.CaseLoad: judge.load.Load's fields); None otherwise."""
+    tree_processes: dict[str, int] | None = None
+    """Each process of the tree's share at its sampled peak, by name (probes.tree)."""
 
 
 def _group(n: int, first_pid: int | None) -> dict[str, Any]:
@@ -249,6 +251,7 @@ def launch(
             tree.source if tree else None,
             started.spawned,
             load,
+            tree.at_peak if tree else None,
         )
         for i in range(n)
     ]

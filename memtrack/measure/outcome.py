@@ -11,7 +11,7 @@ from typing import Any
 from memtrack.measure.launcher import CaseOutcome
 from memtrack.probes.nvml import SamplerResult, bare_uuid
 from memtrack.probes.tree import CGROUP
-from memtrack.records import DeviceMeasurement, Measurement
+from memtrack.records import DeviceMeasurement, Measurement, Site
 from memtrack.records.breakdown import with_breakdown
 from memtrack.records.redact import redact
 from memtrack.worker.protocol import FIGURES, Result, Spec
@@ -37,9 +37,13 @@ def to_measurement(
     if fields.get("quality_message"):  # may quote the workload's own quality function
         fields["quality_message"] = redact(fields["quality_message"])
     tree_peak = outcome.tree_peak_bytes
-    if outcome.tree_source != CGROUP and fields.get("host_peak_rss_bytes"):
-        # Samples can miss the worker's own peak; its exact high-water mark is a bound too.
-        tree_peak = max(tree_peak or 0, fields["host_peak_rss_bytes"])
+    own = fields.get("host_peak_rss_bytes")
+    if outcome.tree_source != CGROUP and own and fields.get("host_file_rss_bytes") is not None:
+        # Samples can miss the worker's own peak; its exact high-water mark (less its
+        # file-backed pages, as the samples leave them out) is a bound too.
+        tree_peak = max(tree_peak or 0, own - fields["host_file_rss_bytes"])
+    worker_sites = tuple(s if isinstance(s, Site) else Site(**s) for s in fields.get("sites", ()))
+    fields["sites"] = (*worker_sites, *process_sites(outcome.tree_processes))
     m = Measurement(
         workload=case.workload,
         case_id=case.case_id,
@@ -66,6 +70,12 @@ def to_measurement(
         **fields,
     )
     return with_breakdown(m)
+
+
+def process_sites(at_peak: dict[str, int] | None) -> tuple[Site, ...]:
+    """The tree's processes at its sampled host peak, largest first, as 'process' sites."""
+    ordered = sorted((at_peak or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+    return tuple(Site("process", name, size) for name, size in ordered)
 
 
 def case_status(outcome: CaseOutcome, timeout_s: float) -> tuple[str, str | None]:

@@ -89,6 +89,7 @@ def pass_median(m: Measurement, figure: str) -> float:
 def _times(m: Measurement, figure: str) -> Sequence[float]:
     return {
         "device time": m.iteration_device_times_s,
+        "tree CPU time": m.iteration_tree_cpu_times_s,
         "CPU time": m.iteration_cpu_times_s,
         "wall time": m.iteration_times_s,
     }[figure]
@@ -115,6 +116,7 @@ def _reference_measurement(
         repeats=sum(m.repeats for m in passes),
         **time_summary(walls),
         iteration_cpu_times_s=tuple(t for m in passes for t in m.iteration_cpu_times_s),
+        iteration_tree_cpu_times_s=tuple(t for m in passes for t in m.iteration_tree_cpu_times_s),
         iteration_device_times_s=tuple(t for m in passes for t in m.iteration_device_times_s),
         iteration_instructions=tuple(i for m in passes for i in m.iteration_instructions)
         if counted

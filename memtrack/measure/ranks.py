@@ -165,8 +165,13 @@ def to_case(
     ranks = tuple(_rank(r, o, statuses[r], spec.device) for r, o in enumerate(outcomes))
     m = dataclasses.replace(m, ranks=ranks)
     if merged.tree_source != CGROUP:
-        # a lower bound from samples: each rank's exact peak is one too (their sum is not)
-        own = [r.host_peak_rss_bytes for r in ranks if r.host_peak_rss_bytes is not None]
+        # a peak from samples: each rank's exact peak (less its file-backed pages, as the
+        # samples leave them out) is a bound too (their sum is not)
+        own = [
+            r.host_peak_rss_bytes - r.host_file_rss_bytes
+            for r in ranks
+            if r.host_peak_rss_bytes is not None and r.host_file_rss_bytes is not None
+        ]
         tree = max([merged.tree_peak_bytes or 0, *own])
         m = dataclasses.replace(
             m,

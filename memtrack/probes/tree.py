@@ -4,8 +4,15 @@ The worker starts in its own session, so it and what it starts (data-loader work
 helpers) share one process group. Where a cgroup v2 with the memory controller can be
 created, the case also runs in a cgroup of its own: `memory.peak` is the tree's exact peak
 (page cache charged to it included) and `cgroup.kill` ends every process in it. Elsewhere
-the runner samples the group and the worker's descendants: the largest sum of their RSS
-seen and each child's own high-water mark (exact for that child) give a lower bound.
+the runner samples the group and the worker's descendants: the largest sum seen of the
+worker's own memory (anonymous and shmem RSS, as the `host` metric counts it) and each
+descendant's private memory (`Private_Dirty` of /proc/PID/smaps_rollup: a forked data-loader
+worker's pages that it still shares with its parent are counted once, in the parent, where
+summed RSS would count them in each) is the tree's peak. Proportional set sizes would split
+the pages the worker shares with the fork server it was forked from, and undercount the
+case. A spike between two samples is missed, and a page that two descendants share and the
+worker does not map is in neither's figure. Each process's part at that sample is kept too
+(`at_peak`): what a growth of the tree names.
 
 A process that leaves the tree (a new session, a double fork) and whose parent then exits
 would be adopted by init and lost to the case: while a case runs, the runner is the
@@ -31,12 +38,18 @@ import uuid
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
+from memtrack.records.model import MAIN_PROCESS
+
 SAMPLE_INTERVAL_S = 0.2
 TERM_GRACE_S = 2.0
 """How long the case's processes get to exit after SIGTERM before SIGKILL."""
 KILL_WAIT_S = 10.0
 CGROUP = "cgroup"
-SAMPLED = "process-group samples (lower bound)"
+SAMPLED = "sampled"
+"""The tree's peak from samples: memtrack's processes' own memory, the others' private."""
+RSS_SUMMED = "process-group samples (lower bound)"
+"""What runs recorded before `SAMPLED`: the sum of the processes' RSS, a page shared by a
+forked child counted once per process (not the `host_tree` metric's figure)."""
 
 
 def proc_stat(pid: int) -> tuple[str, int, int, int] | None:
@@ -80,19 +93,43 @@ def with_descendants(found: set[int], procs: dict[int, tuple[str, int, int, int]
     return found
 
 
-def _rss_hwm(pid: int) -> tuple[int, int]:
-    """Current and peak RSS of a process in bytes; (0, 0) once it is gone or a zombie."""
-    rss = hwm = 0
+def _kib_fields(path: str, wanted: tuple[str, ...]) -> dict[str, int] | None:
+    """The `wanted` fields ('Name: 123 kB') of a /proc file, in bytes; None once the
+    process is gone (a zombie's files hold none of them)."""
+    found: dict[str, int] = {}
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1]) * 1024
-                elif line.startswith("VmHWM:"):
-                    hwm = int(line.split()[1]) * 1024
+                key, _, rest = line.partition(":")
+                if key in wanted:
+                    found[key] = int(rest.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
-        pass
-    return rss, hwm
+        return None
+    return found or None
+
+
+def own_memory(pid: int) -> int | None:
+    """The anonymous and shared (shmem) memory a process of memtrack's maps (`RssAnon +
+    RssShmem`), whoever else maps it too: the `host` metric's view of it, at this moment."""
+    found = _kib_fields(f"/proc/{pid}/status", ("RssAnon", "RssShmem"))
+    return None if found is None else sum(found.values())
+
+
+def private_memory(pid: int) -> int | None:
+    """The memory a process of the case's maps alone and has written (`Private_Dirty` of
+    /proc/PID/smaps_rollup): what a forked data-loader worker added to its parent's pages,
+    which it still shares and which its parent's figure counts already."""
+    found = _kib_fields(f"/proc/{pid}/smaps_rollup", ("Private_Dirty",))
+    return None if found is None else found["Private_Dirty"]
+
+
+def _comm(pid: int) -> str:
+    """A process's command name (what a data-loader worker calls itself: `pt_data_worker`)."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().decode(errors="replace").strip() or "process"
+    except OSError:
+        return "process"
 
 
 class _Cgroup:
@@ -246,6 +283,13 @@ class ProcessTree:
         the fork server, whose inherited pages stay charged to the server's cgroup (its
         tree is sampled instead; the cgroup still holds and ends its processes)."""
         self.peak = 0
+        self.sampled_peak = 0
+        self.at_peak: dict[str, int] = {}
+        """Each process's share at the sample where the sum peaked, by name ('main', a rank
+        `rank N`, the others their command name and their order of start: `pt_data_worker
+        1`): they add up to the sampled peak."""
+        self.ranks = [pid]
+        """The processes memtrack started, in the order of their ranks."""
         self.on_member = on_member
         self.known: dict[int, int] = {}
         """Every process of the case seen so far: pid -> start time (a reused pid differs)."""
@@ -267,6 +311,7 @@ class ProcessTree:
         if self.cgroup is not None:
             self.cgroup.add(pid)
         self.workers.add(pid)
+        self.ranks.append(pid)
         st = proc_stat(pid)
         if st is not None:
             self.known[pid] = st[3]
@@ -297,6 +342,8 @@ class ProcessTree:
         if procs is None:  # no procfs: the process group alone is ended
             return set()
         found = {p for p, st in procs.items() if st[2] == self.pid or self._adopted(p, st)}
+        if self.pid in procs:  # before it leads its own session, too (never reaped before)
+            found.add(self.pid)
         found |= {p for p, start in self.known.items() if procs.get(p, ("", 0, 0, -1))[3] == start}
         if self.cgroup is not None:
             found |= self.cgroup.pids() & set(procs)
@@ -309,18 +356,38 @@ class ProcessTree:
         return found
 
     def sample(self) -> None:
-        """One look at the tree's RSS; the worker's own peak comes from the worker."""
-        if self.cgroup is not None and self.exact:
-            if self.on_member is not None:
-                self.members()  # the cgroup has the peak; the members are still told
-            return
-        total = 0
-        for pid in self.members():
-            rss, hwm = _rss_hwm(pid)
-            total += rss
-            if pid != self.pid:  # the worker resets its own high-water mark
-                self.peak = max(self.peak, hwm)
-        self.peak = max(self.peak, total)
+        """One look at the tree's processes' shares; the peak of their sum is the tree's
+        peak where no cgroup has it exactly (the worker's own exact peak is a bound too: the
+        caller takes it)."""
+        shares = {
+            pid: own_memory(pid) if pid in self.workers else private_memory(pid)
+            for pid in self.members()
+        }
+        total = sum(share or 0 for share in shares.values())
+        if total > self.sampled_peak:
+            self.sampled_peak = total
+            self.at_peak = self._named({p: share for p, share in shares.items() if share})
+        if not (self.cgroup is not None and self.exact):
+            self.peak = self.sampled_peak
+
+    def _named(self, shares: dict[int, int]) -> dict[str, int]:
+        """`shares` by process name: the case's own process(es) by rank, the others by
+        command name and order of start (stable from run to run, where pids are not)."""
+        named: dict[str, int] = {}
+        ranks = {
+            pid: (MAIN_PROCESS if len(self.ranks) == 1 else f"rank {r}")
+            for r, pid in enumerate(self.ranks)
+        }
+        seen: dict[str, int] = {}
+        for pid in sorted(shares, key=lambda p: (self.known.get(p, 0), p)):
+            if pid in ranks:
+                name = ranks[pid]
+            else:
+                comm = _comm(pid)
+                seen[comm] = seen.get(comm, 0) + 1
+                name = f"{comm} {seen[comm]}"
+            named[name] = named.get(name, 0) + shares[pid]
+        return named
 
     def wait(self, timeout_s: float) -> bool:
         """Sample until the worker exits (False: the timeout came first). The worker is not
@@ -387,7 +454,7 @@ class ProcessTree:
 
     def end(self) -> None:
         """End every process of the case: SIGTERM, a short grace, then SIGKILL."""
-        self.sample()  # each living child's high-water mark, exact now
+        self.sample()  # the processes still alive, once more
         for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, KILL_WAIT_S)):
             _signal(self.pid, sig, group=True)
             for pid in self.members():

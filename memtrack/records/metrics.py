@@ -9,6 +9,7 @@ change in code, and where it is shown.
     device         NVML per-process peak, largest device    the whole case
     host           peak RSS less file-backed pages          setup, warm-up and timing pass
     host_step      timing pass's RSS peak above its start   timing pass
+    host_tree      peak of the case's whole process tree    the whole case (data-loader workers too)
     load_host      peak RSS less file-backed pages          the workload's ctx.loading()
     disk           size of the case's files                 at the end of loading
     sessions       sum of concurrent sessions' own peaks    one session alone, after the memory pass
@@ -25,7 +26,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from memtrack.records.model import Measurement, device_peak, host_peak, host_step, load_host
+from memtrack.records.model import (
+    Measurement,
+    device_peak,
+    host_peak,
+    host_step,
+    host_tree,
+    load_host,
+)
 
 MiB = 2**20
 
@@ -158,6 +166,23 @@ _METRICS = (
         derive=host_step,
         breakdown=False,
         ranks_summed=True,
+        charted=True,
+        compared=True,
+    ),
+    # The tree's processes (the case's and every one it started: data-loader workers,
+    # helpers), each page counted once: sampled, so it moves with what a sample catches of
+    # a short spike, beside what moves `host`: the same 4 MiB or 1 % as its floor.
+    Metric(
+        "host_tree",
+        "host_tree_bytes",
+        "host peak of the whole process tree (less file-backed)",
+        "host tree",
+        "whole case, every process of it",
+        4 * MiB,
+        0.01,
+        derive=host_tree,
+        step=False,
+        breakdown=False,
         charted=True,
         compared=True,
     ),

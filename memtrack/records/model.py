@@ -18,7 +18,7 @@ SCHEMA_VERSION = 1
 STATUSES = ("ok", "oom", "error", "timeout", "crashed")
 QUALITY_STATUSES = ("ok", "fail", "error", "none")
 KINDS = ("measured", "estimate", "timing")
-PAIR_FIGURES = ("device time", "CPU time", "wall time")
+PAIR_FIGURES = ("device time", "tree CPU time", "CPU time", "wall time")
 """The figures time is judged on, the one other processes move least first."""
 
 
@@ -208,8 +208,9 @@ class Site:
     """One group of the memory alive at a case's peak."""
 
     grouping: str
-    """'module' (the nn.Module path that allocated it), 'source' (file:function), or 'pair'
-    (both: 'module at file:function', what a growth is named by)."""
+    """'module' (the nn.Module path that allocated it), 'source' (file:function), 'pair'
+    (both: 'module at file:function', what a growth is named by), or 'process' (the process
+    of the case's tree that held it at the tree's host peak: 'main', 'pt_data_worker 1')."""
     key: str
     """The module path ('blocks.3.attn'), or the source site ('serve.py:generate'), or the
     pair ('lm_head at serve.py:generate'), or a group in parentheses ('(setup)', '(inside
@@ -218,6 +219,16 @@ class Site:
     line: int | None = None
     """A source site's line that allocated the most of it, for display (sites are matched
     by file and function, so a moved line still matches)."""
+
+
+MAIN_PROCESS = "main"
+"""A 'process' site's name for the case's own process (of a multi-rank case: 'rank N')."""
+
+
+def own_process(key: str) -> bool:
+    """Whether a 'process' site is one of memtrack's own processes of the case (its process,
+    or a rank's), not one the case started."""
+    return key == MAIN_PROCESS or (key.startswith("rank ") and key[5:].isdigit())
 
 
 def pair_key(module: str, source: str) -> str:
@@ -337,11 +348,14 @@ class Measurement:
     at the end of the timing pass. They are reclaimable and follow the page cache, not the
     code, so the `host` metric leaves them out."""
     host_tree_peak_rss_bytes: int | None = None
-    """Host peak of the case's whole process tree (the worker and every process it started):
-    exact from a cgroup v2 `memory.peak` (page cache charged to it included), else a lower
-    bound from samples of the processes' RSS and their own high-water marks."""
+    """Host peak of the case's whole process tree (the worker and every process it started,
+    data-loader workers included): exact from a cgroup v2 `memory.peak` (page cache charged to
+    it included), else the peak of the sampled sum of the worker's own anonymous and shmem RSS
+    and each descendant's private memory (a page a forked worker shares with it counts once),
+    and never below the worker's own exact peak less file-backed pages."""
     host_tree_source: str | None = None
-    """'cgroup' or 'process-group samples (lower bound)'; None when not measured."""
+    """'cgroup' or 'sampled'; None when not measured. Runs recorded before 'sampled' read
+    'process-group samples (lower bound)': a sum of RSS, not the `host_tree` metric."""
     load_duration_s: float | None = None
     """Wall time inside the workload's `ctx.loading()` (its phases added up); None when the
     workload marks no loading step, as for every loading figure below."""
@@ -412,6 +426,12 @@ class Measurement:
     processes' load moves it less than the wall time where the step runs in one thread;
     intra-op threads that spin while they wait for one another (OpenMP) burn CPU time as
     they wait, so on a loaded machine it grows with the wall time."""
+    iteration_tree_cpu_times_s: tuple[float, ...] = ()
+    """The CPU time of each timing-pass iteration of the case's whole process tree: the
+    process's own (`iteration_cpu_times_s`) and that of every process it started (data-loader
+    workers, helpers: their /proc figures and, once reaped, getrusage's), so work moved into
+    or added to the workers is seen. Equal to the process's own where it starts none; the
+    workers' part counts in clock ticks (10 ms)."""
     iteration_device_times_s: tuple[float, ...] = ()
     """CUDA only: each timing-pass iteration's time on the device, between two CUDA events
     on the case's stream (every session's stream joins it); empty on the CPU."""
@@ -465,7 +485,9 @@ class Measurement:
     sites: tuple[Site, ...] = ()
     """Where the memory alive at the peak was allocated: the top sites by module and by
     source site, each grouping with one row for the rest and one for what no tensor holds
-    (kernel scratch), summing to the peak (probes.sites). Measured in a pass of its own."""
+    (kernel scratch), summing to the peak (probes.sites). Measured in a pass of its own.
+    Beside them, one 'process' site per process of the case's tree, each its share at the
+    tree's sampled host peak (probes.tree): what a `host_tree` growth names."""
     inputs_bytes: int | None = None
     """Tensors alive at the peak that the workload holds from setup and that are neither
     weights, caches, gradients nor optimizer state: its input batch, a plain attribute
@@ -535,6 +557,14 @@ def host_peak(m: Measurement) -> int | None:
     if m.host_peak_rss_bytes is None or m.host_file_rss_bytes is None:
         return None
     return max(0, m.host_peak_rss_bytes - m.host_file_rss_bytes)
+
+
+def host_tree(m: Measurement) -> int | None:
+    """The `host_tree` metric: the host peak of the case's whole process tree, where measured
+    as one (a cgroup's `memory.peak`, or sampled; not an older record's summed RSS)."""
+    if m.host_tree_source not in ("cgroup", "sampled"):
+        return None
+    return m.host_tree_peak_rss_bytes
 
 
 def host_step(m: Measurement) -> int | None:

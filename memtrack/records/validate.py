@@ -74,7 +74,7 @@ _COUNTS = {
     "iteration_instructions",
     "line",
 }
-SITE_GROUPINGS = ("module", "source", "pair")
+SITE_GROUPINGS = ("module", "source", "pair", "process")
 
 
 def _rules(name: str) -> dict[str, Any]:

@@ -71,6 +71,8 @@ def _site(v: Verdict, root: Path) -> list[str]:
     if v.where is None:
         return []
     for change in v.where.named:
+        if change.grouping == "process":
+            continue  # a process of the case's tree, no file
         source = pair_parts(change.key)[1] if change.grouping == "pair" else change.key
         file = source.rpartition(":")[0]
         path = _in_repository(file, root)

@@ -270,18 +270,18 @@ def _with_where(v: Verdict, text: str) -> str:
 def _where_lines(s: CheckRows, source_url: str | None) -> list[str]:
     """Where each blocking case grew at its peak, one line per case: the pairs that grew
     most, each file linked at the candidate's commit where `source_url` is known."""
-    cases: dict[str, tuple[Where, list[str]]] = {}
+    cases: dict[tuple[str, str], tuple[Where, list[str]]] = {}
     lines = []
     for r in s.listed:
         v = r.verdict
-        if v.blocking and v.where is not None:
-            cases.setdefault(r.case, (v.where, []))[1].append(v.metric)
+        if v.blocking and v.where is not None:  # by site, or the tree's by process
+            cases.setdefault((r.case, v.where.text()), (v.where, []))[1].append(v.metric)
         elif v.blocking and v.metric in metrics.ALLOCATOR_VIEWS and v.delta:
             lines.append(
                 f"- 📍 {markdown_code(r.case)} {cell(v.metric)}: +{format_size(int(v.delta))} "
                 f"{cell(ALLOCATOR_WHERE[v.metric])}"
             )
-    for case, (w, grown) in cases.items():
+    for (case, _), (w, grown) in cases.items():
         parts = w.parts(lambda c: _site(c, source_url))
         lines.append(
             f"- 📍 {markdown_code(case)} {cell('/'.join(grown))}: "
@@ -293,6 +293,8 @@ def _where_lines(s: CheckRows, source_url: str | None) -> list[str]:
 def _site(c: Change, source_url: str | None) -> str:
     """A pair in words, its file linked at the commit: only a relative path inside the
     repository, since a recorded name is never trusted into a link."""
+    if c.grouping == "process":
+        return f"process {markdown_code(c.key)}"
     module, source = pair_parts(c.key)
     line = f" (line {c.line})" if c.line else ""
     place = cell(source + line)

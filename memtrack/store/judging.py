@@ -43,7 +43,8 @@ def _point_sql(
     return f"""
 select r.run_id, r.git_commit, r.started_at, r.git_committed_at, r.env_id, r.fingerprint,
        m.status, m.iteration_times_s, m.allocated_samples, m.retained_samples,
-       m.iteration_cpu_times_s, m.iteration_device_times_s, m.timing_cpu_pressure,
+       m.iteration_cpu_times_s, m.iteration_tree_cpu_times_s, m.iteration_device_times_s,
+       m.timing_cpu_pressure,
        m.timing_runnable, m.timing_cores, m.timing_steal, m.timing_wait_cores,
        m.timing_others_cores,
        {", ".join("m." + c for c in figures)}

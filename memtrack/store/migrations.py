@@ -349,6 +349,15 @@ def m022_selection(db: sqlite_utils.Database) -> None:
     db.execute("alter table runs add column selection text")
 
 
+def m023_process_tree(db: sqlite_utils.Database) -> None:
+    """The case's whole process tree: the `host_tree` metric, derived and stored as the other
+    derived metrics are (runs recorded before it summed their processes' RSS, a forked
+    worker's shared pages counted in each process: they get none, so that no baseline is read
+    from that other figure), and the tree's CPU time of each timed iteration."""
+    db.execute("alter table measurements add column host_tree_bytes integer")
+    db.execute("alter table measurements add column iteration_tree_cpu_times_s text")
+
+
 STEPS = (
     m001_initial,
     m002_verdicts,
@@ -372,6 +381,7 @@ STEPS = (
     m020_verdicts_newest,
     m021_time_evidence,
     m022_selection,
+    m023_process_tree,
 )
 
 

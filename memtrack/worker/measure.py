@@ -31,21 +31,23 @@ def _sync(device: Any) -> None:
 
 def _timing_pass(step: Any, device: Any, repeats: int) -> dict[str, Any]:
     """Uninstrumented: only clocks (and a device sync on CUDA) around each iteration: the
-    wall clock, the process's CPU time and, on CUDA, two events on the current stream (the
-    sessions' streams join it). The machine's load is read around each iteration, outside
-    its clocks."""
-    from memtrack.probes.load import TimingLoad
+    wall clock, the process's CPU time (and, read outside the clocks, the CPU time of the
+    processes it started: its data-loader workers') and, on CUDA, two events on the current
+    stream (the sessions' streams join it). The machine's load is read around each
+    iteration, outside its clocks."""
+    from memtrack.probes.load import TimingLoad, descendants_cpu_s
     from memtrack.probes.perf import Counters
 
     load = TimingLoad()
     events = _device_events(device)
-    times, cpu_times, device_times, instructions = [], [], [], []
+    times, cpu_times, tree_cpu_times, device_times, instructions = [], [], [], [], []
     counters = Counters.open()  # after the warm-up: every thread of the step's pools exists
     load.start()
     for _ in range(repeats):
         _sync(device)
         load.sample()
         i0 = counters.read()
+        d0 = descendants_cpu_s()
         c0, t0 = time.process_time(), time.perf_counter()
         if events:
             events[0].record(events[2])
@@ -54,10 +56,12 @@ def _timing_pass(step: Any, device: Any, repeats: int) -> dict[str, Any]:
             events[1].record(events[2])
         _sync(device)
         t1, c1 = time.perf_counter(), time.process_time()
+        d1 = descendants_cpu_s()
         i1 = counters.read()
         load.sample()
         times.append(t1 - t0)
         cpu_times.append(c1 - c0)
+        tree_cpu_times.append(c1 - c0 + max(0.0, d1 - d0))
         if i0 is not None and i1 is not None:
             instructions.append(max(0, i1 - i0))
         if events:
@@ -67,6 +71,7 @@ def _timing_pass(step: Any, device: Any, repeats: int) -> dict[str, Any]:
     return {
         **time_summary(times),
         "iteration_cpu_times_s": cpu_times,
+        "iteration_tree_cpu_times_s": tree_cpu_times,
         "iteration_device_times_s": device_times,
         "iteration_instructions": instructions,
         "instructions_note": counters.why,

@@ -111,7 +111,7 @@ FIGURES = tuple(
     load_wchar_bytes load_read_bytes load_write_bytes disk_bytes
     quality_status quality_message quality_reference quality_reference_sha256 quality_max_abs
     quality_max_rel quality_cosine quality_value quality_tolerance
-    retained_samples iteration_cpu_times_s iteration_device_times_s
+    retained_samples iteration_cpu_times_s iteration_tree_cpu_times_s iteration_device_times_s
     timing_cpu_pressure timing_runnable timing_steal timing_cores timing_wait_cores
     timing_others_cores iteration_instructions instructions_note
     session_peak_bytes sessions_sum_bytes sites

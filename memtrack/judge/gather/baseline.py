@@ -57,10 +57,11 @@ def point_of(row: Row) -> Point:
         return {name: int(col[c]) for name, c in columns.items() if col[c] is not None}
 
     def numbers(column: str) -> tuple[Any, ...]:
-        text = col[column]
+        text = col.get(column)
         return tuple(json.loads(text) or ()) if text else ()
 
     cpu = tuple(float(x) for x in numbers("iteration_cpu_times_s"))
+    tree = tuple(float(x) for x in numbers("iteration_tree_cpu_times_s"))
     wall = tuple(float(x) for x in numbers("iteration_times_s"))
     return Point(
         col["run_id"],
@@ -81,12 +82,13 @@ def point_of(row: Row) -> Point:
             col["timing_runnable"],
             col["timing_cores"],
             col["timing_steal"],
-            own_demand(cpu, wall),
+            own_demand(tree or cpu, wall),
             col["timing_wait_cores"],
             col["timing_others_cores"],
             sum(wall),
         ),
         case_id=col.get("case_id"),
+        tree_cpu_times=tree,
     )
 
 
