@@ -109,7 +109,7 @@ def open_database(db: Database) -> dict | None:
 
 def _open_server(db: ServerUrl) -> dict | None:
     try:
-        queries.open_readonly(db).close()  # checks the schema version
+        data.connected(db.url)  # the schema version checked as the session's connection opens
     except StoreError as exc:
         if "empty database" in str(exc):
             empty_state(db, "the database holds no memtrack schema yet")

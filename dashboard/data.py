@@ -1,13 +1,18 @@
-"""Cached access to the store: each function opens it read-only, runs `queries`, closes it.
+"""Cached access to the store: each function reads it (read-only) through `queries`.
 
 Results are cached per database file and its modification stamp, so a run recorded while
 the dashboard is open shows on the next interaction, and a page that is revisited costs
-nothing.
+nothing. A database file is opened and closed by each read; a server's database is read
+through one connection per browser session (`_session_store`), kept for its reruns and
+opened again where the server ended it, so that viewers hold a connection each, not one
+per query.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -46,11 +51,51 @@ def database(db: str) -> Database:
     return parse_database(db, "--db")
 
 
-def _open(db: str, repository: str | None = ALL_REPOSITORIES) -> Store:
+@contextlib.contextmanager
+def _open(db: str, repository: str | None = ALL_REPOSITORIES) -> Iterator[Store]:
     """The store, read-only, its history read as `repository`'s (`Store.repository`)."""
-    store = queries.open_readonly(database(db))
-    store.repository = repository
+    found = database(db)
+    if isinstance(found, ServerUrl):
+        store = _session_store(db, found)
+        store.repository = repository
+        yield store
+        return
+    with queries.open_readonly(found) as store:
+        store.repository = repository
+        yield store
+
+
+def connected(db: str) -> None:
+    """The database opened as a read opens it: StoreError where it cannot be (its schema
+    version checked; a server's through the session's connection, checked once)."""
+    with _open(db):
+        pass
+
+
+SESSION_STORE = "memtrack_server_store"
+"""Where a session keeps its connection to a server's database (st.session_state)."""
+
+
+def _session_store(db: str, url: ServerUrl) -> Store:
+    """This browser session's connection to the server's database: opened on its first
+    read, reused by every later one, opened again where the server no longer answers on it
+    (a restart, a failover, an idle-session timeout). It names itself 'memtrack dashboard'
+    to the server (pg_stat_activity)."""
+    from memtrack.store.server import ServerStore
+
+    held = st.session_state.get(SESSION_STORE)
+    if held is not None:
+        held_db, store = held
+        if held_db == db and store.pg.alive():
+            return store
+        with contextlib.suppress(Exception):  # lost already: nothing to close cleanly
+            store.close()
+    store = ServerStore.open_server(url, readonly=True, older=True, application=DASHBOARD)
+    st.session_state[SESSION_STORE] = (db, store)
     return store
+
+
+DASHBOARD = "memtrack dashboard"
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -394,3 +394,17 @@ def test_a_paired_timing_from_elsewhere_is_checked_value_by_value(fields, said):
     with pytest.raises(RecordError) as caught:
         run_from_dict(data, where="r.json")
     assert said in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_workload_s_nul_is_kept_as_a_replacement_character_and_a_param_s_refused():
+    """A workload's own text (an error, its notes) is data: a NUL in it is stored as U+FFFD,
+    which every history can hold. A param value is an identity: one holding a NUL is refused
+    where the workload is declared."""
+    from memtrack.errors import WorkloadError
+    from memtrack.records.redact import redact
+
+    assert redact("bad byte \x00 here") == "bad byte \ufffd here"
+    m = make_measurement(status="error", message=redact("boom\x00"))
+    assert run_from_dict(json.loads(json.dumps(to_dict(make_run([m]))))).measurements[0] == m
+    with pytest.raises(WorkloadError, match="holds a NUL character"):
+        memtrack.workload(lambda ctx: None, name="nul", params={"tag": ["a", "b\x00"]})

@@ -146,3 +146,50 @@ def test_the_dashboard_shows_one_repository_at_a_time(
     assert "300.00 MiB" in shown(at) and "100.00 MiB" not in shown(at)
     at = page(repo=UPSTREAM)  # a shared link names the other
     assert "100.00 MiB" in shown(at) and "300.00 MiB" not in shown(at)
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+def test_history_names_and_suggests_this_repository_s_cases_only(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    db = _database(engine, tmp_path, request)
+    with open_store(parse_database(db, "db")) as store:
+        for repository, workload in ((UPSTREAM, "tiny"), (FORK, "small")):
+            r = make_run([make_measurement(workload, {"n": n}) for n in (1, 4)])
+            store.write_run(replace(r, git=replace(r.git, repository=repository)))
+    fork = tmp_path / "fork"
+    fork.mkdir()
+    (fork / "memtrack.toml").write_text(f'repository = "{FORK}"\n')
+    done = _cli(fork, db, "history", "tiny")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "no case or workload 'tiny'" in done.stderr and "tiny[" not in done.stderr
+    done = _cli(fork, db, "history", "smal")
+    assert done.returncode == 2 and "did you mean small" in done.stderr, done.stderr
+    assert _cli(fork, db, "history", "small[n=4]").returncode == 0
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+def test_a_nul_in_a_record_s_text_is_refused_by_either_engine_naming_file_and_field(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """SQLite would store it and PostgreSQL refuse it: one rule for both, before anything is
+    written, and the history stays one that `db copy` can carry to either."""
+    from memtrack.records import to_dict
+
+    db = _database(engine, tmp_path, request)
+    for field, value in (("subject", "fix\x00"), ("message", "boom\x00")):
+        r = make_run([make_measurement(status="error" if field == "message" else "ok")])
+        data = to_dict(r)
+        if field == "subject":
+            data["git"]["subject"] = value
+        else:
+            data["measurements"][0]["message"] = value
+        record = tmp_path / f"{field}.json"
+        record.write_text(json.dumps(data))
+        done = _cli(tmp_path, db, "ingest", str(record))
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert str(record) in done.stderr and "NUL character" in done.stderr, done.stderr
+        where = "git.subject" if field == "subject" else "measurements[0].message"
+        assert where in done.stderr, done.stderr
+    with open_store(parse_database(db, "db")) as store:
+        assert store.run_ids() == []  # nothing written

@@ -467,3 +467,51 @@ def test_a_select_only_user_sees_the_verdicts_and_one_warning(pg_url: str, tmp_p
     assert json.loads((tmp_path / "check.json").read_text())["verdicts"]
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("select count(*) from verdicts").fetchone() == (0,)
+
+
+def test_the_dashboard_reads_a_server_through_one_connection_per_session(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Overview's first draw and its reruns read through one connection, which names itself
+    to the server; ended by the server (a restart, an idle-session reaper), the next rerun
+    opens another and draws the page all the same."""
+    from apptables import drawn
+
+    with open_store(parse_database(pg_url, "url")) as store:
+        store.write_run(make_run([make_measurement("decoder", {"batch": b}) for b in (1, 4)]))
+    app = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+    monkeypatch.setattr(sys, "argv", [str(app), "--db", pg_url])
+    name = urllib.parse.urlsplit(pg_url).path.lstrip("/")
+
+    def server(sql: str) -> list[tuple[Any, ...]]:
+        with open_store(parse_database(pg_url, "url"), readonly=True) as s:
+            return [tuple(r) for r in s.conn.execute(sql, [name]).fetchall()]
+
+    def dashboards() -> list[int]:
+        return [
+            pid
+            for (pid,) in server(
+                "select pid from pg_stat_activity where datname = ? "
+                "and application_name = 'memtrack dashboard'"
+            )
+        ]
+
+    def ended() -> int:  # sessions of the database that have ended, every one counted
+        return int(server("select sessions from pg_stat_database where datname = ?")[0][0])
+
+    at = drawn(str(app))
+    (first,) = dashboards()
+    before = ended()
+    mine = ended() - before  # what one look of this test's own adds
+    for _ in range(3):
+        at.run()
+        assert not at.exception
+    assert dashboards() == [first]
+    assert ended() - before == 3 * mine, mine  # this test's own looks only
+    ended_by_server = "select pg_terminate_backend(pid) from pg_stat_activity where datname = ?"
+    server(f"{ended_by_server} and pid = {first}")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    (again,) = dashboards()
+    assert again != first
+    assert "decoder" in "\n".join(str(m.value) for m in at.markdown)

@@ -59,6 +59,9 @@ class Dialect:
     """Numbers must be finite."""
     scalar_any: bool = False
     """A value hinted Any must be a scalar (string, number, boolean or null)."""
+    no_nul: bool = False
+    """A string (or a mapping's key) may hold no NUL character: SQLite stores one where
+    PostgreSQL refuses it, and a history must read the same on either."""
 
     def rules(self, name: str) -> dict[str, Any]:
         """JSON Schema keywords a field's values (or items) obey beyond their type."""
@@ -101,6 +104,16 @@ class Dialect:
 
     def too_long(self, length: int, limit: int) -> str:
         return f"{length:,} characters, more than {limit:,}"
+
+    def problem(self, text: str) -> str | None:
+        """What is wrong with a string beyond its type, length and rules: a lone surrogate
+        where it is kept as it is, a NUL where the dialect refuses one; None: nothing."""
+        if self.no_nul and "\0" in text:
+            at = text.index("\0")
+            return f"holds a NUL character (at character {at}), which PostgreSQL cannot store"
+        if self.text({}) is None and not text.isascii():
+            return unicode_problem(text)
+        return None
 
     def fail(self, path: Path_, message: str) -> typing.NoReturn:
         raise self.error(f"{self.where(path)}: {message}")
@@ -160,7 +173,7 @@ def _any(d: Dialect) -> Check:
         if isinstance(v, str):
             if len(v) > limit:
                 d.fail(w, d.too_long(len(v), int(limit)))
-            if mended is None and not v.isascii() and (bad := unicode_problem(v)):
+            if (not v.isascii() or "\0" in v) and (bad := d.problem(v)):
                 d.fail(w, bad)
             return v if mended is None else mended(v)
         if v is None or isinstance(v, bool):
@@ -213,7 +226,7 @@ def _list_check(d: Dialect, hint: Any, rules: dict[str, Any]) -> Check:
 
 def _dict_check(d: Dialect, hint: Any, rules: dict[str, Any]) -> Check:
     value, valid = _compile(d, hint, rules), _all_valid(d, hint, rules)
-    limit, mended = d.text_limit, d.text({})
+    limit = d.text_limit
 
     def check_dict(v: Any, w: Path_) -> Any:
         if type(v) is not dict:
@@ -223,7 +236,7 @@ def _dict_check(d: Dialect, hint: Any, rules: dict[str, Any]) -> Check:
                 d.fail(w, d.expected("an object", v))
             if limit is not None and len(k) > limit:
                 d.fail((w, (k[:20],)), d.too_long(len(k), limit))
-            if mended is None and not k.isascii() and (bad := unicode_problem(k)):
+            if (not k.isascii() or "\0" in k) and (bad := d.problem(k)):
                 d.fail(w, f"a key: {bad}")
         if valid(v.values()):
             return v
@@ -296,7 +309,7 @@ def _str_check(d: Dialect, rules: dict[str, Any], nullable: bool) -> Check:
             d.fail(w, d.expected("a string", v))
         if longest is not None and len(v) > longest:
             d.fail(w, d.too_long(len(v), longest))
-        if then is None and not v.isascii() and (bad := unicode_problem(v)):
+        if (not v.isascii() or "\0" in v) and (bad := d.problem(v)):
             d.fail(w, bad)  # kept as it is, so it must be text every output can carry
         if pattern is not None and not pattern.match(v):
             d.fail(w, f"{short(v)} does not match {pattern.pattern}")
@@ -345,6 +358,7 @@ def _all_valid(d: Dialect, hint: Any, rules: dict[str, Any]) -> typing.Callable[
             set(map(type, v)) <= {str}
             and max(map(len, v), default=0) <= limit
             and all(map(str.isascii, v))  # else each is checked: a lone surrogate is refused
+            and not (d.no_nul and any("\0" in x for x in v))
         )
     if hint is Any and d.scalar_any and d.finite:
         plain = {str, bool, type(None), int, float}
@@ -360,6 +374,7 @@ def _all_valid(d: Dialect, hint: Any, rules: dict[str, Any]) -> typing.Callable[
                 and all(map(math.isfinite, floats))
                 and max(map(len, texts), default=0) <= limit
                 and all(map(str.isascii, texts))
+                and not (d.no_nul and any("\0" in x for x in texts))
             )
 
         return scalars
@@ -387,6 +402,8 @@ def _fast_test(d: Dialect, hint: Any, rules: dict[str, Any], names: dict[str, An
     elif hint is str and not set(rules) - {"enum", "minLength"} and d.text(rules) is None:
         names["MAX_TEXT"] = math.inf if d.text_limit is None else d.text_limit
         test = "type(v) is str and len(v) <= MAX_TEXT and v.isascii()"  # else checked whole
+        if d.no_nul:
+            test += " and '\\0' not in v"
         if "enum" in rules:
             names[key] = frozenset(rules["enum"])
             test += f" and v in {key}"

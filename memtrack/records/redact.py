@@ -137,9 +137,12 @@ _ANY = re.compile(
 
 def redact(text: str | None, *, values: tuple[str, ...] | None = None) -> str | None:
     """`text` with every secret replaced by [redacted]: the values of this process's secret
-    variables (or `values`), and every recognised token shape. None stays None."""
+    variables (or `values`), and every recognised token shape; a NUL character (which no
+    history may hold: PostgreSQL cannot store one) as U+FFFD. None stays None."""
     if not text:
         return text
+    if "\0" in text:
+        text = text.replace("\0", "\ufffd")
     own = _values_pattern(secret_values() if values is None else values)
     if own is not None:
         text = own.sub(MASK, text)

@@ -253,6 +253,7 @@ RECORD = RecordDialect(
     int_range=(_INT_MIN, _INT_MAX),
     finite=True,
     scalar_any=True,
+    no_nul=True,
 )
 """How a run record is read: every value checked against `_rules`, plain values inline."""
 

@@ -1203,9 +1203,13 @@ class Store:
         return out
 
     def case_ids(self) -> list[str]:
-        return [
-            r[0] for r in self.conn.execute("select distinct case_id from measurements order by 1")
-        ]
+        """The case ids recorded in this store's scope (`repository`): another repository's
+        names are never suggested, nor matched."""
+        sql = (
+            "select distinct m.case_id from measurements m join runs r on r.run_id = m.run_id "
+            f"where {self.in_repository()} order by 1"
+        )
+        return [r[0] for r in self.conn.execute(sql, [self.scope])]
 
     def nearest_cases(self, name: str, n: int = 3) -> list[str]:
         """Recorded case ids and workload names that read most like `name`."""

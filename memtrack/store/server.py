@@ -178,8 +178,27 @@ class Connection:
     def close(self) -> None:
         self.raw.close()
 
+    def alive(self) -> bool:
+        """Whether the server still answers on this connection (one round trip): a restart,
+        a failover or an idle-session reaper ends a connection held open."""
+        import psycopg
 
-def connect(url: ServerUrl, *, readonly: bool = False) -> Connection:
+        if self.raw.closed or self.raw.broken:
+            return False
+        try:
+            self.raw.execute("select 1")
+        except psycopg.Error:
+            return False
+        return True
+
+
+APPLICATION = "memtrack"
+"""How memtrack's connections name themselves to the server (pg_stat_activity)."""
+
+
+def connect(
+    url: ServerUrl, *, readonly: bool = False, application: str = APPLICATION
+) -> Connection:
     """A connection to the server `url` names. StoreError in one line, the password never
     in it, where the driver is missing or the server is down or refuses."""
     try:
@@ -195,7 +214,12 @@ def connect(url: ServerUrl, *, readonly: bool = False) -> Connection:
             return b"1" if obj else b"0"
 
     try:
-        raw = psycopg.connect(url.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+        raw = psycopg.connect(
+            url.url,
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT_S,
+            application_name=application,
+        )
     except psycopg.Error as exc:
         raise StoreError(describe(exc, url)) from None
     raw.adapters.register_dumper(bool, BoolAsInt)
@@ -314,9 +338,15 @@ class ServerStore(Store):
 
     @classmethod
     def open_server(
-        cls, url: ServerUrl, *, readonly: bool = False, create: bool = True, older: bool = False
+        cls,
+        url: ServerUrl,
+        *,
+        readonly: bool = False,
+        create: bool = True,
+        older: bool = False,
+        application: str = APPLICATION,
     ) -> ServerStore:
-        conn = connect(url, readonly=readonly)
+        conn = connect(url, readonly=readonly, application=application)
         store = cls(conn, url, readonly)  # type: ignore[arg-type]
         store.url, store.pg, store._cursors = url, conn, 0
         try:

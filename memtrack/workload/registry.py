@@ -169,6 +169,10 @@ def workload(
                         f"workload {wname!r}: param {key!r} value {v!r} "
                         "must be str, int, float or bool"
                     )
+                if "\0" in f"{key}{v}":  # the case id holds both, and no history can store it
+                    raise WorkloadError(
+                        f"workload {wname!r}: param {key!r} value {v!r} holds a NUL character"
+                    )
             _check_distinct(f"workload {wname!r}: param {key!r}", values)
             if key == RANKS_PARAM:
                 check_ranks(f"workload {wname!r}: param {key!r}", values)
