@@ -19,6 +19,12 @@ class StoreError(MemtrackError):
     """The database cannot be opened, is of an unknown schema, or lacks a record."""
 
 
+class TransientStoreError(StoreError):
+    """A server's database could not be reached, or said to try again: a restart, a
+    failover, its connection limit, a conflict with another transaction. Retried, it may
+    answer."""
+
+
 class RecordError(MemtrackError):
     """A JSON run record is malformed or of an unsupported schema version."""
 

@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 # OpenMP threads, spinning while they wait for work, took a sixth of the suite's CPU time.
 # Set before anything imports torch; a value set by whoever runs the tests is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Runs a test's database could not take are kept in a spool of the test session's own, never
+# in the user's cache (memtrack.store.spool), and a server is waited for a few seconds only.
+os.environ.setdefault(
+    "MEMTRACK_SPOOL", str(Path(tempfile.gettempdir()) / f"memtrack-spool-{os.getpid()}")
+)
+os.environ.setdefault("MEMTRACK_SERVER_RETRY_S", "3")
 
 from memtrack.worker.server import YOUNG_ONLY  # noqa: E402
 

@@ -92,7 +92,9 @@ class Cluster:
             "--no-sync",
         )
         pwfile.unlink()
-        options = f"-k {self.root} -c listen_addresses='' -c fsync=off -c max_connections=100"
+        self.options = options = (
+            f"-k {self.root} -c listen_addresses='' -c fsync=off -c max_connections=100"
+        )
         self._run(
             "pg_ctl",
             "-D",
@@ -130,6 +132,20 @@ class Cluster:
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f'create database "{name}"')
         return self.url(name)
+
+    def restart(self) -> None:
+        """`pg_ctl restart -m fast`, as an administrator restarts a server: every session
+        ended, the server back with the options it had."""
+        log = str(self.root / "log")
+        self._run("pg_ctl", "-D", str(self.data), "-l", log, "-m", "fast", "-w", "restart")
+
+    def halt(self) -> None:
+        """Stopped (fast), its data kept for `resume`."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def resume(self) -> None:
+        log = str(self.root / "log")
+        self._run("pg_ctl", "-D", str(self.data), "-l", log, "-o", self.options, "-w", "start")
 
     def stop(self) -> None:
         try:

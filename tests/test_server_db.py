@@ -10,13 +10,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import pgcluster
 import pytest
-from factories import commit_all, init_repo, make_measurement, make_run, story_history
+from factories import commit_all, git, init_repo, make_measurement, make_run, story_history
 
 from memtrack.errors import ConfigError, StoreError
 from memtrack.records import write_json
@@ -26,8 +27,17 @@ from memtrack.store.url import ServerUrl, parse_database
 SECRETS = (pgcluster.PASSWORD, urllib.parse.quote(pgcluster.PASSWORD, safe=""))
 
 
-def _memtrack(*args: str, cwd: Path, url: str | None = None, **kw: Any) -> Any:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "MEMTRACK_"))}
+def _memtrack(
+    *args: str, cwd: Path, url: str | None = None, env: dict[str, str] | None = None, **kw: Any
+) -> Any:
+    """`memtrack ARGS` with none of the user's or CI's settings but the test session's spool
+    and server wait (tests/conftest.py), the database `url` and `env`."""
+    session = ("MEMTRACK_SPOOL", "MEMTRACK_SERVER_RETRY_S")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "MEMTRACK_"))},
+        **{k: os.environ[k] for k in session if k in os.environ},
+        **(env or {}),
+    }
     if url is not None:
         env["MEMTRACK_DATABASE_URL"] = url
     return subprocess.run(
@@ -515,3 +525,167 @@ def test_the_dashboard_reads_a_server_through_one_connection_per_session(
     (again,) = dashboards()
     assert again != first
     assert "decoder" in "\n".join(str(m.value) for m in at.markdown)
+
+
+# -- a server that restarts, fills up or goes away -----------------------------------------
+
+WAITS = """\
+import os
+import pathlib
+import time
+
+import torch
+
+import memtrack
+
+
+@memtrack.workload
+def waits(ctx):
+    here = pathlib.Path(os.environ["HANDSHAKE"])
+
+    def step():
+        (here / "measuring").touch()
+        deadline = time.monotonic() + 300
+        while not (here / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return torch.ones(4).sum()
+
+    return step
+"""
+
+
+def _measuring(tmp_path: Path, url: str, **env: str) -> tuple[Path, Path, subprocess.Popen]:
+    """`memtrack run --db URL` started in a new repository whose one case waits, once it is
+    measuring, until the test creates `go` in the handshake folder. The repository, the
+    handshake folder and the process; returns once the case is measuring."""
+    repo = init_repo(tmp_path / "repo")
+    (repo / "wl.py").write_text(WAITS)
+    (repo / "memtrack.toml").write_text('modules = ["wl.py"]\nrepeats = 1\nwarmup = 1\n')
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    commit_all(repo, "a case that waits")
+    handshake = tmp_path / "handshake"
+    handshake.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memtrack.cli", "run", "--db", url],
+        cwd=repo,
+        env={**os.environ, "HANDSHAKE": str(handshake), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    while not (handshake / "measuring").exists():
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    return repo, handshake, proc
+
+
+def _sessions(url: str, application: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True, application_name="the test") as conn:
+        row = conn.execute(
+            "select count(*) from pg_stat_activity where application_name = %s", [application]
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_a_run_holds_no_connection_while_it_measures_and_a_restart_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """Restarted (`pg_ctl restart -m fast`) while `run --db` measures, under an
+    idle-session timeout shorter than the measurement: the run is recorded with no manual
+    step, and nothing is left in the checkout."""
+    if pgcluster.unavailable():
+        pytest.skip(f"no PostgreSQL for the server tests: {pgcluster.unavailable()}")
+    import psycopg
+
+    cluster = pgcluster.Cluster()
+    try:
+        url = cluster.database()
+        name = urllib.parse.urlsplit(url).path.lstrip("/")
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"alter database \"{name}\" set idle_session_timeout = '1s'")
+        repo, handshake, proc = _measuring(tmp_path, url, MEMTRACK_SERVER_RETRY_S="60")
+        assert _sessions(url, "memtrack") == 0  # measuring, no connection held
+        cluster.restart()
+        time.sleep(1.5)  # past the idle-session timeout too
+        (handshake / "go").touch()
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out + err
+        with open_store(parse_database(url, "url"), readonly=True) as store:
+            assert len(store.run_ids()) == 1
+        assert git(repo, "status", "--porcelain") == ""  # no run kept in the checkout
+    finally:
+        cluster.stop()
+
+
+def test_a_run_the_server_cannot_take_is_spooled_and_the_next_check_records_it(
+    tmp_path: Path,
+) -> None:
+    """The server down when the run is measured and for longer than memtrack waits: the run
+    is kept in the spool, outside the checkout, and the next `check` against that database
+    records it, once."""
+    if pgcluster.unavailable():
+        pytest.skip(f"no PostgreSQL for the server tests: {pgcluster.unavailable()}")
+    cluster = pgcluster.Cluster()
+    spooled = tmp_path / "spool"
+    env = {"MEMTRACK_SERVER_RETRY_S": "1", "MEMTRACK_SPOOL": str(spooled)}
+    try:
+        url = cluster.database()
+        repo, handshake, proc = _measuring(tmp_path, url, **env)
+        cluster.halt()
+        (handshake / "go").touch()
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 2, out + err
+        assert "trying again in 1 s" in err and "the run is kept in" in err, err
+        (kept,) = spooled.glob("*/memtrack-run-*.json")
+        assert git(repo, "status", "--porcelain") == ""
+        cluster.resume()
+        checked = _memtrack("check", cwd=repo, url=url, env=env)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "kept in the spool since it was measured: recorded" in checked.stderr
+        assert not kept.exists()
+        with open_store(parse_database(url, "url"), readonly=True) as store:
+            assert len(store.run_ids()) == 1
+        again = _memtrack("check", cwd=repo, url=url, env=env)
+        assert "spool" not in again.stderr
+    finally:
+        cluster.stop()
+
+
+def test_a_check_at_the_connection_limit_waits_for_a_slot(pg_url: str, tmp_path: Path) -> None:
+    """The server full for this role (its CONNECTION LIMIT reached): the gate says each wait
+    in one line and passes once a slot frees."""
+    import psycopg
+
+    repo = init_repo(tmp_path / "repo")
+    (repo / "memtrack.toml").write_text('base_branch = "main"\n')
+    sha = commit_all(repo, "a model")
+    record = tmp_path / "run.json"
+    write_json(make_run([make_measurement()], commit=sha), record)
+    assert _memtrack("ingest", str(record), cwd=repo, url=pg_url).returncode == 0
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("create role limited login password 'one' connection limit 1")
+        conn.execute("grant all on all tables in schema public to limited")
+        conn.execute("grant all on all sequences in schema public to limited")
+    as_limited = pg_url.replace(
+        f"{pgcluster.USER}:{urllib.parse.quote(pgcluster.PASSWORD, safe='')}@", "limited:one@"
+    )
+    held = psycopg.connect(as_limited)  # the one slot, taken
+    env = {**os.environ, "MEMTRACK_DB": as_limited, "MEMTRACK_SERVER_RETRY_S": "300"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memtrack.cli", "check"],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    first = proc.stderr.readline()  # waits for the slot, and says so
+    held.close()
+    out, err = proc.communicate(timeout=600)
+    assert "too many connections" in first and "trying again in 1 s" in first, first
+    assert "one" not in first.replace("connections", "")  # no password in it
+    assert proc.returncode == 0, out + err
+    assert "new · decoder[batch=1] · allocated" in out

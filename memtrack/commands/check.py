@@ -163,6 +163,11 @@ def check(
     if annotations is None:
         annotations = os.environ.get("GITHUB_ACTIONS") == "true"
     with open_store(db, readonly=history or no_record, create=False, repository=here) as store:
+        if not (history or no_record):  # runs kept while the database could not take them
+            from memtrack.store import spool
+
+            for line in spool.drain(store, db):
+                click.echo(line, err=True)
         if history:
             shown = _history(store, config, base_branch, patterns, history_anchor)
         else:

@@ -6,6 +6,7 @@ import click
 
 from memtrack.commands.options import config_option, db_option, resolve
 from memtrack.records.redact import secret_values
+from memtrack.store import spool
 from memtrack.store.ingest import discard, private_path, publish, read_runs
 from memtrack.store.opening import open_store
 
@@ -43,3 +44,7 @@ def ingest(files: tuple[Path, ...], config_path: Path | None, db_path: Path | No
             counts = store.write_runs(runs)
     added, present = counts
     click.echo(f"{added} run(s) added, {present} already present, in {db}")
+    if spool.pending(db):  # runs kept while the database could not take them
+        with open_store(db) as store:
+            for line in spool.drain(store, db):
+                click.echo(line)

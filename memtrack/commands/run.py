@@ -27,7 +27,7 @@ from memtrack.errors import ConfigError
 from memtrack.measure.forkserver import ForkServer
 from memtrack.measure.launcher import worker_env
 from memtrack.store.opening import open_store
-from memtrack.store.url import present
+from memtrack.store.url import ServerUrl, present
 from memtrack.workload.registry import Case, no_match, select_cases
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def run(
         from memtrack.measure.timeout import RECENT_RUNS
         from memtrack.records.redact import redact_run
         from memtrack.report.run import run_table
-        from memtrack.store.save import record_run, save_run
+        from memtrack.store.save import record_run, record_to, save_run
 
         config, db = resolve(config_path, db_path, writes=not no_db)
         # The outputs are checked first, not after an hour of measuring, nor after the
@@ -103,6 +103,10 @@ def run(
         explicit = against is not None
         against = None if unpaired else (against or config.against)
         start = RunStart(config, server)
+        # A server's database is connected to only to be read before measuring and to be
+        # written after it: a restart, a failover or an idle-session reaper while the suite
+        # is discovered or measured changes nothing.
+        server_db = isinstance(db, ServerUrl) and not no_db
         with contextlib.ExitStack() as stack:
             # An existing database is opened (and so checked) now; a new one is made only
             # once there is a case to measure.
@@ -110,9 +114,11 @@ def run(
             if not no_db and present(db):
                 store = stack.enter_context(open_store(db))
                 store.check_writable()
+                if server_db:
+                    store.close()
             cases = _cases(config, start, patterns, shard_t)
             ref, unpaired_why = _paired_ref(config, against, explicit, start)
-            if store is None and not no_db:
+            if (store is None or server_db) and not no_db:
                 store = stack.enter_context(open_store(db))
             durations = (
                 store.durations(
@@ -121,18 +127,26 @@ def run(
                 if store is not None
                 else {}
             )
+            if server_db and store is not None:
+                store.close()
             pairing: list[Pairing] = []
-            done = record_run(
-                lambda: replace(
-                    _measure(config, cases, shard, start, ref, pairing, durations),
-                    selection=patterns,
-                ),
-                store,
-                json_path,
-            )
+
+            def measure() -> RunRecord:
+                run = _measure(config, cases, shard, start, ref, pairing, durations)
+                return replace(run, selection=patterns)
+
+            if server_db:
+                done = record_to(redact_run(measure()), db, json_path)
+            else:
+                done = record_run(measure, store, json_path)
             saved_ref = None
             if pairing and pairing[0].ref_record is not None:
-                saved_ref = save_run(redact_run(pairing[0].ref_record), store, _ref_json(json_path))
+                ref_run = redact_run(pairing[0].ref_record)
+                if server_db:
+                    again = record_to(ref_run, db, _ref_json(json_path))
+                    saved_ref = (list(again.saved), list(again.failures))
+                else:
+                    saved_ref = save_run(ref_run, store, _ref_json(json_path))
     rich_console().print(run_table(done.record))
     if against and config.time_regression == "off":
         click.echo("no paired timing: time_regression is off, so time is not judged")
@@ -194,6 +208,8 @@ def _said(
     click.echo(
         f"run {done.record.run_id} of {commit} recorded in {', '.join(done.saved) or 'nothing'}"
     )
+    for line in done.said:
+        click.echo(line)
     failures = list(done.failures)
     if saved_ref is not None and pairing is not None and pairing.ref_record is not None:
         ref_run = pairing.ref_record

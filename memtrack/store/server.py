@@ -25,16 +25,22 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
+import os
 import re
 import shlex
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
-from memtrack.errors import StoreError
+from memtrack.errors import ConfigError, StoreError, TransientStoreError
 from memtrack.store import migrations
 from memtrack.store.database import BUSY_TIMEOUT_S, Store, damaged, expected_schema
 from memtrack.store.url import ServerUrl
+
+T = TypeVar("T")
 
 LOCK_KEY = 0x6D656D74  # "memt": the advisory lock every writer of a memtrack database takes
 MIGRATIONS_TABLE = "memtrack_migrations"
@@ -197,7 +203,7 @@ APPLICATION = "memtrack"
 
 
 def connect(
-    url: ServerUrl, *, readonly: bool = False, application: str = APPLICATION
+    url: ServerUrl, *, readonly: bool = False, application: str = APPLICATION, retry: bool = True
 ) -> Connection:
     """A connection to the server `url` names. StoreError in one line, the password never
     in it, where the driver is missing or the server is down or refuses."""
@@ -213,19 +219,115 @@ def connect(
         def dump(self, obj: Any) -> bytes:
             return b"1" if obj else b"0"
 
-    try:
-        raw = psycopg.connect(
-            url.url,
-            autocommit=True,
-            connect_timeout=CONNECT_TIMEOUT_S,
-            application_name=application,
-        )
-    except psycopg.Error as exc:
-        raise StoreError(describe(exc, url)) from None
+    def attempt() -> Any:
+        try:
+            return psycopg.connect(
+                url.url,
+                autocommit=True,
+                connect_timeout=CONNECT_TIMEOUT_S,
+                application_name=application,
+            )
+        except psycopg.Error as exc:
+            raise failure(exc, url) from None
+
+    raw = retrying(attempt, url) if retry else attempt()
     raw.adapters.register_dumper(bool, BoolAsInt)
     if readonly:
         raw.execute("set default_transaction_read_only = on")
     return Connection(raw)
+
+
+TRANSIENT_STATES = frozenset(
+    {
+        "53300",  # too many connections (the server's limit, or the role's)
+        "57P01",  # terminated by the administrator (a fast shutdown or restart)
+        "57P02",  # crash shutdown
+        "57P03",  # cannot connect now: the server is starting or shutting down
+        "40001",  # serialization failure
+        "40P01",  # deadlock detected
+    }
+)
+"""SQLSTATEs after which the same statement, tried again later, may succeed; and every
+class 08 state (the connection failed or was lost)."""
+RETRY_S = 120.0
+"""How long memtrack waits out a server that is restarting, failing over or full, in all,
+before it gives up (a run is then kept in the spool: memtrack.store.spool). The
+environment's MEMTRACK_SERVER_RETRY_S sets another."""
+FIRST_WAIT_S, LONGEST_WAIT_S = 1.0, 15.0
+
+
+BUSY_SERVER = (
+    "too many connections",
+    "too many clients",
+    "remaining connection slots are reserved",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "the database system is not yet accepting connections",
+    "terminating connection",
+)
+"""What a server that refuses a new connection for now says (libpq gives such a refusal no
+SQLSTATE: its FATAL message is all there is)."""
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a driver's error is one that waiting may cure: the server said so
+    (TRANSIENT_STATES, or a refusal of a connection for now: BUSY_SERVER), or no server
+    answered (refused, no socket, lost: it may be restarting). A server's refusal for good
+    (no such database, a wrong password) is not."""
+    import psycopg
+
+    state = getattr(exc, "sqlstate", None)
+    if state is not None:
+        return state in TRANSIENT_STATES or state.startswith("08")
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    text = str(exc)
+    return "FATAL:" not in text or any(words in text for words in BUSY_SERVER)
+
+
+def failure(exc: BaseException, url: ServerUrl | None) -> StoreError:
+    """A driver's error as a StoreError in one line, a TransientStoreError where waiting may
+    cure it."""
+    kind = TransientStoreError if transient(exc) else StoreError
+    return kind(describe(exc, url))
+
+
+def retry_window() -> float:
+    """RETRY_S, or the seconds MEMTRACK_SERVER_RETRY_S gives (0: no retry)."""
+    text = os.environ.get("MEMTRACK_SERVER_RETRY_S")
+    if text is None:
+        return RETRY_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < math.inf:
+        raise ConfigError(f"MEMTRACK_SERVER_RETRY_S: {text!r} is not a number of seconds")
+    return value
+
+
+def retrying(attempt: Callable[[], T], url: ServerUrl) -> T:
+    """`attempt()`, tried again while it raises TransientStoreError, waits doubling from 1 s
+    to 15 s, until `retry_window()` seconds of waiting are spent; each wait said in one line
+    on stderr. The last error is raised."""
+    window, waited, wait = retry_window(), 0.0, FIRST_WAIT_S
+    while True:
+        try:
+            return attempt()
+        except TransientStoreError as exc:
+            if waited + wait > window:
+                raise
+            reason = str(exc).removeprefix(f"{url}: ")
+            print(
+                f"memtrack: {url}: {reason}; trying again in {wait:g} s "
+                f"({waited + wait:g} of {window:g} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            time.sleep(wait)
+            waited += wait
+            wait = min(LONGEST_WAIT_S, wait * 2)
 
 
 def describe(exc: BaseException, url: ServerUrl | None) -> str:
@@ -357,7 +459,15 @@ class ServerStore(Store):
         return store
 
     def _fail(self, exc: BaseException) -> StoreError:
-        return StoreError(describe(exc, self.url))
+        return failure(exc, self.url)
+
+    def reconnect(self) -> None:
+        """A new connection in place of one the server ended (a restart, a failover); one
+        attempt (the caller retries: `retrying`)."""
+        with contextlib.suppress(Exception):
+            self.pg.close()
+        conn = connect(self.url, readonly=self.readonly, retry=False)
+        self.conn = self.pg = conn  # type: ignore[assignment]
 
     def _prepare_server(self, *, create: bool, older: bool = False) -> None:
         import psycopg
