@@ -536,3 +536,72 @@ def test_a_small_site_that_grows_is_diffed_against_its_own_baseline_bytes(tmp_pa
     moved = [s for s in case["sites"] if s["delta_bytes"]]
     # only what changed: the grown block, never an unchanged block read as new
     assert {s["key"] for s in moved} <= {"blocks.29 at wl.py:forward"}, moved
+
+
+SPREAD = """\
+import torch
+from torch import nn
+
+import memtrack
+
+KEPT = {kept}  # floats each block keeps
+
+
+class Block(nn.Module):
+    def forward(self, x):
+        return x + 0, torch.ones(KEPT)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(8))
+
+    def forward(self, x):
+        kept = []
+        for b in self.blocks:
+            x, k = b(x)
+            kept.append(k)
+        return kept
+
+
+@memtrack.workload
+def spread(ctx):
+    net = Net()
+    ctx.mark(net)
+    x = ctx.randn(4)
+    return lambda: net(x)
+"""
+
+
+def test_a_growth_spread_over_eight_layers_reads_as_one_group_of_eight(tmp_path):
+    """Each of eight blocks keeps 1.25 MiB more: no three of them explain nine tenths of
+    the growth, so the where-line names the eight as one, and adds up."""
+    repo, db = init_repo(tmp_path / "repo"), tmp_path / "memtrack.db"
+    (repo / "wl.py").write_text(SPREAD.format(kept=1024))
+    (repo / "memtrack.toml").write_text(
+        'modules = ["wl.py"]\nrepeats = 2\nmin_baseline_runs = 1\ntime_regression = "off"\n'
+    )
+    commit_all(repo, "eight blocks")
+    _run(repo, db)
+    git(repo, "checkout", "-q", "-b", "grow")
+    (repo / "wl.py").write_text(SPREAD.format(kept=1024 + 327_680))  # 1.25 MiB more each
+    commit_all(repo, "each block keeps 1.25 MiB more")
+    _run(repo, db)
+    code, verdicts = _check(repo, db)
+    (allocated,) = [v for v in verdicts if v["metric"] == "allocated"]
+    assert code == 1 and allocated["kind"] == "regression", allocated["message"]
+    assert "+10.00 MiB in 8 x `blocks.*` at wl.py:forward" in allocated["message"], allocated
+    assert "(1.25 MiB each)" in allocated["message"]
+    (named,) = allocated["where"]["named"]
+    assert named["count"] == 8
+    assert named["after"] - named["before"] >= 0.9 * allocated["where"]["grew"]
+
+
+def test_memory_made_in_backward_is_not_put_on_the_forward_s_line():
+    from memtrack.judge.where import Change, pair_text
+
+    grown = Change("pair", "(backward) at train.py:train_step", 0, 16 * 2**20, line=15)
+    assert pair_text(grown) == "`(backward)` at train.py:train_step"
+    forward = Change("pair", "fc at train.py:train_step", 0, 16 * 2**20, line=15)
+    assert pair_text(forward) == "`fc` at train.py:train_step (line 15)"

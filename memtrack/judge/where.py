@@ -3,17 +3,22 @@
 Sites (records.Site, measured by probes.sites) are matched by module path and
 `file:function`, never by line, so that a pull request that only moves lines keeps every
 site matched. A growth is said by the pairs (module at file:function) that grew most,
-until they explain nine tenths of it, and the rest as 'elsewhere'. A growth of the process
+until they explain nine tenths of it, and the rest as 'elsewhere'. Where three pairs do not,
+the pairs of one indexed module path and function are named as one (`8 x `blocks.*` at
+model.py:forward (1.25 MiB each)`), so that a growth spread over many layers adds up.
+Memory made in backward is named without a line: the line a source site holds is the
+forward's. A growth of the process
 tree's host peak is said the same way by the processes that grew ('process' sites: `main`,
 `pt_data_worker 1`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from memtrack.records import Site, pair_parts
+from memtrack.records import BACKWARD, Site, pair_key, pair_parts
 from memtrack.units import format_size
 
 SHOWN = 3
@@ -32,6 +37,9 @@ class Change:
     after: int
     line: int | None = None
     """The candidate's line of it, for display."""
+    count: int = 1
+    """The pairs it stands for: more than one for the layers of an indexed module path
+    (`blocks.*`) that grew at one source site."""
 
     @property
     def delta(self) -> int:
@@ -95,22 +103,79 @@ def where(
     grew = sum(c.delta for c in changes)
     if grew <= 0:
         return None
+    growing = [c for c in changes if c.delta > 0]
+    named = _named(growing, grew)
+    if sum(c.delta for c in named) < EXPLAINED * grew and grouping == "pair":
+        named = _named(_layers(growing), grew)
+    return Where(grew, tuple(named), grew - sum(c.delta for c in named))
+
+
+def _named(growing: list[Change], grew: int) -> list[Change]:
+    """The largest of `growing` until they explain EXPLAINED of `grew`, SHOWN at most."""
     named: list[Change] = []
-    for c in changes:
-        if c.delta <= 0 or len(named) == SHOWN:
+    for c in sorted(growing, key=lambda c: (-c.delta, c.key)):
+        if len(named) == SHOWN:
             break
         named.append(c)
         if sum(n.delta for n in named) >= EXPLAINED * grew:
             break
-    return Where(grew, tuple(named), grew - sum(c.delta for c in named))
+    return named
+
+
+_INDEX = re.compile(r"(?:(?<=\.)|^)\d+(?=\.|$)")
+"""A module path's index: `3` of `blocks.3.attn`."""
+
+
+def _layers(growing: list[Change]) -> list[Change]:
+    """`growing` with the pairs of one indexed module path (its numbers as `*`) and one
+    source site as one change each: the layers of a stack that all grew."""
+    groups: dict[str, list[Change]] = {}
+    for c in growing:
+        module, source = pair_parts(c.key)
+        shape = _INDEX.sub("*", module) if module else ""
+        key = pair_key(shape, source) if shape != module else c.key
+        groups.setdefault(key, []).append(c)
+    out = []
+    for key, members in groups.items():
+        if len(members) == 1:
+            out.append(members[0])
+            continue
+        lines = {m.line for m in members}
+        out.append(
+            Change(
+                members[0].grouping,
+                key,
+                sum(m.before for m in members),
+                sum(m.after for m in members),
+                lines.pop() if len(lines) == 1 else None,
+                len(members),
+            )
+        )
+    return out
 
 
 def pair_text(c: Change) -> str:
     if c.grouping == "process":
         return f"process `{c.key}`"
     module, source = pair_parts(c.key)
-    line = f" (line {c.line})" if c.line else ""
+    line = f" (line {c.line})" if shown_line(c) else ""
+    if c.count > 1:
+        return f"{c.count} x `{module}` at {source}{line} ({each(c)})"
     return f"`{module}` at {source}{line}" if module else f"{source}{line}"
 
 
-__all__ = ["Change", "Where", "diff", "pair_text", "where"]
+def shown_line(c: Change) -> int | None:
+    """The line a change is shown at: none for memory made in backward (the site's line
+    is the forward's, which did not make it)."""
+    return None if pair_parts(c.key)[0] == BACKWARD else c.line
+
+
+def each(c: Change) -> str:
+    """What each of a group's pairs grew: '1.25 MiB each', or 'about 1.25 MiB each' where
+    they differ."""
+    share = c.delta / c.count
+    about = "" if c.delta % c.count == 0 else "about "
+    return f"{about}{format_size(int(share))} each"
+
+
+__all__ = ["Change", "Where", "diff", "each", "pair_text", "shown_line", "where"]

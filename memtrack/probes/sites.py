@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from memtrack.probes.framework import live_tensors
-from memtrack.records.model import Site, pair_key, pair_parts
+from memtrack.records.model import BACKWARD, Site, pair_key, pair_parts
 from memtrack.workload.frames import NO_SOURCE, named, own
 
 TOP = 20
@@ -43,7 +43,6 @@ MODULE, SOURCE, PAIR = "module", "source", "pair"
 SETUP = "(setup)"
 HELD = "(held from setup)"
 OPTIMIZER = "(optimizer state)"
-BACKWARD = "(backward)"
 NO_MODULE = "(no module)"
 SCRATCH = "(inside kernels: no tensor holds it)"
 REST = "(the rest)"

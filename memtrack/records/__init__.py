@@ -4,6 +4,7 @@ protocol share (`codec`), the figures derived from them (`metrics`, `breakdown`)
 redaction of recorded text (`redact`). The records' names are importable from here."""
 
 from memtrack.records.model import (
+    BACKWARD,
     KINDS,
     PAIR_FIGURES,
     QUALITY_STATUSES,
@@ -47,6 +48,7 @@ from memtrack.records.validate import (
 from memtrack.records.versions import environment_diff
 
 __all__ = [
+    "BACKWARD",
     "COMMIT_PATTERN",
     "KINDS",
     "PAIR_FIGURES",

@@ -221,6 +221,8 @@ class Site:
     by file and function, so a moved line still matches)."""
 
 
+BACKWARD = "(backward)"
+"""A 'module' or 'pair' site's module for memory made in backward, outside any module."""
 MAIN_PROCESS = "main"
 """A 'process' site's name for the case's own process (of a multi-rank case: 'rank N')."""
 

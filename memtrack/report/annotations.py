@@ -16,6 +16,7 @@ from pathlib import Path
 
 from memtrack.judge.decide import CheckResult
 from memtrack.judge.verdict import Verdict
+from memtrack.judge.where import shown_line
 from memtrack.records import pair_parts
 from memtrack.report.rows import label, signed_delta
 from memtrack.report.words import message
@@ -79,8 +80,9 @@ def _site(v: Verdict, root: Path) -> list[str]:
         if path is None:
             continue
         props = [f"file={escape_property(file)}"]
-        if change.line and change.line <= _lines(root / path):
-            props.append(f"line={change.line}")
+        line = shown_line(change)
+        if line and line <= _lines(root / path):
+            props.append(f"line={line}")
         return props
     return []
 

@@ -12,7 +12,7 @@ import urllib.parse
 from memtrack.escape import markdown_code, markdown_text
 from memtrack.judge.decide import CheckResult
 from memtrack.judge.verdict import Headroom, Verdict
-from memtrack.judge.where import Change, Where
+from memtrack.judge.where import Change, Where, each, shown_line
 from memtrack.records import metrics, pair_parts
 from memtrack.report import words
 from memtrack.report.rows import (
@@ -296,13 +296,16 @@ def _site(c: Change, source_url: str | None) -> str:
     if c.grouping == "process":
         return f"process {markdown_code(c.key)}"
     module, source = pair_parts(c.key)
-    line = f" (line {c.line})" if c.line else ""
+    at = shown_line(c)
+    line = f" (line {at})" if at else ""
     place = cell(source + line)
     file = source.rpartition(":")[0]
     inside = file and not file.startswith("/") and ".." not in file.split("/")
     if source_url and inside:
-        anchor = f"#L{c.line}" if c.line else ""
+        anchor = f"#L{at}" if at else ""
         place = f"[{place}]({source_url}{urllib.parse.quote(file, safe='/')}{anchor})"
+    if c.count > 1:
+        return f"{c.count} x {markdown_code(module)} at {place} ({cell(each(c))})"
     return f"{markdown_code(module)} at {place}" if module else place
 
 
