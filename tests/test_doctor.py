@@ -214,3 +214,24 @@ def test_doctor_says_where_cases_run_when_only_nvml_is_unreachable(tmp_path, cud
     assert nvml.detail.startswith(f"not reachable ({error}): {says}")
     if cuda_available:
         assert "CPU" not in nvml.detail
+
+
+def test_doctor_says_the_machine_is_contended_beside_busy_processes(tmp_path):
+    """More busy processes than cores beside it: `memtrack doctor` reads the load as a timing
+    pass does and warns that time measured now is not judged unpaired."""
+    from processes import busy_loops
+
+    from memtrack.probes.load import affinity
+
+    with busy_loops(len(affinity()) + 1, settle_s=0.5):
+        done = subprocess.run(
+            [sys.executable, "-m", "memtrack.cli", "doctor", "--db", str(tmp_path / "m.db")],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if x[5:].startswith("load ")]
+    assert line.startswith("WARN load") and "contended over" in line, line
+    assert "other processes" in line or "runnable tasks of other processes" in line, line

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -18,8 +19,10 @@ def doctor(config_path: Path | None, db_path: Path | None) -> None:
     """Check this machine: torch build vs GPU, driver, CUDA, NVML, VRAM, host RAM, disk, the
     allocator, and what the suite's cases need (native bf16, /dev/shm for NCCL)."""
     from memtrack.errors import MemtrackError
+    from memtrack.probes.load import CaseLoad
     from memtrack.workload.registry import discover, select_cases
 
+    load = CaseLoad()  # the machine's load over the doctor's own run, as a timing pass reads it
     config, db = resolve(config_path, db_path)
     try:
         cases = select_cases(discover(config))
@@ -36,6 +39,7 @@ def doctor(config_path: Path | None, db_path: Path | None) -> None:
     )
     if suite:
         results.append(suite)
+    results.append(doctor_lib.load_check(load.figures([os.getpid()])))
     for c in results:
         click.echo(f"{_MARK[c.status]} {c.name:24} {c.detail}")
     if any(c.status == "fail" for c in results):
