@@ -689,3 +689,37 @@ def test_a_check_at_the_connection_limit_waits_for_a_slot(pg_url: str, tmp_path:
     assert "one" not in first.replace("connections", "")  # no password in it
     assert proc.returncode == 0, out + err
     assert "new · decoder[batch=1] · allocated" in out
+
+
+def test_a_writer_stuck_in_one_repository_does_not_hold_up_another_s(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A writer of repository A holds its transaction open (a slow ingest, a hung runner):
+    repository B's runs are recorded and its check records its verdicts meanwhile; a reader
+    of A waits for nothing either."""
+    upstream, other = "github.com/acme/a", "github.com/acme/b"
+    repo = init_repo(tmp_path / "b")
+    (repo / "memtrack.toml").write_text(f'base_branch = "main"\nrepository = "{other}"\n')
+    sha = commit_all(repo, "a model")
+    mine = make_run([make_measurement()], commit=sha)
+    record = tmp_path / "b.json"
+    write_json(replace_repository(mine, other), record)
+    with open_store(parse_database(pg_url, "url")) as stuck:
+        stuck.write_run(replace_repository(make_run([make_measurement()]), upstream))
+        with stuck._writing():  # A's writer, stuck inside its transaction
+            stuck.claim(upstream)
+            # each would wait out the lock's timeout and fail, were it A's lock it waited on
+            ingested = _memtrack("ingest", str(record), cwd=repo, url=pg_url)
+            assert ingested.returncode == 0, ingested.stderr
+            checked = _memtrack("check", cwd=repo, url=pg_url)
+            assert checked.returncode == 0, checked.stdout + checked.stderr
+            assert "warning" not in checked.stderr  # its verdicts recorded
+            shown = _memtrack("history", "decoder", cwd=repo, url=pg_url)
+            assert shown.returncode == 0, shown.stderr
+    with open_store(parse_database(pg_url, "url"), readonly=True) as store:
+        (count,) = store.conn.execute("select count(*) from verdicts").fetchone()
+        assert count > 0
+
+
+def replace_repository(run: Any, repository: str) -> Any:
+    return dataclasses.replace(run, git=dataclasses.replace(run.git, repository=repository))

@@ -18,7 +18,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,7 +27,7 @@ from memtrack.errors import RecordError, StoreError
 from memtrack.records import Measurement, RunRecord, metrics, run_from_dict, to_dict
 from memtrack.records.validate import check_run
 from memtrack.store import migrations
-from memtrack.store.rows import RUN_OWN, Batch, Prepared
+from memtrack.store.rows import RUN_OWN, RUN_REPOSITORY, Batch, Prepared
 
 BUSY_TIMEOUT_S = 30.0
 MIN_FREE_BYTES = 4 * 2**20
@@ -155,6 +155,13 @@ before the migration that added the column."""
 _MEASUREMENT_FIELDS = {
     f.name: f for f in dataclasses.fields(Measurement) if f.name in _MEASUREMENT_JSON
 }
+
+
+def _repository(run: RunRecord | Prepared) -> str | None:
+    """The repository a run to write is of (its rows', for one read elsewhere)."""
+    if isinstance(run, Prepared):
+        return run.rows.run[RUN_REPOSITORY] if run.rows is not None else None
+    return run.git.repository
 
 
 def _chunks(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
@@ -725,9 +732,17 @@ class Store:
         """
         added = present = 0
         with self._writing():
-            batch = Batch(self.conn, self.kept_columns)
+            batch = Batch(self.conn, self.kept_columns, self.id_allocator())
             written: set[str] = set()  # by this call: a run twice is compared as stored
             for chunk in _chunks(runs, _LOOKUP):
+                # before looking: one writer of a repository at a time (in one order)
+                repositories = {
+                    _repository(run) or ""
+                    for run in chunk
+                    if not (isinstance(run, Prepared) and run.rows is None)
+                }
+                for repository in sorted(repositories):
+                    self.claim(repository)
                 stored = self._stored([run.run_id for run in chunk])
                 for run in chunk:
                     if run.run_id in batch.run_ids:  # its rows are not written yet
@@ -746,6 +761,15 @@ class Store:
                         batch.flush()
             batch.flush()
         return added, present
+
+    def id_allocator(self) -> Callable[[int], list[int]] | None:
+        """Where a write's measurement ids come from: None, after the largest stored (a file
+        has one writer at a time); a server's sequence (ServerStore)."""
+        return None
+
+    def claim(self, repository: str | None) -> None:
+        """Hold `repository`'s lock until the write transaction ends: a file has one writer
+        at a time already (a server's store locks each repository: ServerStore.claim)."""
 
     @contextlib.contextmanager
     def _writing(self, refused: str = "opened read-only") -> Iterator[None]:
@@ -778,6 +802,10 @@ class Store:
             for v in verdicts
         ]
         with self._writing("opened read-only, cannot record verdicts"):
+            row = self.conn.execute(
+                "select git_repository from runs where run_id = ?", [checked.run_id]
+            ).fetchone()
+            self.claim(row[0] if row else None)
             for run_id in sorted({checked.run_id, *checked.case_runs.values()}):
                 self.conn.execute("delete from verdicts where run_id = ?", [run_id])
             self.conn.executemany(_INSERT_VERDICT, rows)

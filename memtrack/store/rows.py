@@ -219,6 +219,10 @@ class RowMaker:
         )
 
 
+RUN_REPOSITORY = len(RUN_OWN) + _GIT.names.index("repository")
+"""Where a run's row (RunRows.run) holds its repository."""
+
+
 class Batch:
     """Rows of several runs, written with one executemany per table."""
 
@@ -232,11 +236,22 @@ class Batch:
         "rank_measurements": ("insert", ["measurement_id", *_R.names]),
     }
 
-    def __init__(self, conn: sqlite3.Connection, kept_columns: Callable[[str], set[str]]):
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        kept_columns: Callable[[str], set[str]],
+        allocate: Callable[[int], list[int]] | None = None,
+    ):
         self.conn = conn
         self.kept_columns = kept_columns
-        row = conn.execute("select coalesce(max(id), 0) + 1 from measurements").fetchone()
-        self.next_id = row[0]
+        self.allocate = allocate
+        """Where measurement ids come from: a server's sequence (its writers of different
+        repositories write at once); None: after the largest stored, under the file's one
+        writer."""
+        self.next_id = 0
+        if allocate is None:
+            row = conn.execute("select coalesce(max(id), 0) + 1 from measurements").fetchone()
+            self.next_id = row[0]
         self.run_ids: set[str] = set()
         self.envs: dict[str, list[Any]] = {}
         self.runs: list[list[Any]] = []
@@ -259,13 +274,26 @@ class Batch:
         rows.run[_RECORDED_AT] = self.recorded_at
         self.runs.append(rows.run)
         for row, devices, ranks in rows.measurements:
-            mid = self.next_id
-            self.next_id += 1
+            mid = len(self.measurements)  # its place in the batch; its id at `flush`
             self.measurements.append([mid, *row])
             self.devices.extend([mid, *d] for d in devices)
             self.ranks.extend([mid, *r] for r in ranks)
 
+    def _give_ids(self) -> None:
+        """Each measurement's id in place of its place in the batch, in its own row and its
+        devices' and ranks' rows."""
+        n = len(self.measurements)
+        if self.allocate is not None:
+            ids = self.allocate(n) if n else []
+        else:
+            ids = list(range(self.next_id, self.next_id + n))
+            self.next_id += n
+        for rows in (self.measurements, self.devices, self.ranks):
+            for row in rows:
+                row[0] = ids[row[0]]
+
     def flush(self) -> None:
+        self._give_ids()
         self._insert("environments", list(self.envs.values()))
         self._insert("runs", self.runs)
         self._insert("measurements", self.measurements)

@@ -42,7 +42,16 @@ from memtrack.store.url import ServerUrl
 
 T = TypeVar("T")
 
-LOCK_KEY = 0x6D656D74  # "memt": the advisory lock every writer of a memtrack database takes
+LOCK_KEY = 0x6D656D74
+"""'memt': the advisory lock of the whole database. Every writer holds it shared; a migration
+holds it alone."""
+REPOSITORY_LOCKS = 0x6D656D72
+"""'memr': the advisory locks of repositories (with the repository's hash): a writer of a
+repository's runs or verdicts holds its repository's, so that writers of one repository go
+one after another, as into a file, and another repository's never wait for them."""
+MEASUREMENT_IDS = "pg_get_serial_sequence('measurements', 'id')"
+"""The sequence a server's measurement ids come from: writers of different repositories
+write at once, so no id may be read off the largest stored."""
 MIGRATIONS_TABLE = "memtrack_migrations"
 CONNECT_TIMEOUT_S = 10
 _TOKENS = re.compile(
@@ -161,10 +170,12 @@ class Connection:
     def execute(self, sql: str, params: Any = ()) -> Any:
         verb = sql.strip().upper()
         if verb in ("BEGIN IMMEDIATE", "BEGIN EXCLUSIVE"):
-            # the writers' lock, waited for as long as SQLite waits out another writer
+            # the database's lock (alone for a migration), waited for as long as SQLite waits
+            # out another writer; each repository's is taken as its rows are (`claim`)
             cur = self.raw.execute("begin")
             cur.execute(f"set local lock_timeout = '{int(BUSY_TIMEOUT_S * 1000)}ms'")
-            cur.execute("select pg_advisory_xact_lock(%s)", [LOCK_KEY])
+            shared = "" if verb == "BEGIN EXCLUSIVE" else "_shared"
+            cur.execute(f"select pg_advisory_xact_lock{shared}(%s)", [LOCK_KEY])
             return cur
         cur = self.raw.cursor(row_factory=_row_factory)
         cur.execute(translate(sql), params if params is not None else ())
@@ -489,7 +500,7 @@ class ServerStore(Store):
             raise damaged(self.path, problem)
 
     def _migrate(self) -> None:
-        with self._writing():
+        with self._writing(exclusive=True):
             # under the lock, the schema as it is now: another process may have just made it
             self.pg.forget_catalog()
             self.check_schema(allow_pending=True)
@@ -512,6 +523,12 @@ class ServerStore(Store):
                     "values (?, ?, cast(now() as text))",
                     [migrations.SET_NAME, name],
                 )
+            # ids from the sequence from now on, past those written after the largest stored
+            # (no writer is in flight: a migration holds the database's lock alone)
+            self.pg.raw.execute(
+                f"select setval({MEASUREMENT_IDS}, "
+                "coalesce((select max(id) from measurements), 0) + 1, false)"
+            )
         self.pg.forget_catalog()
 
     def applied_migrations(self) -> set[str]:
@@ -632,23 +649,46 @@ class ServerStore(Store):
     def _check_same_file(self) -> None:
         """A server database has no file that could be swapped under it."""
 
+    def id_allocator(self) -> Callable[[int], list[int]]:
+        def allocate(n: int) -> list[int]:
+            rows = self.pg.raw.execute(
+                f"select nextval({MEASUREMENT_IDS}) from generate_series(1, %s)", [n]
+            ).fetchall()
+            return [int(r[0]) for r in rows]
+
+        return allocate
+
+    def claim(self, repository: str | None) -> None:
+        """Hold `repository`'s lock until the write transaction ends (taken once each): a
+        writer of another repository goes on meanwhile."""
+        key = repository or ""
+        if key in self._claimed:
+            return
+        self.pg.raw.execute(
+            "select pg_advisory_xact_lock(%s, hashtext(%s))", [REPOSITORY_LOCKS, key]
+        )
+        self._claimed.add(key)
+
     @contextlib.contextmanager
-    def _writing(self, refused: str = "opened read-only") -> Iterator[None]:
+    def _writing(
+        self, refused: str = "opened read-only", *, exclusive: bool = False
+    ) -> Iterator[None]:
         import psycopg
 
         if self.readonly:
             raise StoreError(f"{self.url}: {refused}")
         if self.pg.in_transaction:  # a write inside `reading` would end its snapshot
             raise StoreError(f"{self.url}: a write inside a read of the history; nothing written")
+        self._claimed: set[str] = set()
         try:
-            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.execute("BEGIN EXCLUSIVE" if exclusive else "BEGIN IMMEDIATE")
             yield
             self.conn.execute("COMMIT")
         except psycopg.errors.LockNotAvailable:
             self._rollback()
             raise StoreError(
-                f"{self.url}: another writer held the database for {BUSY_TIMEOUT_S:g} s; "
-                "nothing written"
+                f"{self.url}: another writer of the same repository held it for "
+                f"{BUSY_TIMEOUT_S:g} s; nothing written"
             ) from None
         except psycopg.Error as exc:
             self._rollback()
