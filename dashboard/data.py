@@ -90,12 +90,20 @@ def _session_store(db: str, url: ServerUrl) -> Store:
             return store
         with contextlib.suppress(Exception):  # lost already: nothing to close cleanly
             store.close()
-    store = ServerStore.open_server(url, readonly=True, older=True, application=DASHBOARD)
+    # no wait for a server that does not answer (a page says so at once), and a session
+    # left open in a browser tab ends on the server after IDLE (opened again when used)
+    store = ServerStore.open_server(
+        url, readonly=True, older=True, application=DASHBOARD, retry=False
+    )
+    with contextlib.suppress(Exception):  # before PostgreSQL 14: kept until the tab closes
+        store.pg.raw.execute(f"set idle_session_timeout = '{IDLE_S * 1000}ms'")
     st.session_state[SESSION_STORE] = (db, store)
     return store
 
 
 DASHBOARD = "memtrack dashboard"
+IDLE_S = 600
+"""How long a browser session's connection may stay idle before the server ends it."""
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -78,7 +78,7 @@ def test_the_tree_figure_agrees_with_the_case_and_its_workers_own_figures(story)
     growth against the corpora the pull request added, within 10 %."""
     found = _measurements(story.db)
     for branch, m in found.items():
-        assert m.host_tree_source == "sampled", m.host_tree_source  # a forked case's tree
+        assert m.host_tree_source == "sampled", m.host_tree_source
         tree = metrics.value(m, "host_tree")
         reference = metrics.value(m, "host") + sum(story.references[branch].values())
         assert len(story.references[branch]) == 2
@@ -98,6 +98,8 @@ def test_a_tree_figure_recorded_as_summed_rss_is_no_baseline(tmp_path):
     )
     new = dataclasses.replace(old, host_tree_peak_rss_bytes=300 * MiB, host_tree_source="sampled")
     assert metrics.value(old, "host_tree") is None
+    cgroup = dataclasses.replace(old, host_tree_source="cgroup")  # memory.peak: page cache too
+    assert metrics.value(cgroup, "host_tree") is None
     assert metrics.value(new, "host_tree") == 300 * MiB
     assert "host_tree" in metrics.GATED
 
@@ -112,3 +114,12 @@ def test_the_cpu_time_spent_in_the_workers_is_the_case_s(story):
     assert (
         statistics.median(m.iteration_cpu_times_s) < 8 * WORK_S
     )  # the workers' work is not its own
+
+
+def test_show_says_the_tree_s_peak_and_each_process_s_part(story):
+    with Store.open(story.db, readonly=True) as store:
+        (run_id,) = [r for r in store.run_ids() if store.get_run(r).git.branch == "pr"]
+    shown = memtrack_cli(story.db.parent, "show", run_id, "--db", str(story.db))
+    assert shown.returncode == 0, shown.stderr
+    line = next(x for x in shown.stdout.splitlines() if "process tree" in x)
+    assert "(sampled), gated as `host_tree`" in line and "pt_data_worker 1" in line, line

@@ -723,3 +723,27 @@ def test_a_writer_stuck_in_one_repository_does_not_hold_up_another_s(
 
 def replace_repository(run: Any, repository: str) -> Any:
     return dataclasses.replace(run, git=dataclasses.replace(run.git, repository=repository))
+
+
+def test_only_a_server_that_may_answer_later_is_waited_for() -> None:
+    """A restart, a full server, a lost connection: waited for. A missing password, a host
+    name that does not resolve, no such database: said at once."""
+    import psycopg
+
+    from memtrack.store.server import transient
+
+    socket = 'connection to server on socket "/run/postgresql/.s.PGSQL.5432" failed: '
+    for text in (
+        socket + "No such file or directory",
+        socket + 'FATAL:  too many connections for role "ci"',
+        socket + "FATAL:  the database system is starting up",
+        "connection failed: server closed the connection unexpectedly",
+    ):
+        assert transient(psycopg.OperationalError(text)), text
+    for text in (
+        socket + "fe_sendauth: no password supplied",
+        'connection failed: failed to resolve host "db.intrenal": Name or service not known',
+        socket + 'FATAL:  database "memtrack" does not exist',
+        socket + 'FATAL:  password authentication failed for user "ci"',
+    ):
+        assert not transient(psycopg.OperationalError(text)), text

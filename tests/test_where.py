@@ -605,3 +605,17 @@ def test_memory_made_in_backward_is_not_put_on_the_forward_s_line():
     assert pair_text(grown) == "`(backward)` at train.py:train_step"
     forward = Change("pair", "fc at train.py:train_step", 0, 16 * 2**20, line=15)
     assert pair_text(forward) == "`fc` at train.py:train_step (line 15)"
+
+
+def test_layers_that_grew_unlike_are_said_about_their_share():
+    from memtrack.judge.where import each, where
+    from memtrack.records import Site
+
+    base = tuple(Site("pair", f"blocks.{i}.mlp at m.py:forward", 0) for i in range(4))
+    grown = tuple(
+        Site("pair", f"blocks.{i}.mlp at m.py:forward", n * 2**20)
+        for i, n in enumerate((1, 3, 1, 3))
+    )
+    w = where(base, grown)
+    (group,) = w.named
+    assert group.count == 4 and each(group) == "about 2.00 MiB each"

@@ -40,6 +40,8 @@ class Change:
     count: int = 1
     """The pairs it stands for: more than one for the layers of an indexed module path
     (`blocks.*`) that grew at one source site."""
+    even: bool = True
+    """Whether the pairs it stands for grew alike (else each is 'about' its share)."""
 
     @property
     def delta(self) -> int:
@@ -149,6 +151,7 @@ def _layers(growing: list[Change]) -> list[Change]:
                 sum(m.after for m in members),
                 lines.pop() if len(lines) == 1 else None,
                 len(members),
+                len({m.delta for m in members}) == 1,
             )
         )
     return out
@@ -173,9 +176,8 @@ def shown_line(c: Change) -> int | None:
 def each(c: Change) -> str:
     """What each of a group's pairs grew: '1.25 MiB each', or 'about 1.25 MiB each' where
     they differ."""
-    share = c.delta / c.count
-    about = "" if c.delta % c.count == 0 else "about "
-    return f"{about}{format_size(int(share))} each"
+    about = "" if c.even else "about "
+    return f"{about}{format_size(c.delta // c.count)} each"
 
 
 __all__ = ["Change", "Where", "diff", "each", "pair_text", "shown_line", "where"]

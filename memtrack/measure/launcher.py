@@ -307,7 +307,6 @@ def _start(
             tree = ProcessTree(
                 proc.pid,
                 on_member=watch,
-                forked=isinstance(proc, ForkedWorker),
                 spared=[started.guard.pid] if started.guard is not None else [],
             )
             started.tree = tree

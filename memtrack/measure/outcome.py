@@ -10,7 +10,6 @@ from typing import Any
 
 from memtrack.measure.launcher import CaseOutcome
 from memtrack.probes.nvml import SamplerResult, bare_uuid
-from memtrack.probes.tree import CGROUP
 from memtrack.records import DeviceMeasurement, Measurement, Site
 from memtrack.records.breakdown import with_breakdown
 from memtrack.records.redact import redact
@@ -38,7 +37,7 @@ def to_measurement(
         fields["quality_message"] = redact(fields["quality_message"])
     tree_peak = outcome.tree_peak_bytes
     own = fields.get("host_peak_rss_bytes")
-    if outcome.tree_source != CGROUP and own and fields.get("host_file_rss_bytes") is not None:
+    if own and fields.get("host_file_rss_bytes") is not None:
         # Samples can miss the worker's own peak; its exact high-water mark (less its
         # file-backed pages, as the samples leave them out) is a bound too.
         tree_peak = max(tree_peak or 0, own - fields["host_file_rss_bytes"])

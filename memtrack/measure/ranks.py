@@ -23,7 +23,6 @@ from memtrack.measure.launcher import CaseOutcome, launch, new_spec, worker_env
 from memtrack.measure.outcome import case_status, to_measurement
 from memtrack.measure.sampler import start_sampler
 from memtrack.measure.timeout import contended
-from memtrack.probes.tree import CGROUP
 from memtrack.records import Measurement, RankMeasurement
 from memtrack.records.breakdown import with_breakdown
 from memtrack.records.redact import redact
@@ -164,20 +163,19 @@ def to_case(
     m = to_measurement(case, spec, merged, interval_s, timeout_s)
     ranks = tuple(_rank(r, o, statuses[r], spec.device) for r, o in enumerate(outcomes))
     m = dataclasses.replace(m, ranks=ranks)
-    if merged.tree_source != CGROUP:
-        # a peak from samples: each rank's exact peak (less its file-backed pages, as the
-        # samples leave them out) is a bound too (their sum is not)
-        own = [
-            r.host_peak_rss_bytes - r.host_file_rss_bytes
-            for r in ranks
-            if r.host_peak_rss_bytes is not None and r.host_file_rss_bytes is not None
-        ]
-        tree = max([merged.tree_peak_bytes or 0, *own])
-        m = dataclasses.replace(
-            m,
-            host_tree_peak_rss_bytes=tree or None,
-            host_tree_source=merged.tree_source if tree else None,
-        )
+    # a peak from samples: each rank's exact peak (less its file-backed pages, as the
+    # samples leave them out) is a bound too (their sum is not)
+    own = [
+        r.host_peak_rss_bytes - r.host_file_rss_bytes
+        for r in ranks
+        if r.host_peak_rss_bytes is not None and r.host_file_rss_bytes is not None
+    ]
+    tree = max([merged.tree_peak_bytes or 0, *own])
+    m = dataclasses.replace(
+        m,
+        host_tree_peak_rss_bytes=tree or None,
+        host_tree_source=merged.tree_source if tree else None,
+    )
     return _rank_breakdown(m)
 
 

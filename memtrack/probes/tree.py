@@ -2,13 +2,16 @@
 
 The worker starts in its own session, so it and what it starts (data-loader workers,
 helpers) share one process group. Where a cgroup v2 with the memory controller can be
-created, the case also runs in a cgroup of its own: `memory.peak` is the tree's exact peak
-(page cache charged to it included) and `cgroup.kill` ends every process in it. Elsewhere
-the runner samples the group and the worker's descendants: the largest sum seen of the
-worker's own memory (anonymous and shmem RSS, as the `host` metric counts it) and each
-descendant's private memory (`Private_Dirty` of /proc/PID/smaps_rollup: a forked data-loader
-worker's pages that it still shares with its parent are counted once, in the parent, where
-summed RSS would count them in each) is the tree's peak. Proportional set sizes would split
+created, the case also runs in a cgroup of its own, which holds its processes and ends them
+all (`cgroup.kill`). Its memory is sampled either way, so that a case forked by the fork
+server (whose inherited pages stay charged to the server's cgroup) and a spawned one read
+the same figure (a cgroup's `memory.peak` counts page cache and kernel memory too): the
+runner samples the group and the worker's descendants, and the largest sum seen of the
+worker's own memory (anonymous and shmem RSS: the `host` metric's anonymous memory and the
+shared memory it maps, such as data-loader batches) and each descendant's private memory
+(`Private_Dirty` of /proc/PID/smaps_rollup: a forked data-loader worker's pages that it
+still shares with its parent are counted once, in the parent, where summed RSS would count
+them in each) is the tree's peak. Proportional set sizes would split
 the pages the worker shares with the fork server it was forked from, and undercount the
 case. A spike between two samples is missed, and a page that two descendants share and the
 worker does not map is in neither's figure. Each process's part at that sample is kept too
@@ -45,6 +48,8 @@ TERM_GRACE_S = 2.0
 """How long the case's processes get to exit after SIGTERM before SIGKILL."""
 KILL_WAIT_S = 10.0
 CGROUP = "cgroup"
+"""What runs recorded as their tree's source where a cgroup's `memory.peak` was the figure
+(page cache and kernel memory included: another figure than `SAMPLED`'s)."""
 SAMPLED = "sampled"
 """The tree's peak from samples: memtrack's processes' own memory, the others' private."""
 RSS_SUMMED = "process-group samples (lower bound)"
@@ -110,7 +115,7 @@ def _kib_fields(path: str, wanted: tuple[str, ...]) -> dict[str, int] | None:
 
 def own_memory(pid: int) -> int | None:
     """The anonymous and shared (shmem) memory a process of memtrack's maps (`RssAnon +
-    RssShmem`), whoever else maps it too: the `host` metric's view of it, at this moment."""
+    RssShmem`), whoever else maps it too, at this moment."""
     found = _kib_fields(f"/proc/{pid}/status", ("RssAnon", "RssShmem"))
     return None if found is None else sum(found.values())
 
@@ -174,12 +179,6 @@ class _Cgroup:
         except OSError:  # before Linux 5.14: signal each process
             for pid in self.pids():
                 _signal(pid, signal.SIGKILL)
-
-    def peak(self) -> int | None:
-        try:
-            return int((self.path / "memory.peak").read_text())
-        except (OSError, ValueError):
-            return None
 
     def remove(self) -> None:
         try:
@@ -272,18 +271,12 @@ class ProcessTree:
         pid: int,
         on_member: Callable[[int], None] | None = None,
         *,
-        forked: bool = False,
         spared: Collection[int] = (),
     ):
         self.pid = pid
         self.spared = frozenset(spared)
         """The runner's own children that are no part of any case (its guard)."""
-        self.exact = not forked
-        """Whether a cgroup's `memory.peak` is the tree's peak: not for a worker forked by
-        the fork server, whose inherited pages stay charged to the server's cgroup (its
-        tree is sampled instead; the cgroup still holds and ends its processes)."""
         self.peak = 0
-        self.sampled_peak = 0
         self.at_peak: dict[str, int] = {}
         """Each process's share at the sample where the sum peaked, by name ('main', a rank
         `rank N`, the others their command name and their order of start: `pt_data_worker
@@ -334,7 +327,7 @@ class ProcessTree:
 
     @property
     def source(self) -> str:
-        return CGROUP if self.cgroup is not None and self.exact else SAMPLED
+        return SAMPLED
 
     def members(self) -> set[int]:
         """Living processes of the case: its group, the worker's descendants, the cgroup."""
@@ -364,11 +357,9 @@ class ProcessTree:
             for pid in self.members()
         }
         total = sum(share or 0 for share in shares.values())
-        if total > self.sampled_peak:
-            self.sampled_peak = total
+        if total > self.peak:
+            self.peak = total
             self.at_peak = self._named({p: share for p, share in shares.items() if share})
-        if not (self.cgroup is not None and self.exact):
-            self.peak = self.sampled_peak
 
     def _named(self, shares: dict[int, int]) -> dict[str, int]:
         """`shares` by process name: the case's own process(es) by rank, the others by
@@ -467,8 +458,6 @@ class ProcessTree:
             if not self.members():
                 break
         if self.cgroup is not None:
-            if self.exact:
-                self.peak = self.cgroup.peak() or 0
             self.cgroup.remove()
         self.reap_orphans()
 

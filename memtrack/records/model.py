@@ -351,13 +351,13 @@ class Measurement:
     code, so the `host` metric leaves them out."""
     host_tree_peak_rss_bytes: int | None = None
     """Host peak of the case's whole process tree (the worker and every process it started,
-    data-loader workers included): exact from a cgroup v2 `memory.peak` (page cache charged to
-    it included), else the peak of the sampled sum of the worker's own anonymous and shmem RSS
-    and each descendant's private memory (a page a forked worker shares with it counts once),
-    and never below the worker's own exact peak less file-backed pages."""
+    data-loader workers included): the peak of the sampled sum of the worker's own anonymous
+    and shmem RSS and each descendant's private memory (a page a forked worker shares with it
+    counts once), never below the worker's own exact peak less file-backed pages."""
     host_tree_source: str | None = None
-    """'cgroup' or 'sampled'; None when not measured. Runs recorded before 'sampled' read
-    'process-group samples (lower bound)': a sum of RSS, not the `host_tree` metric."""
+    """'sampled'; None when not measured. Runs recorded before read 'process-group samples
+    (lower bound)' (a sum of RSS) or 'cgroup' (`memory.peak`): other figures than the
+    `host_tree` metric's."""
     load_duration_s: float | None = None
     """Wall time inside the workload's `ctx.loading()` (its phases added up); None when the
     workload marks no loading step, as for every loading figure below."""
@@ -562,9 +562,10 @@ def host_peak(m: Measurement) -> int | None:
 
 
 def host_tree(m: Measurement) -> int | None:
-    """The `host_tree` metric: the host peak of the case's whole process tree, where measured
-    as one (a cgroup's `memory.peak`, or sampled; not an older record's summed RSS)."""
-    if m.host_tree_source not in ("cgroup", "sampled"):
+    """The `host_tree` metric: the host peak of the case's whole process tree, where sampled
+    as memtrack samples it now (not an older record's summed RSS, nor a cgroup's
+    `memory.peak`, which counts page cache and kernel memory too)."""
+    if m.host_tree_source != "sampled":
         return None
     return m.host_tree_peak_rss_bytes
 

@@ -262,8 +262,10 @@ def _case_detail(m: Measurement, other: dict[str, Any] | None, run_id: str) -> T
             t.add_row("loading", _t(loading_line(m)))
         for label, line in iteration_rows(m):
             t.add_row(label, _t(line))
-        if m.sites:
+        if any(s.grouping == "pair" for s in m.sites):
             t.add_row("where at the peak", _t(sites_line(m)))
+        if m.host_tree_peak_rss_bytes is not None:
+            t.add_row("process tree", _t(tree_line(m)))
         t.add_row(
             "device view",
             _t(m.device_view or f"absent: {m.device_view_note or 'no reason recorded'}"),
@@ -362,6 +364,17 @@ def host_line(m: Measurement) -> str:
     if step is not None:
         line += f"; the step's growth {format_size(step)}, gated as `host_step`"
     return line
+
+
+def tree_line(m: Measurement) -> str:
+    """The host peak of the case's process tree, how it was measured, and each process's
+    part at it (the case's own, its data-loader workers'), as `host_tree` gates it."""
+    figure = metrics.value(m, "host_tree")
+    line = f"{format_size(m.host_tree_peak_rss_bytes)} ({m.host_tree_source or 'unknown'})"
+    if figure is not None:
+        line += ", gated as `host_tree`"
+    parts = [f"{s.key} {format_size(s.size_bytes)}" for s in m.sites if s.grouping == "process"]
+    return line + (f": {', '.join(parts)}" if parts else "")
 
 
 SITES_SHOWN = 5

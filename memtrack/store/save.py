@@ -89,13 +89,20 @@ def save_run(
             failures.append(describe_failure(exc, store.path))
         except Exception as exc:  # a server's driver error the store did not word
             failures.append(f"{store.path}: {type(exc).__name__}: {exc}".splitlines()[0])
+        except BaseException:  # interrupted (a CI job cancelled while a server was waited for)
+            _keep(record, store.path, json_path)
+            raise
     if json_path:
         try:
             write_json(record, json_path)
             saved.append(str(json_path))
         except OSError as exc:
             failures.append(describe_failure(exc, json_path))
-    if failures and saved and store and str(store.path) not in saved:
+    if failures and store and isinstance(store.path, ServerUrl) and str(store.path) not in saved:
+        kept, said = _keep(record, store.path, json_path)  # its spool: the next write drains it
+        saved += kept
+        failures.append(said)
+    elif failures and saved and store and str(store.path) not in saved:
         failures.append(f"the run is kept in {saved[0]}: `memtrack ingest {saved[0]}` records it")
     elif failures and not saved:
         saved, said = _keep(record, store.path if store else None, json_path)

@@ -267,6 +267,18 @@ environment's MEMTRACK_SERVER_RETRY_S sets another."""
 FIRST_WAIT_S, LONGEST_WAIT_S = 1.0, 15.0
 
 
+NO_ANSWER = (
+    "Connection refused",
+    "No such file or directory",  # a unix socket not there: the server is not up (yet)
+    "server closed the connection unexpectedly",
+    "timeout expired",
+    "could not receive data",
+    "could not send data",
+    "connection not open",
+    "the connection is lost",
+    "consuming input failed",
+)
+"""What libpq says where no server answered, or the connection was lost: a restart."""
 BUSY_SERVER = (
     "too many connections",
     "too many clients",
@@ -284,8 +296,9 @@ SQLSTATE: its FATAL message is all there is)."""
 def transient(exc: BaseException) -> bool:
     """Whether a driver's error is one that waiting may cure: the server said so
     (TRANSIENT_STATES, or a refusal of a connection for now: BUSY_SERVER), or no server
-    answered (refused, no socket, lost: it may be restarting). A server's refusal for good
-    (no such database, a wrong password) is not."""
+    answered or the connection was lost (NO_ANSWER: it may be restarting). A refusal for
+    good (no such database, a wrong or missing password, a host name that does not
+    resolve) is not."""
     import psycopg
 
     state = getattr(exc, "sqlstate", None)
@@ -294,7 +307,7 @@ def transient(exc: BaseException) -> bool:
     if not isinstance(exc, psycopg.OperationalError):
         return False
     text = str(exc)
-    return "FATAL:" not in text or any(words in text for words in BUSY_SERVER)
+    return any(words in text for words in (*BUSY_SERVER, *NO_ANSWER))
 
 
 def failure(exc: BaseException, url: ServerUrl | None) -> StoreError:
@@ -447,6 +460,7 @@ class ServerStore(Store):
     url: ServerUrl
     pg: Connection
     _cursors: int
+    application: str
     BOOKKEEPING = frozenset({MIGRATIONS_TABLE})
 
     @classmethod
@@ -458,10 +472,12 @@ class ServerStore(Store):
         create: bool = True,
         older: bool = False,
         application: str = APPLICATION,
+        retry: bool = True,
     ) -> ServerStore:
-        conn = connect(url, readonly=readonly, application=application)
+        conn = connect(url, readonly=readonly, application=application, retry=retry)
         store = cls(conn, url, readonly)  # type: ignore[arg-type]
         store.url, store.pg, store._cursors = url, conn, 0
+        store.application = application
         try:
             store._prepare_server(create=create, older=older)
         except BaseException:
@@ -477,7 +493,7 @@ class ServerStore(Store):
         attempt (the caller retries: `retrying`)."""
         with contextlib.suppress(Exception):
             self.pg.close()
-        conn = connect(self.url, readonly=self.readonly, retry=False)
+        conn = connect(self.url, readonly=self.readonly, application=self.application, retry=False)
         self.conn = self.pg = conn  # type: ignore[assignment]
 
     def _prepare_server(self, *, create: bool, older: bool = False) -> None:

@@ -46,8 +46,8 @@ def _timing_pass(step: Any, device: Any, repeats: int) -> dict[str, Any]:
     for _ in range(repeats):
         _sync(device)
         load.sample()
-        i0 = counters.read()
         d0 = descendants_cpu_s()
+        i0 = counters.read()
         c0, t0 = time.process_time(), time.perf_counter()
         if events:
             events[0].record(events[2])
@@ -56,8 +56,8 @@ def _timing_pass(step: Any, device: Any, repeats: int) -> dict[str, Any]:
             events[1].record(events[2])
         _sync(device)
         t1, c1 = time.perf_counter(), time.process_time()
-        d1 = descendants_cpu_s()
         i1 = counters.read()
+        d1 = descendants_cpu_s()
         load.sample()
         times.append(t1 - t0)
         cpu_times.append(c1 - c0)
