@@ -9,7 +9,6 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from memtrack.records import Environment
 from memtrack.store.url import Database
@@ -182,33 +181,6 @@ def _build_check(env: Environment) -> Check | None:
         f"measure on the CPU: pip install 'torch=={version}' "
         "--index-url https://download.pytorch.org/whl/cpu",
     )
-
-
-def load_check(figures: dict[str, Any]) -> Check:
-    """Whether other processes contend for the CPUs, read as a timing pass reads it
-    (probes.load.CaseLoad's figures over the doctor's own run, memtrack.judge.load's line):
-    time is not judged beside them, unpaired."""
-    from memtrack.judge.load import Load
-
-    load = Load(
-        figures["pressure"],
-        None,
-        figures["cores"],
-        None,
-        figures["own"],
-        figures["wait"],
-        figures["others"],
-        figures["wall"],
-    )
-    busy = load.oversubscribed()
-    if busy is not None:
-        return Check(
-            "load",
-            "warn",
-            f"contended over {figures['wall']:.1f} s: {busy}; time measured now is not judged "
-            "unpaired (memtrack run --against pairs it)",
-        )
-    return Check("load", "ok", f"over {figures['wall']:.1f} s: {load.describe() or 'quiet'}")
 
 
 def checks(

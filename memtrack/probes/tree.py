@@ -128,13 +128,14 @@ def private_memory(pid: int) -> int | None:
     return None if found is None else found["Private_Dirty"]
 
 
-def _comm(pid: int) -> str:
-    """A process's command name (what a data-loader worker calls itself: `pt_data_worker`)."""
+def _comm(pid: int) -> str | None:
+    """A process's command name (what a data-loader worker calls itself: `pt_data_worker`);
+    None once it is gone."""
     try:
         with open(f"/proc/{pid}/comm", "rb") as f:
             return f.read().decode(errors="replace").strip() or "process"
     except OSError:
-        return "process"
+        return None
 
 
 class _Cgroup:
@@ -281,6 +282,8 @@ class ProcessTree:
         """Each process's share at the sample where the sum peaked, by name ('main', a rank
         `rank N`, the others their command name and their order of start: `pt_data_worker
         1`): they add up to the sampled peak."""
+        self.comms: dict[tuple[int, int], str] = {}
+        """Each process's command name, read when it is first sampled: (pid, start) -> name."""
         self.ranks = [pid]
         """The processes memtrack started, in the order of their ranks."""
         self.on_member = on_member
@@ -350,16 +353,22 @@ class ProcessTree:
 
     def sample(self) -> None:
         """One look at the tree's processes' shares; the peak of their sum is the tree's
-        peak where no cgroup has it exactly (the worker's own exact peak is a bound too: the
-        caller takes it)."""
-        shares = {
-            pid: own_memory(pid) if pid in self.workers else private_memory(pid)
-            for pid in self.members()
-        }
-        total = sum(share or 0 for share in shares.values())
+        peak (the worker's own exact peak is a bound too: the caller takes it)."""
+        shares: dict[int, int] = {}
+        for pid in self.members():
+            key = (pid, self.known.get(pid, 0))
+            if pid not in self.workers and key not in self.comms:
+                comm = _comm(pid)  # named before its memory is read: gone, it counts nothing
+                if comm is None:
+                    continue
+                self.comms[key] = comm
+            share = own_memory(pid) if pid in self.workers else private_memory(pid)
+            if share:
+                shares[pid] = share
+        total = sum(shares.values())
         if total > self.peak:
             self.peak = total
-            self.at_peak = self._named({p: share for p, share in shares.items() if share})
+            self.at_peak = self._named(shares)
 
     def _named(self, shares: dict[int, int]) -> dict[str, int]:
         """`shares` by process name: the case's own process(es) by rank, the others by
@@ -374,7 +383,7 @@ class ProcessTree:
             if pid in ranks:
                 name = ranks[pid]
             else:
-                comm = _comm(pid)
+                comm = self.comms[(pid, self.known.get(pid, 0))]
                 seen[comm] = seen.get(comm, 0) + 1
                 name = f"{comm} {seen[comm]}"
             named[name] = named.get(name, 0) + shares[pid]
