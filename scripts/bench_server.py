@@ -1,11 +1,12 @@
 """The history on PostgreSQL beside the SQLite file, measured side by side in one run: a
 throwaway PostgreSQL cluster of this script's own (tests/pgcluster.py: Debian's server or
-pgserver's, a unix socket, fsync off as a CI database on a tmpfs would be), and the same
-data in both engines.
+pgserver's, a unix socket, fsync on as a production server has it; `--fsync-off` as a CI
+database on a tmpfs would be), and the same data in both engines.
 
 1. `memtrack check` of a pull request against 1,000,050 measurement rows (20,000 commits of
    a 50-case suite and 200 estimate runs; scripts/bench_check_speed.py's history, copied to
-   the server by `memtrack db copy`), each a fresh process, the engines alternated.
+   the server by `memtrack db copy`), each a fresh process, the engines alternated; in
+   steady state (the copy vacuumed and analyzed, as autovacuum leaves it a minute later).
 2. `memtrack ingest` of 10,000 records (scripts/bench_ingest.py's) into a new database.
 3. 8 concurrent writers, each recording 50 runs one by one (as 8 runners' `memtrack run`s
    do), into one database: throughput, and runs lost or duplicated (0 and 0 is the goal).
@@ -14,6 +15,7 @@ data in both engines.
 
     python scripts/bench_server.py                 # everything (~15 min on 2 cores)
     python scripts/bench_server.py --only writers  # one part: check, ingest, writers, dashboard
+    python scripts/bench_server.py --only check --cache /tmp/bcache  # a history kept
 """
 
 from __future__ import annotations
@@ -52,13 +54,21 @@ def _copy(src: str, dst: str) -> float:
     return time.perf_counter() - t
 
 
-def bench_check(work: Path, cluster: pgcluster.Cluster, tries: int) -> None:
+def bench_check(work: Path, cluster: pgcluster.Cluster, tries: int, cache: Path | None) -> None:
+    import psycopg
     from bench_check_speed import history
 
-    repo, db, run_id = history(work / "check", 20_000, 50, 200)
+    repo, db, run_id = history(cache or work / "check", 20_000, 50, 200)
+    from memtrack.store.database import Store
+
+    Store.open(db).close()  # a kept history migrated to this memtrack's schema first
     url = cluster.database()
     took = _copy(str(db), url)
     print(f"check: the history copied to the server in {took:.1f} s (memtrack db copy)")
+    t = time.perf_counter()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("vacuum analyze")
+    print(f"check: steady state: the copy vacuumed and analyzed in {time.perf_counter() - t:.1f} s")
     walls: dict[str, list[float]] = {"sqlite": [], "postgres": []}
     last = {}
     for _ in range(tries):
@@ -176,6 +186,9 @@ def bench_dashboard(work: Path, cluster: pgcluster.Cluster, runs: int) -> None:
     db = work / "dashboard.db"
     t = time.perf_counter()
     n = seed(db, runs, random.Random(0))
+    from memtrack.store.database import Store
+
+    Store.open(db).close()  # a kept history migrated to this memtrack's schema first
     url = cluster.database()
     took = _copy(str(db), url)
     seeded = time.perf_counter() - t - took
@@ -204,19 +217,25 @@ def main() -> int:
     ap.add_argument("--writers", type=int, default=8)
     ap.add_argument("--runs", type=int, default=50, help="runs per writer")
     ap.add_argument("--dashboard-runs", type=int, default=100_000)
+    ap.add_argument("--fsync-off", action="store_true", help="the server without fsync")
+    ap.add_argument("--cache", type=Path, help="where check's history is kept between runs")
     args = ap.parse_args()
     why = pgcluster.unavailable()
     if why:
         raise SystemExit(f"no PostgreSQL to measure: {why}")
-    cluster = pgcluster.Cluster()
+    cluster = pgcluster.Cluster(fsync=not args.fsync_off)
     work = Path(tempfile.mkdtemp(prefix="memtrack-bench-server-"))
     try:
         server = subprocess.run(
             [str(cluster.bin / "postgres"), "--version"], capture_output=True, text=True
         ).stdout.strip()
-        print(f"server: {server}, on a unix socket; client psycopg, {os.cpu_count()} cores")
+        fsync = "off" if args.fsync_off else "on"
+        print(
+            f"server: {server}, fsync {fsync}, on a unix socket; client psycopg, "
+            f"{os.cpu_count()} cores"
+        )
         parts = {
-            "check": lambda: bench_check(work, cluster, args.tries),
+            "check": lambda: bench_check(work, cluster, args.tries, args.cache),
             "ingest": lambda: bench_ingest(work, cluster, args.records),
             "writers": lambda: bench_writers(work, cluster, args.writers, args.runs),
             "dashboard": lambda: bench_dashboard(work, cluster, args.dashboard_runs),

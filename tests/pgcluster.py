@@ -65,7 +65,9 @@ def _server_user() -> str | None:
 class Cluster:
     """One server for a test session; `database()` makes a new empty database on it."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, fsync: bool = False) -> None:
+        """`fsync`: the server syncs its writes to disk, as a production server does (the
+        tests' server does not: a throwaway cluster)."""
         self.bin = binaries()
         assert self.bin is not None
         self.root = Path(tempfile.mkdtemp(prefix="memtrack-pg-"))
@@ -93,7 +95,8 @@ class Cluster:
         )
         pwfile.unlink()
         self.options = options = (
-            f"-k {self.root} -c listen_addresses='' -c fsync=off -c max_connections=100"
+            f"-k {self.root} -c listen_addresses='' -c fsync={'on' if fsync else 'off'} "
+            "-c max_connections=100"
         )
         self._run(
             "pg_ctl",
