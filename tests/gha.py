@@ -191,7 +191,10 @@ def run_composite(
         "github": github,
         "steps": result.steps,
         "env": env,
-        "runner": {"temp": env.get("RUNNER_TEMP", "")},
+        "runner": {
+            "temp": env.get("RUNNER_TEMP", ""),
+            "tool_cache": env.get("RUNNER_TOOL_CACHE", env.get("RUNNER_TEMP", "")),
+        },
     }
     all_inputs = {name: str(meta.get("default", "")) for name, meta in spec["inputs"].items()}
     all_inputs = {k: substitute(v, context) for k, v in all_inputs.items()}
@@ -270,7 +273,10 @@ def run_job(
         "github": github,
         "steps": result.steps,
         "vars": variables or {},
-        "runner": {"temp": env.get("RUNNER_TEMP", "")},
+        "runner": {
+            "temp": env.get("RUNNER_TEMP", ""),
+            "tool_cache": env.get("RUNNER_TOOL_CACHE", env.get("RUNNER_TEMP", "")),
+        },
         **(contexts or {}),
     }
     base = dict(env)
