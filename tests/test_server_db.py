@@ -448,17 +448,23 @@ def test_a_history_moves_to_postgres_and_back_row_for_row(pg_url: str, tmp_path:
     assert n == 41
 
 
-def test_a_select_only_user_sees_the_verdicts_and_one_warning(pg_url: str, tmp_path: Path) -> None:
-    """A reader of the team's history (SELECT only) checks a commit: the verdicts are shown
-    and written, exit status the verdict's; that they were not recorded is one warning."""
-    import psycopg
-
+def _recorded_commit(tmp_path: Path, pg_url: str) -> Path:
+    """A repository of one commit, whose run is recorded in the server's database."""
     repo = init_repo(tmp_path / "repo")
     (repo / "memtrack.toml").write_text('base_branch = "main"\n')
     sha = commit_all(repo, "a model")
     record = tmp_path / "run.json"
     write_json(make_run([make_measurement()], commit=sha), record)
     assert _memtrack("ingest", str(record), cwd=repo, url=pg_url).returncode == 0
+    return repo
+
+
+def test_a_select_only_user_sees_the_verdicts_and_one_warning(pg_url: str, tmp_path: Path) -> None:
+    """A reader of the team's history (SELECT only) checks a commit: the verdicts are shown
+    and written, exit status the verdict's; that they were not recorded is one warning."""
+    import psycopg
+
+    repo = _recorded_commit(tmp_path, pg_url)
     reader, secret = "reader", "r3ad:only"
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(f"create role {reader} login password '{secret}'")
@@ -658,12 +664,7 @@ def test_a_check_at_the_connection_limit_waits_for_a_slot(pg_url: str, tmp_path:
     in one line and passes once a slot frees."""
     import psycopg
 
-    repo = init_repo(tmp_path / "repo")
-    (repo / "memtrack.toml").write_text('base_branch = "main"\n')
-    sha = commit_all(repo, "a model")
-    record = tmp_path / "run.json"
-    write_json(make_run([make_measurement()], commit=sha), record)
-    assert _memtrack("ingest", str(record), cwd=repo, url=pg_url).returncode == 0
+    repo = _recorded_commit(tmp_path, pg_url)
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("create role limited login password 'one' connection limit 1")
         conn.execute("grant all on all tables in schema public to limited")

@@ -538,54 +538,25 @@ def test_a_small_site_that_grows_is_diffed_against_its_own_baseline_bytes(tmp_pa
     assert {s["key"] for s in moved} <= {"blocks.29 at wl.py:forward"}, moved
 
 
-SPREAD = """\
-import torch
-from torch import nn
-
-import memtrack
-
-KEPT = {kept}  # floats each block keeps
-
-
-class Block(nn.Module):
-    def forward(self, x):
-        return x + 0, torch.ones(KEPT)
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.blocks = nn.ModuleList(Block() for _ in range(8))
-
-    def forward(self, x):
-        kept = []
-        for b in self.blocks:
-            x, k = b(x)
-            kept.append(k)
-        return kept
-
-
-@memtrack.workload
-def spread(ctx):
-    net = Net()
-    ctx.mark(net)
-    x = ctx.randn(4)
-    return lambda: net(x)
-"""
+SPREAD = MANY.replace(
+    "        # 30 blocks keeping 40 KiB down to 11 KiB each: the smallest is 30th of its grouping\n"
+    "        sizes = [256 * (40 - i) + (GROW if i == 29 else 0) for i in range(30)]\n",
+    "        sizes = [{kept}] * 8  # eight blocks keeping as much each\n",
+).replace("def many(ctx)", "def spread(ctx)")
 
 
 def test_a_growth_spread_over_eight_layers_reads_as_one_group_of_eight(tmp_path):
     """Each of eight blocks keeps 1.25 MiB more: no three of them explain nine tenths of
     the growth, so the where-line names the eight as one, and adds up."""
     repo, db = init_repo(tmp_path / "repo"), tmp_path / "memtrack.db"
-    (repo / "wl.py").write_text(SPREAD.format(kept=1024))
+    (repo / "wl.py").write_text(SPREAD.format(kept=1024, grow=0))
     (repo / "memtrack.toml").write_text(
         'modules = ["wl.py"]\nrepeats = 2\nmin_baseline_runs = 1\ntime_regression = "off"\n'
     )
     commit_all(repo, "eight blocks")
     _run(repo, db)
     git(repo, "checkout", "-q", "-b", "grow")
-    (repo / "wl.py").write_text(SPREAD.format(kept=1024 + 327_680))  # 1.25 MiB more each
+    (repo / "wl.py").write_text(SPREAD.format(kept=1024 + 327_680, grow=0))  # 1.25 MiB more each
     commit_all(repo, "each block keeps 1.25 MiB more")
     _run(repo, db)
     code, verdicts = _check(repo, db)
