@@ -590,3 +590,49 @@ def test_layers_that_grew_unlike_are_said_about_their_share():
     w = where(base, grown)
     (group,) = w.named
     assert group.count == 4 and each(group) == "about 2.00 MiB each"
+
+
+CALLBACKS = """\
+import torch
+
+SEEN = []
+
+
+def on_step_end(logits):
+    SEEN.append(torch.ones(128 * 1024))  # 512 KiB kept by every call
+    return logits
+"""
+
+TRAINS = """\
+import torch
+
+import memtrack
+from callbacks import on_step_end
+
+
+@memtrack.workload
+def trains(ctx):
+    w = torch.nn.Linear(64, 64)
+    ctx.mark(w)
+    x = ctx.randn(8, 64)
+    return lambda: on_step_end(w(x))
+"""
+
+
+def test_a_leak_names_the_line_of_the_callback_that_keeps_what_it_leaks(tmp_path):
+    """A callback in a file of its own keeps a tensor on every call: the leak verdict says
+    where, by the file and line that made what one call kept, not `(held from setup)`."""
+    repo, db = init_repo(tmp_path / "repo"), tmp_path / "memtrack.db"
+    (repo / "callbacks.py").write_text(CALLBACKS)
+    (repo / "wl.py").write_text(TRAINS)
+    (repo / "memtrack.toml").write_text(
+        'modules = ["wl.py"]\nrepeats = 3\nmin_baseline_runs = 1\ntime_regression = "off"\n'
+    )
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    commit_all(repo, "a callback that keeps every call's tensor")
+    _run(repo, db)
+    _, verdicts = _check(repo, db)
+    (leak,) = [v for v in verdicts if v["kind"] == "leak"]
+    assert "where: +512.00 KiB kept by one call: +512.00 KiB in " in leak["message"], leak
+    assert "callbacks.py:on_step_end (line 7)" in leak["message"], leak["message"]
+    assert "(setup)" not in leak["message"]

@@ -31,7 +31,7 @@ from memtrack.judge.verdict import (
     Unbased,
     Verdict,
 )
-from memtrack.judge.where import Where, where
+from memtrack.judge.where import Where, kept, where
 from memtrack.records import Measurement, metrics, own_process
 from memtrack.units import format_size
 
@@ -261,6 +261,7 @@ def around_the_code(case: CaseEvidence, verdicts: list[Verdict]) -> list[Verdict
     newest baseline run; every verdict a change around the code could explain, with what
     changed; a renamed case's, with the case it replaces."""
     place = processes = None
+    leaked = kept(case.m.sites) if any(v.kind == "leak" for v in verdicts) else None
     if case.base_sites and any(v.kind in GREW for v in verdicts):
         place = where(case.base_sites, case.m.sites)
         processes = where(case.base_sites, case.m.sites, "process")
@@ -271,7 +272,7 @@ def around_the_code(case: CaseEvidence, verdicts: list[Verdict]) -> list[Verdict
         out.append(
             replace(
                 v,
-                where=_where(v, place, processes),
+                where=_where(v, place, processes, leaked),
                 around=around if v.kind in EXPLAINED else None,
                 rename=rename,
             )
@@ -279,12 +280,16 @@ def around_the_code(case: CaseEvidence, verdicts: list[Verdict]) -> list[Verdict
     return out
 
 
-def _where(v: Verdict, place: Where | None, processes: Where | None) -> Where | None:
+def _where(
+    v: Verdict, place: Where | None, processes: Where | None, leaked: Where | None
+) -> Where | None:
     """Where a figure that grew grew: a tensor or host figure at its peak's sites, the
     process tree's by its processes, where another than the case's own grew (else as the
     case's own host figure)."""
     if v.kind not in GREW:
         return None
+    if v.kind == "leak":
+        return leaked
     if v.metric == "host_tree" and processes is not None:
         if any(not own_process(c.key) for c in processes.named):
             return processes

@@ -86,10 +86,13 @@ class Where:
             parts.append(f"{sign}{format_size(abs(self.rest))} elsewhere")
         return parts
 
+    what: str = "at the peak"
+    """What the bytes are: a growth at the peak, or what one call kept (a leak)."""
+
     def text(self) -> str:
         """'+10.78 MiB at the peak: +10.50 MiB in `lm_head` at serve.py:generate (line
         42), +0.28 MiB elsewhere'."""
-        return f"+{format_size(self.grew)} at the peak: {', '.join(self.parts(pair_text))}"
+        return f"+{format_size(self.grew)} {self.what}: {', '.join(self.parts(pair_text))}"
 
 
 def where(
@@ -110,6 +113,27 @@ def where(
     if sum(c.delta for c in named) < EXPLAINED * grew and grouping == "pair":
         named = _named(_layers(growing), grew)
     return Where(grew, tuple(named), grew - sum(c.delta for c in named))
+
+
+KEPT_BY_A_CALL = "kept by one call"
+
+
+def kept(candidate: tuple[Site, ...]) -> Where | None:
+    """Where a leak is made: what one call of the step allocated and still held after it
+    returned ('retained' sites), by the pairs that kept most; None where none was recorded."""
+    changes = [
+        Change(PAIR_GROUPING, s.key, 0, s.size_bytes, s.line)
+        for s in candidate
+        if s.grouping == "retained"
+    ]
+    total = sum(c.delta for c in changes)
+    if total <= 0:
+        return None
+    named = _named(changes, total)
+    return Where(total, tuple(named), total - sum(c.delta for c in named), KEPT_BY_A_CALL)
+
+
+PAIR_GROUPING = "pair"
 
 
 def _named(growing: list[Change], grew: int) -> list[Change]:
@@ -180,4 +204,4 @@ def each(c: Change) -> str:
     return f"{about}{format_size(c.delta // c.count)} each"
 
 
-__all__ = ["Change", "Where", "diff", "each", "pair_text", "shown_line", "where"]
+__all__ = ["Change", "Where", "diff", "each", "kept", "pair_text", "shown_line", "where"]

@@ -39,7 +39,7 @@ KEPT, SMALLEST = 500, 1 / 1000
 """Beyond TOP, sites kept up to KEPT per grouping while each holds at least SMALLEST of the
 peak: a site small in the baseline that grows in a change is then diffed against its own
 baseline bytes, not read as new while its bytes hide in the baseline's rest."""
-MODULE, SOURCE, PAIR = "module", "source", "pair"
+MODULE, SOURCE, PAIR, RETAINED = "module", "source", "pair", "retained"
 SETUP = "(setup)"
 HELD = "(held from setup)"
 OPTIMIZER = "(optimizer state)"
@@ -171,6 +171,27 @@ class SiteMode(TorchDispatchMode):
             if line is not None:
                 self.lines[source][line] -= nbytes
             self.total -= nbytes
+
+    def retained(self) -> tuple[Site, ...]:
+        """What the pass's iteration allocated and still holds (after a collection): what a
+        leak keeps, by the pair that made it, largest first, with the line that made most of
+        each."""
+        kept: dict[str, int] = {}
+        lines: dict[str, dict[int, int]] = {}
+        with self.lock:
+            for nbytes, _, source, pair, line in self.live.values():
+                if source == SETUP:
+                    continue
+                kept[pair] = kept.get(pair, 0) + nbytes
+                if line is not None:
+                    at = lines.setdefault(pair, {})
+                    at[line] = at.get(line, 0) + nbytes
+        return tuple(
+            Site(RETAINED, pair, nbytes, max(lines[pair], key=lines[pair].__getitem__))
+            if pair in lines
+            else Site(RETAINED, pair, nbytes)
+            for pair, nbytes in sorted(kept.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP]
+        )
 
     def close(self) -> None:
         """Stop counting frees (what is freed after the pass is not its business)."""

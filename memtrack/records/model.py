@@ -209,8 +209,10 @@ class Site:
 
     grouping: str
     """'module' (the nn.Module path that allocated it), 'source' (file:function), 'pair'
-    (both: 'module at file:function', what a growth is named by), or 'process' (the process
-    of the case's tree that held it at the tree's host peak: 'main', 'pt_data_worker 1')."""
+    (both: 'module at file:function', what a growth is named by), 'process' (the process
+    of the case's tree that held it at the tree's host peak: 'main', 'pt_data_worker 1'), or
+    'retained' (a pair, of what one call of the step allocated and still held after it
+    returned: where a leak is made)."""
     key: str
     """The module path ('blocks.3.attn'), or the source site ('serve.py:generate'), or the
     pair ('lm_head at serve.py:generate'), or a group in parentheses ('(setup)', '(inside
@@ -489,7 +491,8 @@ class Measurement:
     source site, each grouping with one row for the rest and one for what no tensor holds
     (kernel scratch), summing to the peak (probes.sites). Measured in a pass of its own.
     Beside them, one 'process' site per process of the case's tree, each its share at the
-    tree's sampled host peak (probes.tree): what a `host_tree` growth names."""
+    tree's sampled host peak (probes.tree): what a `host_tree` growth names; and the
+    'retained' sites of that pass's call: what a leak verdict names."""
     inputs_bytes: int | None = None
     """Tensors alive at the peak that the workload holds from setup and that are neither
     weights, caches, gradients nor optimizer state: its input batch, a plain attribute

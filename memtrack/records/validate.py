@@ -74,7 +74,7 @@ _COUNTS = {
     "iteration_instructions",
     "line",
 }
-SITE_GROUPINGS = ("module", "source", "pair", "process")
+SITE_GROUPINGS = ("module", "source", "pair", "process", "retained")
 
 
 def _rules(name: str) -> dict[str, Any]:

@@ -263,7 +263,7 @@ def _with_where(v: Verdict, text: str) -> str:
     if v.where is None or v.where.text() not in text:
         return cell(text)
     w = v.where
-    said = f"+{format_size(w.grew)} at the peak: {', '.join(w.parts(lambda c: _site(c, None)))}"
+    said = f"+{format_size(w.grew)} {w.what}: {', '.join(w.parts(lambda c: _site(c, None)))}"
     return said.join(cell(part) for part in text.split(w.text()))
 
 
@@ -285,7 +285,7 @@ def _where_lines(s: CheckRows, source_url: str | None) -> list[str]:
         parts = w.parts(lambda c: _site(c, source_url))
         lines.append(
             f"- 📍 {markdown_code(case)} {cell('/'.join(grown))}: "
-            f"+{format_size(w.grew)} at the peak, {', '.join(parts)}"
+            f"+{format_size(w.grew)} {w.what}, {', '.join(parts)}"
         )
     return [*lines, ""] if lines else []
 

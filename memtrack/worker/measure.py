@@ -338,6 +338,7 @@ def _sites(spec: Spec, case: _Case, measured_peak: int | None) -> list[dict[str,
     """One more iteration under the sites' dispatch mode (probes.sites): the top sites at
     its peak, as records of the result. A concurrent case's threads each enter the mode."""
     import dataclasses
+    import gc
 
     from memtrack.probes.framework import pushed
     from memtrack.probes.sites import recording, sites
@@ -352,11 +353,13 @@ def _sites(spec: Spec, case: _Case, measured_peak: int | None) -> list[dict[str,
             with pushed(mode):
                 step()
             _sync(ctx.device)
+            gc.collect()
+            kept = mode.retained()  # what the call left allocated: where a leak is made
         finally:
             ctx.cache_peak_bytes = largest
             if scope is not None:
                 step.scope = scope
-    return [dataclasses.asdict(s) for s in sites(mode, measured_peak)]
+    return [dataclasses.asdict(s) for s in (*sites(mode, measured_peak), *kept)]
 
 
 def _memory_pass(
