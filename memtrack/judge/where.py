@@ -7,9 +7,8 @@ until they explain nine tenths of it, and the rest as 'elsewhere'. Where three p
 the pairs of one indexed module path and function are named as one (`8 x `blocks.*` at
 model.py:forward (1.25 MiB each)`), so that a growth spread over many layers adds up.
 Memory made in backward is named without a line: the line a source site holds is the
-forward's. A growth of the process
-tree's host peak is said the same way by the processes that grew ('process' sites: `main`,
-`pt_data_worker 1`).
+forward's. A growth of the process tree's host peak is said the same way by the processes
+that grew ('process' sites: `main`, `pt_data_worker 1`).
 """
 
 from __future__ import annotations
@@ -122,7 +121,7 @@ def kept(candidate: tuple[Site, ...]) -> Where | None:
     """Where a leak is made: what one call of the step allocated and still held after it
     returned ('retained' sites), by the pairs that kept most; None where none was recorded."""
     changes = [
-        Change(PAIR_GROUPING, s.key, 0, s.size_bytes, s.line)
+        Change("pair", s.key, 0, s.size_bytes, s.line)
         for s in candidate
         if s.grouping == "retained"
     ]
@@ -131,9 +130,6 @@ def kept(candidate: tuple[Site, ...]) -> Where | None:
         return None
     named = _named(changes, total)
     return Where(total, tuple(named), total - sum(c.delta for c in named), KEPT_BY_A_CALL)
-
-
-PAIR_GROUPING = "pair"
 
 
 def _named(growing: list[Change], grew: int) -> list[Change]:
@@ -185,7 +181,8 @@ def pair_text(c: Change) -> str:
     if c.grouping == "process":
         return f"process `{c.key}`"
     module, source = pair_parts(c.key)
-    line = f" (line {c.line})" if shown_line(c) else ""
+    at = shown_line(c)
+    line = f" (line {at})" if at else ""
     if c.count > 1:
         return f"{c.count} x `{module}` at {source}{line} ({each(c)})"
     return f"`{module}` at {source}{line}" if module else f"{source}{line}"

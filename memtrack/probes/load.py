@@ -219,12 +219,9 @@ def descendants_cpu_s(root: int | None = None) -> float:
     except OSError:
         entries = []
     for entry in entries:
-        if not entry.isdigit():
-            continue
-        words = (_read(f"/proc/{entry}/stat") or "").rpartition(")")[2].split()
-        if len(words) > 14 and words[1].isdigit() and all(w.isdigit() for w in words[11:15]):
-            parents[int(entry)] = int(words[1])
-            ticks[int(entry)] = sum(int(w) for w in words[11:15])
+        read = _stat_ticks(int(entry)) if entry.isdigit() else None
+        if read is not None:
+            parents[int(entry)], ticks[int(entry)] = read
     found, grown = {root}, True
     while grown:
         more = {p for p, parent in parents.items() if parent in found} - found
@@ -234,16 +231,23 @@ def descendants_cpu_s(root: int | None = None) -> float:
     return reaped.ru_utime + reaped.ru_stime + running / TICKS_PER_S
 
 
+def _stat_ticks(pid: int) -> tuple[int, int] | None:
+    """A process's parent and its CPU clock ticks so far, its own and its reaped children's
+    (/proc/PID/stat ppid; utime, stime, cutime, cstime); None once it is gone."""
+    words = (_read(f"/proc/{pid}/stat") or "").rpartition(")")[2].split()
+    if len(words) > 14 and words[1].isdigit() and all(w.isdigit() for w in words[11:15]):
+        return int(words[1]), sum(int(w) for w in words[11:15])
+    return None
+
+
 def tree_usage(pids: Iterable[int]) -> tuple[float, float]:
     """CPU seconds and run-queue wait seconds of these processes so far: each one's own CPU
     time and its reaped children's (/proc/PID/stat utime, stime, cutime, cstime), and every
     thread's wait (/proc/PID/task/TID/schedstat). A process gone meanwhile counts nothing."""
     cpu_ticks, wait_ns = 0, 0
     for pid in pids:
-        text = _read(f"/proc/{pid}/stat")
-        words = (text or "").rpartition(")")[2].split()
-        if len(words) > 14 and all(w.isdigit() for w in words[11:15]):
-            cpu_ticks += sum(int(w) for w in words[11:15])
+        read = _stat_ticks(pid)
+        cpu_ticks += read[1] if read is not None else 0
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:

@@ -11,10 +11,10 @@ worker's own memory (anonymous and shmem RSS: the `host` metric's anonymous memo
 shared memory it maps, such as data-loader batches) and each descendant's private memory
 (`Private_Dirty` of /proc/PID/smaps_rollup: a forked data-loader worker's pages that it
 still shares with its parent are counted once, in the parent, where summed RSS would count
-them in each) is the tree's peak. Proportional set sizes would split
-the pages the worker shares with the fork server it was forked from, and undercount the
-case. A spike between two samples is missed, and a page that two descendants share and the
-worker does not map is in neither's figure. Each process's part at that sample is kept too
+them in each) is the tree's peak. Proportional set sizes would split the pages the worker
+shares with the fork server it was forked from, and undercount the case. A spike between two
+samples is missed, and a page that two descendants share and the worker does not map is in
+neither's figure. Each process's part at that sample is kept too
 (`at_peak`): what a growth of the tree names.
 
 A process that leaves the tree (a new session, a double fork) and whose parent then exits

@@ -31,14 +31,13 @@ def root() -> Path:
     return Path(cache) / "memtrack" / "spool"
 
 
-def folder(db: Database) -> Path:
-    """The spool's folder for one database: named by a digest of the database's name (a
-    server's URL as it is shown, its password hidden; a file's absolute path)."""
-    name = str(db) if isinstance(db, ServerUrl) else os.path.abspath(db)
-    return root() / hashlib.sha256(name.encode()).hexdigest()[:16]
+def folder(db: ServerUrl) -> Path:
+    """The spool's folder for one server's database: named by a digest of its URL as it is
+    shown (its password hidden)."""
+    return root() / hashlib.sha256(str(db).encode()).hexdigest()[:16]
 
 
-def keep(record: RunRecord, db: Database) -> Path:
+def keep(record: RunRecord, db: ServerUrl) -> Path:
     """Keep a run in the database's spool folder (made as needed). Raises OSError."""
     where = folder(db)
     where.mkdir(parents=True, exist_ok=True)
@@ -46,7 +45,10 @@ def keep(record: RunRecord, db: Database) -> Path:
 
 
 def pending(db: Database) -> bool:
-    """Whether the spool keeps a run for `db`."""
+    """Whether the spool keeps a run for `db` (never for a file: its runs are kept beside
+    it)."""
+    if not isinstance(db, ServerUrl):
+        return False
     try:
         return any(folder(db).glob("memtrack-run-*.json"))
     except OSError:
@@ -56,8 +58,11 @@ def pending(db: Database) -> bool:
 def drain(store: Store, db: Database) -> list[str]:
     """Record every run the spool keeps for `db` into `store`, oldest file first, and remove
     each once recorded (or found recorded already); one line said per file, a file that
-    cannot be read or written left where it is, named."""
+    cannot be read or written left where it is, named. Nothing for a file: its runs are
+    kept beside it."""
     said: list[str] = []
+    if not isinstance(db, ServerUrl):
+        return said
     try:
         kept = sorted(folder(db).glob("memtrack-run-*.json"), key=lambda p: p.stat().st_mtime)
     except OSError:
