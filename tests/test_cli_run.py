@@ -138,6 +138,8 @@ def test_the_shipped_budgets_hold_on_a_fresh_run_with_room_for_the_cuda_build(ex
     ~145 MiB the CUDA build of torch adds on a machine without a GPU."""
     from pathlib import Path
 
+    import torch
+
     from memtrack.config import load_config
 
     repo, _, _ = example_run
@@ -169,6 +171,8 @@ def test_the_shipped_budgets_hold_on_a_fresh_run_with_room_for_the_cuda_build(ex
         else:
             assert b.metric == "host"
             top = max(m.host_peak_rss_bytes - m.host_file_rss_bytes for m in cases)
-            cuda = top + 145 * MiB  # the CUDA build, no GPU
+            # the CUDA build adds ~145 MiB on a machine without a GPU: measured already
+            # where this suite runs under it
+            cuda = top if torch.version.cuda else top + 145 * MiB
             assert 1.1 * cuda <= b.limit_bytes <= 1.5 * cuda, (b.workload, top, b.reason)
     assert seen == len(budgets) == 10
