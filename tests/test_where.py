@@ -418,7 +418,9 @@ def test_annotations_escape_hostile_names_keep_to_the_repository_and_respect_the
     hostile = "evil::error file=x,line=1::forged%0A\n::warning::second, %25"
 
     def verdict(i: int, blocking: bool, key: str, line: int) -> Verdict:
-        change = Change("pair", key, 0, (i + 1) * 2**20, line)
+        # frames from a record lead nowhere outside the repository, changed lines or not
+        frames = ("../outside.py:3", "/etc/passwd:1", f"{hostile}:2")
+        change = Change("pair", key, 0, (i + 1) * 2**20, line, frames=frames)
         return Verdict(
             case_id=f"{hostile}[{i}]",
             workload="evil",
@@ -449,6 +451,7 @@ def test_annotations_escape_hostile_names_keep_to_the_repository_and_respect_the
         merge_base=None,
         baseline_mode="merge-base",
         verdicts=tuple(verdicts),
+        changed_lines={"../outside.py": (3,), "/etc/passwd": (1,), hostile: (2,)},
     )
     lines = workflow_commands(result, tmp_path)
     commands = _commands("\n".join(lines))
@@ -636,3 +639,202 @@ def test_a_leak_names_the_line_of_the_callback_that_keeps_what_it_leaks(tmp_path
     assert "where: +512.00 KiB kept by one call: +512.00 KiB in " in leak["message"], leak
     assert "callbacks.py:on_step_end (line 7)" in leak["message"], leak["message"]
     assert "(setup)" not in leak["message"]
+
+
+TINY = """\
+import torch
+from torch import nn
+
+ROWS = 256
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.zeros(ROWS, 1024))
+        self.proj = nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.proj(x)
+"""
+
+INFER_TINY = """\
+import torch
+
+import memtrack
+from tiny.model import Tiny
+
+
+@memtrack.workload
+def infer(ctx):
+    model = Tiny().eval()
+    ctx.mark(model)
+    x = ctx.randn(8, 64)
+    return torch.no_grad()(lambda: model(x))
+"""
+
+TOML = 'modules = ["infer.py"]\nrepeats = 2\nmin_baseline_runs = 1\ntime_regression = "off"\n'
+
+
+def _annotated(repo: Path, db: Path) -> tuple[dict[str, str], str, str]:
+    """The blocking allocated annotation of a check: its properties, message, and the
+    terminal's text."""
+    done = _memtrack(repo, db, "check", "--annotations", "--no-record")
+    assert done.returncode == 1, done.stdout + done.stderr
+    (props, message) = next(
+        (p, _unescape(m))
+        for level, p, m in _commands(done.stdout)
+        if level == "error" and " allocated " in _unescape(p["title"])
+    )
+    return props, message, done.stdout
+
+
+def test_a_buffer_grown_in_init_is_annotated_at_the_changed_line_else_where_it_was_made(
+    tmp_path,
+):
+    """A buffer registered in a model's `__init__` doubles. Changed on its own line, the
+    annotation is that line; changed through a constant on another line (not among the
+    frames that made it), it is the line that made the buffer, and the message says so.
+    Either way the where-line names the line that made it, not `(setup)`."""
+    repo, db = init_repo(tmp_path / "repo"), tmp_path / "memtrack.db"
+    (repo / "tiny").mkdir()
+    (repo / "tiny" / "__init__.py").write_text("")
+    (repo / "tiny" / "model.py").write_text(TINY)
+    (repo / "infer.py").write_text(INFER_TINY)
+    (repo / "memtrack.toml").write_text(TOML)
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    commit_all(repo, "a model with a table")
+    _run(repo, db)
+
+    git(repo, "checkout", "-q", "-b", "on-its-line")
+    (repo / "tiny" / "model.py").write_text(TINY.replace("(ROWS, 1024)", "(2 * ROWS, 1024)"))
+    commit_all(repo, "twice the table, on its line")
+    _run(repo, db)
+    props, message, stdout = _annotated(repo, db)
+    assert (props["file"], props["line"]) == ("tiny/model.py", "10"), props
+    assert "on a line this pull request changed" in message, message
+    assert "+1.00 MiB in `Tiny` made at tiny/model.py:10" in stdout, stdout
+    assert "(setup)" not in message
+
+    git(repo, "checkout", "-q", "main")
+    git(repo, "checkout", "-q", "-b", "by-a-constant")
+    (repo / "tiny" / "model.py").write_text(TINY.replace("ROWS = 256", "ROWS = 512"))
+    commit_all(repo, "twice the table, by its constant")
+    _run(repo, db)
+    props, message, _ = _annotated(repo, db)
+    assert (props["file"], props["line"]) == ("tiny/model.py", "10"), props
+    assert "where the memory was made: no line this pull request changed" in message, message
+
+
+MADE_ELSEWHERE = """\
+from torch import nn
+
+
+def build(d):
+    return nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+"""
+
+CALLS = """\
+import torch
+
+import memtrack
+from made import build
+
+
+@memtrack.workload
+def infer(ctx):
+    model = build(64).eval()
+    ctx.mark(model)
+    x = ctx.randn(512, 64)
+    with torch.no_grad():
+        return lambda: model(x)
+"""
+
+
+def test_a_growth_made_through_a_changed_line_in_another_file_is_annotated_there(tmp_path):
+    """The model is built in made.py and called in infer.py: its activations are allocated
+    at the call (infer.py, not in the diff). The pull request widens a layer on made.py's
+    line 5, where the growing modules were made: the annotation is that line, not the call."""
+    repo, db = init_repo(tmp_path / "repo"), tmp_path / "memtrack.db"
+    (repo / "made.py").write_text(MADE_ELSEWHERE)
+    (repo / "infer.py").write_text(CALLS)
+    (repo / "memtrack.toml").write_text(TOML)
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    commit_all(repo, "a model built in one file, called in another")
+    _run(repo, db)
+    git(repo, "checkout", "-q", "-b", "wider")
+    (repo / "made.py").write_text(MADE_ELSEWHERE.replace("4 * d", "16 * d"))
+    commit_all(repo, "a wider hidden layer")
+    _run(repo, db)
+    props, message, stdout = _annotated(repo, db)
+    assert (props["file"], props["line"]) == ("made.py", "5"), (props, stdout)
+    assert "on a line this pull request changed" in message, message
+    # where it grew still says where the memory was allocated: at the call
+    assert "at infer.py:<lambda>" in message or "at infer.py:infer" in message, message
+
+
+def test_the_changed_lines_are_those_the_candidate_adds_or_changes(tmp_path):
+    """`git diff` from the merge-base: a changed line, an added file, a file with a space in
+    its name; a deleted line marks nothing; a file outside the root is not the root's."""
+    from memtrack.judge.gather.git import changed_lines
+
+    repo = init_repo(tmp_path / "repo")
+    (repo / "sub").mkdir()
+    (repo / "sub" / "a.py").write_text("one\ntwo\nthree\nfour\n")
+    (repo / "top.py").write_text("x\n")
+    base = commit_all(repo, "base")
+    (repo / "sub" / "a.py").write_text("one\nTWO\nthree\n")
+    (repo / "sub" / "new file.py").write_text("1\n2\n")
+    (repo / "top.py").write_text("y\n")
+    head = commit_all(repo, "change")
+    assert changed_lines(repo, base, head) == {
+        "sub/a.py": (2,),
+        "sub/new file.py": (1, 2),
+        "top.py": (1,),
+    }
+    assert changed_lines(repo / "sub", base, head) == {"a.py": (2,), "new file.py": (1, 2)}
+    assert changed_lines(repo, None, head) == changed_lines(repo, head, head) == {}
+    assert changed_lines(repo, "0" * 40, head) == {}  # a merge-base git does not have
+
+
+MODEL_FILE = """\
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("table", torch.zeros(8))
+
+
+def build():
+    return Net()
+"""
+
+
+def test_where_a_weight_was_made_survives_a_cast_and_the_root_is_made_by_its_caller(tmp_path):
+    """Noted while the model is built: a weight's line (its module's, for a layer torch
+    made), kept after `.to()` swaps the tensor; the root module's frames are its caller's
+    (build), not its own constructor's lines."""
+    import importlib.util
+
+    import torch
+
+    from memtrack.probes.made import making
+
+    (tmp_path / "netfile.py").write_text(MODEL_FILE)
+    spec = importlib.util.spec_from_file_location("netfile", tmp_path / "netfile.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with making(tmp_path) as made:
+        net = mod.build()
+    net = net.to(torch.float64)  # every tensor swapped under its name
+    assert made.of_tensor(net.fc, "weight")[0] == "netfile.py:8"
+    assert made.of_tensor(net, "table")[0] == "netfile.py:9"
+    assert made.of_module(net)[0] == "netfile.py:13"  # `return Net()`, not its __init__
+    assert made.of_module(net.fc)[0] == "netfile.py:8"
+    with making(tmp_path) as later:
+        pass
+    assert later.of_tensor(net, "table") == ()  # registered before: unknown, not guessed

@@ -77,6 +77,9 @@ class CheckResult:
     """Regressions of the base branch still open (not fixed or accepted), whatever their
     age, on the candidate's cases and environment: reported by every check, never
     blocking."""
+    changed_lines: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """The lines the candidate changes against its merge-base, by file: where an
+    annotation points among a growth's frames."""
 
     @property
     def blocking(self) -> tuple[Verdict, ...]:
@@ -104,6 +107,7 @@ def decide(inp: CheckInput, config: Config) -> CheckResult:
         case_runs=dict(inp.case_runs),
         context=inp.context,
         estimates=inp.estimates,
+        changed_lines=inp.changed_lines,
     )
     if inp.estimate_only:
         return CheckResult(verdicts=(), notes=inp.notes, estimate_only=True, **about)

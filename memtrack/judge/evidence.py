@@ -134,6 +134,9 @@ class CheckInput:
     runs: tuple[str, ...] = ()
     """Every run of the commit the evidence was read from."""
     environment: Environment | None = None
+    changed_lines: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """The lines the candidate changes against its merge-base, by file (a pull request's
+    diff): where an annotation points among a growth's frames."""
 
 
 __all__ = [

@@ -2,13 +2,14 @@
 
 Sites (records.Site, measured by probes.sites) are matched by module path and
 `file:function`, never by line, so that a pull request that only moves lines keeps every
-site matched. A growth is said by the pairs (module at file:function) that grew most,
-until they explain nine tenths of it, and the rest as 'elsewhere'. Where three pairs do not,
-the pairs of one indexed module path and function are named as one (`8 x `blocks.*` at
-model.py:forward (1.25 MiB each)`), so that a growth spread over many layers adds up.
-Memory made in backward is named without a line: the line a source site holds is the
-forward's. A growth of the process tree's host peak is said the same way by the processes
-that grew ('process' sites: `main`, `pt_data_worker 1`).
+site matched. A growth is said by the pairs (module at file:function) that grew most, until
+they explain nine tenths of it, and the rest as 'elsewhere'. Where three pairs do not, the
+pairs of one indexed module path and function are named as one (`8 x `blocks.*` at
+model.py:forward (1.25 MiB each)`), so that a growth spread over many layers adds up. Memory
+made in backward is named without a line: the line a source site holds is the forward's. A
+weight's or buffer's growth (a '(setup)' pair) is named by the line that made it, where the
+record has its frames. A growth of the process tree's host peak is said the same way by the
+processes that grew ('process' sites: `main`, `pt_data_worker 1`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from memtrack.records import BACKWARD, Site, pair_key, pair_parts
+from memtrack.records import BACKWARD, SETUP, Site, pair_key, pair_parts
 from memtrack.units import format_size
 
 SHOWN = 3
@@ -41,6 +42,8 @@ class Change:
     (`blocks.*`) that grew at one source site."""
     even: bool = True
     """Whether the pairs it stands for grew alike (else each is 'about' its share)."""
+    frames: tuple[str, ...] = ()
+    """The candidate's frames of it ('file:line', innermost first: Site.frames)."""
 
     @property
     def delta(self) -> int:
@@ -59,6 +62,7 @@ def diff(base: tuple[Site, ...], candidate: tuple[Site, ...], grouping: str) -> 
             before.get(key, 0),
             after[key].size_bytes if key in after else 0,
             after[key].line if key in after else None,
+            frames=after[key].frames if key in after else (),
         )
         for key in dict.fromkeys([*before, *after])
     ]
@@ -121,7 +125,7 @@ def kept(candidate: tuple[Site, ...]) -> Where | None:
     """Where a leak is made: what one call of the step allocated and still held after it
     returned ('retained' sites), by the pairs that kept most; None where none was recorded."""
     changes = [
-        Change("pair", s.key, 0, s.size_bytes, s.line)
+        Change("pair", s.key, 0, s.size_bytes, s.line, frames=s.frames)
         for s in candidate
         if s.grouping == "retained"
     ]
@@ -172,6 +176,7 @@ def _layers(growing: list[Change]) -> list[Change]:
                 lines.pop() if len(lines) == 1 else None,
                 len(members),
                 len({m.delta for m in members}) == 1,
+                max(members, key=lambda m: m.delta).frames,
             )
         )
     return out
@@ -183,9 +188,13 @@ def pair_text(c: Change) -> str:
     module, source = pair_parts(c.key)
     at = shown_line(c)
     line = f" (line {at})" if at else ""
+    if source == SETUP and c.frames:  # a weight or buffer: where it was made
+        where, line = f"made at {c.frames[0]}", ""
+    else:
+        where = f"at {source}"
     if c.count > 1:
-        return f"{c.count} x `{module}` at {source}{line} ({each(c)})"
-    return f"`{module}` at {source}{line}" if module else f"{source}{line}"
+        return f"{c.count} x `{module}` {where}{line} ({each(c)})"
+    return f"`{module}` {where}{line}" if module else f"{source}{line}"
 
 
 def shown_line(c: Change) -> int | None:

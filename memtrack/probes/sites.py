@@ -4,14 +4,16 @@ workload's own code, outside torch, memtrack and installed packages, as `file:fu
 
 One extra iteration, after the memory pass, under a dispatch mode (`SiteMode`) that notes
 each new storage an op returns: its bytes, the module path running then (from global module
-hooks, per thread) and the source site. A storage's finalizer takes it off when it is
-freed, so the running totals by module and by site are those of the live storages; at each
-new high of their sum both are copied. What was alive when the iteration started (weights,
-inputs, optimizer state) is attributed by what holds it: a parameter or buffer to its
-module, optimizer state and tensors held from setup to a group of their own, their site
-`(setup)`. The measured peak less this pass's tensor peak is kernel scratch and allocator
-rounding (no tensor holds it): one row of its own, so that the sites sum to the peak. The
-gated figures are never read from this pass.
+hooks, per thread) and the source site. A storage's finalizer takes it off when it is freed,
+so the running totals by module and by site are those of the live storages; at each new high
+of their sum both are copied. What was alive when the iteration started (weights, inputs,
+optimizer state) is attributed by what holds it: a parameter or buffer to its module,
+optimizer state and tensors held from setup to a group of their own, their site `(setup)`. A
+pair of the top ones keeps its frames in the workload's own files: the allocating line's
+calls and where its module was made; a weight's or buffer's, where it was registered
+(probes.made, noted while the case set up). The measured peak less this pass's tensor peak
+is kernel scratch and allocator rounding (no tensor holds it): one row of its own, so that
+the sites sum to the peak. The gated figures are never read from this pass.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from memtrack.probes.framework import live_tensors
-from memtrack.records.model import BACKWARD, Site, pair_key, pair_parts
+from memtrack.probes.made import Made, joined, own_frames
+from memtrack.records.model import BACKWARD, SETUP, Site, pair_key, pair_parts
 from memtrack.workload.frames import NO_SOURCE, named, own
 
 TOP = 20
@@ -40,7 +43,6 @@ KEPT, SMALLEST = 500, 1 / 1000
 peak: a site small in the baseline that grows in a change is then diffed against its own
 baseline bytes, not read as new while its bytes hide in the baseline's rest."""
 MODULE, SOURCE, PAIR, RETAINED = "module", "source", "pair", "retained"
-SETUP = "(setup)"
 HELD = "(held from setup)"
 OPTIMIZER = "(optimizer state)"
 NO_MODULE = "(no module)"
@@ -51,12 +53,26 @@ REST = "(the rest)"
 class SiteMode(TorchDispatchMode):
     """Notes each new storage an op returns on `device`, with its module and source site."""
 
-    def __init__(self, device: torch.device, names: dict[int, str], root: Path | None):
+    def __init__(
+        self,
+        device: torch.device,
+        names: dict[int, str],
+        root: Path | None,
+        made: Made | None = None,
+    ):
         super().__init__()
         self.device = device
         self.names = names
         """id(module) -> its path among the marked modules."""
         self.root = root
+        self.made = made
+        self.stacks: dict[tuple[str, int], tuple[str, ...]] = {}
+        """(source site, line) -> the own frames it was first reached through, innermost
+        first."""
+        self.module_frames: dict[str, tuple[str, ...]] = {}
+        """A module path -> where its module was made (probes.made)."""
+        self.setup_frames: dict[str, tuple[int, tuple[str, ...]]] = {}
+        """A '(setup)' pair -> its largest weight's or buffer's bytes and where it was made."""
         self.local = threading.local()
         self.lock = threading.Lock()
         self.live: dict[int, tuple[int, str, str, str, int | None]] = {}
@@ -91,6 +107,8 @@ class SiteMode(TorchDispatchMode):
             name = self.names[id(module)]
         elif name is None:
             name = f"{self.stack()[-1]}.{type(module).__name__}"
+        if self.made is not None and name not in self.module_frames:
+            self.module_frames[name] = self.made.of_module(module)
         self.stack().append(name)
 
     def leave_module(self, _module: Any, _inputs: Any, _outputs: Any) -> None:
@@ -101,11 +119,21 @@ class SiteMode(TorchDispatchMode):
         frame = sys._getframe(2)
         while frame is not None:
             if own(frame.f_code.co_filename):
-                return f"{self._file(frame.f_code.co_filename)}:{frame.f_code.co_name}", (
-                    frame.f_lineno
-                )
+                source = f"{self._file(frame.f_code.co_filename)}:{frame.f_code.co_name}"
+                if (source, frame.f_lineno) not in self.stacks:
+                    self.stacks[source, frame.f_lineno] = own_frames(frame, self.root, self._files)
+                return source, frame.f_lineno
             frame = frame.f_back  # type: ignore[assignment]
         return NO_SOURCE, None
+
+    def frames(self, pair: str, line: int | None) -> tuple[str, ...]:
+        """A pair's frames (Site.frames): its line's calls, then where its module was made;
+        a '(setup)' pair's, where its largest tensor was made."""
+        module, source = pair_parts(pair)
+        if source == SETUP:
+            return self.setup_frames.get(pair, (0, ()))[1]
+        stack = self.stacks.get((source, line), ()) if line is not None else ()
+        return joined(stack, self.module_frames.get(module, ()))
 
     def _file(self, filename: str) -> str:
         """The file as the repository names it (cached: asked for every allocation)."""
@@ -186,12 +214,11 @@ class SiteMode(TorchDispatchMode):
                 if line is not None:
                     at = lines.setdefault(pair, {})
                     at[line] = at.get(line, 0) + nbytes
-        return tuple(
-            Site(RETAINED, pair, nbytes, max(lines[pair], key=lines[pair].__getitem__))
-            if pair in lines
-            else Site(RETAINED, pair, nbytes)
-            for pair, nbytes in sorted(kept.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP]
-        )
+        out = []
+        for pair, nbytes in sorted(kept.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP]:
+            line = max(lines[pair], key=lines[pair].__getitem__) if pair in lines else None
+            out.append(Site(RETAINED, pair, nbytes, line, self.frames(pair, line)))
+        return tuple(out)
 
     def close(self) -> None:
         """Stop counting frees (what is freed after the pass is not its business)."""
@@ -216,25 +243,34 @@ def _attribute_setup(mode: SiteMode, objects: tuple[Any, ...], *, counted: bool 
     `counted`, it is only known, so that a view of it (a weight's transpose) is not taken
     for a new allocation."""
 
-    def count(t: torch.Tensor, module: str) -> None:
+    def count(t: torch.Tensor, module: str) -> int:
         try:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):
-            return
+            return 0
         if t.device != mode.device or storage in mode._seen or storage.nbytes() == 0:
-            return
+            return 0
         mode._seen[storage] = True
         if counted:
             mode.add(storage, storage.nbytes(), module, SETUP, None)
+        return storage.nbytes()
+
+    def made_at(module: torch.nn.Module, path: str, tensor: str, nbytes: int) -> None:
+        """The pair's frames: where its largest weight or buffer was made."""
+        pair = pair_key(path, SETUP)
+        if mode.made is not None and nbytes > mode.setup_frames.get(pair, (0, ()))[0]:
+            mode.setup_frames[pair] = (nbytes, mode.made.of_tensor(module, tensor))
 
     for obj in objects:
         if isinstance(obj, torch.nn.Module):
             root = type(obj).__name__
             for name, module in obj.named_modules():
-                for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
-                    count(t, name or root)
-                    if isinstance(t, torch.nn.Parameter) and t.grad is not None:
-                        count(t.grad, name or root)
+                path = name or root
+                for tensors in (module.named_parameters, module.named_buffers):
+                    for tensor, t in tensors(recurse=False):
+                        made_at(module, path, tensor, count(t, path))
+                        if isinstance(t, torch.nn.Parameter) and t.grad is not None:
+                            count(t.grad, path)
         elif isinstance(obj, torch.optim.Optimizer):
             for state in obj.state.values():
                 for value in state.values():
@@ -246,18 +282,23 @@ def _attribute_setup(mode: SiteMode, objects: tuple[Any, ...], *, counted: bool 
 
 @contextlib.contextmanager
 def recording(
-    device: torch.device, objects: tuple[Any, ...], root: Path | None, *, setup: bool = True
+    device: torch.device,
+    objects: tuple[Any, ...],
+    root: Path | None,
+    *,
+    setup: bool = True,
+    made: Made | None = None,
 ) -> Iterator[SiteMode]:
     """The sites of what one iteration inside the block allocates on `device`, with what was
-    alive at its start (without `setup`: only what the block allocates, a span's rise). A
-    concurrent case's session threads enter `mode` themselves (a dispatch mode is per
-    thread)."""
+    alive at its start (without `setup`: only what the block allocates, a span's rise), and
+    with `made`, where the case's modules and tensors were made. A concurrent case's session
+    threads enter `mode` themselves (a dispatch mode is per thread)."""
     from torch.nn.modules.module import (
         register_module_forward_hook,
         register_module_forward_pre_hook,
     )
 
-    mode = SiteMode(device, module_names(objects), root)
+    mode = SiteMode(device, module_names(objects), root, made)
     _attribute_setup(mode, objects, counted=setup)
     pre = register_module_forward_pre_hook(mode.enter_module)
     post = register_module_forward_hook(mode.leave_module)
@@ -283,11 +324,12 @@ def sites(
         ranked = sorted(((k, v) for k, v in groups.items() if v > 0), key=lambda kv: -kv[1])
         least = SMALLEST * max(measured_peak or 0, mode.peak)
         kept = [kv for i, kv in enumerate(ranked) if i < top or (i < upto and kv[1] >= least)]
-        for key, nbytes in kept:
+        for i, (key, nbytes) in enumerate(kept):
             source = pair_parts(key)[1] if grouping == PAIR else key
             lines = mode.peak_lines.get(source) if grouping != MODULE else None
             line = max(lines, key=lines.__getitem__) if lines else None
-            out.append(Site(grouping, key, nbytes, line))
+            frames = mode.frames(key, line) if grouping == PAIR and i < top else ()
+            out.append(Site(grouping, key, nbytes, line, frames))
         rest = sum(v for _, v in ranked[len(kept) :])
         if rest:
             out.append(Site(grouping, REST, rest))

@@ -221,10 +221,25 @@ class Site:
     line: int | None = None
     """A source site's line that allocated the most of it, for display (sites are matched
     by file and function, so a moved line still matches)."""
+    frames: tuple[str, ...] = ()
+    """A 'pair' or 'retained' site's frames in the workload's own files ('file:line'),
+    innermost first: the line that allocated it and the calls that led there, then where
+    its module was made. A weight's or buffer's pair ('(setup)'): where the largest of them
+    was made (its registration's frames), then its module's. For display and annotation
+    only, never matched: a pull request's changed line among them is where it points."""
+
+
+def site_of(data: dict[str, Any]) -> Site:
+    """A site from the store's JSON (its frames a list there; none before they were
+    recorded)."""
+    return Site(**{**data, "frames": tuple(data.get("frames") or ())})
 
 
 BACKWARD = "(backward)"
 """A 'module' or 'pair' site's module for memory made in backward, outside any module."""
+SETUP = "(setup)"
+"""A 'source' or 'pair' site's source for what was alive when the iteration started
+(weights, buffers, optimizer state, tensors held from setup)."""
 MAIN_PROCESS = "main"
 """A 'process' site's name for the case's own process (of a multi-rank case: 'rank N')."""
 

@@ -205,6 +205,7 @@ def record(store: Any, result: CheckResult) -> int:
 def to_json(result: CheckResult) -> dict[str, Any]:
     """The whole result as plain data, for machines."""
     data = dataclasses.asdict(result)
+    del data["changed_lines"]  # the pull request's diff, for annotations only
     data["verdicts"] = [flat(r.verdict) for r in rows.check_rows(result).rows]
     data["notes"] = list(result.notes)
     data["budget_changes"] = [dataclasses.asdict(c) for c in result.budget_changes]

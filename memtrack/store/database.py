@@ -982,7 +982,7 @@ class Store:
         ).fetchone()
         if row is None or not row["sites"]:
             return ()
-        return tuple(records.Site(**s) for s in json.loads(row["sites"]))
+        return tuple(records.site_of(s) for s in json.loads(row["sites"]))
 
     def get_environment(self, env_id: str | None) -> records.Environment | None:
         row = self.conn.execute("select * from environments where env_id = ?", [env_id]).fetchone()
@@ -1022,7 +1022,7 @@ class Store:
                 ranks=tuple(
                     _unprefixed(records.RankMeasurement, dict(r), "", set()) for r in ranks
                 ),
-                sites=tuple(records.Site(**s) for s in m.sites or ()),
+                sites=tuple(records.site_of(s) for s in m.sites or ()),
                 **{  # NULL in rows from before the column's migration
                     name: {} if str(f.type).startswith("dict") else ()
                     for name, f in _MEASUREMENT_FIELDS.items()

@@ -121,6 +121,8 @@ class _Case:
     """This worker's distributed.Rank, or None."""
     loading: Any
     """The LoadingProbe `ctx.loading()` reports to."""
+    made: Any = None
+    """Where its modules and tensors were made while it set up (probes.made.Made)."""
 
 
 def run_case(spec: Spec, result: ResultFile) -> None:
@@ -204,33 +206,36 @@ def _set_up(spec: Spec, result: ResultFile, host: Any) -> _Case:
     framework probe, and the step its setup returns."""
     from memtrack.probes.framework import CudaAllocatorProbe, MemTrackerProbe
     from memtrack.probes.loading import LoadingProbe
+    from memtrack.probes.made import making
     from memtrack.worker import distributed
     from memtrack.workload.context import Context
     from memtrack.workload.registry import find, import_workload_module, repository_first
 
     rank = distributed.setup(spec)  # None unless the case has the `ranks` param
     repository_first(Path(spec.root))  # a forked worker has it so from its server already
-    import_workload_module(spec.module, Path(spec.root))
-    wl = find(spec.workload)
-    ctx = Context(
-        spec.params,
-        spec.seed,
-        spec.device,
-        Path(spec.data_dir),
-        Path(spec.scratch_dir) if spec.scratch_dir else None,
-    )
-    ctx.loading_probe = loading = LoadingProbe(host)
-    if rank is not None:
-        ctx.rank, ctx.world_size = rank.rank, rank.world_size
-    is_cuda = ctx.device.type == "cuda"
-    sessions = ctx.concurrency
-    probe = (
-        CudaAllocatorProbe(ctx.device)
-        if is_cuda
-        else MemTrackerProbe(ctx.device, sessions, allocator=True)
-    )
+    # where the persistent set is made (its sites name the line), at import and in setup
+    with making(Path(spec.root)) as made:
+        import_workload_module(spec.module, Path(spec.root))
+        wl = find(spec.workload)
+        ctx = Context(
+            spec.params,
+            spec.seed,
+            spec.device,
+            Path(spec.data_dir),
+            Path(spec.scratch_dir) if spec.scratch_dir else None,
+        )
+        ctx.loading_probe = loading = LoadingProbe(host)
+        if rank is not None:
+            ctx.rank, ctx.world_size = rank.rank, rank.world_size
+        is_cuda = ctx.device.type == "cuda"
+        sessions = ctx.concurrency
+        probe = (
+            CudaAllocatorProbe(ctx.device)
+            if is_cuda
+            else MemTrackerProbe(ctx.device, sessions, allocator=True)
+        )
 
-    step = wl.fn(ctx)
+        step = wl.fn(ctx)
     if not callable(step):
         raise TypeError(f"workload {wl.name!r} must return the step to measure, got {step!r}")
     if sessions > 1:
@@ -246,7 +251,7 @@ def _set_up(spec: Spec, result: ResultFile, host: Any) -> _Case:
     objects = ctx.marked_objects if ctx.marked_objects is not None else ()
     if ctx.marked_objects is None:
         result.notes.append("no ctx.mark(): the persistent set is what setup left")
-    return _Case(wl, ctx, step, probe, objects, rank, loading)
+    return _Case(wl, ctx, step, probe, objects, rank, loading, made)
 
 
 def tensor_dtype(objects: tuple[Any, ...]) -> str | None:
@@ -345,7 +350,7 @@ def _sites(spec: Spec, case: _Case, measured_peak: int | None) -> list[dict[str,
 
     ctx, step = case.ctx, case.step
     largest, scope = ctx.cache_peak_bytes, getattr(step, "scope", None)
-    with recording(ctx.device, case.objects, Path(spec.root)) as mode:
+    with recording(ctx.device, case.objects, Path(spec.root), made=case.made) as mode:
         if scope is not None:
             step.scope = lambda: pushed(mode)
         try:

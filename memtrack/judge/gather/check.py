@@ -137,6 +137,9 @@ def _gather(store: Store, config: Config, run: RunRecord, base: str, root: Path)
         case_runs=evidence.owners,
         runs=tuple(runs),
         environment=run.environment,
+        changed_lines=git.changed_lines(root, finder.merge_base, run.git.commit)
+        if context == "pull_request"
+        else {},
     )
 
 

@@ -140,6 +140,38 @@ def commits_between(root: Path, good: str, bad: str) -> tuple[str, str, list[str
     return good_sha, bad_sha, (listed or "").split()
 
 
+_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@")
+
+
+def changed_lines(root: Path, base: str | None, head: str | None) -> dict[str, tuple[int, ...]]:
+    """The lines `head` adds or changes against `base` (`git diff base head`), by file as
+    the root names it (files outside the root left out); empty where git cannot say (no
+    base, a shallow clone without it)."""
+    if not base or not head or base == head:
+        return {}
+    out = git_output(
+        root,
+        "-c",
+        "core.quotepath=false",
+        "diff",
+        "--unified=0",
+        "--no-color",
+        "--no-ext-diff",
+        "--relative",
+        revs=(base, head),
+    )
+    changed: dict[str, list[int]] = {}
+    file: str | None = None
+    for line in (out or "").splitlines():
+        if line.startswith("+++ "):
+            path = line[4:].removesuffix("\t")  # git ends a name holding a space with a tab
+            file = path[2:] if path.startswith("b/") else None  # '/dev/null', or quoted
+        elif file is not None and (hunk := _HUNK.match(line)):
+            first, count = int(hunk[1]), int(hunk[2] if hunk[2] is not None else 1)
+            changed.setdefault(file, []).extend(range(first, first + count))
+    return {f: tuple(lines) for f, lines in changed.items() if lines}
+
+
 def acceptances(
     root: Path, since: str | None, until: str | None
 ) -> tuple[list[accept.Acceptance], list[str]]:
@@ -247,6 +279,7 @@ __all__ = [
     "Ancestry",
     "acceptances",
     "budget_changes",
+    "changed_lines",
     "commit_time",
     "commits_between",
     "compare_budgets",
