@@ -39,6 +39,8 @@ gc.set_threshold(*YOUNG_ONLY)
 import machine_share  # noqa: E402
 from factories import GIT_ENV  # noqa: E402
 
+pytest_plugins = ["timeouts"]
+
 
 def _has_cuda() -> bool:
     try:

@@ -25,13 +25,14 @@ def doctor(config_path: Path | None, db_path: Path | None) -> None:
 
     load = CaseLoad()  # the machine's load over the doctor's own run, as a timing pass reads it
     config, db = resolve(config_path, db_path)
+    probing = environment.Probing()  # it imports torch while the suite's discovery does too
     try:
         cases = select_cases(discover(config))
         suite = None
     except MemtrackError as exc:  # the machine's checks stand without the suite's
         cases, suite = [], doctor_lib.Check("suite", "warn", f"not read: {exc}")
     results = doctor_lib.checks(
-        environment.probe(),
+        probing.result(),
         db,
         doctor_lib.nvml_status(),
         cases,

@@ -284,32 +284,48 @@ def from_dict(data: dict[str, Any]) -> Environment:
     return Environment(**data)
 
 
+class Probing:
+    """The environment probe running in a child process (`start`), while the caller does
+    something else; `result()` waits for its answer."""
+
+    def __init__(self, env: Mapping[str, str] | None = None):
+        self.what = f"the environment probe ({sys.executable} -m memtrack.machine.environment)"
+        self.child = subprocess.Popen(
+            [sys.executable, "-m", "memtrack.machine.environment", str(os.getpid())],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=None if env is None else dict(env),
+        )
+
+    def result(self, timeout_s: float = 120.0) -> Environment:
+        """Its environment. ProbeError, in one line, where the probe hangs past `timeout_s`
+        (a hung GPU driver) or fails."""
+        try:
+            out, err = self.child.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+            self.child.communicate()
+            raise ProbeError(
+                f"{self.what} gave no answer within {timeout_s:g} s (a hung GPU driver? try "
+                "`nvidia-smi`)"
+            ) from None
+        if self.child.returncode != 0:
+            lines = (err or out).strip().splitlines()
+            said = f": {lines[-1]}" if lines else ""
+            raise ProbeError(f"{self.what} exited with status {self.child.returncode}{said}")
+        try:
+            return from_dict(json.loads(out))
+        except ValueError as exc:
+            raise ProbeError(f"{self.what} answered what is not an environment: {exc}") from None
+
+
 def probe(timeout_s: float = 120.0, env: Mapping[str, str] | None = None) -> Environment:
     """Collect the environment in a child process; `env`: the environment the workers run
     in (its allowlisted variables are what is recorded), by default this process's.
     ProbeError, in one line, where the probe hangs past `timeout_s` (a hung GPU driver) or
     fails."""
-    what = f"the environment probe ({sys.executable} -m memtrack.machine.environment)"
-    try:
-        out = subprocess.run(
-            [sys.executable, "-m", "memtrack.machine.environment", str(os.getpid())],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env=None if env is None else dict(env),
-        )
-    except subprocess.TimeoutExpired:
-        raise ProbeError(
-            f"{what} gave no answer within {timeout_s:g} s (a hung GPU driver? try `nvidia-smi`)"
-        ) from None
-    if out.returncode != 0:
-        lines = (out.stderr or out.stdout).strip().splitlines()
-        said = f": {lines[-1]}" if lines else ""
-        raise ProbeError(f"{what} exited with status {out.returncode}{said}")
-    try:
-        return from_dict(json.loads(out.stdout))
-    except ValueError as exc:
-        raise ProbeError(f"{what} answered what is not an environment: {exc}") from None
+    return Probing(env).result(timeout_s)
 
 
 if __name__ == "__main__":
