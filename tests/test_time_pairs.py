@@ -221,3 +221,49 @@ def test_a_pair_beyond_a_shallow_clone_is_refused_before_measuring(tmp_path):
     ran = memtrack_cli(clone, "run", "--db", str(db))
     assert ran.returncode == 0, ran.stderr
     assert "no paired timing (the config's against): --against merge-base:" in ran.stdout
+
+
+LOGGED = """\
+import memtrack
+
+LOG = {log!r}
+SIDE = {side!r}
+
+
+@memtrack.workload
+def logged(ctx):
+    with open(LOG, "a") as f:
+        f.write(f"setup {{SIDE}}\\n")
+
+    def step():
+        with open(LOG, "a") as f:
+            f.write(f"{{SIDE}}\\n")
+
+    return step
+"""
+
+
+def test_a_pair_sets_each_side_up_once_and_takes_turns_in_two_live_processes(tmp_path):
+    """REF's code and the candidate's, each set up once in a live process, then their timing
+    passes one side at a time, in rounds A B, B A, ...: the log both sides write shows each
+    setup once and never one side's iteration inside the other's pass."""
+    repo, log = init_repo(tmp_path / "repo"), tmp_path / "log.txt"
+    (repo / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 2\nrepeats = 3\n')
+    (repo / "wl.py").write_text(LOGGED.format(log=str(log), side="ref"))
+    commit_all(repo, "a logged suite")
+    git(repo, "checkout", "-q", "-b", "pr")
+    (repo / "wl.py").write_text(LOGGED.format(log=str(log), side="new"))
+    commit_all(repo, "the candidate's side")
+    ran = memtrack_cli(repo, "run", "--db", str(tmp_path / "m.db"), "--against", "main")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "1 case x 5 rounds, 10 timing passes more (each side set up once)" in ran.stdout
+    lines = log.read_text().split()
+    # the run's own case (setup, warm-up, timing and memory passes, sites...) comes first
+    paired = lines[len(lines) - (2 * (1 + 2) + 10 * 3) - 2 :]
+    assert paired[:2] == ["setup", "ref"] and paired[2:4] == ["ref", "ref"]  # setup, warm-up
+    assert paired[4:8] == ["setup", "new", "new", "new"]
+    passes = [paired[8 + 3 * i : 11 + 3 * i] for i in range(10)]
+    sides = [p[0] for p in passes]
+    assert all(len(set(p)) == 1 for p in passes), passes  # one side at a time
+    assert sides == ["ref", "new", "new", "ref", "ref", "new", "new", "ref", "ref", "new"]
+    assert lines.count("setup") == 3  # the run's own case, and each side once

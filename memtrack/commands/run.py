@@ -31,7 +31,7 @@ from memtrack.store.url import ServerUrl, present
 from memtrack.workload.registry import Case, no_match, select_cases
 
 if TYPE_CHECKING:
-    from memtrack.measure.pairs import Pairing
+    from memtrack.measure.pairs import Pairing, Reference
     from memtrack.measure.suite import RunStart
     from memtrack.records import Measurement, RunRecord
     from memtrack.store.save import Recorded
@@ -116,8 +116,13 @@ def run(
                 store.check_writable()
                 if server_db:
                     store.close()
-            cases = _cases(config, start, patterns, shard_t)
             ref, unpaired_why = _paired_ref(config, against, explicit, start)
+            reference = None
+            if ref is not None:  # its server imports while this run's server does
+                from memtrack.measure.pairs import reference as made_ready
+
+                reference = stack.enter_context(made_ready(config, *ref))
+            cases = _cases(config, start, patterns, shard_t)
             if (store is None or server_db) and not no_db:
                 store = stack.enter_context(open_store(db))
             durations = (
@@ -132,7 +137,7 @@ def run(
             pairing: list[Pairing] = []
 
             def measure() -> RunRecord:
-                run = _measure(config, cases, shard, start, ref, pairing, durations)
+                run = _measure(config, cases, shard, start, reference, pairing, durations)
                 return replace(run, selection=patterns)
 
             if server_db:
@@ -232,12 +237,12 @@ def _measure(
     cases: list[Case],
     shard: str | None,
     start: RunStart,
-    ref: tuple[str, str] | None,
+    against: Reference | None,
     pairing: list[Pairing],
     durations: Mapping[str, Sequence[float]],
 ) -> RunRecord:
     """The run's cases (`durations`: each one's recorded durations here, for its timeout),
-    then (`ref`: REF's commit and how it was chosen) their paired timing, which goes into
+    then (`against`: REF made ready, measure.pairs.reference) their paired timing, which goes into
     `pairing`."""
     from memtrack.measure.suite import run_suite  # imported once the server started (above)
 
@@ -258,7 +263,7 @@ def _measure(
             record = run_suite(
                 config, cases, shard=shard, progress=live, start=start, durations=durations
             )
-    if ref is None:
+    if against is None:
         return record
     from memtrack.measure.pairs import pair_cases
     from memtrack.measure.suite import resolve_device
@@ -270,7 +275,7 @@ def _measure(
         record,
         start.server,
         device,
-        *ref,
+        against,
         say=lambda line: click.echo(line, err=True),
     )
     pairing.append(done)

@@ -1,7 +1,7 @@
 """Time verdicts: paired where the run measured a pair, else against the history's runs.
 
 A paired timing (`memtrack run --against REF`) measured REF and the candidate in the same job,
-their timing passes alternating (each a fresh process), so that both sides saw the same
+their timing passes alternating (measure.pairs), so that both sides saw the same
 machine. Each round gives one ratio, candidate over REF, taken in logs (times multiply).
 The candidate is slower when the median ratio is beyond max((1 + spread) ^ factor, 1.05),
 the spread half the range of the rounds' ratios, and a one-sided sign test of the rounds

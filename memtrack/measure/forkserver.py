@@ -123,16 +123,26 @@ class ForkServer:
         """Whether the server forked a case: until then it has nothing to reap at its end."""
 
     @classmethod
-    def start(cls, env: Mapping[str, str], cwd: Path | None = None) -> ForkServer:
+    def start(
+        cls, env: Mapping[str, str], cwd: Path | None = None, *, pairs: bool = False
+    ) -> ForkServer:
         """Start the server in `env` (the workers' environment), in `cwd` (by default this
         process's); it begins importing at once. The runner's guard first: what a workload
-        module starts at its import is guarded too."""
+        module starts at its import is guarded too. The server of a paired timing's reference
+        (`pairs`) imports what every case imports at once, and forks no environment probe."""
         runner_guard()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         stderr = tempfile.TemporaryFile()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", SERVER, str(theirs.fileno()), str(os.getpid())],
+                [
+                    sys.executable,
+                    "-m",
+                    SERVER,
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                    *(["pairs"] if pairs else []),
+                ],
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

@@ -185,16 +185,20 @@ def launch(
     envs: list[dict[str, str]] | None = None,
     sampler: NvmlSampler | None = None,
     server: ForkServer | None = None,
+    servers: Sequence[ForkServer] | None = None,
 ) -> tuple[list[CaseOutcome], dict[int, float]]:
     """Run one worker per spec, all at once, until every one has exited, one has failed (the
     others would wait for it in a collective), or the timeout. Returns each one's outcome and,
     by index, when each exited by itself (time.monotonic()); the rest were ended by memtrack
     or timed out. With `sampler` (CUDA), NVML watches every worker and their descendants (as
     the process tree finds them), and the workers read its clock. With `server`, a single
-    worker (measuring or estimating) is forked by it."""
+    worker (measuring or estimating) is forked by it; with `servers`, each spec's worker by
+    its own (the two sides of a paired timing)."""
     n = len(specs)
     forking = server is not None and n == 1 and envs is None
-    fork_by = server if forking else None
+    fork_by: Sequence[ForkServer | None] = (
+        servers if servers is not None else [server if forking else None] * n
+    )
     envs = envs or [worker_env() for _ in specs]
     clock = sampler.clock_path if sampler is not None else None
     if clock is not None:
@@ -265,10 +269,10 @@ def _start(
     errs: Sequence[IO[bytes]],
     envs: list[dict[str, str]],
     worker: str,
-    server: ForkServer | None,
+    servers: Sequence[ForkServer | None],
     sampler: NvmlSampler | None,
 ) -> None:
-    """Start one worker per spec (forked by `server` where it forks it), each in the case's
+    """Start one worker per spec (forked by its server where it forks it), each in the case's
     process tree and watched by the sampler before it runs; each goes into `started` at
     once, so that the caller ends it whatever happens next."""
     told: list[Callable[[int], None]] = []
@@ -285,6 +289,7 @@ def _start(
         spec_path = folder / f"spec-{i}.json"
         spec.write(spec_path)
         proc: subprocess.Popen[bytes] | ForkedWorker | None = None
+        server = servers[i]
         if server is not None:
             forked = server.fork([str(spec_path)], errs[i].fileno(), envs[i], worker)
             if isinstance(forked, str):
@@ -292,14 +297,20 @@ def _start(
             else:
                 proc = forked
         if proc is None:
-            first = started.procs[0].pid if started.procs else None
+            first = started.procs[0] if started.procs else None
+            # beside a forked worker (a pair's other side, a session of its own): its own too
+            group = (
+                {"start_new_session": True}
+                if isinstance(first, ForkedWorker)
+                else _group(len(specs), first.pid if first else None)
+            )
             proc = subprocess.Popen(
                 [sys.executable, "-m", worker, str(spec_path), str(os.getpid())],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=errs[i],
                 env=envs[i],
-                **_group(len(specs), first),
+                **group,
             )
         started.procs.append(proc)
         watch(proc.pid)

@@ -1,38 +1,51 @@
 """A paired timing (`memtrack run --against REF`): REF and the candidate timed in the same
 job, their timing passes alternating, so that both sides see the same machine.
 
-After the run's own cases, each case is timed again in rounds: one pass of REF (its workload
-code, in a worktree of REF beside the user's tree, forked from a fork server of its own) and
-one of the candidate (forked from the run's server), in the order A B, then B A, so that a
-load that grows or fades over the rounds weighs on both sides alike. A pass is a fresh
-process: setup, warm-up and the timing pass, with the candidate's warm-up and repeats on
-both sides, and no memory pass (memory is judged against the history, as without a pair).
+REF is made ready before the run's own cases (`reference`): a worktree of REF beside the
+user's tree and a fork server of its own, which imports what REF's cases need beside the
+run's own server and then waits. After the run's own cases, each case is timed again at the
+price of its iterations: two live workers, REF's (its workload code, forked from REF's
+server) and the candidate's (forked from the run's server), each set up and warmed up once,
+then rounds of one timing pass each (the candidate's `repeats` iterations), in the order A B,
+then B A, so that a load that grows or fades over the rounds weighs on both sides alike. One
+side runs at a time: each turn waits for a token (worker.turns). The candidate's warm-up and
+repeats on both sides, and no memory pass (memory is judged against the history, as without
+a pair).
+
+A fresh process a pass cost two setups a round; live processes cost two a case, and told
+cosmetic pairs from 2x slowdowns as well, quiet and beside a busy process
+(scripts/bench_pairs.py, both measured side by side).
 
 The candidate's measurement keeps both sides' pass medians (`pair_*`), which the time
 verdict compares (judge.timing). REF's passes are recorded as a run of REF: timing-only
-measurements (kind 'timing'), never a baseline. The cost is about two timing passes (with
-their setup and warm-up) per round per case, printed after the run.
+measurements (kind 'timing'), never a baseline. The cost, two setups and two timing passes a
+round per case, is printed after the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import statistics
+import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from memtrack.config import MERGE_BASE, Config, load_config
 from memtrack.errors import ConfigError, MemtrackError
 from memtrack.machine import provenance
 from memtrack.machine.provenance import git_output
-from memtrack.measure.case import run_case
 from memtrack.measure.forkserver import ForkServer
-from memtrack.measure.launcher import worker_env
+from memtrack.measure.launcher import launch, new_spec, worker_env
+from memtrack.measure.outcome import to_measurement
 from memtrack.measure.worktree import without_branch_names, worktree
 from memtrack.records import PAIR_FIGURES, GitInfo, Measurement, RunRecord, now
 from memtrack.records.redact import redact
+from memtrack.worker import turns
 from memtrack.worker.measure import time_summary
 from memtrack.workload.registry import Case, ranks_of, suite_hash
 
@@ -42,11 +55,24 @@ class Pairing:
     """What a paired timing did: the run with its pairs, REF's run, and what it says."""
 
     record: RunRecord
-    """The candidate's run, each paired case's measurement holding both sides' passes."""
+    """The candidate's run, each paired case's measurement holding both sides' rounds."""
     ref_record: RunRecord | None
-    """REF's passes as a run of REF (None where no case was paired)."""
+    """REF's iterations as a run of REF (None where no case was paired)."""
     lines: tuple[str, ...]
     """Its cost, and each case left unpaired with why, one line each."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """REF made ready (`reference`): its commit, how it was chosen, its worktree's config
+    file, config and fork server; or why none could be had (one line)."""
+
+    ref: str
+    how: str
+    config_file: Path | None = None
+    config: Config | None = None
+    server: ForkServer | None = None
+    why: str | None = None
 
 
 def resolve_ref(config: Config, against: str, git: GitInfo) -> tuple[str, str]:
@@ -82,10 +108,6 @@ def resolve_ref(config: Config, against: str, git: GitInfo) -> tuple[str, str]:
     return ref, how
 
 
-def pass_median(m: Measurement, figure: str) -> float:
-    return float(statistics.median(_times(m, figure)))
-
-
 def _times(m: Measurement, figure: str) -> Sequence[float]:
     return {
         "device time": m.iteration_device_times_s,
@@ -95,64 +117,33 @@ def _times(m: Measurement, figure: str) -> Sequence[float]:
     }[figure]
 
 
-def _figure(passes: Sequence[Measurement]) -> str:
-    """The first figure (the one load moves least) every pass holds."""
+def pass_medians(m: Measurement, figure: str) -> tuple[float, ...]:
+    """A side's pass medians: its iterations in passes of its `repeats`, in order."""
+    times, n = _times(m, figure), m.repeats
+    return tuple(float(statistics.median(times[i : i + n])) for i in range(0, len(times), n))
+
+
+def _figure(sides: Sequence[Measurement]) -> str:
+    """The first figure (the one load moves least) both sides hold for every iteration."""
     for figure in PAIR_FIGURES:
-        if all(_times(m, figure) for m in passes):
+        if all(len(_times(m, figure)) == len(m.iteration_times_s) > 0 for m in sides):
             return figure
     return "wall time"
-
-
-def _reference_measurement(
-    passes: list[Measurement], figure: str, here: list[float], there: list[float], commit: str
-) -> Measurement:
-    """REF's passes as one timing-only measurement: every pass's iterations in order."""
-    first = passes[0]
-    walls = tuple(t for m in passes for t in m.iteration_times_s)
-    counted = all(m.iteration_instructions for m in passes)
-    return dataclasses.replace(
-        first,
-        kind="timing",
-        repeats=sum(m.repeats for m in passes),
-        **time_summary(walls),
-        iteration_cpu_times_s=tuple(t for m in passes for t in m.iteration_cpu_times_s),
-        iteration_tree_cpu_times_s=tuple(t for m in passes for t in m.iteration_tree_cpu_times_s),
-        iteration_device_times_s=tuple(t for m in passes for t in m.iteration_device_times_s),
-        iteration_instructions=tuple(i for m in passes for i in m.iteration_instructions)
-        if counted
-        else (),
-        duration_s=round(sum(m.duration_s or 0.0 for m in passes), 4),
-        pair_ref=commit,
-        pair_figure=figure,
-        pair_times_s=tuple(there),
-        pair_ref_times_s=tuple(here),
-        notes=(
-            f"timing passes only: the reference side of a paired timing of {commit[:12]} "
-            f"({len(passes)} rounds)",
-        ),
-    )
 
 
 class _NoPair(Exception):
     """Why no case is paired (one line): REF's tree, config or suite cannot be had."""
 
 
-def pair_cases(
-    config: Config,
-    cases: list[Case],
-    record: RunRecord,
-    server: ForkServer,
-    device: str,
-    ref: str,
-    how: str,
-    say: Callable[[str], None] = lambda line: None,
-) -> Pairing:
-    """Time every case of `record` that measured ok against REF, in `config.pair_rounds`
-    rounds; `server`: the run's fork server (the candidate's side). Whatever goes wrong
-    here (an interrupt too), the run itself is kept, unpaired, with a line saying why."""
-    started, t0 = now(), time.perf_counter()
-    try:
-        with worktree(config, ref) as (config_file, why):
+@contextlib.contextmanager
+def reference(config: Config, ref: str, how: str) -> Iterator[Reference]:
+    """REF's worktree, config and fork server for the block (the server imports what REF's
+    cases need at once, beside the run's own server, then waits), or why they cannot be had.
+    Nothing here ends the run: a REF that cannot be had leaves it unpaired, with the
+    reason."""
+    with contextlib.ExitStack() as stack:
+        try:
+            config_file, why = stack.enter_context(worktree(config, ref))
             if config_file is None:
                 raise _NoPair(f"no paired timing against {ref[:12]}: {why}")
             try:
@@ -162,49 +153,70 @@ def pair_cases(
             # REF's tree first on the import path (registry.repository_first): what the
             # workloads import from the repository is REF's, though an editable install
             # points at the user's tree; a package installed otherwise is the same on both
-            with ForkServer.start(worker_env(), cwd=ref_config.root) as ref_server:
-                try:
-                    theirs = {
-                        c.case_id: c for w in ref_server.discover(ref_config) for c in w.cases()
-                    }
-                except MemtrackError as exc:
-                    raise _NoPair(f"no paired timing: {ref[:12]}'s suite: {exc}") from exc
-                # REF's workload code, the candidate's settings (warm-up, repeats, timeout)
-                # and data/ (data is not code, and often not in git)
-                ref_view = dataclasses.replace(config, root=ref_config.root)
-
-                def timed(cfg: Config, case: Case, srv: ForkServer) -> Measurement:
-                    return run_case(
-                        cfg,
-                        case,
-                        device,
-                        record.environment.visible_uuids,
-                        server=srv,
-                        timing_only=True,
-                        data_dir=config.root / "data",
-                    )
-
-                paired, refs, lines = _time_pairs(
-                    record, cases, theirs, (ref_view, ref_server), (config, server), timed, ref, say
-                )
-            ref_git = provenance.git_info(
-                config_file.parent,
-                config.base_branch,
-                env=without_branch_names(),
-                repository=record.git.repository,
+            server = stack.enter_context(
+                ForkServer.start(worker_env(), cwd=ref_config.root, pairs=True)
             )
+            found = Reference(ref, how, config_file, ref_config, server)
+        except _NoPair as exc:
+            found = Reference(ref, how, why=str(exc))
+        except Exception as exc:
+            why = redact(f"{type(exc).__name__}: {exc}".strip().splitlines()[0]) or ""
+            found = Reference(ref, how, why=f"no paired timing against {ref[:12]}: {why}")
+        yield found
+
+
+def pair_cases(
+    config: Config,
+    cases: list[Case],
+    record: RunRecord,
+    server: ForkServer,
+    device: str,
+    against: Reference,
+    say: Callable[[str], None] = lambda line: None,
+) -> Pairing:
+    """Time every case of `record` that measured ok against REF (`against`, made ready by
+    `reference`), in `config.pair_rounds` rounds; `server`: the run's fork server (the
+    candidate's side). Whatever goes wrong here (an interrupt too), the run itself is kept,
+    unpaired, with a line saying why."""
+    ref, how = against.ref, against.how
+    ref_config, ref_server = against.config, against.server
+    if ref_config is None or ref_server is None:
+        return Pairing(record, None, (against.why or f"no paired timing against {ref[:12]}",))
+    assert against.config_file is not None
+    started, t0 = now(), time.perf_counter()
+    try:
+        try:
+            theirs = {c.case_id: c for w in ref_server.discover(ref_config) for c in w.cases()}
+        except MemtrackError as exc:
+            raise _NoPair(f"no paired timing: {ref[:12]}'s suite: {exc}") from exc
+        # REF's workload code, the candidate's settings (warm-up, timeout) and data/ (data
+        # is not code, and often not in git)
+        ref_view = dataclasses.replace(config, root=ref_config.root)
+
+        def timed(ref_case: Case, case: Case) -> tuple[Measurement, Measurement]:
+            return time_pair(
+                config, (ref_view, ref_case, ref_server), (config, case, server), device
+            )
+
+        paired, refs, lines = _time_pairs(record, cases, theirs, timed, ref, say)
+        ref_git = provenance.git_info(
+            against.config_file.parent,
+            config.base_branch,
+            env=without_branch_names(),
+            repository=record.git.repository,
+        )
     except _NoPair as exc:
         return Pairing(record, None, (str(exc),))
     except (Exception, KeyboardInterrupt) as exc:
         why = redact(f"{type(exc).__name__}: {exc}".strip().splitlines()[0]) or ""
         return Pairing(record, None, (f"no paired timing against {ref[:12]}: {why}",))
     if paired:
-        passes = 2 * config.pair_rounds * len(paired)
         lines.insert(
             0,
             f"paired timing against {ref[:12]} ({how}): {len(paired)} case"
-            f"{'s' * (len(paired) != 1)} x {config.pair_rounds} rounds, {passes} timing passes "
-            f"more, {time.perf_counter() - t0:.1f} s",
+            f"{'s' * (len(paired) != 1)} x {config.pair_rounds} rounds, "
+            f"{2 * config.pair_rounds * len(paired)} timing passes more (each side set up "
+            f"once), {time.perf_counter() - t0:.1f} s",
         )
     record = dataclasses.replace(
         record, measurements=tuple(paired.get(m.case_id, m) for m in record.measurements)
@@ -236,15 +248,12 @@ def _time_pairs(
     record: RunRecord,
     cases: list[Case],
     theirs: dict[str, Case],
-    ref_side: tuple[Config, ForkServer],
-    own_side: tuple[Config, ForkServer],
-    timed: Callable[[Config, Case, ForkServer], Measurement],
+    timed: Callable[[Case, Case], tuple[Measurement, Measurement]],
     ref: str,
     say: Callable[[str], None],
 ) -> tuple[dict[str, Measurement], list[Measurement], list[str]]:
-    """Each case of the run that measured ok, timed in rounds against REF's case of the same
-    id: the candidate's paired measurements, REF's, and a line for each case left unpaired."""
-    (ref_config, ref_server), (config, server) = ref_side, own_side
+    """Each case of the run that measured ok, timed against REF's case of the same id: the
+    candidate's paired measurements, REF's, and a line for each case left unpaired."""
     paired: dict[str, Measurement] = {}
     refs: list[Measurement] = []
     lines: list[str] = []
@@ -259,12 +268,15 @@ def _time_pairs(
         if other is None:
             lines.append(f"{m.case_id}: not paired: {ref[:12]} has no such case")
             continue
-        say(f"paired timing · {m.case_id} · {config.pair_rounds} rounds against {ref[:12]}")
-        here, there, failed = _rounds(
-            config.pair_rounds, (ref_config, other, ref_server), (config, case, server), timed, ref
-        )
-        if failed is not None:
-            lines.append(f"{m.case_id}: not paired: {failed}")
+        say(f"paired timing · {m.case_id} against {ref[:12]}")
+        there, here = timed(other, case)
+        failed = [(side, p) for side, p in ((ref[:12], there), ("the candidate", here))]
+        failed = [(side, p) for side, p in failed if p.status != "ok"]
+        if failed:
+            side, p = failed[0]
+            said = (p.message or "").strip().splitlines()
+            why = f"{side}'s side {p.status}: {redact(said[-1]) if said else ''}"
+            lines.append(f"{m.case_id}: not paired: {why}")
             continue
         paired[m.case_id], ref_m = _pair(m, here, there, ref, record.git.commit or "")
         refs.append(ref_m)
@@ -274,45 +286,83 @@ def _time_pairs(
 Side = tuple[Config, Case, ForkServer]
 
 
-def _rounds(
-    rounds: int,
-    ref_side: Side,
-    own_side: Side,
-    timed: Callable[[Config, Case, ForkServer], Measurement],
-    ref: str,
-) -> tuple[list[Measurement], list[Measurement], str | None]:
-    """`rounds` rounds of one timing pass of each side, REF first in the even ones (A B,
-    B A): the candidate's passes, REF's, and where a pass failed, why they stopped."""
-    here: list[Measurement] = []
-    there: list[Measurement] = []
-    for i in range(rounds):
-        sides = [(ref_side, there), (own_side, here)]
-        for (cfg, case, srv), into in sides if i % 2 == 0 else sides[::-1]:
-            p = timed(cfg, case, srv)
-            into.append(p)
-            if p.status != "ok":
-                side = ref[:12] if into is there else "the candidate"
-                said = (p.message or "").strip().splitlines()
-                return here, there, f"{side}'s pass {p.status}: {redact(said[-1]) if said else ''}"
-    return here, there, None
+def time_pair(
+    config: Config, ref_side: Side, own_side: Side, device: str
+) -> tuple[Measurement, Measurement]:
+    """One case timed on both sides at once: two live workers (REF's forked by its server,
+    the candidate's by the run's), each set up and warmed up once, taking turns
+    (worker.turns) through `config.pair_rounds` rounds of one timing pass each. Each side's
+    measurement holds its passes' iterations in order, `repeats` a pass. Both sides together
+    are given the time of two setups and of the rounds, each as long as the case's limit
+    (measure.timeout)."""
+    warmup, repeats, timeout_s = config.settings_for(own_side[1].workload)
+    limit_s = timeout_s * (2 + config.pair_rounds)
+    order = turns.schedule(config.pair_rounds)
+    with tempfile.TemporaryDirectory(prefix="memtrack-pair-") as tmp:
+        folder = Path(tmp)
+        fds = turns.make(folder)
+        try:
+            specs = []
+            for side, (cfg, case, _) in enumerate((ref_side, own_side)):
+                scratch = folder / f"scratch-{side}"  # the case's ctx.scratch_dir
+                scratch.mkdir(mode=0o700)
+                spec = new_spec(
+                    cfg,
+                    case,
+                    device,
+                    warmup,
+                    repeats,
+                    folder / f"result-{side}.json",
+                    scratch_dir=scratch,
+                    timing_only=True,
+                    data_dir=config.root / "data",
+                )
+                specs.append(dataclasses.replace(spec, turns=tmp, side=side, schedule=order))
+            os.write(fds[order[0]], turns.TOKEN)  # the first turn: REF's setup
+            outcomes, _ = launch(specs, limit_s, servers=[ref_side[2], own_side[2]])
+        finally:
+            for fd in fds:
+                os.close(fd)
+    ref_m, own_m = (
+        to_measurement(case, spec, outcome, config.nvml_interval_s, limit_s)
+        for (_, case, _), spec, outcome in zip((ref_side, own_side), specs, outcomes, strict=True)
+    )
+    return ref_m, own_m
 
 
 def _pair(
-    m: Measurement, here: list[Measurement], there: list[Measurement], ref: str, commit: str
+    m: Measurement, here: Measurement, there: Measurement, ref: str, commit: str
 ) -> tuple[Measurement, Measurement]:
-    """The candidate's measurement with both sides' pass medians, and REF's passes as one
+    """The candidate's measurement with both sides' pass medians, and REF's side as one
     timing-only measurement."""
-    figure = _figure([*here, *there])
-    mine = [pass_median(p, figure) for p in here]
-    others = [pass_median(p, figure) for p in there]
+    figure = _figure([here, there])
+    mine, others = pass_medians(here, figure), pass_medians(there, figure)
     paired = dataclasses.replace(
-        m,
-        pair_ref=ref,
-        pair_figure=figure,
-        pair_times_s=tuple(mine),
-        pair_ref_times_s=tuple(others),
+        m, pair_ref=ref, pair_figure=figure, pair_times_s=mine, pair_ref_times_s=others
     )
-    return paired, _reference_measurement(there, figure, mine, others, commit)
+    reference = dataclasses.replace(
+        there,
+        kind="timing",
+        repeats=len(there.iteration_times_s),
+        **time_summary(there.iteration_times_s),
+        pair_ref=commit,
+        pair_figure=figure,
+        pair_times_s=others,
+        pair_ref_times_s=mine,
+        notes=(
+            *there.notes,
+            f"timing passes only: the reference side of a paired timing of {commit[:12]} "
+            f"({len(others)} rounds)",
+        ),
+    )
+    return paired, reference
 
 
-__all__ = ["Pairing", "pair_cases", "pass_median", "resolve_ref"]
+__all__ = [
+    "Pairing",
+    "Reference",
+    "pair_cases",
+    "reference",
+    "resolve_ref",
+    "time_pair",
+]

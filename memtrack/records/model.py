@@ -487,8 +487,8 @@ class Measurement:
     pair_figure: str | None = None
     """The figure of the pair's passes: 'device time', 'CPU time' or 'wall time'."""
     pair_times_s: tuple[float, ...] = ()
-    """This side's timing passes of the pair, each a fresh process: their median iteration
-    times (of `pair_figure`), round by round."""
+    """This side's timing passes of the pair (each a turn of the side's live process): their
+    median iteration times (of `pair_figure`), round by round."""
     pair_ref_times_s: tuple[float, ...] = ()
     """The other side's passes (at `pair_ref`), in the same rounds as `pair_times_s`."""
     session_peak_bytes: int | None = None

@@ -20,6 +20,7 @@ from typing import Any
 
 from memtrack.worker.process import serve
 from memtrack.worker.protocol import ResultFile, Spec
+from memtrack.worker.turns import Turns
 
 
 def _sync(device: Any) -> None:
@@ -77,6 +78,26 @@ def _timing_pass(step: Any, device: Any, repeats: int) -> dict[str, Any]:
         "instructions_note": counters.why,
         **figures,
     }
+
+
+def _joined(passes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A paired side's timing passes as one: their iterations in order (`repeats` each, so
+    that measure.pairs splits them again), the load figures of the last."""
+    joined = dict(passes[-1])
+    for key in ITERATION_LISTS:
+        joined[key] = [x for p in passes for x in p[key]]
+    if any(len(p["iteration_instructions"]) != len(p["iteration_times_s"]) for p in passes):
+        joined["iteration_instructions"] = []  # a pass without the counter: none counted
+    return {**joined, **time_summary(joined["iteration_times_s"])}
+
+
+ITERATION_LISTS = (
+    "iteration_times_s",
+    "iteration_cpu_times_s",
+    "iteration_tree_cpu_times_s",
+    "iteration_device_times_s",
+    "iteration_instructions",
+)
 
 
 def _device_events(device: Any) -> tuple[Any, Any, Any] | None:
@@ -141,26 +162,37 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     # on this project's machine, and the CPU probe collects before every measured
     # iteration; frozen, a collection walks only what the case made.
     gc.freeze()
-    result.update(phase="setup", host_peak_source=host.source)
-    torch.manual_seed(spec.seed)
-    torch.backends.cudnn.benchmark = False  # its workspace depends on what is cached
-    case = _set_up(spec, result, host)
-    ctx, step, loading = case.ctx, case.step, case.loading
-    persistent = case.probe.mark(case.objects)
-    result.notes.extend(_dtype_note(spec.params, case.objects))
-    result.update(
-        phase="warmup",
-        persistent_bytes=persistent,
-        tensor_dtype=tensor_dtype(case.objects),
-        **loading.fields(),
-    )
-    result.notes.extend(loading.notes)
-    distributed.barrier(case.rank)
+    turns = Turns(Path(spec.turns), spec.side, spec.schedule) if spec.turns else None
+    with turns.turn() if turns else contextlib.nullcontext():  # a pair's sides one at a time
+        result.update(phase="setup", host_peak_source=host.source)
+        torch.manual_seed(spec.seed)
+        torch.backends.cudnn.benchmark = False  # its workspace depends on what is cached
+        case = _set_up(spec, result, host)
+        ctx, step, loading = case.ctx, case.step, case.loading
+        persistent = case.probe.mark(case.objects)
+        result.notes.extend(_dtype_note(spec.params, case.objects))
+        result.update(
+            phase="warmup",
+            persistent_bytes=persistent,
+            tensor_dtype=tensor_dtype(case.objects),
+            **loading.fields(),
+        )
+        result.notes.extend(loading.notes)
+        distributed.barrier(case.rank)
 
-    for _ in range(spec.warmup):
-        ctx.new_iteration()
-        step()
-    _sync(ctx.device)
+        for _ in range(spec.warmup):
+            ctx.new_iteration()
+            step()
+        _sync(ctx.device)
+    if turns is not None:  # one side of a paired timing: its passes, in its turns
+        result.update(phase="timing")
+        passes = []
+        for _ in range(turns.passes):
+            with turns.turn():
+                passes.append(_timing_pass(step, ctx.device, spec.repeats))
+        _close(step)
+        result.update(phase="done", **_joined(passes))
+        return
     if spec.snapshot_path:  # `memtrack snapshot`: one more step under the recorder
         from memtrack.probes.snapshot import capture
 

@@ -91,6 +91,14 @@ class Spec:
     sampler_clock: str | None = None
     """The NVML sampler's clock file, where one samples the case: after the memory pass the
     worker holds its level until two samples were taken after it (probes.nvml)."""
+    turns: str | None = None
+    """One side of a paired timing in one live process (worker.turns): the folder of the
+    pair's two turn pipes; its passes and setup wait for their turns."""
+    side: int = 0
+    """Which side of the pair this worker is (0: the reference, 1: the candidate)."""
+    schedule: tuple[int, ...] = ()
+    """The pair's turns, in order: the side each goes to (each side's setup, then its
+    timing passes: A B, B A, ...)."""
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self)))

@@ -1,10 +1,12 @@
-"""`python -m memtrack.worker.server FD RUNNER_PID`: the fork server of one run.
+"""`python -m memtrack.worker.server FD RUNNER_PID [pairs]`: the fork server of one run.
 
 Started once per run by the runner (memtrack.measure.forkserver), it imports torch, the
 suite's workload modules (when the runner asks it to discover the suite) and then the
 worker's modules, once, and forks one fresh process per case: the case's worker, which
 runs `memtrack.worker.measure` as `python -m memtrack.worker` would, without paying for the
-imports again. It also forks the environment probe.
+imports again. It also forks the environment probe; the server of a paired timing's
+reference (`pairs`: measure.pairs) imports what every case imports at once instead, beside
+the run's own server, and then waits while the run's own cases are measured.
 
 CUDA is initialised only after a fork, in the child. The server itself never calls into CUDA
 (nothing here does; torch initialises CUDA lazily, at first use), and before every fork it
@@ -343,7 +345,10 @@ def main(argv: list[str]) -> int:
     server = Server(protocol.Channel(socket.socket(fileno=fd)))
     import torch  # noqa: F401
 
-    server.start_environment_probe()
+    if argv[2:] == ["pairs"]:  # a paired timing's side: its cases are known to import
+        server.warm_up()
+    else:
+        server.start_environment_probe()
     server.loop()  # the rest of what cases import, once the suite is discovered
     for pid in list(server.children):  # none is left running: the runner ended each case
         with contextlib.suppress(OSError):
