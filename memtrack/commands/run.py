@@ -123,12 +123,13 @@ def run(
 
                 reference = stack.enter_context(made_ready(config, *ref))
             cases = _cases(config, start, patterns, shard_t)
+            # the environment first (it waits on the probe): a server's connection is opened
+            # only for the query, never left idle meanwhile (an idle-session timeout ends it)
+            fingerprint = start.environment().fingerprint
             if (store is None or server_db) and not no_db:
                 store = stack.enter_context(open_store(db))
             durations = (
-                store.durations(
-                    start.environment().fingerprint, [c.case_id for c in cases], RECENT_RUNS
-                )
+                store.durations(fingerprint, [c.case_id for c in cases], RECENT_RUNS)
                 if store is not None
                 else {}
             )
