@@ -676,6 +676,26 @@ def infer(ctx):
 TOML = 'modules = ["infer.py"]\nrepeats = 2\nmin_baseline_runs = 1\ntime_regression = "off"\n'
 
 
+def _main_recorded(tmp_path: Path, files: dict[str, str]) -> tuple[Path, Path]:
+    """A repository of `files` on main, committed and recorded: it and its database."""
+    repo, db = init_repo(tmp_path / "repo"), tmp_path / "memtrack.db"
+    for name, text in {**files, "memtrack.toml": TOML, ".gitignore": "__pycache__/\n"}.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    commit_all(repo, "the base branch")
+    _run(repo, db)
+    return repo, db
+
+
+def _pull_request(repo: Path, db: Path, branch: str, files: dict[str, str]) -> None:
+    """A branch off main that changes `files`, committed and recorded."""
+    git(repo, "checkout", "-q", "-b", branch, "main")
+    for name, text in files.items():
+        (repo / name).write_text(text)
+    commit_all(repo, branch)
+    _run(repo, db)
+
+
 def _annotated(repo: Path, db: Path) -> tuple[dict[str, str], str, str]:
     """The blocking allocated annotation of a check: its properties, message, and the
     terminal's text."""
@@ -696,31 +716,18 @@ def test_a_buffer_grown_in_init_is_annotated_at_the_changed_line_else_where_it_w
     annotation is that line; changed through a constant on another line (not among the
     frames that made it), it is the line that made the buffer, and the message says so.
     Either way the where-line names the line that made it, not `(setup)`."""
-    repo, db = init_repo(tmp_path / "repo"), tmp_path / "memtrack.db"
-    (repo / "tiny").mkdir()
-    (repo / "tiny" / "__init__.py").write_text("")
-    (repo / "tiny" / "model.py").write_text(TINY)
-    (repo / "infer.py").write_text(INFER_TINY)
-    (repo / "memtrack.toml").write_text(TOML)
-    (repo / ".gitignore").write_text("__pycache__/\n")
-    commit_all(repo, "a model with a table")
-    _run(repo, db)
-
-    git(repo, "checkout", "-q", "-b", "on-its-line")
-    (repo / "tiny" / "model.py").write_text(TINY.replace("(ROWS, 1024)", "(2 * ROWS, 1024)"))
-    commit_all(repo, "twice the table, on its line")
-    _run(repo, db)
+    files = {"tiny/__init__.py": "", "tiny/model.py": TINY, "infer.py": INFER_TINY}
+    repo, db = _main_recorded(tmp_path, files)
+    twice = TINY.replace("(ROWS, 1024)", "(2 * ROWS, 1024)")
+    _pull_request(repo, db, "on-its-line", {"tiny/model.py": twice})
     props, message, stdout = _annotated(repo, db)
     assert (props["file"], props["line"]) == ("tiny/model.py", "10"), props
     assert "on a line this pull request changed" in message, message
     assert "+1.00 MiB in `Tiny` made at tiny/model.py:10" in stdout, stdout
     assert "(setup)" not in message
 
-    git(repo, "checkout", "-q", "main")
-    git(repo, "checkout", "-q", "-b", "by-a-constant")
-    (repo / "tiny" / "model.py").write_text(TINY.replace("ROWS = 256", "ROWS = 512"))
-    commit_all(repo, "twice the table, by its constant")
-    _run(repo, db)
+    by_a_constant = TINY.replace("ROWS = 256", "ROWS = 512")
+    _pull_request(repo, db, "by-a-constant", {"tiny/model.py": by_a_constant})
     props, message, _ = _annotated(repo, db)
     assert (props["file"], props["line"]) == ("tiny/model.py", "10"), props
     assert "where the memory was made: no line this pull request changed" in message, message
@@ -755,17 +762,8 @@ def test_a_growth_made_through_a_changed_line_in_another_file_is_annotated_there
     """The model is built in made.py and called in infer.py: its activations are allocated
     at the call (infer.py, not in the diff). The pull request widens a layer on made.py's
     line 5, where the growing modules were made: the annotation is that line, not the call."""
-    repo, db = init_repo(tmp_path / "repo"), tmp_path / "memtrack.db"
-    (repo / "made.py").write_text(MADE_ELSEWHERE)
-    (repo / "infer.py").write_text(CALLS)
-    (repo / "memtrack.toml").write_text(TOML)
-    (repo / ".gitignore").write_text("__pycache__/\n")
-    commit_all(repo, "a model built in one file, called in another")
-    _run(repo, db)
-    git(repo, "checkout", "-q", "-b", "wider")
-    (repo / "made.py").write_text(MADE_ELSEWHERE.replace("4 * d", "16 * d"))
-    commit_all(repo, "a wider hidden layer")
-    _run(repo, db)
+    repo, db = _main_recorded(tmp_path, {"made.py": MADE_ELSEWHERE, "infer.py": CALLS})
+    _pull_request(repo, db, "wider", {"made.py": MADE_ELSEWHERE.replace("4 * d", "16 * d")})
     props, message, stdout = _annotated(repo, db)
     assert (props["file"], props["line"]) == ("made.py", "5"), (props, stdout)
     assert "on a line this pull request changed" in message, message
