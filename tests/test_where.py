@@ -63,6 +63,8 @@ FULL_LOGITS = SERVE.replace(
 MOVED = '"""A decoder served greedily."""\n\n\n' + SERVE  # every line three lines down
 
 CASE = "serve[d=64,vocab=8192]"
+TOML = 'modules = ["{module}"]\nrepeats = 2\nmin_baseline_runs = 1\ntime_regression = "off"\n'
+"""A suite of one module, judged on memory alone from one baseline run."""
 
 
 def _memtrack(repo: Path, db: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -91,9 +93,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
     repo, db = init_repo(root / "repo"), root / "db" / "memtrack.db"
     db.parent.mkdir()
     (repo / "serve.py").write_text(SERVE)
-    (repo / "memtrack.toml").write_text(
-        'modules = ["serve.py"]\nrepeats = 2\nmin_baseline_runs = 1\ntime_regression = "off"\n'
-    )
+    (repo / "memtrack.toml").write_text(TOML.format(module="serve.py"))
     (repo / ".gitignore").write_text("data/\n")
     commit_all(repo, "a decoder")
     main_run = _run(repo, db)
@@ -473,6 +473,30 @@ def test_annotations_escape_hostile_names_keep_to_the_repository_and_respect_the
     assert any("file" in p and "line" not in p for _, p, _ in errors)
 
 
+def _main_recorded(
+    tmp_path: Path, files: dict[str, str], module: str = "infer.py"
+) -> tuple[Path, Path]:
+    """A repository of `files` on main, its suite `module`, committed and recorded: it and
+    its database."""
+    repo, db = init_repo(tmp_path / "repo"), tmp_path / "memtrack.db"
+    toml = TOML.format(module=module)
+    for name, text in {**files, "memtrack.toml": toml, ".gitignore": "__pycache__/\n"}.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    commit_all(repo, "the base branch")
+    _run(repo, db)
+    return repo, db
+
+
+def _pull_request(repo: Path, db: Path, branch: str, files: dict[str, str]) -> None:
+    """A branch off main that changes `files`, committed and recorded."""
+    git(repo, "checkout", "-q", "-b", branch, "main")
+    for name, text in files.items():
+        (repo / name).write_text(text)
+    commit_all(repo, branch)
+    _run(repo, db)
+
+
 MANY = """\
 import torch
 from torch import nn
@@ -517,17 +541,9 @@ def many(ctx):
 
 @pytest.mark.slow
 def test_a_small_site_that_grows_is_diffed_against_its_own_baseline_bytes(tmp_path):
-    repo, db = init_repo(tmp_path / "repo"), tmp_path / "memtrack.db"
-    (repo / "wl.py").write_text(MANY.format(grow=0))
-    (repo / "memtrack.toml").write_text(
-        'modules = ["wl.py"]\nrepeats = 2\nmin_baseline_runs = 1\ntime_regression = "off"\n'
-    )
-    commit_all(repo, "thirty blocks")
-    _run(repo, db)
-    git(repo, "checkout", "-q", "-b", "grow")
-    (repo / "wl.py").write_text(MANY.format(grow=256 * 1024))  # 1 MiB more, the smallest
-    commit_all(repo, "the last block keeps 1 MiB more")
-    _run(repo, db)
+    repo, db = _main_recorded(tmp_path, {"wl.py": MANY.format(grow=0)}, "wl.py")
+    # the last block keeps 1 MiB more, the smallest
+    _pull_request(repo, db, "grow", {"wl.py": MANY.format(grow=256 * 1024)})
     code, verdicts = _check(repo, db)
     (allocated,) = [v for v in verdicts if v["metric"] == "allocated"]
     assert code == 1 and allocated["kind"] == "regression", allocated["message"]
@@ -551,17 +567,9 @@ SPREAD = MANY.replace(
 def test_a_growth_spread_over_eight_layers_reads_as_one_group_of_eight(tmp_path):
     """Each of eight blocks keeps 1.25 MiB more: no three of them explain nine tenths of
     the growth, so the where-line names the eight as one, and adds up."""
-    repo, db = init_repo(tmp_path / "repo"), tmp_path / "memtrack.db"
-    (repo / "wl.py").write_text(SPREAD.format(kept=1024, grow=0))
-    (repo / "memtrack.toml").write_text(
-        'modules = ["wl.py"]\nrepeats = 2\nmin_baseline_runs = 1\ntime_regression = "off"\n'
-    )
-    commit_all(repo, "eight blocks")
-    _run(repo, db)
-    git(repo, "checkout", "-q", "-b", "grow")
-    (repo / "wl.py").write_text(SPREAD.format(kept=1024 + 327_680, grow=0))  # 1.25 MiB more each
-    commit_all(repo, "each block keeps 1.25 MiB more")
-    _run(repo, db)
+    repo, db = _main_recorded(tmp_path, {"wl.py": SPREAD.format(kept=1024, grow=0)}, "wl.py")
+    # each block keeps 1.25 MiB more
+    _pull_request(repo, db, "grow", {"wl.py": SPREAD.format(kept=1024 + 327_680, grow=0)})
     code, verdicts = _check(repo, db)
     (allocated,) = [v for v in verdicts if v["metric"] == "allocated"]
     assert code == 1 and allocated["kind"] == "regression", allocated["message"]
@@ -672,28 +680,6 @@ def infer(ctx):
     x = ctx.randn(8, 64)
     return torch.no_grad()(lambda: model(x))
 """
-
-TOML = 'modules = ["infer.py"]\nrepeats = 2\nmin_baseline_runs = 1\ntime_regression = "off"\n'
-
-
-def _main_recorded(tmp_path: Path, files: dict[str, str]) -> tuple[Path, Path]:
-    """A repository of `files` on main, committed and recorded: it and its database."""
-    repo, db = init_repo(tmp_path / "repo"), tmp_path / "memtrack.db"
-    for name, text in {**files, "memtrack.toml": TOML, ".gitignore": "__pycache__/\n"}.items():
-        (repo / name).parent.mkdir(parents=True, exist_ok=True)
-        (repo / name).write_text(text)
-    commit_all(repo, "the base branch")
-    _run(repo, db)
-    return repo, db
-
-
-def _pull_request(repo: Path, db: Path, branch: str, files: dict[str, str]) -> None:
-    """A branch off main that changes `files`, committed and recorded."""
-    git(repo, "checkout", "-q", "-b", branch, "main")
-    for name, text in files.items():
-        (repo / name).write_text(text)
-    commit_all(repo, branch)
-    _run(repo, db)
 
 
 def _annotated(repo: Path, db: Path) -> tuple[dict[str, str], str, str]:

@@ -188,13 +188,22 @@ def pair_text(c: Change) -> str:
     module, source = pair_parts(c.key)
     at = shown_line(c)
     line = f" (line {at})" if at else ""
-    if source == SETUP and c.frames:  # a weight or buffer: where it was made
-        where, line = f"made at {c.frames[0]}", ""
+    made = made_at(c)
+    if made is not None:
+        where, line = f"made at {made}", ""
     else:
         where = f"at {source}"
     if c.count > 1:
         return f"{c.count} x `{module}` {where}{line} ({each(c)})"
     return f"`{module}` {where}{line}" if module else f"{source}{line}"
+
+
+def made_at(c: Change) -> str | None:
+    """Where a weight's or buffer's growth (a '(setup)' pair) was made ('file:line'), where
+    its record says so; None for any other change."""
+    if c.grouping == "pair" and c.frames and pair_parts(c.key)[1] == SETUP:
+        return c.frames[0]
+    return None
 
 
 def shown_line(c: Change) -> int | None:
@@ -210,4 +219,14 @@ def each(c: Change) -> str:
     return f"{about}{format_size(c.delta // c.count)} each"
 
 
-__all__ = ["Change", "Where", "diff", "each", "kept", "pair_text", "shown_line", "where"]
+__all__ = [
+    "Change",
+    "Where",
+    "diff",
+    "each",
+    "kept",
+    "made_at",
+    "pair_text",
+    "shown_line",
+    "where",
+]

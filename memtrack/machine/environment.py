@@ -285,7 +285,7 @@ def from_dict(data: dict[str, Any]) -> Environment:
 
 
 class Probing:
-    """The environment probe running in a child process (`start`), while the caller does
+    """The environment probe, started in a child process when made, while the caller does
     something else; `result()` waits for its answer."""
 
     def __init__(self, env: Mapping[str, str] | None = None):

@@ -55,9 +55,9 @@ class Pairing:
     """What a paired timing did: the run with its pairs, REF's run, and what it says."""
 
     record: RunRecord
-    """The candidate's run, each paired case's measurement holding both sides' rounds."""
+    """The candidate's run, each paired case's measurement holding both sides' passes."""
     ref_record: RunRecord | None
-    """REF's iterations as a run of REF (None where no case was paired)."""
+    """REF's passes as a run of REF (None where no case was paired)."""
     lines: tuple[str, ...]
     """Its cost, and each case left unpaired with why, one line each."""
 
@@ -135,6 +135,12 @@ class _NoPair(Exception):
     """Why no case is paired (one line): REF's tree, config or suite cannot be had."""
 
 
+def _unpaired(ref: str, exc: BaseException) -> str:
+    """Why no case is paired, where something unforeseen went wrong: its first line."""
+    why = redact(f"{type(exc).__name__}: {exc}".strip().splitlines()[0]) or ""
+    return f"no paired timing against {ref[:12]}: {why}"
+
+
 @contextlib.contextmanager
 def reference(config: Config, ref: str, how: str) -> Iterator[Reference]:
     """REF's worktree, config and fork server for the block (the server imports what REF's
@@ -160,8 +166,7 @@ def reference(config: Config, ref: str, how: str) -> Iterator[Reference]:
         except _NoPair as exc:
             found = Reference(ref, how, why=str(exc))
         except Exception as exc:
-            why = redact(f"{type(exc).__name__}: {exc}".strip().splitlines()[0]) or ""
-            found = Reference(ref, how, why=f"no paired timing against {ref[:12]}: {why}")
+            found = Reference(ref, how, why=_unpaired(ref, exc))
         yield found
 
 
@@ -179,10 +184,9 @@ def pair_cases(
     candidate's side). Whatever goes wrong here (an interrupt too), the run itself is kept,
     unpaired, with a line saying why."""
     ref, how = against.ref, against.how
-    ref_config, ref_server = against.config, against.server
-    if ref_config is None or ref_server is None:
+    ref_config, ref_server, ref_file = against.config, against.server, against.config_file
+    if ref_config is None or ref_server is None or ref_file is None:
         return Pairing(record, None, (against.why or f"no paired timing against {ref[:12]}",))
-    assert against.config_file is not None
     started, t0 = now(), time.perf_counter()
     try:
         try:
@@ -200,7 +204,7 @@ def pair_cases(
 
         paired, refs, lines = _time_pairs(record, cases, theirs, timed, ref, say)
         ref_git = provenance.git_info(
-            against.config_file.parent,
+            ref_file.parent,
             config.base_branch,
             env=without_branch_names(),
             repository=record.git.repository,
@@ -208,8 +212,7 @@ def pair_cases(
     except _NoPair as exc:
         return Pairing(record, None, (str(exc),))
     except (Exception, KeyboardInterrupt) as exc:
-        why = redact(f"{type(exc).__name__}: {exc}".strip().splitlines()[0]) or ""
-        return Pairing(record, None, (f"no paired timing against {ref[:12]}: {why}",))
+        return Pairing(record, None, (_unpaired(ref, exc),))
     if paired:
         lines.insert(
             0,
@@ -270,8 +273,8 @@ def _time_pairs(
             continue
         say(f"paired timing · {m.case_id} against {ref[:12]}")
         there, here = timed(other, case)
-        failed = [(side, p) for side, p in ((ref[:12], there), ("the candidate", here))]
-        failed = [(side, p) for side, p in failed if p.status != "ok"]
+        sides = ((ref[:12], there), ("the candidate", here))
+        failed = [(side, p) for side, p in sides if p.status != "ok"]
         if failed:
             side, p = failed[0]
             said = (p.message or "").strip().splitlines()

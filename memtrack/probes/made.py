@@ -1,7 +1,7 @@
 """Where the persistent set was made: while a case sets up, the frames in the workload's own
 files (workload.frames.own) at which each parameter, buffer and submodule was registered on
 its module, innermost first. A weights' or buffers' growth is then named by the line that
-made the grown tensor ('`table` made at tiny/model.py:7'), and a pull request's changed line
+made the grown tensor ('`Tiny` made at tiny/model.py:10'), and a pull request's changed line
 among those frames is where its annotation points (probes.sites keeps them on each site).
 
 Global registration hooks of `torch.nn` (`register_module_*_registration_hook`): a tensor

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from memtrack.judge.decide import CheckResult
 from memtrack.judge.verdict import Verdict
-from memtrack.judge.where import Change, shown_line
-from memtrack.records import SETUP, pair_parts
+from memtrack.judge.where import made_at, shown_line
+from memtrack.records import pair_parts
 from memtrack.report.rows import label, signed_delta
 from memtrack.report.words import message
 
@@ -85,15 +85,16 @@ def _site(v: Verdict, root: Path, changed: dict[str, frozenset[int]]) -> tuple[l
         return [], ""
     places = [c for c in v.where.named if c.grouping != "process"]  # a process: no file
     for change in places:
-        for frame in change.frames if shown_line(change) or _made(change) else ():
+        for frame in change.frames if shown_line(change) or made_at(change) else ():
             file, _, line = frame.rpartition(":")
             if line.isdigit() and int(line) in changed.get(file, ()):
                 found = _at(file, int(line), root)
                 if found:
                     return found, ON_A_CHANGED_LINE
     for change in places:
-        if _made(change):
-            file, _, line = change.frames[0].rpartition(":")
+        made = made_at(change)
+        if made is not None:
+            file, _, line = made.rpartition(":")
             found = _at(file, int(line) if line.isdigit() else None, root)
         else:
             source = pair_parts(change.key)[1] if change.grouping == "pair" else change.key
@@ -101,11 +102,6 @@ def _site(v: Verdict, root: Path, changed: dict[str, frozenset[int]]) -> tuple[l
         if found:
             return found, WHERE_MADE if changed else ""
     return [], ""
-
-
-def _made(change: Change) -> bool:
-    """A weight's or buffer's growth whose record says where it was made."""
-    return change.grouping == "pair" and pair_parts(change.key)[1] == SETUP and bool(change.frames)
 
 
 def _at(file: str, line: int | None, root: Path) -> list[str]:

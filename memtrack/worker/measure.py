@@ -80,6 +80,15 @@ def _timing_pass(step: Any, device: Any, repeats: int) -> dict[str, Any]:
     }
 
 
+ITERATION_LISTS = (
+    "iteration_times_s",
+    "iteration_cpu_times_s",
+    "iteration_tree_cpu_times_s",
+    "iteration_device_times_s",
+    "iteration_instructions",
+)
+
+
 def _joined(passes: list[dict[str, Any]]) -> dict[str, Any]:
     """A paired side's timing passes as one: their iterations in order (`repeats` each, so
     that measure.pairs splits them again), the load figures of the last."""
@@ -89,15 +98,6 @@ def _joined(passes: list[dict[str, Any]]) -> dict[str, Any]:
     if any(len(p["iteration_instructions"]) != len(p["iteration_times_s"]) for p in passes):
         joined["iteration_instructions"] = []  # a pass without the counter: none counted
     return {**joined, **time_summary(joined["iteration_times_s"])}
-
-
-ITERATION_LISTS = (
-    "iteration_times_s",
-    "iteration_cpu_times_s",
-    "iteration_tree_cpu_times_s",
-    "iteration_device_times_s",
-    "iteration_instructions",
-)
 
 
 def _device_events(device: Any) -> tuple[Any, Any, Any] | None:
