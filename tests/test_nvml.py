@@ -576,7 +576,7 @@ CHILD_WORKLOAD = textwrap.dedent(
         log = os.environ["WATCHED_LOG"]
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         with open(os.environ["CHILD_PID"], "w") as f:
-            f.write(str(child.pid))
+            f.write(f"{os.getpid()} {child.pid}")
         while str(child.pid) not in open(log).read().split():
             time.sleep(0.01)
         child.kill()
@@ -610,8 +610,14 @@ def test_the_sampler_is_told_of_the_workers_descendants_with_fake_nvml(
     )
     sampler = RecordingSampler(log)
     assert sampler.start()
+    assert sampler.proc is not None
+    sampler_pid = sampler.proc.pid
     (outcome,), _ = launch([spec], 120, sampler=sampler)
     assert outcome.result.status == "ok", outcome.stderr_tail
     watched = log.read_text().split()
-    assert child.read_text() in watched  # the worker's child, found by the process tree
-    assert len(watched) == 2  # and the worker itself
+    worker_pid, child_pid = child.read_text().split()
+    assert watched[0] == worker_pid  # the worker, told before it runs
+    assert child_pid in watched  # the worker's child, found by the process tree
+    # none of the runner's own (torch's CUDA build also runs `ldconfig -p` as it is imported:
+    # a short-lived child of the worker, watched too)
+    assert str(sampler_pid) not in watched and str(os.getpid()) not in watched
