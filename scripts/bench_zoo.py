@@ -21,7 +21,9 @@ median step time. Goals: all ok, weights exact, framework peak within 2 % of the
 interposer's where the case is deterministic, repeats equal, estimates within 5 % or the
 reason why not.
 
-Needs gcc and the zoo extra: `pip install -e ".[zoo]"`.
+Needs gcc and the zoo extra: `pip install -e ".[zoo]"`. The estimate of a trainer's case
+(`hf_trainer_train`, `lightning_fit`) is refused: its loop runs in a thread of its own,
+which fake tensors do not follow.
 
     python scripts/bench_zoo.py [-k PATTERN ...] [--keep]
 """
@@ -73,6 +75,8 @@ FAMILIES = {
     "autocast_train": "autocast",
     "ao_int8_dynamic": "torch.ao int8 dynamic",
     "torchao_int8_weight_only": "torchao int8 weight-only",
+    "hf_trainer_train": "HF Trainer",
+    "lightning_fit": "Lightning",
 }
 
 REFERENCE = r"""
@@ -98,6 +102,7 @@ for _ in range(3):
     step = find(sys.argv[3]).fn(ctx)
     for _ in range(2):
         step()
+    getattr(step, "close", lambda: None)()  # a trainer's loop, in its thread, ended
     del step, ctx
     gc.collect()
     if lib.memref_current() <= start:

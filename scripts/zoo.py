@@ -400,3 +400,77 @@ def torchao_int8_weight_only(ctx):
         return model(x)
 
     return step
+
+
+class _Tokens(torch.utils.data.Dataset):
+    """Pinned token ids, a causal LM's inputs and labels alike."""
+
+    def __init__(self, n: int, length: int):
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, VOCAB, (n, length), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+@memtrack.workload
+def hf_trainer_train(ctx):
+    """HF `Trainer.train()` of a Llama, AdamW, two DataLoader workers: one optimizer step per
+    iteration (memtrack.integrations.huggingface)."""
+    from transformers import Trainer, TrainingArguments
+
+    from memtrack.integrations.huggingface import train_steps
+
+    args = TrainingArguments(
+        output_dir=str(ctx.scratch_dir),
+        per_device_train_batch_size=4,
+        use_cpu=True,
+        dataloader_num_workers=2,
+        dataloader_persistent_workers=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = Trainer(model=_llama(2), args=args, train_dataset=_Tokens(32, 64))
+    return train_steps(ctx, trainer)
+
+
+@memtrack.workload
+def lightning_fit(ctx):
+    """Lightning `Trainer.fit()` of an MLP regressor, AdamW, two DataLoader workers: one
+    optimizer step per iteration (memtrack.integrations.lightning)."""
+    import lightning as L
+
+    from memtrack.integrations.lightning import fit_steps
+
+    class Regressor(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _mlp()
+
+        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3, foreach=False)
+
+    g = torch.Generator().manual_seed(ctx.seed)
+    data = torch.utils.data.TensorDataset(
+        torch.randn(256, 512, generator=g), torch.randn(256, 512, generator=g)
+    )
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=64, num_workers=2, persistent_workers=True
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    return fit_steps(ctx, trainer, Regressor(), train_dataloaders=loader)

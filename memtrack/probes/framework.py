@@ -499,12 +499,11 @@ class MemTrackerProbe:
 
     @contextlib.contextmanager
     def _events(self) -> Iterator[list[int]]:
-        """The allocations and frees of this thread, and of the session threads where the
-        case has several sessions (`session_scope`), in time order, filled in when the
-        block ends."""
+        """The allocations and frees of this thread, and of every thread that enters
+        `session_scope` meanwhile (concurrent sessions, a trainer's loop), in time order,
+        filled in when the block ends."""
         threads = ThreadEvents()
-        if self.sessions > 1:
-            self._threads = threads
+        self._threads = threads  # concurrent sessions', or a trainer's loop's, thread too
         try:
             with cpu_allocator_events(threads) as recorded:
                 yield recorded

@@ -241,6 +241,7 @@ def _set_up(spec: Spec, result: ResultFile, host: Any) -> _Case:
     from memtrack.probes.made import making
     from memtrack.worker import distributed
     from memtrack.workload.context import Context
+    from memtrack.workload.driven import Driven
     from memtrack.workload.registry import find, import_workload_module, repository_first
 
     rank = distributed.setup(spec)  # None unless the case has the `ranks` param
@@ -280,6 +281,9 @@ def _set_up(spec: Spec, result: ResultFile, host: Any) -> _Case:
             f"{sessions} concurrent sessions per iteration (threads"
             + (", one CUDA stream each)" if is_cuda else ")")
         )
+    if isinstance(step, Driven):  # a trainer's loop, in its thread: it enters the scope
+        step.scope = probe.session_scope
+    result.notes.extend(ctx.notes)
     objects = ctx.marked_objects if ctx.marked_objects is not None else ()
     if ctx.marked_objects is None:
         result.notes.append("no ctx.mark(): the persistent set is what setup left")
@@ -472,10 +476,12 @@ def _one_session(
 
 
 def _close(step: Any) -> None:
-    """End the session threads of a concurrent case (a plain step has none)."""
+    """End the session threads of a concurrent case, or a trainer's loop (a plain step has
+    neither)."""
+    from memtrack.workload.driven import Driven
     from memtrack.workload.sessions import Sessions
 
-    if isinstance(step, Sessions):
+    if isinstance(step, (Sessions, Driven)):
         step.close()
 
 

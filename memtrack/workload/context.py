@@ -30,6 +30,20 @@ DTYPES = {
     "int8": "int8",
 }
 
+PRECISIONS = ("64-true", "32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
+"""What the reserved `precision` param may declare, in Lightning's names: `*-true` keeps the
+weights and the compute in that type; `*-mixed` computes under autocast in 16 bits over
+float32 weights (their master copy), which `dtype` cannot say (it names the weights')."""
+
+
+def precision(params: dict[str, Any]) -> str | None:
+    """The case's declared precision (the `precision` param), None without one; a value
+    memtrack does not know is refused."""
+    value = params.get("precision")
+    if value is not None and value not in PRECISIONS:
+        raise WorkloadError(f"param precision={value!r} is not one of {', '.join(PRECISIONS)}")
+    return value
+
 
 class Context:
     """Given to a workload: params, device, dtype, seeded inputs, and marks.
@@ -65,6 +79,10 @@ class Context:
         if dtype_name not in DTYPES:
             raise WorkloadError(f"param dtype={dtype_name!r} is not one of {', '.join(DTYPES)}")
         self.dtype: torch.dtype = getattr(torch, DTYPES[dtype_name])
+        self.precision = precision(params)
+        """The declared precision (the `precision` param, e.g. 'bf16-mixed'), else None."""
+        self.notes: list[str] = []
+        """Lines the case's record keeps in its notes (`note()`)."""
         self.concurrency = concurrency(params)
         """Sessions of the step that run at once (the `concurrency` param; 1 without it)."""
         self.data_dir = data_dir
@@ -91,6 +109,10 @@ class Context:
     def mark(self, *objects: Any) -> None:
         """End of setup. Pass the modules and optimizers that make the persistent set."""
         self.marked_objects = objects
+
+    def note(self, line: str) -> None:
+        """A line for the case's record's notes (what setup found worth saying)."""
+        self.notes.append(line)
 
     def tag_cache(self, *tensors: torch.Tensor) -> None:
         """Count these tensors as request-sized caches (a KV cache, ...): the breakdown

@@ -1,0 +1,307 @@
+"""Trainers as cases without hand work (memtrack.integrations): a Hugging Face `Trainer` and a
+Lightning `Trainer`, each driving its own loop with real DataLoader workers, one optimizer
+step per iteration; their loop (workload.driven) on its own first. Real repositories, real
+`memtrack run` and `memtrack check`."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+from factories import GIT_ENV, commit_all, git, init_repo, memtrack_cli
+
+from memtrack.errors import WorkloadError
+from memtrack.workload.driven import Driven
+
+
+def test_a_driven_loop_runs_one_step_per_call_and_says_when_it_ran_out():
+    """Each call lets the loop run to its next pause; a loop that returns while memtrack still
+    calls is an error naming the loop and how far it got."""
+    done = []
+    driven = Driven(lambda: loop(driven, 3, done), "trainer.train()")
+    driven.start()  # paused at its begin: nothing stepped yet
+    assert done == []
+    driven()
+    driven()
+    assert done == [0, 1] and driven.steps == 2
+    driven()
+    with pytest.raises(WorkloadError, match=r"trainer.train\(\) ended after 3 optimizer steps"):
+        driven()
+    with pytest.raises(WorkloadError, match="ended after 3 optimizer steps"):
+        driven()  # and every call after it
+
+
+def loop(driven: Driven, steps: int, done: list[int]) -> None:
+    """A training loop as a framework runs it: a pause at its begin, one after each step."""
+    driven.pause()
+    for i in range(steps):
+        done.append(i)
+        driven.pause()
+
+
+def test_a_loops_error_is_raised_by_the_call_and_close_ends_the_loop_at_its_pause():
+    def fails() -> None:
+        driven.pause()
+        driven.pause()
+        raise MemoryError("the step ran the host out of memory")
+
+    driven = Driven(fails, "trainer.fit()")
+    driven.start()
+    driven()
+    with pytest.raises(MemoryError, match="ran the host out"):
+        driven()
+
+    endless = Driven(lambda: loop(endless, 10**9, []), "trainer.fit()")
+    endless.start()
+    endless()
+    endless.close()
+    assert not endless.thread.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        endless()
+
+
+def test_each_step_runs_inside_the_scope_set_before_it_in_the_loop_s_thread():
+    """memtrack's CPU tracker is per thread: the loop's thread enters the scope around each
+    step, the one set when the step begins."""
+    entered: list[tuple[str, str]] = []
+
+    class Scope:
+        def __init__(self, name: str):
+            self.name = name
+
+        def __enter__(self) -> None:
+            entered.append((self.name, threading.current_thread().name))
+
+        def __exit__(self, *exc: object) -> None:
+            entered.append((f"/{self.name}", threading.current_thread().name))
+
+    driven = Driven(lambda: loop(driven, 5, []), "trainer.train()")
+    driven.start()
+    driven.scope = lambda: Scope("a")
+    driven()
+    driven.scope = lambda: Scope("b")
+    driven()
+    assert entered == [(n, "memtrack-loop") for n in ("a", "/a", "b", "/b")]
+    driven.close()
+
+
+# -- Hugging Face -----------------------------------------------------------------------------
+
+FINE_TUNE = """\
+import torch
+from torch.utils.data import Dataset
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+import memtrack
+from memtrack.integrations.huggingface import train_steps
+{callback_import}
+
+CONFIG = LlamaConfig(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+    num_attention_heads=4, num_key_value_heads=4,
+)
+
+
+class Tokens(Dataset):
+    def __init__(self, n, length):
+        self.ids = torch.randint(0, 512, (n, length), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {{"input_ids": self.ids[i], "labels": self.ids[i]}}
+
+
+@memtrack.workload(params={params})
+def fine_tune(ctx):
+    args = TrainingArguments(
+        output_dir=str(ctx.scratch_dir),
+        per_device_train_batch_size=4,
+        bf16=ctx["bf16"],
+        use_cpu=True,
+        dataloader_num_workers=2,
+        dataloader_persistent_workers=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = Trainer(
+        model=LlamaForCausalLM(CONFIG),
+        args=args,
+        train_dataset=Tokens(16, 32),  # 4 steps an epoch: the loop goes on past its epochs
+        callbacks=[{callbacks}],
+    )
+    return train_steps(ctx, trainer)
+"""
+
+KEEPS = """\
+import torch
+from transformers import TrainerCallback
+
+
+class KeepsEveryStep(TrainerCallback):
+    def __init__(self):
+        self.kept = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.kept.append(torch.ones(128 * 1024))  # 512 KiB kept by every optimizer step
+"""
+
+TOML = (
+    'modules = ["wl.py"]\nrepeats = 3\nwarmup = 1\nmin_baseline_runs = 1\ntime_regression = "off"\n'
+)
+
+
+def _repository(tmp_path: Path, files: dict[str, str]) -> tuple[Path, Path]:
+    repo, db = init_repo(tmp_path / "repo"), tmp_path / "memtrack.db"
+    for name, text in {**files, "memtrack.toml": TOML, ".gitignore": "__pycache__/\n"}.items():
+        (repo / name).write_text(text)
+    commit_all(repo, "a trainer's case")
+    return repo, db
+
+
+def _measured(repo: Path, db: Path) -> dict[str, dict]:
+    """`memtrack run` of the repository: each case's measurement, by case id."""
+    out = repo.parent / "run.json"
+    done = memtrack_cli(repo, "run", "--json", str(out), env={**GIT_ENV, "MEMTRACK_DB": str(db)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {m["case_id"]: m for m in json.loads(out.read_text())["measurements"]}
+
+
+def _param_bytes(model) -> tuple[int, int]:
+    """A model's parameters: their bytes and how many tensors hold them."""
+    params = list(model.parameters())
+    return sum(p.numel() * p.element_size() for p in params), len(params)
+
+
+def test_a_hugging_face_trainer_is_a_case_in_a_few_lines_with_its_optimizer_and_workers(
+    tmp_path,
+):
+    """`train_steps(ctx, trainer)`: the model and AdamW's state are the persistent set, each
+    iteration is an optimizer step inside `train()`, the two DataLoader workers are in the
+    process tree, and the declared precision is the trainer's or the case is refused."""
+    transformers = pytest.importorskip("transformers")
+    params = '{"bf16": [True, False], "precision": "bf16-mixed"}'
+    wl = FINE_TUNE.format(callback_import="", params=params, callbacks="")
+    repo, db = _repository(tmp_path, {"wl.py": wl})
+    measured = _measured(repo, db)
+    ok = measured["fine_tune[bf16=True,precision=bf16-mixed]"]
+    assert ok["status"] == "ok", ok["message"]
+    config = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
+    weights, tensors = _param_bytes(transformers.LlamaForCausalLM(config))
+    assert ok["categories"]["Parameter"] == weights
+    # AdamW's two moments of every parameter, and its step count (a 4-byte tensor each)
+    assert ok["optimizer_state_bytes"] == 2 * weights + 4 * tensors
+    assert ok["dtype"] == "float32"  # bf16 autocast over float32 weights: said by `precision`
+    assert not [n for n in ok["notes"] if n.startswith(("dtype", "precision"))], ok["notes"]
+    processes = {s["key"] for s in ok["sites"] if s["grouping"] == "process"}
+    assert {"main", "pt_data_worker 1", "pt_data_worker 2"} <= processes, processes
+
+    refused = measured["fine_tune[bf16=False,precision=bf16-mixed]"]
+    assert refused["status"] == "error"
+    assert "param precision='bf16-mixed', but the trainer runs 32-true" in refused["message"]
+
+
+def test_a_trainer_callback_s_leak_blocks_and_names_the_callback_s_line(tmp_path):
+    """A pull request adds a callback that keeps a tensor at every optimizer step: its check
+    blocks on the leak and says where, by the callback's file and line."""
+    pytest.importorskip("transformers")
+    plain = FINE_TUNE.format(callback_import="", params='{"bf16": False}', callbacks="")
+    repo, db = _repository(tmp_path, {"wl.py": plain})
+    _measured(repo, db)
+    git(repo, "checkout", "-q", "-b", "keeps")
+    (repo / "callbacks.py").write_text(KEEPS)
+    (repo / "wl.py").write_text(
+        FINE_TUNE.format(
+            callback_import="from callbacks import KeepsEveryStep",
+            params='{"bf16": False}',
+            callbacks="KeepsEveryStep()",
+        )
+    )
+    commit_all(repo, "a callback that keeps every step's tensor")
+    (m,) = _measured(repo, db).values()
+    assert m["status"] == "ok", m["message"]
+    out = tmp_path / "verdicts.json"
+    done = memtrack_cli(repo, "check", "--json", str(out), env={**GIT_ENV, "MEMTRACK_DB": str(db)})
+    assert done.returncode == 1, done.stdout + done.stderr
+    (leak,) = [v for v in json.loads(out.read_text())["verdicts"] if v["kind"] == "leak"]
+    assert "+512.00 KiB in `(no module)` at callbacks.py:on_step_end (line 10)" in leak["message"]
+
+
+# -- Lightning --------------------------------------------------------------------------------
+
+FIT = """\
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import memtrack
+from memtrack.integrations.lightning import fit_steps
+
+
+class Regressor(L.LightningModule):
+    def __init__(self, width):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+@memtrack.workload(params={"width": 512, "precision": "32-true"})
+def fit(ctx):
+    g = torch.Generator().manual_seed(ctx.seed)
+    data = TensorDataset(torch.randn(64, 64, generator=g), torch.randn(64, 1, generator=g))
+    loader = DataLoader(data, batch_size=16, num_workers=2, persistent_workers=True)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        precision=ctx.precision,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_epochs=1,  # 4 steps: lifted, memtrack ends the loop
+    )
+    return fit_steps(ctx, trainer, Regressor(ctx["width"]), train_dataloaders=loader)
+"""
+
+
+def test_a_lightning_fit_is_a_case_in_a_few_lines_with_its_optimizer_and_workers(tmp_path):
+    pytest.importorskip("lightning")
+    repo, db = _repository(tmp_path, {"wl.py": FIT})
+    (m,) = _measured(repo, db).values()
+    assert m["status"] == "ok", m["message"]
+    weights = (64 * 512 + 512 + 512 + 1) * 4
+    assert m["weights_bytes"] == weights
+    assert m["optimizer_state_bytes"] == 2 * weights + 4 * 4  # AdamW's moments, 4 step counts
+
+
+def test_a_declared_precision_is_one_memtrack_knows_and_a_trainer_is_never_estimated(tmp_path):
+    from memtrack.integrations import drive
+    from memtrack.workload.context import Context
+
+    assert Context({"precision": "bf16-mixed"}, 0, "cpu", tmp_path).precision == "bf16-mixed"
+    assert Context({}, 0, "cpu", tmp_path).precision is None
+    with pytest.raises(WorkloadError, match=r"precision='bf16' is not one of .*bf16-mixed"):
+        Context({"precision": "bf16"}, 0, "cpu", tmp_path)
+    fake = Context({}, 0, "cpu", tmp_path, fake=True)
+    started = []
+    with pytest.raises(WorkloadError, match=r"trainer.fit\(\) runs in a thread of its own"):
+        drive(fake, lambda: started.append(1), "trainer.fit()", lambda d: None)
+    assert started == []  # refused before the loop ran
