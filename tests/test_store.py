@@ -413,6 +413,8 @@ def test_the_estimate_beside_a_case_is_its_commits_else_its_newest_by_an_index(t
     with Store.open(tmp_path / "m.db") as store:
         ours = store.latest_estimates([a, b, never], commit)
         newest = store.latest_estimates(iter([never, b, a]), "cd" * 20)
+        only_ours = store.latest_estimates([a, b, never], commit, exact=True)
+        none_of = store.latest_estimates([a, b], "cd" * 20, exact=True)
         statements: list[str] = []
         store.conn.set_trace_callback(statements.append)
         store.latest_estimates([a, b, never], commit)
@@ -429,6 +431,7 @@ def test_the_estimate_beside_a_case_is_its_commits_else_its_newest_by_an_index(t
 
     assert figures(ours) == {a: (3, True), b: (7, False)}  # `never` was never estimated
     assert figures(newest) == {a: (5, False), b: (7, False)}  # the failed one is left out
+    assert figures(only_ours) == {a: (3, True)} and none_of == {}  # `exact`: its commit's
     assert ours[a]["run_id"] == runs[30].run_id and newest[b]["run_id"] == runs[32].run_id
     assert any("idx_measurements_estimates" in p for p in plans), plans
     assert not any("idx_measurements_case_id_run_id" in p for p in plans), plans

@@ -1002,16 +1002,17 @@ class Store:
         rows = self.conn.execute(
             "select * from measurements where run_id = ? order by id", [run_id]
         ).fetchall()
+        # each per-measurement table read once for the whole run: a query per measurement
+        # was a round trip each on a server (200 of a 50-case check's 420)
+        devices = self._by_measurement(
+            "device_measurements", run_id, 'order by d.measurement_id, d."index"'
+        )
+        all_ranks = self._by_measurement(
+            "rank_measurements", run_id, "order by d.measurement_id, d.rank"
+        )
         for r in rows:
             row = dict(r)
-            devs = self.conn.execute(
-                'select * from device_measurements where measurement_id = ? order by "index"',
-                [row["id"]],
-            ).fetchall()
-            ranks = self.conn.execute(
-                "select * from rank_measurements where measurement_id = ? order by rank",
-                [row["id"]],
-            ).fetchall()
+            devs, ranks = devices.get(row["id"], []), all_ranks.get(row["id"], [])
             row["devices"] = row["ranks"] = None
             m = _unprefixed(Measurement, row, "", _MEASUREMENT_JSON)
             yield dataclasses.replace(
@@ -1029,6 +1030,18 @@ class Store:
                     if getattr(m, name) is None and name != "sites"
                 },
             )
+
+    def _by_measurement(self, table: str, run_id: str, order: str) -> dict[int, list[Any]]:
+        """The rows of a per-measurement `table` (devices, ranks) of a run's measurements,
+        by measurement id, in `order`."""
+        found: dict[int, list[Any]] = {}
+        for d in self.conn.execute(
+            f"select d.* from {table} d where d.measurement_id in "
+            f"(select id from measurements where run_id = ?) {order}",
+            [run_id],
+        ):
+            found.setdefault(d["measurement_id"], []).append(d)
+        return found
 
     def run_ids(
         self, *, commit: str | None = None, limit: int = 50, measured: bool = False
@@ -1081,35 +1094,48 @@ class Store:
         return rows
 
     def latest_estimates(
-        self, case_ids: Iterable[str], commit: str | None = None
+        self, case_ids: Iterable[str], commit: str | None = None, *, exact: bool = False
     ) -> dict[str, dict[str, Any]]:
         """Per case id, its estimate (`memtrack estimate`) of `commit` if there is one, else
-        its newest: run_id, git_commit, started_at, peak_allocated_bytes, and the kernel
-        scratch included in it and the measured run it came from (scratch_bytes,
-        scratch_run_id: None where the estimate excludes scratch). Cases never estimated
-        (successfully) are left out."""
+        its newest (with `exact`, only those of `commit`): run_id, git_commit, started_at,
+        peak_allocated_bytes, and the kernel scratch included in it and the measured run it
+        came from (scratch_bytes, scratch_run_id: None where the estimate excludes scratch).
+        Cases never estimated (successfully) are left out."""
         conn, case_ids = self.conn, list(case_ids)
         ok = "kind = 'estimate' and status = 'ok' and peak_allocated_bytes is not null"
-        wanted = {
-            case
-            for case in case_ids
-            if conn.execute(
-                f"select 1 from measurements where case_id = ? and {ok} limit 1", [case]
-            ).fetchone()
-        }
+        wanted: set[str] = set()
+        for i in range(0, len(case_ids), 500):  # one query per 500 cases, not one per case
+            chunk = case_ids[i : i + 500]
+            wanted |= {
+                r[0]
+                for r in conn.execute(
+                    f"select distinct case_id from measurements where {ok} "
+                    f"and case_id in ({', '.join('?' for _ in chunk)})",
+                    chunk,
+                )
+            }
         out: dict[str, dict[str, Any]] = {}
         if not wanted:
             return out
         # Estimate runs in the order of preference, walked until every case has its estimate:
         # a run estimates a whole suite, so the first one or two answer every case, however
         # many estimates are stored (a lookup per case would join all of each case's).
-        runs = conn.execute(
-            "select run_id, git_commit, started_at from runs where run_id in "
-            "(select run_id from measurements where kind = 'estimate') "
-            f"and {self.in_repository('runs')} "
-            "order by case when git_commit = ? then 1 else 0 end desc, started_at desc",
-            [self.scope, commit],
-        )
+        if exact:  # the commit's runs (an index lookup), each asked whether it estimated
+            runs = conn.execute(
+                "select run_id, git_commit, started_at from runs where git_commit = ? "
+                "and exists (select 1 from measurements m where m.run_id = runs.run_id "
+                f"and m.kind = 'estimate') and {self.in_repository('runs')} "
+                "order by started_at desc",
+                [commit, self.scope],
+            )
+        else:
+            runs = conn.execute(
+                "select run_id, git_commit, started_at from runs where run_id in "
+                "(select run_id from measurements where kind = 'estimate') "
+                f"and {self.in_repository('runs')} "
+                "order by case when git_commit = ? then 1 else 0 end desc, started_at desc",
+                [self.scope, commit],
+            )
 
         def rank(run: sqlite3.Row) -> tuple[bool, str]:  # that order, to group its ties
             return commit is not None and run[1] == commit, run[2]

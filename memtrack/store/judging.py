@@ -169,14 +169,32 @@ def base_runs(
     )
 
 
-def measured_elsewhere(store: Store, case_id: str, run_id: str) -> bool:
-    """Whether a run other than `run_id` measured the case."""
-    row = store.conn.execute(
-        "select 1 from measurements where case_id = ? and run_id != ? "
-        "and kind = 'measured' limit 1",
-        [case_id, run_id],
-    ).fetchone()
-    return row is not None
+CHUNK = 500
+"""Cases per query where a question is asked of each (a list of values, bound each)."""
+
+
+def _chunks(items: list[str]) -> Iterator[list[str]]:
+    for i in range(0, len(items), CHUNK):
+        yield items[i : i + CHUNK]
+
+
+def measured_elsewhere(store: Store, case_ids: Iterable[str], run_id: str) -> set[str]:
+    """Of `case_ids`, those that a run other than `run_id` measured. One query for them all
+    (a round trip each was most of a check's time on a server), each case an index lookup
+    that stops at its first row."""
+    found: set[str] = set()
+    for chunk in _chunks(list(dict.fromkeys(case_ids))):
+        cases = ", ".join("(cast(? as text))" for _ in chunk)
+        found |= {
+            r[0]
+            for r in store.conn.execute(
+                f"select v.column1 from (values {cases}) as v where exists (select 1 from "
+                "measurements m where m.case_id = v.column1 and m.run_id != ? "
+                "and m.kind = 'measured')",
+                [*chunk, run_id],
+            )
+        }
+    return found
 
 
 def ever_measured(store: Store, name: str) -> bool:
@@ -217,10 +235,10 @@ select v.run_id, v.case_id, v.metric, v.baseline_value, v.threshold, v.candidate
        v.delta, v.delta_pct, v.component, v.component_delta,
        r.git_commit, r.git_subject, r.started_at, r.fingerprint
 from verdicts v cross join runs r on r.run_id = v.run_id
-where v.context = 'base' and v.kind = 'regression' and v.case_id = :case
+where v.context = 'base' and v.kind = 'regression' and v.case_id in ({cases})
   and r.git_branch = :branch and v.threshold is not null {more}
   and {in_repository}
-order by r.started_at desc
+order by v.case_id, r.started_at desc
 """
 
 
@@ -230,29 +248,38 @@ def _before(until: str | None) -> str:
 
 def base_regressions(
     store: Store,
-    case_id: str,
+    case_ids: Iterable[str],
     *,
     branch: str,
     fingerprint: str | None,
     until: str | None,
     limit: int,
-) -> list[sqlite3.Row]:
-    """A case's base-context `regression` verdicts on `branch` with a threshold, newest
-    first, at most `limit`: only on `fingerprint` when given, only of runs started before
-    `until` when given. The verdict's figures, and its run's commit, subject, start and
-    fingerprint."""
+) -> dict[str, list[sqlite3.Row]]:
+    """Each case's base-context `regression` verdicts on `branch` with a threshold, newest
+    first, at most `limit` a case: only on `fingerprint` when given, only of runs started
+    before `until` when given. The verdict's figures, and its run's commit, subject, start
+    and fingerprint. One query per CHUNK cases."""
     more = " and r.fingerprint = :fp" if fingerprint else ""
-    sql = _OPEN_SQL.format(
-        more=more + _before(until), in_repository=store.in_repository("r", ":repo")
-    )
-    params = {
-        "case": case_id,
-        "branch": branch,
-        "fp": fingerprint,
-        "until": until,
-        "repo": store.scope,
-    }
-    return store.conn.execute(sql, params).fetchmany(limit)
+    found: dict[str, list[sqlite3.Row]] = {}
+    for chunk in _chunks(list(dict.fromkeys(case_ids))):
+        cases = {f"c{i}": case for i, case in enumerate(chunk)}
+        sql = _OPEN_SQL.format(
+            cases=", ".join(f":{name}" for name in cases),
+            more=more + _before(until),
+            in_repository=store.in_repository("r", ":repo"),
+        )
+        params = {
+            **cases,
+            "branch": branch,
+            "fp": fingerprint,
+            "until": until,
+            "repo": store.scope,
+        }
+        for row in store.conn.execute(sql, params):
+            kept = found.setdefault(row["case_id"], [])
+            if len(kept) < limit:
+                kept.append(row)
+    return found
 
 
 def back_within(

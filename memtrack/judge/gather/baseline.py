@@ -346,8 +346,9 @@ class BaselineFinder:
         }
         return self._eligible(row)
 
-    def seen_anywhere(self, case_id: str) -> bool:
-        return reads.measured_elsewhere(self.store, case_id, self.run.run_id)
+    def seen_anywhere(self, case_ids: Iterable[str]) -> set[str]:
+        """Of `case_ids`, those some other run measured (anywhere)."""
+        return reads.measured_elsewhere(self.store, case_ids, self.run.run_id)
 
 
 def open_regressions(
@@ -367,11 +368,12 @@ def open_regressions(
     if not reads.has_verdicts(store):
         return []
     out: list[OpenRegression] = []
-    for case in case_ids:
-        found = reads.base_regressions(
-            store, case, branch=base_branch, fingerprint=fingerprint, until=until, limit=limit
-        )
-        for row in found:
+    cases = list(case_ids)
+    found = reads.base_regressions(
+        store, cases, branch=base_branch, fingerprint=fingerprint, until=until, limit=limit
+    )
+    for case in cases:
+        for row in found.get(case, []):
             if row["metric"] in metrics.COLUMNS and not _closed(store, row, base_branch, until):
                 out.append(replace(_open_regression(case, row), branch=base_branch))
     out.sort(key=lambda o: o.started_at, reverse=True)

@@ -103,7 +103,8 @@ def _gather(store: Store, config: Config, run: RunRecord, base: str, root: Path)
     notes += [note] if note else []
     ids = recorded_ids(store, run)
     # the cases some other run measured (anywhere): the others have no baseline to look for
-    seen = {c for c, i in ids.items() if any(finder.seen_anywhere(x) for x in i)}
+    elsewhere = finder.seen_anywhere(x for i in ids.values() for x in i)
+    seen = {c for c, i in ids.items() if any(x in elsewhere for x in i)}
     base_evidence = finder.base_evidence()
     points, removed, not_measured, renamed = _baselines(
         store, finder, evidence, {c: ids[c] for c in seen}, ids, base_evidence.runs
@@ -328,9 +329,8 @@ def _estimates(store: Store, run: RunRecord, merge_base: str | None) -> tuple[Es
     cases = [m.case_id for m in run.measurements]
     found: dict[str, dict[str, Any]] = {}
     for sha in dict.fromkeys(c for c in (run.git.commit, merge_base) if c):
-        for case, made in store.latest_estimates(cases, sha).items():
-            if made["git_commit"] == sha:  # else it is the newest one: of any commit
-                found.setdefault(case, made)
+        for case, made in store.latest_estimates(cases, sha, exact=True).items():
+            found.setdefault(case, made)
     return tuple(
         Estimate(
             m.case_id,
