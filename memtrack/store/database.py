@@ -1103,8 +1103,9 @@ class Store:
         Cases never estimated (successfully) are left out."""
         conn, case_ids = self.conn, list(case_ids)
         ok = "kind = 'estimate' and status = 'ok' and peak_allocated_bytes is not null"
-        wanted: set[str] = set()
-        for i in range(0, len(case_ids), 500):  # one query per 500 cases, not one per case
+        # the cases ever estimated; of one commit's runs (`exact`), whichever they estimated
+        wanted: set[str] = set(case_ids) if exact else set()
+        for i in range(0, 0 if exact else len(case_ids), 500):  # a query per 500 cases
             chunk = case_ids[i : i + 500]
             wanted |= {
                 r[0]
