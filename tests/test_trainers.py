@@ -305,3 +305,21 @@ def test_a_declared_precision_is_one_memtrack_knows_and_a_trainer_is_never_estim
     with pytest.raises(WorkloadError, match=r"trainer.fit\(\) runs in a thread of its own"):
         drive(fake, lambda: started.append(1), "trainer.fit()", lambda d: None)
     assert started == []  # refused before the loop ran
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_lightning_fit_counts_its_weights_and_optimizer_state_on_the_device(tmp_path):
+    """The trainer's loop runs in its own thread; CUDA's allocator counters are the
+    process's, so its figures are the device's, and the breakdown's tracker is entered by
+    the loop's thread."""
+    pytest.importorskip("lightning")
+    wl = FIT.replace('accelerator="cpu"', 'accelerator="gpu", devices=1')
+    repo, db = _repository(tmp_path, {"wl.py": wl})
+    (repo / "memtrack.toml").write_text(TOML + 'device = "cuda"\n')
+    commit_all(repo, "on the GPU")
+    (m,) = _measured(repo, db).values()
+    assert m["status"] == "ok" and m["device"] == "cuda", m["message"]
+    weights = (64 * 512 + 512 + 512 + 1) * 4
+    assert weights <= m["weights_bytes"] <= weights + 4 * 512  # CUDA's 512-byte blocks
+    assert m["categories"]["Optstate"] >= 2 * weights  # AdamW's moments, on the device
+    assert m["peak_allocated_bytes"] >= 4 * weights  # weights, gradients, both moments
