@@ -261,7 +261,11 @@ class Regressor(L.LightningModule):
         return nn.functional.mse_loss(self.net(x), y)
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+        optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)
+        # sized by the trainer's own count of steps: finite while memtrack drives the loop
+        total = self.trainer.estimated_stepping_batches
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-3, total_steps=total)
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
 
 
 @memtrack.workload(params={"width": 512, "precision": "32-true"})
@@ -323,3 +327,78 @@ def test_on_a_gpu_a_lightning_fit_counts_its_weights_and_optimizer_state_on_the_
     assert weights <= m["weights_bytes"] <= weights + 4 * 512  # CUDA's 512-byte blocks
     assert m["categories"]["Optstate"] >= 2 * weights  # AdamW's moments, on the device
     assert m["peak_allocated_bytes"] >= 4 * weights  # weights, gradients, both moments
+
+
+def test_a_lightning_case_takes_a_snapshot_of_the_loop_s_step(tmp_path):
+    """`memtrack snapshot` on the CPU follows the step into the loop's thread: its peak
+    holds the optimizer's state, and its modules are the model's."""
+    pytest.importorskip("lightning")
+    repo, db = _repository(tmp_path, {"wl.py": FIT})
+    db = tmp_path / "db" / "memtrack.db"
+    (tmp_path / "snapshots").mkdir()
+    out = tmp_path / "snapshots" / "snap.json"  # outside the repository and the database's
+    done = memtrack_cli(repo, "snapshot", "fit", "--db", str(db), "--out", str(out), env=GIT_ENV)
+    assert done.returncode == 0, done.stdout + done.stderr
+    snap = json.loads(out.read_text())
+    weights = (64 * 512 + 512 + 512 + 1) * 4
+    assert snap["peak_by_category"]["Optstate"] >= 2 * weights  # AdamW's moments, and the
+    assert snap["peak_by_category"]["Activation"] > 0  # step's own tensors: it was followed
+    modules = {m["module"] for m in snap["modules"]}
+    assert {"Sequential.0", "Sequential.2"} <= modules  # the model's layers, run in the loop
+
+
+LOOP = """\
+import memtrack
+from memtrack.workload.driven import Driven
+
+
+@memtrack.workload(params={params}, tolerance={tolerance})
+def looped(ctx):
+    steps = []
+
+    def loop():
+        driven.pause()
+        while True:
+            steps.append(len(steps))
+            driven.pause()
+
+    driven = Driven(loop, "the loop")
+    driven.start()
+    return driven
+"""
+
+
+@pytest.mark.parametrize(
+    "params, tolerance, why",
+    [
+        ('{"concurrency": 2}', "None", "concurrent sessions cannot share"),
+        ("{}", '{"max_abs": 0.0}', "returns no output to compare"),
+    ],
+)
+def test_a_trainer_s_loop_is_refused_with_sessions_or_a_tolerance(tmp_path, params, tolerance, why):
+    repo, db = _repository(tmp_path, {"wl.py": LOOP.format(params=params, tolerance=tolerance)})
+    out = repo.parent / "run.json"
+    done = memtrack_cli(repo, "run", "--json", str(out), env={**GIT_ENV, "MEMTRACK_DB": str(db)})
+    (m,) = json.loads(out.read_text())["measurements"]
+    assert m["status"] == "error" and why in m["message"], (done.stderr, m["message"])
+
+
+def test_the_reserved_precision_param_s_reference_is_full_precision():
+    from memtrack.workload.registry import _precision
+
+    grid = {"precision": ("bf16-mixed", "32-true"), "batch": (8,)}
+    assert _precision("workload 'w'", grid, ()) == {"precision": "32-true"}
+    assert _precision("workload 'w'", {"batch": (8,)}, ()) == {}
+
+
+def test_a_hugging_face_trainer_over_bfloat16_weights_runs_bf16_true(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from memtrack.integrations.huggingface import precision
+
+    model = torch.nn.Linear(8, 8)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, bf16=True)
+    assert precision(transformers.Trainer(model=model, args=args)) == "bf16-mixed"
+    trainer = transformers.Trainer(model=model.to(torch.bfloat16), args=args)
+    assert precision(trainer) == "bf16-true"  # autocast over weights already in bfloat16

@@ -14,6 +14,9 @@ from memtrack.errors import WorkloadError
 from memtrack.workload.context import Context
 from memtrack.workload.driven import Driven
 
+LOOP_STEPS = 1_000_000
+"""The step limit a trainer is given: more optimizer steps than any case measures."""
+
 
 def drive(
     ctx: Context, loop: Callable[[], Any], what: str, pauses: Callable[[Driven], None]
@@ -45,4 +48,4 @@ def declared(ctx: Context, running: str, how: str) -> None:
         ctx.note(f"precision: the trainer runs {running}; declare it with the precision param")
 
 
-__all__ = ["declared", "drive"]
+__all__ = ["LOOP_STEPS", "declared", "drive"]

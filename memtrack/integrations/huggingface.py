@@ -21,7 +21,9 @@ scheduler, and the model and the optimizer are marked as the persistent set (the
 state, made by the first step, is counted from then on). `train()` runs for as many steps as
 memtrack measures: `max_steps` is set past them, so a schedule that depends on it (a warm-up
 ratio, a decay) stays at its start. Without `dataloader_persistent_workers`, each epoch's end
-forks new workers inside an iteration, as the real job does.
+forks new workers inside an iteration, as the real job does. A Trainer that sees several
+GPUs (it would wrap the model in DataParallel) is refused: a case is one process on one
+device.
 """
 
 from __future__ import annotations
@@ -30,12 +32,10 @@ from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
-from memtrack.integrations import declared, drive
+from memtrack.errors import WorkloadError
+from memtrack.integrations import LOOP_STEPS, declared, drive
 from memtrack.workload.context import Context
 from memtrack.workload.driven import Driven
-
-LOOP_STEPS = 1_000_000
-"""The `max_steps` the Trainer is given: more than any case measures."""
 
 _TRUE = {"float32": "32-true", "bfloat16": "bf16-true", "float16": "16-true", "float64": "64-true"}
 
@@ -54,20 +54,26 @@ class PauseCallback(TrainerCallback):  # type: ignore[misc]
 
 
 def precision(trainer: Trainer) -> str:
-    """What the Trainer computes in, in the `precision` param's words."""
-    if trainer.args.bf16:
-        return "bf16-mixed"
-    if trainer.args.fp16:
-        return "16-mixed"
+    """What the Trainer computes in, in the `precision` param's words: `*-mixed` is autocast
+    over float32 weights; weights of another type are `*-true`, autocast or not."""
     model = trainer.model
     first = next(model.parameters(), None) if model is not None else None
     dtype = str(first.dtype).removeprefix("torch.") if first is not None else "float32"
+    if dtype == "float32" and trainer.args.bf16:
+        return "bf16-mixed"
+    if dtype == "float32" and trainer.args.fp16:
+        return "16-mixed"
     return _TRUE.get(dtype, "32-true")
 
 
 def train_steps(ctx: Context, trainer: Trainer) -> Driven:
     """The case's step: one optimizer step of `trainer.train()` per call (see the module)."""
     declared(ctx, precision(trainer), "TrainingArguments bf16/fp16 and the model's dtype")
+    if trainer.args.n_gpu > 1:  # it would wrap the model in DataParallel over them all
+        raise WorkloadError(
+            f"the Trainer sees {trainer.args.n_gpu} GPUs: a case measures one process on one "
+            "device (make one visible, CUDA_VISIBLE_DEVICES, or use the `ranks` param)"
+        )
     trainer.args.max_steps = LOOP_STEPS
     driven = drive(
         ctx, trainer.train, "trainer.train()", lambda d: trainer.add_callback(PauseCallback(d))
@@ -77,4 +83,4 @@ def train_steps(ctx: Context, trainer: Trainer) -> Driven:
     return driven
 
 
-__all__ = ["LOOP_STEPS", "PauseCallback", "precision", "train_steps"]
+__all__ = ["PauseCallback", "precision", "train_steps"]

@@ -8,6 +8,7 @@
     def fit(ctx):
         trainer = L.Trainer(
             accelerator=ctx.device.type,
+            devices=[ctx.device.index] if ctx.device.type == "cuda" else 1,
             precision=ctx.precision,
             logger=False,
             enable_checkpointing=False,
@@ -21,7 +22,9 @@ Each iteration of the case is one optimizer step of `trainer.fit()` (a pause at 
 the training batch that stepped the optimizer); setup ends at `on_train_start`, where
 Lightning has made the optimizers (and run its sanity check), and the module and the
 optimizers are marked as the persistent set. `fit()` runs for as many steps as memtrack
-measures: its epoch and step limits are lifted.
+measures: its epochs are not limited, and its steps are limited far past them, so a
+schedule sized by `estimated_stepping_batches` (OneCycleLR) stays at its start. It runs on
+one device: a Trainer on several is refused (a multi-device case is the `ranks` param's).
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from typing import Any
 
 import lightning as L
 
-from memtrack.integrations import declared, drive
+from memtrack.errors import WorkloadError
+from memtrack.integrations import LOOP_STEPS, declared, drive
 from memtrack.workload.context import Context
 from memtrack.workload.driven import Driven
 
@@ -58,8 +62,15 @@ def fit_steps(ctx: Context, trainer: L.Trainer, model: L.LightningModule, **fit:
     """The case's step: one optimizer step of `trainer.fit(model, **fit)` per call (see the
     module)."""
     declared(ctx, str(trainer.precision), "the Trainer's precision")
-    trainer.fit_loop.max_epochs = -1  # no limit: memtrack ends the loop
-    trainer.fit_loop.epoch_loop.max_steps = -1
+    if trainer.num_devices > 1:  # its launcher would start the worker again, once per device
+        raise WorkloadError(
+            f"the Trainer runs on {trainer.num_devices} devices: a case measures one process "
+            "on one device (devices=1, or the `ranks` param for several)"
+        )
+    # epochs without limit, steps past the case (a schedule sized by
+    # estimated_stepping_batches gets a finite count); memtrack ends the loop
+    trainer.fit_loop.max_epochs = -1
+    trainer.fit_loop.epoch_loop.max_steps = LOOP_STEPS
     driven = drive(
         ctx,
         lambda: trainer.fit(model, **fit),

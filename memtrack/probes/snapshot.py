@@ -19,7 +19,7 @@ from typing import IO, Any
 
 import torch
 
-from memtrack.probes.framework import category_tracker_class, trackable
+from memtrack.probes.framework import category_tracker_class, pushed, trackable
 
 MAX_ENTRIES = 100_000
 """Allocator events kept (the newest): several KB each with their stacks, so about 0.5 GB at
@@ -152,6 +152,13 @@ def _module_table_tracker(device: torch.device) -> Any:
     return ModuleTable()
 
 
+@contextlib.contextmanager
+def _pushed_both(tracker: Any, mode: Any) -> Iterator[None]:
+    """The tracker and the sites' mode, both on this thread's stack meanwhile."""
+    with pushed(tracker), pushed(mode):
+        yield
+
+
 def _modules(
     step: Callable[[], Any], device: torch.device, objects: tuple[Any, ...], path: Path, case: str
 ) -> dict[str, Any]:
@@ -162,8 +169,17 @@ def _modules(
     tracked = trackable(objects)
     if tracked:
         tracker.track_external(*tracked)
+    # a step run in threads of its own (a trainer's loop, concurrent sessions): each
+    # thread pushes the tracker and the mode around its part, as the sites pass does
+    scope = getattr(step, "scope", None)
     with recording(device, objects, None) as mode, tracker, mode:
-        step()
+        if scope is not None:
+            step.scope = lambda: _pushed_both(tracker, mode)  # type: ignore[attr-defined]
+        try:
+            step()
+        finally:
+            if scope is not None:
+                step.scope = scope  # type: ignore[attr-defined]
     tracker.harvest()
     peak = _by_category(tracker.get_tracker_snapshot("peak"), device)
     modules = sorted(tracker.table.values(), key=lambda r: (-r["peak_bytes"], r["module"]))

@@ -228,8 +228,8 @@ def run_case(spec: Spec, result: ResultFile) -> None:
 
     summary = _memory_pass(spec, ctx, case.probe, step, result, case.rank)
     summary = _after_memory_pass(spec, case, result, summary, max(timing["iteration_times_s"]))
-    _close(step)
     result.update(phase="done", largest_cache_bytes=ctx.cache_peak_bytes or None, **summary)
+    _close(step)  # after the figures are written: a trainer's teardown may take its time
     distributed.teardown(case.rank)
 
 
@@ -271,6 +271,8 @@ def _set_up(spec: Spec, result: ResultFile, host: Any) -> _Case:
         step = wl.fn(ctx)
     if not callable(step):
         raise TypeError(f"workload {wl.name!r} must return the step to measure, got {step!r}")
+    if isinstance(step, Driven):
+        _check_driven(step, wl, sessions)
     if sessions > 1:
         # One iteration is every session done: timed, measured and warmed up alike, by the
         # same N threads (workload.sessions says why).
@@ -288,6 +290,21 @@ def _set_up(spec: Spec, result: ResultFile, host: Any) -> _Case:
     if ctx.marked_objects is None:
         result.notes.append("no ctx.mark(): the persistent set is what setup left")
     return _Case(wl, ctx, step, probe, objects, rank, loading, made)
+
+
+def _check_driven(step: Any, wl: Any, sessions: int) -> None:
+    """A trainer's loop is one process's one loop: it is refused (and ended) where the case
+    would call it from several sessions at once, or compare an output it does not return."""
+    from memtrack.errors import WorkloadError
+
+    why = None
+    if sessions > 1:
+        why = "runs one loop, which concurrent sessions cannot share: drop the concurrency param"
+    elif wl.tolerance:
+        why = "returns no output to compare with a reference: drop the workload's tolerance"
+    if why is not None:
+        step.close()
+        raise WorkloadError(f"workload {wl.name!r}: {step.what} {why}")
 
 
 def tensor_dtype(objects: tuple[Any, ...]) -> str | None:

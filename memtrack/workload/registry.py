@@ -278,7 +278,8 @@ def _precision(
     where: str, grid: dict[str, tuple[Any, ...]], precision_params: Any
 ) -> dict[str, Any]:
     """The precision params and their reference values, checked."""
-    precision: dict[str, Any] = {"dtype": "float32"} if "dtype" in grid else {}
+    full = {"dtype": "float32", "precision": "32-true"}  # the reserved params' references
+    precision: dict[str, Any] = {k: v for k, v in full.items() if k in grid}
     if isinstance(precision_params, str) or not isinstance(precision_params, (dict, list, tuple)):
         raise WorkloadError(
             f"{where}: precision_params must be a tuple of param names or a "
@@ -296,7 +297,7 @@ def _precision(
                 f"param (has: {', '.join(grid) or 'none'})"
             )
         if value is None:
-            value = grid[key][0] if key != "dtype" else "float32"
+            value = full.get(key, grid[key][0])
         elif not isinstance(value, (str, int, float, bool)):
             raise WorkloadError(
                 f"{where}: precision_params {key!r}: reference value "
