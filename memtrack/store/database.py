@@ -85,6 +85,10 @@ ALL_REPOSITORIES = "*"
 """`Store.repository` of a reader of every repository's runs (no identity is '*')."""
 
 
+CHUNK = 500
+"""Cases per query where a question is asked of each, in a list of values bound each."""
+
+
 def of_repository(scope: str, runs: str = "r", mark: str = "?") -> str:
     """SQL: the run (of table `runs` as `runs` names it) is of the repository `scope` (a
     `Store.scope`), or of none recorded (a run recorded before repositories were, or
@@ -164,7 +168,7 @@ def _repository(run: RunRecord | Prepared) -> str | None:
     return run.git.repository
 
 
-def _chunks(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
+def chunks(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
     """`items` in lists of `n` (the last one shorter)."""
     it = iter(items)
     while chunk := list(itertools.islice(it, n)):
@@ -734,7 +738,7 @@ class Store:
         with self._writing():
             batch = Batch(self.conn, self.kept_columns, self.id_allocator())
             written: set[str] = set()  # by this call: a run twice is compared as stored
-            for chunk in _chunks(runs, _LOOKUP):
+            for chunk in chunks(runs, _LOOKUP):
                 # before looking: one writer of a repository at a time (in one order)
                 repositories = {
                     _repository(run) or ""
@@ -870,7 +874,7 @@ class Store:
             for table, columns, rows in tables:
                 names = ", ".join(f'"{c}"' for c in columns)
                 sql = f'insert into "{table}" ({names}) values ({", ".join("?" for _ in columns)})'
-                for part in _chunks(rows, 5000):
+                for part in chunks(rows, 5000):
                     self.conn.executemany(sql, part)
 
     # -- reading ---------------------------------------------------------------------
@@ -1103,10 +1107,10 @@ class Store:
         Cases never estimated (successfully) are left out."""
         conn, case_ids = self.conn, list(case_ids)
         ok = "kind = 'estimate' and status = 'ok' and peak_allocated_bytes is not null"
-        # the cases ever estimated; of one commit's runs (`exact`), whichever they estimated
-        wanted: set[str] = set(case_ids) if exact else set()
-        for i in range(0, 0 if exact else len(case_ids), 500):  # a query per 500 cases
-            chunk = case_ids[i : i + 500]
+        # of one commit's runs (`exact`), whichever they estimated; else the cases that
+        # were ever estimated (one query per CHUNK cases)
+        wanted = set(case_ids) if exact else set()
+        for chunk in [] if exact else chunks(case_ids, CHUNK):
             wanted |= {
                 r[0]
                 for r in conn.execute(
@@ -1242,7 +1246,7 @@ class Store:
         """The whole-case wall times (`duration_s`) of each case's `n` newest ok measured runs
         on the environment `fingerprint`, newest first; a case with none is left out."""
         out: dict[str, list[float]] = {}
-        for part in _chunks(sorted(set(case_ids)), _LOOKUP):
+        for part in chunks(sorted(set(case_ids)), _LOOKUP):
             rows = self.conn.execute(
                 "select m.case_id, m.duration_s from measurements m "
                 "join runs r on r.run_id = m.run_id where r.fingerprint = ? "

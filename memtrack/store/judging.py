@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from memtrack.records import metrics
-from memtrack.store.database import MEASURED_RUN, Store
+from memtrack.store.database import CHUNK, MEASURED_RUN, Store, chunks
 
 
 class Row(Protocol):
@@ -169,21 +169,12 @@ def base_runs(
     )
 
 
-CHUNK = 500
-"""Cases per query where a question is asked of each (a list of values, bound each)."""
-
-
-def _chunks(items: list[str]) -> Iterator[list[str]]:
-    for i in range(0, len(items), CHUNK):
-        yield items[i : i + CHUNK]
-
-
 def measured_elsewhere(store: Store, case_ids: Iterable[str], run_id: str) -> set[str]:
     """Of `case_ids`, those that a run other than `run_id` measured. One query for them all
     (a round trip each was most of a check's time on a server), each case an index lookup
     that stops at its first row."""
     found: set[str] = set()
-    for chunk in _chunks(list(dict.fromkeys(case_ids))):
+    for chunk in chunks(dict.fromkeys(case_ids), CHUNK):
         cases = ", ".join("(cast(? as text))" for _ in chunk)
         found |= {
             r[0]
@@ -261,7 +252,7 @@ def base_regressions(
     and fingerprint. One query per CHUNK cases."""
     more = " and r.fingerprint = :fp" if fingerprint else ""
     found: dict[str, list[sqlite3.Row]] = {}
-    for chunk in _chunks(list(dict.fromkeys(case_ids))):
+    for chunk in chunks(dict.fromkeys(case_ids), CHUNK):
         cases = {f"c{i}": case for i, case in enumerate(chunk)}
         sql = _OPEN_SQL.format(
             cases=", ".join(f":{name}" for name in cases),

@@ -190,8 +190,8 @@ def run_case(spec: Spec, result: ResultFile) -> None:
         for _ in range(turns.passes):
             with turns.turn():
                 passes.append(_timing_pass(step, ctx.device, spec.repeats))
-        _close(step)
         result.update(phase="done", **_joined(passes))
+        _close(step)
         return
     if spec.snapshot_path:  # `memtrack snapshot`: one more step under the recorder
         from memtrack.probes.snapshot import capture
@@ -212,8 +212,8 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     distributed.barrier(case.rank)
     timing = _timing_pass(step, ctx.device, spec.repeats)
     if spec.timing_only:  # one side of a paired timing: its time alone
-        _close(step)
         result.update(phase="done", **timing)
+        _close(step)
         distributed.teardown(case.rank)
         return
     step_peak = host.peak()
@@ -229,7 +229,7 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     summary = _memory_pass(spec, ctx, case.probe, step, result, case.rank)
     summary = _after_memory_pass(spec, case, result, summary, max(timing["iteration_times_s"]))
     result.update(phase="done", largest_cache_bytes=ctx.cache_peak_bytes or None, **summary)
-    _close(step)  # after the figures are written: a trainer's teardown may take its time
+    _close(step)  # after the figures are written (each path): a trainer's teardown takes time
     distributed.teardown(case.rank)
 
 
@@ -271,8 +271,9 @@ def _set_up(spec: Spec, result: ResultFile, host: Any) -> _Case:
         step = wl.fn(ctx)
     if not callable(step):
         raise TypeError(f"workload {wl.name!r} must return the step to measure, got {step!r}")
-    if isinstance(step, Driven):
+    if isinstance(step, Driven):  # a trainer's loop, in its thread: it enters the scope
         _check_driven(step, wl, sessions)
+        step.scope = probe.session_scope
     if sessions > 1:
         # One iteration is every session done: timed, measured and warmed up alike, by the
         # same N threads (workload.sessions says why).
@@ -283,8 +284,6 @@ def _set_up(spec: Spec, result: ResultFile, host: Any) -> _Case:
             f"{sessions} concurrent sessions per iteration (threads"
             + (", one CUDA stream each)" if is_cuda else ")")
         )
-    if isinstance(step, Driven):  # a trainer's loop, in its thread: it enters the scope
-        step.scope = probe.session_scope
     result.notes.extend(ctx.notes)
     objects = ctx.marked_objects if ctx.marked_objects is not None else ()
     if ctx.marked_objects is None:
