@@ -19,8 +19,12 @@ from memtrack.records import metrics
 from memtrack.store.database import Store
 
 MiB = 2**20
+BASE_MIB = 16
+"""What each worker's own copy of the corpus holds on main: enough that the tree's peak is
+sampled once the workers have built it (a worker's figure while it is still starting is
+smaller, and a composition sampled then would not be the one its growth is read against)."""
 CORPUS_MIB = 32
-"""What each worker's own copy of the corpus holds, on the pull request's commit."""
+"""What the pull request adds to each worker's copy of the corpus."""
 WORK_S = 0.02
 """The CPU time a worker spends on each of the 8 items of an iteration."""
 
@@ -35,10 +39,12 @@ class Story:
 
 @pytest.fixture(scope="module")
 def story(tmp_path_factory) -> Story:
-    """main records the case; a pull request makes each worker build its own 32 MiB corpus,
-    and is recorded and checked."""
+    """main records the case; a pull request makes each worker's own copy of the corpus 32 MiB
+    larger, and is recorded and checked."""
     root = tmp_path_factory.mktemp("tree")
-    repo, db, references = fed_by_workers(root, {"main": 0, "pr": CORPUS_MIB}, WORK_S)
+    repo, db, references = fed_by_workers(
+        root, {"main": BASE_MIB, "pr": BASE_MIB + CORPUS_MIB}, WORK_S
+    )
     report = ("--markdown", str(root / "summary.md"), "--json", str(root / "check.json"))
     return Story(db, references, memtrack_cli(repo, "check", "--db", str(db), *report))
 
