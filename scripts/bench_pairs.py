@@ -13,7 +13,10 @@ a multi-threaded matmul case against itself made 2x slower, `--mm-pairs` pairs (
 warn beside a busy process); beside a busy process also with OpenMP's idle threads asleep
 (OMP_WAIT_POLICY=PASSIVE), the matmul alone. The gate's own time verdict
 (judge.timing) judges draws of 5 of the recorded rounds, for each figure a pair can compare
-(tree CPU time, CPU time, wall time), and for turns of one iteration (the first of each pass).
+(tree CPU time, CPU time, wall time), and for turns of one iteration (the first of each pass);
+and, were each draw's rounds stopped where a pair stops them (worker.turns: the first round
+not slower, with the shipped config), how many rounds it ran and how many verdicts that
+changed (goal 0: the verdict on the rounds run is the one all of them give).
 
     python scripts/bench_pairs.py [--rounds 3] [--before /tmp/memtrack-before] [--draws 500]
 """
@@ -129,25 +132,29 @@ def _record(pair_rounds: int, mm_pairs: int) -> dict[str, list[tuple]]:
                     for c in cases if cosmetic else []:
                         if c is not twice:
                             side = (config, c, server)
-                            pairs.append((c.case_id, *time_pair(config, side, side, "cpu")))
+                            pairs.append((c.case_id, *time_pair(config, side, side, "cpu", False)))
                     ref, cand = (config, once, server), (config, twice, server)
                     for _ in range(mm_pairs):
-                        pairs.append(("mm 2x", *time_pair(config, ref, cand, "cpu")))
+                        pairs.append(("mm 2x", *time_pair(config, ref, cand, "cpu", False)))
                 out[name] = pairs
                 print(f"  recorded: {name}", flush=True)
     return out
 
 
-def _judged(pairs, figure: str, one: bool, draws: int, rng: random.Random) -> Counter:
+def _judged(
+    pairs, figure: str, one: bool, draws: int, rng: random.Random
+) -> tuple[Counter, Counter]:
     """Verdict kinds of `draws` draws of 5 rounds of each pair, judged as the shipped
-    config judges them."""
+    config judges them; and, were each draw's rounds stopped where a pair stops them
+    (worker.turns), the verdicts that changed and the rounds run."""
     from memtrack.config import load_config
-    from memtrack.judge.memory import Candidate
-    from memtrack.judge.timing import verdict
+    from memtrack.judge.timing import futile_after
     from memtrack.measure.pairs import _times, pass_medians
+    from memtrack.worker.turns import not_slower as not_slower_round
 
     config = load_config(ROOT / "pyproject.toml")
     kinds: Counter = Counter()
+    stopped: Counter = Counter()  # what the early stop would have changed, rounds it ran
     for _, there, here in pairs:
         if here.status != "ok" or there.status != "ok":
             kinds["failed"] += draws
@@ -159,16 +166,36 @@ def _judged(pairs, figure: str, one: bool, draws: int, rng: random.Random) -> Co
             mine, theirs = list(pass_medians(here, figure)), list(pass_medians(there, figure))
         for _ in range(draws):
             rounds = rng.sample(range(len(mine)), 5)
-            m = dataclasses.replace(
-                here,
-                pair_ref="a" * 40,
-                pair_figure=figure,
-                pair_times_s=tuple(mine[r] for r in rounds),
-                pair_ref_times_s=tuple(theirs[r] for r in rounds),
-            )
-            v = verdict(Candidate(m, []), config)
-            kinds[v.kind if v is not None else "none"] += 1
-    return kinds
+            here_s, there_s = [mine[r] for r in rounds], [theirs[r] for r in rounds]
+            kind = _kind(here, figure, here_s, there_s, config)
+            kinds[kind] += 1
+            # the rounds a pair runs: up to the `futile_after`-th round not slower
+            stop, not_slower, ran = futile_after(5, config.headroom_factor), 0, 5
+            for i, (h, t) in enumerate(zip(here_s, there_s, strict=True)):
+                not_slower += not_slower_round({figure: h}, {figure: t}) is True
+                if not_slower >= stop:
+                    ran = i + 1
+                    break
+            early = _kind(here, figure, here_s[:ran], there_s[:ran], config)
+            stopped["changed"] += early != kind
+            stopped["rounds"] += ran
+    return kinds, stopped
+
+
+def _kind(m, figure: str, here: list[float], there: list[float], config) -> str:
+    """The time verdict's kind on these rounds of a pair (judge.timing, as `check` runs it)."""
+    from memtrack.judge.memory import Candidate
+    from memtrack.judge.timing import verdict
+
+    paired = dataclasses.replace(
+        m,
+        pair_ref="a" * 40,
+        pair_figure=figure,
+        pair_times_s=tuple(here),
+        pair_ref_times_s=tuple(there),
+    )
+    v = verdict(Candidate(paired, []), config)
+    return v.kind if v is not None else "none"
 
 
 def sensitivity(pair_rounds: int, mm_pairs: int, draws: int, cache: Path | None) -> None:
@@ -195,12 +222,15 @@ def sensitivity(pair_rounds: int, mm_pairs: int, draws: int, cache: Path | None)
             turn = "turns of one iteration" if one else "turns of a pass (repeats)"
             cells = []
             for figure in FIGURES:
-                false = _judged(cosmetic, figure, one, draws, rng)
-                warn = _judged(slower, figure, one, draws, rng)
+                false, false_stop = _judged(cosmetic, figure, one, draws, rng)
+                warn, warn_stop = _judged(slower, figure, one, draws, rng)
                 judged = sum(false.values())
                 share = warn["time_regression"] / max(1, sum(warn.values()))
+                stop = false_stop + warn_stop
+                ran = stop["rounds"] / max(1, judged + sum(warn.values()))
                 cells.append(
-                    f"{figure}: false {false['time_regression']}/{judged:,}, 2x {share:.0%}"
+                    f"{figure}: false {false['time_regression']}/{judged:,}, 2x {share:.0%}, "
+                    f"stopped early at {ran:.1f} rounds, {stop['changed']} verdicts changed"
                 )
             print(f"  {name:47} {turn:26} " + "; ".join(cells))
 

@@ -853,6 +853,33 @@ def test_a_paired_timing_is_judged_round_by_round_without_any_history(store, tmp
     assert _verdict(check(store, config, run_id=busy), "time").kind == "ok"
 
 
+@pytest.mark.parametrize("factor", [1.0, 3.0])
+@pytest.mark.parametrize("rounds", [5, 6, 10, 20])
+def test_a_pair_stopped_once_it_cannot_warn_is_judged_as_all_its_rounds_would_be(
+    tmp_path, rounds, factor
+):
+    """A paired timing stops after `futile_after` rounds not slower (worker.turns): the
+    verdict on the rounds it ran is ok wherever it stopped, and so it is on all its rounds
+    were every other one slower; one round fewer not slower would have left it able to
+    warn. With a headroom factor of 2 or more, one round not slower is enough: its ratio
+    spreads the rounds as far as the median is from 1."""
+    from memtrack.judge.memory import Candidate
+    from memtrack.judge.timing import futile_after, paired
+
+    config = _config(tmp_path, pair_rounds=rounds, headroom_factor=factor)
+    stop = futile_after(rounds, factor)
+
+    def kind(slower: int, not_slower: int) -> str:
+        here = [0.02] * slower + [0.01] * not_slower  # 2x slower, or as fast
+        v = paired(Candidate(_paired(here, [0.01] * len(here)), []), config)
+        assert v is not None
+        return v.kind
+
+    assert all(kind(ran - stop, stop) == "ok" for ran in range(stop, rounds + 1))
+    assert kind(rounds - stop + 1, stop - 1) == "time_regression"
+    assert stop == (1 if factor >= 2 else {5: 1, 6: 1, 10: 2, 20: 6}[rounds])
+
+
 def test_a_pair_of_unequal_sides_from_elsewhere_is_refused_and_nothing_written(store):
     with pytest.raises(StoreError, match="pair_times_s: 5 rounds against 4 of pair_ref"):
         _candidate(store, [_paired([0.02] * 5, [0.01] * 4)], 10)

@@ -78,6 +78,20 @@ def sign_test(slower: int, rounds: int) -> float:
     return sum(math.comb(rounds, j) for j in range(slower, rounds + 1)) / 2**rounds
 
 
+def futile_after(rounds: int, factor: float) -> int:
+    """How many rounds not slower, of `rounds`, leave a pair unable to warn however the
+    others go: a paired timing stops there (worker.turns), and the verdict on the rounds it
+    ran is the one all of them would have given. With a headroom `factor` of 2 or more, one:
+    a ratio of 1 or less spreads the rounds (half their range) at least half as far as their
+    median is above 1, so the line is at the median or beyond. Else where the sign test can
+    no longer reach TIME_ALPHA (1 of 5, 6 of 20): a run of fewer rounds with as many not
+    slower only gives it a larger p-value."""
+    if factor >= 2:
+        return 1
+    need = next((k for k in range(rounds + 1) if sign_test(k, rounds) <= TIME_ALPHA), None)
+    return 1 if need is None else rounds - need + 1
+
+
 def rank_runs_needed() -> int:
     """Baseline runs the unpaired rank test needs to reach TIME_ALPHA (19)."""
     return math.ceil(1 / TIME_ALPHA - 1e-9) - 1

@@ -6,11 +6,13 @@ user's tree and a fork server of its own, which imports what REF's cases need be
 run's own server and then waits. After the run's own cases, each case is timed again at the
 price of its iterations: two live workers, REF's (its workload code, forked from REF's
 server) and the candidate's (forked from the run's server), each set up and warmed up once,
-then rounds of one timing pass each (the candidate's `repeats` iterations), in the order A B,
-then B A, so that a load that grows or fades over the rounds weighs on both sides alike. One
-side runs at a time: each turn waits for a token (worker.turns). The candidate's warm-up and
-repeats on both sides, and no memory pass (memory is judged against the history, as without
-a pair).
+one after the other, then rounds of one timing pass each (the candidate's `repeats` iterations), in
+the order A B, then B A, so that a load that grows or fades over the rounds weighs on both
+sides alike. One side runs a pass at a time: each waits for a token (worker.turns). The
+rounds stop once enough of them found the candidate not slower that the time verdict can no
+longer warn (one of the default five: judge.timing.futile_after), so a cosmetic change costs
+about two rounds, and a slowdown all of them. The candidate's warm-up and repeats on both
+sides, and no memory pass (memory is judged against the history, as without a pair).
 
 A fresh process a pass cost two setups a round; live processes cost two a case, and told
 cosmetic pairs from 2x slowdowns as well, quiet and beside a busy process
@@ -37,6 +39,7 @@ from pathlib import Path
 
 from memtrack.config import MERGE_BASE, Config, load_config
 from memtrack.errors import ConfigError, MemtrackError
+from memtrack.judge.timing import futile_after
 from memtrack.machine import provenance
 from memtrack.machine.provenance import git_output
 from memtrack.measure.forkserver import ForkServer
@@ -214,12 +217,15 @@ def pair_cases(
     except (Exception, KeyboardInterrupt) as exc:
         return Pairing(record, None, (_unpaired(ref, exc),))
     if paired:
+        rounds = [len(m.pair_times_s) for m in paired.values()]
+        stopped = sum(n < config.pair_rounds for n in rounds)
         lines.insert(
             0,
             f"paired timing against {ref[:12]} ({how}): {len(paired)} case"
-            f"{'s' * (len(paired) != 1)} x {config.pair_rounds} rounds, "
-            f"{2 * config.pair_rounds * len(paired)} timing passes more (each side set up "
-            f"once), {time.perf_counter() - t0:.1f} s",
+            f"{'s' * (len(paired) != 1)} x up to {config.pair_rounds} rounds, "
+            f"{2 * sum(rounds)} timing passes more (each side set up once; {stopped} "
+            f"stopped early, once no longer slower by the sign test), "
+            f"{time.perf_counter() - t0:.1f} s",
         )
     record = dataclasses.replace(
         record, measurements=tuple(paired.get(m.case_id, m) for m in record.measurements)
@@ -290,17 +296,19 @@ Side = tuple[Config, Case, ForkServer]
 
 
 def time_pair(
-    config: Config, ref_side: Side, own_side: Side, device: str
+    config: Config, ref_side: Side, own_side: Side, device: str, early_stop: bool = True
 ) -> tuple[Measurement, Measurement]:
     """One case timed on both sides at once: two live workers (REF's forked by its server,
-    the candidate's by the run's), each set up and warmed up once, taking turns
-    (worker.turns) through `config.pair_rounds` rounds of one timing pass each. Each side's
-    measurement holds its passes' iterations in order, `repeats` a pass. Both sides together
-    are given the time of two setups and of the rounds, each as long as the case's limit
-    (measure.timeout)."""
+    the candidate's by the run's), each set up and warmed up once, then taking turns
+    (worker.turns) through `config.pair_rounds` rounds of one timing pass each, or fewer: the
+    rounds stop once the time verdict can no longer find the candidate slower (`early_stop`;
+    judge.timing.futile_after). Each side's measurement holds its passes' iterations in
+    order, `repeats` a pass. Both sides together are given the time of two setups and of the
+    rounds, each as long as the case's limit (measure.timeout)."""
     warmup, repeats, timeout_s = config.settings_for(own_side[1].workload)
     limit_s = timeout_s * (2 + config.pair_rounds)
     order = turns.schedule(config.pair_rounds)
+    stop_after = futile_after(config.pair_rounds, config.headroom_factor) if early_stop else 0
     with tempfile.TemporaryDirectory(prefix="memtrack-pair-") as tmp:
         folder = Path(tmp)
         fds = turns.make(folder)
@@ -320,8 +328,12 @@ def time_pair(
                     timing_only=True,
                     data_dir=config.root / "data",
                 )
-                specs.append(dataclasses.replace(spec, turns=tmp, side=side, schedule=order))
-            os.write(fds[order[0]], turns.TOKEN)  # the first turn: REF's setup
+                specs.append(
+                    dataclasses.replace(
+                        spec, turns=tmp, side=side, schedule=order, stop_after=stop_after
+                    )
+                )
+            turns.start(fds, order)  # the first turn: REF's setup
             outcomes, _ = launch(specs, limit_s, servers=[ref_side[2], own_side[2]])
         finally:
             for fd in fds:

@@ -80,6 +80,26 @@ def _timing_pass(step: Any, device: Any, repeats: int) -> dict[str, Any]:
     }
 
 
+PASS_FIGURES = {
+    "device time": "iteration_device_times_s",
+    "tree CPU time": "iteration_tree_cpu_times_s",
+    "CPU time": "iteration_cpu_times_s",
+    "wall time": "iteration_times_s",
+}
+"""Each figure a pair can compare (records.PAIR_FIGURES), by the timing pass's list of it."""
+
+
+def _pass_medians(timing: dict[str, Any]) -> dict[str, float]:
+    """A timing pass's median of each figure it holds for every iteration: what the turns
+    of a pair compare (measure.pairs.pass_medians reads the same from the record)."""
+    n = len(timing["iteration_times_s"])
+    return {
+        figure: float(statistics.median(timing[key]))
+        for figure, key in PASS_FIGURES.items()
+        if n and len(timing[key]) == n
+    }
+
+
 ITERATION_LISTS = (
     "iteration_times_s",
     "iteration_cpu_times_s",
@@ -162,8 +182,10 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     # on this project's machine, and the CPU probe collects before every measured
     # iteration; frozen, a collection walks only what the case made.
     gc.freeze()
-    turns = Turns(Path(spec.turns), spec.side, spec.schedule) if spec.turns else None
-    with turns.turn() if turns else contextlib.nullcontext():  # a pair's sides one at a time
+    turns = (
+        Turns(Path(spec.turns), spec.side, spec.schedule, spec.stop_after) if spec.turns else None
+    )
+    with turns.setup() if turns else contextlib.nullcontext():  # a pair's first pass waits
         result.update(phase="setup", host_peak_source=host.source)
         torch.manual_seed(spec.seed)
         torch.backends.cudnn.benchmark = False  # its workspace depends on what is cached
@@ -187,9 +209,9 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     if turns is not None:  # one side of a paired timing: its passes, in its turns
         result.update(phase="timing")
         passes = []
-        for _ in range(turns.passes):
-            with turns.turn():
-                passes.append(_timing_pass(step, ctx.device, spec.repeats))
+        while turns.wait():
+            passes.append(_timing_pass(step, ctx.device, spec.repeats))
+            turns.done(_pass_medians(passes[-1]))
         result.update(phase="done", **_joined(passes))
         _close(step)
         return

@@ -99,6 +99,9 @@ class Spec:
     schedule: tuple[int, ...] = ()
     """The pair's turns, in order: the side each goes to (each side's setup, then its
     timing passes: A B, B A, ...)."""
+    stop_after: int = 0
+    """The rounds in which the candidate was not slower after which the pair stops: its
+    time verdict can no longer find it slower (judge.timing.futile_after); 0: never."""
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self)))

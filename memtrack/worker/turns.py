@@ -2,21 +2,41 @@
 the candidate), each set up once, take turns at the machine. Each turn (a side's setup with
 its warm-up, then each of its timing passes) waits for a token on its side's pipe and hands
 it on when done, so that one side runs at a time, in the pair's schedule: setups first, then
-rounds of passes A B, B A, ... (measure.pairs writes the schedule and the first token).
+rounds of passes A B, B A, ... (measure.pairs writes the schedule and the first token). The
+setups too run one at a time: two processes' OpenMP threads spinning on the same cores slow
+each other many times over (a decoder's warm-up took 1.5 s beside the other side's, 0.1 s
+alone).
+
+The token carries what the rounds decide by. The pass that opens a round hands on its
+medians (each figure a pass holds for every iteration, in seconds); the pass that ends it
+compares them with its own on the figure the time verdict reads (the first of PAIR_FIGURES
+both hold: judge.timing) and counts the rounds in which the candidate was not slower. Once
+`stop_after` rounds were not slower, the candidate can no longer be found slower
+(judge.timing.futile_after): the pair ends there, and the other side is told so (`STOP`). A
+round that drops out of the verdict (a figure of 0) is never counted.
 
 The pipes are two FIFOs in one folder, `side-0` and `side-1`, each opened read-write by both
-workers and by the runner: opening never blocks and a token written before its reader looks
-is kept. A side that dies leaves the other waiting: the launcher ends the pair when either
-worker fails (measure.launcher)."""
+workers and by the runner: opening never blocks, and a message written before its reader
+looks is kept. One message is in flight at a time and each is one write of less than
+PIPE_BUF bytes, so each read reads one whole message. A side that dies leaves the other
+waiting: the launcher ends the pair when either worker fails (measure.launcher)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
+
+from memtrack.records.model import PAIR_FIGURES
 
 TOKEN = b"t"
+STOP = b"s"
+"""The rounds are over before the schedule's end: the side told so runs no more passes."""
+_MESSAGE = 1024
+"""The longest message: the token and a pass's medians, well under PIPE_BUF."""
 
 
 def pipe(folder: Path, side: int) -> Path:
@@ -40,29 +60,84 @@ def schedule(rounds: int) -> tuple[int, ...]:
     return (0, 1, *passes)
 
 
+def start(fds: list[int], order: tuple[int, ...]) -> None:
+    """The first token, to the first turn's side (the pair's pipes: `make`)."""
+    os.write(fds[order[0]], TOKEN + json.dumps({"not_slower": 0}).encode())
+
+
+SETUPS = 2
+"""The schedule's first turns, one setup a side."""
+
+
+def not_slower(candidate: Mapping[str, float], reference: Mapping[str, float]) -> bool | None:
+    """Whether a round's candidate pass was not slower than REF's on the figure the time
+    verdict reads (the first both hold); None where that figure is 0 on either side (the
+    verdict leaves such a round out) or neither holds one."""
+    figure = next((f for f in PAIR_FIGURES if f in candidate and f in reference), None)
+    if figure is None or candidate[figure] <= 0 or reference[figure] <= 0:
+        return None
+    return candidate[figure] <= reference[figure]
+
+
 class Turns:
     """One worker's turns in the schedule."""
 
-    def __init__(self, folder: Path, side: int, order: tuple[int, ...]):
-        self.side, self.order = side, order
+    def __init__(self, folder: Path, side: int, order: tuple[int, ...], stop_after: int = 0):
+        self.side, self.order, self.stop_after = side, order, stop_after
         self.fds = [os.open(pipe(folder, s), os.O_RDWR) for s in (0, 1)]
-        self.mine = iter(i for i, s in enumerate(order) if s == side)
-
-    @property
-    def passes(self) -> int:
-        """This side's timing passes: its turns less its setup."""
-        return self.order.count(self.side) - 1
+        self.mine: Iterator[int] = iter(i for i, s in enumerate(order) if s == side)
+        self.at = -1
+        """The schedule's turn this side runs now."""
+        self.state: dict[str, Any] = {}
+        """What the token brought: the rounds not slower so far, the opening pass's medians."""
 
     @contextlib.contextmanager
-    def turn(self) -> Iterator[None]:
-        """Wait for this side's next turn, run the block, hand the token to the next turn's
-        side (after the last turn: nobody)."""
-        i = next(self.mine)
-        if os.read(self.fds[self.side], 1) != TOKEN:
-            raise RuntimeError("the paired timing's turn pipe closed")
+    def setup(self) -> Iterator[None]:
+        """This side's setup and warm-up, in its turn."""
+        if not self.wait():
+            raise RuntimeError("the paired timing ended before this side's setup")
         yield
-        if i + 1 < len(self.order):
-            os.write(self.fds[self.order[i + 1]], TOKEN)
+        self._send(self.order[self.at + 1], self.state)
+
+    def wait(self) -> bool:
+        """Wait for this side's next turn: False where it has none (the schedule's end, or
+        the rounds were stopped)."""
+        at = next(self.mine, None)
+        if at is None:
+            return False
+        message = os.read(self.fds[self.side], _MESSAGE)
+        if message == STOP:
+            return False
+        if message[:1] != TOKEN:
+            raise RuntimeError("the paired timing's turn pipe closed")
+        self.at, self.state = at, json.loads(message[1:])
+        return True
+
+    def done(self, medians: Mapping[str, float]) -> None:
+        """This side's pass is done, with these medians: hand the token on (or, where the
+        rounds are decided, tell the other side they are over)."""
+        at, other = self.at, 1 - self.side
+        if at + 1 >= len(self.order):
+            return
+        if (at - SETUPS) % 2 == 0:  # this pass opens its round
+            self._send(other, {**self.state, "medians": dict(medians)})
+            return
+        count = int(self.state["not_slower"])
+        theirs = self.state["medians"]
+        mine_is_candidate = self.side == 1
+        candidate, reference = (medians, theirs) if mine_is_candidate else (theirs, medians)
+        count += not_slower(candidate, reference) is True
+        if self.stop_after and count >= self.stop_after:
+            os.write(self.fds[other], STOP)
+            self.mine = iter(())
+            return
+        self._send(self.order[at + 1], {"not_slower": count})
+
+    def _send(self, side: int, state: dict[str, Any]) -> None:
+        message = TOKEN + json.dumps(state).encode()
+        if len(message) > _MESSAGE:
+            raise RuntimeError(f"a paired timing's message of {len(message)} bytes")
+        os.write(self.fds[side], message)
 
 
-__all__ = ["Turns", "make", "pipe", "schedule"]
+__all__ = ["STOP", "Turns", "make", "not_slower", "pipe", "schedule", "start"]
