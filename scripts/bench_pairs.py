@@ -99,9 +99,9 @@ PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 def _record(pair_rounds: int, mm_pairs: int) -> dict[str, list[tuple]]:
     """condition -> [(case, REF's side, the candidate's side)], each a live pair: quiet and
-    beside a busy process, every case against itself and `mm_pairs` pairs of the matmul
-    against itself made 2x slower; beside a busy process with OpenMP's idle threads asleep
-    (OMP_WAIT_POLICY=PASSIVE), the matmul's pairs alone."""
+    beside a busy process, each with OpenMP's idle threads spinning (its default) and asleep
+    (OMP_WAIT_POLICY=PASSIVE): every case against itself and `mm_pairs` pairs of the matmul
+    against itself made 2x slower."""
     import processes
 
     from memtrack.config import load_config
@@ -117,11 +117,12 @@ def _record(pair_rounds: int, mm_pairs: int) -> dict[str, list[tuple]]:
         config = dataclasses.replace(load_config(repo / "memtrack.toml"), pair_rounds=pair_rounds)
         out: dict[str, list[tuple]] = {}
         conditions = (
-            ("quiet", {}, 0, True),
-            ("beside a busy process", {}, 1, True),
-            ("beside a busy process, OMP_WAIT_POLICY=PASSIVE", PASSIVE, 1, False),
+            ("quiet", {}, 0),
+            ("quiet, OMP_WAIT_POLICY=PASSIVE", PASSIVE, 0),
+            ("beside a busy process", {}, 1),
+            ("beside a busy process, OMP_WAIT_POLICY=PASSIVE", PASSIVE, 1),
         )
-        for name, env, busy, cosmetic in conditions:
+        for name, env, busy in conditions:
             with ForkServer.start(worker_env() | env, cwd=repo, pairs=True) as server:
                 found = select_cases(server.discover(config))
                 cases = [c for c in found if not ranks_of(c.params)]
@@ -129,7 +130,7 @@ def _record(pair_rounds: int, mm_pairs: int) -> dict[str, list[tuple]]:
                 once, twice = by_id["mm[times=1]"], by_id["mm[times=2]"]
                 with processes.busy_loops(busy, settle_s=0.5):
                     pairs = []
-                    for c in cases if cosmetic else []:
+                    for c in cases:
                         if c is not twice:
                             side = (config, c, server)
                             pairs.append((c.case_id, *time_pair(config, side, side, "cpu", False)))
@@ -141,15 +142,18 @@ def _record(pair_rounds: int, mm_pairs: int) -> dict[str, list[tuple]]:
     return out
 
 
+STATISTICS = {"median": statistics.median, "fastest": min}
+"""What a pass's iterations give its round: their median, or the fastest of them."""
+
+
 def _judged(
-    pairs, figure: str, one: bool, draws: int, rng: random.Random
+    pairs, figure: str, stat: str, draws: int, rng: random.Random
 ) -> tuple[Counter, Counter]:
     """Verdict kinds of `draws` draws of 5 rounds of each pair, judged as the shipped
     config judges them; and, were each draw's rounds stopped where a pair stops them
     (worker.turns), the verdicts that changed and the rounds run."""
     from memtrack.config import load_config
     from memtrack.judge.timing import futile_after
-    from memtrack.measure.pairs import _times, pass_medians
     from memtrack.worker.turns import not_slower as not_slower_round
 
     config = load_config(ROOT / "pyproject.toml")
@@ -159,11 +163,7 @@ def _judged(
         if here.status != "ok" or there.status != "ok":
             kinds["failed"] += draws
             continue
-        if one:  # turns of one iteration: the first of each pass
-            mine = list(_times(here, figure))[:: here.repeats]
-            theirs = list(_times(there, figure))[:: there.repeats]
-        else:
-            mine, theirs = list(pass_medians(here, figure)), list(pass_medians(there, figure))
+        mine, theirs = (_passes(m, figure, STATISTICS[stat]) for m in (here, there))
         for _ in range(draws):
             rounds = rng.sample(range(len(mine)), 5)
             here_s, there_s = [mine[r] for r in rounds], [theirs[r] for r in rounds]
@@ -180,6 +180,14 @@ def _judged(
             stopped["changed"] += early != kind
             stopped["rounds"] += ran
     return kinds, stopped
+
+
+def _passes(m, figure: str, stat) -> list[float]:
+    """Each pass's `stat` of its iterations' `figure`, in order."""
+    from memtrack.measure.pairs import _times
+
+    times, n = list(_times(m, figure)), m.repeats
+    return [stat(times[i : i + n]) for i in range(0, len(times), n)]
 
 
 def _kind(m, figure: str, here: list[float], there: list[float], config) -> str:
@@ -218,12 +226,12 @@ def sensitivity(pair_rounds: int, mm_pairs: int, draws: int, cache: Path | None)
     for name, pairs in recorded.items():
         cosmetic = [p for p in pairs if p[0] != "mm 2x"]
         slower = [p for p in pairs if p[0] == "mm 2x"]
-        for one in (False, True):
-            turn = "turns of one iteration" if one else "turns of a pass (repeats)"
+        for stat in STATISTICS:
+            turn = f"a pass's {stat}"
             cells = []
             for figure in FIGURES:
-                false, false_stop = _judged(cosmetic, figure, one, draws, rng)
-                warn, warn_stop = _judged(slower, figure, one, draws, rng)
+                false, false_stop = _judged(cosmetic, figure, stat, draws, rng)
+                warn, warn_stop = _judged(slower, figure, stat, draws, rng)
                 judged = sum(false.values())
                 share = warn["time_regression"] / max(1, sum(warn.values()))
                 stop = false_stop + warn_stop
@@ -232,7 +240,7 @@ def sensitivity(pair_rounds: int, mm_pairs: int, draws: int, cache: Path | None)
                     f"{figure}: false {false['time_regression']}/{judged:,}, 2x {share:.0%}, "
                     f"stopped early at {ran:.1f} rounds, {stop['changed']} verdicts changed"
                 )
-            print(f"  {name:47} {turn:26} " + "; ".join(cells))
+            print(f"  {name:47} {turn:16} " + "; ".join(cells))
 
 
 def main() -> None:

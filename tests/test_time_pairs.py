@@ -135,7 +135,7 @@ def test_under_busy_loops_a_cosmetic_change_never_warns_and_a_slowdown_warns_whe
     # paired: both sides under the same load, the cosmetic change is within the threshold
     assert paired["kind"] == "ok", paired["message"]
     rounds = paired["baseline_runs"]  # a round not slower ends the rounds: it cannot warn
-    assert f"paired with {main_sha[:12]} over {rounds} rounds" in paired["message"]
+    assert f"paired with {main_sha[:12]} over {rounds} round" in paired["message"]
     assert (slower["kind"], slower["blocking"]) == ("time_regression", False), slower["message"]
     assert "slower in 5 of 5 rounds (sign test p = 0.031)" in slower["message"]
     # the cost is said; REF's passes are a run of REF, timing only, of no branch
