@@ -7,16 +7,17 @@ unpaired. With --before DIR (a checkout of memtrack's code at another commit), t
 also runs with that code (PYTHONPATH=DIR), for the cost of a change to the pairing itself.
 
 What it tells apart: real pairs (measure.pairs.time_pair: two live workers taking turns) of
-`--pair-rounds` rounds, recorded quiet and beside one busy process: every shipped
-single-process case against itself (a cosmetic pair: any time warning is false; goal 0), and
-a multi-threaded matmul case against itself made 2x slower, `--mm-pairs` pairs (goal: >= 90 %
-warn beside a busy process); beside a busy process also with OpenMP's idle threads asleep
-(OMP_WAIT_POLICY=PASSIVE), the matmul alone. The gate's own time verdict
-(judge.timing) judges draws of 5 of the recorded rounds, for each figure a pair can compare
-(tree CPU time, CPU time, wall time), and for turns of one iteration (the first of each pass);
-and, were each draw's rounds stopped where a pair stops them (worker.turns: the first round
-not slower, with the shipped config), how many rounds it ran and how many verdicts that
-changed (goal 0: the verdict on the rounds run is the one all of them give).
+`--pair-rounds` rounds, recorded quiet and beside one busy process, each with OpenMP's idle
+threads spinning (its default) and asleep (OMP_WAIT_POLICY=PASSIVE, what a paired run sets):
+every shipped single-process case against itself (a cosmetic pair: any time warning is false;
+goal 0), and a multi-threaded matmul case against itself made 2x slower, `--mm-pairs` pairs
+(goal: >= 90 % warn beside a busy process). The gate's own time verdict (judge.timing) judges
+draws of 5 of the recorded rounds, for each figure a pair can compare (tree CPU time, CPU
+time, wall time) and each statistic of a pass a round can compare (its median iteration, what
+a paired run compares, and its fastest); and, were each draw's rounds stopped where a pair stops
+them (worker.turns: the first round not slower, with the shipped config), how many rounds it
+ran and how many verdicts that changed (goal 0: the verdict on the rounds run is the one all
+of them give).
 
     python scripts/bench_pairs.py [--rounds 3] [--before /tmp/memtrack-before] [--draws 500]
 """

@@ -12,6 +12,7 @@ import json
 import os
 import sqlite3
 from pathlib import Path
+from statistics import median
 
 import machine_share
 import processes
@@ -179,6 +180,10 @@ def test_a_json_record_of_a_paired_run_goes_beside_its_reference_record(history,
     assert (m.kind, m.pair_ref) == ("measured", main_sha) and 1 <= len(m.pair_times_s) <= 5
     assert (r.kind, ref.git.commit, r.pair_ref) == ("timing", main_sha, run.git.commit)
     assert r.pair_times_s == m.pair_ref_times_s and r.pair_ref_times_s == m.pair_times_s
+    # each round compares the two passes' medians, of the figure the pair names
+    assert m.pair_figure == "tree CPU time"
+    times, n = r.iteration_tree_cpu_times_s, r.repeats // len(r.pair_times_s)
+    assert r.pair_times_s == tuple(median(times[i : i + n]) for i in range(0, len(times), n))
 
 
 def test_a_configured_pair_that_cannot_be_made_measures_unpaired_and_says_why(tmp_path):
@@ -238,6 +243,8 @@ WORK = {work}  # additions per step: the side's CPU time
 def logged(ctx):
     with open(LOG, "a") as f:
         f.write(f"setup {{SIDE}} {{os.getpid()}}\\n")
+    with open(LOG + ".env", "a") as f:  # what OpenMP's idle threads do, who forked it
+        f.write(f"{{SIDE}} {{os.environ.get('OMP_WAIT_POLICY', '-')}} {{os.getppid()}}\\n")
 
     def step():
         total = 0
@@ -253,10 +260,10 @@ FAST, SLOW = 20_000, 200_000
 figure turns one into the other."""
 
 
-def _logged_pair(tmp_path: Path, ref_work: int, new_work: int) -> tuple[list[str], str]:
+def _logged_pair(tmp_path: Path, ref_work: int, new_work: int) -> tuple[list[str], str, Path]:
     """A pull request's run paired against main, where each side's step does its `work` and
     writes its name and process to one log: the log's lines of the pair's two processes
-    (not the run's own case's), in order, and what the run printed."""
+    (not the run's own case's), in order, what the run printed and the log."""
     repo, log = init_repo(tmp_path / "repo"), tmp_path / "log.txt"
     (repo / "memtrack.toml").write_text('modules = ["wl.py"]\nwarmup = 2\nrepeats = 3\n')
     (repo / "wl.py").write_text(LOGGED.format(log=str(log), side="ref", work=ref_work))
@@ -274,7 +281,7 @@ def _logged_pair(tmp_path: Path, ref_work: int, new_work: int) -> tuple[list[str
         ["setup new", "setup new", "setup ref"],
     )
     pair = {pid for _, pid in setups[1:]}
-    return [text for text, pid in lines if pid in pair], ran.stdout
+    return [text for text, pid in lines if pid in pair], ran.stdout, log
 
 
 def _passes(paired: list[str]) -> list[str]:
@@ -291,20 +298,26 @@ def _passes(paired: list[str]) -> list[str]:
 
 def test_a_pair_sets_each_side_up_once_and_takes_turns_in_two_live_processes(tmp_path):
     """REF's code and the candidate's, each set up once in a live process (side by side),
-    then their timing passes one side at a time, in rounds A B, B A, ...: a candidate slower
+    then their timing passes one side at a time, in rounds A B, A B, ...: a candidate slower
     in every round runs all five."""
-    paired, said = _logged_pair(tmp_path, FAST, SLOW)
+    paired, said, log = _logged_pair(tmp_path, FAST, SLOW)
     sides = _passes(paired)
-    assert sides == ["ref", "new", "new", "ref", "ref", "new", "new", "ref", "ref", "new"]
+    assert sides == ["ref", "new"] * 5  # each pass after the other side's
     assert "1 case x up to 5 rounds, 10 timing passes more (each side set up once; 0 stopped" in (
         said
     )
+    # both sides with OpenMP's idle threads asleep (a value of the user's kept), the run's
+    # own case as every run's; each forked by a fork server of its own
+    own, pair = os.environ.get("OMP_WAIT_POLICY", "-"), os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
+    env = [line.split() for line in Path(f"{log}.env").read_text().splitlines()]
+    assert [e[:2] for e in env] == [["new", own], ["ref", pair], ["new", pair]], env
+    assert len({e[2] for e in env}) == 3, env
 
 
 def test_a_pair_stops_at_the_first_round_the_candidate_is_not_slower(tmp_path):
     """Five rounds warn only where every one is slower: once one is not, the rest could not
     change the verdict, and the pair ends there: one round of a faster candidate."""
-    paired, said = _logged_pair(tmp_path, SLOW, FAST)
+    paired, said, _ = _logged_pair(tmp_path, SLOW, FAST)
     assert _passes(paired) == ["ref", "new"]
     assert "1 case x up to 5 rounds, 2 timing passes more (each side set up once; 1 stopped" in (
         said

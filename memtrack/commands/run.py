@@ -274,7 +274,6 @@ def _measure(
         config,
         cases,
         record,
-        start.server,
         device,
         against,
         say=lambda line: click.echo(line, err=True),

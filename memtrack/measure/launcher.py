@@ -193,13 +193,14 @@ def launch(
     or timed out. With `sampler` (CUDA), NVML watches every worker and their descendants (as
     the process tree finds them), and the workers read its clock. With `server`, a single
     worker (measuring or estimating) is forked by it; with `servers`, each spec's worker by
-    its own (the two sides of a paired timing)."""
+    its own, in that server's environment (the two sides of a paired timing)."""
     n = len(specs)
     forking = server is not None and n == 1 and envs is None
     fork_by: Sequence[ForkServer | None] = (
         servers if servers is not None else [server if forking else None] * n
     )
-    envs = envs or [worker_env() for _ in specs]
+    if envs is None:
+        envs = [s.env for s in servers] if servers is not None else [worker_env() for _ in specs]
     clock = sampler.clock_path if sampler is not None else None
     if clock is not None:
         specs = [dataclasses.replace(s, sampler_clock=str(clock)) for s in specs]

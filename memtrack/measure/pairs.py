@@ -5,10 +5,13 @@ REF is made ready before the run's own cases (`reference`): a worktree of REF be
 user's tree and a fork server of its own, which imports what REF's cases need beside the
 run's own server and then waits. After the run's own cases, each case is timed again at the
 price of its iterations: two live workers, REF's (its workload code, forked from REF's
-server) and the candidate's (forked from the run's server), each set up and warmed up once,
-one after the other, then rounds of one timing pass each (the candidate's `repeats` iterations), in
-the order A B, then B A, so that a load that grows or fades over the rounds weighs on both
-sides alike. One side runs a pass at a time: each waits for a token (worker.turns). The
+server) and the candidate's (forked from a server of its own, beside REF's), each set up and
+warmed up once,
+one after the other, then rounds of one timing pass each (the candidate's `repeats`
+iterations), A B, A B, ...: each pass follows the other side's, as a pass after its own
+side's ran up to 1.8x slower (worker.turns). One side runs at a time: each waits for a token.
+Both sides run in `pair_env()` (OpenMP's idle threads asleep): beside a busy process, that is
+what kept a multi-threaded case's 2x slowdown in sight (scripts/bench_pairs.py). The
 rounds stop once enough of them found the candidate not slower that the time verdict can no
 longer warn (one of the default five: judge.timing.futile_after), so a cosmetic change costs
 about two rounds, and a slowdown all of them. The candidate's warm-up and repeats on both
@@ -65,16 +68,31 @@ class Pairing:
     """Its cost, and each case left unpaired with why, one line each."""
 
 
+PAIR_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""What both sides of a pair run with, where the user set nothing else: OpenMP's idle threads
+asleep, not spinning. Beside a busy process, a spinning thread's wait is CPU time and holds
+the core the other threads wait for: a multi-threaded matmul made 2x slower warned in 3 % of
+draws spinning, 100 % asleep (scripts/bench_pairs.py)."""
+
+
+def pair_env() -> dict[str, str]:
+    """The environment of a pair's workers: a worker's, with PAIR_ENV's defaults."""
+    return {**PAIR_ENV, **worker_env()}
+
+
 @dataclass(frozen=True)
 class Reference:
     """REF made ready (`reference`): its commit, how it was chosen, its worktree's config
-    file, config and fork server; or why none could be had (one line)."""
+    file, config and fork server, and the candidate's side's fork server; or why none could
+    be had (one line)."""
 
     ref: str
     how: str
     config_file: Path | None = None
     config: Config | None = None
     server: ForkServer | None = None
+    own_server: ForkServer | None = None
+    """The candidate's side's server: the run's own server's imports, in `pair_env()`."""
     why: str | None = None
 
 
@@ -121,7 +139,9 @@ def _times(m: Measurement, figure: str) -> Sequence[float]:
 
 
 def pass_medians(m: Measurement, figure: str) -> tuple[float, ...]:
-    """A side's pass medians: its iterations in passes of its `repeats`, in order."""
+    """A side's pass medians: its iterations in passes of its `repeats`, in order (what
+    worker.turns compares too; a pass's fastest iteration told apart no better:
+    scripts/bench_pairs.py)."""
     times, n = _times(m, figure), m.repeats
     return tuple(float(statistics.median(times[i : i + n])) for i in range(0, len(times), n))
 
@@ -163,9 +183,12 @@ def reference(config: Config, ref: str, how: str) -> Iterator[Reference]:
             # workloads import from the repository is REF's, though an editable install
             # points at the user's tree; a package installed otherwise is the same on both
             server = stack.enter_context(
-                ForkServer.start(worker_env(), cwd=ref_config.root, pairs=True)
+                ForkServer.start(pair_env(), cwd=ref_config.root, pairs=True)
             )
-            found = Reference(ref, how, config_file, ref_config, server)
+            # the candidate's side in the pair's environment too (the run's own cases in
+            # theirs, as every run's)
+            own = stack.enter_context(ForkServer.start(pair_env(), cwd=config.root, pairs=True))
+            found = Reference(ref, how, config_file, ref_config, server, own)
         except _NoPair as exc:
             found = Reference(ref, how, why=str(exc))
         except Exception as exc:
@@ -177,18 +200,17 @@ def pair_cases(
     config: Config,
     cases: list[Case],
     record: RunRecord,
-    server: ForkServer,
     device: str,
     against: Reference,
     say: Callable[[str], None] = lambda line: None,
 ) -> Pairing:
     """Time every case of `record` that measured ok against REF (`against`, made ready by
-    `reference`), in `config.pair_rounds` rounds; `server`: the run's fork server (the
-    candidate's side). Whatever goes wrong here (an interrupt too), the run itself is kept,
-    unpaired, with a line saying why."""
+    `reference`), in `config.pair_rounds` rounds. Whatever goes wrong here (an interrupt
+    too), the run itself is kept, unpaired, with a line saying why."""
     ref, how = against.ref, against.how
     ref_config, ref_server, ref_file = against.config, against.server, against.config_file
-    if ref_config is None or ref_server is None or ref_file is None:
+    server = against.own_server
+    if ref_config is None or ref_server is None or ref_file is None or server is None:
         return Pairing(record, None, (against.why or f"no paired timing against {ref[:12]}",))
     started, t0 = now(), time.perf_counter()
     try:
@@ -196,6 +218,7 @@ def pair_cases(
             theirs = {c.case_id: c for w in ref_server.discover(ref_config) for c in w.cases()}
         except MemtrackError as exc:
             raise _NoPair(f"no paired timing: {ref[:12]}'s suite: {exc}") from exc
+        server.discover(config)  # the candidate's modules imported once, in its server
         # REF's workload code, the candidate's settings (warm-up, timeout) and data/ (data
         # is not code, and often not in git)
         ref_view = dataclasses.replace(config, root=ref_config.root)
@@ -352,8 +375,17 @@ def _pair(
     timing-only measurement."""
     figure = _figure([here, there])
     mine, others = pass_medians(here, figure), pass_medians(there, figure)
+    said = (
+        f"paired timing: {len(mine)} round{'s' * (len(mine) != 1)} of two passes, "
+        f"OMP_WAIT_POLICY={pair_env()['OMP_WAIT_POLICY']}"
+    )
     paired = dataclasses.replace(
-        m, pair_ref=ref, pair_figure=figure, pair_times_s=mine, pair_ref_times_s=others
+        m,
+        pair_ref=ref,
+        pair_figure=figure,
+        pair_times_s=mine,
+        pair_ref_times_s=others,
+        notes=(*m.notes, said),
     )
     reference = dataclasses.replace(
         there,
@@ -366,8 +398,8 @@ def _pair(
         pair_ref_times_s=mine,
         notes=(
             *there.notes,
-            f"timing passes only: the reference side of a paired timing of {commit[:12]} "
-            f"({len(others)} rounds)",
+            f"timing passes only: the reference side of a paired timing of {commit[:12]}",
+            said,
         ),
     )
     return paired, reference

@@ -90,8 +90,9 @@ PASS_FIGURES = {
 
 
 def _pass_medians(timing: dict[str, Any]) -> dict[str, float]:
-    """A timing pass's median of each figure it holds for every iteration: what the turns
-    of a pair compare (measure.pairs.pass_medians reads the same from the record)."""
+    """A timing pass's median iteration by each figure it holds for every iteration: what
+    the turns of a pair compare (measure.pairs.pass_medians reads the same from the
+    record)."""
     n = len(timing["iteration_times_s"])
     return {
         figure: float(statistics.median(timing[key]))
@@ -255,6 +256,18 @@ def run_case(spec: Spec, result: ResultFile) -> None:
     distributed.teardown(case.rank)
 
 
+class _TimingOnly:
+    """The probe of a case whose time alone is measured (one side of a paired timing):
+    nothing is tracked, so MemTracker (whose import is as long as torch's) is never
+    imported, and no persistent set is measured."""
+
+    def mark(self, objects: tuple[Any, ...]) -> None:
+        return None
+
+    def session_scope(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
 def _set_up(spec: Spec, result: ResultFile, host: Any) -> _Case:
     """The case's process group (a multi-rank case), its workload imported, its Context, its
     framework probe, and the step its setup returns."""
@@ -284,8 +297,10 @@ def _set_up(spec: Spec, result: ResultFile, host: Any) -> _Case:
             ctx.rank, ctx.world_size = rank.rank, rank.world_size
         is_cuda = ctx.device.type == "cuda"
         sessions = ctx.concurrency
-        probe = (
-            CudaAllocatorProbe(ctx.device)
+        probe: Any = (
+            _TimingOnly()  # nothing but time measured: no tracker, nor its import
+            if spec.timing_only
+            else CudaAllocatorProbe(ctx.device)
             if is_cuda
             else MemTrackerProbe(ctx.device, sessions, allocator=True)
         )

@@ -98,7 +98,7 @@ class Spec:
     """Which side of the pair this worker is (0: the reference, 1: the candidate)."""
     schedule: tuple[int, ...] = ()
     """The pair's turns, in order: the side each goes to (each side's setup, then its
-    timing passes: A B, B A, ...)."""
+    timing passes: A B, A B, ...)."""
     stop_after: int = 0
     """The rounds in which the candidate was not slower after which the pair stops: its
     time verdict can no longer find it slower (judge.timing.futile_after); 0: never."""

@@ -4,9 +4,9 @@ Started once per run by the runner (memtrack.measure.forkserver), it imports tor
 suite's workload modules (when the runner asks it to discover the suite) and then the
 worker's modules, once, and forks one fresh process per case: the case's worker, which
 runs `memtrack.worker.measure` as `python -m memtrack.worker` would, without paying for the
-imports again. It also forks the environment probe; the server of a paired timing's
-reference (`pairs`: measure.pairs) imports what every case imports at once instead, beside
-the run's own server, and then waits while the run's own cases are measured.
+imports again. It also forks the environment probe; the server of a paired timing's side
+(`pairs`: measure.pairs) imports what every timing-only case imports (not MemTracker) at once
+instead, beside the run's own server, and then waits while the run's own cases are measured.
 
 CUDA is initialised only after a fork, in the child. The server itself never calls into CUDA
 (nothing here does; torch initialises CUDA lazily, at first use), and before every fork it
@@ -108,8 +108,10 @@ def fork_unsafe() -> str | None:
 class Server:
     """The server's state: its channel, the environment probe it forked, its children."""
 
-    def __init__(self, chan: protocol.Channel):
+    def __init__(self, chan: protocol.Channel, tracker: bool = True):
         self.chan = chan
+        self.tracker = tracker
+        """Whether its cases need MemTracker (not a paired timing's sides: `warm_imports`)."""
         self.environment: tuple[int, int] | None = None
         """(pid, read end of its pipe) of the forked environment probe, until collected."""
         self.children: set[int] = set()
@@ -120,7 +122,7 @@ class Server:
         """What every case imports, once: after the suite's discovery, so that a suite that
         cannot be imported, or selects nothing, is said without waiting for it."""
         if not self.warm:
-            warm_imports()
+            warm_imports(self.tracker)
             self.warm = True
 
     def fork(self, body: Callable[[], int]) -> int:
@@ -319,9 +321,10 @@ def _cuda_initialized() -> bool:
     return bool(torch is not None and torch.cuda.is_initialized())
 
 
-def warm_imports() -> None:
+def warm_imports(tracker: bool = True) -> None:
     """What every case imports, imported once here: the worker, its probes, MemTracker (which
-    pulls in much of torch.distributed, as long again as torch itself), the context."""
+    pulls in much of torch.distributed, as long again as torch itself; not for `tracker`
+    False: the sides of a paired timing measure time alone), the context."""
     import memtrack.probes.framework
     import memtrack.probes.host
     import memtrack.probes.loading
@@ -330,6 +333,8 @@ def warm_imports() -> None:
     import memtrack.workload.context
     import memtrack.workload.sessions  # noqa: F401
 
+    if not tracker:
+        return
     with contextlib.suppress(ImportError):  # torch < 2.5: the CPU probe says why, per case
         import torch.distributed._tools.mem_tracker  # noqa: F401
 
@@ -342,10 +347,11 @@ def main(argv: list[str]) -> int:
     for sig in TERMINAL_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     gc.set_threshold(*YOUNG_ONLY)
-    server = Server(protocol.Channel(socket.socket(fileno=fd)))
+    pairs = argv[2:] == ["pairs"]
+    server = Server(protocol.Channel(socket.socket(fileno=fd)), tracker=not pairs)
     import torch  # noqa: F401
 
-    if argv[2:] == ["pairs"]:  # a paired timing's side: its cases are known to import
+    if pairs:  # a paired timing's side: its cases are known to import
         server.warm_up()
     else:
         server.start_environment_probe()

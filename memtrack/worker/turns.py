@@ -2,14 +2,18 @@
 the candidate), each set up once, take turns at the machine. Each turn (a side's setup with
 its warm-up, then each of its timing passes) waits for a token on its side's pipe and hands
 it on when done, so that one side runs at a time, in the pair's schedule: setups first, then
-rounds of passes A B, B A, ... (measure.pairs writes the schedule and the first token). The
+rounds of passes A B, A B, ... (measure.pairs writes the schedule and the first token). The
 setups too run one at a time: two processes' OpenMP threads spinning on the same cores slow
 each other many times over (a decoder's warm-up took 1.5 s beside the other side's, 0.1 s
-alone).
+alone). Every pass follows the other side's: with OpenMP's idle threads asleep, a pass that
+followed its own side's ran 1.6-1.8x slower than one that followed the other's (a decoder's
+generation), so rounds of A B, B A gave ratios of 0.57 and 1.7 by turns, where A B, A B
+gives 0.84-1.08.
 
 The token carries what the rounds decide by. The pass that opens a round hands on its
-medians (each figure a pass holds for every iteration, in seconds); the pass that ends it
-compares them with its own on the figure the time verdict reads (the first of PAIR_FIGURES
+figures (its median iteration by each figure it holds for every iteration, in seconds, as
+measure.pairs.pass_medians reads them from the record); the pass that ends it compares them
+with its own on the figure the time verdict reads (the first of PAIR_FIGURES
 both hold: judge.timing) and counts the rounds in which the candidate was not slower. Once
 `stop_after` rounds were not slower, the candidate can no longer be found slower
 (judge.timing.futile_after): the pair ends there, and the other side is told so (`STOP`). A
@@ -36,7 +40,7 @@ TOKEN = b"t"
 STOP = b"s"
 """The rounds are over before the schedule's end: the side told so runs no more passes."""
 _MESSAGE = 1024
-"""The longest message: the token and a pass's medians, well under PIPE_BUF."""
+"""The longest message: the token and a pass's figures, well under PIPE_BUF."""
 
 
 def pipe(folder: Path, side: int) -> Path:
@@ -55,9 +59,8 @@ def make(folder: Path) -> list[int]:
 
 def schedule(rounds: int) -> tuple[int, ...]:
     """The sides' turns: each side's setup (0 then 1), then `rounds` rounds of one pass each,
-    the reference first in the even rounds (A B, B A, ...)."""
-    passes = [side for i in range(rounds) for side in ((0, 1) if i % 2 == 0 else (1, 0))]
-    return (0, 1, *passes)
+    the reference first (A B, A B, ...: each pass follows the other side's)."""
+    return (0, 1, *(side for _ in range(rounds) for side in (0, 1)))
 
 
 def start(fds: list[int], order: tuple[int, ...]) -> None:
@@ -89,7 +92,7 @@ class Turns:
         self.at = -1
         """The schedule's turn this side runs now."""
         self.state: dict[str, Any] = {}
-        """What the token brought: the rounds not slower so far, the opening pass's medians."""
+        """What the token brought: the rounds not slower so far, the opening pass's figures."""
 
     @contextlib.contextmanager
     def setup(self) -> Iterator[None]:
@@ -113,19 +116,19 @@ class Turns:
         self.at, self.state = at, json.loads(message[1:])
         return True
 
-    def done(self, medians: Mapping[str, float]) -> None:
-        """This side's pass is done, with these medians: hand the token on (or, where the
+    def done(self, figures: Mapping[str, float]) -> None:
+        """This side's pass is done, with these figures: hand the token on (or, where the
         rounds are decided, tell the other side they are over)."""
         at, other = self.at, 1 - self.side
         if at + 1 >= len(self.order):
             return
         if (at - SETUPS) % 2 == 0:  # this pass opens its round
-            self._send(other, {**self.state, "medians": dict(medians)})
+            self._send(other, {**self.state, "figures": dict(figures)})
             return
         count = int(self.state["not_slower"])
-        theirs = self.state["medians"]
+        theirs = self.state["figures"]
         mine_is_candidate = self.side == 1
-        candidate, reference = (medians, theirs) if mine_is_candidate else (theirs, medians)
+        candidate, reference = (figures, theirs) if mine_is_candidate else (theirs, figures)
         count += not_slower(candidate, reference) is True
         if self.stop_after and count >= self.stop_after:
             os.write(self.fds[other], STOP)
