@@ -6,12 +6,11 @@ user's tree and a fork server of its own, which imports what REF's cases need be
 run's own server and then waits. After the run's own cases, each case is timed again at the
 price of its iterations: two live workers, REF's (its workload code, forked from REF's
 server) and the candidate's (forked from a server of its own, beside REF's), each set up and
-warmed up once,
-one after the other, then rounds of one timing pass each (the candidate's `repeats`
-iterations), A B, A B, ...: each pass follows the other side's, as a pass after its own
-side's ran up to 1.8x slower (worker.turns). One side runs at a time: each waits for a token.
-Both sides run in `pair_env()` (OpenMP's idle threads asleep): beside a busy process, that is
-what kept a multi-threaded case's 2x slowdown in sight (scripts/bench_pairs.py). The
+warmed up once, one after the other, then rounds of one timing pass each (the candidate's
+`repeats` iterations), A B, A B, ...: each pass follows the other side's, as a pass after its
+own side's ran up to 1.8x slower (worker.turns). One side runs at a time: each waits for a
+token. Both sides run in `pair_env()` (OpenMP's idle threads asleep): beside a busy process,
+that is what kept a multi-threaded case's 2x slowdown in sight (scripts/bench_pairs.py). The
 rounds stop once enough of them found the candidate not slower that the time verdict can no
 longer warn (one of the default five: judge.timing.futile_after), so a cosmetic change costs
 about two rounds, and a slowdown all of them. The candidate's warm-up and repeats on both
@@ -247,7 +246,7 @@ def pair_cases(
             f"paired timing against {ref[:12]} ({how}): {len(paired)} case"
             f"{'s' * (len(paired) != 1)} x up to {config.pair_rounds} rounds, "
             f"{2 * sum(rounds)} timing passes more (each side set up once; {stopped} "
-            f"stopped early, once no longer slower by the sign test), "
+            f"stopped early, once they could no longer warn), "
             f"{time.perf_counter() - t0:.1f} s",
         )
     record = dataclasses.replace(
