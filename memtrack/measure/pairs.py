@@ -320,8 +320,8 @@ Side = tuple[Config, Case, ForkServer]
 def time_pair(
     config: Config, ref_side: Side, own_side: Side, device: str, early_stop: bool = True
 ) -> tuple[Measurement, Measurement]:
-    """One case timed on both sides at once: two live workers (REF's forked by its server,
-    the candidate's by the run's), each set up and warmed up once, then taking turns
+    """One case timed on both sides at once: two live workers (each forked by its side's
+    server), each set up and warmed up once, then taking turns
     (worker.turns) through `config.pair_rounds` rounds of one timing pass each, or fewer: the
     rounds stop once the time verdict can no longer find the candidate slower (`early_stop`;
     judge.timing.futile_after). Each side's measurement holds its passes' iterations in

@@ -17,7 +17,12 @@ with its own on the figure the time verdict reads (the first of PAIR_FIGURES
 both hold: judge.timing) and counts the rounds in which the candidate was not slower. Once
 `stop_after` rounds were not slower, the candidate can no longer be found slower
 (judge.timing.futile_after): the pair ends there, and the other side is told so (`STOP`). A
-round that drops out of the verdict (a figure of 0) is never counted.
+round with a figure of 0 on either side is never counted (the verdict leaves it out, or
+judges no pair at all).
+
+The candidate's pass always runs second in its round: a load that grows steadily over the
+rounds weighs on it a little more, where A B, B A would cancel it; the floor of 5 % and the
+spread rule stand against that, and a pass after its own side's cost far more (above).
 
 The pipes are two FIFOs in one folder, `side-0` and `side-1`, each opened read-write by both
 workers and by the runner: opening never blocks, and a message written before its reader
