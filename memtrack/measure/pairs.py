@@ -49,6 +49,7 @@ from memtrack.measure.launcher import launch, new_spec, worker_env
 from memtrack.measure.outcome import to_measurement
 from memtrack.measure.worktree import without_branch_names, worktree
 from memtrack.records import PAIR_FIGURES, GitInfo, Measurement, RunRecord, now
+from memtrack.records.model import FIGURE_FIELDS
 from memtrack.records.redact import redact
 from memtrack.worker import turns
 from memtrack.worker.measure import time_summary
@@ -129,12 +130,8 @@ def resolve_ref(config: Config, against: str, git: GitInfo) -> tuple[str, str]:
 
 
 def _times(m: Measurement, figure: str) -> Sequence[float]:
-    return {
-        "device time": m.iteration_device_times_s,
-        "tree CPU time": m.iteration_tree_cpu_times_s,
-        "CPU time": m.iteration_cpu_times_s,
-        "wall time": m.iteration_times_s,
-    }[figure]
+    times: Sequence[float] = getattr(m, FIGURE_FIELDS[figure])
+    return times
 
 
 def pass_medians(m: Measurement, figure: str) -> tuple[float, ...]:

@@ -20,6 +20,13 @@ QUALITY_STATUSES = ("ok", "fail", "error", "none")
 KINDS = ("measured", "estimate", "timing")
 PAIR_FIGURES = ("device time", "tree CPU time", "CPU time", "wall time")
 """The figures time is judged on, the one other processes move least first."""
+FIGURE_FIELDS = {
+    "device time": "iteration_device_times_s",
+    "tree CPU time": "iteration_tree_cpu_times_s",
+    "CPU time": "iteration_cpu_times_s",
+    "wall time": "iteration_times_s",
+}
+"""Each of PAIR_FIGURES by the field that holds it, iteration by iteration."""
 
 
 def now() -> str:

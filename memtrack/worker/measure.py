@@ -80,23 +80,16 @@ def _timing_pass(step: Any, device: Any, repeats: int) -> dict[str, Any]:
     }
 
 
-PASS_FIGURES = {
-    "device time": "iteration_device_times_s",
-    "tree CPU time": "iteration_tree_cpu_times_s",
-    "CPU time": "iteration_cpu_times_s",
-    "wall time": "iteration_times_s",
-}
-"""Each figure a pair can compare (records.PAIR_FIGURES), by the timing pass's list of it."""
-
-
 def _pass_medians(timing: dict[str, Any]) -> dict[str, float]:
     """A timing pass's median iteration by each figure it holds for every iteration: what
     the turns of a pair compare (measure.pairs.pass_medians reads the same from the
     record)."""
+    from memtrack.records.model import FIGURE_FIELDS
+
     n = len(timing["iteration_times_s"])
     return {
         figure: float(statistics.median(timing[key]))
-        for figure, key in PASS_FIGURES.items()
+        for figure, key in FIGURE_FIELDS.items()
         if n and len(timing[key]) == n
     }
 
