@@ -231,6 +231,7 @@ def test_a_pair_beyond_a_shallow_clone_is_refused_before_measuring(tmp_path):
 
 LOGGED = """\
 import os
+import sys
 
 import memtrack
 
@@ -243,8 +244,12 @@ WORK = {work}  # additions per step: the side's CPU time
 def logged(ctx):
     with open(LOG, "a") as f:
         f.write(f"setup {{SIDE}} {{os.getpid()}}\\n")
-    with open(LOG + ".env", "a") as f:  # what OpenMP's idle threads do, who forked it
-        f.write(f"{{SIDE}} {{os.environ.get('OMP_WAIT_POLICY', '-')}} {{os.getppid()}}\\n")
+    # what OpenMP's idle threads do, who forked it, and whether what an optimizer imports at
+    # its first construction (torch._dynamo) was imported before the setup
+    dynamo = "warm" if "torch._dynamo" in sys.modules else "cold"
+    policy = os.environ.get("OMP_WAIT_POLICY", "-")
+    with open(LOG + ".env", "a") as f:
+        f.write(f"{{SIDE}} {{policy}} {{os.getppid()}} {{dynamo}}\\n")
 
     def step():
         total = 0
@@ -307,6 +312,8 @@ def test_a_pair_sets_each_side_up_once_and_takes_turns_in_two_live_processes(tmp
     env = [line.split() for line in Path(f"{log}.env").read_text().splitlines()]
     assert [e[:2] for e in env] == [["new", own], ["ref", pair], ["new", pair]], env
     assert len({e[2] for e in env}) == 3, env
+    # a training case's setup on either side imports nothing more (its server did)
+    assert [e[3] for e in env] == ["warm"] * 3, env
 
 
 def test_a_pair_stops_at_the_first_round_the_candidate_is_not_slower(tmp_path):

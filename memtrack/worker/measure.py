@@ -251,8 +251,8 @@ def run_case(spec: Spec, result: ResultFile) -> None:
 
 class _TimingOnly:
     """The probe of a case whose time alone is measured (one side of a paired timing):
-    nothing is tracked, so MemTracker (whose import is as long as torch's) is never
-    imported, and no persistent set is measured."""
+    nothing is tracked (no MemTracker hooks on its modules), and no persistent set is
+    measured."""
 
     def mark(self, objects: tuple[Any, ...]) -> None:
         gc.collect()  # what setup left in reference cycles, as the real probes collect it
@@ -292,7 +292,7 @@ def _set_up(spec: Spec, result: ResultFile, host: Any) -> _Case:
         is_cuda = ctx.device.type == "cuda"
         sessions = ctx.concurrency
         probe: Any = (
-            _TimingOnly()  # nothing but time measured: no tracker, nor its import
+            _TimingOnly()  # nothing but time measured: no tracker
             if spec.timing_only
             else CudaAllocatorProbe(ctx.device)
             if is_cuda

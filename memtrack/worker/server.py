@@ -5,8 +5,8 @@ suite's workload modules (when the runner asks it to discover the suite) and the
 worker's modules, once, and forks one fresh process per case: the case's worker, which
 runs `memtrack.worker.measure` as `python -m memtrack.worker` would, without paying for the
 imports again. It also forks the environment probe; the server of a paired timing's side
-(`pairs`: measure.pairs) imports what every timing-only case imports (not MemTracker) at once
-instead, beside the run's own server, and then waits while the run's own cases are measured.
+(`pairs`: measure.pairs) imports what every case imports at once instead, beside the run's own
+server, and then waits while the run's own cases are measured.
 
 CUDA is initialised only after a fork, in the child. The server itself never calls into CUDA
 (nothing here does; torch initialises CUDA lazily, at first use), and before every fork it
@@ -108,10 +108,8 @@ def fork_unsafe() -> str | None:
 class Server:
     """The server's state: its channel, the environment probe it forked, its children."""
 
-    def __init__(self, chan: protocol.Channel, tracker: bool = True):
+    def __init__(self, chan: protocol.Channel):
         self.chan = chan
-        self.tracker = tracker
-        """Whether its cases need MemTracker (not a paired timing's sides: `warm_imports`)."""
         self.environment: tuple[int, int] | None = None
         """(pid, read end of its pipe) of the forked environment probe, until collected."""
         self.children: set[int] = set()
@@ -122,7 +120,7 @@ class Server:
         """What every case imports, once: after the suite's discovery, so that a suite that
         cannot be imported, or selects nothing, is said without waiting for it."""
         if not self.warm:
-            warm_imports(self.tracker)
+            warm_imports()
             self.warm = True
 
     def fork(self, body: Callable[[], int]) -> int:
@@ -321,10 +319,13 @@ def _cuda_initialized() -> bool:
     return bool(torch is not None and torch.cuda.is_initialized())
 
 
-def warm_imports(tracker: bool = True) -> None:
+def warm_imports() -> None:
     """What every case imports, imported once here: the worker, its probes, MemTracker (which
-    pulls in much of torch.distributed, as long again as torch itself; not for `tracker`
-    False: the sides of a paired timing measure time alone), the context."""
+    pulls in much of torch.distributed and torch._dynamo, as long again as torch itself), the
+    context. A paired timing's sides measure time alone, yet their servers import MemTracker
+    too: torch._dynamo is what any optimizer imports at its first construction (torch.optim's
+    `_disable_dynamo`), so a training case's side paid for it in its setup (0.9-1.0 s, a pair
+    of the shipped train_step), where a server pays it once, beside the run's own."""
     import memtrack.probes.framework
     import memtrack.probes.host
     import memtrack.probes.loading
@@ -333,8 +334,6 @@ def warm_imports(tracker: bool = True) -> None:
     import memtrack.workload.context
     import memtrack.workload.sessions  # noqa: F401
 
-    if not tracker:
-        return
     with contextlib.suppress(ImportError):  # torch < 2.5: the CPU probe says why, per case
         import torch.distributed._tools.mem_tracker  # noqa: F401
 
@@ -348,7 +347,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, signal.SIG_IGN)
     gc.set_threshold(*YOUNG_ONLY)
     pairs = argv[2:] == ["pairs"]
-    server = Server(protocol.Channel(socket.socket(fileno=fd)), tracker=not pairs)
+    server = Server(protocol.Channel(socket.socket(fileno=fd)))
     import torch  # noqa: F401
 
     if pairs:  # a paired timing's side: its cases are known to import
