@@ -71,8 +71,8 @@ class Pairing:
 PAIR_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 """What both sides of a pair run with, where the user set nothing else: OpenMP's idle threads
 asleep, not spinning. Beside a busy process, a spinning thread's wait is CPU time and holds
-the core the other threads wait for: a multi-threaded matmul made 2x slower warned in 3 % of
-draws spinning, 100 % asleep (scripts/bench_pairs.py)."""
+the core the other threads wait for: a multi-threaded matmul made 2x slower warned in 3-14 %
+of draws spinning, 100 % asleep (scripts/bench_pairs.py, two recordings)."""
 
 
 def pair_env() -> dict[str, str]:

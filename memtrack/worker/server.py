@@ -323,9 +323,10 @@ def warm_imports() -> None:
     """What every case imports, imported once here: the worker, its probes, MemTracker (which
     pulls in much of torch.distributed and torch._dynamo, as long again as torch itself), the
     context. A paired timing's sides measure time alone, yet their servers import MemTracker
-    too: torch._dynamo is what any optimizer imports at its first construction (torch.optim's
-    `_disable_dynamo`), so a training case's side paid for it in its setup (0.9-1.0 s, a pair
-    of the shipped train_step), where a server pays it once, beside the run's own."""
+    too: torch._dynamo is what any optimizer imports at its first construction (through
+    `torch._disable_dynamo`), so a training case's side would pay for it in its setup
+    (0.9-1.0 s, each side of the shipped train_step), where a server pays it once, beside the
+    run's own."""
     import memtrack.probes.framework
     import memtrack.probes.host
     import memtrack.probes.loading

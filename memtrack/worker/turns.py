@@ -5,13 +5,12 @@ it on when done, so that one side runs at a time, in the pair's schedule: setups
 rounds of passes A B, A B, ... (measure.pairs writes the schedule and the first token). The
 setups too run one at a time: two processes' OpenMP threads spinning on the same cores slow
 each other many times over (a decoder's warm-up took 1.5 s beside the other side's, 0.1 s
-alone). With threads asleep, setups side by side saved about 0.1 s a case of the shipped
-suite, but left the first rounds astray: a 2x slower matmul's first rounds read 1.9-4.3x set
-up side by side, 1.9-2.2x in turn (6 pairs each), and a quarter of its draws of 5 rounds no
-longer warned (scripts/bench_pairs.py). Every pass follows the other side's: with OpenMP's
-idle threads asleep, a pass that followed its own side's ran 1.6-1.8x slower than one that
-followed the other's (a decoder's generation), so rounds of A B, B A gave ratios of 0.57 and
-1.7 by turns, where A B, A B gives 0.84-1.08.
+alone). With OpenMP's idle threads asleep, setups side by side (a patched schedule, not
+kept) saved about 0.1 s a case of the shipped suite, and a 2x slower matmul's first rounds
+then read 1.9-4.3x, against 1.9-2.2x in turn (6 pairs each). Every pass follows the other
+side's: with OpenMP's idle threads asleep, a pass that followed its own side's ran 1.6-1.8x
+slower than one that followed the other's (a decoder's generation), so rounds of A B, B A
+gave ratios of 0.57 and 1.7 by turns, where A B, A B gives 0.84-1.08.
 
 The token carries what the rounds decide by. The pass that opens a round hands on its
 figures (its median iteration by each figure it holds for every iteration, in seconds, as
