@@ -2,9 +2,10 @@
 
 Cost: a pull request's job on the shipped suite, `memtrack run` unpaired against `memtrack
 run --against main` (every case timed again against the base branch's code, measure.pairs),
-in interleaved rounds, so that the machine's load hits every side alike. Goal: paired <= 1.5 x
-unpaired. With --before DIR (a checkout of memtrack's code at another commit), the paired job
-also runs with that code (PYTHONPATH=DIR), for the cost of a change to the pairing itself.
+in interleaved rounds, so that the machine's load hits every side alike: each job's wall time
+(goal: paired <= 1.5 x unpaired) and the CPU time of its whole process tree. With --before DIR
+(a checkout of memtrack's code at another commit), the paired job also runs with that code
+(PYTHONPATH=DIR), for the cost of a change to the pairing itself.
 
 What it tells apart: real pairs (measure.pairs.time_pair: two live workers taking turns) of
 `--pair-rounds` rounds, recorded quiet and beside one busy process, each with OpenMP's idle
@@ -29,6 +30,7 @@ import dataclasses
 import os
 import pickle
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -67,13 +69,20 @@ def _repo(root: Path) -> Path:
     return root
 
 
-def _timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, str]:
-    t0 = time.perf_counter()
+def _cpu_s() -> float:
+    """CPU seconds of this process's reaped children (their own reaped children's too)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def _timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, str]:
+    """The command's wall time, the CPU time of its whole process tree, and its stdout."""
+    t0, c0 = time.perf_counter(), _cpu_s()
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, _cpu_s() - c0
     if done.returncode != 0:
         sys.exit(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
-    return elapsed, done.stdout
+    return elapsed, cpu, done.stdout
 
 
 MM = """\
@@ -273,13 +282,15 @@ def cost(rounds_n: int, before_code: Path | None) -> None:
             before = {**env, "PYTHONPATH": str(before_code.resolve())}
             sides["paired, --before code"] = ([*run, "--against", "main"], before)
         times: dict[str, list[float]] = {name: [] for name in sides}
+        cpus: dict[str, list[float]] = {name: [] for name in sides}
         said = ""
         for r in range(rounds_n):
             order = list(sides) if r % 2 == 0 else list(sides)[::-1]
             for name in order:
                 cmd, side_env = sides[name]
-                elapsed, stdout = _timed(cmd, repo, side_env)
+                elapsed, cpu, stdout = _timed(cmd, repo, side_env)
                 times[name].append(elapsed)
+                cpus[name].append(cpu)
                 if name == "paired":
                     said = next((x for x in stdout.splitlines() if "paired timing" in x), "")
                     if "timing passes more" not in said:
@@ -290,10 +301,10 @@ def cost(rounds_n: int, before_code: Path | None) -> None:
                 flush=True,
             )
     load = os.getloadavg()[0]
-    print(f"\nmedians of {rounds_n} rounds (s), load average {load:.1f}:")
+    print(f"\nmedians of {rounds_n} rounds, load average {load:.1f}: wall s, CPU s of the tree")
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     for name, m in medians.items():
-        print(f"  {name:28} {m:7.1f}")
+        print(f"  {name:28} {m:7.1f} {statistics.median(cpus[name]):7.1f}")
     print(f"the paired job said: {said}")
     for name in medians:
         if name != "unpaired":

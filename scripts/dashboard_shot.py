@@ -20,11 +20,15 @@ from pathlib import Path
 
 CHROMIUM = Path("/usr/bin/chromium")
 SETTLED = (
-    "() => document.querySelector(\"[data-testid='stMainBlockContainer']\") && "
+    "() => document.querySelector(\"[data-testid='stMainBlockContainer'] "
+    "[data-testid='stHeading']\") && "
     "!document.querySelector(\"[data-testid='stStatusWidgetRunningIcon'], "
     "[data-testid='stSkeleton']\")"
 )
-"""The page is drawn and its script has finished."""
+"""The page's script has run (its title is drawn: every page of the dashboard has one) and
+finished. Its container alone can be there before the script has drawn anything: on a busy
+machine a shot came out 900 px tall, the window's first height, where a History page is
+taller."""
 
 
 def served(url: str, timeout_s: float) -> None:

@@ -317,6 +317,80 @@ def test_a_malformed_message_is_refused_and_the_server_keeps_serving():
         assert server.status().unsafe is None  # still answering
 
 
+TREE_SUITE = """\
+import importlib.util
+
+import memtrack
+from treelib import TREE  # the repository's own code, which differs between the two trees
+
+OWN = importlib.util.find_spec("ownlib") is not None  # a module in the candidate's tree only
+
+
+@memtrack.workload(params={"tree": [TREE], "sees_ownlib": [OWN]})
+def where(ctx):
+    return lambda: None
+"""
+
+
+def _tree(root: Path, name: str) -> Path:
+    root.mkdir()
+    (root / "wl.py").write_text(TREE_SUITE)
+    (root / "treelib.py").write_text(f"TREE = {name!r}\n")
+    if name == "own":
+        (root / "ownlib.py").write_text("")
+    (root / "memtrack.toml").write_text('modules = ["wl.py"]\n')
+    return root
+
+
+def _process(pid: int) -> tuple[int, list[str]]:
+    """A process's parent and command line, from /proc."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return int(stat.rsplit(")", 1)[1].split()[1]), [a.decode() for a in cmdline if a]
+
+
+def test_a_pairs_server_serves_refs_tree_from_a_twin_forked_after_its_imports(tmp_path):
+    """Both sides of a paired timing from one server's imports: REF's side is served by a twin
+    of the candidate's server, forked once its imports are done (its child, with its command
+    line: no interpreter started again), in REF's tree: the workload module and the
+    repository's own module it imports are REF's, and the candidate's server still has its
+    own."""
+    own, ref = _tree(tmp_path / "own", "own"), _tree(tmp_path / "ref", "ref")
+    with ForkServer.start(worker_env(), cwd=own, pairs=True, twin=ref) as server:
+        assert server.twin is not None
+        (theirs,) = server.twin.discover(load_config(ref / "memtrack.toml"))
+        (mine,) = server.discover(load_config(own / "memtrack.toml"))
+        # REF's import path holds REF's tree, not the candidate's
+        assert theirs.params == {"tree": ("ref",), "sees_ownlib": (False,)}
+        assert mine.params == {"tree": ("own",), "sees_ownlib": (True,)}
+        pid, twin = server.status().pid, server.twin.status().pid
+        assert twin != pid
+        parent, cmdline = _process(twin)
+        assert parent == pid and cmdline == _process(pid)[1]
+        assert Path(f"/proc/{twin}/cwd").resolve() == ref.resolve()
+
+
+def test_where_memtrack_is_imported_from_a_tree_the_twin_is_a_fresh_interpreter(tmp_path):
+    """memtrack measuring itself: the pair's server imported memtrack's own code from the
+    tree, and a twin would run the candidate's memtrack on REF's side. REF's side is a server
+    started afresh in REF's tree instead (still the child of the pair's server)."""
+    import memtrack
+
+    tree = Path(memtrack.__file__).resolve().parents[1]
+    if any(part in ("site-packages", "dist-packages") for part in tree.parts):
+        pytest.skip(f"memtrack is installed, not imported from a tree ({tree})")
+    own = _tree(tmp_path / "own", "own")
+    with ForkServer.start(worker_env(), cwd=own, pairs=True, twin=tree) as server:
+        assert server.twin is not None
+        pid, twin = server.status().pid, server.twin.status().pid
+        parent, cmdline = _process(twin)
+        assert parent == pid
+        # `python -m memtrack.worker.server FD PARENT pairs`: no twin of its own
+        assert cmdline[-5:-3] == ["-m", "memtrack.worker.server"]
+        assert cmdline[-2:] == [str(pid), "pairs"]
+        assert Path(f"/proc/{twin}/cwd").resolve() == tree
+
+
 KILLS_THE_SERVER = WORKLOADS + textwrap.dedent(
     """
     import signal

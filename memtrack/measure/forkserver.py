@@ -121,29 +121,42 @@ class ForkServer:
         self.discovery_error: str | None = None
         self.forked = False
         """Whether the server forked a case: until then it has nothing to reap at its end."""
+        self.twin: ForkServer | None = None
+        """REF's side of a pair, served by a process this server started (`start`'s `twin`)."""
 
     @classmethod
     def start(
-        cls, env: Mapping[str, str], cwd: Path | None = None, *, pairs: bool = False
+        cls,
+        env: Mapping[str, str],
+        cwd: Path | None = None,
+        *,
+        pairs: bool = False,
+        twin: Path | None = None,
     ) -> ForkServer:
         """Start the server in `env` (the workers' environment), in `cwd` (by default this
         process's); it begins importing at once. The runner's guard first: what a workload
-        module starts at its import is guarded too. The server of a paired timing's reference
-        (`pairs`) imports what every case imports at once, and forks no environment probe."""
+        module starts at its import is guarded too. The server of a paired timing's side
+        (`pairs`) imports what every case imports at once, and forks no environment probe; with
+        `twin` (REF's tree), it also serves REF's side, its `twin` (worker.server.start_twin)."""
         runner_guard()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         stderr = tempfile.TemporaryFile()
+        twin_ours, twin_theirs, twin_stderr = (
+            (*socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM), tempfile.TemporaryFile())
+            if twin is not None
+            else (None, None, None)
+        )
+        passed = [theirs.fileno()]
+        argv = [sys.executable, "-m", SERVER, str(theirs.fileno()), str(os.getpid())]
+        if pairs or twin is not None:  # a twin is a pair's
+            argv.append("pairs")
+        if twin_theirs is not None and twin_stderr is not None:
+            passed += [twin_theirs.fileno(), twin_stderr.fileno()]
+            argv += [str(twin_theirs.fileno()), str(twin_stderr.fileno()), str(twin)]
         try:
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    SERVER,
-                    str(theirs.fileno()),
-                    str(os.getpid()),
-                    *(["pairs"] if pairs else []),
-                ],
-                pass_fds=[theirs.fileno()],
+                argv,
+                pass_fds=passed,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
@@ -151,12 +164,22 @@ class ForkServer:
                 cwd=cwd,
             )
         except OSError as exc:
-            ours.close()
+            for end in (ours, twin_ours, twin_stderr):
+                if end is not None:
+                    end.close()
             stderr.close()
-            return cls(None, None, None, env, f"the fork server did not start ({exc})")
+            server = cls(None, None, None, env, f"the fork server did not start ({exc})")
+            if twin is not None:
+                server.twin = cls(None, None, None, env, server.note)
+            return server
         finally:
             theirs.close()
-        return cls(proc, Channel(ours), stderr, env, fork_unavailable())
+            if twin_theirs is not None:
+                twin_theirs.close()
+        server = cls(proc, Channel(ours), stderr, env, fork_unavailable())
+        if twin_ours is not None:
+            server.twin = cls(None, Channel(twin_ours), twin_stderr, env, fork_unavailable())
+        return server
 
     def __enter__(self) -> ForkServer:
         return self
@@ -290,7 +313,10 @@ class ForkServer:
         return self.note
 
     def close(self) -> None:
-        """End the server: it exits at the end of its channel (or is killed after a wait)."""
+        """End the server: it exits at the end of its channel (or is killed after a wait);
+        its twin first."""
+        if self.twin is not None:
+            self.twin.close()
         if self.chan is not None:
             self.chan.close()
             self.chan = None
@@ -313,8 +339,8 @@ class ForkServer:
         if self.chan is not None:
             self.chan.close()
             self.chan = None
-        if self.proc is None:
-            return "never started"
+        if self.proc is None:  # a twin: its status is its parent server's to read
+            return "never started" if self.stderr is None else "its status unknown"
         try:
             code = self.proc.wait(CLOSE_TIMEOUT_S)
         except subprocess.TimeoutExpired:

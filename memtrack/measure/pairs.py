@@ -2,10 +2,11 @@
 job, their timing passes alternating, so that both sides see the same machine.
 
 REF is made ready before the run's own cases (`reference`): a worktree of REF beside the
-user's tree and a fork server of its own, which imports what REF's cases need beside the
-run's own server and then waits. After the run's own cases, each case is timed again at the
-price of its iterations: two live workers, REF's (its workload code, forked from REF's
-server) and the candidate's (forked from a server of its own, beside REF's), each set up and
+user's tree and a fork server for the pair, which imports what the cases need beside the run's
+own server, forks a twin of itself in REF's tree (worker.server.start_twin: one server's
+imports for both sides) and then waits. After the run's own cases, each case is timed again at
+the price of its iterations: two live workers, REF's (its workload code, forked from REF's
+server, the twin) and the candidate's (forked from the pair's server), each set up and
 warmed up once, one after the other, then rounds of one timing pass each (the candidate's
 `repeats` iterations), A B, A B, ...: each pass follows the other side's, as a pass after its
 own side's ran up to 1.8x slower (worker.turns). One side runs at a time: each waits for a
@@ -91,6 +92,7 @@ class Reference:
     config_file: Path | None = None
     config: Config | None = None
     server: ForkServer | None = None
+    """REF's side's server: the twin of the candidate's, in REF's tree."""
     own_server: ForkServer | None = None
     """The candidate's side's server: the run's own server's imports, in `pair_env()`."""
     why: str | None = None
@@ -162,8 +164,9 @@ def _unpaired(ref: str, exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def reference(config: Config, ref: str, how: str) -> Iterator[Reference]:
-    """REF's worktree, config and fork server for the block (the server imports what REF's
-    cases need at once, beside the run's own server, then waits), or why they cannot be had.
+    """REF's worktree, config and fork servers for the block (the pair's server imports what
+    the cases need at once, beside the run's own server, forks REF's server as its twin, then
+    waits), or why they cannot be had.
     Nothing here ends the run: a REF that cannot be had leaves it unpaired, with the
     reason."""
     with contextlib.ExitStack() as stack:
@@ -175,16 +178,16 @@ def reference(config: Config, ref: str, how: str) -> Iterator[Reference]:
                 ref_config = load_config(config_file)
             except MemtrackError as exc:
                 raise _NoPair(f"no paired timing: {ref[:12]}'s config: {exc}") from exc
-            # REF's tree first on the import path (registry.repository_first): what the
-            # workloads import from the repository is REF's, though an editable install
-            # points at the user's tree; a package installed otherwise is the same on both
-            server = stack.enter_context(
-                ForkServer.start(pair_env(), cwd=ref_config.root, pairs=True)
+            # Both sides in the pair's environment (the run's own cases in theirs, as every
+            # run's), from one server's imports: REF's side is the candidate's twin, in REF's
+            # tree, where REF's tree is first on the import path (registry.repository_first):
+            # what the workloads import from the repository is REF's, though an editable
+            # install points at the user's tree; a package installed otherwise is the same on
+            # both
+            own = stack.enter_context(
+                ForkServer.start(pair_env(), cwd=config.root, pairs=True, twin=ref_config.root)
             )
-            # the candidate's side in the pair's environment too (the run's own cases in
-            # theirs, as every run's)
-            own = stack.enter_context(ForkServer.start(pair_env(), cwd=config.root, pairs=True))
-            found = Reference(ref, how, config_file, ref_config, server, own)
+            found = Reference(ref, how, config_file, ref_config, own.twin, own)
         except _NoPair as exc:
             found = Reference(ref, how, why=str(exc))
         except Exception as exc:

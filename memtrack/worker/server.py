@@ -1,4 +1,5 @@
-"""`python -m memtrack.worker.server FD RUNNER_PID [pairs]`: the fork server of one run.
+"""`python -m memtrack.worker.server FD PARENT_PID [pairs [TWIN_FD TWIN_STDERR TWIN_ROOT]]`: the
+fork server of one run, which dies with its parent (the runner).
 
 Started once per run by the runner (memtrack.measure.forkserver), it imports torch, the
 suite's workload modules (when the runner asks it to discover the suite) and then the
@@ -7,6 +8,13 @@ runs `memtrack.worker.measure` as `python -m memtrack.worker` would, without pay
 imports again. It also forks the environment probe; the server of a paired timing's side
 (`pairs`: measure.pairs) imports what every case imports at once instead, beside the run's own
 server, and then waits while the run's own cases are measured.
+
+`... pairs TWIN_FD TWIN_STDERR TWIN_ROOT`: the candidate's side of a pair also serves REF's, on
+a channel of its own, as a twin forked once its imports are done (`serve_twin`): one server's
+imports for both sides, not two. Where the server holds a module of either tree (the
+repository's own code: memtrack measuring itself), a twin would time the candidate's code on
+REF's side; REF's side is then a server of its own, started at once from a fresh interpreter
+in REF's tree, as without a twin (`start_twin`).
 
 CUDA is initialised only after a fork, in the child. The server itself never calls into CUDA
 (nothing here does; torch initialises CUDA lazily, at first use), and before every fork it
@@ -40,8 +48,11 @@ import importlib
 import json
 import os
 import signal
+import site
 import socket
+import subprocess
 import sys
+import sysconfig
 import threading
 import traceback
 import warnings
@@ -115,6 +126,8 @@ class Server:
         self.children: set[int] = set()
         self.warm = False
         """Whether what every case imports is imported (`warm_imports`)."""
+        self.spawned: list[subprocess.Popen[bytes]] = []
+        """REF's server of a pair, where it was started afresh (`start_twin`)."""
 
     def warm_up(self) -> None:
         """What every case imports, once: after the suite's discovery, so that a suite that
@@ -313,6 +326,16 @@ class Server:
             if isinstance(reply, protocol.Discovered):
                 self.warm_up()  # while the runner selects its cases and opens its outputs
 
+    def serve(self) -> int:
+        """Answer the runner until it is done, then end what is left of the children (none
+        runs: the runner ended each case) and the twin, if any."""
+        self.loop()
+        for pid in list(self.children):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            self.reap(pid)
+        return 0
+
 
 def _cuda_initialized() -> bool:
     torch = sys.modules.get("torch")
@@ -339,6 +362,69 @@ def warm_imports() -> None:
         import torch.distributed._tools.mem_tracker  # noqa: F401
 
 
+def of_a_tree(roots: list[Path]) -> str | None:
+    """The first module this process imported from one of `roots` (a repository's own code,
+    not a package installed in an environment that lives there, nor the standard library),
+    or None. By real paths: a tree reached through a link is the tree."""
+    trees = tuple(os.path.join(os.path.realpath(r), "") for r in roots)
+    installed = tuple(
+        os.path.join(os.path.realpath(p), "")
+        for p in {
+            *site.getsitepackages(),
+            *(sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")),
+        }
+    )
+    real: dict[str, str] = {}  # a module's folder, really
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not isinstance(file, str) or not os.path.isabs(file):  # torch.ops's is "_ops.py"
+            continue
+        folder = os.path.dirname(file)
+        if folder not in real:
+            real[folder] = os.path.join(os.path.realpath(folder), "")
+        where = real[folder]
+        if where.startswith(trees) and not where.startswith(installed):
+            return name
+    return None
+
+
+def serve_twin(fd: int, stderr: int, root: Path, started_in: str) -> int:
+    """REF's side, in a child forked from the candidate's side once its imports are done: a
+    server on its own channel, in REF's tree as a server started there (its working folder, on
+    its import path where the candidate's was) would be."""
+    os.dup2(stderr, 2)
+    os.close(stderr)
+    for sig in TERMINAL_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    gc.set_threshold(*YOUNG_ONLY)
+    os.chdir(root)
+    sys.path[:] = [str(root) if p == started_in else p for p in sys.path]
+    importlib.invalidate_caches()
+    twin = Server(protocol.Channel(socket.socket(fileno=fd)))
+    twin.warm = True
+    return twin.serve()
+
+
+def start_twin(server: Server, twin: list[str], started_in: str) -> None:
+    """REF's side of a pair (`twin`: its channel's descriptor, its stderr's, its tree): forked
+    from this server, with what it imported; or, where this server holds a module of either
+    tree or must not fork, a server of its own, started afresh in REF's tree (it dies with
+    this one, as this one dies with the runner)."""
+    fd, stderr, root = int(twin[0]), int(twin[1]), Path(twin[2])
+    forks = sys.platform.startswith("linux") and fork_unsafe() is None
+    if forks and of_a_tree([Path(started_in), root]) is None:
+        server.fork(lambda: serve_twin(fd, stderr, root, started_in))
+    else:
+        argv = [sys.executable, "-m", "memtrack.worker.server", str(fd), str(os.getpid()), "pairs"]
+        spawned = subprocess.Popen(
+            argv, pass_fds=[fd], stdin=subprocess.DEVNULL, stderr=stderr, cwd=root
+        )
+        server.spawned.append(spawned)  # reaped as a child, at the server's end
+        server.children.add(spawned.pid)
+    os.close(fd)
+    os.close(stderr)
+
+
 def main(argv: list[str]) -> int:
     fd, runner_pid = int(argv[0]), int(argv[1])
     die_with_parent(runner_pid)
@@ -348,18 +434,19 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, signal.SIG_IGN)
     gc.set_threshold(*YOUNG_ONLY)
     server = Server(protocol.Channel(socket.socket(fileno=fd)))
+    pairs, twin, started_in = argv[2:3] == ["pairs"], argv[3:6], os.getcwd()
+    if twin and of_a_tree([Path(started_in), Path(twin[2])]) is not None:
+        start_twin(server, twin, started_in)  # memtrack itself from a tree: spawned, at once
+        twin = []
     import torch  # noqa: F401
 
-    if argv[2:] == ["pairs"]:  # a paired timing's side: its cases are known to import
+    if pairs:  # a paired timing's side: its cases are known to import
         server.warm_up()
     else:
         server.start_environment_probe()
-    server.loop()  # the rest of what cases import, once the suite is discovered
-    for pid in list(server.children):  # none is left running: the runner ended each case
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-        server.reap(pid)
-    return 0
+    if twin:  # the candidate's side of a pair, imports done: REF's side from it
+        start_twin(server, twin, started_in)
+    return server.serve()  # the rest of what cases import, once the suite is discovered
 
 
 if __name__ == "__main__":
