@@ -419,7 +419,9 @@ def start_twin(server: Server, twin: list[str], started_in: str) -> None:
         spawned = subprocess.Popen(
             argv, pass_fds=[fd], stdin=subprocess.DEVNULL, stderr=stderr, cwd=root
         )
-        server.spawned.append(spawned)  # reaped as a child, at the server's end
+        # held, so that subprocess never reaps it behind the server, which reaps it at its
+        # end as it reaps every child
+        server.spawned.append(spawned)
         server.children.add(spawned.pid)
     os.close(fd)
     os.close(stderr)
